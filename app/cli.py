@@ -1,0 +1,56 @@
+"""The ``tailguard`` command.
+
+Each subcommand lives in the module that owns it and exposes
+``main(argv: list[str]) -> int``; this file only dispatches, so that
+``tailguard replay`` never imports faust and ``tailguard status`` never
+imports numpy. A :class:`~app.core.config.SettingError` anywhere becomes a
+one-line message naming the setting, and exit code 2.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from app.core.config import SettingError
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "worker": ("app.streaming.worker", "run the service (faust worker) against Kafka and Redis"),
+    "replay": ("app.core.replay_cli", "run the detector offline over a JSON-lines trace"),
+    "status": ("app.routing.status", "per-model table of nodes, read from Redis"),
+    "simulate": ("app.sim.cli", "run a simulated fleet of inference nodes"),
+    "proxy": ("app.lb.proxy", "reference HTTP load balancer reading the routing set"),
+    "haproxy-sync": ("app.lb.haproxy", "map routing sets onto HAProxy's Runtime API"),
+    "settings": ("app.settings_cli", "print every TAILGUARD_* setting and its value"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: tailguard COMMAND [ARGS…]", "", "commands:"]
+    lines += [f"  {name:<13} {desc}" for name, (_, desc) in COMMANDS.items()]
+    lines += ["", "Run `tailguard COMMAND --help` for a command's options."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0
+    name, rest = args[0], args[1:]
+    if name not in COMMANDS:
+        print(f"tailguard: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[name][0])
+    try:
+        code: int = module.main(rest)
+    except SettingError as e:
+        print(f"tailguard {name}: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,238 @@
+"""Value types that cross the core's seams (stage 1 → stage 2 → the edges).
+
+All are small frozen dataclasses. Every type that travels over Kafka or into
+a snapshot has ``to_dict()`` / ``from_dict()`` producing plain JSON-able data.
+"No data" is ``None``, never NaN or 0.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class HealthState(enum.StrEnum):
+    """Per-(node, model) health. ``routed`` says whether LBs may use it."""
+
+    UNKNOWN = "unknown"          # never seen
+    WARMING = "warming"          # first warmup_s after first seen: judged leniently, routed
+    HEALTHY = "healthy"          # routed
+    SUSPECT = "suspect"          # abnormal in < confirm_windows consecutive windows; routed
+    UNHEALTHY = "unhealthy"      # confirmed; out of routing unless a fleet guard keeps it in
+    QUARANTINED = "quarantined"  # out of routing, waiting for back-off / being probed
+    RETIRED = "retired"          # failed too many probe rounds or diagnostics said unrecoverable
+
+
+class Reason(enum.StrEnum):
+    P99_P50_RATIO = "p99_p50_ratio"          # tail: ratio above threshold (and above the fleet's)
+    RELATIVE_P50 = "relative_p50"            # P50 far above its peers' median
+    WARMUP = "warmup"
+    WARMUP_DONE = "warmup_done"
+    FIRST_SEEN = "first_seen"
+    NORMAL = "normal"                        # abnormal streak ended
+    CONFIRMED = "confirmed"
+    EJECTION_CAP = "ejection_cap"            # confirmed, kept in routing by max_ejected_fraction / last node
+    QUARANTINE = "quarantine"
+    PROBE_PASSED = "probe_passed"
+    PROBE_FAILED = "probe_failed"
+    DIAGNOSTICS_RECOVERABLE = "diagnostics_recoverable"
+    DIAGNOSTICS_UNRECOVERABLE = "diagnostics_unrecoverable"
+    TOO_MANY_PROBE_FAILURES = "too_many_probe_failures"
+
+
+@dataclass(frozen=True, slots=True)
+class WindowSummary:
+    """Stage 1's per-tick summary of one (node, model) window.
+
+    ``p50``/``p99`` are of ``signal`` (µs for "latency", µs/token for "tpot",
+    dimensionless for "normalized"); ``None`` when the window holds fewer
+    than one judged sample. ``latency_p50_us``/``latency_p99_us`` are always
+    raw latency, for dashboards. ``samples`` counts judged (ok, non-probe,
+    within the age bound) samples; ``probe_*`` the probe samples since
+    ``probe_since_ts`` (see WindowStore).
+    """
+
+    node_id: str
+    model: str
+    tick_ts: float
+    signal: str
+    samples: int
+    p50: float | None
+    p99: float | None
+    latency_p50_us: float | None
+    latency_p99_us: float | None
+    failed: int = 0
+    hardware: str | None = None
+    first_seen_ts: float | None = None
+    last_seen_ts: float | None = None
+    probe_samples: int = 0
+    probe_p50: float | None = None
+    probe_p99: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ratio(self) -> float | None:
+        if self.p50 is None or self.p99 is None or self.p50 <= 0:
+            return None
+        return self.p99 / self.p50
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> WindowSummary:
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """One state change of one (node, model), with the numbers behind it.
+
+    Serialized by :meth:`to_event` into the contract's health-change JSON.
+    ``event_id`` is a pure function of (model, node, from, to, ts), so the same
+    transition always carries the same id.
+    """
+
+    ts: float
+    node_id: str
+    model: str
+    from_state: HealthState
+    to_state: HealthState
+    routed: bool
+    reason: str
+    signal: str | None = None
+    p50: float | None = None
+    p99: float | None = None
+    ratio: float | None = None
+    samples: int | None = None
+    peers_p50: float | None = None
+    latency_p50_us: float | None = None
+    latency_p99_us: float | None = None
+    hardware: str | None = None
+    detail: str | None = None
+
+    @property
+    def event_id(self) -> str:
+        key = f"{self.model}\x1f{self.node_id}\x1f{self.from_state}\x1f{self.to_state}\x1f{self.ts!r}"
+        return hashlib.sha256(key.encode()).hexdigest()[:32]
+
+    def to_event(self) -> dict[str, Any]:
+        """The contract's health-change JSON (ARCHITECTURE.md)."""
+        return {
+            "event_id": self.event_id, "ts": self.ts, "node_id": self.node_id, "model": self.model,
+            "from": str(self.from_state), "to": str(self.to_state), "routed": self.routed,
+            "reason": self.reason, "signal": self.signal,
+            "p50_us": self.latency_p50_us, "p99_us": self.latency_p99_us,
+            "ratio": self.ratio, "samples": self.samples,
+            "signal_p50": self.p50, "signal_p99": self.p99, "peers_p50": self.peers_p50,
+            "hardware": self.hardware, "detail": self.detail,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class FleetEvent:
+    """A model-level event: many nodes abnormal at once, or the baseline moved.
+
+    Reported (topic ``fleet-health-events`` and replay output), never a
+    reason to eject.
+    """
+
+    ts: float
+    model: str
+    kind: str                  # "load_event" | "baseline_shift" | …
+    abnormal_nodes: int
+    judged_nodes: int
+    fleet_p50: float | None = None
+    baseline_p50: float | None = None
+    signal: str | None = None
+    detail: str | None = None
+
+    @property
+    def event_id(self) -> str:
+        key = f"{self.model}\x1f{self.kind}\x1f{self.ts!r}"
+        return hashlib.sha256(key.encode()).hexdigest()[:32]
+
+    def to_event(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"event_id": self.event_id, "type": "fleet"}
+        d.update({k: getattr(self, k) for k in self.__dataclass_fields__})
+        return d
+
+
+@dataclass(frozen=True, slots=True)
+class DiagnosticsRequest:
+    """Ask the node's agent to collect evidence (one per node that becomes unhealthy)."""
+
+    ts: float
+    node_id: str
+    model: str
+    reason: str
+    collect: tuple[str, ...] = ("kernel_profile", "gpu_memory_state", "ecc_xid_errors")
+
+    @property
+    def request_id(self) -> str:
+        return hashlib.sha256(f"{self.model}\x1f{self.node_id}\x1f{self.ts!r}".encode()).hexdigest()[:32]
+
+    def to_event(self) -> dict[str, Any]:
+        return {"request_id": self.request_id, "ts": self.ts, "node_id": self.node_id,
+                "model": self.model, "reason": self.reason, "collect": list(self.collect)}
+
+
+@dataclass(frozen=True, slots=True)
+class NodeStatus:
+    """What dashboards and ``tailguard status`` show for one (node, model)."""
+
+    node_id: str
+    model: str
+    state: HealthState
+    routed: bool
+    since_ts: float
+    reason: str
+    p50: float | None = None
+    p99: float | None = None
+    ratio: float | None = None
+    samples: int = 0
+    latency_p50_us: float | None = None
+    latency_p99_us: float | None = None
+    signal: str | None = None
+    hardware: str | None = None
+    probe_after_ts: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        d["state"] = str(self.state)
+        return d
+
+
+@dataclass(frozen=True, slots=True)
+class ModelTick:
+    """Stage 2's verdict for one model at one tick."""
+
+    model: str
+    ts: float
+    transitions: tuple[Transition, ...]
+    routing: frozenset[str]
+    quarantine: dict[str, float]           # node -> earliest probe/re-admission ts
+    statuses: tuple[NodeStatus, ...]
+    fleet_events: tuple[FleetEvent, ...] = ()
+    diagnostics: tuple[DiagnosticsRequest, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TickResult:
+    """The detector façade's answer for one tick over all models."""
+
+    ts: float
+    models: tuple[ModelTick, ...]
+
+    @property
+    def transitions(self) -> tuple[Transition, ...]:
+        return tuple(t for m in self.models for t in m.transitions)
+
+    @property
+    def fleet_events(self) -> tuple[FleetEvent, ...]:
+        return tuple(e for m in self.models for e in m.fleet_events)
+
+    def routing(self) -> dict[str, frozenset[str]]:
+        return {m.model: m.routing for m in self.models}
