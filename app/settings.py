@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,7 +53,7 @@ class Settings:
     detector: DetectorSettings = field(default_factory=DetectorSettings)
 
     def __post_init__(self) -> None:
-        if not self.kafka_bootstrap or any(":" not in h for h in self.kafka_bootstrap.split(",")):
+        if not self.kafka_bootstrap or not all(_is_host_port(h) for h in self.kafka_bootstrap.split(",")):
             raise SettingError("TAILGUARD_KAFKA_BOOTSTRAP", self.kafka_bootstrap, "host:port[,host:port…]")
         u = urlparse(self.redis_url)
         if u.scheme not in ("redis", "rediss", "unix") or not (u.hostname or u.path):
@@ -68,12 +69,22 @@ class Settings:
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):
             raise SettingError("TAILGUARD_LOG_LEVEL", self.log_level, "debug, info, warning or error")
         for f in dataclasses.fields(Topics):
-            if not getattr(self.topics, f.name):
-                raise SettingError(f"TAILGUARD_TOPIC_{f.name.upper()}", "", "a non-empty topic name")
+            name = getattr(self.topics, f.name)
+            if not _TOPIC_NAME.fullmatch(name) or name in (".", ".."):
+                raise SettingError(f"TAILGUARD_TOPIC_{f.name.upper()}", name,
+                                   "a Kafka topic name: 1-249 of letters, digits, '.', '_', '-'")
+
+
+_TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
+
+
+def _is_host_port(text: str) -> bool:
+    host, sep, port = text.strip().rpartition(":")
+    return bool(sep and host and port.isdigit() and 0 < int(port) <= 65535)
 
 
 _SERVICE = {f.name: f for f in dataclasses.fields(Settings) if f.name not in ("topics", "detector")}
-_TOPICS = {f.name for f in dataclasses.fields(Topics)}
+_TOPICS = tuple(f.name for f in dataclasses.fields(Topics))  # ordered: stable docs and output
 
 
 def env_names() -> dict[str, str]:
@@ -118,7 +129,8 @@ def load(environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings
     topics = Topics(**{n: env[f"{PREFIX}TOPIC_{n.upper()}"] for n in _TOPICS
                        if f"{PREFIX}TOPIC_{n.upper()}" in env})
     det_pairs = {n: env[PREFIX + n.upper()] for n in field_names() if PREFIX + n.upper() in env}
-    detector = parse_overrides(det_pairs, labels={n: PREFIX + n.upper() for n in det_pairs})
+    # Label every field, so that a cross-field error names the variable too.
+    detector = parse_overrides(det_pairs, labels={n: PREFIX + n.upper() for n in field_names()})
     service.update(overrides)
     service.setdefault("topics", topics)
     service.setdefault("detector", detector)

@@ -104,7 +104,7 @@ def _check(f: dataclasses.Field[Any], value: Any) -> None:
     if "choices" in meta and value not in meta["choices"]:
         raise SettingError(f.name, value, f"one of {', '.join(meta['choices'])}")
     if "mapping_of" in meta:
-        for model, sig in _parse_mapping(value).items():
+        for model, sig in _parse_mapping(str(value)).items():
             if sig not in meta["mapping_of"]:
                 raise SettingError(f.name, value, f"signal for {model!r} one of {', '.join(meta['mapping_of'])}")
     lo, hi = meta.get("lo"), meta.get("hi")
@@ -112,7 +112,8 @@ def _check(f: dataclasses.Field[Any], value: Any) -> None:
         if value != value or value in (float("inf"), float("-inf")):
             raise SettingError(f.name, value, "a finite number")
         if lo is not None and (value <= lo if meta.get("lo_open") else value < lo):
-            raise SettingError(f.name, value, f"{'>' if meta.get('lo_open') else '>='} {lo}" + (f" and <= {hi}" if hi is not None else ""))
+            bound = f"{'>' if meta.get('lo_open') else '>='} {lo}"
+            raise SettingError(f.name, value, bound + (f" and <= {hi}" if hi is not None else ""))
         if hi is not None and value > hi:
             raise SettingError(f.name, value, f"<= {hi}")
 
