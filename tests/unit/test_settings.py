@@ -1,0 +1,257 @@
+"""Settings: every ``TAILGUARD_*`` variable is read, and every bad value is refused.
+
+Table-driven: each known variable gets a valid non-default value and must come
+out of :func:`app.settings.load` with it; each bad value must raise a
+:class:`SettingError` that names the variable, the value and what is allowed.
+The environment is always passed explicitly, so the tests do not depend on
+the shell they run in.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from app import cli
+from app import settings as settings_mod
+from app.core.config import DetectorSettings, SettingError, field_names
+from app.settings import Settings, load
+
+# A valid, non-default value for every variable, and the value it must parse to.
+SERVICE_VALUES: dict[str, tuple[str, Any]] = {
+    "TAILGUARD_KAFKA_BOOTSTRAP": ("kafka-a:9092,kafka-b:19092", "kafka-a:9092,kafka-b:19092"),
+    "TAILGUARD_REDIS_URL": ("redis://cache.internal:6380/3", "redis://cache.internal:6380/3"),
+    "TAILGUARD_KEY_PREFIX": ("tg-prod", "tg-prod"),
+    "TAILGUARD_APP_ID": ("tailguard-eu", "tailguard-eu"),
+    "TAILGUARD_TOPIC_PARTITIONS": ("32", 32),
+    "TAILGUARD_METRICS_PORT": ("0", 0),
+    "TAILGUARD_WEB_PORT": ("7066", 7066),
+    "TAILGUARD_DATA_DIR": ("/var/lib/tailguard", "/var/lib/tailguard"),
+    "TAILGUARD_LOG_LEVEL": ("debug", "debug"),
+}
+DETECTOR_TEXT: dict[str, tuple[str, Any]] = {
+    "tick_interval_s": ("2.5", 2.5),
+    "window_size": ("2000", 2000),
+    "min_samples": ("50", 50),
+    "ratio_threshold": ("4", 4.0),
+    "confirm_windows": ("5", 5),
+    "relative_p50_factor": ("1.5", 1.5),
+    "min_peers": ("4", 4),
+    "max_ejected_fraction": ("0.25", 0.25),
+    "warmup_s": ("0", 0.0),
+    "max_sample_age_s": ("60", 60.0),
+    "fleet_ratio_factor": ("2", 2.0),
+    "signal": ("tpot", "tpot"),
+    "model_signals": ("llama=latency,mistral=normalized", "llama=latency,mistral=normalized"),
+    "load_event_fraction": ("0.75", 0.75),
+    "probe_min_samples": ("5", 5),
+    "backoff_initial_s": ("10", 10.0),
+    "backoff_max_s": ("600", 600.0),
+    "retire_after_failed_probes": ("3", 3),
+    "max_latency_us": ("1e7", 1e7),
+    "max_future_skew_s": ("30", 30.0),
+}
+
+
+def _value_of(s: Settings, var: str) -> Any:
+    key = var.removeprefix("TAILGUARD_").lower()
+    if key in field_names():
+        return getattr(s.detector, key)
+    if key.startswith("topic_") and key != "topic_partitions":
+        return getattr(s.topics, key.removeprefix("topic_"))
+    return getattr(s, key)
+
+
+def test_the_tables_cover_every_known_variable() -> None:
+    topics = {v for v in settings_mod.env_names() if v.startswith("TAILGUARD_TOPIC_")} - {
+        "TAILGUARD_TOPIC_PARTITIONS"
+    }
+    covered = set(SERVICE_VALUES) | topics | {"TAILGUARD_" + n.upper() for n in DETECTOR_TEXT}
+    assert covered == set(settings_mod.env_names())
+    assert set(DETECTOR_TEXT) == set(field_names())
+
+
+@pytest.mark.parametrize("var", sorted(settings_mod.env_names()))
+def test_every_variable_is_parsed(var: str) -> None:
+    key = var.removeprefix("TAILGUARD_").lower()
+    if var in SERVICE_VALUES:
+        text, want = SERVICE_VALUES[var]
+    elif key in DETECTOR_TEXT:
+        text, want = DETECTOR_TEXT[key]
+    else:  # a topic name
+        text = want = f"custom-{key}.v2"
+    default = _value_of(Settings(), var)
+    assert want != default, "the table must use a non-default value, or the test proves nothing"
+    s = load({var: text})
+    assert _value_of(s, var) == want
+    # ...and nothing else moved.
+    for other in settings_mod.env_names():
+        if other != var:
+            assert _value_of(s, other) == _value_of(Settings(), other), other
+
+
+def test_empty_environment_gives_the_documented_defaults() -> None:
+    s = load({"PATH": "/usr/bin", "HOME": "/root"})
+    assert s == Settings()
+    assert s.kafka_bootstrap == "127.0.0.1:9092"
+    assert s.redis_url == "redis://127.0.0.1:6379/0"
+    assert s.key_prefix == "tailguard"
+    assert s.detector == DetectorSettings()
+    assert (s.detector.tick_interval_s, s.detector.window_size, s.detector.min_samples) == (30.0, 1000, 100)
+    assert (s.detector.ratio_threshold, s.detector.confirm_windows) == (3.0, 3)
+    assert (s.detector.relative_p50_factor, s.detector.min_peers) == (2.0, 3)
+    assert (s.detector.max_ejected_fraction, s.detector.warmup_s) == (0.5, 120.0)
+
+
+def test_env_names_defaults_are_the_settings_defaults() -> None:
+    for var, default_text in settings_mod.env_names().items():
+        assert str(_value_of(Settings(), var)) == default_text, var
+
+
+def test_settings_are_frozen() -> None:
+    s = load({})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.kafka_bootstrap = "elsewhere:9092"  # type: ignore[misc]
+
+
+def test_overrides_win_over_the_environment() -> None:
+    s = load({"TAILGUARD_KEY_PREFIX": "from-env"}, key_prefix="from-code")
+    assert s.key_prefix == "from-code"
+
+
+# (variable, bad value, a piece of the "allowed" text)
+BAD: list[tuple[str, str, str]] = [
+    ("TAILGUARD_KAFKA_BOOTSTRAP", "", "host:port"),
+    ("TAILGUARD_KAFKA_BOOTSTRAP", "localhost", "host:port"),
+    ("TAILGUARD_KAFKA_BOOTSTRAP", "kafka:nine", "host:port"),
+    ("TAILGUARD_KAFKA_BOOTSTRAP", "a:9092,:9093", "host:port"),
+    ("TAILGUARD_KAFKA_BOOTSTRAP", "a:70000", "host:port"),
+    ("TAILGUARD_REDIS_URL", "http://127.0.0.1:6379", "redis://"),
+    ("TAILGUARD_REDIS_URL", "127.0.0.1:6379", "redis://"),
+    ("TAILGUARD_KEY_PREFIX", "", "non-empty"),
+    ("TAILGUARD_KEY_PREFIX", "tail guard", "without spaces"),
+    ("TAILGUARD_TOPIC_PARTITIONS", "0", "1..1024"),
+    ("TAILGUARD_TOPIC_PARTITIONS", "eight", "whole number"),
+    ("TAILGUARD_METRICS_PORT", "65536", "0..65535"),
+    ("TAILGUARD_METRICS_PORT", "-1", "0..65535"),
+    ("TAILGUARD_WEB_PORT", "80.5", "whole number"),
+    ("TAILGUARD_LOG_LEVEL", "verbose", "debug, info, warning or error"),
+    ("TAILGUARD_TOPIC_LATENCY_EVENTS", "", "Kafka topic name"),
+    ("TAILGUARD_TOPIC_HEALTH_CHANGES", "node health", "Kafka topic name"),
+    ("TAILGUARD_TOPIC_DEAD_LETTER", "x" * 250, "Kafka topic name"),
+    ("TAILGUARD_TICK_INTERVAL_S", "0", "> 0.0"),
+    ("TAILGUARD_TICK_INTERVAL_S", "thirty", "number"),
+    ("TAILGUARD_TICK_INTERVAL_S", "nan", "finite"),
+    ("TAILGUARD_WINDOW_SIZE", "9", ">= 10"),
+    ("TAILGUARD_WINDOW_SIZE", "1000.5", "number (int)"),
+    ("TAILGUARD_MIN_SAMPLES", "0", ">= 1"),
+    ("TAILGUARD_MIN_SAMPLES", "5000", "at most window_size"),
+    ("TAILGUARD_RATIO_THRESHOLD", "1", "> 1.0"),
+    ("TAILGUARD_RATIO_THRESHOLD", "inf", "finite"),
+    ("TAILGUARD_CONFIRM_WINDOWS", "0", ">= 1"),
+    ("TAILGUARD_RELATIVE_P50_FACTOR", "0.5", "> 1.0"),
+    ("TAILGUARD_MIN_PEERS", "1", ">= 2"),
+    ("TAILGUARD_MAX_EJECTED_FRACTION", "1.5", "<= 1.0"),
+    ("TAILGUARD_MAX_EJECTED_FRACTION", "-0.1", ">= 0.0"),
+    ("TAILGUARD_WARMUP_S", "-1", ">= 0.0"),
+    ("TAILGUARD_SIGNAL", "p99", "one of auto, latency, tpot, normalized"),
+    ("TAILGUARD_MODEL_SIGNALS", "llama", "model=signal"),
+    ("TAILGUARD_MODEL_SIGNALS", "llama=fast", "one of auto, latency, tpot, normalized"),
+    ("TAILGUARD_LOAD_EVENT_FRACTION", "0", "> 0.0"),
+    ("TAILGUARD_BACKOFF_MAX_S", "5", ">= backoff_initial_s"),
+]
+
+
+@pytest.mark.parametrize(("var", "value", "allowed"), BAD, ids=[f"{v}={x[:20]}" for v, x, _ in BAD])
+def test_bad_value_names_variable_value_and_what_is_allowed(var: str, value: str, allowed: str) -> None:
+    with pytest.raises(SettingError) as info:
+        load({var: value})
+    err = info.value
+    assert err.name == var
+    assert str(err.value) == value  # as typed ("0", not 0.0)
+    assert allowed in err.allowed
+    message = str(err)
+    assert var in message and repr(err.value) in message and err.allowed in message
+
+
+def test_cross_field_error_names_the_variable_even_when_it_was_not_set() -> None:
+    # The user lowered the window below the default min_samples.
+    with pytest.raises(SettingError) as info:
+        load({"TAILGUARD_WINDOW_SIZE": "50"})
+    assert info.value.name == "TAILGUARD_MIN_SAMPLES"
+    assert "window_size (50)" in info.value.allowed
+
+
+@pytest.mark.parametrize("var", ["TAILGUARD_TICK_INTERVAL", "TAILGUARD_KAFKA", "TAILGUARD_TOPIC_LATENCY"])
+def test_unknown_tailguard_variable_is_rejected(var: str) -> None:
+    with pytest.raises(SettingError) as info:
+        load({var: "2"})
+    assert info.value.name == var
+    assert "known TAILGUARD_* variable" in info.value.allowed
+
+
+def test_other_variables_are_ignored() -> None:
+    assert load({"TAILGUARDX": "1", "KAFKA_BOOTSTRAP": "x", "tailguard_window_size": "abc"}) == Settings()
+
+
+def test_script_only_variables_are_accepted() -> None:
+    env = {"TAILGUARD_CACHE": "/c", "TAILGUARD_RUN": "/r", "TAILGUARD_VENV": "/v", "TAILGUARD_PYTHON": "python3"}
+    assert load(env) == Settings()
+
+
+# --- the command line -------------------------------------------------------
+
+
+def test_tailguard_settings_prints_every_variable(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for var in list(settings_mod.env_names()):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("TAILGUARD_WINDOW_SIZE", "2000")
+    assert cli.main(["settings"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    printed = dict(line.split("=", 1) for line in lines)
+    assert set(printed) == set(settings_mod.env_names())
+    assert printed["TAILGUARD_WINDOW_SIZE"] == "2000   (default 1000)"
+    assert printed["TAILGUARD_KAFKA_BOOTSTRAP"] == "127.0.0.1:9092"
+
+
+def test_tailguard_with_bad_setting_exits_2_naming_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("TAILGUARD_RATIO_THRESHOLD", "0.5")
+    assert cli.main(["settings"]) == 2
+    err = capsys.readouterr().err
+    assert "TAILGUARD_RATIO_THRESHOLD" in err and "0.5" in err and "> 1.0" in err
+
+
+def test_unknown_command_exits_2_with_usage(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["frobnicate"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown command 'frobnicate'" in err and "usage: tailguard" in err
+
+
+@pytest.mark.parametrize("argv", [[], ["--help"], ["help"]])
+def test_help_lists_every_command(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in cli.COMMANDS)
+
+
+def test_console_entry_point_in_a_fresh_process() -> None:
+    """The installed program, not just the function: exit codes survive the process boundary."""
+    env = {"PATH": "/usr/bin:/bin", "TAILGUARD_LOG_LEVEL": "loud"}
+    bad = subprocess.run([sys.executable, "-m", "app.cli", "settings"], env=env,
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert bad.returncode == 2
+    assert "TAILGUARD_LOG_LEVEL='loud'" in bad.stderr
+    unknown = subprocess.run([sys.executable, "-m", "app.cli", "nope"], capture_output=True, text=True,
+                             timeout=60, check=False)
+    assert unknown.returncode == 2
+    ok = subprocess.run([sys.executable, "-m", "app.cli", "settings"], env={"PATH": "/usr/bin:/bin"},
+                        capture_output=True, text=True, timeout=60, check=False)
+    assert ok.returncode == 0 and "TAILGUARD_WINDOW_SIZE=1000" in ok.stdout
