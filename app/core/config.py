@@ -155,4 +155,4 @@ def parse_overrides(pairs: Mapping[str, str], base: DetectorSettings | None = No
         return dataclasses.replace(base or DetectorSettings(), **changes)
     except SettingError as e:
         label = labels.get(e.name, e.name)
-        raise SettingError(label, e.value, e.allowed) from None
+        raise SettingError(label, pairs.get(e.name, e.value), e.allowed) from None  # as the user typed it
