@@ -1,0 +1,56 @@
+"""Load balancers that read tailguard's routing set before they dispatch.
+
+Two integrations live here:
+
+* :mod:`app.lb.proxy` — ``tailguard proxy``, a reference async HTTP reverse
+  proxy: round-robin over a model's routing set, a small share of probe
+  traffic to quarantined nodes, fallback to every known backend when the
+  routing set is unknown.
+* :mod:`app.lb.haproxy` — ``tailguard haproxy-sync``, which mirrors each
+  model's routing set onto HAProxy servers through the Runtime API.
+
+Both read routing state through :class:`RoutingSource`, a two-method Protocol
+that :class:`app.routing.reader.RoutingTable` satisfies; tests pass a fake.
+The selection and diffing logic (:mod:`app.lb.balance`, the pure half of
+:mod:`app.lb.haproxy`) does no I/O and reads no clock.
+
+Exceptions::
+
+    LbError                 base of what this package raises on purpose
+    ├── BackendsError       the --backends / --server-map / --backend-map input is malformed
+    └── RuntimeApiError     HAProxy's Runtime API refused a command or cannot be reached
+
+Bad arguments to functions raise the built-in ``ValueError``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol
+
+
+class RoutingSource(Protocol):
+    """Where a load balancer reads routing state (cached; no Redis round-trip per call).
+
+    ``get`` returns the node ids that may receive traffic for ``model``; an
+    empty set means "unknown" to the load balancers (tailguard never empties a
+    model's routing set on purpose). ``quarantined`` maps node id → the Unix
+    time (s) from which it may be probed. Both may raise when nothing is
+    cached and Redis cannot be read; callers treat that as "unknown".
+    """
+
+    async def get(self, model: str) -> frozenset[str]: ...
+
+    async def quarantined(self, model: str) -> Mapping[str, float]: ...
+
+
+class LbError(Exception):
+    """Base of the load-balancer package's domain and I/O errors."""
+
+
+class BackendsError(LbError, ValueError):
+    """A backend / server / backend map given on the command line or in a file is malformed."""
+
+
+class RuntimeApiError(LbError):
+    """HAProxy's Runtime API could not be reached or answered a command with an error."""

@@ -1,0 +1,127 @@
+"""Which node gets the next request: round-robin over the routing set, probes, fallback.
+
+Pure and synchronous: no I/O, no clock (``now_s`` is a parameter), no
+randomness. One :class:`Balancer` per proxy process, used from one event loop.
+
+Guarantees:
+
+* **Routed only.** While a model's routing set names at least one node with a
+  known backend address, :meth:`Balancer.pick` returns only such nodes, in
+  strict rotation (each of *k* routed nodes gets exactly one of every *k*
+  consecutive picks while the set is unchanged).
+* **Fallback, never refusal.** When the routing set is unknown (``None`` or
+  empty: tailguard never empties a set on purpose, so empty means "not written
+  yet" or "Redis unreachable before anything was cached"), or none of its nodes
+  has a known address, ``pick`` rotates over *every* known backend and marks the
+  pick ``fallback=True``. A load balancer must not refuse traffic because
+  tailguard is down.
+* **Probe share.** :meth:`Balancer.probe_due` is true for exactly
+  ``floor(n × probe_share)`` of a model's first *n* requests, evenly spread
+  (a deterministic credit counter, not a coin flip). :meth:`Balancer.pick_probe`
+  then rotates over the model's quarantined nodes whose probe time has come,
+  that have a known address and are not routed; ``None`` if there are none (the
+  request then goes to a routed node and the probe slot is not carried over).
+* **Retry elsewhere.** ``exclude`` removes nodes that already failed this request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+MAX_PROBE_SHARE = 0.5
+_NO_MODEL = ""          # rotation key for requests without a model
+_CACHE_LIMIT = 4096     # candidate tuples memoised per (routed set, exclude) pair
+
+
+@dataclass(frozen=True, slots=True)
+class Pick:
+    """One dispatch decision: where to send, and why."""
+
+    node_id: str
+    url: str
+    probe: bool = False       # a quarantined node, sent as probe traffic
+    fallback: bool = False    # the routing set was unknown: chosen among all known backends
+
+
+class Balancer:
+    """Round-robin over a model's routing set with a probe share (see module docstring)."""
+
+    def __init__(self, backends: Mapping[str, str], *, probe_share: float = 0.02) -> None:
+        if not backends:
+            raise ValueError("backends must name at least one node_id → URL")
+        if not 0.0 <= probe_share <= MAX_PROBE_SHARE:
+            raise ValueError(f"probe_share={probe_share!r} must be within 0..{MAX_PROBE_SHARE}")
+        self._urls = dict(backends)
+        self._all = tuple(sorted(self._urls))
+        self._share = probe_share
+        self._rr: dict[str, int] = {}
+        self._probe_rr: dict[str, int] = {}
+        self._seen: dict[str, int] = {}
+        self._cands: dict[tuple[frozenset[str], frozenset[str]], tuple[str, ...]] = {}
+
+    @property
+    def backends(self) -> Mapping[str, str]:
+        return self._urls
+
+    @property
+    def probe_share(self) -> float:
+        return self._share
+
+    def _candidates(self, routed: frozenset[str], exclude: frozenset[str]) -> tuple[str, ...]:
+        key = (routed, exclude)
+        cands = self._cands.get(key)
+        if cands is None:
+            # Sorted, so that the rotation order does not depend on set iteration order.
+            cands = tuple(sorted(n for n in routed if n in self._urls and n not in exclude))
+            if len(self._cands) >= _CACHE_LIMIT:
+                self._cands.clear()
+            self._cands[key] = cands
+        return cands
+
+    def pick(
+        self,
+        model: str | None,
+        routed: frozenset[str] | None,
+        *,
+        exclude: frozenset[str] = frozenset(),
+    ) -> Pick | None:
+        """The next routed node for ``model``; fallback to all known backends; ``None`` if all are excluded."""
+        key = model or _NO_MODEL
+        cands = self._candidates(routed, exclude) if routed else ()
+        fallback = not cands
+        if fallback:
+            cands = self._all if not exclude else tuple(n for n in self._all if n not in exclude)
+            if not cands:
+                return None
+        i = self._rr.get(key, 0)
+        self._rr[key] = i + 1
+        node = cands[i % len(cands)]
+        return Pick(node, self._urls[node], fallback=fallback)
+
+    def probe_due(self, model: str) -> bool:
+        """Whether this request of ``model`` is a probe slot (``floor(n × share)`` of *n*)."""
+        if self._share <= 0.0:
+            return False
+        n = self._seen.get(model, 0) + 1
+        self._seen[model] = n
+        return int(n * self._share + 1e-9) > int((n - 1) * self._share + 1e-9)
+
+    def pick_probe(
+        self,
+        model: str,
+        routed: frozenset[str] | None,
+        quarantined: Mapping[str, float],
+        now_s: float,
+    ) -> Pick | None:
+        """A quarantined node of ``model`` whose probe time has come, in rotation; ``None`` if none is."""
+        routed = routed or frozenset()
+        cands = sorted(
+            n for n, after_s in quarantined.items() if after_s <= now_s and n in self._urls and n not in routed
+        )
+        if not cands:
+            return None
+        i = self._probe_rr.get(model, 0)
+        self._probe_rr[model] = i + 1
+        node = cands[i % len(cands)]
+        return Pick(node, self._urls[node], probe=True)

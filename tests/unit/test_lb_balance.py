@@ -1,0 +1,122 @@
+"""Balancer: round-robin over the routing set, probe share, fallback, retry exclusion."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from app.lb.balance import Balancer, Pick
+
+URLS = {f"n{i}": f"http://127.0.0.1:{9000 + i}" for i in range(5)}
+
+node_ids = st.sampled_from([*sorted(URLS), "ghost-1", "ghost-2"])
+
+
+def test_round_robin_visits_each_routed_node_once_per_cycle() -> None:
+    b = Balancer(URLS, probe_share=0.0)
+    routed = frozenset({"n1", "n3", "n4"})
+    picks = [b.pick("m", routed) for _ in range(9)]
+    assert [p.node_id for p in picks if p] == ["n1", "n3", "n4"] * 3
+    assert all(p is not None and not p.fallback and not p.probe for p in picks)
+    assert picks[0] == Pick("n1", URLS["n1"])
+
+
+def test_rotation_is_per_model() -> None:
+    b = Balancer(URLS, probe_share=0.0)
+    routed = frozenset({"n0", "n1"})
+    assert [b.pick("a", routed).node_id for _ in range(2)] == ["n0", "n1"]  # type: ignore[union-attr]
+    assert b.pick("b", routed).node_id == "n0"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("routed", [None, frozenset(), frozenset({"ghost"})])
+def test_unknown_routing_set_falls_back_to_all_known_backends(routed: frozenset[str] | None) -> None:
+    b = Balancer(URLS, probe_share=0.0)
+    picks = [b.pick("m", routed) for _ in range(len(URLS))]
+    assert sorted(p.node_id for p in picks if p) == sorted(URLS)
+    assert all(p is not None and p.fallback for p in picks)
+
+
+def test_request_without_model_or_set_falls_back() -> None:
+    b = Balancer(URLS, probe_share=0.0)
+    p = b.pick(None, None)
+    assert p is not None and p.fallback
+
+
+def test_exclude_retries_elsewhere_and_falls_back_when_routed_set_is_exhausted() -> None:
+    b = Balancer(URLS, probe_share=0.0)
+    routed = frozenset({"n2", "n3"})
+    for _ in range(4):
+        p = b.pick("m", routed, exclude=frozenset({"n2"}))
+        assert p is not None and p.node_id == "n3" and not p.fallback
+    p = b.pick("m", frozenset({"n2"}), exclude=frozenset({"n2"}))
+    assert p is not None and p.fallback and p.node_id != "n2"
+    assert b.pick("m", None, exclude=frozenset(URLS)) is None
+
+
+@pytest.mark.parametrize(("share", "n", "expected"), [(0.02, 50, 1), (0.02, 1000, 20), (0.1, 95, 9), (0.5, 7, 3),
+                                                      (0.0, 1000, 0)])
+def test_probe_due_gives_exactly_floor_n_times_share(share: float, n: int, expected: int) -> None:
+    b = Balancer(URLS, probe_share=share)
+    assert sum(b.probe_due("m") for _ in range(n)) == expected
+
+
+def test_probe_slots_are_spread_not_bunched() -> None:
+    b = Balancer(URLS, probe_share=0.25)
+    slots = [i for i in range(20) if b.probe_due("m")]
+    assert slots == [3, 7, 11, 15, 19]
+
+
+def test_pick_probe_only_due_known_unrouted_quarantined_nodes_in_rotation() -> None:
+    b = Balancer(URLS, probe_share=0.02)
+    quarantined = {"n1": 100.0, "n2": 50.0, "n3": 10.0, "ghost": 0.0, "n4": 0.0}
+    routed = frozenset({"n0", "n4"})   # n4 in both: routed wins, never probed
+    picks = [b.pick_probe("m", routed, quarantined, now_s=60.0) for _ in range(4)]
+    assert [p.node_id for p in picks if p] == ["n2", "n3", "n2", "n3"]
+    assert all(p is not None and p.probe and not p.fallback for p in picks)
+    assert b.pick_probe("m", routed, quarantined, now_s=5.0) is None
+    assert b.pick_probe("m", routed, {}, now_s=1e12) is None
+
+
+@pytest.mark.parametrize("share", [-0.01, 0.51, float("nan")])
+def test_bad_probe_share_is_rejected_naming_it(share: float) -> None:
+    with pytest.raises(ValueError, match="probe_share"):
+        Balancer(URLS, probe_share=share)
+
+
+def test_no_backends_is_rejected() -> None:
+    with pytest.raises(ValueError, match="backends"):
+        Balancer({})
+
+
+@given(routed=st.frozensets(node_ids), exclude=st.frozensets(node_ids), n=st.integers(1, 40))
+def test_pick_never_returns_excluded_or_unrouted_unless_fallback(
+    routed: frozenset[str], exclude: frozenset[str], n: int
+) -> None:
+    b = Balancer(URLS, probe_share=0.0)
+    usable = {x for x in routed if x in URLS} - exclude
+    for _ in range(n):
+        p = b.pick("m", routed, exclude=exclude)
+        if p is None:
+            assert set(URLS) <= exclude
+            continue
+        assert p.node_id not in exclude and p.url == URLS[p.node_id]
+        assert p.fallback == (not usable)
+        if usable:
+            assert p.node_id in usable
+
+
+@given(routed=st.frozensets(st.sampled_from(sorted(URLS)), min_size=1), cycles=st.integers(1, 5))
+def test_round_robin_is_exactly_fair_over_whole_cycles(routed: frozenset[str], cycles: int) -> None:
+    b = Balancer(URLS, probe_share=0.0)
+    counts = Counter(b.pick("m", routed).node_id for _ in range(cycles * len(routed)))  # type: ignore[union-attr]
+    assert counts == dict.fromkeys(routed, cycles)
+
+
+@given(share=st.floats(0.0, 0.5), n=st.integers(0, 2000))
+def test_probe_due_count_matches_share(share: float, n: int) -> None:
+    b = Balancer(URLS, probe_share=share)
+    got = sum(b.probe_due("m") for _ in range(n))
+    assert abs(got - n * share) <= 1.0
