@@ -1,0 +1,27 @@
+"""Building the Redis client that the routing writer, reader and ``tailguard status`` use.
+
+redis-py's defaults (5 s socket timeouts, 10 retries with back-off) can hold a
+caller for many seconds when Redis is down. tailguard's writer and reader have
+their own retry loops, so the client here fails fast: short timeouts and one
+immediate retry (enough to replace a pooled connection that a Redis restart
+closed).
+"""
+
+from __future__ import annotations
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+
+def connect(url: str, *, timeout_s: float = 2.0) -> aioredis.Redis:
+    """A client for ``url`` (``TAILGUARD_REDIS_URL``) that fails within about ``2 × timeout_s``."""
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+    return aioredis.Redis.from_url(
+        url,
+        socket_connect_timeout=timeout_s,
+        socket_timeout=timeout_s,
+        retry=Retry(NoBackoff(), 1),
+        decode_responses=False,
+    )

@@ -1,0 +1,154 @@
+"""Redis key layout of tailguard's routing state — the one place that builds key names.
+
+Layout (``P`` = the key prefix, default ``tailguard``; ``<m>`` = the encoded model name):
+
+=================================  ======  ==================================================
+key                                type    content
+=================================  ======  ==================================================
+``P:routing:<m>``                  SET     node ids that may receive traffic for the model
+``P:routing:<m>:version``          STRING  integer, incremented whenever the routing set or
+                                           the quarantine of the model changes
+``P:quarantine:<m>``               ZSET    member = node id taken out, score = the Unix time
+                                           (s) from which it may be probed / re-admitted
+``P:nodes:<m>``                    HASH    node id → JSON status (see :func:`status_json`)
+``P:models``                       SET     every model name ever written (raw, not encoded)
+channel ``P:routing:changes``      pubsub  ``{"model": <raw name>, "version": <int>}``
+=================================  ======  ==================================================
+
+Model names are free text (≤ 256 chars) and may contain ``:``, ``%`` or spaces.
+To keep keys unambiguous — a model named ``foo:version`` must not collide with
+the version key of model ``foo`` — :func:`encode_model` percent-encodes ``%``,
+``:``, whitespace and control characters (as their UTF-8 bytes, ``%3A`` for
+``:``). Every other character, including non-ASCII letters, is kept, so the
+usual model names (``llama-3-70b``, ``bge/large-en``) appear in keys exactly as
+written. The encoding is injective and :func:`decode_model` inverts it. The
+``models`` SET and the pub/sub messages carry the raw names.
+
+Node ids are stored raw: they are members and hash fields, never part of a key.
+
+All keys of one model are written together by one Lua script
+(:mod:`app.routing.writer`); this layout assumes a single Redis (or a primary
+with replicas), not Redis Cluster, whose slots would split a model's keys.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote
+
+from app.core.types import NodeStatus
+
+DEFAULT_PREFIX = "tailguard"
+
+
+def _needs_escape(c: str) -> bool:
+    return c in "%:" or c.isspace() or not c.isprintable()
+
+
+def encode_model(model: str) -> str:
+    """The form of ``model`` used inside key names (injective; see module docstring)."""
+    if not model:
+        raise ValueError("model name must be a non-empty string")
+    if not any(_needs_escape(c) for c in model):
+        return model
+    out: list[str] = []
+    for c in model:
+        if _needs_escape(c):
+            out.append("".join(f"%{b:02X}" for b in c.encode("utf-8")))
+        else:
+            out.append(c)
+    return "".join(out)
+
+
+def decode_model(encoded: str) -> str:
+    """Inverse of :func:`encode_model`."""
+    return unquote(encoded, encoding="utf-8", errors="strict")
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    """Key builders for one prefix. ``Keys("tailguard").routing("m")`` → ``tailguard:routing:m``."""
+
+    prefix: str = DEFAULT_PREFIX
+
+    def __post_init__(self) -> None:
+        if not self.prefix or any(c.isspace() for c in self.prefix):
+            raise ValueError(
+                f"key prefix {self.prefix!r} must be non-empty and contain no whitespace "
+                "(TAILGUARD_KEY_PREFIX)"
+            )
+
+    def routing(self, model: str) -> str:
+        return f"{self.prefix}:routing:{encode_model(model)}"
+
+    def version(self, model: str) -> str:
+        return f"{self.prefix}:routing:{encode_model(model)}:version"
+
+    def quarantine(self, model: str) -> str:
+        return f"{self.prefix}:quarantine:{encode_model(model)}"
+
+    def nodes(self, model: str) -> str:
+        return f"{self.prefix}:nodes:{encode_model(model)}"
+
+    @property
+    def models(self) -> str:
+        return f"{self.prefix}:models"
+
+    @property
+    def channel(self) -> str:
+        return f"{self.prefix}:routing:changes"
+
+
+def status_json(status: NodeStatus, *, updated_ts: float) -> str:
+    """The JSON stored in ``P:nodes:<m>`` for one node.
+
+    Fields: ``state``, ``routed``, ``since`` (Unix s of entering ``state``),
+    ``reason``, ``p50_us``/``p99_us`` (raw latency), ``ratio`` and
+    ``signal_p50``/``signal_p99`` (of the judged ``signal``), ``samples``,
+    ``hardware``, ``probe_after`` (Unix s, quarantined nodes), ``updated``
+    (Unix s of the write). Missing numbers are ``null``, never 0.
+    """
+    def num(x: float | None) -> float | None:
+        return x if x is not None and math.isfinite(x) else None
+
+    d: dict[str, Any] = {
+        "state": str(status.state),
+        "routed": status.routed,
+        "since": num(status.since_ts),
+        "reason": status.reason,
+        "p50_us": num(status.latency_p50_us),
+        "p99_us": num(status.latency_p99_us),
+        "ratio": num(status.ratio),
+        "samples": status.samples,
+        "signal": status.signal,
+        "signal_p50": num(status.p50),
+        "signal_p99": num(status.p99),
+        "hardware": status.hardware,
+        "probe_after": num(status.probe_after_ts),
+        "updated": updated_ts,
+    }
+    return json.dumps(d, separators=(",", ":"), allow_nan=False)
+
+
+def change_message(model: str, version: int) -> str:
+    """The pub/sub message body (the writer's Lua script builds the same JSON)."""
+    return json.dumps({"model": model, "version": version}, separators=(",", ":"))
+
+
+def parse_change_message(data: str | bytes) -> tuple[str, int] | None:
+    """``(model, version)`` from a pub/sub message, or ``None`` if it is not one of ours."""
+    try:
+        obj = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(obj, dict):
+        return None
+    model, version = obj.get("model"), obj.get("version")
+    if not isinstance(model, str) or not model or isinstance(version, bool):
+        return None
+    if not isinstance(version, int):
+        return None
+    return model, version

@@ -1,0 +1,342 @@
+"""The routing reader that load balancers use: a cached, self-refreshing view of the routing sets.
+
+:class:`RoutingTable` keeps, per model it was asked about, the routing set,
+the quarantine (node → probe-after Unix time) and the version, as read from
+the keys of :mod:`app.routing.keys`.
+
+Guarantees
+----------
+* **Consistent snapshots.** A model is loaded with one ``MULTI``/``EXEC``
+  (version, routing set, quarantine together); since the writer changes them
+  in one Lua script, every cached view is one the writer wrote.
+* **Fresh.** It refreshes a model when a ``{"model", "version"}`` message
+  arrives on ``P:routing:changes`` AND by polling the version keys every
+  ``poll_interval_s`` (pub/sub drops messages while disconnected). A change
+  is therefore seen within about ``poll_interval_s`` even with no pub/sub.
+* **Never goes dark.** While Redis is unreachable, the last-known sets are
+  served unchanged (failures are logged on the transition and counted
+  through :class:`ReaderMetrics`); the pub/sub connection is re-created and
+  the table catches up when Redis is back. If a model's keys vanish (a
+  restart without persistence, a manual delete), the last-known set is kept
+  until the writer writes a new one: tailguard never writes an empty routing
+  set, so "empty" always means "no data", never "route to nobody".
+* **Cheap on the hot path.** :meth:`RoutingTable.nodes` and
+  :meth:`RoutingTable.quarantined` are synchronous dict lookups.
+
+An empty ``frozenset`` from :meth:`RoutingTable.get` / :meth:`RoutingTable.nodes`
+means tailguard has no routing set for that model (yet): the load balancer
+should then use its own full list of backends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType, TracebackType
+from typing import Any, Protocol, Self
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from app.routing.errors import RoutingUnavailable
+from app.routing.keys import DEFAULT_PREFIX, Keys, parse_change_message
+
+log = logging.getLogger(__name__)
+
+_TRANSIENT: tuple[type[BaseException], ...] = (RedisError, OSError, TimeoutError)
+
+
+class ReaderMetrics(Protocol):
+    """What the reader reports (a load balancer maps these onto its own metrics)."""
+
+    def refresh_failed(self, error: BaseException) -> None: ...
+
+    def refreshed(self, model: str, version: int | None) -> None: ...
+
+
+class NullReaderMetrics:
+    """Reports nothing."""
+
+    def refresh_failed(self, error: BaseException) -> None:
+        pass
+
+    def refreshed(self, model: str, version: int | None) -> None:
+        pass
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRouting:
+    """One model's routing state as last read from Redis.
+
+    ``version`` is ``None`` when no routing was ever written for the model
+    (then ``nodes`` is empty). ``quarantine`` maps node → probe-after Unix s.
+    ``loaded_ts`` is when it was read (the table's clock).
+    """
+
+    model: str
+    version: int | None
+    nodes: frozenset[str]
+    quarantine: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    loaded_ts: float = 0.0
+
+
+OnChange = Callable[[ModelRouting], Any]
+
+
+def _text(x: bytes | str) -> str:
+    return x.decode("utf-8") if isinstance(x, bytes) else x
+
+
+class RoutingTable:
+    """Cached routing sets for load balancers (see the module docstring).
+
+    ::
+
+        async with RoutingTable(connect(url), "tailguard") as table:
+            backends = await table.get("llama-3-70b")     # first call loads
+            ...
+            backends = table.nodes("llama-3-70b")         # sync, cached
+
+    ``on_change`` (optional) is called with the new :class:`ModelRouting`
+    whenever a model's routing set or quarantine changes; a coroutine
+    function is awaited. Exceptions it raises are logged, not propagated.
+    """
+
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        key_prefix: str = DEFAULT_PREFIX,
+        *,
+        poll_interval_s: float = 1.0,
+        metrics: ReaderMetrics | None = None,
+        clock: Callable[[], float] = time.time,
+        on_change: OnChange | None = None,
+    ) -> None:
+        if not poll_interval_s > 0:
+            raise ValueError(f"poll_interval_s must be > 0, got {poll_interval_s!r}")
+        self._redis = redis
+        self.keys = Keys(key_prefix)
+        self._poll_interval_s = poll_interval_s
+        self._metrics: ReaderMetrics = metrics or NullReaderMetrics()
+        self._clock = clock
+        self._on_change = on_change
+        self._cache: dict[str, ModelRouting] = {}
+        self._wanted: set[str] = set()       # models asked about, loaded or not
+        self._vanished: set[str] = set()     # models whose keys disappeared (warned once)
+        self._load_lock = asyncio.Lock()
+        self._reachable = True
+        self._failures = 0
+        self._poll_now = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- hot path -------------------------------------------------------------
+
+    def nodes(self, model: str) -> frozenset[str]:
+        """Cached routing set of ``model`` (empty = no data: use all backends).
+
+        A model not asked about before is loaded by the next poll.
+        """
+        entry = self._cache.get(model)
+        if entry is None:
+            if model not in self._wanted:
+                self._wanted.add(model)
+                self._poll_now.set()
+            return frozenset()
+        return entry.nodes
+
+    def quarantined(self, model: str) -> dict[str, float]:
+        """Cached quarantine of ``model``: node → Unix time from which it may be probed."""
+        entry = self._cache.get(model)
+        return dict(entry.quarantine) if entry is not None else {}
+
+    def probe_candidates(self, model: str, now_s: float) -> frozenset[str]:
+        """Quarantined nodes of ``model`` whose probe-after time has come by ``now_s``."""
+        entry = self._cache.get(model)
+        if entry is None:
+            return frozenset()
+        return frozenset(n for n, ts in entry.quarantine.items() if ts <= now_s)
+
+    def version(self, model: str) -> int | None:
+        entry = self._cache.get(model)
+        return entry.version if entry is not None else None
+
+    def snapshot(self, model: str) -> ModelRouting | None:
+        return self._cache.get(model)
+
+    @property
+    def reachable(self) -> bool:
+        """False while the last Redis read failed (the cache is being served)."""
+        return self._reachable
+
+    # -- async API ------------------------------------------------------------
+
+    async def get(self, model: str) -> frozenset[str]:
+        """The routing set of ``model``; the first call for a model reads Redis.
+
+        Raises :class:`RoutingUnavailable` only if Redis cannot be read and
+        nothing is cached for the model.
+        """
+        entry = self._cache.get(model)
+        if entry is not None:
+            return entry.nodes
+        self._wanted.add(model)
+        try:
+            loaded = await self._load(model)
+        except _TRANSIENT as e:
+            self._record_failure(e)
+            raise RoutingUnavailable(model, e) from e
+        self._record_success()
+        return loaded.nodes
+
+    async def models(self) -> list[str]:
+        """Every model tailguard has written (the ``P:models`` SET), sorted."""
+        raw = await self._redis.smembers(self.keys.models)
+        return sorted(_text(x) for x in raw)
+
+    async def refresh(self) -> bool:
+        """Poll once: reload every wanted model whose version changed. True if Redis answered."""
+        wanted = sorted(self._wanted)
+        if not wanted:
+            return True
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for m in wanted:
+                    pipe.get(self.keys.version(m))
+                versions = await pipe.execute()
+            for m, raw in zip(wanted, versions, strict=True):
+                current = int(raw) if raw is not None else None
+                entry = self._cache.get(m)
+                if entry is None or entry.version != current:
+                    await self._load(m)
+        except _TRANSIENT as e:
+            self._record_failure(e)
+            return False
+        self._record_success()
+        return True
+
+    async def __aenter__(self) -> Self:
+        self._tasks = [
+            asyncio.create_task(self._poll_loop(), name="tailguard-routing-poll"),
+            asyncio.create_task(self._listen_loop(), name="tailguard-routing-pubsub"),
+        ]
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        tasks, self._tasks = self._tasks, []
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+
+    # -- internals --------------------------------------------------------------
+
+    async def _load(self, model: str) -> ModelRouting:
+        k = self.keys
+        async with self._load_lock:
+            async with self._redis.pipeline(transaction=True) as pipe:
+                pipe.get(k.version(model))
+                pipe.smembers(k.routing(model))
+                pipe.zrange(k.quarantine(model), 0, -1, withscores=True)
+                raw_version, raw_nodes, raw_quarantine = await pipe.execute()
+            old = self._cache.get(model)
+            nodes = frozenset(_text(n) for n in raw_nodes)
+            if not nodes and old is not None and old.nodes:
+                # Keys gone (restart without persistence, manual delete): keep serving.
+                if model not in self._vanished:
+                    self._vanished.add(model)
+                    log.warning(
+                        "routing set of model %r is missing in Redis (was version %s with %d "
+                        "nodes): serving the last-known set until tailguard writes a new one",
+                        model, old.version, len(old.nodes),
+                    )
+                return old
+            self._vanished.discard(model)
+            entry = ModelRouting(
+                model=model,
+                version=int(raw_version) if raw_version is not None else None,
+                nodes=nodes,
+                quarantine=MappingProxyType({_text(n): float(s) for n, s in raw_quarantine}),
+                loaded_ts=self._clock(),
+            )
+            self._cache[model] = entry
+        self._metrics.refreshed(model, entry.version)
+        if old is None or old.nodes != entry.nodes or dict(old.quarantine) != dict(entry.quarantine):
+            await self._notify(entry)
+        return entry
+
+    async def _notify(self, entry: ModelRouting) -> None:
+        if self._on_change is None:
+            return
+        try:
+            result = self._on_change(entry)
+            if asyncio.iscoroutine(result):
+                await result
+        except Exception:
+            log.exception("on_change callback failed for model %r", entry.model)
+
+    def _record_failure(self, error: BaseException) -> None:
+        self._failures += 1
+        self._metrics.refresh_failed(error)
+        if self._reachable:
+            self._reachable = False
+            log.warning(
+                "cannot read routing from Redis (%s: %s); serving the last-known sets of %d "
+                "model(s) until it is back",
+                type(error).__name__, error, len(self._cache),
+            )
+
+    def _record_success(self) -> None:
+        if not self._reachable:
+            log.info("Redis reachable again after %d failed read(s)", self._failures)
+            self._reachable = True
+            self._failures = 0
+
+    async def _poll_loop(self) -> None:
+        while True:
+            await self.refresh()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._poll_interval_s):
+                    await self._poll_now.wait()
+            self._poll_now.clear()
+
+    async def _listen_loop(self) -> None:
+        channel = self.keys.channel
+        while True:
+            pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(channel)
+                # Messages published while we were not subscribed are lost: catch up by polling.
+                self._poll_now.set()
+                while True:
+                    msg = await pubsub.get_message(
+                        ignore_subscribe_messages=True, timeout=self._poll_interval_s
+                    )
+                    if msg is None or msg.get("type") != "message":
+                        continue
+                    parsed = parse_change_message(msg["data"])
+                    if parsed is None:
+                        log.debug("ignoring malformed message on %s: %r", channel, msg["data"])
+                        continue
+                    model, version = parsed
+                    entry = self._cache.get(model)
+                    if model in self._wanted and (entry is None or entry.version != version):
+                        await self._load(model)
+            except _TRANSIENT as e:
+                self._record_failure(e)
+            finally:
+                with contextlib.suppress(*_TRANSIENT):
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+            await asyncio.sleep(self._poll_interval_s)

@@ -1,0 +1,405 @@
+"""The Redis routing writer: one model's verdict → Redis, atomically, idempotently, never empty.
+
+:class:`RoutingWriter` owns the writes of every key in :mod:`app.routing.keys`.
+
+Guarantees
+----------
+* **Atomic.** One :class:`~app.core.types.ModelTick` is written by ONE Lua
+  script (:data:`APPLY_LUA`). Redis runs a script without interleaving any
+  other command, so a reader sees either the whole previous state of the
+  model (routing set, version, quarantine, node statuses) or the whole new
+  one, never a mix. The routing set is replaced in place (``DEL`` + ``SADD``
+  inside the script) — no ``RENAME`` of a temporary key, which would fail for
+  an empty set and leave a window in non-scripted code.
+* **Idempotent.** The script compares the wanted routing set and quarantine
+  with what Redis holds. Only when either differs does it rewrite them,
+  ``INCR`` the version and ``PUBLISH`` ``{"model", "version"}`` on
+  ``P:routing:changes``. Writing the same decision twice changes nothing
+  (version unchanged, no message); only the node statuses (dashboards) are
+  refreshed.
+* **Never empties routing.** A tick whose routing set is empty is refused
+  (logged, counted through :meth:`WriterMetrics.empty_refused`) and the last
+  written set stays; the script refuses an empty set too, as a second guard.
+  A detector fault must not take a whole model out of service.
+* **Survives Redis outages.** A connection error or timeout never reaches
+  the caller: :meth:`RoutingWriter.apply` returns ``False``, the latest
+  wanted state of each model is kept (older ones are dropped — only the
+  latest matters) and retried with exponential back-off (the background task
+  of ``async with RoutingWriter(...)``, or :meth:`RoutingWriter.flush`).
+  While Redis is down the load balancers keep the last written set. After a
+  restart that lost the data, the next write recreates every key (the
+  script compares with what is there, so the version is bumped and
+  published again).
+* **NOSCRIPT.** The script is run by SHA (``EVALSHA``); redis-py's
+  ``AsyncScript`` reloads it with ``SCRIPT LOAD`` when a restarted server
+  answers ``NOSCRIPT`` (checked by the integration tests).
+
+Metrics are reported through the :class:`WriterMetrics` protocol (no
+Prometheus import here); the service maps them onto its registry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Protocol, Self
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from app.core.types import ModelTick
+from app.routing.keys import DEFAULT_PREFIX, Keys, status_json
+
+log = logging.getLogger(__name__)
+
+# Redis errors that mean "try again later": connection trouble, timeouts, a
+# server still loading its data. Script errors (bad arguments) are RedisError too;
+# they are counted and retried the same way, and logged with their message.
+_TRANSIENT: tuple[type[BaseException], ...] = (RedisError, OSError, TimeoutError)
+
+APPLY_LUA = r"""
+-- tailguard: write one model's routing verdict atomically.
+-- KEYS: 1 routing SET, 2 version, 3 quarantine ZSET, 4 nodes HASH, 5 models SET
+-- ARGV: 1 channel, 2 model, 3 #routing, 4 #quarantine, 5 #statuses,
+--       then the routing members, then (score, node) pairs, then (node, json) pairs.
+-- Returns {routing_changed 0|1, quarantine_changed 0|1, version}.
+local routing_key, version_key, quarantine_key, nodes_key, models_key =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local channel, model = ARGV[1], ARGV[2]
+local n_routing = tonumber(ARGV[3])
+local n_quarantine = tonumber(ARGV[4])
+local n_status = tonumber(ARGV[5])
+if n_routing == nil or n_quarantine == nil or n_status == nil then
+  return redis.error_reply('ERR tailguard: malformed counts')
+end
+if n_routing < 1 then
+  return redis.error_reply('ERR tailguard: refusing to write an empty routing set for ' .. model)
+end
+local first_q = 6 + n_routing
+local first_s = first_q + 2 * n_quarantine
+if #ARGV ~= first_s - 1 + 2 * n_status then
+  return redis.error_reply('ERR tailguard: argument count does not match the counts')
+end
+
+local CHUNK = 512  -- even, so (score, member) and (field, value) pairs never split
+local function put(cmd, key, from, to)
+  local i = from
+  while i <= to do
+    local j = math.min(i + CHUNK - 1, to)
+    redis.call(cmd, key, unpack(ARGV, i, j))
+    i = j + 1
+  end
+end
+
+local routing_changed = redis.call('EXISTS', version_key) == 0
+if not routing_changed then
+  if redis.call('SCARD', routing_key) ~= n_routing then
+    routing_changed = true
+  else
+    -- same size and every wanted (distinct) member present => same set
+    for i = 6, first_q - 1 do
+      if redis.call('SISMEMBER', routing_key, ARGV[i]) == 0 then
+        routing_changed = true
+        break
+      end
+    end
+  end
+end
+
+local quarantine_changed = redis.call('ZCARD', quarantine_key) ~= n_quarantine
+if not quarantine_changed then
+  for i = first_q, first_s - 1, 2 do
+    local have = redis.call('ZSCORE', quarantine_key, ARGV[i + 1])
+    if not have or tonumber(have) ~= tonumber(ARGV[i]) then
+      quarantine_changed = true
+      break
+    end
+  end
+end
+
+if routing_changed then
+  redis.call('DEL', routing_key)
+  put('SADD', routing_key, 6, first_q - 1)
+end
+if quarantine_changed then
+  redis.call('DEL', quarantine_key)
+  put('ZADD', quarantine_key, first_q, first_s - 1)
+end
+
+redis.call('DEL', nodes_key)
+put('HSET', nodes_key, first_s, #ARGV)
+redis.call('SADD', models_key, model)
+
+local version
+if routing_changed or quarantine_changed then
+  version = redis.call('INCR', version_key)
+  redis.call('PUBLISH', channel, cjson.encode({model = model, version = version}))
+else
+  version = tonumber(redis.call('GET', version_key))
+end
+return {routing_changed and 1 or 0, quarantine_changed and 1 or 0, version}
+"""
+
+
+class WriterMetrics(Protocol):
+    """What the writer reports; the service maps these onto Prometheus counters."""
+
+    def write_failed(self, model: str, error: BaseException) -> None: ...
+
+    def empty_refused(self, model: str) -> None: ...
+
+    def written(self, model: str, *, changed: bool, version: int) -> None: ...
+
+
+class NullWriterMetrics:
+    """Reports nothing."""
+
+    def write_failed(self, model: str, error: BaseException) -> None:
+        pass
+
+    def empty_refused(self, model: str) -> None:
+        pass
+
+    def written(self, model: str, *, changed: bool, version: int) -> None:
+        pass
+
+
+@dataclass(frozen=True, slots=True)
+class WriteResult:
+    """What one successful script run did."""
+
+    model: str
+    version: int
+    routing_changed: bool
+    quarantine_changed: bool
+
+    @property
+    def changed(self) -> bool:
+        return self.routing_changed or self.quarantine_changed
+
+
+def _flat(pairs: Iterable[tuple[str, str]]) -> list[str]:
+    return [x for pair in pairs for x in pair]
+
+
+def _validate(tick: ModelTick) -> None:
+    if not isinstance(tick.model, str) or not tick.model:
+        raise ValueError(f"ModelTick.model must be a non-empty string, got {tick.model!r}")
+    for node in tick.routing:
+        if not isinstance(node, str) or not node:
+            raise ValueError(f"routing set of model {tick.model!r} holds a bad node id {node!r}")
+    for node, ts in tick.quarantine.items():
+        if not isinstance(node, str) or not node:
+            raise ValueError(f"quarantine of model {tick.model!r} holds a bad node id {node!r}")
+        if math.isnan(ts):
+            raise ValueError(f"quarantine of model {tick.model!r}: probe-after ts of {node!r} is NaN")
+    for s in tick.statuses:
+        if s.model != tick.model:
+            raise ValueError(
+                f"ModelTick for model {tick.model!r} carries a status of model {s.model!r} "
+                f"(node {s.node_id!r})"
+            )
+
+
+class RoutingWriter:
+    """Writes :class:`ModelTick` verdicts to Redis (see the module docstring for guarantees).
+
+    Use as ``async with RoutingWriter(redis, prefix) as w: await w.apply(tick)``;
+    the context starts the background retry task and, on exit, makes one
+    last attempt to write what is still pending. Without the context manager,
+    call :meth:`flush` yourself to retry.
+
+    ``redis`` should fail fast (see :func:`app.routing.client.connect`);
+    ``write_timeout_s`` bounds one script run regardless.
+    """
+
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        key_prefix: str = DEFAULT_PREFIX,
+        *,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Any] = asyncio.sleep,
+        metrics: WriterMetrics | None = None,
+        retry_initial_s: float = 0.25,
+        retry_max_s: float = 10.0,
+        write_timeout_s: float = 5.0,
+    ) -> None:
+        if not 0 < retry_initial_s <= retry_max_s:
+            raise ValueError(
+                f"need 0 < retry_initial_s <= retry_max_s, got {retry_initial_s!r}, {retry_max_s!r}"
+            )
+        if not write_timeout_s > 0:
+            raise ValueError(f"write_timeout_s must be > 0, got {write_timeout_s!r}")
+        self._redis = redis
+        self.keys = Keys(key_prefix)
+        self._clock = clock
+        self._monotonic = monotonic
+        self._sleep = sleep
+        self._metrics: WriterMetrics = metrics or NullWriterMetrics()
+        self._retry_initial_s = retry_initial_s
+        self._retry_max_s = retry_max_s
+        self._write_timeout_s = write_timeout_s
+        self._script = redis.register_script(APPLY_LUA)
+        self._pending: dict[str, ModelTick] = {}
+        self._lock = asyncio.Lock()
+        self._failures = 0          # consecutive failed attempts
+        self._retry_at = 0.0        # monotonic time before which apply() does not try
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.last_results: dict[str, WriteResult] = {}
+
+    # -- public API ---------------------------------------------------------
+
+    @property
+    def pending(self) -> frozenset[str]:
+        """Models whose latest verdict is not in Redis yet."""
+        return frozenset(self._pending)
+
+    @property
+    def failing(self) -> bool:
+        """True while the last attempt to write failed."""
+        return self._failures > 0
+
+    async def apply(self, tick: ModelTick) -> bool:
+        """Write ``tick``'s verdict. True when Redis now holds it (written or already equal).
+
+        False when the tick was refused (empty routing set: the last set
+        stays) or Redis could not be written; in the latter case the verdict
+        is kept and retried, superseded by any newer tick of the same model.
+        Raises ``ValueError`` only for a malformed tick (a programming error).
+        """
+        _validate(tick)
+        if not tick.routing:
+            log.warning(
+                "refusing to empty the routing set of model %r (tick ts=%s, %d statuses): "
+                "keeping the last written set",
+                tick.model, tick.ts, len(tick.statuses),
+            )
+            self._metrics.empty_refused(tick.model)
+            return False
+        self._pending[tick.model] = tick
+        await self._flush(force=False)
+        return tick.model not in self._pending
+
+    async def flush(self) -> bool:
+        """Try now to write every pending verdict; True when nothing is pending afterwards."""
+        return await self._flush(force=True)
+
+    async def __aenter__(self) -> Self:
+        self._task = asyncio.create_task(self._retry_loop(), name="tailguard-routing-writer-retry")
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Stop the retry task and make one last attempt to write what is pending."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._pending and not await self._flush(force=True):
+            log.error(
+                "closing with unwritten routing verdicts for models %s: Redis keeps the last "
+                "written sets",
+                sorted(self._pending),
+            )
+
+    # -- internals ----------------------------------------------------------
+
+    def _backoff_s(self) -> float:
+        return min(self._retry_max_s, self._retry_initial_s * 2.0 ** max(0, self._failures - 1))
+
+    def _in_backoff(self) -> bool:
+        return self._failures > 0 and self._monotonic() < self._retry_at
+
+    async def _flush(self, *, force: bool) -> bool:
+        if not self._pending:
+            return True
+        if not force and self._in_backoff():
+            self._wake.set()
+            return False
+        async with self._lock:
+            if not force and self._in_backoff():
+                self._wake.set()
+                return False
+            for model in list(self._pending):
+                tick = self._pending.get(model)
+                if tick is None:
+                    continue
+                try:
+                    result = await self._write(tick)
+                except _TRANSIENT as e:
+                    self._record_failure(model, e)
+                    return False
+                if self._pending.get(model) is tick:
+                    del self._pending[model]
+                self._record_success(result)
+            return not self._pending
+
+    def _record_failure(self, model: str, error: BaseException) -> None:
+        self._failures += 1
+        delay_s = self._backoff_s()
+        self._retry_at = self._monotonic() + delay_s
+        self._metrics.write_failed(model, error)
+        # Log the first failure and then every power of two, not every attempt.
+        if self._failures & (self._failures - 1) == 0:
+            log.warning(
+                "Redis write of model %r failed (%s: %s); attempt %d, retrying in %.2fs; "
+                "%d model(s) pending, load balancers keep the last written sets",
+                model, type(error).__name__, error, self._failures, delay_s, len(self._pending),
+            )
+        self._wake.set()
+
+    def _record_success(self, result: WriteResult) -> None:
+        if self._failures:
+            log.info("Redis writes recovered after %d failed attempt(s)", self._failures)
+        self._failures = 0
+        self._retry_at = 0.0
+        self.last_results[result.model] = result
+        self._metrics.written(result.model, changed=result.changed, version=result.version)
+        if result.changed:
+            log.debug("model %r routing version %d", result.model, result.version)
+
+    async def _write(self, tick: ModelTick) -> WriteResult:
+        k, m = self.keys, tick.model
+        routing = sorted(tick.routing)
+        quarantine = [(repr(float(ts)), node) for node, ts in sorted(tick.quarantine.items())]
+        now = self._clock()
+        statuses = {s.node_id: status_json(s, updated_ts=now) for s in tick.statuses}
+        args: list[str | int] = [
+            k.channel, m, len(routing), len(quarantine), len(statuses),
+            *routing, *_flat(quarantine), *_flat(sorted(statuses.items())),
+        ]
+        async with asyncio.timeout(self._write_timeout_s):
+            raw = await self._script(
+                keys=[k.routing(m), k.version(m), k.quarantine(m), k.nodes(m), k.models],
+                args=args,
+            )
+        routing_changed, quarantine_changed, version = (int(x) for x in raw)
+        return WriteResult(m, version, bool(routing_changed), bool(quarantine_changed))
+
+    async def _retry_loop(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._pending:
+                delay_s = self._retry_at - self._monotonic()
+                if delay_s > 0:
+                    await self._sleep(delay_s)
+                if await self._flush(force=True):
+                    break
