@@ -20,8 +20,10 @@ Guarantees
   restart without persistence, a manual delete), the last-known set is kept
   until the writer writes a new one: tailguard never writes an empty routing
   set, so "empty" always means "no data", never "route to nobody".
-* **Cheap on the hot path.** :meth:`RoutingTable.nodes` and
-  :meth:`RoutingTable.quarantined` are synchronous dict lookups.
+* **Cheap on the hot path.** :meth:`RoutingTable.nodes`,
+  :meth:`RoutingTable.cached_quarantine` and :meth:`RoutingTable.probe_candidates`
+  are synchronous dict lookups; ``await get()`` / ``await quarantined()``
+  read Redis only the first time a model is asked for.
 
 An empty ``frozenset`` from :meth:`RoutingTable.get` / :meth:`RoutingTable.nodes`
 means tailguard has no routing set for that model (yet): the load balancer
@@ -148,7 +150,7 @@ class RoutingTable:
             return frozenset()
         return entry.nodes
 
-    def quarantined(self, model: str) -> dict[str, float]:
+    def cached_quarantine(self, model: str) -> dict[str, float]:
         """Cached quarantine of ``model``: node → Unix time from which it may be probed."""
         entry = self._cache.get(model)
         return dict(entry.quarantine) if entry is not None else {}
@@ -180,9 +182,20 @@ class RoutingTable:
         Raises :class:`RoutingUnavailable` only if Redis cannot be read and
         nothing is cached for the model.
         """
+        return (await self._ensure(model)).nodes
+
+    async def quarantined(self, model: str) -> dict[str, float]:
+        """Quarantine of ``model``: node → Unix time from which it may be probed.
+
+        Loads like :meth:`get`; a load balancer sends probe traffic to these
+        nodes once their time has come (see :meth:`probe_candidates`).
+        """
+        return dict((await self._ensure(model)).quarantine)
+
+    async def _ensure(self, model: str) -> ModelRouting:
         entry = self._cache.get(model)
         if entry is not None:
-            return entry.nodes
+            return entry
         self._wanted.add(model)
         try:
             loaded = await self._load(model)
@@ -190,7 +203,7 @@ class RoutingTable:
             self._record_failure(e)
             raise RoutingUnavailable(model, e) from e
         self._record_success()
-        return loaded.nodes
+        return loaded
 
     async def models(self) -> list[str]:
         """Every model tailguard has written (the ``P:models`` SET), sorted."""

@@ -1,0 +1,207 @@
+"""``tailguard status [--model M] [--json]`` — the per-model table of nodes, read from Redis.
+
+Reads the ``P:models`` SET and, per model, in one ``MULTI``/``EXEC``: the
+version, the routing SET, the quarantine ZSET and the ``P:nodes:<m>`` HASH
+(keys of :mod:`app.routing.keys`). The ``routed`` column is membership of the
+routing SET — what load balancers actually use — not the status JSON's own
+flag. Exit codes: 0 shown, 1 Redis unreachable or ``--model`` unknown, 2 bad
+settings (via ``tailguard``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+from urllib.parse import urlparse, urlunparse
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from app.routing.client import connect
+from app.routing.keys import Keys
+from app.settings import load
+
+
+@dataclass(frozen=True, slots=True)
+class ModelStatus:
+    """What Redis holds for one model."""
+
+    model: str
+    version: int | None
+    routing: frozenset[str]
+    quarantine: dict[str, float] = field(default_factory=dict)
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "version": self.version,
+            "routing": sorted(self.routing),
+            "quarantine": dict(sorted(self.quarantine.items())),
+            "nodes": {
+                n: {**self.nodes.get(n, {}), "in_routing_set": n in self.routing}
+                for n in self.all_nodes()
+            },
+        }
+
+    def all_nodes(self) -> list[str]:
+        return sorted(set(self.nodes) | self.routing | set(self.quarantine))
+
+
+def _text(x: bytes | str) -> str:
+    return x.decode("utf-8") if isinstance(x, bytes) else x
+
+
+def _status_obj(raw: bytes | str) -> dict[str, Any]:
+    try:
+        obj = json.loads(raw)
+    except ValueError:
+        return {"state": "?", "reason": "unreadable status JSON"}
+    return obj if isinstance(obj, dict) else {"state": "?", "reason": "unreadable status JSON"}
+
+
+async def read_status(
+    redis: aioredis.Redis, key_prefix: str, models: Iterable[str] | None = None
+) -> list[ModelStatus]:
+    """Every model's status (or just ``models``), sorted by model name."""
+    keys = Keys(key_prefix)
+    wanted = models if models is not None else await redis.smembers(keys.models)
+    names = sorted({_text(m) for m in wanted})
+    out: list[ModelStatus] = []
+    for m in names:
+        async with redis.pipeline(transaction=True) as pipe:
+            pipe.get(keys.version(m))
+            pipe.smembers(keys.routing(m))
+            pipe.zrange(keys.quarantine(m), 0, -1, withscores=True)
+            pipe.hgetall(keys.nodes(m))
+            raw_version, raw_routing, raw_quarantine, raw_nodes = await pipe.execute()
+        out.append(ModelStatus(
+            model=m,
+            version=int(raw_version) if raw_version is not None else None,
+            routing=frozenset(_text(n) for n in raw_routing),
+            quarantine={_text(n): float(s) for n, s in raw_quarantine},
+            nodes={_text(n): _status_obj(v) for n, v in raw_nodes.items()},
+        ))
+    return out
+
+
+def _ms(us: object) -> str:
+    if isinstance(us, int | float) and not isinstance(us, bool) and math.isfinite(us):
+        return f"{us / 1000:.1f}"
+    return "-"
+
+
+def _num(x: object, fmt: str) -> str:
+    if isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x):
+        return format(x, fmt)
+    return "-"
+
+
+def _age(seconds: float) -> str:
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def format_table(statuses: list[ModelStatus], now_s: float) -> str:
+    """The human table: one block per model."""
+    header = ("node", "state", "routed", "p50 ms", "p99 ms", "ratio", "samples", "since",
+              "probe in", "reason")
+    blocks: list[str] = []
+    for ms in statuses:
+        rows: list[tuple[str, ...]] = []
+        for n in ms.all_nodes():
+            st = ms.nodes.get(n, {})
+            since = st.get("since")
+            probe = ms.quarantine.get(n)
+            rows.append((
+                n,
+                str(st.get("state", "?")),
+                "yes" if n in ms.routing else "no",
+                _ms(st.get("p50_us")),
+                _ms(st.get("p99_us")),
+                _num(st.get("ratio"), ".2f"),
+                _num(st.get("samples"), "d"),
+                _age(now_s - since) if isinstance(since, int | float) else "-",
+                "-" if probe is None else ("now" if probe <= now_s else _age(probe - now_s)),
+                str(st.get("reason", "-")),
+            ))
+        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+        title = (f"model {ms.model}  version {ms.version if ms.version is not None else '-'}  "
+                 f"routed {len(ms.routing)}/{len(rows)}  quarantined {len(ms.quarantine)}")
+        lines = [title, "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip()]
+        lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+
+def _redacted(url: str) -> str:
+    u = urlparse(url)
+    if u.password is None:
+        return url
+    netloc = u.netloc.replace(f":{u.password}@", ":***@", 1)
+    return urlunparse(u._replace(netloc=netloc))
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="tailguard status",
+        description="Per-model table of nodes (state, routing, latency), read from Redis "
+                    "(TAILGUARD_REDIS_URL, TAILGUARD_KEY_PREFIX).",
+    )
+    p.add_argument("--model", action="append", metavar="M",
+                   help="show only this model (repeatable)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    return p
+
+
+async def _run(args: argparse.Namespace, out: TextIO, err: TextIO,
+               clock: Callable[[], float]) -> int:
+    settings = load()
+    client = connect(settings.redis_url)
+    try:
+        statuses = await read_status(client, settings.key_prefix, args.model)
+    except (RedisError, OSError, TimeoutError) as e:
+        print(
+            f"tailguard status: cannot reach Redis at {_redacted(settings.redis_url)} "
+            f"({type(e).__name__}: {e}). Start it (scripts/redis) or point TAILGUARD_REDIS_URL "
+            "at the Redis that tailguard writes to.",
+            file=err,
+        )
+        return 1
+    finally:
+        await client.aclose()
+    if args.model:
+        missing = [s.model for s in statuses if s.version is None and not s.routing and not s.nodes]
+        if missing:
+            print(f"tailguard status: no routing state in Redis for model(s) {', '.join(missing)} "
+                  f"(key prefix {settings.key_prefix!r}, TAILGUARD_KEY_PREFIX)", file=err)
+            return 1
+    if args.json:
+        json.dump({"key_prefix": settings.key_prefix, "ts": clock(),
+                   "models": [s.to_dict() for s in statuses]}, out, indent=2)
+        out.write("\n")
+    elif not statuses:
+        print(f"no models in Redis under key prefix {settings.key_prefix!r} yet "
+              "(tailguard worker writes them each tick)", file=out)
+    else:
+        print(format_table(statuses, clock()), file=out)
+    return 0
+
+
+def main(argv: list[str], *, out: TextIO | None = None, err: TextIO | None = None,
+         clock: Callable[[], float] = time.time) -> int:
+    args = _parser().parse_args(argv)
+    return asyncio.run(_run(args, out or sys.stdout, err or sys.stderr, clock))
