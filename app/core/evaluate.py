@@ -1,0 +1,455 @@
+"""Stage 2: per-model evaluation — the rules, the fleet guards, the routing set.
+
+:class:`FleetEvaluator` receives, once per tick and per model, the window
+summaries of that model's nodes (stage 1) and returns a
+:class:`~app.core.types.ModelTick`: transitions, the routing set, the
+quarantine, statuses, fleet events and diagnostics requests. It owns the
+per-pair :class:`~app.core.health.PairState` of every model and a slow
+per-model baseline; :meth:`snapshot`/:meth:`restore` move all of it as plain
+data, and a restored evaluator produces the same future.
+
+Rules for a routed, judged pair (``samples >= min_samples``), with *peers*
+the model's routed, non-warming pairs that have judged data (the pair itself
+included) and *enough peers* meaning at least ``min_peers`` of them:
+
+* tail — ``p99/p50 > ratio_threshold`` and, with enough peers, also
+  ``> fleet_ratio_factor ×`` the peers' median ratio (a heavy tail that every
+  node shares flags nobody); reason ``p99_p50_ratio``.
+* relative P50 — with enough peers, ``p50 > relative_p50_factor ×`` the
+  reference P50; reason ``relative_p50``. The reference is the peers' median,
+  or, when peers carry more than one ``hardware`` class, the median of the
+  pair's own class if that class has at least ``min_peers`` peers. A pair of
+  a smaller class is not judged by P50 at all (its class has no trustworthy
+  norm, and the fleet's would punish a slower class); the tail rule still
+  applies to it.
+
+Guards (never violated, whatever the input):
+
+* at most ``floor(max_ejected_fraction × nodes of the model)`` pairs out of
+  routing (unhealthy-ejected, quarantined, retired), worst severity first;
+  the rest stay unhealthy *and routed* (reason ``ejection_cap``) and leave
+  when room appears;
+* never the last routed node: a model with nodes always has a routing set;
+* load event: when at least ``load_event_fraction`` of the peers (and at
+  least ``min_peers``) are abnormal in one tick — by the rules above or
+  against the model's slow baseline — nobody is ejected, no streak moves,
+  and one ``FleetEvent(kind="load_event")`` opens the episode
+  (``"load_event_end"`` closes it);
+* baseline shift: the peers' median of P50 / class baseline beyond
+  ``BASELINE_SHIFT_FACTOR`` either way emits ``"baseline_shift"`` once per
+  episode (``"baseline_shift_end"`` when back within ``BASELINE_CLEAR_FACTOR``).
+  The baseline is an EWMA (half-life ``BASELINE_HALF_LIFE_S`` of event time,
+  in log space) of each hardware class's median P50 and of the median
+  ratio; it follows a lasting shift, so a permanent change (a new model
+  version) stops being an event after a few minutes.
+
+Quarantined pairs are judged, once their back-off has passed, on the samples
+since the probe round began (``judge_since``): regular samples if there are
+``probe_min_samples`` of them, else probe samples; by the same rules against
+the current peers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.core import health
+from app.core.config import DetectorSettings
+from app.core.health import Evidence, Judgement, PairState, Verdict
+from app.core.types import (
+    DiagnosticsRequest,
+    FleetEvent,
+    HealthState,
+    ModelTick,
+    NodeStatus,
+    Reason,
+    Transition,
+    WindowSummary,
+)
+
+BASELINE_HALF_LIFE_S = 600.0
+BASELINE_SHIFT_FACTOR = 2.0
+BASELINE_CLEAR_FACTOR = 1.5
+_OUT_STATES = frozenset({HealthState.UNHEALTHY, HealthState.QUARANTINED, HealthState.RETIRED})
+
+
+def median(values: Sequence[float]) -> float:
+    """Median of a non-empty sequence (mean of the middle two when even)."""
+    s = sorted(values)
+    n = len(s)
+    mid = n // 2
+    return s[mid] if n % 2 else (s[mid - 1] + s[mid]) / 2.0
+
+
+@dataclass(slots=True)
+class _ModelState:
+    pairs: dict[str, PairState] = field(default_factory=dict)
+    baseline_p50: dict[str, float] = field(default_factory=dict)   # hardware class -> log p50
+    baseline_ratio: float | None = None                          # log of the median ratio
+    baseline_ts: float | None = None
+    load_event: bool = False
+    shifted: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"pairs": {n: p.to_dict() for n, p in sorted(self.pairs.items())},
+                "baseline_p50": dict(sorted(self.baseline_p50.items())),
+                "baseline_ratio": self.baseline_ratio, "baseline_ts": self.baseline_ts,
+                "load_event": self.load_event, "shifted": self.shifted}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> _ModelState:
+        return cls(pairs={n: PairState.from_dict(p) for n, p in d.get("pairs", {}).items()},
+                   baseline_p50={str(k): float(v) for k, v in d.get("baseline_p50", {}).items()},
+                   baseline_ratio=d.get("baseline_ratio"), baseline_ts=d.get("baseline_ts"),
+                   load_event=bool(d.get("load_event", False)), shifted=bool(d.get("shifted", False)))
+
+
+def _cls(hardware: str | None) -> str:
+    return hardware if hardware is not None else ""
+
+
+@dataclass(frozen=True, slots=True)
+class _Norms:
+    """The model's reference numbers at one tick."""
+
+    enough_peers: bool
+    fleet_p50: float | None
+    class_p50: dict[str, float]       # classes whose median is trusted
+    multi_class: bool
+    tail_limit: float
+
+    def p50_ref(self, hardware: str | None) -> float | None:
+        if not self.enough_peers:
+            return None
+        if self.multi_class:
+            return self.class_p50.get(_cls(hardware))
+        return self.fleet_p50
+
+
+class FleetEvaluator:
+    """Stage 2 over any number of models. Not thread-safe; one owner per model."""
+
+    def __init__(self, settings: DetectorSettings | None = None) -> None:
+        self.settings = settings or DetectorSettings()
+        self._models: dict[str, _ModelState] = {}
+
+    # ---- queries -------------------------------------------------------------------------
+    def models(self) -> list[str]:
+        return sorted(self._models)
+
+    def pair(self, model: str, node_id: str) -> PairState | None:
+        ms = self._models.get(model)
+        return None if ms is None else ms.pairs.get(node_id)
+
+    def judge_since(self, model: str, now_s: float) -> dict[tuple[str, str], float]:
+        """``{(node, model): ts}``: judge only samples at or after ``ts`` (see health.judge_since)."""
+        ms = self._models.get(model)
+        if ms is None:
+            return {}
+        out: dict[tuple[str, str], float] = {}
+        st = self.settings
+        for node, p in ms.pairs.items():
+            if p.judge_since_ts is None and p.state is not HealthState.WARMING:
+                continue
+            since = health.judge_since(p, now_s, st)
+            if since is not None:
+                out[(node, model)] = since
+        return out
+
+    def judge_since_all(self, now_s: float) -> dict[tuple[str, str], float]:
+        out: dict[tuple[str, str], float] = {}
+        for m in self._models:
+            out.update(self.judge_since(m, now_s))
+        return out
+
+    # ---- the tick ------------------------------------------------------------------------
+    def evaluate(self, model: str, summaries: Iterable[WindowSummary], now_s: float,
+                 *, with_statuses: bool = True) -> ModelTick:
+        st = self.settings
+        ms = self._models.setdefault(model, _ModelState())
+        by_node: dict[str, WindowSummary] = {s.node_id: s for s in summaries}
+        transitions: list[Transition] = []
+        pairs = ms.pairs
+        for node in sorted(by_node.keys() - pairs.keys()):
+            s = by_node[node]
+            first = s.first_seen_ts if s.first_seen_ts is not None else now_s
+            p, t = health.first_seen(node, model, first, now_s, st, s.hardware)
+            pairs[node] = p
+            transitions.append(t)
+
+        # Peers: routed, past warm-up, with judged data.
+        min_samples = st.min_samples
+        peers: list[tuple[str, WindowSummary, float, float]] = []   # node, summary, p50, ratio
+        for node, s in by_node.items():
+            p = pairs[node]
+            if not p.routed or p.state is HealthState.WARMING:
+                continue
+            if s.samples >= min_samples and s.p50 is not None and s.p99 is not None and s.p50 > 0:
+                peers.append((node, s, s.p50, s.p99 / s.p50))
+        norms = self._norms(peers)
+
+        judgements: dict[str, Judgement] = {}
+        abnormal = 0
+        for node, s, p50, ratio in peers:
+            j = self._judge(s, p50, ratio, s.samples, norms)
+            if j.verdict is Verdict.ABNORMAL:
+                abnormal += 1
+                judgements[node] = j
+            elif pairs[node].state is not HealthState.HEALTHY or pairs[node].abnormal_streak:
+                judgements[node] = j
+            if j.verdict is not Verdict.ABNORMAL and self._off_baseline(ms, s.hardware, p50, ratio,
+                                                                        norms.tail_limit):
+                abnormal += 1
+        n_peers = len(peers)
+        fleet_events: list[FleetEvent] = []
+        load = n_peers >= st.min_peers and abnormal >= st.load_event_fraction * n_peers
+        fleet_p50 = norms.fleet_p50
+        if load != ms.load_event:
+            ms.load_event = load
+            fleet_events.append(FleetEvent(
+                ts=now_s, model=model, kind="load_event" if load else "load_event_end",
+                abnormal_nodes=abnormal, judged_nodes=n_peers, fleet_p50=fleet_p50,
+                baseline_p50=self._baseline_fleet_p50(ms), signal=_signal(peers),
+                detail=(f"{abnormal} of {n_peers} judged nodes abnormal in one tick: "
+                        "nobody is ejected while it lasts") if load else None))
+        if load:
+            judgements = {}
+        shift = self._baseline_shift(model, ms, peers, now_s, abnormal, fleet_p50)
+        if shift is not None:
+            fleet_events.append(shift)
+        self._update_baseline(ms, peers, now_s)
+
+        # Quarantined pairs whose back-off has passed: judge the probe round.
+        for node, p in pairs.items():
+            if p.state is HealthState.QUARANTINED and (p.probe_after_ts is None
+                                                       or now_s >= p.probe_after_ts):
+                qs = by_node.get(node)
+                if qs is not None:
+                    judgements[node] = self._judge_probe(qs, norms)
+
+        # Step every pair that can move (sorted: deterministic transition order).
+        for node in sorted(pairs):
+            p = pairs[node]
+            state = p.state
+            if state is HealthState.HEALTHY and node not in judgements:
+                continue
+            if state is HealthState.RETIRED:
+                continue
+            new, tr = health.step(p, judgements.get(node, health.NO_VERDICT), now_s, st)
+            if new is not p:
+                pairs[node] = new
+            if tr is not None:
+                transitions.append(tr)
+
+        diagnostics: list[DiagnosticsRequest] = []
+        if not load:
+            self._guard(model, pairs, now_s, transitions, diagnostics)
+
+        routing = frozenset(n for n, p in pairs.items() if p.routed)
+        quarantine = {n: (p.probe_after_ts if p.probe_after_ts is not None else now_s)
+                      for n, p in pairs.items()
+                      if not p.routed and p.state is not HealthState.RETIRED}
+        statuses = self._statuses(model, pairs, by_node) if with_statuses else ()
+        return ModelTick(model=model, ts=now_s, transitions=tuple(transitions), routing=routing,
+                         quarantine=quarantine, statuses=statuses,
+                         fleet_events=tuple(fleet_events), diagnostics=tuple(diagnostics))
+
+    # ---- rules ---------------------------------------------------------------------------
+    def _norms(self, peers: list[tuple[str, WindowSummary, float, float]]) -> _Norms:
+        st = self.settings
+        enough = len(peers) >= st.min_peers
+        if not enough:
+            return _Norms(False, median([p[2] for p in peers]) if peers else None, {}, False,
+                          st.ratio_threshold)
+        fleet_p50 = median([p[2] for p in peers])
+        tail_limit = max(st.ratio_threshold, st.fleet_ratio_factor * median([p[3] for p in peers]))
+        classes: dict[str, list[float]] = {}
+        for _, s, p50, _ in peers:
+            classes.setdefault(_cls(s.hardware), []).append(p50)
+        multi = len(classes) > 1
+        class_p50 = ({c: median(v) for c, v in classes.items() if len(v) >= st.min_peers}
+                     if multi else {})
+        return _Norms(True, fleet_p50, class_p50, multi, tail_limit)
+
+    def _judge(self, s: WindowSummary, p50: float, ratio: float, samples: int,
+               norms: _Norms, p99: float | None = None) -> Judgement:
+        st = self.settings
+        ref = norms.p50_ref(s.hardware)
+        sev_tail = ratio / norms.tail_limit
+        sev_p50 = p50 / (st.relative_p50_factor * ref) if ref is not None and ref > 0 else 0.0
+        if sev_tail <= 1.0 and sev_p50 <= 1.0:
+            return health.NORMAL
+        ev = Evidence(signal=s.signal, p50=p50, p99=p99 if p99 is not None else s.p99, ratio=ratio,
+                      samples=samples, peers_p50=ref, latency_p50_us=s.latency_p50_us,
+                      latency_p99_us=s.latency_p99_us, hardware=s.hardware)
+        if sev_tail >= sev_p50:
+            return Judgement(Verdict.ABNORMAL, str(Reason.P99_P50_RATIO), ev, sev_tail,
+                             f"p99/p50 {ratio:.2f} > limit {norms.tail_limit:.2f}")
+        return Judgement(Verdict.ABNORMAL, str(Reason.RELATIVE_P50), ev, sev_p50,
+                         f"p50 {p50:.1f} > {st.relative_p50_factor:g} x peers' {ref:.1f}")
+
+    def _judge_probe(self, s: WindowSummary, norms: _Norms) -> Judgement:
+        need = self.settings.probe_min_samples
+        if s.samples >= need and s.p50 is not None and s.p99 is not None and s.p50 > 0:
+            p50, p99, n = s.p50, s.p99, s.samples
+        elif (s.probe_samples >= need and s.probe_p50 is not None and s.probe_p99 is not None
+              and s.probe_p50 > 0):
+            p50, p99, n = s.probe_p50, s.probe_p99, s.probe_samples
+        else:
+            return health.NO_VERDICT
+        j = self._judge(s, p50, p99 / p50, n, norms, p99)
+        if j.verdict is Verdict.NORMAL:
+            ev = Evidence(signal=s.signal, p50=p50, p99=p99, ratio=p99 / p50, samples=n,
+                          peers_p50=norms.p50_ref(s.hardware), latency_p50_us=s.latency_p50_us,
+                          latency_p99_us=s.latency_p99_us, hardware=s.hardware)
+            return Judgement(Verdict.NORMAL, str(Reason.NORMAL), ev)
+        return j
+
+    # ---- baseline ------------------------------------------------------------------------
+    def _off_baseline(self, ms: _ModelState, hardware: str | None, p50: float, ratio: float,
+                      tail_limit: float) -> bool:
+        """Abnormal against the model's slow baseline (counts towards a load event only)."""
+        st = self.settings
+        base = ms.baseline_p50.get(_cls(hardware))
+        if base is not None and p50 > st.relative_p50_factor * math.exp(base):
+            return True
+        if ms.baseline_ratio is not None:
+            limit = max(st.ratio_threshold, st.fleet_ratio_factor * math.exp(ms.baseline_ratio))
+            return ratio > limit
+        return False
+
+    def _baseline_fleet_p50(self, ms: _ModelState) -> float | None:
+        if not ms.baseline_p50:
+            return None
+        return math.exp(median(list(ms.baseline_p50.values())))
+
+    def _baseline_shift(self, model: str, ms: _ModelState, peers: list[tuple[str, WindowSummary, float, float]],
+                        now_s: float, abnormal: int, fleet_p50: float | None) -> FleetEvent | None:
+        if len(peers) < self.settings.min_peers:
+            return None
+        rel = [p50 / math.exp(ms.baseline_p50[_cls(s.hardware)])
+               for _, s, p50, _ in peers if _cls(s.hardware) in ms.baseline_p50]
+        if len(rel) < self.settings.min_peers:
+            return None
+        factor = median(rel)
+        off = max(factor, 1.0 / factor)
+        if not ms.shifted and off > BASELINE_SHIFT_FACTOR:
+            ms.shifted = True
+            kind = "baseline_shift"
+            detail = f"fleet median P50 is {factor:.2f}x its baseline"
+        elif ms.shifted and off < BASELINE_CLEAR_FACTOR:
+            ms.shifted = False
+            kind = "baseline_shift_end"
+            detail = f"fleet median P50 back to {factor:.2f}x its baseline"
+        else:
+            return None
+        return FleetEvent(ts=now_s, model=model, kind=kind, abnormal_nodes=abnormal,
+                          judged_nodes=len(peers), fleet_p50=fleet_p50,
+                          baseline_p50=self._baseline_fleet_p50(ms), signal=_signal(peers),
+                          detail=detail)
+
+    def _update_baseline(self, ms: _ModelState, peers: list[tuple[str, WindowSummary, float, float]],
+                         now_s: float) -> None:
+        if not peers:
+            return
+        dt = self.settings.tick_interval_s if ms.baseline_ts is None else max(0.0, now_s - ms.baseline_ts)
+        alpha = 1.0 - 0.5 ** (dt / BASELINE_HALF_LIFE_S)
+        ms.baseline_ts = now_s
+        classes: dict[str, list[float]] = {}
+        ratios: list[float] = []
+        for _, s, p50, ratio in peers:
+            classes.setdefault(_cls(s.hardware), []).append(p50)
+            ratios.append(ratio)
+        for c, values in classes.items():
+            cur = math.log(median(values))
+            old = ms.baseline_p50.get(c)
+            ms.baseline_p50[c] = cur if old is None else old + alpha * (cur - old)
+        cur_r = math.log(median(ratios))
+        ms.baseline_ratio = cur_r if ms.baseline_ratio is None else (
+            ms.baseline_ratio + alpha * (cur_r - ms.baseline_ratio))
+
+    # ---- guards --------------------------------------------------------------------------
+    def _guard(self, model: str, pairs: dict[str, PairState], now_s: float,
+               transitions: list[Transition], diagnostics: list[DiagnosticsRequest]) -> None:
+        st = self.settings
+        candidates = [p for p in pairs.values() if health.wants_out(p, st)]
+        if not candidates:
+            return
+        n_nodes = len(pairs)
+        allowed_out = math.floor(st.max_ejected_fraction * n_nodes + 1e-9)
+        out = sum(1 for p in pairs.values() if not p.routed)
+        routed = n_nodes - out
+        candidates.sort(key=lambda p: (-p.severity, p.node_id))
+        for p in candidates:
+            if out < allowed_out and routed > 1:
+                new, t = health.eject(p, now_s, st)
+                out += 1
+                routed -= 1
+                diagnostics.append(DiagnosticsRequest(ts=now_s, node_id=p.node_id, model=model,
+                                                      reason=new.reason))
+            else:
+                why = ("the last routed node" if routed <= 1 else
+                       f"{out} of {n_nodes} out already (max_ejected_fraction="
+                       f"{st.max_ejected_fraction:g})")
+                new, t2 = health.keep_in(p, now_s, f"confirmed abnormal, kept in: {why}")
+                if t2 is None:
+                    pairs[p.node_id] = new
+                    continue
+                t = t2
+            pairs[p.node_id] = new
+            transitions.append(t)
+
+    # ---- diagnostics ---------------------------------------------------------------------
+    def apply_diagnostics(self, model: str, node_id: str, recoverable: bool,
+                          now_s: float) -> list[Transition]:
+        """Apply a diagnostics result for an out-of-routing pair (see health.diagnostics)."""
+        ms = self._models.get(model)
+        p = None if ms is None else ms.pairs.get(node_id)
+        if ms is None or p is None:
+            return []
+        new, t = health.diagnostics(p, recoverable, now_s)
+        ms.pairs[node_id] = new
+        return [] if t is None else [t]
+
+    # ---- statuses ------------------------------------------------------------------------
+    def _statuses(self, model: str, pairs: dict[str, PairState],
+                  by_node: dict[str, WindowSummary]) -> tuple[NodeStatus, ...]:
+        out: list[NodeStatus] = []
+        for node in sorted(pairs):
+            p = pairs[node]
+            s = by_node.get(node)
+            if s is not None:
+                out.append(NodeStatus(
+                    node_id=node, model=model, state=p.state, routed=p.routed, since_ts=p.since_ts,
+                    reason=p.reason, p50=s.p50, p99=s.p99, ratio=s.ratio, samples=s.samples,
+                    latency_p50_us=s.latency_p50_us, latency_p99_us=s.latency_p99_us,
+                    signal=s.signal, hardware=s.hardware or p.hardware,
+                    probe_after_ts=p.probe_after_ts))
+            else:
+                out.append(NodeStatus(node_id=node, model=model, state=p.state, routed=p.routed,
+                                      since_ts=p.since_ts, reason=p.reason, hardware=p.hardware,
+                                      probe_after_ts=p.probe_after_ts))
+        return tuple(out)
+
+    # ---- persistence ---------------------------------------------------------------------
+    def snapshot_model(self, model: str) -> dict[str, Any]:
+        ms = self._models.get(model)
+        return _ModelState().to_dict() if ms is None else ms.to_dict()
+
+    def restore_model(self, model: str, data: dict[str, Any]) -> None:
+        self._models[model] = _ModelState.from_dict(data)
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"version": 1, "models": {m: self._models[m].to_dict() for m in sorted(self._models)}}
+
+    def restore(self, data: dict[str, Any]) -> None:
+        if data.get("version") != 1:
+            raise ValueError(f"evaluator snapshot version {data.get('version')!r} is not supported (1)")
+        self._models = {m: _ModelState.from_dict(d) for m, d in data.get("models", {}).items()}
+
+
+def _signal(peers: list[tuple[str, WindowSummary, float, float]]) -> str | None:
+    return peers[0][1].signal if peers else None

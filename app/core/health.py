@@ -1,0 +1,337 @@
+"""The health state machine of one (node, model) pair — pure step functions.
+
+Owns :class:`PairState` (a small frozen dataclass) and every rule that moves
+it between the :class:`~app.core.types.HealthState` values::
+
+    unknown ──first_seen──▶ warming ──warmup_done──▶ healthy ◀──normal── suspect
+                                                        │  ▲                 │
+                                              abnormal  │  │ normal          │ abnormal × confirm_windows
+                                                        ▼  │                 ▼
+                                                      suspect ─────▶ (candidate for ejection)
+                                                                         │ the fleet guard decides
+                            ┌────────────────────────────────────────────┴──────────┐
+                            ▼ cap allows (routed=false)                              ▼ cap full / last node
+                      unhealthy ──next tick──▶ quarantined             unhealthy (routed=true,
+                                                 │   ▲  probe_failed     reason ejection_cap)
+                          probe round normal,    │   │  (back-off grows) ─ ejected later when the
+                          back-off passed        │   │                     cap allows; normal → healthy
+                                                 ▼   │
+                                              healthy  retired ◀── too many failed rounds /
+                                                                   diagnostics unrecoverable
+
+Guarantees:
+
+* Pure: the same ``(state, judgement, now_s, settings)`` always gives the
+  same result; nothing here reads a clock.
+* No verdict (insufficient data) never changes a state: the abnormal streak
+  neither grows nor resets.
+* A :class:`~app.core.types.Transition` is produced only when the state or
+  the routed flag changes, or when a probe round fails (a quarantined node's
+  back-off grows) — never every tick.
+* Whether a confirmed node actually leaves routing is decided by the caller
+  (the fleet guard in :mod:`app.core.evaluate`) through :func:`eject` or
+  :func:`keep_in`; a step alone never takes a routed node out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from app.core.config import DetectorSettings
+from app.core.types import HealthState, Reason, Transition
+
+ROUTED_STATES = frozenset({HealthState.WARMING, HealthState.HEALTHY, HealthState.SUSPECT})
+
+
+class Verdict(enum.StrEnum):
+    NORMAL = "normal"
+    ABNORMAL = "abnormal"
+    NONE = "none"            # insufficient data: no verdict
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """The numbers behind a verdict (``p50``/``p99`` are of ``signal``)."""
+
+    signal: str | None
+    p50: float | None
+    p99: float | None
+    ratio: float | None
+    samples: int
+    peers_p50: float | None = None
+    latency_p50_us: float | None = None
+    latency_p99_us: float | None = None
+    hardware: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Evidence:
+        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
+
+
+@dataclass(frozen=True, slots=True)
+class Judgement:
+    """One tick's verdict on one pair. ``severity`` > 1 means past its limit."""
+
+    verdict: Verdict
+    reason: str = ""
+    evidence: Evidence | None = None
+    severity: float = 0.0
+    detail: str | None = None
+
+
+NO_VERDICT = Judgement(Verdict.NONE)
+NORMAL = Judgement(Verdict.NORMAL)
+
+
+@dataclass(frozen=True, slots=True)
+class PairState:
+    """Everything remembered about one (node, model) pair between ticks.
+
+    ``judge_since_ts``: samples older than this are not judged (the end of
+    warm-up, the start of quarantine, the start of the current probe round);
+    :func:`judge_since` says when the window store must apply it.
+    ``fault``/``evidence``/``severity`` describe the latest abnormal verdict
+    (or the latest transition), so that an ejection decided later still
+    carries its numbers.
+    """
+
+    node_id: str
+    model: str
+    state: HealthState
+    since_ts: float
+    first_seen_ts: float
+    reason: str
+    routed: bool
+    abnormal_streak: int = 0
+    ejections: int = 0
+    failed_probe_rounds: int = 0
+    quarantined_at: float | None = None
+    judge_since_ts: float | None = None
+    probe_after_ts: float | None = None
+    hardware: str | None = None
+    fault: str | None = None
+    severity: float = 0.0
+    evidence: Evidence | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d["state"] = str(self.state)
+        d["evidence"] = None if self.evidence is None else self.evidence.to_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PairState:
+        kw = {f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d}
+        kw["state"] = HealthState(kw["state"])
+        ev = kw.get("evidence")
+        kw["evidence"] = None if ev is None else Evidence.from_dict(ev)
+        return cls(**kw)
+
+
+def backoff_s(ejections: int, failed_probe_rounds: int, settings: DetectorSettings) -> float:
+    """Wait before the next probe round: doubles per ejection and failed round, capped."""
+    exponent = max(0, ejections - 1) + failed_probe_rounds
+    if exponent > 60:
+        return settings.backoff_max_s
+    return min(settings.backoff_max_s, settings.backoff_initial_s * (2.0 ** exponent))
+
+
+def warmup_end(state: PairState, settings: DetectorSettings) -> float:
+    return state.first_seen_ts + settings.warmup_s
+
+
+def judge_since(state: PairState, now_s: float, settings: DetectorSettings) -> float | None:
+    """The cut-off the window store must apply to this pair at ``now_s``, or None.
+
+    Warming pairs are judged on everything (their numbers are shown, not held
+    against them) until warm-up ends; from then on warm-up samples are never
+    judged. Out-of-routing pairs are judged only on samples since ejection or
+    since the current probe round began. A cut-off that the age bound already
+    covers is dropped.
+    """
+    if state.state is HealthState.WARMING:
+        end = warmup_end(state, settings)
+        return end if end <= now_s else None
+    since = state.judge_since_ts
+    if since is None:
+        return None
+    if state.routed and now_s - since > settings.max_sample_age_s:
+        return None
+    return since
+
+
+def first_seen(node_id: str, model: str, first_seen_ts: float, now_s: float,
+               settings: DetectorSettings, hardware: str | None = None) -> tuple[PairState, Transition]:
+    """unknown → warming (or straight to healthy when warm-up is already over)."""
+    first = min(first_seen_ts, now_s)
+    done = first + settings.warmup_s <= now_s
+    new = PairState(node_id=node_id, model=model,
+                    state=HealthState.HEALTHY if done else HealthState.WARMING,
+                    since_ts=now_s, first_seen_ts=first, reason=str(Reason.FIRST_SEEN), routed=True,
+                    judge_since_ts=first + settings.warmup_s if done and settings.warmup_s > 0 else None,
+                    hardware=hardware)
+    unknown = dataclasses.replace(new, state=HealthState.UNKNOWN, routed=False)
+    return new, _transition(unknown, new, now_s, None,
+                            detail=f"warm-up until {first + settings.warmup_s:.3f}")
+
+
+def step(state: PairState, j: Judgement, now_s: float,
+         settings: DetectorSettings) -> tuple[PairState, Transition | None]:
+    """Apply one tick's judgement. Returns the new state and its transition, if any.
+
+    A routed pair whose streak reaches ``confirm_windows`` is returned
+    unchanged in state (see :func:`wants_out`); the caller ejects it or keeps it in.
+    """
+    s = state.state
+    if s is HealthState.HEALTHY or s is HealthState.SUSPECT:
+        return _step_routed(state, j, now_s, settings)
+    if s is HealthState.WARMING:
+        if now_s >= warmup_end(state, settings):
+            new = dataclasses.replace(state, state=HealthState.HEALTHY, since_ts=now_s,
+                                      reason=str(Reason.WARMUP_DONE), abnormal_streak=0,
+                                      judge_since_ts=warmup_end(state, settings))
+            return new, _transition(state, new, now_s, j.evidence)
+        return state, None
+    if s is HealthState.UNHEALTHY:
+        if not state.routed:
+            probe_after = (state.quarantined_at or now_s) + backoff_s(state.ejections, 0, settings)
+            new = dataclasses.replace(state, state=HealthState.QUARANTINED, since_ts=now_s,
+                                      reason=str(Reason.QUARANTINE), probe_after_ts=probe_after)
+            return new, _transition(state, new, now_s, state.evidence,
+                                    detail=f"probe after {probe_after:.3f}")
+        if j.verdict is Verdict.NORMAL:
+            return _recover(state, j, now_s, str(Reason.NORMAL))
+        if j.verdict is Verdict.ABNORMAL:
+            return _abnormal(state, j, state.abnormal_streak + 1), None
+        return state, None
+    if s is HealthState.QUARANTINED:
+        return _step_quarantined(state, j, now_s, settings)
+    return state, None
+
+
+def _step_routed(state: PairState, j: Judgement, now_s: float,
+                 settings: DetectorSettings) -> tuple[PairState, Transition | None]:
+    v = j.verdict
+    if v is Verdict.NONE:
+        return state, None
+    if v is Verdict.NORMAL:
+        if state.state is HealthState.HEALTHY:
+            if state.abnormal_streak == 0:
+                return state, None
+            return dataclasses.replace(state, abnormal_streak=0), None
+        return _recover(state, j, now_s, str(Reason.NORMAL))
+    streak = state.abnormal_streak + 1
+    if state.state is HealthState.HEALTHY and streak < settings.confirm_windows:
+        new = _abnormal(state, j, streak)
+        new = dataclasses.replace(new, state=HealthState.SUSPECT, since_ts=now_s, reason=j.reason)
+        return new, _transition(state, new, now_s, j.evidence, detail=j.detail)
+    return _abnormal(state, j, streak), None
+
+
+def _abnormal(state: PairState, j: Judgement, streak: int) -> PairState:
+    return dataclasses.replace(state, abnormal_streak=streak, fault=j.reason,
+                               severity=j.severity, evidence=j.evidence or state.evidence)
+
+
+def _recover(state: PairState, j: Judgement, now_s: float, reason: str) -> tuple[PairState, Transition]:
+    new = dataclasses.replace(state, state=HealthState.HEALTHY, since_ts=now_s, reason=reason,
+                              routed=True, abnormal_streak=0, severity=0.0, fault=None)
+    return new, _transition(state, new, now_s, j.evidence)
+
+
+def _step_quarantined(state: PairState, j: Judgement, now_s: float,
+                      settings: DetectorSettings) -> tuple[PairState, Transition | None]:
+    if state.probe_after_ts is not None and now_s < state.probe_after_ts:
+        return state, None
+    if j.verdict is Verdict.NONE:
+        return state, None
+    if j.verdict is Verdict.NORMAL:
+        new = dataclasses.replace(state, state=HealthState.HEALTHY, since_ts=now_s,
+                                  reason=str(Reason.PROBE_PASSED), routed=True, abnormal_streak=0,
+                                  failed_probe_rounds=0, quarantined_at=None, probe_after_ts=None,
+                                  fault=None, severity=0.0, evidence=j.evidence)
+        return new, _transition(state, new, now_s, j.evidence,
+                                detail=f"probe round since {state.judge_since_ts} looked normal")
+    failed = state.failed_probe_rounds + 1
+    if failed >= settings.retire_after_failed_probes:
+        new = dataclasses.replace(state, state=HealthState.RETIRED, since_ts=now_s,
+                                  reason=str(Reason.TOO_MANY_PROBE_FAILURES),
+                                  failed_probe_rounds=failed, probe_after_ts=None,
+                                  evidence=j.evidence or state.evidence)
+        return new, _transition(state, new, now_s, j.evidence,
+                                detail=f"{failed} failed probe rounds ({j.reason})")
+    probe_after = now_s + backoff_s(state.ejections, failed, settings)
+    new = dataclasses.replace(state, since_ts=now_s, reason=str(Reason.PROBE_FAILED),
+                              failed_probe_rounds=failed, judge_since_ts=now_s,
+                              probe_after_ts=probe_after, fault=j.reason,
+                              evidence=j.evidence or state.evidence)
+    return new, _transition(state, new, now_s, j.evidence,
+                            detail=f"{j.reason}; probe round {failed} failed; next after {probe_after:.3f}")
+
+
+def wants_out(state: PairState, settings: DetectorSettings) -> bool:
+    """Confirmed abnormal and still routed: the fleet guard must eject it or keep it in."""
+    return (state.routed and state.state is not HealthState.WARMING
+            and state.abnormal_streak >= settings.confirm_windows)
+
+
+def eject(state: PairState, now_s: float, settings: DetectorSettings) -> tuple[PairState, Transition]:
+    """Take a confirmed pair out of routing: → unhealthy, routed=false."""
+    new = dataclasses.replace(state, state=HealthState.UNHEALTHY, since_ts=now_s,
+                              reason=state.fault or str(Reason.CONFIRMED), routed=False,
+                              ejections=state.ejections + 1, failed_probe_rounds=0,
+                              quarantined_at=now_s, judge_since_ts=now_s, abnormal_streak=0,
+                              probe_after_ts=now_s + backoff_s(state.ejections + 1, 0, settings))
+    detail = (f"abnormal in {state.abnormal_streak} consecutive windows; "
+              f"ejection #{new.ejections}")
+    return new, _transition(state, new, now_s, state.evidence, detail=detail)
+
+
+def keep_in(state: PairState, now_s: float, detail: str) -> tuple[PairState, Transition | None]:
+    """Confirmed, but a fleet guard keeps it routed: unhealthy, routed=true, ejection_cap."""
+    if state.state is HealthState.UNHEALTHY and state.routed:
+        return state, None
+    new = dataclasses.replace(state, state=HealthState.UNHEALTHY, since_ts=now_s,
+                              reason=str(Reason.EJECTION_CAP), routed=True)
+    return new, _transition(state, new, now_s, state.evidence, detail=detail)
+
+
+def diagnostics(state: PairState, recoverable: bool,
+                now_s: float) -> tuple[PairState, Transition | None]:
+    """Apply a diagnostics result. Only out-of-routing pairs are affected.
+
+    Unrecoverable → retired. Recoverable → probing goes on as usual (an
+    unhealthy pair moves on to quarantine at once).
+    """
+    if state.routed or state.state is HealthState.RETIRED:
+        return state, None
+    if not recoverable:
+        new = dataclasses.replace(state, state=HealthState.RETIRED, since_ts=now_s,
+                                  reason=str(Reason.DIAGNOSTICS_UNRECOVERABLE), probe_after_ts=None)
+        return new, _transition(state, new, now_s, state.evidence)
+    if state.state is HealthState.UNHEALTHY:
+        new = dataclasses.replace(state, state=HealthState.QUARANTINED, since_ts=now_s,
+                                  reason=str(Reason.DIAGNOSTICS_RECOVERABLE))
+        return new, _transition(state, new, now_s, state.evidence,
+                                detail=f"probe after {new.probe_after_ts}")
+    return state, None
+
+
+def _transition(old: PairState, new: PairState, now_s: float, ev: Evidence | None,
+                detail: str | None = None) -> Transition:
+    if ev is None:
+        return Transition(ts=now_s, node_id=new.node_id, model=new.model, from_state=old.state,
+                          to_state=new.state, routed=new.routed, reason=new.reason,
+                          hardware=new.hardware, detail=detail)
+    return Transition(ts=now_s, node_id=new.node_id, model=new.model, from_state=old.state,
+                      to_state=new.state, routed=new.routed, reason=new.reason, signal=ev.signal,
+                      p50=ev.p50, p99=ev.p99, ratio=ev.ratio, samples=ev.samples,
+                      peers_p50=ev.peers_p50, latency_p50_us=ev.latency_p50_us,
+                      latency_p99_us=ev.latency_p99_us, hardware=ev.hardware or new.hardware,
+                      detail=detail)

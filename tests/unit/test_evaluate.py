@@ -1,0 +1,346 @@
+"""Table-driven tests of the per-model rules and fleet guards (app.core.evaluate)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import pytest
+
+from app.core.config import DetectorSettings
+from app.core.evaluate import FleetEvaluator, median
+from app.core.types import HealthState as H
+from app.core.types import ModelTick, Reason, WindowSummary
+
+S = DetectorSettings()
+T0 = 1000.0   # all nodes first seen at 0: warm-up (120 s) is over by T0
+
+
+def summ(node: str, p50: float | None, ratio: float = 2.0, samples: int = 500, *,
+         model: str = "m", hardware: str | None = None, first_seen: float = 0.0,
+         probe_samples: int = 0, probe_p50: float | None = None,
+         probe_ratio: float = 2.0) -> WindowSummary:
+    p99 = None if p50 is None else p50 * ratio
+    return WindowSummary(node_id=node, model=model, tick_ts=0.0, signal="latency", samples=samples,
+                         p50=p50, p99=p99, latency_p50_us=p50, latency_p99_us=p99,
+                         hardware=hardware, first_seen_ts=first_seen, probe_samples=probe_samples,
+                         probe_p50=probe_p50,
+                         probe_p99=None if probe_p50 is None else probe_p50 * probe_ratio)
+
+
+Fleet = Mapping[str, tuple[float | None, float]]
+
+
+def fleet(n: int, p50: float = 100.0, ratio: float = 2.0, **over: tuple[float | None, float]
+          ) -> dict[str, tuple[float | None, float]]:
+    f: dict[str, tuple[float | None, float]] = {f"n{i:02d}": (p50, ratio) for i in range(n)}
+    f.update(over)
+    return f
+
+
+def run(ev: FleetEvaluator, ticks: int, spec: Fleet | Callable[[int], Fleet], *, t0: float = T0,
+        samples: int = 500, hardware: Mapping[str, str] | None = None) -> list[ModelTick]:
+    out = []
+    for k in range(ticks):
+        f = spec(k) if callable(spec) else spec
+        sums = [summ(n, p50, r, samples, hardware=(hardware or {}).get(n)) for n, (p50, r) in f.items()]
+        out.append(ev.evaluate("m", sums, t0 + k * S.tick_interval_s))
+    return out
+
+
+def states(ev: FleetEvaluator, model: str = "m") -> dict[str, H]:
+    snap = ev.snapshot_model(model)
+    return {n: H(p["state"]) for n, p in snap["pairs"].items()}
+
+
+def test_median() -> None:
+    assert median([3.0, 1.0, 2.0]) == 2.0
+    assert median([4.0, 1.0, 2.0, 3.0]) == 2.5
+
+
+def test_first_tick_reports_first_seen_and_routes_everyone() -> None:
+    ev = FleetEvaluator(S)
+    tick = run(ev, 1, fleet(4))[0]
+    assert [t.reason for t in tick.transitions] == [str(Reason.FIRST_SEEN)] * 4
+    assert tick.routing == {"n00", "n01", "n02", "n03"}
+    assert all(t.to_state is H.HEALTHY for t in tick.transitions)   # warm-up long over
+
+
+def test_steady_fleet_emits_nothing_after_first_tick() -> None:
+    ev = FleetEvaluator(S)
+    ticks = run(ev, 20, fleet(6))
+    assert all(not t.transitions for t in ticks[1:])
+    assert all(not t.fleet_events for t in ticks)
+
+
+@pytest.mark.parametrize(
+    ("name", "n", "bad", "reason", "ejected"),
+    [
+        ("tail fault", 6, (100.0, 6.0), Reason.P99_P50_RATIO, True),
+        ("tail below threshold", 6, (100.0, 2.9), None, False),
+        ("uniform 3x slowdown", 6, (300.0, 2.0), Reason.RELATIVE_P50, True),
+        ("1.9x slower: inside the factor", 6, (190.0, 2.0), None, False),
+        ("2 nodes: absolute tail rule alone", 2, (100.0, 4.0), Reason.P99_P50_RATIO, True),
+        ("2 nodes: no relative p50 below min_peers", 2, (300.0, 2.0), None, False),
+    ],
+)
+def test_single_node_rules(name: str, n: int, bad: tuple[float, float], reason: Reason | None,
+                           ejected: bool) -> None:
+    ev = FleetEvaluator(S)
+    run(ev, 1, fleet(n))
+    ticks = run(ev, 4, fleet(n, n00=bad), t0=T0 + 30)
+    trans = [t for tick in ticks for t in tick.transitions]
+    if reason is None:
+        assert trans == [], name
+        assert ticks[-1].routing == set(fleet(n)), name
+        return
+    assert [(t.from_state, t.to_state) for t in trans] == [
+        (H.HEALTHY, H.SUSPECT), (H.SUSPECT, H.UNHEALTHY), (H.UNHEALTHY, H.QUARANTINED)], name
+    assert all(t.reason == str(reason) for t in trans[:2]), name
+    assert trans[1].routed is False and trans[1].ts == T0 + 30 + 2 * 30
+    assert ("n00" in ticks[-1].routing) is not ejected
+    assert ticks[2].diagnostics and ticks[2].diagnostics[0].node_id == "n00"
+    assert trans[1].p50 == bad[0] and trans[1].samples == 500
+    if reason is Reason.RELATIVE_P50:
+        assert trans[1].peers_p50 == 100.0
+
+
+def test_heavy_tail_shared_by_the_fleet_flags_nobody() -> None:
+    ev = FleetEvaluator(S)
+    ticks = run(ev, 10, fleet(8, ratio=8.0))
+    assert all(len(t.routing) == 8 for t in ticks)
+    assert [tr for t in ticks[1:] for tr in t.transitions] == []
+
+
+def test_heavy_tail_fleet_still_catches_a_worse_tail() -> None:
+    ev = FleetEvaluator(S)
+    run(ev, 1, fleet(8, ratio=5.0))
+    ticks = run(ev, 3, fleet(8, ratio=5.0, n03=(100.0, 9.0)), t0=T0 + 30)
+    assert "n03" not in ticks[-1].routing
+    assert len(ticks[-1].routing) == 7
+
+
+def test_insufficient_data_keeps_streak() -> None:
+    ev = FleetEvaluator(S)
+    run(ev, 1, fleet(5))
+
+    def spec(k: int) -> Fleet:
+        return fleet(5, n00=(100.0, 6.0))
+
+    run(ev, 2, spec, t0=T0 + 30)
+    assert states(ev)["n00"] is H.SUSPECT
+    run(ev, 3, fleet(5, n00=(100.0, 6.0)), t0=T0 + 90, samples=50)   # too few: no verdict
+    assert states(ev)["n00"] is H.SUSPECT
+    assert ev.snapshot_model("m")["pairs"]["n00"]["abnormal_streak"] == 2
+    tick = run(ev, 1, fleet(5, n00=(100.0, 6.0)), t0=T0 + 180)[0]
+    assert "n00" not in tick.routing
+
+
+def test_spike_shorter_than_confirm_windows_does_not_eject() -> None:
+    ev = FleetEvaluator(S)
+    run(ev, 1, fleet(5))
+
+    def spec(k: int) -> Fleet:
+        return fleet(5, n00=(100.0, 6.0)) if k % 3 != 2 else fleet(5)
+
+    ticks = run(ev, 12, spec, t0=T0 + 30)
+    assert all("n00" in t.routing for t in ticks)
+    kinds = {(t.from_state, t.to_state) for tk in ticks for t in tk.transitions}
+    assert kinds == {(H.HEALTHY, H.SUSPECT), (H.SUSPECT, H.HEALTHY)}
+
+
+def test_hardware_classes_do_not_punish_the_slower_class() -> None:
+    hw = {f"n{i:02d}": ("A100" if i < 5 else "A10") for i in range(9)}
+    f = {n: ((100.0 if hw[n] == "A100" else 280.0), 2.0) for n in hw}
+    ev = FleetEvaluator(S)
+    ticks = run(ev, 8, f, hardware=hw)
+    assert all(len(t.routing) == 9 for t in ticks)
+    # …but an A10 far slower than the other A10s is caught
+    f2 = dict(f, n07=(900.0, 2.0))
+    ticks = run(ev, 3, f2, t0=T0 + 8 * 30, hardware=hw)
+    assert ticks[-1].routing == set(hw) - {"n07"}
+    assert any(t.reason == str(Reason.RELATIVE_P50) and t.peers_p50 == 280.0
+               for tk in ticks for t in tk.transitions)
+
+
+def test_small_hardware_class_is_not_judged_by_p50() -> None:
+    hw = {f"n{i:02d}": ("A100" if i < 6 else "A10") for i in range(8)}
+    f = {n: ((100.0 if hw[n] == "A100" else 400.0), 2.0) for n in hw}
+    ev = FleetEvaluator(S)
+    ticks = run(ev, 6, f, hardware=hw)
+    assert all(len(t.routing) == 8 for t in ticks)
+    # its tail still counts
+    ticks = run(ev, 3, dict(f, n07=(400.0, 7.0)), t0=T0 + 180, hardware=hw)
+    assert "n07" not in ticks[-1].routing
+
+
+def test_ejection_cap_keeps_the_rest_routed_and_ejects_worst_first() -> None:
+    ev = FleetEvaluator(S.replace(max_ejected_fraction=0.25))
+    run(ev, 1, fleet(8))
+    bad = {"n00": (100.0, 4.0), "n01": (100.0, 7.0), "n02": (100.0, 5.0)}
+    ticks = run(ev, 4, fleet(8, **bad), t0=T0 + 30)
+    last = ticks[-1]
+    assert len(last.routing) == 6                  # floor(0.25 * 8) = 2 out
+    assert "n01" not in last.routing and "n02" not in last.routing and "n00" in last.routing
+    kept = [t for tk in ticks for t in tk.transitions if t.reason == str(Reason.EJECTION_CAP)]
+    assert [(t.node_id, t.to_state, t.routed) for t in kept] == [("n00", H.UNHEALTHY, True)]
+    assert states(ev)["n00"] is H.UNHEALTHY
+
+
+def test_kept_node_is_ejected_when_room_appears() -> None:
+    ev = FleetEvaluator(S.replace(max_ejected_fraction=0.125, backoff_initial_s=0.0))
+    run(ev, 1, fleet(8))
+    ticks = run(ev, 3, fleet(8, n00=(100.0, 9.0), n01=(100.0, 6.0)), t0=T0 + 30)
+    assert "n00" not in ticks[-1].routing and "n01" in ticks[-1].routing
+    # n00 recovers (probe traffic normal) → room for n01
+    ticks = run(ev, 3, fleet(8, n01=(100.0, 6.0)), t0=T0 + 120)
+    assert "n00" in ticks[-1].routing and "n01" not in ticks[-1].routing
+    t01 = [t for tk in ticks for t in tk.transitions if t.node_id == "n01"]
+    assert (t01[0].from_state, t01[0].to_state, t01[0].routed) == (H.UNHEALTHY, H.UNHEALTHY, False)
+
+
+def test_never_the_last_routed_node() -> None:
+    ev = FleetEvaluator(S.replace(max_ejected_fraction=1.0))
+    run(ev, 1, fleet(1))
+    ticks = run(ev, 5, fleet(1, n00=(100.0, 9.0)), t0=T0 + 30)
+    assert all(t.routing == {"n00"} for t in ticks)
+
+
+def test_load_event_ejects_nobody_and_is_reported_once() -> None:
+    ev = FleetEvaluator(S)
+    run(ev, 5, fleet(8))
+    peak = fleet(8, p50=260.0, ratio=4.0)
+    ticks = run(ev, 6, peak, t0=T0 + 150)
+    assert all(len(t.routing) == 8 for t in ticks)
+    kinds = [e.kind for t in ticks for e in t.fleet_events]
+    assert kinds.count("load_event") == 1 and kinds.count("baseline_shift") == 1
+    ev_ = next(e for t in ticks for e in t.fleet_events if e.kind == "load_event")
+    assert ev_.judged_nodes == 8 and ev_.abnormal_nodes == 8 and ev_.ts == T0 + 150
+    assert all(tr.to_state is not H.UNHEALTHY for t in ticks for tr in t.transitions)
+    after = run(ev, 2, fleet(8), t0=T0 + 330)
+    kinds = [e.kind for t in after for e in t.fleet_events]
+    assert "load_event_end" in kinds and "baseline_shift_end" in kinds
+
+
+def test_majority_abnormal_by_node_rules_is_a_load_event() -> None:
+    ev = FleetEvaluator(S)
+    run(ev, 3, fleet(6))
+    ticks = run(ev, 5, fleet(6, n00=(100.0, 6.0), n01=(100.0, 6.0), n02=(100.0, 6.0)),
+                t0=T0 + 90)
+    assert all(len(t.routing) == 6 for t in ticks)
+    assert [e.kind for t in ticks for e in t.fleet_events] == ["load_event"]
+
+
+def test_lasting_shift_becomes_the_new_baseline() -> None:
+    ev = FleetEvaluator(S)
+    run(ev, 5, fleet(6))
+    ticks = run(ev, 40, fleet(6, p50=300.0), t0=T0 + 150)
+    kinds = [e.kind for t in ticks for e in t.fleet_events]
+    assert kinds[:2] == ["load_event", "baseline_shift"] and "load_event_end" in kinds
+    # once the baseline has followed, a single slow node is caught again
+    later = run(ev, 4, fleet(6, p50=300.0, n00=(900.0, 2.0)), t0=T0 + 150 + 40 * 30)
+    assert "n00" not in later[-1].routing
+
+
+def test_warming_node_is_not_judged_and_joins_peers_after() -> None:
+    ev = FleetEvaluator(S)
+    run(ev, 1, fleet(5))
+    s_new = summ("new", 800.0, 6.0, first_seen=T0 + 30)
+    for k in range(4):     # 120 s of warm-up
+        tick = ev.evaluate("m", [summ(f"n{i:02d}", 100.0) for i in range(5)] + [s_new],
+                           T0 + 30 + 30 * k)
+        assert "new" in tick.routing
+    assert states(ev)["new"] is H.WARMING
+    tick = ev.evaluate("m", [summ(f"n{i:02d}", 100.0) for i in range(5)] + [summ("new", 100.0)],
+                       T0 + 150)
+    assert [(t.node_id, t.reason) for t in tick.transitions] == [("new", str(Reason.WARMUP_DONE))]
+    assert ev.judge_since("m", T0 + 150) == {("new", "m"): T0 + 30 + 120}
+
+
+def test_heartbeat_only_node_is_routed() -> None:
+    ev = FleetEvaluator(S)
+    tick = ev.evaluate("m", [summ("idle", None, samples=0, first_seen=T0)], T0)
+    assert tick.routing == {"idle"}
+    assert tick.statuses[0].state is H.WARMING
+
+
+def test_recovery_after_probe_with_backoff() -> None:
+    ev = FleetEvaluator(S)
+    run(ev, 1, fleet(5))
+    run(ev, 3, fleet(5, n00=(100.0, 6.0)), t0=T0 + 30)         # ejected at T0+90
+    assert ev.judge_since("m", T0 + 120) == {("n00", "m"): T0 + 90}
+    tick = run(ev, 1, fleet(5, n00=(100.0, 2.0)), t0=T0 + 120)[0]
+    assert [t.to_state for t in tick.transitions] == [H.QUARANTINED]
+    assert tick.quarantine == {"n00": T0 + 90 + 30}
+    tick = run(ev, 1, fleet(5, n00=(100.0, 2.0)), t0=T0 + 150)[0]
+    assert [(t.to_state, t.reason) for t in tick.transitions] == [(H.HEALTHY, "probe_passed")]
+    assert "n00" in tick.routing
+    # a second ejection doubles the back-off
+    run(ev, 3, fleet(5, n00=(100.0, 6.0)), t0=T0 + 180)
+    run(ev, 1, fleet(5, n00=(100.0, 6.0)), t0=T0 + 270)
+    assert ev.pair("m", "n00").probe_after_ts == T0 + 240 + 60  # type: ignore[union-attr]
+
+
+def test_probe_round_uses_probe_samples_when_regular_ones_are_missing() -> None:
+    ev = FleetEvaluator(S.replace(backoff_initial_s=0.0))
+    run(ev, 1, fleet(5))
+    run(ev, 4, fleet(5, n00=(100.0, 6.0)), t0=T0 + 30)
+    assert states(ev)["n00"] is H.QUARANTINED
+    base = [summ(f"n{i:02d}", 100.0) for i in range(1, 5)]
+    tick = ev.evaluate("m", [*base, summ("n00", None, samples=0, probe_samples=10,
+                                         probe_p50=100.0)], T0 + 150)
+    assert tick.transitions == ()                                   # 10 < probe_min_samples
+    tick = ev.evaluate("m", [*base, summ("n00", None, samples=0, probe_samples=30,
+                                         probe_p50=500.0)], T0 + 180)
+    assert [t.reason for t in tick.transitions] == ["probe_failed"]
+    tick = ev.evaluate("m", [*base, summ("n00", None, samples=0, probe_samples=30,
+                                         probe_p50=105.0)], T0 + 240)
+    assert [t.reason for t in tick.transitions] == ["probe_passed"]
+
+
+def test_failed_probe_rounds_retire() -> None:
+    st = S.replace(backoff_initial_s=0.0, backoff_max_s=0.0, retire_after_failed_probes=2)
+    ev = FleetEvaluator(st)
+    run(ev, 1, fleet(5))
+    ticks = run(ev, 8, fleet(5, n00=(100.0, 6.0)), t0=T0 + 30)
+    reasons = [t.reason for tk in ticks for t in tk.transitions]
+    assert reasons[-2:] == ["probe_failed", "too_many_probe_failures"]
+    assert states(ev)["n00"] is H.RETIRED and "n00" not in ticks[-1].quarantine
+
+
+def test_apply_diagnostics() -> None:
+    ev = FleetEvaluator(S)
+    run(ev, 1, fleet(5))
+    run(ev, 3, fleet(5, n00=(100.0, 6.0)), t0=T0 + 30)
+    assert ev.apply_diagnostics("m", "n01", False, T0 + 100) == []           # routed: untouched
+    assert ev.apply_diagnostics("m", "zz", False, T0 + 100) == []
+    assert ev.apply_diagnostics("nope", "n00", False, T0 + 100) == []
+    (t,) = ev.apply_diagnostics("m", "n00", False, T0 + 100)
+    assert t.to_state is H.RETIRED and t.reason == "diagnostics_unrecoverable"
+
+
+def test_snapshot_restore_gives_the_same_future() -> None:
+    a = FleetEvaluator(S)
+    run(a, 1, fleet(6))
+    run(a, 2, fleet(6, n00=(100.0, 6.0)), t0=T0 + 30)
+    b = FleetEvaluator(S)
+    b.restore(a.snapshot())
+    fa = run(a, 8, fleet(6, n00=(100.0, 6.0)), t0=T0 + 90)
+    fb = run(b, 8, fleet(6, n00=(100.0, 6.0)), t0=T0 + 90)
+    assert [t.transitions for t in fa] == [t.transitions for t in fb]
+    assert a.snapshot() == b.snapshot()
+    c = FleetEvaluator(S)
+    c.restore_model("m", a.snapshot_model("m"))
+    assert c.snapshot() == a.snapshot()
+    with pytest.raises(ValueError, match="version"):
+        c.restore({"version": 99})
+
+
+def test_models_are_independent() -> None:
+    ev = FleetEvaluator(S)
+    for k in range(5):
+        ev.evaluate("llm", [summ(f"n{i}", 900.0 if (i == 0 and k) else 100.0, model="llm")
+                            for i in range(4)], T0 + 30 * k)
+        ev.evaluate("emb", [summ(f"n{i}", 5.0, model="emb") for i in range(4)], T0 + 30 * k)
+    assert ev.models() == ["emb", "llm"]
+    assert states(ev, "llm")["n0"] is H.QUARANTINED
+    assert set(states(ev, "emb").values()) == {H.HEALTHY}
