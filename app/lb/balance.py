@@ -44,6 +44,12 @@ class Pick:
     fallback: bool = False    # the routing set was unknown: chosen among all known backends
 
 
+def _rotate(counters: dict[str, int], key: str, cands: tuple[str, ...] | list[str]) -> str:
+    i = counters.get(key, 0)
+    counters[key] = i + 1
+    return cands[i % len(cands)]
+
+
 class Balancer:
     """Round-robin over a model's routing set with a probe share (see module docstring)."""
 
@@ -56,6 +62,7 @@ class Balancer:
         self._all = tuple(sorted(self._urls))
         self._share = probe_share
         self._rr: dict[str, int] = {}
+        self._retry_rr: dict[str, int] = {}
         self._probe_rr: dict[str, int] = {}
         self._seen: dict[str, int] = {}
         self._cands: dict[tuple[frozenset[str], frozenset[str]], tuple[str, ...]] = {}
@@ -94,9 +101,8 @@ class Balancer:
             cands = self._all if not exclude else tuple(n for n in self._all if n not in exclude)
             if not cands:
                 return None
-        i = self._rr.get(key, 0)
-        self._rr[key] = i + 1
-        node = cands[i % len(cands)]
+        # Retries rotate separately, so that a failing node does not shift the main rotation.
+        node = _rotate(self._retry_rr if exclude else self._rr, key, cands)
         return Pick(node, self._urls[node], fallback=fallback)
 
     def probe_due(self, model: str) -> bool:
@@ -121,7 +127,5 @@ class Balancer:
         )
         if not cands:
             return None
-        i = self._probe_rr.get(model, 0)
-        self._probe_rr[model] = i + 1
-        node = cands[i % len(cands)]
+        node = _rotate(self._probe_rr, model, cands)
         return Pick(node, self._urls[node], probe=True)

@@ -1,0 +1,390 @@
+"""``tailguard proxy`` — a reference HTTP load balancer that reads the routing set before each dispatch.
+
+For every request the proxy
+
+1. finds the model: the ``--model-header`` header if configured and present,
+   else the ``"model"`` field of a JSON body (OpenAI-style APIs), else none;
+2. reads the model's routing set through a :class:`~app.lb.RoutingSource`
+   (the real one is :class:`app.routing.reader.RoutingTable`, whose cache is
+   refreshed by pub/sub and version polling — no Redis round-trip per request);
+3. picks a node with :class:`~app.lb.balance.Balancer`: round-robin over the
+   routed nodes that have a backend address; on a probe slot
+   (``--probe-share``, default 2 % of a model's requests) a quarantined node
+   whose probe time has come instead, sent with ``X-Tailguard-Probe: 1`` so the
+   node's emitter records ``probe: true``. The probe's response is returned to
+   the client (no mirroring: mirroring would double the cost of every probed
+   LLM request); if the probe fails (connection error or a 5xx status) the
+   request is retried on a routed node, so probing never fails a client;
+4. forwards the request and streams the response back (SSE / chunked bodies
+   pass through as they arrive).
+
+Guarantees:
+
+* **Never 503 because tailguard is down.** When the routing set is unknown
+  (not written yet, or Redis unreachable before anything was cached) or none of
+  its nodes has a known address, the request goes round-robin to every backend
+  in ``--backends`` (counted as ``fallback``). While Redis is down the reader
+  serves the last-known set.
+* **One retry.** When a backend cannot be reached or drops the connection before
+  answering, the request is retried once on another node; if that fails too the
+  client gets ``502`` with a JSON body naming the nodes tried. A backend's own
+  HTTP errors (4xx/5xx) are passed through (except for probes, see above).
+  Nothing is retried once the response has started streaming.
+* A client-supplied ``X-Tailguard-Probe`` header is removed: only the proxy
+  marks probe traffic.
+
+``GET /_tailguard/stats`` returns per-node counters as JSON (see
+:meth:`ProxyStats.to_dict`); ``GET /_tailguard/health`` answers ``ok``.
+Responses carry ``X-Tailguard-Node`` (the node that served them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import signal
+import sys
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict, CIMultiDictProxy
+
+from app.lb import BackendsError, RoutingSource
+from app.lb.balance import MAX_PROBE_SHARE, Balancer, Pick
+from app.lb.maps import load_pairs
+from app.lb.source import add_routing_args, open_routing, settings_from_args
+
+log = logging.getLogger(__name__)
+
+PROBE_HEADER = "X-Tailguard-Probe"
+NODE_HEADER = "X-Tailguard-Node"
+STATS_PATH = "/_tailguard/stats"
+HEALTH_PATH = "/_tailguard/health"
+DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
+_HOP_BY_HOP = frozenset({
+    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "trailers",
+    "transfer-encoding", "upgrade", "host", "content-length", PROBE_HEADER.lower(),
+})
+_RESPONSE_SKIP = _HOP_BY_HOP - {"content-length"} | {NODE_HEADER.lower()}
+
+
+def model_of(headers: Mapping[str, str], body: bytes, model_header: str | None) -> str | None:
+    """The request's model: the configured header, else the JSON body's ``"model"`` field, else ``None``."""
+    if model_header:
+        value = headers.get(model_header, "").strip()
+        if value:
+            return value
+    if not body or body.lstrip()[:1] != b"{":
+        return None
+    try:
+        obj = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    model = obj.get("model") if isinstance(obj, dict) else None
+    return model.strip() or None if isinstance(model, str) else None
+
+
+def parse_backends(arg: str) -> dict[str, str]:
+    """``--backends``: node_id → base URL (``http[s]://host:port[/path]``, trailing ``/`` dropped)."""
+    out: dict[str, str] = {}
+    for node, url in load_pairs(arg, flag="--backends").items():
+        u = urlsplit(url)
+        if u.scheme not in ("http", "https") or not u.hostname or u.query or u.fragment:
+            raise BackendsError(f"--backends: {node}={url!r} is not an http(s)://host:port base URL")
+        out[node] = url.rstrip("/")
+    return out
+
+
+def parse_listen(arg: str) -> tuple[str, int]:
+    """``--listen HOST:PORT`` (``[v6]:port`` too; port 0 = any free port)."""
+    host, sep, port = arg.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise BackendsError(f"--listen: {arg!r} is not HOST:PORT")
+    return host, int(port)
+
+
+@dataclass(slots=True)
+class NodeStats:
+    """Counters of one node. ``requests`` counts responses it served (probes included)."""
+
+    requests: int = 0
+    probes: int = 0
+    fallback: int = 0
+    failures: int = 0
+    by_model: Counter[str] = field(default_factory=Counter)
+
+
+@dataclass(slots=True)
+class ProxyStats:
+    """The proxy's counters, as served on ``GET /_tailguard/stats``."""
+
+    requests: int = 0
+    no_model: int = 0
+    fallback: int = 0
+    probes: int = 0
+    retries: int = 0
+    bad_gateway: int = 0
+    nodes: dict[str, NodeStats] = field(default_factory=dict)
+
+    def node(self, node_id: str) -> NodeStats:
+        stats = self.nodes.get(node_id)
+        if stats is None:
+            stats = self.nodes[node_id] = NodeStats()
+        return stats
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able counters: the totals, and per node ``requests``, ``probes``,
+        ``fallback``, ``failures`` and ``by_model`` (model → requests; ``""`` = no model)."""
+        # Not dataclasses.asdict: it rebuilds a Counter from (key, value) pairs.
+        d: dict[str, Any] = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "nodes"}
+        d["nodes"] = {
+            n: {f.name: getattr(s, f.name) for f in dataclasses.fields(s) if f.name != "by_model"}
+            | {"by_model": dict(s.by_model)}
+            for n, s in sorted(self.nodes.items())
+        }
+        return d
+
+
+class _BackendFailed(Exception):
+    def __init__(self, pick: Pick, why: str) -> None:
+        self.pick, self.why = pick, why
+        super().__init__(f"{pick.node_id} ({pick.url}): {why}")
+
+
+class Proxy:
+    """The request handler and its counters; :meth:`make_app` builds the aiohttp application."""
+
+    def __init__(
+        self,
+        source: RoutingSource,
+        balancer: Balancer,
+        *,
+        model_header: str | None = None,
+        connect_timeout_s: float = 2.0,
+        read_timeout_s: float = 300.0,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if not connect_timeout_s > 0 or not read_timeout_s > 0:
+            raise ValueError("connect_timeout_s and read_timeout_s must be > 0")
+        self._source = source
+        self._balancer = balancer
+        self._model_header = model_header
+        self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout_s, sock_read=read_timeout_s)
+        self._max_body_bytes = max_body_bytes
+        self._clock = clock
+        self._session: aiohttp.ClientSession | None = None
+        self.stats = ProxyStats()
+
+    def make_app(self) -> web.Application:
+        app = web.Application(client_max_size=self._max_body_bytes)
+        app.cleanup_ctx.append(self._session_ctx)
+        app.router.add_get(STATS_PATH, self._stats)
+        app.router.add_get(HEALTH_PATH, self._health)
+        app.router.add_route("*", "/{tail:.*}", self.handle)
+        return app
+
+    async def _session_ctx(self, _app: web.Application) -> AsyncIterator[None]:
+        self._session = aiohttp.ClientSession(
+            timeout=self._timeout,
+            auto_decompress=False,                 # pass bodies through byte for byte
+            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=60),
+            skip_auto_headers=("User-Agent", "Accept-Encoding"),
+        )
+        try:
+            yield
+        finally:
+            await self._session.close()
+            self._session = None
+
+    async def _stats(self, _request: web.Request) -> web.Response:
+        return web.json_response(self.stats.to_dict())
+
+    async def _health(self, _request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    async def _choose(self, model: str | None, routed: frozenset[str] | None) -> Pick | None:
+        if model is not None and self._balancer.probe_due(model):
+            quarantined = await self._source.quarantined(model)
+            if quarantined:
+                probe = self._balancer.pick_probe(model, routed, quarantined, self._clock())
+                if probe is not None:
+                    return probe
+        return self._balancer.pick(model, routed)
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        model = model_of(request.headers, body, self._model_header)
+        st = self.stats
+        st.requests += 1
+        if model is None:
+            st.no_model += 1
+            routed = None
+        else:
+            routed = await self._source.get(model)
+        pick = await self._choose(model, routed)
+        tried: list[str] = []
+        attempts = 0    # failed non-probe attempts: a failed probe does not use up the client's retry
+        while pick is not None:
+            tried.append(pick.node_id)
+            try:
+                return await self._forward(request, body, model, pick)
+            except _BackendFailed as e:
+                st.node(pick.node_id).failures += 1
+                log.warning("backend failed: %s", e)
+                attempts += not pick.probe
+                if attempts >= 2:
+                    break
+                st.retries += 1
+                pick = self._balancer.pick(model, routed, exclude=frozenset(tried))
+        st.bad_gateway += 1
+        return web.json_response(
+            {"error": "bad_gateway", "detail": "no backend answered", "model": model, "tried": tried}, status=502
+        )
+
+    def _upstream_headers(self, request: web.Request, pick: Pick) -> CIMultiDict[str]:
+        headers: CIMultiDict[str] = CIMultiDict(
+            (k, v) for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP
+        )
+        peer = request.remote
+        if peer:
+            prior = request.headers.get("X-Forwarded-For")
+            headers["X-Forwarded-For"] = f"{prior}, {peer}" if prior else peer
+        if pick.probe:
+            headers[PROBE_HEADER] = "1"
+        return headers
+
+    async def _forward(self, request: web.Request, body: bytes, model: str | None, pick: Pick) -> web.StreamResponse:
+        session = self._session
+        if session is None:
+            raise RuntimeError("Proxy.handle called outside the application built by make_app()")
+        url = pick.url + str(request.rel_url)
+        try:
+            upstream = await session.request(
+                request.method, url, headers=self._upstream_headers(request, pick), data=body or None,
+                allow_redirects=False,
+            )
+        except (aiohttp.ClientError, TimeoutError, OSError) as e:
+            raise _BackendFailed(pick, f"{type(e).__name__}: {e}") from e
+        complete = False
+        try:
+            if pick.probe and upstream.status >= 500:
+                raise _BackendFailed(pick, f"probe answered HTTP {upstream.status}")
+            resp, complete = await self._relay(request, upstream, model, pick)
+            return resp
+        finally:
+            # A fully read response gives its connection back to the pool; anything else closes it.
+            if complete:
+                upstream.release()
+            else:
+                upstream.close()
+
+    async def _relay(
+        self, request: web.Request, upstream: aiohttp.ClientResponse, model: str | None, pick: Pick
+    ) -> tuple[web.StreamResponse, bool]:
+        resp = web.StreamResponse(status=upstream.status, reason=upstream.reason,
+                                  headers=_response_headers(upstream.headers, pick))
+        node = self.stats.node(pick.node_id)
+        node.requests += 1
+        node.by_model[model or ""] += 1
+        if pick.probe:
+            node.probes += 1
+            self.stats.probes += 1
+        if pick.fallback:
+            node.fallback += 1
+            self.stats.fallback += 1
+        await resp.prepare(request)
+        try:
+            async for chunk in upstream.content.iter_any():
+                await resp.write(chunk)
+        except (aiohttp.ClientError, TimeoutError) as e:
+            # Headers are out: no retry possible. Close the client connection so it sees a cut body.
+            node.failures += 1
+            log.warning("backend %s failed mid-response: %s: %s", pick.node_id, type(e).__name__, e)
+            if request.transport is not None:
+                request.transport.close()
+            return resp, False
+        await resp.write_eof()
+        return resp, True
+
+
+def _response_headers(upstream: CIMultiDictProxy[str], pick: Pick) -> CIMultiDict[str]:
+    headers: CIMultiDict[str] = CIMultiDict((k, v) for k, v in upstream.items() if k.lower() not in _RESPONSE_SKIP)
+    headers[NODE_HEADER] = pick.node_id
+    if pick.probe:
+        headers[PROBE_HEADER] = "1"
+    return headers
+
+
+@contextlib.asynccontextmanager
+async def serve(proxy: Proxy, host: str, port: int) -> AsyncIterator[int]:
+    """Run ``proxy`` on ``host:port``; yields the bound port (useful with port 0)."""
+    runner = web.AppRunner(proxy.make_app(), access_log=None, handle_signals=False)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        bound = runner.addresses[0][1] if runner.addresses else port
+        yield int(bound)
+    finally:
+        await runner.cleanup()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="tailguard proxy",
+        description="Reference HTTP load balancer: round-robin over each model's tailguard routing set.",
+    )
+    p.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT to listen on (default 127.0.0.1:8080)")
+    p.add_argument("--backends", required=True,
+                   help="node_id=http://host:port,… or a file of such lines (every node the proxy may reach)")
+    p.add_argument("--model-header", default=None,
+                   help="read the model from this request header (else from the JSON body's \"model\" field)")
+    p.add_argument("--probe-share", type=float, default=0.02,
+                   help=f"share of each model's requests sent to quarantined nodes as probes, "
+                        f"0..{MAX_PROBE_SHARE} (default 0.02)")
+    p.add_argument("--connect-timeout-s", type=float, default=2.0, help="backend connect timeout (default 2)")
+    p.add_argument("--read-timeout-s", type=float, default=300.0,
+                   help="longest silence from a backend while reading its response (default 300)")
+    add_routing_args(p)
+    return p
+
+
+async def _run(args: argparse.Namespace) -> int:
+    host, port = parse_listen(args.listen)
+    backends = parse_backends(args.backends)
+    balancer = Balancer(backends, probe_share=args.probe_share)
+    settings = settings_from_args(args)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with open_routing(settings, poll_interval_s=args.poll_interval_s) as source:
+        proxy = Proxy(source, balancer, model_header=args.model_header,
+                      connect_timeout_s=args.connect_timeout_s, read_timeout_s=args.read_timeout_s)
+        async with serve(proxy, host, port) as bound:
+            print(f"tailguard proxy: listening on http://{host}:{bound} → {len(backends)} backends, "
+                  f"routing from {settings.redis_url} prefix {settings.key_prefix!r}", file=sys.stderr, flush=True)
+            await stop.wait()
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return asyncio.run(_run(args))
+    except (BackendsError, ValueError) as e:
+        print(f"tailguard proxy: {e}", file=sys.stderr)
+        return 2
