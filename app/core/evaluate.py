@@ -73,7 +73,7 @@ from app.core.types import (
 BASELINE_HALF_LIFE_S = 600.0
 BASELINE_SHIFT_FACTOR = 2.0
 BASELINE_CLEAR_FACTOR = 1.5
-_OUT_STATES = frozenset({HealthState.UNHEALTHY, HealthState.QUARANTINED, HealthState.RETIRED})
+_TIMED_STATES = frozenset({HealthState.WARMING, HealthState.UNHEALTHY, HealthState.QUARANTINED})
 
 
 def median(values: Sequence[float]) -> float:
@@ -158,6 +158,11 @@ class FleetEvaluator:
             if since is not None:
                 out[(node, model)] = since
         return out
+
+    def waiting_on_time(self) -> bool:
+        """True when some pair would change with time alone (warm-up, quarantine, probing)."""
+        return any(p.state in _TIMED_STATES for ms in self._models.values()
+                   for p in ms.pairs.values())
 
     def judge_since_all(self, now_s: float) -> dict[tuple[str, str], float]:
         out: dict[tuple[str, str], float] = {}

@@ -1,0 +1,268 @@
+"""``tailguard replay FILE|-``: run the detector offline over a JSON-lines trace.
+
+Usage::
+
+    tailguard replay [--set KEY=VALUE]... [--summary] [--progress] FILE|-
+
+Each input line is one message of the latency-event contract (single event,
+batch or heartbeat; ARCHITECTURE.md). The detector runs in *event time*:
+
+* tick boundaries are the multiples of ``tick_interval_s`` of event time;
+  every boundary from the first event's on is evaluated once, including
+  boundaries with no events in between, and a final tick is evaluated at the
+  first boundary after the last event;
+* a boundary is evaluated as soon as an event at or past it is read, after
+  every event read so far has been added to the windows (a sample later than
+  the tick is kept but not judged until the next tick); an event older than
+  a tick already evaluated (out of order) still joins its window and counts
+  from the next tick on;
+* after a quiet stretch in which nothing can change (no samples within
+  ``max_sample_age_s``, no pair waiting on warm-up, quarantine or probing,
+  the previous empty tick silent) the remaining empty boundaries up to the
+  next event are skipped: they would print nothing. A far-future timestamp
+  therefore cannot make the replay run for hours.
+
+stdout: one JSON object per line, in tick order, deterministic for a given
+trace and settings:
+
+* a health transition: ``{"type": "transition", "event_id", "ts", "node_id",
+  "model", "from", "to", "routed", "reason", "signal", "p50_us", "p99_us",
+  "ratio", "samples", "signal_p50", "signal_p99", "peers_p50", "hardware",
+  "detail"}`` — ``ts`` is the event time of the tick, ``routed`` whether the
+  node is in the model's routing set after the transition (the keys of the
+  contract's health-change event plus ``type``);
+* a fleet event: ``{"type": "fleet", "event_id", "ts", "model", "kind",
+  "abnormal_nodes", "judged_nodes", "fleet_p50", "baseline_p50", "signal",
+  "detail"}`` with ``kind`` one of ``load_event``, ``load_event_end``,
+  ``baseline_shift``, ``baseline_shift_end``.
+
+stderr: bad lines are skipped and counted; a one-line summary (events,
+ticks, transitions, bad lines by reason with the line numbers of the first
+few) is printed at the end; ``--summary`` adds a per-(node, model) table;
+``--progress`` (default: when stderr is a terminal) prints a line every
+``PROGRESS_EVERY_LINES`` lines. No clock is read anywhere.
+
+Exit codes: 0 — replayed (bad lines do not change it); 1 — the file cannot
+be opened or read (the message names it); 2 — bad command line or a bad
+``--set`` (the message names the setting and what is allowed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import IO
+
+from app.core.config import DetectorSettings, SettingError, field_names, parse_overrides
+from app.core.detector import Detector
+from app.core.errors import BadEvent
+from app.core.events import Accumulator, Heartbeat, SampleBatch
+from app.core.types import TickResult
+
+PROGRESS_EVERY_LINES = 100_000
+FIRST_BAD_LINES = 5
+
+
+@dataclass(slots=True)
+class ReplayStats:
+    lines: int = 0
+    events: int = 0
+    ticks: int = 0
+    skipped_ticks: int = 0
+    transitions: int = 0
+    fleet_events: int = 0
+    bad: Counter[str] = field(default_factory=Counter)
+    first_bad: list[tuple[int, str, str]] = field(default_factory=list)   # line, reason, message
+    bad_samples: int = 0
+    first_ts: float | None = None
+    last_ts: float | None = None
+
+    def summary(self) -> str:
+        span = ("" if self.first_ts is None or self.last_ts is None
+                else f", event time {self.first_ts:.3f}..{self.last_ts:.3f}")
+        text = (f"replay: {self.lines} lines, {self.events} events{span}, {self.ticks} ticks"
+                + (f" ({self.skipped_ticks} quiet ticks skipped)" if self.skipped_ticks else "")
+                + f", {self.transitions} transitions, {self.fleet_events} fleet events")
+        nbad = sum(self.bad.values())
+        text += f", {nbad} bad lines skipped"
+        if nbad:
+            text += " (" + ", ".join(f"{r}: {n}" for r, n in sorted(self.bad.items())) + ")"
+            text += "; first: " + "; ".join(f"line {ln} {r}: {msg}" for ln, r, msg in self.first_bad)
+        if self.bad_samples:
+            text += f"; {self.bad_samples} bad samples dropped from batches"
+        return text
+
+
+def tick_lines(result: TickResult) -> list[str]:
+    """The stdout lines of one tick: transitions, then fleet events, per model."""
+    out: list[str] = []
+    for m in result.models:
+        for t in m.transitions:
+            out.append(json.dumps({"type": "transition", **t.to_event()}))
+        for e in m.fleet_events:
+            out.append(json.dumps(e.to_event()))
+    return out
+
+
+def replay(lines: Iterable[bytes | str], settings: DetectorSettings,
+           emit: Callable[[str], object], *, detector: Detector | None = None,
+           progress: Callable[[ReplayStats], object] | None = None) -> tuple[Detector, ReplayStats]:
+    """Replay ``lines`` through a detector; ``emit`` receives each output line (no newline)."""
+    det = detector or Detector(settings)
+    stats = ReplayStats()
+    acc = Accumulator(settings=settings)
+    interval = settings.tick_interval_s
+    quiet_after_s = settings.max_sample_age_s + interval
+    k: int | None = None          # next boundary is k * interval
+    seen_max = -math.inf          # latest event time of events already fed to ticks
+    quiet_tick = False
+
+    def run_ticks(upto_ts: float) -> None:
+        nonlocal k, quiet_tick
+        assert k is not None
+        det.observe(drain())
+        while k * interval <= upto_ts:
+            now = k * interval
+            res = det.evaluate(now, with_statuses=False)
+            stats.ticks += 1
+            out = tick_lines(res)
+            for line in out:
+                emit(line)
+            stats.transitions += len(res.transitions)
+            stats.fleet_events += len(res.fleet_events)
+            silent = not out and now - seen_max > quiet_after_s
+            if silent and quiet_tick and not det.evaluator.waiting_on_time():
+                skip_to = max(k + 1, math.floor(upto_ts / interval))
+                stats.skipped_ticks += skip_to - k - 1
+                k = skip_to
+            else:
+                k += 1
+            quiet_tick = silent
+
+    def drain() -> list[SampleBatch | Heartbeat]:
+        evs = acc.drain()
+        for e in evs:
+            if isinstance(e, SampleBatch) and e.rejected:
+                stats.bad_samples += e.rejected
+        return evs
+
+    add = acc.add
+    lineno = 0
+    for lineno, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        try:
+            ts = add(raw)
+        except BadEvent as e:
+            stats.bad[e.reason] += 1
+            if len(stats.first_bad) < FIRST_BAD_LINES:
+                stats.first_bad.append((lineno, e.reason, str(e)[:120]))
+            continue
+        stats.events += 1
+        if k is None:
+            k = math.floor(ts / interval) + 1
+            stats.first_ts = ts
+        elif ts >= k * interval:
+            run_ticks(ts)
+        if ts > seen_max:
+            seen_max = ts
+        if progress is not None and lineno % PROGRESS_EVERY_LINES == 0:
+            stats.lines = lineno
+            progress(stats)
+    stats.lines = lineno
+    stats.last_ts = None if k is None else seen_max
+    if k is not None:
+        det.observe(drain())
+        res = det.evaluate(k * interval)
+        stats.ticks += 1
+        for line in tick_lines(res):
+            emit(line)
+        stats.transitions += len(res.transitions)
+        stats.fleet_events += len(res.fleet_events)
+    return det, stats
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="tailguard replay",
+        description="Run the detector offline over a JSON-lines file of latency events, in event "
+                    "time. One JSON line per health transition (and fleet event) on stdout.")
+    p.add_argument("file", metavar="FILE|-", help="JSON-lines trace; - reads standard input")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a detector setting (repeatable): " + ", ".join(field_names()))
+    p.add_argument("--summary", action="store_true",
+                   help="print a final per-(node, model) table to stderr")
+    p.add_argument("--progress", action="store_true", default=None,
+                   help="print progress to stderr (default: when stderr is a terminal)")
+    return p
+
+
+def settings_from(overrides: list[str]) -> DetectorSettings:
+    pairs: dict[str, str] = {}
+    labels: dict[str, str] = {}
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise SettingError("--set", item, "KEY=VALUE with KEY one of: " + ", ".join(field_names()))
+        pairs[key] = value.strip()
+        labels[key] = f"--set {key}"
+    return parse_overrides(pairs, labels=labels)
+
+
+def _status_table(det: Detector) -> str:
+    rows = [("model", "node", "state", "routed", "since", "reason", "p50", "p99", "ratio", "samples")]
+    for s in det.statuses():
+        rows.append((s.model, s.node_id, str(s.state), "yes" if s.routed else "no",
+                     f"{s.since_ts:.0f}", s.reason, _num(s.p50), _num(s.p99), _num(s.ratio, 2),
+                     str(s.samples)))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+                     for r in rows)
+
+
+def _num(v: float | None, digits: int = 0) -> str:
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        settings = settings_from(args.overrides)
+    except SettingError as e:
+        print(f"tailguard replay: {e}", file=sys.stderr)
+        return 2
+    name = "standard input" if args.file == "-" else args.file
+    try:
+        stream: IO[bytes] = sys.stdin.buffer if args.file == "-" else open(args.file, "rb")  # noqa: SIM115
+    except OSError as e:
+        print(f"tailguard replay: cannot read {name}: {e.strerror or e}", file=sys.stderr)
+        return 1
+    show_progress = args.progress if args.progress is not None else sys.stderr.isatty()
+    out = sys.stdout
+    write = out.write
+
+    def emit(line: str) -> None:
+        write(line)
+        write("\n")
+
+    def progress(st: ReplayStats) -> None:
+        print(f"replay: {st.lines} lines, {st.events} events, {st.ticks} ticks, "
+              f"{st.transitions} transitions", file=sys.stderr)
+
+    try:
+        with stream:
+            det, stats = replay(stream, settings, emit, progress=progress if show_progress else None)
+    except OSError as e:
+        print(f"tailguard replay: cannot read {name}: {e.strerror or e}", file=sys.stderr)
+        return 1
+    out.flush()
+    print(stats.summary(), file=sys.stderr)
+    if args.summary:
+        print(_status_table(det), file=sys.stderr)
+    return 0
