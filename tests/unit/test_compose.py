@@ -146,10 +146,30 @@ def test_worker_runs_tailguard_worker(services: dict[str, dict[str, Any]]) -> No
     assert image_command(services["worker"]) == ["tailguard", "worker"]
 
 
-def test_simulator_runs_a_known_tailguard_command(services: dict[str, dict[str, Any]]) -> None:
-    command = image_command(services["simulator"])
-    assert command[:2] == ["tailguard", "simulate"]
-    assert command[1] in cli.COMMANDS
+def test_every_tailguard_service_runs_a_known_command(services: dict[str, dict[str, Any]]) -> None:
+    ours = {n: s for n, s in services.items() if "build" in s}
+    assert {"worker", "simulator", "proxy", "load"} <= set(ours)
+    for name, svc in ours.items():
+        command = image_command(svc)
+        assert command[0] == "tailguard" and command[1] in cli.COMMANDS, (name, command)
+        assert svc.get("image") == services["worker"]["image"], name  # one image, built once
+    assert image_command(services["simulator"])[:3] == ["tailguard", "simulate", "fleet"]
+    assert image_command(services["load"])[:3] == ["tailguard", "simulate", "load"]
+
+
+def test_sim_profile_wiring(services: dict[str, dict[str, Any]]) -> None:
+    """The simulated fleet, the proxy in front of it and the load generator find each other."""
+    for name in ("simulator", "proxy", "load"):
+        assert services[name]["profiles"] == ["sim"], name
+    sim = image_command(services["simulator"])
+    assert sim[sim.index("--host") + 1] == "0.0.0.0"  # reachable from the proxy's container
+    base_port = int(sim[sim.index("--base-port") + 1])
+    proxy = image_command(services["proxy"])
+    assert proxy[proxy.index("--listen") + 1].startswith("0.0.0.0:")
+    backends = dict(b.split("=", 1) for b in proxy[proxy.index("--backends") + 1].split(","))
+    assert sorted(backends.values()) == [f"http://simulator:{base_port + i}" for i in range(len(backends))]
+    load = image_command(services["load"])
+    assert load[load.index("--target") + 1] == "http://proxy:" + proxy[proxy.index("--listen") + 1].split(":")[1]
 
 
 def test_dockerfile_installs_the_package_and_runs_the_worker_by_default() -> None:
