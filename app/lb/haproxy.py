@@ -38,7 +38,6 @@ import argparse
 import asyncio
 import logging
 import re
-import signal
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -47,7 +46,7 @@ from typing import Any, Protocol
 
 from app.lb import BackendsError, RoutingSource, RuntimeApiError
 from app.lb.maps import load_pairs
-from app.lb.source import add_routing_args, open_routing, settings_from_args
+from app.lb.source import add_routing_args, open_routing, run_main, settings_from_args, stop_on_signals
 
 log = logging.getLogger(__name__)
 
@@ -353,6 +352,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 async def _run(args: argparse.Namespace) -> int:
     backend_map = load_pairs(args.backend_map, flag="--backend-map")
+    validate_backend_map(backend_map)
     server_map = load_pairs(args.server_map, flag="--server-map") if args.server_map else {}
     api = SocketRuntimeApi(args.socket)
     settings = settings_from_args(args)
@@ -369,10 +369,7 @@ async def _run(args: argparse.Namespace) -> int:
             for cmd in result.sent:
                 print(cmd)
             return 1 if result.errors else 0
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+        stop = stop_on_signals()
         print(f"tailguard haproxy-sync: {api.address}: {', '.join(f'{m}→{b}' for m, b in backend_map.items())}; "
               f"routing from {settings.redis_url} prefix {settings.key_prefix!r}", file=sys.stderr, flush=True)
         await sync.run(stop)
@@ -380,10 +377,4 @@ async def _run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        return asyncio.run(_run(args))
-    except (BackendsError, ValueError) as e:
-        print(f"tailguard haproxy-sync: {e}", file=sys.stderr)
-        return 2
+    return run_main("tailguard haproxy-sync", build_parser(), _run, argv)

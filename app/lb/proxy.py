@@ -41,12 +41,10 @@ Responses carry ``X-Tailguard-Node`` (the node that served them).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import dataclasses
 import json
 import logging
-import signal
 import sys
 import time
 from collections import Counter
@@ -62,7 +60,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from app.lb import BackendsError, RoutingSource
 from app.lb.balance import MAX_PROBE_SHARE, Balancer, Pick
 from app.lb.maps import load_pairs
-from app.lb.source import add_routing_args, open_routing, settings_from_args
+from app.lb.source import add_routing_args, open_routing, run_main, settings_from_args, stop_on_signals
 
 log = logging.getLogger(__name__)
 
@@ -366,10 +364,7 @@ async def _run(args: argparse.Namespace) -> int:
     backends = parse_backends(args.backends)
     balancer = Balancer(backends, probe_share=args.probe_share)
     settings = settings_from_args(args)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    stop = stop_on_signals()
     async with open_routing(settings, poll_interval_s=args.poll_interval_s) as source:
         proxy = Proxy(source, balancer, model_header=args.model_header,
                       connect_timeout_s=args.connect_timeout_s, read_timeout_s=args.read_timeout_s)
@@ -381,10 +376,4 @@ async def _run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        return asyncio.run(_run(args))
-    except (BackendsError, ValueError) as e:
-        print(f"tailguard proxy: {e}", file=sys.stderr)
-        return 2
+    return run_main("tailguard proxy", build_parser(), _run, argv)

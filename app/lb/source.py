@@ -1,4 +1,4 @@
-"""Opening the routing set for a load balancer, and reading it without ever failing a request.
+"""Opening the routing set for a load balancer, reading it without ever failing a request, CLI plumbing.
 
 :func:`open_routing` is the one place that builds the real
 :class:`app.routing.reader.RoutingTable` (with the fail-fast Redis client of
@@ -22,12 +22,14 @@ import argparse
 import asyncio
 import functools
 import logging
+import signal
+import sys
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
-from app.lb import RoutingSource
+from app.lb import LbError, RoutingSource
 from app.settings import Settings, load
 
 log = logging.getLogger(__name__)
@@ -155,3 +157,28 @@ async def open_routing(
             yield SafeSource(table)
     finally:
         await client.aclose()
+
+
+def stop_on_signals() -> asyncio.Event:
+    """An event set by SIGINT or SIGTERM (call from inside the running loop)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+def run_main(
+    prog: str,
+    parser: argparse.ArgumentParser,
+    run: Callable[[argparse.Namespace], Coroutine[Any, Any, int]],
+    argv: list[str],
+) -> int:
+    """Parse ``argv``, set up logging and run ``run(args)``; bad input → one line on stderr, exit 2."""
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return asyncio.run(run(args))
+    except (LbError, ValueError) as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return 2
