@@ -7,7 +7,9 @@ key                                type    content
 =================================  ======  ==================================================
 ``P:routing:<m>``                  SET     node ids that may receive traffic for the model
 ``P:routing:<m>:version``          STRING  integer, incremented whenever the routing set or
-                                           the quarantine of the model changes
+                                           the quarantine of the model changes; created at
+                                           the server's Unix time in ms, so it never
+                                           repeats after a data loss: compare with ``!=``
 ``P:quarantine:<m>``               ZSET    member = node id taken out, score = the Unix time
                                            (s) from which it may be probed / re-admitted
 ``P:nodes:<m>``                    HASH    node id → JSON status (see :func:`status_json`)

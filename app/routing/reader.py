@@ -215,6 +215,8 @@ class RoutingTable:
         wanted = sorted(self._wanted)
         if not wanted:
             return True
+        # After an outage reload everything: Redis may have restarted and lost the data.
+        reload_all = not self._reachable
         try:
             async with self._redis.pipeline(transaction=False) as pipe:
                 for m in wanted:
@@ -223,7 +225,7 @@ class RoutingTable:
             for m, raw in zip(wanted, versions, strict=True):
                 current = int(raw) if raw is not None else None
                 entry = self._cache.get(m)
-                if entry is None or entry.version != current:
+                if reload_all or entry is None or entry.version != current:
                     await self._load(m)
         except _TRANSIENT as e:
             self._record_failure(e)

@@ -16,7 +16,10 @@ Guarantees
   ``INCR`` the version and ``PUBLISH`` ``{"model", "version"}`` on
   ``P:routing:changes``. Writing the same decision twice changes nothing
   (version unchanged, no message); only the node statuses (dashboards) are
-  refreshed.
+  refreshed. A version key that does not exist yet starts at the Redis
+  server's clock in milliseconds, not at 1, so a version number never
+  repeats after Redis lost its data (a reader holding version 1 of the old
+  data would otherwise take the new version 1 for the same state).
 * **Never empties routing.** A tick whose routing set is empty is refused
   (logged, counted through :meth:`WriterMetrics.empty_refused`) and the last
   written set stays; the script refuses an empty set too, as a second guard.
@@ -138,7 +141,15 @@ redis.call('SADD', models_key, model)
 
 local version
 if routing_changed or quarantine_changed then
-  version = redis.call('INCR', version_key)
+  if redis.call('EXISTS', version_key) == 0 then
+    -- A new (or lost) version key starts at the server's time in ms, so that a version
+    -- never repeats after Redis lost its data: readers compare versions with ~=.
+    local t = redis.call('TIME')
+    version = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    redis.call('SET', version_key, string.format('%.0f', version))
+  else
+    version = redis.call('INCR', version_key)
+  end
   redis.call('PUBLISH', channel, cjson.encode({model = model, version = version}))
 else
   version = tonumber(redis.call('GET', version_key))
