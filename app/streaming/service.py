@@ -1,0 +1,348 @@
+"""The faust app: topics, the stage-1 ingestion service, stage-2 agents, tables, ticks.
+
+:func:`create_app` builds one :class:`faust.App` from :class:`~app.settings.Settings`
+(no module-level app, nothing read from the environment here). What runs in
+one worker process:
+
+=========================  ==================================================================
+part                       does
+=========================  ==================================================================
+stage-1 ingestion          aiokafka consumer (group ``<app_id>-stage1``) run as a faust
+(``IngestService``)        Service: bulk ``getmany()`` of ``latency-events`` → windows
+                           (``WindowStore``); bad input → dead-letter topic. Every
+                           ``tick_interval_s`` (wall clock, aligned) one summary per owned
+                           series → ``node-window-stats``, key = model.
+stage-2 agent              faust agent over ``node-window-stats`` (``stream.take``):
+                           buffers the newest summary per (node, model), and diagnostics
+                           results.
+diagnostics agent          faust agent over ``node-diagnostics-results``: validates and
+                           re-keys each result by model onto ``node-window-stats``, so the
+                           owner of the model's state applies it in order.
+stage-2 tick               ``tick_interval_s`` after each stage-1 tick + min(T/2, 5 s):
+                           evaluates every model whose ``node-window-stats`` partition this
+                           worker owns (``FleetEvaluator``), writes its state to the
+                           ``health`` table, publishes transitions / fleet events /
+                           diagnostics requests, then writes the routing verdict to Redis.
+``health`` Table           model → ``FleetEvaluator.snapshot_model``; changelog-backed
+                           (``use_partitioner=True``: written from the timer), co-partitioned
+                           with ``node-window-stats`` (same raw key bytes, same partitioner).
+``judge_since`` GlobalTbl  model → ``{node: since_ts}``: from when samples of quarantined and
+                           warming nodes count; read by every worker's stage 1.
+=========================  ==================================================================
+
+Guarantees: a model is evaluated by the one worker that owns its partition
+(faust's consumer group); a restarted or replacement worker restores the
+model's state from the changelog before evaluating it; nothing it buffers is
+unbounded (see stage1/stage2/ingest); bad input is counted, logged with its
+coordinates and dead-lettered; a failing Redis never stops evaluation (the
+writer retries the latest verdict in the background).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import faust
+from aiokafka.partitioner import murmur2
+from mode import Service
+from prometheus_client import CollectorRegistry
+
+from app.core.errors import BadEvent
+from app.core.evaluate import FleetEvaluator
+from app.core.types import HealthState, ModelTick, WindowSummary
+from app.core.window import WindowStore
+from app.settings import Settings
+from app.streaming.deadletter import DeadLetter
+from app.streaming.ingest import IngestService, next_boundary, sleep_until
+from app.streaming.metrics import WorkerMetrics
+from app.streaming.stage1 import Stage1
+from app.streaming.stage2 import ModelOutput, Stage2, state_key
+from app.streaming.wire import (
+    DiagnosticsResult,
+    decode_stage2,
+    dumps,
+    encode_diagnostics,
+    encode_summary,
+    parse_diagnostics_result,
+)
+
+log = logging.getLogger(__name__)
+
+STAGE2_TAKE = 2000
+STAGE2_OFFSET_MAX_S = 5.0
+
+
+class RoutingSink(Protocol):
+    """Where verdicts go: ``app.routing.writer.RoutingWriter`` or a test fake."""
+
+    async def apply(self, tick: ModelTick) -> bool: ...
+
+
+def partition_for(key: bytes, partitions: int) -> int:
+    """The partition Kafka's default partitioner (aiokafka's, Java's) picks for ``key``."""
+    return int((murmur2(key) & 0x7FFFFFFF) % partitions)
+
+
+def stage2_offset_s(tick_interval_s: float) -> float:
+    """How long after a stage-1 tick stage 2 evaluates (summaries must arrive first)."""
+    return min(tick_interval_s / 2.0, STAGE2_OFFSET_MAX_S)
+
+
+def data_dir_for(settings: Settings) -> str:
+    """faust's data directory: ``TAILGUARD_DATA_DIR``, else a temp dir per app id and process.
+
+    Tables live in memory and are rebuilt from their Kafka changelogs at start,
+    so a fresh directory loses nothing.
+    """
+    if settings.data_dir:
+        return settings.data_dir
+    return os.path.join(tempfile.gettempdir(), f"tailguard-{settings.app_id}-{os.getpid()}")
+
+
+@dataclass
+class Runtime:
+    """The worker's parts, reachable as ``app.tailguard`` (tests and the benchmark use it)."""
+
+    settings: Settings
+    metrics: WorkerMetrics
+    stage1: Stage1
+    stage2: Stage2
+    evaluator: FleetEvaluator
+    writer: RoutingSink | None
+    ingest: IngestService | None = None
+    published: collections.Counter[str] | None = None
+    last_assignment: tuple[int, frozenset[int]] | None = None
+    stage2_tick: Callable[[], Awaitable[list[ModelOutput]]] | None = None
+
+
+class _FaustSink:
+    """Stage 1's output through faust's producer."""
+
+    def __init__(self, stats: Any, dlq: Any) -> None:
+        self.stats, self.dlq = stats, dlq
+
+    async def send_summaries(self, summaries: Sequence[WindowSummary]) -> None:
+        futs = [await self.stats.send(key=state_key(s.model), value=encode_summary(s))
+                for s in summaries]
+        await asyncio.gather(*futs)
+
+    async def dead_letter(self, letters: Sequence[DeadLetter]) -> None:
+        futs = [await self.dlq.send(key=d.key, value=d.value or b"", headers=d.out_headers())
+                for d in letters]
+        await asyncio.gather(*futs)
+
+
+def create_app(settings: Settings, *, writer: RoutingSink | None = None,
+               clock: Callable[[], float] = time.time,
+               registry: CollectorRegistry | None = None) -> Any:
+    """Build the worker's faust app (see the module docstring).
+
+    ``writer``: the routing sink; default a :class:`~app.routing.writer.RoutingWriter`
+    on ``settings.redis_url`` whose lifetime is the app's. ``registry``: the
+    Prometheus registry (default a fresh one). ``clock``: wall time in seconds.
+    """
+    det = settings.detector
+    tick_s = det.tick_interval_s
+    topics = settings.topics
+    metrics = WorkerMetrics(registry if registry is not None else CollectorRegistry())
+    app = faust.App(
+        settings.app_id,
+        broker=[f"kafka://{h.strip()}" for h in settings.kafka_bootstrap.split(",")],
+        store="memory://",
+        autodiscover=False,
+        datadir=data_dir_for(settings),
+        topic_partitions=settings.topic_partitions,
+        key_serializer="raw",
+        value_serializer="raw",
+        web_enabled=settings.web_port != 0,
+        web_port=settings.web_port or 6066,
+        web_bind="127.0.0.1",
+        consumer_auto_offset_reset="earliest",
+        broker_session_timeout=10.0,
+        broker_heartbeat_interval=3.0,
+        stream_wait_empty=False,
+        logging_config=None,
+    )
+    n_parts = settings.topic_partitions
+    stats = app.topic(topics.window_stats, partitions=n_parts, key_type=bytes, value_type=bytes)
+    health = app.topic(topics.health_changes, partitions=n_parts)
+    fleet = app.topic(topics.fleet_events, partitions=n_parts)
+    diag_req = app.topic(topics.diagnostics_requests, partitions=n_parts)
+    diag_res = app.topic(topics.diagnostics_results, partitions=n_parts,
+                         key_type=bytes, value_type=bytes)
+    dlq = app.topic(topics.dead_letter, partitions=n_parts)
+    state_table = app.Table("health", partitions=n_parts, use_partitioner=True,
+                            key_type=bytes)
+    hints_table = app.GlobalTable("judge_since", partitions=n_parts, use_partitioner=True,
+                                  key_type=bytes)
+
+    evaluator = FleetEvaluator(det)
+    stage1 = Stage1(WindowStore(det), det, metrics)
+    stage2 = Stage2(evaluator, state_table, hints=hints_table, stale_after_s=1.5 * tick_s)
+    owns_writer = writer is None
+    if writer is None:
+        from app.routing.client import connect
+        from app.routing.writer import RoutingWriter
+
+        writer = RoutingWriter(connect(settings.redis_url), settings.key_prefix, metrics=metrics)
+    routing: RoutingSink = writer
+    rt = Runtime(settings, metrics, stage1, stage2, evaluator, writer,
+                 published=collections.Counter())
+    setattr(app, _RUNTIME_ATTR, rt)
+    sink = _FaustSink(stats, dlq)
+
+    def judge_since() -> Mapping[tuple[str, str], float]:
+        out: dict[tuple[str, str], float] = {}
+        for key, since in list(hints_table.items()):
+            model = key.decode() if isinstance(key, bytes) else str(key)
+            for node, ts in (since or {}).items():
+                out[(node, model)] = float(ts)
+        return out
+
+    class _Ingest(IngestService):
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(settings=settings, stage1=stage1, sink=sink, metrics=metrics,
+                             clock=clock, judge_since=judge_since, **kwargs)
+            rt.ingest = self
+
+    class _Lifecycle(Service):
+        """Metrics endpoint and the owned Redis writer's retry task."""
+
+        async def on_start(self) -> None:
+            metrics.serve(settings.metrics_port)
+            enter = getattr(writer, "__aenter__", None)
+            if owns_writer and enter is not None:
+                await enter()
+
+        async def on_stop(self) -> None:
+            if owns_writer:
+                close = getattr(writer, "aclose", None)
+                if close is not None:
+                    await close()
+            metrics.close()
+
+    app.service(_Lifecycle)
+    app.service(_Ingest)
+
+    @app.agent(stats, name="tailguard-stage2")
+    async def stage2_agent(stream: Any) -> None:
+        async for values in stream.take(STAGE2_TAKE, within=0.2):
+            for raw in values:
+                try:
+                    msg = decode_stage2(raw)
+                except BadEvent as e:
+                    metrics.bad_events.labels(topic=topics.window_stats, reason=e.reason).inc()
+                    log.warning("dropping bad stage-2 message (%s): %s", e.reason, e)
+                    continue
+                if isinstance(msg, DiagnosticsResult):
+                    stage2.on_diagnostics(msg)
+                else:
+                    stage2.on_summary(msg)
+
+    @app.agent(diag_res, name="tailguard-diagnostics")
+    async def diagnostics_agent(stream: Any) -> None:
+        async for event in stream.events():
+            m = event.message
+            try:
+                result = parse_diagnostics_result(m.value)
+            except BadEvent as e:
+                d = DeadLetter(m.topic, m.partition, m.offset, m.key, m.value,
+                               _headers(m.headers), e.reason, str(e))
+                d.log()
+                metrics.bad_events.labels(topic=m.topic, reason=e.reason).inc()
+                await sink.dead_letter([d])
+                continue
+            await stats.send(key=state_key(result.model), value=encode_diagnostics(result))
+
+    def owned_stats_partitions() -> frozenset[int]:
+        return frozenset(tp.partition for tp in app.consumer.assignment()
+                         if tp.topic == topics.window_stats)
+
+    async def stage2_tick() -> list[ModelOutput]:
+        if app.rebalancing or app.in_recovery:
+            log.info("stage-2 tick skipped: rebalancing")
+            return []
+        owned = owned_stats_partitions()
+        assignment = (app.consumer_generation_id, owned)
+        if rt.last_assignment != assignment:
+            stage2.on_assignment_changed()
+            rt.last_assignment = assignment
+            metrics.owned_models.set(0)
+        n = app.consumer.topic_partitions(topics.window_stats) or n_parts
+        now_s = clock()
+        t0 = time.perf_counter()
+        outputs = stage2.tick(
+            now_s, lambda model: partition_for(state_key(model), n) in owned,
+            hints_for_s=next_boundary(now_s, tick_s))
+        metrics.tick_seconds.observe(time.perf_counter() - t0)
+        metrics.owned_models.set(len(outputs))
+        await publish(outputs)
+        return outputs
+
+    async def publish(outputs: list[ModelOutput]) -> None:
+        futs = []
+        for out in outputs:
+            tick = out.tick
+            key = state_key(tick.model)
+            for t in out.transitions:
+                futs.append(await health.send(key=key, value=dumps(t.to_event())))
+                metrics.transitions.labels(to=str(t.to_state)).inc()
+                assert rt.published is not None
+                rt.published[t.event_id] += 1
+            for f in tick.fleet_events:
+                futs.append(await fleet.send(key=key, value=dumps(f.to_event())))
+            for r in tick.diagnostics:
+                futs.append(await diag_req.send(key=r.node_id.encode(),
+                                                value=dumps(r.to_event())))
+            counts: collections.Counter[HealthState] = collections.Counter(
+                s.state for s in tick.statuses)
+            metrics.set_node_states(tick.model, dict(counts))
+        await asyncio.gather(*futs)
+        if outputs:
+            await app.producer.flush()
+        for out in outputs:
+            try:
+                await routing.apply(out.tick)
+            except Exception:  # a malformed verdict: never stop the other models
+                log.exception("routing write of model %r failed", out.tick.model)
+
+    @app.task  # type: ignore[untyped-decorator]
+    async def stage2_loop() -> None:
+        offset = stage2_offset_s(tick_s)
+        while not app.should_stop:
+            await sleep_until(next_boundary(clock(), tick_s, offset), clock)
+            try:
+                await stage2_tick()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("stage-2 tick failed; state is unchanged, next tick retries")
+
+    rt.stage2_tick = stage2_tick
+    return app
+
+
+_RUNTIME_ATTR = "_tailguard_runtime"
+
+
+def runtime_of(app: Any) -> Runtime:
+    """The :class:`Runtime` of an app built by :func:`create_app`."""
+    rt = getattr(app, _RUNTIME_ATTR, None)
+    if not isinstance(rt, Runtime):
+        raise TypeError("not an app built by app.streaming.service.create_app")
+    return rt
+
+
+def _headers(h: Any) -> tuple[tuple[str, bytes], ...]:
+    if not h:
+        return ()
+    items = h.items() if isinstance(h, Mapping) else h
+    return tuple((str(k), bytes(v) if v is not None else b"") for k, v in items)

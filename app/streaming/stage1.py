@@ -1,0 +1,121 @@
+"""Stage 1: latency events → per-(node, model) windows → one summary per series per tick.
+
+:class:`Stage1` is the Kafka-free logic; :mod:`app.streaming.ingest` feeds it
+records from the ``latency-events`` partitions this worker owns.
+
+Guarantees:
+
+* Every record either reaches the windows or comes back as a
+  :class:`~app.streaming.deadletter.DeadLetter` (bad JSON, bad fields, empty
+  value); a bad record never stops the others of its poll.
+* Single events of one series in one poll become one vectorized window
+  update (``app.core.events.Accumulator``), so the cost per event is the JSON
+  decode plus a few dict operations.
+* :meth:`Stage1.summaries` returns a summary only for series last seen on a
+  partition this worker still owns: after a rebalance, a series that moved to
+  another worker is summarized there, not twice. (When producers send no
+  key, one series' events spread over several partitions and thus workers;
+  each worker then summarizes its share and stage 2 keeps the most recent —
+  use the ``node_id|model`` key.)
+* Memory is bounded by the number of series (the window store's bound) plus
+  one small entry per series here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from typing import Any, Protocol
+
+from app.core.config import DetectorSettings
+from app.core.errors import BadEvent
+from app.core.events import Accumulator, Heartbeat, SampleBatch
+from app.core.types import WindowSummary
+from app.streaming.deadletter import DeadLetter, RecordLike
+from app.streaming.metrics import WorkerMetrics
+
+
+class WindowStoreLike(Protocol):
+    """What stage 1 needs of ``app.core.window.WindowStore``."""
+
+    def observe(self, batch: SampleBatch) -> Any: ...
+
+    def observe_heartbeat(self, hb: Heartbeat) -> Any: ...
+
+    def summaries(self, now_s: float,
+                  judge_since: Mapping[tuple[str, str], float] | None = None) -> list[WindowSummary]: ...
+
+    def series_count(self) -> int: ...
+
+    def forget(self, node_id: str, model: str) -> bool: ...
+
+
+class Stage1:
+    """Windows of the series this worker owns (see the module docstring)."""
+
+    def __init__(self, store: WindowStoreLike, settings: DetectorSettings,
+                 metrics: WorkerMetrics | None = None) -> None:
+        self.store = store
+        self.settings = settings
+        self.metrics = metrics
+        self._partition_of: dict[tuple[str, str], int] = {}
+
+    def ingest(self, partition: int, records: Sequence[RecordLike], now_s: float) -> list[DeadLetter]:
+        """Decode ``records`` (all from ``partition``) into the windows; return the bad ones."""
+        acc = Accumulator(now_s=now_s, settings=self.settings)
+        dead: list[DeadLetter] = []
+        add = acc.add
+        for rec in records:
+            raw = rec.value
+            if raw is None:
+                dead.append(DeadLetter.of(rec, "empty_message", "message has no value (tombstone)"))
+                continue
+            try:
+                add(raw)
+            except BadEvent as e:
+                dead.append(DeadLetter.of(rec, e.reason, str(e)))
+        samples = rejected = 0
+        part = self._partition_of
+        for ev in acc.drain():
+            if isinstance(ev, Heartbeat):
+                self.store.observe_heartbeat(ev)
+            else:
+                self.store.observe(ev)
+                samples += len(ev)
+                rejected += ev.rejected
+            part[(ev.node_id, ev.model)] = partition
+        m = self.metrics
+        if m is not None:
+            m.events_in.inc(len(records))
+            m.samples_in.inc(samples)
+            if rejected:
+                m.rejected_samples.inc(rejected)
+            for d in dead:
+                m.bad_events.labels(topic=d.topic, reason=d.reason).inc()
+        return dead
+
+    def revoke(self, partitions: Iterable[int]) -> int:
+        """Forget the series last seen on ``partitions`` (moved to another worker)."""
+        gone = set(partitions)
+        keys = [k for k, p in self._partition_of.items() if p in gone]
+        for node, model in keys:
+            self.store.forget(node, model)
+            del self._partition_of[(node, model)]
+        return len(keys)
+
+    def summaries(self, now_s: float, owned_partitions: Collection[int] | None = None,
+                  judge_since: Mapping[tuple[str, str], float] | None = None,
+                  ) -> list[WindowSummary]:
+        """This tick's summary of every owned series (all series when ``owned_partitions`` is None).
+
+        ``judge_since``: stage 2's hints ``{(node, model): ts}`` for quarantined
+        and warming nodes (``FleetEvaluator.judge_since``).
+        """
+        out = self.store.summaries(now_s, judge_since)
+        if owned_partitions is not None:
+            owned = set(owned_partitions)
+            part = self._partition_of
+            out = [s for s in out if part.get((s.node_id, s.model), -1) in owned]
+        if self.metrics is not None:
+            self.metrics.series_tracked.set(self.store.series_count())
+            self.metrics.summaries_out.inc(len(out))
+        return out

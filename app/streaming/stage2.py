@@ -1,0 +1,161 @@
+"""Stage 2: per model, window summaries → health verdict, state kept in a changelog table.
+
+:class:`Stage2` is the Kafka-free logic of the stage-2 agent and timer in
+:mod:`app.streaming.service`. It collects the latest summary per node of each
+model (and diagnostics results), and at each tick evaluates every model
+whose partition this worker owns with the core's ``FleetEvaluator``.
+
+Guarantees:
+
+* **Durable state.** After each evaluation the model's state
+  (``FleetEvaluator.snapshot_model``) is written to ``state`` — in the
+  service a faust Table backed by a compacted changelog topic — whenever it
+  changed. Its ``judge_since`` hints (from when samples of quarantined and
+  warming nodes count) go to ``hints`` — in the service a faust GlobalTable
+  that every worker's stage 1 reads. Before a model is first evaluated after an (re)assignment, its
+  state is restored from ``state``, so a restarted or replacement worker
+  resumes quarantines instead of starting from unknown.
+* **Only owned models.** A model is evaluated only when ``owns(model)`` says
+  this worker holds its partition; buffered input of other models is dropped.
+* **Bounded.** At most one pending summary per (node, model) (the newest),
+  summaries older than ``stale_after_s`` are ignored, and at most
+  ``max_pending_diagnostics`` diagnostics results per model are kept.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from app.core.types import ModelTick, Transition, WindowSummary
+from app.streaming.wire import DiagnosticsResult
+
+
+class EvaluatorLike(Protocol):
+    """What stage 2 needs of ``app.core.evaluate.FleetEvaluator``."""
+
+    def evaluate(self, model: str, summaries: list[WindowSummary], now_s: float) -> ModelTick: ...
+
+    def apply_diagnostics(self, model: str, node_id: str, recoverable: bool,
+                          now_s: float) -> list[Transition]: ...
+
+    def judge_since(self, model: str, now_s: float) -> dict[tuple[str, str], float]: ...
+
+    def snapshot_model(self, model: str) -> dict[str, Any]: ...
+
+    def restore_model(self, model: str, snapshot: dict[str, Any]) -> Any: ...
+
+
+def state_key(model: str) -> bytes:
+    """Key of a model in the state table and on ``node-window-stats`` (raw UTF-8)."""
+    return model.encode()
+
+
+@dataclass(frozen=True, slots=True)
+class ModelOutput:
+    """What one model's tick produced: the verdict, plus transitions from diagnostics."""
+
+    tick: ModelTick
+    diagnostics_transitions: tuple[Transition, ...] = ()
+
+    @property
+    def transitions(self) -> tuple[Transition, ...]:
+        return self.diagnostics_transitions + self.tick.transitions
+
+
+class Stage2:
+    """Per-model evaluation over buffered summaries (see the module docstring)."""
+
+    def __init__(self, evaluator: EvaluatorLike, state: MutableMapping[bytes, Any], *,
+                 stale_after_s: float, hints: MutableMapping[bytes, Any] | None = None,
+                 max_pending_diagnostics: int = 10_000) -> None:
+        if not stale_after_s > 0:
+            raise ValueError(f"stale_after_s must be > 0, got {stale_after_s!r}")
+        self.evaluator = evaluator
+        self.state = state
+        self.hints = hints
+        self._hints_written: dict[str, Any] = {}
+        self.stale_after_s = stale_after_s
+        self.max_pending_diagnostics = max_pending_diagnostics
+        self._pending: dict[str, dict[str, WindowSummary]] = {}
+        self._diagnostics: dict[str, collections.deque[DiagnosticsResult]] = {}
+        self._restored: set[str] = set()
+        self._written: dict[str, Any] = {}
+
+    # --- input ---------------------------------------------------------------
+    def on_summary(self, s: WindowSummary) -> None:
+        nodes = self._pending.setdefault(s.model, {})
+        old = nodes.get(s.node_id)
+        if old is None or s.tick_ts >= old.tick_ts:
+            nodes[s.node_id] = s
+
+    def on_diagnostics(self, d: DiagnosticsResult) -> None:
+        q = self._diagnostics.get(d.model)
+        if q is None:
+            q = self._diagnostics[d.model] = collections.deque(maxlen=self.max_pending_diagnostics)
+        q.append(d)
+
+    def on_assignment_changed(self) -> None:
+        """Call after a rebalance: every model is restored from ``state`` before its next tick."""
+        self._restored.clear()
+        self._written.clear()
+        self._hints_written.clear()
+
+    def pending_summaries(self) -> int:
+        return sum(len(v) for v in self._pending.values())
+
+    # --- the tick ------------------------------------------------------------
+    def known_models(self) -> set[str]:
+        models = set(self._pending) | set(self._diagnostics)
+        for k in list(self.state.keys()):
+            models.add(k.decode() if isinstance(k, bytes) else str(k))
+        return models
+
+    def tick(self, now_s: float, owns: Callable[[str], bool],
+             hints_for_s: float | None = None) -> list[ModelOutput]:
+        """Evaluate every known model this worker owns; drop input of models it does not.
+
+        ``hints_for_s``: the stage-1 tick the ``judge_since`` hints are for
+        (default ``now_s``).
+        """
+        out: list[ModelOutput] = []
+        for model in sorted(self.known_models()):
+            if not owns(model):
+                self._pending.pop(model, None)
+                self._diagnostics.pop(model, None)
+                self._restored.discard(model)
+                continue
+            out.append(self._evaluate(model, now_s))
+            self._write_hints(model, now_s if hints_for_s is None else hints_for_s)
+        return out
+
+    def _write_hints(self, model: str, at_s: float) -> None:
+        if self.hints is None:
+            return
+        since = {node: ts for (node, _m), ts in self.evaluator.judge_since(model, at_s).items()}
+        if self._hints_written.get(model) != since:
+            self.hints[state_key(model)] = since
+            self._hints_written[model] = since
+
+    def _evaluate(self, model: str, now_s: float) -> ModelOutput:
+        ev = self.evaluator
+        key = state_key(model)
+        if model not in self._restored:
+            snap = self.state.get(key)
+            if snap is not None:
+                ev.restore_model(model, snap)
+                self._written[model] = snap
+            self._restored.add(model)
+        diag: list[Transition] = []
+        for d in self._diagnostics.pop(model, ()):
+            diag.extend(ev.apply_diagnostics(model, d.node_id, d.recoverable, now_s))
+        horizon = now_s - self.stale_after_s
+        summaries = [s for s in self._pending.pop(model, {}).values() if s.tick_ts >= horizon]
+        tick = ev.evaluate(model, summaries, now_s)
+        snap = ev.snapshot_model(model)
+        if self._written.get(model) != snap:
+            self.state[key] = snap
+            self._written[model] = snap
+        return ModelOutput(tick, tuple(diag))

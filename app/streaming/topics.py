@@ -1,0 +1,55 @@
+"""Creating the worker's Kafka topics when they are missing.
+
+Guarantee: after :func:`ensure_topics`, every topic of ``settings.topics``
+exists; missing ones are created with ``settings.topic_partitions``
+partitions (replication factor: ``min(3, brokers)``). Existing topics are left
+as they are — the worker works with any partition count, but the stage-2
+topic (``node-window-stats``) must keep the count its state changelog was
+created with, so change ``TAILGUARD_TOPIC_PARTITIONS`` only with a new
+``TAILGUARD_APP_ID``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError
+
+from app.settings import Settings
+from app.streaming.errors import TopicSetupError
+
+log = logging.getLogger(__name__)
+
+
+def topic_names(settings: Settings) -> list[str]:
+    return [getattr(settings.topics, f.name) for f in dataclasses.fields(settings.topics)]
+
+
+async def ensure_topics(settings: Settings, *, timeout_s: float = 30.0) -> list[str]:
+    """Create the missing topics; return the names created."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap,
+                                request_timeout_ms=int(timeout_s * 1000))
+    try:
+        await asyncio.wait_for(admin.start(), timeout_s)
+    except (KafkaError, OSError, TimeoutError) as e:
+        raise TopicSetupError(settings.topics.latency_events,
+                              f"cannot reach the broker at {settings.kafka_bootstrap} ({e})") from e
+    try:
+        existing = set(await admin.list_topics())
+        brokers = max(1, len((await admin.describe_cluster()).get("brokers", [])))
+        missing = [t for t in dict.fromkeys(topic_names(settings)) if t not in existing]
+        if missing:
+            new = [NewTopic(t, settings.topic_partitions, min(3, brokers)) for t in missing]
+            try:
+                await admin.create_topics(new)
+            except TopicAlreadyExistsError:
+                pass  # another worker won the race
+            except KafkaError as e:
+                raise TopicSetupError(missing[0], f"could not be created ({e})") from e
+            log.info("created topics %s with %d partitions", missing, settings.topic_partitions)
+        return missing
+    finally:
+        await admin.close()

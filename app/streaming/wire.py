@@ -1,0 +1,108 @@
+"""The internal stage-1 → stage-2 messages on ``node-window-stats`` (key = model).
+
+Two kinds, JSON objects told apart by ``"type"``:
+
+* ``{"type": "summary", …WindowSummary.to_dict()}`` — one per (node, model)
+  per stage-1 tick;
+* ``{"type": "diagnostics", "node_id", "model", "recoverable", "ts"}`` — a
+  diagnostics result, re-keyed by model so the worker that owns the model's
+  state applies it, in order with the summaries.
+
+Also validates the public diagnostics-result input
+(``node-diagnostics-results``: ``{"node_id", "model", "recoverable": bool, …}``).
+Guarantee: :func:`decode_stage2` and :func:`parse_diagnostics_result` raise
+:class:`~app.core.errors.BadEvent` (never anything else) for bad bytes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from app.core.errors import BadEvent
+from app.core.events import loads
+from app.core.types import WindowSummary
+
+
+@dataclass(frozen=True, slots=True)
+class DiagnosticsResult:
+    """A node's diagnostics verdict: ``recoverable`` → probe as usual, else retire."""
+
+    node_id: str
+    model: str
+    recoverable: bool
+    ts: float | None = None
+
+
+def _default(o: Any) -> Any:
+    item = getattr(o, "item", None)  # numpy scalars
+    if callable(item):
+        return item()
+    if isinstance(o, set | frozenset | tuple):
+        return list(o)
+    raise TypeError(f"cannot encode {type(o).__name__} in a stage-2 message")
+
+
+def dumps(obj: Any) -> bytes:
+    return json.dumps(obj, default=_default, allow_nan=False, separators=(",", ":")).encode()
+
+
+def encode_summary(s: WindowSummary) -> bytes:
+    d = s.to_dict()
+    d["type"] = "summary"
+    return dumps(d)
+
+
+def encode_diagnostics(d: DiagnosticsResult) -> bytes:
+    return dumps({"type": "diagnostics", "node_id": d.node_id, "model": d.model,
+                  "recoverable": d.recoverable, "ts": d.ts})
+
+
+def _str(d: dict[str, Any], key: str) -> str:
+    v = d.get(key)
+    if not isinstance(v, str) or not v or len(v) > 256:
+        raise BadEvent("bad_diagnostics" if v is not None else "missing_field",
+                       f"{key} must be a non-empty string of at most 256 chars, got {v!r:.40}",
+                       field=key)
+    return v
+
+
+def parse_diagnostics_result(raw: bytes | str | None) -> DiagnosticsResult:
+    """Validate one ``node-diagnostics-results`` message."""
+    if raw is None:
+        raise BadEvent("empty_message", "message has no value")
+    d = loads(raw)
+    if not isinstance(d, dict):
+        raise BadEvent("not_object", f"a diagnostics result must be a JSON object, got "
+                       f"{type(d).__name__}")
+    rec = d.get("recoverable")
+    if not isinstance(rec, bool):
+        raise BadEvent("bad_diagnostics", f"recoverable must be true or false, got {rec!r:.40}",
+                       field="recoverable")
+    ts = d.get("ts")
+    return DiagnosticsResult(_str(d, "node_id"), _str(d, "model"), rec,
+                             float(ts) if isinstance(ts, int | float) and not isinstance(ts, bool)
+                             else None)
+
+
+def decode_stage2(raw: bytes | str | None) -> WindowSummary | DiagnosticsResult:
+    """Decode one ``node-window-stats`` message."""
+    if raw is None:
+        raise BadEvent("empty_message", "message has no value")
+    d = loads(raw)
+    if not isinstance(d, dict):
+        raise BadEvent("not_object", "a stage-2 message must be a JSON object")
+    kind = d.pop("type", None)
+    if kind == "diagnostics":
+        return parse_diagnostics_result(raw)
+    if kind != "summary":
+        raise BadEvent("unknown_form", f"unknown stage-2 message type {kind!r:.40}", field="type")
+    try:
+        s = WindowSummary.from_dict(d)
+    except TypeError as e:
+        raise BadEvent("missing_field", f"bad window summary: {e}"[:200]) from None
+    if not isinstance(s.node_id, str) or not isinstance(s.model, str) \
+            or not isinstance(s.tick_ts, int | float):
+        raise BadEvent("bad_type", "window summary needs string node_id/model and numeric tick_ts")
+    return s
