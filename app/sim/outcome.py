@@ -1,0 +1,80 @@
+"""Judge a detector's verdicts on a scenario against the scenario's ``[expect]``.
+
+:func:`check` takes the lines ``tailguard replay`` writes (transitions with
+``ts``, ``node_id``, ``model``, ``to``, ``routed``; fleet events with
+``"type": "fleet"``) as parsed dicts and returns an :class:`Outcome` listing
+every broken expectation in words, with numbers (seconds after onset). Pure:
+no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from app.sim.scenario import Scenario
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    problems: tuple[str, ...]
+    #: (node, model) -> seconds after the scenario's start when it first left routing
+    ejected_at_s: Mapping[tuple[str, str], float]
+    #: (node, model) -> seconds after the start when it first came back after its ejection
+    readmitted_at_s: Mapping[tuple[str, str], float]
+    fleet_events: int
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def check(scenario: Scenario, records: Iterable[Mapping[str, Any]]) -> Outcome:
+    ejected: dict[tuple[str, str], float] = {}
+    readmitted: dict[tuple[str, str], float] = {}
+    fleet = 0
+    for rec in records:
+        if rec.get("type") == "fleet":
+            fleet += 1
+            continue
+        if "routed" not in rec or "node_id" not in rec:
+            continue
+        key = (str(rec["node_id"]), str(rec["model"]))
+        t = float(rec["ts"]) - scenario.epoch_s
+        if rec["routed"] is False and key not in ejected:
+            ejected[key] = t
+        elif rec["routed"] is True and key in ejected and key not in readmitted:
+            readmitted[key] = t
+
+    problems: list[str] = []
+    expected = {(e.node_id, e.model): e for e in scenario.expect.eject}
+    for key, e in expected.items():
+        name = f"{key[0]}/{key[1]}"
+        if key not in ejected:
+            problems.append(f"{name} was never taken out of routing (fault onset {e.onset_s:g} s, "
+                            f"expected within {e.within_s:g} s)")
+            continue
+        after = ejected[key] - e.onset_s
+        if after < 0:
+            problems.append(f"{name} was taken out {-after:.1f} s BEFORE its fault's onset ({e.onset_s:g} s)")
+        elif after > e.within_s:
+            problems.append(f"{name} was taken out {after:.1f} s after onset; expected within {e.within_s:g} s")
+        if e.readmit_within_s is not None and e.end_s is not None:
+            back = readmitted.get(key)
+            if back is None:
+                problems.append(f"{name} was never re-admitted (fault ended at {e.end_s:g} s, "
+                                f"expected within {e.readmit_within_s:g} s)")
+            elif back - e.end_s > e.readmit_within_s:
+                problems.append(f"{name} was re-admitted {back - e.end_s:.1f} s after its fault ended; "
+                                f"expected within {e.readmit_within_s:g} s")
+    if scenario.expect.others_stay:
+        for key, t in sorted(ejected.items()):
+            if key not in expected:
+                problems.append(f"{key[0]}/{key[1]} was taken out of routing at {t:.1f} s "
+                                "but the scenario expects it to stay")
+    if scenario.expect.fleet_event is True and fleet == 0:
+        problems.append("no fleet-level event was reported; the scenario expects one")
+    if scenario.expect.fleet_event is False and fleet > 0:
+        problems.append(f"{fleet} fleet-level event(s) were reported; the scenario expects none")
+    return Outcome(tuple(problems), ejected, readmitted, fleet)

@@ -1,0 +1,617 @@
+"""Scenario files: a simulated fleet, its faults and the expected verdict, in TOML.
+
+:func:`load` parses and validates a file (stdlib ``tomllib``) into a frozen
+:class:`Scenario`; every problem raises :class:`ScenarioError` naming the
+file, the key (dotted path) and what is allowed, and unknown keys are errors
+(a typo must not silently mean "default"). :meth:`Scenario.latency` builds
+the pure :class:`~app.sim.latency.NodeLatency` of one (node, model).
+
+Format (all times are seconds since the scenario's start)::
+
+    name = "tail_fault"              # optional, default: the file's stem
+    description = "…"
+    duration_s = 600
+    seed = 1                         # default seed of generated traces
+    rate_per_s = 20                  # requests/s per (node, model)
+    probe_rate_per_s = 0             # synthetic probe requests/s per (node, model), probe = true
+    emit_tokens = false              # events carry input_tokens/output_tokens
+    emit_ttft = false                # events carry ttft_us (needs emit_tokens)
+    emit_hardware = true
+
+    [[models]]
+    name = "llama-3-70b"
+    kind = "lognormal"               # p50_ms, sigma
+    p50_ms = 180
+    sigma = 0.3
+    [[models]]
+    name = "llama-3-8b-chat"
+    kind = "llm"                     # trace ("conv"|"code"), ttft_ms,
+    trace = "conv"                   # ttft_per_input_token_ms, tpot_ms, jitter_sigma
+
+    [hardware]                       # latency multiplier per class (defaults: HARDWARE_SPEED)
+    A10 = 2.2
+
+    [nodes]
+    count = 8                        # or: ids = ["a", "b", …]
+    prefix = "gpu-node-"             # gpu-node-01 … gpu-node-08
+    hardware = "A100"
+    [nodes.override.gpu-node-03]     # per node: hardware, models, rate_per_s, join_s,
+    join_s = 300                     # speed, ttft_factor, tpot_factor, warmup_s,
+    warmup_s = 90                    # warmup_factor
+    warmup_factor = 8
+
+    [[faults]]
+    node = "gpu-node-03"             # or nodes = [...], or "*" for every node
+    model = "llama-3-70b"            # optional: default every model of the node
+    kind = "tail"                    # slowdown | tail | spikes | tpot | ttft | errors | traffic
+    onset_s = 300
+    end_s = 480                      # optional: recovery
+    factor = 6
+    share = 0.05
+
+    [expect]
+    others_stay = true               # no other (node, model) ever leaves routing
+    fleet_event = true               # optional: a fleet-level event must be reported
+    [[expect.eject]]
+    node = "gpu-node-03"
+    model = "llama-3-70b"            # optional when the fleet serves one model
+    within_s = 120                   # out of routing within this long after onset
+    readmit_within_s = 300           # optional: back in routing this long after the fault ends
+
+    [detector]                       # optional detector overrides for replaying it
+    tick_interval_s = 30
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from app.sim.latency import (
+    HARDWARE_SPEED,
+    LLM,
+    Errors,
+    FloatArray,
+    IntArray,
+    Lognormal,
+    NodeLatency,
+    RequestSizes,
+    Slowdown,
+    Spikes,
+    TailDegradation,
+    Warmup,
+)
+
+#: Event time of t = 0 in generated traces (2025-12-02T13:33:20Z).
+EPOCH_S = 1_764_680_000.0
+
+FAULT_KINDS = ("slowdown", "tail", "spikes", "tpot", "ttft", "errors", "traffic")
+MODEL_KINDS = ("lognormal", "llm")
+TRACES = ("conv", "code")
+
+
+class SimError(Exception):
+    """Base of the simulator's errors (bad scenario, unreachable target…)."""
+
+
+class ScenarioError(SimError):
+    """A scenario file is invalid: ``file``, ``key`` (dotted) and what is allowed."""
+
+    def __init__(self, file: str, key: str, value: object, allowed: str) -> None:
+        self.file, self.key, self.value, self.allowed = file, key, value, allowed
+        shown = "missing" if value is _MISSING else f"{value!r}"
+        super().__init__(f"{file}: {key} = {shown} is not allowed: expected {allowed}")
+
+
+_MISSING = object()
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    name: str
+    kind: str = "lognormal"
+    rate_per_s: float | None = None
+    p50_ms: float = 180.0
+    sigma: float = 0.3
+    trace: str = "conv"
+    ttft_ms: float = 50.0
+    ttft_per_input_token_ms: float = 0.25
+    tpot_ms: float = 30.0
+    jitter_sigma: float = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    node_id: str
+    hardware: str
+    models: tuple[str, ...]
+    rate_per_s: float | None = None
+    join_s: float = 0.0
+    speed: float = 1.0
+    ttft_factor: float = 1.0
+    tpot_factor: float = 1.0
+    warmup_s: float = 0.0
+    warmup_factor: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class FaultSpec:
+    kind: str
+    nodes: tuple[str, ...]
+    models: tuple[str, ...] | None
+    onset_s: float = 0.0
+    end_s: float | None = None
+    factor: float = 1.0
+    share: float = 0.0
+    period_s: float = 0.0
+    spike_s: float = 0.0
+    rate_factor: float = 1.0
+
+    def applies(self, node_id: str, model: str) -> bool:
+        return node_id in self.nodes and (self.models is None or model in self.models)
+
+
+@dataclass(frozen=True, slots=True)
+class EjectExpectation:
+    node_id: str
+    model: str
+    onset_s: float
+    within_s: float
+    end_s: float | None = None
+    readmit_within_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Expect:
+    eject: tuple[EjectExpectation, ...] = ()
+    others_stay: bool = True
+    fleet_event: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    name: str
+    source: str
+    duration_s: float
+    seed: int
+    rate_per_s: float
+    models: tuple[ModelSpec, ...]
+    nodes: tuple[NodeSpec, ...]
+    faults: tuple[FaultSpec, ...] = ()
+    hardware_speed: Mapping[str, float] = field(default_factory=lambda: dict(HARDWARE_SPEED))
+    emit_tokens: bool = False
+    emit_ttft: bool = False
+    emit_hardware: bool = True
+    probe_rate_per_s: float = 0.0
+    expect: Expect = field(default_factory=Expect)
+    detector: Mapping[str, str] = field(default_factory=dict)
+    description: str = ""
+    epoch_s: float = EPOCH_S
+
+    def model(self, name: str) -> ModelSpec:
+        for m in self.models:
+            if m.name == name:
+                return m
+        raise KeyError(name)
+
+    def node(self, node_id: str) -> NodeSpec:
+        for n in self.nodes:
+            if n.node_id == node_id:
+                return n
+        raise KeyError(node_id)
+
+    def streams(self) -> list[tuple[int, int, NodeSpec, ModelSpec]]:
+        """Every (node index, model index, node, model) the fleet serves, in a stable order."""
+        index = {m.name: j for j, m in enumerate(self.models)}
+        return [(i, index[m], n, self.model(m)) for i, n in enumerate(self.nodes) for m in n.models]
+
+    def rate_of(self, node: NodeSpec, model: ModelSpec) -> float:
+        """Healthy requests/s of one (node, model)."""
+        if node.rate_per_s is not None:
+            return node.rate_per_s
+        return model.rate_per_s if model.rate_per_s is not None else self.rate_per_s
+
+    def rate_factor(self, node_id: str, model: str, t_s: FloatArray) -> FloatArray:
+        """Traffic multiplier at each time offset (``traffic`` faults)."""
+        f = np.ones(t_s.shape[0])
+        for fault in self.faults:
+            if fault.kind == "traffic" and fault.applies(node_id, model):
+                on = t_s >= fault.onset_s
+                if fault.end_s is not None:
+                    on &= t_s < fault.end_s
+                f = np.where(on, f * fault.rate_factor, f)
+        return f
+
+    def max_rate_factor(self, node_id: str, model: str) -> float:
+        m = 1.0
+        for fault in self.faults:
+            if fault.kind == "traffic" and fault.applies(node_id, model):
+                m *= max(1.0, fault.rate_factor)
+        return m
+
+    def latency(self, node_id: str, model: str) -> NodeLatency:
+        """The pure latency model of one (node, model), faults included."""
+        node, spec = self.node(node_id), self.model(model)
+        speed = self.hardware_speed[node.hardware] * node.speed
+        base: Lognormal | LLM
+        if spec.kind == "llm":
+            base = LLM(request_sizes(spec.trace), spec.ttft_ms * 1e3 * speed * node.ttft_factor,
+                       spec.ttft_per_input_token_ms * 1e3 * speed * node.ttft_factor,
+                       spec.tpot_ms * 1e3 * speed * node.tpot_factor, spec.jitter_sigma)
+        else:
+            base = Lognormal(spec.p50_ms * 1e3 * speed, spec.sigma)
+        effects: list[Slowdown | TailDegradation | Spikes | Warmup | Errors] = []
+        if node.warmup_s > 0 and node.warmup_factor > 1:
+            effects.append(Warmup(node.join_s, node.warmup_s, node.warmup_factor))
+        for f in self.faults:
+            if not f.applies(node_id, model):
+                continue
+            if f.kind in ("slowdown", "tpot", "ttft") or (f.kind == "traffic" and f.factor != 1.0):
+                ch = "latency" if f.kind in ("slowdown", "traffic") else f.kind
+                effects.append(Slowdown(f.factor, f.onset_s, f.end_s, channel=ch))  # type: ignore[arg-type]
+            elif f.kind == "tail":
+                effects.append(TailDegradation(f.share, f.factor, f.onset_s, f.end_s))
+            elif f.kind == "spikes":
+                effects.append(Spikes(f.period_s, f.spike_s, f.factor, f.onset_s, f.end_s))
+            elif f.kind == "errors":
+                effects.append(Errors(f.share, f.onset_s, f.end_s))
+        return NodeLatency(base, tuple(effects))
+
+
+@cache
+def request_sizes(trace: str) -> RequestSizes:
+    """The shipped Azure LLM trace ``trace`` ("conv" or "code") as a size table.
+
+    Uses ``app.data.load_request_sizes`` (the package's data loader); reads
+    the CSV next to it directly when that loader is not there.
+    """
+    if trace not in TRACES:
+        raise ValueError(f"trace must be one of {', '.join(TRACES)}, got {trace!r}")
+    data = importlib.import_module("app.data")
+    loader = getattr(data, "load_request_sizes", None)
+    if loader is not None:
+        tokens: IntArray = np.asarray(loader(trace), dtype=np.int64)
+    else:
+        csv = Path(next(iter(data.__path__))) / f"AzureLLMInferenceTrace_{trace}.csv"
+        tokens = np.loadtxt(csv, delimiter=",", skiprows=1, usecols=(1, 2), dtype=np.int64, ndmin=2)
+    return RequestSizes(trace, tokens)
+
+
+# --------------------------------------------------------------------------- parsing
+
+class _Reader:
+    """Typed access to one TOML table, tracking the dotted key for errors."""
+
+    def __init__(self, file: str, table: Mapping[str, Any], path: str = "") -> None:
+        self.file, self.table, self.path = file, table, path
+        self.used: set[str] = set()
+
+    def key(self, name: str) -> str:
+        return f"{self.path}.{name}" if self.path else name
+
+    def fail(self, name: str, value: object, allowed: str) -> ScenarioError:
+        return ScenarioError(self.file, self.key(name), value, allowed)
+
+    def has(self, name: str) -> bool:
+        return name in self.table
+
+    def raw(self, name: str, default: object = _MISSING) -> Any:
+        self.used.add(name)
+        if name not in self.table:
+            return default
+        return self.table[name]
+
+    def number(self, name: str, default: float | object | None = _MISSING, *, lo: float | None = None,
+               hi: float | None = None, lo_open: bool = False) -> Any:
+        v = self.raw(name, default)
+        if v is _MISSING:
+            raise self.fail(name, _MISSING, "a number")
+        if v is None and default is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+            raise self.fail(name, v, "a finite number")
+        below = lo is not None and (v <= lo if lo_open else v < lo)
+        if below or (hi is not None and v > hi):
+            rng = f"{'>' if lo_open else '>='} {lo}" if lo is not None else ""
+            if hi is not None:
+                rng += (" and " if rng else "") + f"<= {hi}"
+            raise self.fail(name, v, f"a number {rng}")
+        return float(v)
+
+    def integer(self, name: str, default: int | object = _MISSING, *, lo: int = 0) -> int:
+        v = self.raw(name, default)
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            raise self.fail(name, v, f"a whole number >= {lo}")
+        return v
+
+    def boolean(self, name: str, default: bool) -> bool:
+        v = self.raw(name, default)
+        if not isinstance(v, bool):
+            raise self.fail(name, v, "true or false")
+        return v
+
+    def string(self, name: str, default: str | object = _MISSING, *,
+               choices: tuple[str, ...] | None = None) -> str:
+        v = self.raw(name, default)
+        if not isinstance(v, str) or not v:
+            raise self.fail(name, v, "a non-empty string" if choices is None else "one of " + ", ".join(choices))
+        if choices is not None and v not in choices:
+            raise self.fail(name, v, "one of " + ", ".join(choices))
+        return v
+
+    def strings(self, name: str, default: object = _MISSING) -> tuple[str, ...] | Any:
+        v = self.raw(name, default)
+        if v is default and default is not _MISSING:
+            return v
+        if not isinstance(v, list) or not v or not all(isinstance(s, str) and s for s in v):
+            raise self.fail(name, v, "a non-empty list of non-empty strings")
+        return tuple(v)
+
+    def sub(self, name: str, *, optional: bool = True) -> _Reader | None:
+        v = self.raw(name, None if optional else _MISSING)
+        if v is None:
+            return None
+        if not isinstance(v, dict):
+            raise self.fail(name, v, "a table")
+        return _Reader(self.file, v, self.key(name))
+
+    def tables(self, name: str) -> list[_Reader]:
+        v = self.raw(name, [])
+        if not isinstance(v, list) or not all(isinstance(t, dict) for t in v):
+            raise self.fail(name, v, f"an array of tables ([[{self.key(name)}]])")
+        return [_Reader(self.file, t, f"{self.key(name)}[{i}]") for i, t in enumerate(v)]
+
+    def done(self, allowed: tuple[str, ...] | None = None) -> None:
+        known = allowed if allowed is not None else tuple(sorted(self.used))
+        for k in self.table:
+            if k not in known:
+                raise self.fail(k, self.table[k], "one of the keys " + ", ".join(known))
+
+
+def load(path: str | Path) -> Scenario:
+    """Read and validate one scenario file."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ScenarioError(str(p), "(file)", str(p), f"a readable file ({e.strerror})") from None
+    return loads(text, source=str(p), default_name=p.stem)
+
+
+def loads(text: str, *, source: str = "<scenario>", default_name: str = "scenario") -> Scenario:
+    """Parse scenario TOML ``text``; ``source`` names it in errors."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ScenarioError(source, "(syntax)", str(e), "valid TOML") from None
+    return _parse(_Reader(source, data), default_name)
+
+
+def _parse(r: _Reader, default_name: str) -> Scenario:
+    name = r.string("name", default_name)
+    description = r.raw("description", "")
+    if not isinstance(description, str):
+        raise r.fail("description", description, "a string")
+    duration_s = r.number("duration_s", lo=0, lo_open=True, hi=7 * 86_400)
+    seed = r.integer("seed", 1)
+    rate = r.number("rate_per_s", 20.0, lo=0, lo_open=True, hi=100_000)
+    probe_rate = r.number("probe_rate_per_s", 0.0, lo=0, hi=100_000)
+    emit_tokens = r.boolean("emit_tokens", False)
+    emit_ttft = r.boolean("emit_ttft", False)
+    emit_hardware = r.boolean("emit_hardware", True)
+    if emit_ttft and not emit_tokens:
+        raise r.fail("emit_ttft", True, "false unless emit_tokens = true (ttft_us is only useful with token counts)")
+
+    models = _models(r)
+    hardware = dict(HARDWARE_SPEED)
+    hw = r.sub("hardware")
+    if hw is not None:
+        for k in list(hw.table):
+            hardware[k] = hw.number(k, lo=0, lo_open=True, hi=1000)
+    nodes = _nodes(r, models, hardware)
+    node_ids = tuple(n.node_id for n in nodes)
+    faults = _faults(r, models, nodes, node_ids)
+    if (emit_tokens or emit_ttft) and not any(m.kind == "llm" for m in models):
+        raise r.fail("emit_tokens", emit_tokens, "false unless a model has kind = \"llm\"")
+    expect = _expect(r, models, node_ids, faults)
+    det: dict[str, str] = {}
+    d = r.sub("detector")
+    if d is not None:
+        for k, v in d.table.items():
+            if isinstance(v, bool) or not isinstance(v, int | float | str):
+                raise d.fail(k, v, "a number or string (a detector setting, see `tailguard settings`)")
+            det[k] = str(v)
+    r.done(("name", "description", "duration_s", "seed", "rate_per_s", "probe_rate_per_s", "emit_tokens", "emit_ttft",
+            "emit_hardware", "models", "hardware", "nodes", "faults", "expect", "detector"))
+    return Scenario(name=name, source=r.file, duration_s=duration_s, seed=seed, rate_per_s=rate,
+                    models=models, nodes=nodes, faults=faults, hardware_speed=hardware,
+                    emit_tokens=emit_tokens, emit_ttft=emit_ttft, emit_hardware=emit_hardware,
+                    probe_rate_per_s=probe_rate, expect=expect, detector=det, description=description)
+
+
+def _models(r: _Reader) -> tuple[ModelSpec, ...]:
+    tables = r.tables("models")
+    if not tables:
+        raise r.fail("models", _MISSING, "at least one [[models]] table with a name")
+    out: list[ModelSpec] = []
+    for t in tables:
+        name = t.string("name")
+        if any(m.name == name for m in out):
+            raise t.fail("name", name, "a model name not used by another [[models]] table")
+        kind = t.string("kind", "lognormal", choices=MODEL_KINDS)
+        rate = t.number("rate_per_s", None, lo=0, lo_open=True, hi=100_000)
+        if kind == "lognormal":
+            spec = ModelSpec(name, kind, rate, p50_ms=t.number("p50_ms", 180.0, lo=0, lo_open=True, hi=3.6e6),
+                             sigma=t.number("sigma", 0.3, lo=0, hi=5))
+            t.done(("name", "kind", "rate_per_s", "p50_ms", "sigma"))
+        else:
+            spec = ModelSpec(name, kind, rate, trace=t.string("trace", "conv", choices=TRACES),
+                             ttft_ms=t.number("ttft_ms", 50.0, lo=0, hi=3.6e6),
+                             ttft_per_input_token_ms=t.number("ttft_per_input_token_ms", 0.25, lo=0, hi=1e4),
+                             tpot_ms=t.number("tpot_ms", 30.0, lo=0, lo_open=True, hi=1e5),
+                             jitter_sigma=t.number("jitter_sigma", 0.05, lo=0, hi=2))
+            t.done(("name", "kind", "rate_per_s", "trace", "ttft_ms", "ttft_per_input_token_ms",
+                    "tpot_ms", "jitter_sigma"))
+        out.append(spec)
+    return tuple(out)
+
+
+_NODE_KEYS = ("hardware", "models", "rate_per_s", "join_s", "speed", "ttft_factor", "tpot_factor",
+              "warmup_s", "warmup_factor")
+
+
+def _node_fields(t: _Reader, base: dict[str, Any], model_names: tuple[str, ...],
+                 hardware: Mapping[str, float]) -> dict[str, Any]:
+    out = dict(base)
+    if t.has("hardware"):
+        hw = t.string("hardware")
+        if hw not in hardware:
+            raise t.fail("hardware", hw, "a hardware class: " + ", ".join(hardware) + " (or add it under [hardware])")
+        out["hardware"] = hw
+    if t.has("models"):
+        ms = t.strings("models")
+        for m in ms:
+            if m not in model_names:
+                raise t.fail("models", list(ms), "names of [[models]]: " + ", ".join(model_names))
+        out["models"] = ms
+    num: dict[str, tuple[float | None, float | None, bool]] = {
+        "rate_per_s": (0, 100_000, True), "join_s": (0, None, False), "speed": (0, 1000, True),
+        "ttft_factor": (0, 1000, True), "tpot_factor": (0, 1000, True), "warmup_s": (0, 86_400, False),
+        "warmup_factor": (1, 1000, False)}
+    for k, (lo, hi, lo_open) in num.items():
+        if t.has(k):
+            out[k] = t.number(k, lo=lo, hi=hi, lo_open=lo_open)
+    return out
+
+
+def _nodes(r: _Reader, models: tuple[ModelSpec, ...], hardware: Mapping[str, float]) -> tuple[NodeSpec, ...]:
+    t = r.sub("nodes", optional=False)
+    assert t is not None
+    model_names = tuple(m.name for m in models)
+    if t.has("ids") == t.has("count"):
+        raise t.fail("count", t.raw("count", _MISSING), "exactly one of nodes.count (a number) or nodes.ids (a list)")
+    if t.has("ids"):
+        ids = t.strings("ids")
+        if len(set(ids)) != len(ids):
+            raise t.fail("ids", list(ids), "a list of distinct node ids")
+        t.raw("prefix")
+    else:
+        count = t.integer("count", lo=1)
+        prefix = t.string("prefix", "gpu-node-")
+        width = max(2, len(str(count)))
+        ids = tuple(f"{prefix}{i:0{width}d}" for i in range(1, count + 1))
+    defaults = _node_fields(t, {"hardware": "A100", "models": model_names}, model_names, hardware)
+    overrides: dict[str, dict[str, Any]] = {}
+    o = t.sub("override")
+    if o is not None:
+        for node_id in list(o.table):
+            if node_id not in ids:
+                raise o.fail(node_id, "{…}", "a node id of this fleet: " + ", ".join(ids))
+            sub = o.sub(node_id)
+            assert sub is not None
+            overrides[node_id] = _node_fields(sub, defaults, model_names, hardware)
+            sub.done(_NODE_KEYS)
+    t.done(("count", "ids", "prefix", "override", *_NODE_KEYS))
+    return tuple(NodeSpec(node_id=i, **overrides.get(i, defaults)) for i in ids)
+
+
+_FAULT_PARAMS: dict[str, tuple[str, ...]] = {
+    "slowdown": ("factor",), "tpot": ("factor",), "ttft": ("factor",), "tail": ("factor", "share"),
+    "spikes": ("factor", "period_s", "spike_s"), "errors": ("share",), "traffic": (),
+}
+
+
+def _faults(r: _Reader, models: tuple[ModelSpec, ...], nodes: tuple[NodeSpec, ...],
+            node_ids: tuple[str, ...]) -> tuple[FaultSpec, ...]:
+    out: list[FaultSpec] = []
+    model_names = tuple(m.name for m in models)
+    for t in r.tables("faults"):
+        kind = t.string("kind", choices=FAULT_KINDS)
+        if t.has("node") == t.has("nodes"):
+            raise t.fail("node", t.raw("node", _MISSING), "exactly one of node = \"id\" (or \"*\") and nodes = [ids]")
+        sel = (t.string("node"),) if t.has("node") else t.strings("nodes")
+        sel = node_ids if sel == ("*",) else sel
+        for n in sel:
+            if n not in node_ids:
+                raise t.fail("node" if t.has("node") else "nodes", n, "a node id of this fleet: " + ", ".join(node_ids))
+        fmodels: tuple[str, ...] | None = None
+        if t.has("model"):
+            m = t.string("model")
+            if m not in model_names:
+                raise t.fail("model", m, "a name of [[models]]: " + ", ".join(model_names))
+            fmodels = (m,)
+        onset = t.number("onset_s", 0.0, lo=0)
+        end = t.number("end_s", None, lo=0)
+        if end is not None and end <= onset:
+            raise t.fail("end_s", end, f"a time after onset_s ({onset})")
+        params = _FAULT_PARAMS[kind]
+        kw: dict[str, float] = {}
+        for p in params:
+            if p == "share":
+                kw[p] = t.number(p, lo=0, lo_open=True, hi=1 if kind == "errors" else 0.49)
+            else:
+                kw[p] = t.number(p, lo=0, lo_open=True, hi=1e6)
+        if kind == "traffic":
+            kw["rate_factor"] = t.number("rate_factor", 1.0, lo=0, lo_open=True, hi=1000)
+            kw["factor"] = t.number("factor", 1.0, lo=0, lo_open=True, hi=1e6)
+            params = ("rate_factor", "factor")
+        if kind == "spikes" and not kw["spike_s"] < kw["period_s"]:
+            raise t.fail("spike_s", kw["spike_s"], f"less than period_s ({kw['period_s']})")
+        if kind in ("tpot", "ttft"):
+            for n in sel:
+                for m in fmodels or _node_models(nodes, n):
+                    if next(x for x in models if x.name == m).kind != "llm":
+                        raise t.fail("kind", kind, f"a kind other than tpot/ttft: model {m!r} is not kind = \"llm\"")
+        t.done(("kind", "node", "nodes", "model", "onset_s", "end_s", *params))
+        out.append(FaultSpec(kind, tuple(sel), fmodels, onset, end, **kw))
+    return tuple(out)
+
+
+def _node_models(nodes: tuple[NodeSpec, ...], node_id: str) -> tuple[str, ...]:
+    return next(n.models for n in nodes if n.node_id == node_id)
+
+
+def _expect(r: _Reader, models: tuple[ModelSpec, ...], node_ids: tuple[str, ...],
+            faults: tuple[FaultSpec, ...]) -> Expect:
+    t = r.sub("expect")
+    if t is None:
+        return Expect()
+    model_names = tuple(m.name for m in models)
+    others_stay = t.boolean("others_stay", True)
+    fleet_event = t.raw("fleet_event", None)
+    if fleet_event is not None and not isinstance(fleet_event, bool):
+        raise t.fail("fleet_event", fleet_event, "true or false")
+    ejects: list[EjectExpectation] = []
+    for e in t.tables("eject"):
+        node = e.string("node")
+        if node not in node_ids:
+            raise e.fail("node", node, "a node id of this fleet: " + ", ".join(node_ids))
+        if e.has("model"):
+            model = e.string("model", choices=model_names)
+        elif len(model_names) == 1:
+            model = model_names[0]
+        else:
+            raise e.fail("model", _MISSING, "a model name (the fleet serves several): " + ", ".join(model_names))
+        mine = [f for f in faults if f.applies(node, model) and f.kind != "traffic"]
+        if not mine and not e.has("onset_s"):
+            raise e.fail("onset_s", _MISSING, f"a time: no [[faults]] entry names {node}/{model}")
+        onset = e.number("onset_s", min(f.onset_s for f in mine) if mine else 0.0, lo=0)
+        ends = [f.end_s for f in mine]
+        end = None if not ends or None in ends else max(x for x in ends if x is not None)
+        readmit = e.number("readmit_within_s", None, lo=0, lo_open=True)
+        if readmit is not None and end is None:
+            raise e.fail("readmit_within_s", readmit, "no readmit_within_s unless the node's faults have end_s")
+        ejects.append(EjectExpectation(node, model, onset, e.number("within_s", lo=0, lo_open=True),
+                                       end, readmit))
+        e.done(("node", "model", "onset_s", "within_s", "readmit_within_s"))
+    t.done(("others_stay", "fleet_event", "eject"))
+    return Expect(tuple(ejects), others_stay, fleet_event)
+
