@@ -117,9 +117,13 @@ class RoutingTable:
         metrics: ReaderMetrics | None = None,
         clock: Callable[[], float] = time.time,
         on_change: OnChange | None = None,
+        max_models: int = 10_000,
     ) -> None:
         if not poll_interval_s > 0:
             raise ValueError(f"poll_interval_s must be > 0, got {poll_interval_s!r}")
+        if max_models < 1:
+            raise ValueError(f"max_models must be >= 1, got {max_models!r}")
+        self._max_models = max_models
         self._redis = redis
         self.keys = Keys(key_prefix)
         self._poll_interval_s = poll_interval_s
@@ -129,6 +133,7 @@ class RoutingTable:
         self._cache: dict[str, ModelRouting] = {}
         self._wanted: set[str] = set()       # models asked about, loaded or not
         self._vanished: set[str] = set()     # models whose keys disappeared (warned once)
+        self._full_warned = False
         self._load_lock = asyncio.Lock()
         self._reachable = True
         self._failures = 0
@@ -144,8 +149,7 @@ class RoutingTable:
         """
         entry = self._cache.get(model)
         if entry is None:
-            if model not in self._wanted:
-                self._wanted.add(model)
+            if model not in self._wanted and self._want(model):
                 self._poll_now.set()
             return frozenset()
         return entry.nodes
@@ -196,7 +200,8 @@ class RoutingTable:
         entry = self._cache.get(model)
         if entry is not None:
             return entry
-        self._wanted.add(model)
+        if not self._want(model):
+            return ModelRouting(model=model, version=None, nodes=frozenset())
         try:
             loaded = await self._load(model)
         except _TRANSIENT as e:
@@ -204,6 +209,20 @@ class RoutingTable:
             raise RoutingUnavailable(model, e) from e
         self._record_success()
         return loaded
+
+    def _want(self, model: str) -> bool:
+        """Track ``model``; False when ``max_models`` are tracked (model names may come
+        from requests: the table must not grow, or poll, without bound)."""
+        if model in self._wanted:
+            return True
+        if len(self._wanted) >= self._max_models:
+            if not self._full_warned:
+                self._full_warned = True
+                log.warning("routing table tracks max_models=%d models already; not tracking %r "
+                            "(and further new models)", self._max_models, model)
+            return False
+        self._wanted.add(model)
+        return True
 
     async def models(self) -> list[str]:
         """Every model tailguard has written (the ``P:models`` SET), sorted."""
@@ -321,7 +340,11 @@ class RoutingTable:
 
     async def _poll_loop(self) -> None:
         while True:
-            await self.refresh()
+            try:
+                await self.refresh()
+            except Exception as e:  # a malformed key must not stop the refreshes for good
+                log.exception("unexpected error while polling routing versions")
+                self._record_failure(e)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self._poll_interval_s):
                     await self._poll_now.wait()
@@ -350,6 +373,9 @@ class RoutingTable:
                     if model in self._wanted and (entry is None or entry.version != version):
                         await self._load(model)
             except _TRANSIENT as e:
+                self._record_failure(e)
+            except Exception as e:  # as in _poll_loop: keep listening
+                log.exception("unexpected error while listening on %s", channel)
                 self._record_failure(e)
             finally:
                 with contextlib.suppress(*_TRANSIENT):

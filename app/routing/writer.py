@@ -412,5 +412,9 @@ class RoutingWriter:
                 delay_s = self._retry_at - self._monotonic()
                 if delay_s > 0:
                     await self._sleep(delay_s)
-                if await self._flush(force=True):
-                    break
+                try:
+                    if await self._flush(force=True):
+                        break
+                except Exception:  # not a Redis error: log, back off, keep the task alive
+                    log.exception("unexpected error while retrying routing writes")
+                    await self._sleep(self._retry_max_s)

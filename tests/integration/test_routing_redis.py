@@ -527,3 +527,29 @@ def test_status_command_shows_what_the_writer_wrote(
     finally:
         asyncio.run(cleanup())
 
+
+
+async def test_reader_tracks_at_most_max_models(client: aioredis.Redis, prefix: str) -> None:
+    w = RoutingWriter(client, prefix)
+    assert await w.apply(tick({"a"}, model="m1"))
+    assert await w.apply(tick({"b"}, model="m2"))
+    table = RoutingTable(client, prefix, max_models=1)
+    assert await table.get("m1") == {"a"}
+    assert await table.get("m2") == frozenset()        # not tracked: "no data", no Redis read
+    assert table.snapshot("m2") is None
+
+
+async def test_a_garbage_version_key_does_not_stop_the_refreshes(
+    client: aioredis.Redis, prefix: str
+) -> None:
+    k = Keys(prefix)
+    w = RoutingWriter(client, prefix)
+    assert await w.apply(tick({"a", "b"}))
+    async with RoutingTable(client, prefix, poll_interval_s=0.05) as table:
+        assert await table.get(MODEL) == {"a", "b"}
+        await client.set(k.version(MODEL), "not-a-number")
+        await wait_for(lambda: not table.reachable, "the poll loop reports the bad key")
+        assert table.nodes(MODEL) == {"a", "b"}
+        await client.delete(k.version(MODEL))
+        assert await w.apply(tick({"a"}))              # recreates the version key
+        await wait_for(lambda: table.nodes(MODEL) == {"a"}, "refreshes resume")
