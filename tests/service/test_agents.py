@@ -1,0 +1,40 @@
+"""The faust agents of the worker, driven with ``agent.test_context()`` (no broker)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from stream_fakes import FakeRouting, summary
+
+from app.settings import Settings
+from app.streaming.service import create_app, runtime_of
+from app.streaming.wire import DiagnosticsResult, encode_diagnostics, encode_summary
+
+
+def make_app() -> Any:
+    return create_app(Settings(app_id="tgtest-agents", metrics_port=0, web_port=0),
+                      writer=FakeRouting(), registry=CollectorRegistry())
+
+
+async def test_stage2_agent_buffers_summaries_and_diagnostics() -> None:
+    app = make_app()
+    rt = runtime_of(app)
+    agent = app.agents["tailguard-stage2"]
+    async with agent.test_context() as ctx:
+        await ctx.put(encode_summary(summary("a", "m", 100.0, 1.0, 2.0)), key=b"m")
+        await ctx.put(encode_summary(summary("b", "m", 100.0, 1.0, 2.0)), key=b"m")
+        await ctx.put(b"garbage", key=b"m")
+        await ctx.put(encode_diagnostics(DiagnosticsResult("a", "m", True)), key=b"m")
+    assert rt.stage2.pending_summaries() == 2
+    assert [d.node_id for d in rt.stage2._diagnostics["m"]] == ["a"]
+    assert rt.metrics.registry.get_sample_value(
+        "tailguard_bad_events_total",
+        {"topic": rt.settings.topics.window_stats, "reason": "bad_json"}) == 1.0
+
+
+def test_apps_are_independent() -> None:
+    a, b = make_app(), make_app()
+    assert runtime_of(a).stage2 is not runtime_of(b).stage2
+    assert runtime_of(a).metrics.registry is not runtime_of(b).metrics.registry
+    assert set(a.agents) == {"tailguard-stage2", "tailguard-diagnostics"}

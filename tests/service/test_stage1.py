@@ -1,0 +1,80 @@
+"""Stage 1 (windows + dead letters) against the real WindowStore, no Kafka."""
+
+from __future__ import annotations
+
+import numpy as np
+from prometheus_client import CollectorRegistry
+from stream_fakes import Rec, batch, single
+
+from app.core.config import DetectorSettings
+from app.core.window import WindowStore
+from app.streaming.metrics import WorkerMetrics
+from app.streaming.stage1 import Stage1
+
+NOW = 1_000_000.0
+SETTINGS = DetectorSettings(min_samples=10, window_size=100, warmup_s=0.0)
+
+
+def make() -> tuple[Stage1, WorkerMetrics]:
+    m = WorkerMetrics(CollectorRegistry())
+    return Stage1(WindowStore(SETTINGS), SETTINGS, m), m
+
+
+def value(m: WorkerMetrics, name: str, **labels: str) -> float:
+    v = m.registry.get_sample_value(name, labels)
+    return 0.0 if v is None else v
+
+
+def test_good_and_bad_records_in_one_poll() -> None:
+    s1, m = make()
+    recs = [Rec(single("n1", "m", 1000.0 + i, NOW - 1), offset=i) for i in range(20)]
+    recs.insert(5, Rec(b"{not json", offset=100, partition=3, key=b"n1|m"))
+    recs.insert(9, Rec(single("n1", "m", -5.0, NOW - 1), offset=101))
+    recs.append(Rec(None, offset=102))
+    recs.append(Rec(batch("n2", "m", [2000.0] * 30, NOW - 1), offset=103))
+    dead = s1.ingest(0, recs, NOW)
+    assert [(d.offset, d.reason) for d in dead] == [
+        (100, "bad_json"), (101, "bad_latency"), (102, "empty_message")]
+    assert dead[0].partition == 3 and dead[0].key == b"n1|m" and dead[0].value == b"{not json"
+    sums = {s.node_id: s for s in s1.summaries(NOW)}
+    assert sums["n1"].samples == 20 and sums["n2"].samples == 30
+    assert sums["n1"].latency_p50_us == np.median([1000.0 + i for i in range(20)])
+    assert value(m, "tailguard_events_in_total") == len(recs)
+    assert value(m, "tailguard_samples_in_total") == 50
+    assert value(m, "tailguard_bad_events_total", topic="latency-events", reason="bad_json") == 1
+    assert value(m, "tailguard_series_tracked") == 2
+
+
+def test_heartbeat_makes_series_known() -> None:
+    s1, _ = make()
+    hb = b'{"type": "heartbeat", "node_id": "idle", "model": "m", "ts": %f}' % (NOW - 1)
+    assert s1.ingest(0, [Rec(hb)], NOW) == []
+    (s,) = s1.summaries(NOW)
+    assert (s.node_id, s.samples, s.p50) == ("idle", 0, None)
+
+
+def test_summaries_only_for_owned_partitions_and_revoke_forgets() -> None:
+    s1, _ = make()
+    s1.ingest(0, [Rec(single("a", "m", 10.0, NOW - 1))], NOW)
+    s1.ingest(1, [Rec(single("b", "m", 10.0, NOW - 1), partition=1)], NOW)
+    assert {s.node_id for s in s1.summaries(NOW, owned_partitions={1})} == {"b"}
+    assert {s.node_id for s in s1.summaries(NOW, owned_partitions={0, 1})} == {"a", "b"}
+    assert s1.revoke([0]) == 1
+    assert s1.store.series_count() == 1
+    assert {s.node_id for s in s1.summaries(NOW)} == {"b"}
+
+
+def test_judge_since_hint_restricts_samples() -> None:
+    s1, _ = make()
+    s1.ingest(0, [Rec(batch("q", "m", [5000.0] * 20, NOW - 50))], NOW)
+    s1.ingest(0, [Rec(batch("q", "m", [1000.0] * 12, NOW - 5))], NOW)
+    (all_,) = s1.summaries(NOW)
+    (hinted,) = s1.summaries(NOW, judge_since={("q", "m"): NOW - 10})
+    assert all_.samples == 32
+    assert hinted.samples == 12 and hinted.latency_p50_us == 1000.0
+
+
+def test_future_events_are_dead_lettered() -> None:
+    s1, _ = make()
+    dead = s1.ingest(0, [Rec(single("n", "m", 10.0, NOW + 3600))], NOW)
+    assert [d.reason for d in dead] == ["future_ts"]

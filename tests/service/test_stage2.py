@@ -1,0 +1,139 @@
+"""Stage 2 (evaluation, durable state, ownership) against the real FleetEvaluator, no Kafka."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from stream_fakes import summary
+
+from app.core.config import DetectorSettings
+from app.core.evaluate import FleetEvaluator
+from app.core.types import HealthState
+from app.streaming.stage2 import Stage2, state_key
+from app.streaming.wire import DiagnosticsResult
+
+SETTINGS = DetectorSettings(min_samples=10, window_size=100, warmup_s=0.0, confirm_windows=2,
+                            backoff_initial_s=600.0, backoff_max_s=600.0)
+T = 2.0
+NODES = ["n0", "n1", "n2", "n3", "slow"]
+
+
+def feed(s2: Stage2, model: str, tick_ts: float, nodes: list[str] = NODES) -> None:
+    for n in nodes:
+        p50 = 3000.0 if n == "slow" else 1000.0
+        s2.on_summary(summary(n, model, tick_ts, p50, p50 * 1.5))
+
+
+def run_ticks(s2: Stage2, model: str, start: float, n: int) -> list[Any]:
+    outs = []
+    for i in range(n):
+        ts = start + i * T
+        feed(s2, model, ts)
+        outs.extend(s2.tick(ts + 0.5, lambda m: True))
+    return outs
+
+
+def states(s2: Stage2, model: str) -> dict[str, HealthState]:
+    ev = s2.evaluator
+    assert isinstance(ev, FleetEvaluator)
+    return {n: p.state for n in NODES if (p := ev.pair(model, n)) is not None}
+
+
+def test_slow_node_leaves_routing_and_state_is_written() -> None:
+    state: dict[bytes, Any] = {}
+    hints: dict[bytes, Any] = {}
+    s2 = Stage2(FleetEvaluator(SETTINGS), state, stale_after_s=1.5 * T, hints=hints)
+    outs = run_ticks(s2, "m", 1000.0, 4)
+    trans = [t for o in outs for t in o.transitions if t.node_id == "slow"]
+    assert [str(t.to_state) for t in trans][-2:] == ["unhealthy", "quarantined"]
+    assert "slow" not in outs[-1].tick.routing
+    assert set(outs[-1].tick.routing) == {"n0", "n1", "n2", "n3"}
+    assert state[state_key("m")] == s2.evaluator.snapshot_model("m")
+    assert "slow" in hints[state_key("m")]           # quarantined: judged on samples since
+
+
+def test_restart_resumes_quarantine_from_state() -> None:
+    state: dict[bytes, Any] = {}
+    s2 = Stage2(FleetEvaluator(SETTINGS), state, stale_after_s=1.5 * T)
+    run_ticks(s2, "m", 1000.0, 4)
+    assert states(s2, "m")["slow"] is HealthState.QUARANTINED
+    # A new process: fresh evaluator, same (changelog-restored) table.
+    fresh = Stage2(FleetEvaluator(SETTINGS), dict(state), stale_after_s=1.5 * T)
+    outs = run_ticks(fresh, "m", 1010.0, 1)
+    assert states(fresh, "m")["slow"] is HealthState.QUARANTINED
+    assert "slow" not in outs[0].tick.routing
+    assert not [t for o in outs for t in o.transitions if t.node_id == "slow"]
+
+
+def test_without_state_a_fresh_worker_would_start_over() -> None:
+    # The control for the test above: the table is what carries the quarantine.
+    s2 = Stage2(FleetEvaluator(SETTINGS), {}, stale_after_s=1.5 * T)
+    outs = run_ticks(s2, "m", 1010.0, 1)
+    assert "slow" in outs[0].tick.routing
+
+
+def test_models_not_owned_are_not_evaluated_and_their_input_dropped() -> None:
+    s2 = Stage2(FleetEvaluator(SETTINGS), {}, stale_after_s=1.5 * T)
+    feed(s2, "mine", 1000.0)
+    feed(s2, "theirs", 1000.0)
+    outs = s2.tick(1000.5, lambda m: m == "mine")
+    assert [o.tick.model for o in outs] == ["mine"]
+    assert s2.pending_summaries() == 0
+    assert "theirs" not in s2.evaluator.models()  # type: ignore[attr-defined]
+
+
+def test_stale_summaries_are_ignored() -> None:
+    s2 = Stage2(FleetEvaluator(SETTINGS), {}, stale_after_s=1.5 * T)
+    feed(s2, "m", 1000.0)
+    (out,) = s2.tick(1000.0 + 10 * T, lambda m: True)
+    assert out.tick.transitions == ()
+
+
+def test_newest_summary_per_node_wins() -> None:
+    s2 = Stage2(FleetEvaluator(SETTINGS), {}, stale_after_s=1.5 * T)
+    s2.on_summary(summary("a", "m", 1002.0, 10.0, 11.0))
+    s2.on_summary(summary("a", "m", 1000.0, 99.0, 99.0))
+    assert s2.pending_summaries() == 1
+    (out,) = s2.tick(1002.5, lambda m: True)
+    (status,) = out.tick.statuses
+    assert status.p50 == 10.0
+
+
+def test_unrecoverable_diagnostics_retire_the_node() -> None:
+    s2 = Stage2(FleetEvaluator(SETTINGS), {}, stale_after_s=1.5 * T)
+    run_ticks(s2, "m", 1000.0, 4)
+    s2.on_diagnostics(DiagnosticsResult("slow", "m", recoverable=False))
+    outs = run_ticks(s2, "m", 1008.0, 1)
+    (t,) = outs[0].diagnostics_transitions
+    assert (t.node_id, t.to_state) == ("slow", HealthState.RETIRED)
+    assert outs[0].transitions[0] == t
+
+
+def test_diagnostics_queue_is_bounded() -> None:
+    s2 = Stage2(FleetEvaluator(SETTINGS), {}, stale_after_s=1.5 * T, max_pending_diagnostics=3)
+    for i in range(10):
+        s2.on_diagnostics(DiagnosticsResult(f"n{i}", "m", recoverable=True))
+    assert len(s2._diagnostics["m"]) == 3
+
+
+def test_bad_stale_after() -> None:
+    with pytest.raises(ValueError, match="stale_after_s"):
+        Stage2(FleetEvaluator(SETTINGS), {}, stale_after_s=0)
+
+
+@settings(max_examples=30, deadline=None)
+@given(owned=st.sets(st.sampled_from(["a", "b", "c", "d"])))
+def test_each_model_evaluated_by_exactly_its_owner(owned: set[str]) -> None:
+    """Two workers splitting the models evaluate disjoint sets that cover all models."""
+    models = ["a", "b", "c", "d"]
+    w1 = Stage2(FleetEvaluator(SETTINGS), {}, stale_after_s=3.0)
+    w2 = Stage2(FleetEvaluator(SETTINGS), {}, stale_after_s=3.0)
+    for m in models:
+        for w in (w1, w2):
+            feed(w, m, 1000.0, ["x", "y"])
+    got1 = {o.tick.model for o in w1.tick(1000.5, lambda m: m in owned)}
+    got2 = {o.tick.model for o in w2.tick(1000.5, lambda m: m not in owned)}
+    assert got1 == owned and got1.isdisjoint(got2) and got1 | got2 == set(models)
