@@ -39,6 +39,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
@@ -65,6 +66,7 @@ _TIER_GROWTH: Final = 8
 _CHUNK_BYTES: Final = 4 << 20
 _MIN_CHUNK_ROWS: Final = 4
 _SIG_CODE: Final = {sig.LATENCY: 0, sig.TPOT: 1, sig.NORMALIZED: 2}
+_NONE2: Final[tuple[None, None]] = (None, None)
 
 
 class _Chunk:
@@ -135,8 +137,78 @@ class _Series:
 @dataclass(frozen=True, slots=True)
 class _ModelPlan:
     signal: str
+    code: int
     use_input: bool
     fit: sig.FleetFit | None
+
+
+class _Pass1:
+    """Per-chunk judged/probe masks at one tick, built lazily.
+
+    ``clean``: every used row is full, wholly inside the age bound, probe-free
+    and not in ``judge_since`` — then every slot is judged and no mask is built.
+    """
+
+    __slots__ = ("_judged", "_probe", "ch", "clean", "has_since", "n_judged", "since_row")
+
+    def __init__(self, ch: _Chunk, clean: bool, n_judged: I64, since_row: F64,
+                 has_since: bool, judged: Bools | None, probe: Bools | None) -> None:
+        self.ch, self.clean, self.n_judged = ch, clean, n_judged
+        self.since_row, self.has_since = since_row, has_since
+        self._judged, self._probe = judged, probe
+
+    def judged_mask(self) -> Bools:
+        if self._judged is None:
+            self._judged = np.zeros((self.ch.rows, self.ch.cap), dtype=bool)
+            self._judged[self.ch.midx >= 0] = True
+        return self._judged
+
+    def probe_mask(self) -> Bools:
+        if self._probe is None:
+            self._probe = np.zeros((self.ch.rows, self.ch.cap), dtype=bool)
+        return self._probe
+
+
+def _pass1(ch: _Chunk, now_s: float, age_lo: float,
+           since: list[tuple[int, float]] | None) -> _Pass1:
+    ts, lat = ch.ts, ch.lat
+    since_row = np.full(ch.rows, np.nan)
+    used = ch.midx >= 0
+    if not since and ((ch.fill == ch.cap) | ~used).all():
+        all_used = ch.used == ch.rows
+        uts = ts if all_used else ts[used]
+        ulat = lat if all_used else lat[used]
+        with np.errstate(invalid="ignore"):
+            clean = bool(uts.min() > age_lo and uts.max() <= now_s and ulat.min() > 0)
+        if clean:
+            return _Pass1(ch, True, np.where(used, ch.cap, 0), since_row, False, None, None)
+    with np.errstate(invalid="ignore"):
+        intime = (ts <= now_s) & (ts > age_lo)
+        judged = intime & (lat > 0)
+        probe = intime & (lat < 0)
+    if since:
+        rows = np.array([r for r, _ in since], dtype=np.int64)
+        since_row[rows] = [v for _, v in since]
+        sub = ts[rows]
+        with np.errstate(invalid="ignore"):
+            judged[rows] = (sub >= since_row[rows, None]) & (sub <= now_s)
+    return _Pass1(ch, False, judged.sum(axis=1), since_row, bool(since), judged, probe)
+
+
+def _sorted_quantiles(srt: F32, n: int) -> F64:
+    """numpy.quantile's linear interpolation on rows already sorted, all of length n."""
+    out = np.empty((srt.shape[0], len(_QS)))
+    for j, q in enumerate(_QS):
+        pos = q * (n - 1)
+        lo = int(np.floor(pos))
+        hi = min(lo + 1, n - 1)
+        f = pos - lo
+        vlo = srt[:, lo].astype(np.float64)
+        out[:, j] = vlo + (srt[:, hi].astype(np.float64) - vlo) * f
+    return out
+
+
+_summary_order: Final = operator.attrgetter("model", "node_id")
 
 
 class WindowStore:
@@ -331,55 +403,36 @@ class WindowStore:
         tpot_m = np.zeros(nm)
         out_m = np.zeros(nm)
         inout_m = np.zeros(nm)
-        masks: list[tuple[Bools, Bools, F64]] = []
+        states: list[_Pass1] = []
         for ch in chunks:
-            judged, probe, since_row = self._masks(ch, now_s, age_lo, since_by_chunk.get(id(ch)))
-            masks.append((judged, probe, since_row))
+            st = _pass1(ch, now_s, age_lo, since_by_chunk.get(id(ch)))
+            states.append(st)
             used = ch.midx >= 0
             m = ch.midx[used]
-            judged_m += np.bincount(m, judged[used].sum(axis=1), minlength=nm)
+            judged_m += np.bincount(m, st.n_judged[used], minlength=nm)
             if ch.sized:
                 assert ch.out is not None and ch.ttft is not None and ch.inp is not None
+                judged = st.judged_mask()
                 j_out = judged & ~np.isnan(ch.out)
                 j_tpot = j_out & (ch.out >= 2) & ~np.isnan(ch.ttft)
                 j_inout = j_out & ~np.isnan(ch.inp)
                 tpot_m += np.bincount(m, j_tpot[used].sum(axis=1), minlength=nm)
                 out_m += np.bincount(m, j_out[used].sum(axis=1), minlength=nm)
                 inout_m += np.bincount(m, j_inout[used].sum(axis=1), minlength=nm)
-        plans = self._plans(chunks, masks, judged_m, tpot_m, out_m, inout_m)
+        plans = self._plans(chunks, states, judged_m, tpot_m, out_m, inout_m)
         results: list[WindowSummary] = []
-        for ch, (judged, probe, since_row) in zip(chunks, masks, strict=True):
-            results.extend(self._chunk_summaries(ch, judged, probe, since_row, plans, now_s,
-                                                 age_lo, digests))
-        fresh = [s for s in self._series.values() if s.chunk is None]
-        for s in fresh:
-            plan = plans[s.midx]
-            results.append(WindowSummary(
-                node_id=s.node_id, model=s.model, tick_ts=now_s, signal=plan.signal, samples=0,
-                p50=None, p99=None, latency_p50_us=None, latency_p99_us=None,
-                failed=_failed_in(s.failed, age_lo, now_s), hardware=s.hardware,
-                first_seen_ts=s.first_seen_ts, last_seen_ts=s.last_seen_ts))
-        results.sort(key=lambda w: (w.model, w.node_id))
+        for ch, st in zip(chunks, states, strict=True):
+            results.extend(self._chunk_summaries(ch, st, plans, now_s, age_lo, digests))
+        for s in self._series.values():
+            if s.chunk is None:
+                results.append(WindowSummary(
+                    s.node_id, s.model, now_s, plans[s.midx].signal, 0, None, None, None, None,
+                    _failed_in(s.failed, age_lo, now_s) if s.failed else 0, s.hardware,
+                    s.first_seen_ts, s.last_seen_ts, 0, None, None, {}))
+        results.sort(key=_summary_order)
         return results
 
-    @staticmethod
-    def _masks(ch: _Chunk, now_s: float, age_lo: float,
-               since: list[tuple[int, float]] | None) -> tuple[Bools, Bools, F64]:
-        ts, lat = ch.ts, ch.lat
-        with np.errstate(invalid="ignore"):
-            intime = (ts <= now_s) & (ts > age_lo)
-            judged = intime & (lat > 0)
-            probe = intime & (lat < 0)
-        since_row = np.full(ch.rows, np.nan)
-        if since:
-            rows = np.array([r for r, _ in since], dtype=np.int64)
-            since_row[rows] = [v for _, v in since]
-            sub = ts[rows]
-            with np.errstate(invalid="ignore"):
-                judged[rows] = (sub >= since_row[rows, None]) & (sub <= now_s)
-        return judged, probe, since_row
-
-    def _plans(self, chunks: list[_Chunk], masks: list[tuple[Bools, Bools, F64]],
+    def _plans(self, chunks: list[_Chunk], states: list[_Pass1],
                judged_m: F64, tpot_m: F64, out_m: F64, inout_m: F64) -> list[_ModelPlan]:
         signals = [sig.choose_signal(self.settings.signal_for(name), int(judged_m[i]),
                                      int(tpot_m[i]), int(out_m[i]))
@@ -389,13 +442,14 @@ class WindowStore:
         need_fit = {i for i, s in enumerate(signals) if s == sig.NORMALIZED}
         coefs: dict[int, list[F64]] = {i: [] for i in need_fit}
         means: dict[int, list[F64]] = {i: [] for i in need_fit}
-        for ch, (judged, _probe, since_row) in zip(chunks, masks, strict=True):
+        for ch, st in zip(chunks, states, strict=True):
             if not need_fit or not ch.sized:
                 continue
             assert ch.out is not None and ch.inp is not None
-            rows = np.flatnonzero(np.isin(ch.midx, list(need_fit)) & np.isnan(since_row))
+            rows = np.flatnonzero(np.isin(ch.midx, list(need_fit)) & np.isnan(st.since_row))
             if rows.size == 0:
                 continue
+            judged = st.judged_mask()
             for m in np.unique(ch.midx[rows]).tolist():
                 r = rows[ch.midx[rows] == m]
                 out = ch.out[r]
@@ -413,7 +467,7 @@ class WindowStore:
                 cf = np.concatenate(coefs[i]) if coefs[i] else np.zeros((0, 3))
                 mu = np.concatenate(means[i]) if means[i] else np.zeros(0)
                 fit = sig.fleet_fit(cf[:, 0], cf[:, 1], cf[:, 2], mu)
-            plans.append(_ModelPlan(s, use_input[i], fit))
+            plans.append(_ModelPlan(s, _SIG_CODE[s], use_input[i], fit))
         return plans
 
     def _values(self, ch: _Chunk, rows_code: I64, plans: list[_ModelPlan]) -> F32:
@@ -439,61 +493,75 @@ class WindowStore:
                 vals[r] = sig.normalized(absl[r], ch.out[r], inp, plan.fit)
         return vals
 
-    def _chunk_summaries(self, ch: _Chunk, judged: Bools, probe: Bools, since_row: F64,
-                         plans: list[_ModelPlan], now_s: float, age_lo: float,
-                         digests: bool) -> list[WindowSummary]:
+    def _chunk_summaries(self, ch: _Chunk, st: _Pass1, plans: list[_ModelPlan], now_s: float,
+                         age_lo: float, digests: bool) -> list[WindowSummary]:
         used = np.flatnonzero(ch.midx >= 0)
-        codes = np.array([_SIG_CODE[p.signal] for p in plans], dtype=np.int64)
-        rows_code = np.where(ch.midx >= 0, codes[np.maximum(ch.midx, 0)], 0)
-        vals = self._values(ch, rows_code, plans)
-        valid = ~np.isnan(vals)
-        sig_mask = judged & valid
-        n_sig = sig_mask.sum(axis=1)
-        q_sig = row_quantiles(np.where(sig_mask, vals, np.float32(np.inf)), n_sig, _QS)
-        n_judged = judged.sum(axis=1)
-        if (rows_code[used] == 0).all() and not ch.sized:
-            q_lat = q_sig
-        else:
-            q_lat = row_quantiles(np.where(judged, np.abs(ch.lat), np.float32(np.inf)),
-                                  n_judged, _QS)
-        probe_mask = probe & valid
-        n_probe = probe_mask.sum(axis=1)
+        codes = np.array([p.code for p in plans], dtype=np.int64)
+        rows_code = codes[ch.midx[used]]
+        all_used = used.size == ch.rows
         probe_q: dict[int, list[float]] = {}
-        for r in np.flatnonzero(n_probe).tolist():
-            pq = exact_quantiles(vals[r][probe_mask[r]], _QS)
-            if pq is not None:
-                probe_q[r] = pq
+        if st.clean and not ch.sized and not rows_code.any():
+            # Steady state: every slot of every row judged, raw latency, no probes.
+            lat = ch.lat if all_used else ch.lat[used]
+            srt = np.sort(lat.view(np.int32), axis=1).view(np.float32)
+            q = _sorted_quantiles(srt, ch.cap)
+            q_full = np.full((ch.rows, 2), np.nan)
+            q_full[used] = q
+            q_sig = q_lat = q_full
+            n_sig = n_judged = st.n_judged
+            n_probe = np.zeros(ch.rows, dtype=np.int64)
+        else:
+            judged = st.judged_mask()
+            full_codes = np.zeros(ch.rows, dtype=np.int64)
+            full_codes[used] = rows_code
+            vals = self._values(ch, full_codes, plans)
+            valid = ~np.isnan(vals)
+            sig_mask = judged & valid
+            n_sig = sig_mask.sum(axis=1)
+            q_sig = row_quantiles(np.where(sig_mask, vals, np.float32(np.inf)), n_sig, _QS)
+            n_judged = st.n_judged
+            if not ch.sized and not rows_code.any():
+                q_lat = q_sig
+            else:
+                q_lat = row_quantiles(np.where(judged, np.abs(ch.lat), np.float32(np.inf)),
+                                      n_judged, _QS)
+            probe_mask = st.probe_mask() & valid
+            n_probe = probe_mask.sum(axis=1)
+            for r in np.flatnonzero(n_probe).tolist():
+                pq = exact_quantiles(vals[r][probe_mask[r]], _QS)
+                if pq is not None:
+                    probe_q[r] = pq
         q_sig_l, q_lat_l = q_sig.tolist(), q_lat.tolist()
         n_sig_l, n_judged_l, n_probe_l = n_sig.tolist(), n_judged.tolist(), n_probe.tolist()
-        since_l = since_row.tolist()
+        since_l = st.since_row.tolist() if st.has_since else None
         fit_extra = {i: p.fit.to_dict() for i, p in enumerate(plans) if p.fit is not None}
+        signal_of = [p.signal for p in plans]
         out: list[WindowSummary] = []
+        append = out.append
+        series = ch.series
         for r in used.tolist():
-            s = ch.series[r]
+            s = series[r]
             assert s is not None
-            plan = plans[s.midx]
             ns = n_sig_l[r]
+            nj = n_judged_l[r]
             extra: dict[str, Any] = {}
-            if since_l[r] == since_l[r]:
+            if since_l is not None and since_l[r] == since_l[r]:
                 extra["judged_since"] = since_l[r]
-            if n_judged_l[r] != ns:
-                extra["judged_samples"] = n_judged_l[r]
-            fx = fit_extra.get(s.midx)
-            if fx is not None:
-                extra["fleet_fit"] = fx
-            if digests and n_judged_l[r]:
-                extra["digest"] = digest_to_dict(digest_of(np.abs(ch.lat[r][judged[r]])))
-            p50, p99 = (q_sig_l[r] if ns else (None, None))
-            l50, l99 = (q_lat_l[r] if n_judged_l[r] else (None, None))
-            pq = probe_q.get(r)
-            out.append(WindowSummary(
-                node_id=s.node_id, model=s.model, tick_ts=now_s, signal=plan.signal,
-                samples=ns, p50=p50, p99=p99, latency_p50_us=l50, latency_p99_us=l99,
-                failed=_failed_in(s.failed, age_lo, now_s) if s.failed else 0,
-                hardware=s.hardware, first_seen_ts=s.first_seen_ts,
-                last_seen_ts=s.last_seen_ts, probe_samples=n_probe_l[r],
-                probe_p50=None if pq is None else pq[0], probe_p99=None if pq is None else pq[1],
-                extra=extra))
+            if nj != ns:
+                extra["judged_samples"] = nj
+            if fit_extra:
+                fx = fit_extra.get(s.midx)
+                if fx is not None:
+                    extra["fleet_fit"] = fx
+            if digests and nj:
+                extra["digest"] = digest_to_dict(digest_of(np.abs(ch.lat[r][st.judged_mask()[r]])))
+            p50, p99 = q_sig_l[r] if ns else _NONE2
+            l50, l99 = q_lat_l[r] if nj else _NONE2
+            pqs = probe_q.get(r, _NONE2) if probe_q else _NONE2
+            append(WindowSummary(
+                s.node_id, s.model, now_s, signal_of[s.midx], ns, p50, p99, l50, l99,
+                _failed_in(s.failed, age_lo, now_s) if s.failed else 0, s.hardware,
+                s.first_seen_ts, s.last_seen_ts, n_probe_l[r], pqs[0], pqs[1], extra))
         return out
 
     # ------------------------------------------------------------ snapshot

@@ -1,0 +1,111 @@
+"""Quantiles: exact selection equals numpy; t-digest accuracy and merging."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from app.core.quantiles import (
+    digest_from_dict,
+    digest_of,
+    digest_quantiles,
+    digest_to_dict,
+    exact_quantiles,
+    merge_digests,
+    quantiles,
+    row_quantiles,
+)
+
+QS = (0.5, 0.99)
+finite = st.floats(-1e9, 1e9, allow_nan=False, width=64)
+
+
+@settings(max_examples=200, deadline=None)
+@given(hnp.arrays(np.float64, st.integers(1, 300), elements=finite),
+       st.lists(st.floats(0, 1), min_size=1, max_size=4))
+def test_exact_quantiles_equal_numpy(values: np.ndarray, qs: list[float]) -> None:
+    got = exact_quantiles(values, qs)
+    assert got is not None
+    np.testing.assert_allclose(got, np.quantile(values, qs), rtol=1e-12, atol=1e-6)
+
+
+def test_exact_quantiles_empty_is_none() -> None:
+    assert exact_quantiles(np.array([]), QS) is None
+    assert quantiles(np.array([]), QS) is None
+
+
+@pytest.mark.parametrize("qs", [QS, tuple(np.linspace(0, 1, 13))])  # partition / sort branch
+def test_row_quantiles_with_varying_counts(qs: tuple[float, ...]) -> None:
+    rng = np.random.default_rng(0)
+    m = rng.lognormal(5, 1, (40, 120)).astype(np.float32)
+    counts = rng.integers(0, 121, 40)
+    counts[:5] = 120
+    for r, c in enumerate(counts):
+        m[r, c:] = np.inf
+    expect = [np.quantile(m[r, :c].astype(np.float64), qs) if c else [np.nan] * len(qs)
+              for r, c in enumerate(counts)]
+    got = row_quantiles(m.copy(), counts, qs)
+    np.testing.assert_allclose(got, np.array(expect), rtol=1e-6)
+    assert np.isnan(got[counts == 0]).all()
+
+
+def lognormal(n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).lognormal(11, 0.6, n)
+
+
+def bimodal(n: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    fast = rng.normal(100_000, 8_000, int(n * 0.7))
+    slow = rng.normal(900_000, 60_000, n - fast.size)
+    return rng.permutation(np.concatenate([fast, slow]))
+
+
+@pytest.mark.parametrize("dist", [lognormal, bimodal])
+@pytest.mark.parametrize("n", [1_000, 50_000])
+def test_tdigest_accuracy(dist: object, n: int) -> None:
+    """P50 within 1 %, P99 within 2 % of the exact value."""
+    values = dist(n, 1)  # type: ignore[operator]
+    got = digest_quantiles(digest_of(values), QS)
+    assert got is not None
+    exact = np.quantile(values, QS)
+    assert got[0] == pytest.approx(exact[0], rel=0.01)
+    assert got[1] == pytest.approx(exact[1], rel=0.02)
+
+
+@pytest.mark.parametrize("dist", [lognormal, bimodal])
+def test_merged_digests_match_union(dist: object) -> None:
+    parts = [dist(2_000, seed) for seed in range(8)]  # type: ignore[operator]
+    merged = merge_digests([digest_to_dict(digest_of(p)) for p in parts[:4]]
+                           + [digest_of(p) for p in parts[4:]])
+    union = np.concatenate(parts)
+    got = digest_quantiles(merged, QS)
+    assert got is not None and merged.n_values == union.size
+    exact = np.quantile(union, QS)
+    assert got[0] == pytest.approx(exact[0], rel=0.01)
+    assert got[1] == pytest.approx(exact[1], rel=0.02)
+
+
+def test_digest_dict_round_trip_and_tdigest_package_compatibility() -> None:
+    import tdigest
+
+    values = lognormal(5_000, 3)
+    d = digest_of(values)
+    again = digest_from_dict(digest_to_dict(d))
+    assert again.quantile(0.99) == d.quantile(0.99)
+    other = tdigest.TDigest()
+    other.update_from_dict(digest_to_dict(d))
+    assert other.percentile(50) == pytest.approx(d.quantile(0.5), rel=0.01)
+
+
+def test_quantiles_switch_to_digest_above_limit() -> None:
+    values = lognormal(3_000, 4)
+    exact = quantiles(values, QS, exact_limit=10_000)
+    approx = quantiles(values, QS, exact_limit=1_000)
+    assert exact is not None and approx is not None
+    np.testing.assert_allclose(exact, np.quantile(values, QS), rtol=1e-12)
+    assert approx != exact
+    np.testing.assert_allclose(approx, exact, rtol=0.02)
+    assert digest_quantiles(merge_digests([]), QS) is None

@@ -1,0 +1,366 @@
+"""WindowStore: window content, judged samples, summaries, signals, snapshots."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from app.core.config import DetectorSettings
+from app.core.events import Heartbeat, SampleBatch
+from app.core.types import WindowSummary
+from app.core.window import WindowStore
+
+S = DetectorSettings(window_size=100, min_samples=10, max_sample_age_s=60.0)
+
+
+def mk(node: str, ts: Any, lat: Any, *, model: str = "m", ok: Any = None, probe: Any = None,
+       inp: Any = None, out: Any = None, ttft: Any = None, hw: str | None = None) -> SampleBatch:
+    t = np.atleast_1d(np.asarray(ts, dtype=np.float64))
+    n = t.size
+    lat_a = np.broadcast_to(np.asarray(lat, dtype=np.float64), (n,)).copy()
+
+    def flag(v: Any, default: bool) -> np.ndarray[Any, Any]:
+        return np.broadcast_to(np.asarray(default if v is None else v, dtype=bool), (n,)).copy()
+
+    def col(v: Any) -> np.ndarray[Any, Any] | None:
+        return None if v is None else np.broadcast_to(np.asarray(v, dtype=np.float64),
+                                                       (n,)).copy()
+
+    return SampleBatch(node, model, hw, t, lat_a, flag(ok, True), flag(probe, False), col(inp),
+                       col(out), col(ttft))
+
+
+def by_node(ws: list[WindowSummary]) -> dict[str, WindowSummary]:
+    return {w.node_id: w for w in ws}
+
+
+# ---------------------------------------------------------------- window content
+
+def test_window_keeps_last_n_ok_samples_across_tier_growth() -> None:
+    store = WindowStore(S)
+    lat = np.arange(1, 251, dtype=np.float64)
+    for i in range(0, 250, 7):
+        store.observe(mk("a", lat[i:i + 7], lat[i:i + 7]))
+    w = store.window("a", "m")
+    assert w is not None
+    assert w["latency_us"].tolist() == lat[-100:].tolist()
+    assert w["ts"].tolist() == lat[-100:].tolist()
+
+
+def test_failed_samples_are_counted_not_kept() -> None:
+    store = WindowStore(S)
+    store.observe(mk("a", [10, 11, 12, 13], [5, 6, 7, 8], ok=[True, False, True, False]))
+    w = store.window("a", "m")
+    assert w is not None and w["latency_us"].tolist() == [5.0, 7.0]
+    (s,) = store.summaries(20.0)
+    assert s.failed == 2 and s.samples == 2
+    (later,) = store.summaries(200.0)
+    assert later.failed == 0, "failures older than max_sample_age_s are not counted"
+
+
+def test_batch_larger_than_window_keeps_its_tail() -> None:
+    store = WindowStore(S)
+    store.observe(mk("a", [0.5], [1.0]))
+    ts = np.arange(1000, dtype=np.float64)
+    store.observe(mk("a", ts, ts + 1))
+    w = store.window("a", "m")
+    assert w is not None and w["latency_us"].tolist() == (ts[-100:] + 1).tolist()
+
+
+def test_sized_samples_after_unsized_keep_history_with_nan_sizes() -> None:
+    store = WindowStore(S)
+    store.observe(mk("a", [1, 2], [10, 20]))
+    store.observe(mk("a", [3], [30], out=[4], ttft=[1]))
+    w = store.window("a", "m")
+    assert w is not None
+    assert w["latency_us"].tolist() == [10.0, 20.0, 30.0]
+    np.testing.assert_array_equal(w["output_tokens"], [np.nan, np.nan, 4.0])
+    np.testing.assert_array_equal(w["input_tokens"], [np.nan, np.nan, np.nan])
+
+
+batches = st.lists(st.tuples(
+    st.lists(st.tuples(st.floats(1, 1e6, width=32), st.booleans(), st.booleans()),
+             min_size=0, max_size=40),
+    st.booleans()), max_size=25)
+
+
+@settings(max_examples=150, deadline=None)
+@given(window=st.sampled_from([10, 17, 100, 200]), plan=batches)
+def test_window_equals_last_n_observed_ok_samples(window: int,
+                                                  plan: list[tuple[list[Any], bool]]) -> None:
+    store = WindowStore(DetectorSettings(window_size=window, min_samples=1))
+    ref: list[tuple[float, float, bool, float]] = []
+    t = 0.0
+    for samples, sized in plan:
+        if not samples:
+            continue
+        ts = np.arange(t, t + len(samples))
+        t += len(samples)
+        lat = np.array([s[0] for s in samples])
+        ok = np.array([s[1] for s in samples])
+        probe = np.array([s[2] for s in samples])
+        out = (ts % 50) if sized else None
+        store.observe(mk("n", ts, lat, ok=ok, probe=probe, out=out))
+        for i in range(len(samples)):
+            if ok[i]:
+                ref.append((float(ts[i]), float(np.float32(lat[i])), bool(probe[i]),
+                            float(ts[i] % 50) if sized else np.nan))
+    expect = ref[-window:]
+    w = store.window("n", "m")
+    if not plan or all(not s for s, _ in plan):
+        assert w is None
+        return
+    assert w is not None
+    assert w["ts"].tolist() == [r[0] for r in expect]
+    assert w["latency_us"].tolist() == [r[1] for r in expect]
+    assert w["probe"].astype(bool).tolist() == [r[2] for r in expect]
+    if "output_tokens" in w:
+        np.testing.assert_array_equal(w["output_tokens"], [r[3] for r in expect])
+
+
+# ---------------------------------------------------------------- judged samples
+
+def test_summary_quantiles_equal_numpy_on_judged_samples() -> None:
+    rng = np.random.default_rng(1)
+    store = WindowStore(S)
+    ts = np.linspace(1, 100, 300)
+    lat = rng.lognormal(10, 0.5, 300)
+    store.observe(mk("a", ts, lat, hw="A100"))
+    (s,) = store.summaries(100.0)
+    tail = lat[-100:].astype(np.float32).astype(np.float64)
+    judged = tail[ts[-100:] > 40.0]
+    assert s.samples == judged.size
+    assert s.signal == "latency" and s.hardware == "A100"
+    assert s.p50 == pytest.approx(np.quantile(judged, 0.5), rel=1e-9)
+    assert s.p99 == pytest.approx(np.quantile(judged, 0.99), rel=1e-9)
+    assert s.latency_p50_us == s.p50 and s.latency_p99_us == s.p99
+    assert s.first_seen_ts == 1.0 and s.last_seen_ts == 100.0
+
+
+def test_clean_fast_path_equals_general_path() -> None:
+    rng = np.random.default_rng(2)
+    store = WindowStore(S)
+    for i in range(20):
+        store.observe(mk(f"n{i:02}", np.linspace(50, 99, 100), rng.lognormal(10, 1, 100)))
+    fast = store.summaries(100.0)
+    # A probe sample in one row forces the masked path for that slab.
+    store.observe(mk("n00", [99.5], [7.0], probe=[True]))
+    general = by_node(store.summaries(100.0))
+    for s in fast[1:]:
+        g = general[s.node_id]
+        assert (s.p50, s.p99, s.samples) == (g.p50, g.p99, g.samples)
+
+
+def test_samples_after_now_are_not_judged_yet() -> None:
+    store = WindowStore(S)
+    store.observe(mk("a", [10, 20, 30], [1, 2, 3]))
+    (s,) = store.summaries(20.0)
+    assert s.samples == 2 and s.p99 == pytest.approx(np.quantile([1, 2], 0.99))
+
+
+def test_age_bound_excludes_old_samples_of_quiet_node() -> None:
+    store = WindowStore(S)
+    store.observe(mk("a", np.arange(0, 50), 100.0))
+    store.observe(mk("a", [500.0], 900.0))
+    (s,) = store.summaries(510.0)
+    assert s.samples == 1 and s.p50 == 900.0
+    (gone,) = store.summaries(1000.0)
+    assert gone.samples == 0 and gone.p50 is None and gone.ratio is None
+
+
+def test_probes_are_reported_apart_and_not_judged() -> None:
+    store = WindowStore(S)
+    store.observe(mk("a", [1, 2, 3, 4], [10, 20, 500, 700], probe=[False, False, True, True]))
+    (s,) = store.summaries(10.0)
+    assert s.samples == 2 and s.p50 == 15.0
+    assert s.probe_samples == 2 and s.probe_p50 == 600.0
+    assert s.probe_p99 == pytest.approx(np.quantile([500, 700], 0.99))
+
+
+def test_judge_since_uses_all_ok_samples_since_cutoff() -> None:
+    store = WindowStore(S)
+    store.observe(mk("a", [1, 2], [1000, 1000]))
+    store.observe(mk("a", [5, 6, 7], [10, 20, 30], probe=True))
+    store.observe(mk("b", [5, 6, 7], [10, 20, 30], probe=True))
+    got = by_node(store.summaries(10.0, {("a", "m"): 5.0, ("zz", "m"): 1.0}))
+    assert got["a"].samples == 3 and got["a"].p50 == 20.0
+    assert got["a"].extra["judged_since"] == 5.0
+    assert got["b"].samples == 0 and "judged_since" not in got["b"].extra
+
+
+def test_heartbeat_only_series_is_known_without_samples() -> None:
+    store = WindowStore(S)
+    store.observe_heartbeat(Heartbeat("idle", "m", "A10", 42.0))
+    store.observe_heartbeat(Heartbeat("idle", "m", None, 50.0))
+    assert store.series_count() == 1 and ("idle", "m") in store
+    (s,) = store.summaries(60.0)
+    assert (s.samples, s.p50, s.hardware, s.first_seen_ts, s.last_seen_ts) == \
+        (0, None, "A10", 42.0, 50.0)
+
+
+def test_forget_and_order() -> None:
+    store = WindowStore(S)
+    for node, model in [("b", "y"), ("a", "y"), ("c", "x")]:
+        store.observe(mk(node, [1.0], [5.0], model=model))
+    assert [(s.model, s.node_id) for s in store.summaries(2.0)] == \
+        [("x", "c"), ("y", "a"), ("y", "b")]
+    assert store.forget("a", "y") and not store.forget("a", "y")
+    assert store.series_count() == 2
+    assert store.window("a", "y") is None
+    store.observe(mk("a", [1.5], [9.0], model="y"))
+    w = store.window("a", "y")
+    assert w is not None and w["latency_us"].tolist() == [9.0]
+
+
+def test_summaries_do_not_change_the_store() -> None:
+    store = WindowStore(S)
+    store.observe(mk("a", np.arange(50.0), np.arange(1, 51.0), out=np.arange(50) % 9, ttft=0.5))
+    first = store.summaries(40.0, {("a", "m"): 10.0}, digests=True)
+    assert store.summaries(40.0, {("a", "m"): 10.0}, digests=True) == first
+
+
+def test_digest_extra_is_mergeable_dict() -> None:
+    from app.core.quantiles import digest_from_dict
+
+    store = WindowStore(S)
+    store.observe(mk("a", np.arange(100.0), np.arange(1, 101.0)))
+    (s,) = store.summaries(99.0, digests=True)
+    d = digest_from_dict(s.extra["digest"])
+    assert d.n_values == 60 and d.quantile(0.5) == pytest.approx(70.5, rel=0.02)
+
+
+# ---------------------------------------------------------------- signals in the store
+
+def llm_batch(node: str, rng: np.random.Generator, n: int, tpot: float, *, t0: float = 1.0,
+              with_ttft: bool = True, model: str = "llm") -> SampleBatch:
+    out = rng.integers(2, 400, n).astype(np.float64)
+    inp = rng.integers(10, 3000, n).astype(np.float64)
+    ttft = 50_000 + 20.0 * inp
+    lat = (ttft + tpot * out) * rng.lognormal(0, 0.05, n)
+    ttft = np.minimum(ttft, lat)
+    return mk(node, np.linspace(t0, t0 + 50, n), lat, model=model, inp=inp, out=out,
+              ttft=ttft if with_ttft else None)
+
+
+@pytest.mark.parametrize(("configured", "with_ttft", "expect"), [
+    ("auto", True, "tpot"),
+    ("auto", False, "normalized"),
+    ("latency", True, "latency"),
+    ("normalized", True, "normalized"),
+    ("tpot", True, "tpot"),
+])
+def test_signal_choice(configured: str, with_ttft: bool, expect: str) -> None:
+    rng = np.random.default_rng(3)
+    store = WindowStore(S.replace(signal=configured))
+    for i in range(4):
+        store.observe(llm_batch(f"n{i}", rng, 100, 30_000.0, with_ttft=with_ttft))
+    store.observe(mk("plain", np.linspace(1, 50, 100), 10_000.0, model="embed"))
+    got = store.summaries(60.0)
+    llm = [s for s in got if s.model == "llm"]
+    assert {s.signal for s in llm} == {expect}
+    assert all(s.samples == 100 and s.p50 is not None for s in llm)
+    embed = next(s for s in got if s.model == "embed")
+    if configured == "auto" or configured == "latency":
+        assert embed.signal == "latency" and embed.p50 == 10_000.0
+    else:
+        assert embed.signal == configured and embed.p50 is None and embed.samples == 0
+        assert embed.latency_p50_us == 10_000.0
+
+
+def test_model_signals_override_one_model() -> None:
+    rng = np.random.default_rng(4)
+    store = WindowStore(S.replace(model_signals="llm=latency"))
+    store.observe(llm_batch("n0", rng, 100, 30_000.0))
+    store.observe(llm_batch("n0", rng, 100, 30_000.0, model="other"))
+    got = {s.model: s.signal for s in store.summaries(60.0)}
+    assert got == {"llm": "latency", "other": "tpot"}
+
+
+@pytest.mark.parametrize("with_ttft", [True, False])
+def test_llm_signal_tames_request_mix_and_flags_slow_node(with_ttft: bool) -> None:
+    rng = np.random.default_rng(5)
+    store = WindowStore(S)
+    for i in range(8):
+        store.observe(llm_batch(f"n{i}", rng, 100, 75_000.0 if i == 3 else 30_000.0,
+                                with_ttft=with_ttft))
+    got = by_node(store.summaries(60.0))
+    healthy = [got[f"n{i}"] for i in range(8) if i != 3]
+    slow = got["n3"]
+    raw_ratio = np.median([s.latency_p99_us / s.latency_p50_us for s in healthy])  # type: ignore[operator]
+    assert raw_ratio > 2.0
+    for s in healthy:
+        assert s.ratio is not None and s.ratio < raw_ratio
+    peers = np.median([s.p50 for s in healthy])  # type: ignore[misc]
+    assert slow.p50 is not None and slow.p50 > 2.0 * peers
+    if not with_ttft:
+        assert slow.signal == "normalized"
+        assert all(0.8 < s.p50 < 1.25 for s in healthy)  # type: ignore[operator]
+        fit = slow.extra["fleet_fit"]
+        assert fit["nodes"] == 8 and fit["b_us_per_token"] == pytest.approx(30_000, rel=0.1)
+
+
+def test_quarantined_node_does_not_vote_in_the_fleet_fit() -> None:
+    rng = np.random.default_rng(6)
+    store = WindowStore(S)
+    for i in range(4):
+        store.observe(llm_batch(f"n{i}", rng, 100, 30_000.0, with_ttft=False))
+    got = store.summaries(60.0, {("n0", "llm"): 0.0})
+    assert got[0].extra["fleet_fit"]["nodes"] == 3
+
+
+# ---------------------------------------------------------------- snapshot / restore
+
+def test_snapshot_is_json_and_restores_identically() -> None:
+    rng = np.random.default_rng(7)
+    store = WindowStore(S)
+    store.observe(llm_batch("n0", rng, 150, 30_000.0))
+    store.observe(mk("p", [1, 2, 3, 4], [5, 6, 7, 8], ok=[True, False, True, True],
+                     probe=[False, False, True, False], hw="A10"))
+    store.observe_heartbeat(Heartbeat("idle", "m", "H100", 3.0))
+    snap = json.loads(json.dumps(store.snapshot(), allow_nan=False))
+    other = WindowStore(S)
+    other.restore(snap)
+    assert other.summaries(60.0) == store.summaries(60.0)
+    more = llm_batch("n0", rng, 30, 30_000.0, t0=60.0)
+    for st_ in (store, other):
+        st_.observe(more)
+        st_.observe(mk("p", [70.0], [1.0]))
+    assert other.summaries(120.0) == store.summaries(120.0)
+    assert other.snapshot() == store.snapshot()
+
+
+def test_restore_into_smaller_window_keeps_newest() -> None:
+    store = WindowStore(S)
+    store.observe(mk("a", np.arange(100.0), np.arange(1, 101.0)))
+    small = WindowStore(DetectorSettings(window_size=10, min_samples=1))
+    small.restore(store.snapshot())
+    w = small.window("a", "m")
+    assert w is not None and w["latency_us"].tolist() == list(range(91, 101))
+
+
+def test_restore_rejects_unknown_version() -> None:
+    with pytest.raises(ValueError, match="version"):
+        WindowStore(S).restore({"version": 99, "series": []})
+
+
+@settings(max_examples=60, deadline=None)
+@given(plan=st.lists(st.tuples(st.sampled_from(["a", "b", "c"]),
+                               st.lists(st.floats(1, 1e6), min_size=1, max_size=60),
+                               st.booleans(), st.booleans()), max_size=12),
+       now=st.floats(0, 400))
+def test_snapshot_round_trip_property(plan: list[tuple[str, list[float], bool, bool]],
+                                      now: float) -> None:
+    store = WindowStore(S)
+    t = 0.0
+    for node, lats, probe, sized in plan:
+        ts = t + np.arange(len(lats))
+        t += len(lats)
+        store.observe(mk(node, ts, lats, probe=probe, out=(ts % 7) if sized else None))
+    other = WindowStore(S)
+    other.restore(json.loads(json.dumps(store.snapshot())))
+    assert other.summaries(now) == store.summaries(now)
