@@ -20,6 +20,7 @@ import yaml
 
 from app import cli
 from app.settings import env_names, load
+from app.sim import scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -170,6 +171,11 @@ def test_sim_profile_wiring(services: dict[str, dict[str, Any]]) -> None:
     assert sorted(backends.values()) == [f"http://simulator:{base_port + i}" for i in range(len(backends))]
     load = image_command(services["load"])
     assert load[load.index("--target") + 1] == "http://proxy:" + proxy[proxy.index("--listen") + 1].split(":")[1]
+    # The scenario the simulator runs exists in the image (COPY . .), its nodes are the proxy's
+    # backends, and the load generator asks for one of its models.
+    sc = scenario.load(ROOT / sim[3])
+    assert sorted(backends) == sorted(n.node_id for n in sc.nodes)
+    assert load[load.index("--model") + 1] in {m.name for m in sc.models}
 
 
 def test_dockerfile_installs_the_package_and_runs_the_worker_by_default() -> None:
