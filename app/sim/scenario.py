@@ -107,8 +107,13 @@ class ScenarioError(SimError):
 
     def __init__(self, file: str, key: str, value: object, allowed: str) -> None:
         self.file, self.key, self.value, self.allowed = file, key, value, allowed
-        shown = "missing" if value is _MISSING else f"{value!r}"
-        super().__init__(f"{file}: {key} = {shown} is not allowed: expected {allowed}")
+        if key.startswith("("):           # the file as a whole: unreadable, not TOML
+            text = f"{file}: {value}; expected {allowed}"
+        elif value is _MISSING:
+            text = f"{file}: {key} is missing: expected {allowed}"
+        else:
+            text = f"{file}: {key} = {value!r} is not allowed: expected {allowed}"
+        super().__init__(text)
 
 
 _MISSING = object()
@@ -382,7 +387,7 @@ def load(path: str | Path) -> Scenario:
     try:
         text = p.read_text(encoding="utf-8")
     except OSError as e:
-        raise ScenarioError(str(p), "(file)", str(p), f"a readable file ({e.strerror})") from None
+        raise ScenarioError(str(p), "(file)", f"cannot read it ({e.strerror})", "a scenario file (TOML)") from None
     return loads(text, source=str(p), default_name=p.stem)
 
 
@@ -391,7 +396,7 @@ def loads(text: str, *, source: str = "<scenario>", default_name: str = "scenari
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise ScenarioError(source, "(syntax)", str(e), "valid TOML") from None
+        raise ScenarioError(source, "(syntax)", f"not valid TOML ({e})", "TOML (see scenarios/*.toml)") from None
     return _parse(_Reader(source, data), default_name)
 
 
