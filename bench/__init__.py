@@ -1,0 +1,1 @@
+"""Benchmarks (run by scripts/bench); numbers are ratios against alternatives in the same run."""
