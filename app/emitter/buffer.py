@@ -23,9 +23,14 @@ handful per process (one node × the models it serves).
 from __future__ import annotations
 
 import collections
+import heapq
 from collections.abc import Iterable
 
 from app.emitter.wire import SEQ, T_IN, Sample, SeriesKey
+
+
+def _seq(s: Sample) -> int:
+    return s[SEQ]
 
 
 class SeriesBuffer:
@@ -66,13 +71,22 @@ class SeriesBuffer:
         return n == 1 or n == self.max_batch
 
     def requeue(self, key: SeriesKey, samples: Iterable[Sample]) -> None:
-        """Put samples whose send failed back at the head of their series."""
+        """Put samples whose send failed back into their series, in sequence order.
+
+        Failed messages may come back in any order; merging by sequence number
+        keeps each series in arrival order (so the head is its oldest sample).
+        """
+        back = list(samples)
+        if not back:
+            return
         q = self._series.get(key)
-        if q is None:
-            q = self._series[key] = collections.deque()
-        before = len(q)
-        q.extendleft(reversed(list(samples)))
-        self.total += len(q) - before
+        if q is None or not q or back[-1][SEQ] < q[0][SEQ]:
+            if q is None:
+                q = self._series[key] = collections.deque()
+            q.extendleft(reversed(back))
+        else:
+            q = self._series[key] = collections.deque(heapq.merge(back, q, key=_seq))
+        self.total += len(back)
         while self.total > self.max_buffered:
             self._drop_oldest()
 
