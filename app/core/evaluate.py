@@ -73,7 +73,6 @@ from app.core.types import (
 BASELINE_HALF_LIFE_S = 600.0
 BASELINE_SHIFT_FACTOR = 2.0
 BASELINE_CLEAR_FACTOR = 1.5
-_TIMED_STATES = frozenset({HealthState.WARMING, HealthState.UNHEALTHY, HealthState.QUARANTINED})
 
 
 def median(values: Sequence[float]) -> float:
@@ -159,10 +158,22 @@ class FleetEvaluator:
                 out[(node, model)] = since
         return out
 
-    def waiting_on_time(self) -> bool:
-        """True when some pair would change with time alone (warm-up, quarantine, probing)."""
-        return any(p.state in _TIMED_STATES for ms in self._models.values()
-                   for p in ms.pairs.values())
+    def waiting_on_time(self, now_s: float) -> bool:
+        """True when some pair may change after ``now_s`` with no new samples at all.
+
+        Warming pairs (warm-up ends), ejected-unhealthy ones (quarantine starts)
+        and quarantined ones whose back-off has not passed. A quarantined pair
+        past its back-off that got no verdict lacks probe samples, and only new
+        samples can change that.
+        """
+        for ms in self._models.values():
+            for p in ms.pairs.values():
+                s = p.state
+                if s is HealthState.WARMING or (s is HealthState.UNHEALTHY and not p.routed):
+                    return True
+                if s is HealthState.QUARANTINED and (p.probe_after_ts or 0.0) > now_s:
+                    return True
+        return False
 
     def judge_since_all(self, now_s: float) -> dict[tuple[str, str], float]:
         out: dict[tuple[str, str], float] = {}

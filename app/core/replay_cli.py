@@ -136,7 +136,7 @@ def replay(lines: Iterable[bytes | str], settings: DetectorSettings,
             stats.transitions += len(res.transitions)
             stats.fleet_events += len(res.fleet_events)
             silent = not out and now - seen_max > quiet_after_s
-            if silent and quiet_tick and not det.evaluator.waiting_on_time():
+            if silent and quiet_tick and not det.evaluator.waiting_on_time(now):
                 skip_to = max(k + 1, math.floor(upto_ts / interval))
                 stats.skipped_ticks += skip_to - k - 1
                 k = skip_to
