@@ -70,7 +70,11 @@ def row_quantiles(matrix: FloatArray, counts: npt.NDArray[np.int64],
     counts = np.asarray(counts, dtype=np.int64)
     parts = [_ranks(counts, q) for q in qs]
     kth = np.unique(np.concatenate([np.concatenate((lo, hi)) for lo, hi, _ in parts]))
-    if kth.size <= _MAX_KTH:
+    if matrix.dtype == np.float32 and not (matrix < 0).any():
+        # Non-negative IEEE floats order like their bit patterns: the SIMD integer
+        # sort is the fastest exact selection numpy has for many short rows.
+        matrix.view(np.int32).sort(axis=1)
+    elif kth.size <= _MAX_KTH:
         matrix.partition(kth, axis=1)
     else:
         matrix.sort(axis=1)
