@@ -21,10 +21,18 @@ latency-event contract in ARCHITECTURE.md.
 
 from app.emitter.emitter import MAX_BATCH, EmitterStats, LatencyEmitter, Producer
 from app.emitter.errors import EmitterError, EmitterStartError
-from app.emitter.middleware import PROBE_HEADER, LatencyMiddleware, Recorder, RequestInfo, aiohttp_middleware
+from app.emitter.middleware import (
+    AIOHTTP_INFO_KEY,
+    PROBE_HEADER,
+    LatencyMiddleware,
+    Recorder,
+    RequestInfo,
+    aiohttp_middleware,
+)
 from app.emitter.sync import SyncEmitter
 
 __all__ = [
+    "AIOHTTP_INFO_KEY",
     "MAX_BATCH",
     "PROBE_HEADER",
     "EmitterError",

@@ -13,14 +13,15 @@ chunk was handed to the server — and call ``emitter.record()``. Guarantees:
   ``Request``, ASGI ``scope``) returning the model name, or ``None`` to leave
   the request unrecorded (health checks, metrics).
 * A handler can refine the record through the :class:`RequestInfo` the
-  middleware attaches to the request — ``request["tailguard"]`` in aiohttp,
-  ``request.state.tailguard`` in Starlette/FastAPI (``scope["state"]["tailguard"]``
-  in plain ASGI): token counts, TTFT, the model, ``ok``, or ``skip``.
+  middleware attaches to the request — ``request[AIOHTTP_INFO_KEY]`` in
+  aiohttp, ``request.state.tailguard`` in Starlette/FastAPI
+  (``scope["state"]["tailguard"]`` in plain ASGI): token counts, TTFT, the
+  model, ``ok``, or ``skip``.
 * Telemetry never breaks a request: a value the emitter rejects is logged
   and the response goes out unchanged.
 
-The ASGI middleware imports nothing from FastAPI or Starlette; the aiohttp one
-imports aiohttp only when :func:`aiohttp_middleware` is called.
+The ASGI middleware imports nothing from FastAPI or Starlette (aiohttp is a
+dependency of tailguard itself).
 """
 
 from __future__ import annotations
@@ -32,8 +33,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
-if TYPE_CHECKING:
-    from aiohttp import web
+from aiohttp import web
 
 log = logging.getLogger("tailguard.emitter")
 
@@ -66,6 +66,13 @@ class RequestInfo:
     ttft_us: float | None = None
     ok: bool | None = None            # overrides the status-based verdict
     skip: bool = False                # do not record this request
+
+
+# The key of the RequestInfo in an aiohttp request: ``request[AIOHTTP_INFO_KEY].output_tokens = n``.
+if TYPE_CHECKING or hasattr(web, "RequestKey"):  # noqa: SIM108 (mypy sees one type only as a statement)
+    AIOHTTP_INFO_KEY = web.RequestKey(INFO_KEY, RequestInfo)
+else:  # aiohttp < 3.13: plain string keys
+    AIOHTTP_INFO_KEY = INFO_KEY
 
 
 def default_is_ok(status: int) -> bool:
@@ -101,8 +108,6 @@ def aiohttp_middleware(
 ) -> Callable[[web.Request, Callable[[web.Request], Awaitable[web.StreamResponse]]],
               Awaitable[web.StreamResponse]]:
     """An aiohttp middleware recording every request's latency: ``web.Application(middlewares=[…])``."""
-    from aiohttp import web
-
     model_of = model if callable(model) else (lambda _request: model)
 
     @web.middleware
@@ -111,7 +116,7 @@ def aiohttp_middleware(
     ) -> web.StreamResponse:
         start_ns = time.perf_counter_ns()
         info = RequestInfo()
-        request[INFO_KEY] = info
+        request[AIOHTTP_INFO_KEY] = info
         probe = request.headers.get(PROBE_HEADER, "").strip() == "1"
         try:
             response = await handler(request)
