@@ -1,0 +1,124 @@
+"""`tailguard worker` end to end against the real Kafka and Redis.
+
+A slow node leaves the routing set and its health changes appear on the
+topic; events produced by an independent client (kcat) are consumed, and
+malformed ones end on the dead-letter topic while the good ones are used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+from worker_harness import Feeder, Worker, WorkerEnv, health_events, read_topic, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
+
+NODES = ["n0", "n1", "n2", "n3", "slow"]
+
+
+async def routing(r: aioredis.Redis, prefix: str, model: str) -> set[str]:
+    return {m.decode() for m in await r.smembers(f"{prefix}:routing:{model}")}
+
+
+async def test_slow_node_leaves_routing_and_health_change_is_published(
+        kafka_bootstrap: str, redis_url: str, unique_name: Callable[[str], str],
+        tmp_path: Path) -> None:
+    env = WorkerEnv(unique_name("w"), kafka_bootstrap, redis_url)
+    await env.create_topics()
+    r = aioredis.Redis.from_url(redis_url)
+    worker = Worker(env.environ(), tmp_path / "worker.log")
+    try:
+        async with Feeder(kafka_bootstrap, env.topic("latency_events"), {"llm": NODES},
+                          slow={("slow", "llm")}):
+            async def slow_out() -> bool:
+                got = await routing(r, env.name, "llm")
+                return got == {"n0", "n1", "n2", "n3"}
+            await wait_for(slow_out, 60, "the slow node to leave the routing set", worker.tail)
+
+            async def quarantined() -> list[dict[str, object]]:
+                return [e for e in await health_events(kafka_bootstrap, env)
+                        if e["node_id"] == "slow" and e["to"] == "quarantined"]
+            await wait_for(quarantined, 20, "the quarantine event", worker.tail)
+        events = await health_events(kafka_bootstrap, env)
+        slow = [e for e in events if e["node_id"] == "slow"]
+        path = [(e["from"], e["to"]) for e in slow]
+        assert ("suspect", "unhealthy") in path and ("unhealthy", "quarantined") in path, path
+        unhealthy = next(e for e in slow if e["to"] == "unhealthy")
+        assert unhealthy["routed"] is False and unhealthy["model"] == "llm"
+        assert unhealthy["reason"] == "relative_p50"
+        assert unhealthy["p50_us"] > 2 * unhealthy["peers_p50"]
+        assert unhealthy["samples"] >= 50 and len(unhealthy["event_id"]) == 32
+        assert not [e for e in events if e["node_id"] != "slow" and e["routed"] is False]
+        # A diagnostics request was published for the node that became unhealthy, keyed by node.
+        reqs = await read_topic(kafka_bootstrap, env.topic("diagnostics_requests"))
+        assert [(rec.key, json.loads(rec.value)["node_id"]) for rec in reqs] == [(b"slow", "slow")]
+        assert worker.proc.poll() is None, worker.tail()
+    finally:
+        worker.stop()
+        await r.aclose()
+
+
+def kcat_produce(kafka: str, topic: str, lines: list[str]) -> None:
+    # Tab as key delimiter: the key itself is "node|model".
+    subprocess.run(["kcat", "-P", "-b", kafka, "-t", topic, "-K", "\t"],
+                   input="\n".join(lines) + "\n", text=True, check=True, timeout=30)
+
+
+async def test_kcat_events_are_used_and_malformed_ones_dead_lettered(
+        kafka_bootstrap: str, redis_url: str, unique_name: Callable[[str], str],
+        tmp_path: Path) -> None:
+    env = WorkerEnv(unique_name("kcat"), kafka_bootstrap, redis_url)
+    topic = env.topic("latency_events")
+    bad = ['{"node_id": "n0", "model": "emb", "latency_us": -3, "ts": %TS%}',
+           "this is not json",
+           '{"node_id": "n0", "model": "emb", "samples": "nope"}',
+           '{"type": "weird", "node_id": "n0", "model": "emb"}']
+    await env.create_topics()
+    r = aioredis.Redis.from_url(redis_url)
+    worker = Worker(env.environ(), tmp_path / "worker.log")
+    try:
+        sent_bad = 0
+        async def routed_without_slow() -> bool:
+            return await routing(r, env.name, "emb") == {"n0", "n1", "n2", "n3"}
+        deadline = time.monotonic() + 60
+        while not await routed_without_slow():
+            assert time.monotonic() < deadline, "slow node never left routing\n" + worker.tail()
+            now = time.time()
+            lines = []
+            for node in NODES:
+                base = 3000 if node == "slow" else 1000
+                for i in range(20):
+                    ev = {"node_id": node, "model": "emb", "ts": now,
+                          "latency_us": base * (1 + 0.1 * ((i * 7) % 5)), "ok": True}
+                    lines.append(f"{node}|emb\t{json.dumps(ev)}")
+            for b in bad:
+                lines.append(f"n0|emb\t{b.replace('%TS%', str(now))}")
+                sent_bad += 1
+            await asyncio.to_thread(kcat_produce, kafka_bootstrap, topic, lines)
+            await asyncio.sleep(0.5)
+
+        async def all_dead() -> list[object]:
+            recs = await read_topic(kafka_bootstrap, env.topic("dead_letter"))
+            return recs if len(recs) >= sent_bad else []
+        dead = await wait_for(all_dead, 20, f"{sent_bad} dead letters", worker.tail)
+        reasons = {dict(rec.headers)["tailguard.reason"].decode() for rec in dead}
+        assert reasons == {"bad_latency", "bad_json", "bad_batch", "unknown_form"}
+        first = dead[0]
+        h = dict(first.headers)
+        assert h["tailguard.topic"].decode() == topic
+        assert int(h["tailguard.offset"]) >= 0 and int(h["tailguard.partition"]) in range(4)
+        assert first.key == b"n0|emb"
+        assert first.value.decode() in {b.split("%TS%")[0] for b in bad} or \
+            any(first.value.decode().startswith(b.split("%TS%")[0]) for b in bad)
+        assert "bad input at" in worker.log()
+        assert worker.proc.poll() is None, worker.tail()
+    finally:
+        worker.stop()
+        await r.aclose()

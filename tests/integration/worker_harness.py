@@ -1,0 +1,214 @@
+"""Helpers for the worker's integration tests: run `tailguard worker` as a subprocess
+against the real Kafka and Redis, feed it latency events, read its topics.
+
+Every test gets its own app id, topics and Redis key prefix (``unique_name``),
+so tests can run concurrently with others on the shared stack.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+
+ROOT = Path(__file__).resolve().parents[2]
+TOPIC_FIELDS = ("latency_events", "window_stats", "health_changes", "fleet_events",
+                "diagnostics_requests", "diagnostics_results", "dead_letter")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class WorkerEnv:
+    """The TAILGUARD_* environment of one test's workers."""
+
+    name: str
+    kafka: str
+    redis_url: str
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def topic(self, fld: str) -> str:
+        return f"{self.name}-{fld.replace('_', '-')}"
+
+    async def create_topics(self) -> None:
+        """Create the test's topics up front (the feeder may start before the worker)."""
+        from app.settings import load
+        from app.streaming.topics import ensure_topics
+
+        env = {k: v for k, v in self.environ().items() if k.startswith("TAILGUARD_")}
+        await ensure_topics(load(env))
+
+    def environ(self, **more: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TAILGUARD_")}
+        env.update({
+            "TAILGUARD_KAFKA_BOOTSTRAP": self.kafka,
+            "TAILGUARD_REDIS_URL": self.redis_url,
+            "TAILGUARD_APP_ID": self.name,
+            "TAILGUARD_KEY_PREFIX": self.name,
+            "TAILGUARD_TOPIC_PARTITIONS": "4",
+            "TAILGUARD_METRICS_PORT": "0",
+            "TAILGUARD_WEB_PORT": "0",
+            "TAILGUARD_LOG_LEVEL": "info",
+            # 1 s ticks, no warm-up, 2 windows to confirm, long back-off: a
+            # quarantined node stays quarantined for the whole test.
+            "TAILGUARD_TICK_INTERVAL_S": "1",
+            "TAILGUARD_WARMUP_S": "0",
+            "TAILGUARD_CONFIRM_WINDOWS": "2",
+            "TAILGUARD_MIN_SAMPLES": "50",
+            "TAILGUARD_BACKOFF_INITIAL_S": "900",
+            "TAILGUARD_BACKOFF_MAX_S": "900",
+        })
+        for fld in TOPIC_FIELDS:
+            env[f"TAILGUARD_TOPIC_{fld.upper()}"] = self.topic(fld)
+        env.update(self.extra)
+        env.update(more)
+        return env
+
+
+class Worker:
+    """One `python -m app.cli worker` subprocess with its log file."""
+
+    def __init__(self, env: dict[str, str], log_path: Path) -> None:
+        self.log_path = log_path
+        self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen([sys.executable, "-m", "app.cli", "worker"], cwd=ROOT,
+                                     env=env, stdout=self._log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def tail(self, n: int = 40) -> str:
+        return "\n".join(self.log().splitlines()[-n:])
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+        self._log.close()
+
+    def stop(self, timeout_s: float = 20.0) -> int | None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self._log.close()
+        return self.proc.returncode
+
+
+async def wait_for(pred: Callable[[], Awaitable[Any]], timeout_s: float, what: str,
+                   on_fail: Callable[[], str] = lambda: "", every_s: float = 0.25) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = await pred()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}\n{on_fail()}")
+        await asyncio.sleep(every_s)
+
+
+class Feeder:
+    """Publishes batch-form latency events for a set of nodes every ``period_s``.
+
+    ``slow``: nodes whose latency is 3× the others' (P50 far above the peers').
+    """
+
+    def __init__(self, kafka: str, topic: str, models: dict[str, list[str]],
+                 slow: set[tuple[str, str]] | None = None, period_s: float = 0.25,
+                 per_batch: int = 25) -> None:
+        self.kafka, self.topic, self.models = kafka, topic, models
+        self.slow = set(slow or ())
+        self.period_s, self.per_batch = period_s, per_batch
+        self._task: asyncio.Task[None] | None = None
+        self.sent = 0
+        self.rng = random.Random(7)
+
+    def check(self) -> None:
+        """Raise the feeder's own failure, if it failed."""
+        if self._task is not None and self._task.done() and not self._task.cancelled():
+            self._task.result()
+
+    async def __aenter__(self) -> Feeder:
+        self._producer = AIOKafkaProducer(bootstrap_servers=self.kafka, linger_ms=5)
+        await self._producer.start()
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        await self._producer.stop()
+
+    async def _run(self) -> None:
+        while True:
+            now = time.time()
+            for model, nodes in self.models.items():
+                for node in nodes:
+                    base = 3000.0 if (node, model) in self.slow else 1000.0
+                    samples = [[now, base * self.rng.lognormvariate(0, 0.15)]
+                               for _ in range(self.per_batch)]
+                    await self._producer.send(self.topic, json.dumps(
+                        {"node_id": node, "model": model, "hardware": "A100",
+                         "samples": samples}).encode(), key=f"{node}|{model}".encode())
+                    self.sent += 1
+            await asyncio.sleep(self.period_s)
+
+
+async def read_topic(kafka: str, topic: str, timeout_s: float = 10.0) -> list[Any]:
+    """Every record of ``topic`` up to its end offsets now (no consumer group)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka)
+    await admin.start()
+    try:
+        (desc,) = await admin.describe_topics([topic])
+    finally:
+        await admin.close()
+    parts = [p["partition"] for p in desc.get("partitions", [])]
+    c = AIOKafkaConsumer(bootstrap_servers=kafka, enable_auto_commit=False)
+    await c.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in parts]
+        if not tps:
+            return []
+        c.assign(tps)
+        await c.seek_to_beginning(*tps)
+        end = await c.end_offsets(tps)
+        out: list[Any] = []
+        deadline = time.monotonic() + timeout_s
+        while any([await c.position(tp) < end[tp] for tp in tps]):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"could not read {topic} to its end in {timeout_s} s")
+            batches = await c.getmany(timeout_ms=500)
+            for recs in batches.values():
+                out.extend(recs)
+        return out
+    finally:
+        await c.stop()
+
+
+async def health_events(kafka: str, env: WorkerEnv) -> list[dict[str, Any]]:
+    recs = await read_topic(kafka, env.topic("health_changes"))
+    return [json.loads(r.value) for r in sorted(recs, key=lambda r: (r.timestamp, r.offset))]
