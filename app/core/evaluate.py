@@ -51,6 +51,7 @@ the current peers.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -265,6 +266,11 @@ class FleetEvaluator:
             self._guard(model, pairs, now_s, transitions, diagnostics)
 
         routing = frozenset(n for n, p in pairs.items() if p.routed)
+        # The contract: ``routed`` is membership of the routing set after the tick, also for
+        # a pair that moved twice in one tick (first seen, then confirmed at once).
+        transitions = [t if t.routed == (t.node_id in routing)
+                       else dataclasses.replace(t, routed=t.node_id in routing)
+                       for t in transitions]
         quarantine = {n: (p.probe_after_ts if p.probe_after_ts is not None else now_s)
                       for n, p in pairs.items()
                       if not p.routed and p.state is not HealthState.RETIRED}
