@@ -64,7 +64,6 @@ Format (all times are seconds since the scenario's start)::
 
 from __future__ import annotations
 
-import importlib
 import math
 import tomllib
 from collections.abc import Mapping
@@ -273,20 +272,10 @@ class Scenario:
 
 @cache
 def request_sizes(trace: str) -> RequestSizes:
-    """The shipped Azure LLM trace ``trace`` ("conv" or "code") as a size table.
+    """The shipped Azure LLM trace ``trace`` ("conv" or "code") as a size table."""
+    from app.data import load_request_sizes
 
-    Uses ``app.data.load_request_sizes`` (the package's data loader); reads
-    the CSV next to it directly when that loader is not there.
-    """
-    if trace not in TRACES:
-        raise ValueError(f"trace must be one of {', '.join(TRACES)}, got {trace!r}")
-    data = importlib.import_module("app.data")
-    loader = getattr(data, "load_request_sizes", None)
-    if loader is not None:
-        tokens: IntArray = np.asarray(loader(trace), dtype=np.int64)
-    else:
-        csv = Path(next(iter(data.__path__))) / f"AzureLLMInferenceTrace_{trace}.csv"
-        tokens = np.loadtxt(csv, delimiter=",", skiprows=1, usecols=(1, 2), dtype=np.int64, ndmin=2)
+    tokens: IntArray = np.asarray(load_request_sizes(trace), dtype=np.int64)
     return RequestSizes(trace, tokens)
 
 
