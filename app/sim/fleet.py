@@ -98,12 +98,13 @@ class SimNode:
         """One request of ``model`` at the current scenario time (no sleeping)."""
         lat = self._models[model]
         sizes = None
-        if isinstance(lat.base, LLM) and output_tokens is not None:
-            if input_tokens is None:
-                inp, _ = lat.base.sizes.draw(self._rng, 1)
-            else:
+        if isinstance(lat.base, LLM) and (input_tokens is not None or output_tokens is not None):
+            inp, out = lat.base.sizes.draw(self._rng, 1)      # the trace fills in what is not given
+            if input_tokens is not None:
                 inp = np.array([input_tokens], dtype=np.int64)
-            sizes = (inp, np.array([output_tokens], dtype=np.int64))
+            if output_tokens is not None:
+                out = np.array([output_tokens], dtype=np.int64)
+            sizes = (inp, out)
         d = lat.sample(self._rng, [self._now_s()], sizes)
         llm = model in self._llm and d.input_tokens is not None and d.output_tokens is not None
         return Served(
