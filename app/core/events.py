@@ -249,15 +249,26 @@ def _single(d: Mapping[str, Any], fut_limit: float, max_lat: float,
     probe = d.get("probe", False)
     if type(probe) is not bool:
         probe = _flag(d, "probe", False)
-    if d.get("input_tokens") is None and d.get("output_tokens") is None \
-            and d.get("ttft_us") is None:
-        return node, model, hw, (float(ts), float(lat), ok, probe, _NAN, _NAN, _NAN)
-    inp = _tokens(d, "input_tokens")
-    out = _tokens(d, "output_tokens")
+    inp = d.get("input_tokens")
+    out = d.get("output_tokens")
     ttft = d.get("ttft_us")
+    if inp is None and out is None and ttft is None:
+        return node, model, hw, (float(ts), float(lat), ok, probe, _NAN, _NAN, _NAN)
+    if inp is None:
+        inp = _NAN
+    elif type(inp) is int and 0 <= inp <= MAX_TOKENS:
+        inp = float(inp)
+    else:
+        inp = _tokens(d, "input_tokens")
+    if out is None:
+        out = _NAN
+    elif type(out) is int and 0 <= out <= MAX_TOKENS:
+        out = float(out)
+    else:
+        out = _tokens(d, "output_tokens")
     if ttft is None:
         ttft = _NAN
-    elif not _is_num(ttft) or not 0 <= ttft <= lat:
+    elif (type(ttft) is not float and type(ttft) is not int) or not 0 <= ttft <= lat:
         raise BadEvent("bad_ttft", f"ttft_us must be a number in [0, latency_us={lat!r}],"
                        f" got {ttft!r:.40}", field="ttft_us")
     return node, model, hw, (float(ts), float(lat), ok, probe, inp, out, float(ttft))
@@ -453,15 +464,23 @@ class Accumulator:
             obj = _loads(raw)
         except (ValueError, RecursionError, TypeError) as e:
             raise BadEvent("bad_json", f"not valid JSON: {e}"[:200]) from None
+        if type(obj) is dict and "samples" not in obj and "type" not in obj:
+            node, model, hw, row = _single(obj, self._fut_limit, self._max_lat, self._now_s)
+            group = self._groups.get((node, model, hw))
+            if group is None:
+                self._groups[(node, model, hw)] = [row]
+            else:
+                group.append(row)
+            self._pending += 1
+            return row[0]
         return self.add_obj(obj)
 
     def add_obj(self, obj: Any) -> float:
         if type(obj) is dict and "samples" not in obj and "type" not in obj:
             node, model, hw, row = _single(obj, self._fut_limit, self._max_lat, self._now_s)
-            key = (node, model, hw)
-            group = self._groups.get(key)
+            group = self._groups.get((node, model, hw))
             if group is None:
-                self._groups[key] = [row]
+                self._groups[(node, model, hw)] = [row]
             else:
                 group.append(row)
             self._pending += 1
