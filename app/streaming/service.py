@@ -273,6 +273,8 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
         owned = owned_stats_partitions()
         assignment = (app.consumer_generation_id, owned)
         if rt.last_assignment != assignment:
+            log.info("stage 2 owns %s partitions %s (generation %s)", topics.window_stats,
+                     sorted(owned), app.consumer_generation_id)
             stage2.on_assignment_changed()
             rt.last_assignment = assignment
             metrics.owned_models.set(0)

@@ -1,0 +1,198 @@
+"""The worker under failures, against the real Kafka and Redis.
+
+* SIGKILL + restart keeps quarantine states (changelog-backed state table);
+* two workers sharing the partitions publish exactly one event per transition;
+* Redis stopped and restarted mid-run: decisions go on, the routing set
+  catches up afterwards and is never emptied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import re
+import shutil
+import subprocess
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+from worker_harness import Feeder, Worker, WorkerEnv, free_port, health_events, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+NODES = ["n0", "n1", "n2", "n3", "slow"]
+HEALTHY = {"n0", "n1", "n2", "n3"}
+
+
+async def routing(r: aioredis.Redis, prefix: str, model: str) -> set[str]:
+    return {m.decode() for m in await r.smembers(f"{prefix}:routing:{model}")}
+
+
+async def test_sigkilled_worker_restarts_with_its_quarantine_states(
+        kafka_bootstrap: str, redis_url: str, unique_name: Callable[[str], str],
+        tmp_path: Path) -> None:
+    env = WorkerEnv(unique_name("kill"), kafka_bootstrap, redis_url)
+    await env.create_topics()
+    r = aioredis.Redis.from_url(redis_url)
+    first = Worker(env.environ(), tmp_path / "first.log")
+    second: Worker | None = None
+    try:
+        async with Feeder(kafka_bootstrap, env.topic("latency_events"), {"llm": list(NODES)},
+                          slow={("slow", "llm")}) as feed:
+            async def quarantined() -> bool:
+                return any(e["node_id"] == "slow" and e["to"] == "quarantined"
+                           for e in await health_events(kafka_bootstrap, env))
+            await wait_for(quarantined, 60, "the slow node's quarantine", first.tail)
+            await asyncio.sleep(2.5)            # a couple more ticks: state in the changelog
+            first.kill()
+            before = len(await health_events(kafka_bootstrap, env))
+            assert await routing(r, env.name, "llm") == HEALTHY
+
+            second = Worker(env.environ(), tmp_path / "second.log")
+            feed.models["llm"].append("late")   # proves the second worker is evaluating
+
+            async def late_seen() -> bool:
+                return any(e["node_id"] == "late" for e in await health_events(kafka_bootstrap, env))
+            await wait_for(late_seen, 90, "the restarted worker's first evaluation", second.tail)
+            await asyncio.sleep(3.5)            # three more ticks of the restarted worker
+            feed.check()
+        after = (await health_events(kafka_bootstrap, env))[before:]
+        assert not [e for e in after if e["node_id"] == "slow"], after
+        assert await routing(r, env.name, "llm") == HEALTHY | {"late"}
+        status = json.loads(await r.hget(f"{env.name}:nodes:llm", "slow"))
+        assert status["state"] == "quarantined", status
+        assert second.proc.poll() is None, second.tail()
+    finally:
+        first.kill()
+        if second is not None:
+            second.stop()
+        await r.aclose()
+
+
+async def test_two_workers_publish_each_transition_once(
+        kafka_bootstrap: str, redis_url: str, unique_name: Callable[[str], str],
+        tmp_path: Path) -> None:
+    env = WorkerEnv(unique_name("two"), kafka_bootstrap, redis_url)
+    await env.create_topics()
+    models = {f"model-{i}": list(NODES) for i in range(6)}
+    r = aioredis.Redis.from_url(redis_url)
+    workers = [Worker(env.environ(), tmp_path / f"w{i}.log") for i in range(2)]
+
+    def tails() -> str:
+        return "\n---\n".join(w.tail(15) for w in workers)
+    try:
+        async with Feeder(kafka_bootstrap, env.topic("latency_events"), models,
+                          slow={("slow", m) for m in models}, per_batch=15) as feed:
+            async def all_quarantined() -> bool:
+                q = {e["model"] for e in await health_events(kafka_bootstrap, env)
+                     if e["node_id"] == "slow" and e["to"] == "quarantined"}
+                return q == set(models)
+            await wait_for(all_quarantined, 120, "every model's slow node quarantined", tails)
+            await asyncio.sleep(3.5)
+            feed.check()
+        for m in models:
+            assert await routing(r, env.name, m) == HEALTHY, m
+    finally:
+        codes = [w.stop() for w in workers]
+        await r.aclose()
+    events = await health_events(kafka_bootstrap, env)
+    by_id = collections.Counter(e["event_id"] for e in events)
+    by_change = collections.Counter((e["model"], e["node_id"], e["from"], e["to"]) for e in events)
+    assert max(by_id.values()) == 1, [k for k, n in by_id.items() if n > 1]
+    assert max(by_change.values()) == 1, [k for k, n in by_change.items() if n > 1]
+    for m in models:
+        assert by_change[(m, "slow", "unhealthy", "quarantined")] == 1
+    # Both workers did stage-2 work: each owned some node-window-stats partitions.
+    owned = []
+    for w in workers:
+        found = re.findall(r"stage 2 owns \S+ partitions \[([0-9, ]*)\]", w.log())
+        owned.append(found[-1] if found else "")
+    assert all(owned), f"stage-2 ownership per worker: {owned}"
+    assert codes == [0, 0], tails()
+
+
+def _metric(port: int, name: str) -> float:
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    total = 0.0
+    for line in body.splitlines():
+        if line.startswith(name) and not line.startswith("#"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+class OwnRedis:
+    """A throwaway redis-server (AOF on, so a restart keeps the data like a real deployment)."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.port = free_port()
+        self.dir = tmp / "redis"
+        self.dir.mkdir()
+        self.proc: subprocess.Popen[Any] | None = None
+
+    def start(self) -> None:
+        exe = shutil.which("redis-server")
+        assert exe, "redis-server not installed (scripts/redis installs it)"
+        self.proc = subprocess.Popen(
+            [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
+             "--appendonly", "yes", "--save", "", "--protected-mode", "no"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+
+async def test_redis_outage_routing_catches_up_and_is_never_emptied(
+        kafka_bootstrap: str, unique_name: Callable[[str], str], tmp_path: Path) -> None:
+    own = OwnRedis(tmp_path)
+    own.start()
+    url = f"redis://127.0.0.1:{own.port}/0"
+    metrics_port = free_port()
+    env = WorkerEnv(unique_name("redis"), kafka_bootstrap, url,
+                    extra={"TAILGUARD_METRICS_PORT": str(metrics_port)})
+    await env.create_topics()
+    r = aioredis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+    worker = Worker(env.environ(), tmp_path / "worker.log")
+    seen: list[set[str]] = []
+
+    async def current() -> set[str]:
+        got = await routing(r, env.name, "llm")
+        seen.append(got)
+        return got
+    try:
+        async with Feeder(kafka_bootstrap, env.topic("latency_events"), {"llm": NODES}) as feed:
+            async def all_in() -> bool:
+                return await current() == set(NODES)
+            await wait_for(all_in, 60, "all five nodes routed", worker.tail)
+            own.stop()                                      # Redis goes away …
+            feed.slow.add(("slow", "llm"))                  # … and then a node degrades
+
+            async def quarantined() -> bool:
+                return any(e["node_id"] == "slow" and e["to"] == "quarantined"
+                           for e in await health_events(kafka_bootstrap, env))
+            await wait_for(quarantined, 60, "a decision while Redis is down", worker.tail)
+            assert _metric(metrics_port, "tailguard_redis_write_failures_total") > 0
+            seen.clear()
+            own.start()                                     # Redis is back with its old data
+            await r.connection_pool.disconnect()
+
+            async def caught_up() -> bool:
+                try:
+                    return await current() == HEALTHY
+                except (aioredis.ConnectionError, OSError):
+                    return False
+            await wait_for(caught_up, 60, "the routing set to catch up", worker.tail)
+            feed.check()
+        assert seen and all(s in (set(NODES), HEALTHY) for s in seen), seen
+        assert int(await r.get(f"{env.name}:routing:llm:version")) >= 2
+        assert worker.proc.poll() is None, worker.tail()
+    finally:
+        worker.stop()
+        await r.aclose()
+        own.stop()
