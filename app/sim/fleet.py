@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import sys
 import time
@@ -328,11 +329,13 @@ async def _serve(s: Scenario, args: argparse.Namespace, bootstrap: str, topic: s
 
     def on_listen(info: Listening) -> None:
         backends[info.node_id] = info.url
+        if args.backends_file:          # whole file at once (rename), before the node is announced
+            tmp = f"{args.backends_file}.tmp"
+            with open(tmp, "w", encoding="utf-8") as fh:
+                fh.writelines(f"{k}={v}\n" for k, v in sorted(backends.items()))
+            os.replace(tmp, args.backends_file)
         print(json.dumps({"event": "listening", "node_id": info.node_id, "url": info.url,
                           "models": list(info.models), "hardware": info.hardware}), flush=True)
-        if args.backends_file:
-            with open(args.backends_file, "w", encoding="utf-8") as fh:
-                fh.writelines(f"{k}={v}\n" for k, v in sorted(backends.items()))
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
