@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
 
 log = logging.getLogger("tailguard.emitter")
 
@@ -105,15 +106,12 @@ def aiohttp_middleware(
     model: str | Callable[[web.Request], str | None],
     hardware: str | None = None,
     is_ok: Callable[[int], bool] = default_is_ok,
-) -> Callable[[web.Request, Callable[[web.Request], Awaitable[web.StreamResponse]]],
-              Awaitable[web.StreamResponse]]:
+) -> Middleware:
     """An aiohttp middleware recording every request's latency: ``web.Application(middlewares=[…])``."""
     model_of = model if callable(model) else (lambda _request: model)
 
     @web.middleware
-    async def tailguard_latency(
-        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-    ) -> web.StreamResponse:
+    async def tailguard_latency(request: web.Request, handler: Handler) -> web.StreamResponse:
         start_ns = time.perf_counter_ns()
         info = RequestInfo()
         request[AIOHTTP_INFO_KEY] = info
