@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 import tracemalloc
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -22,20 +20,7 @@ from app.core import events
 from app.core.config import DetectorSettings
 from app.core.events import Accumulator, SampleBatch, decode
 from app.core.window import WindowStore
-
-
-def best(fn: Callable[[], object], repeat: int = 5) -> float:
-    times = []
-    for _ in range(repeat):
-        t0 = time.process_time()
-        fn()
-        times.append(time.process_time() - t0)
-    return min(times)
-
-
-def row(label: str, value: str, note: str = "") -> None:
-    print(f"  {label:<52} {value:>16}  {note}")
-
+from bench.timing import best, row
 
 # ---------------------------------------------------------------- quantiles
 
