@@ -297,7 +297,8 @@ def add_parser(sub: Any) -> None:
     f.add_argument("--time-scale", type=float, default=1.0,
                    help="run the scenario's timeline this many times faster (default 1)")
     f.add_argument("--duration-s", type=float, default=None,
-                   help="stop after this many wall-clock seconds (default: the scenario's duration / time scale)")
+                   help="stop after this many wall-clock seconds; 0: run until interrupted "
+                        "(default: the scenario's duration / time scale)")
     f.add_argument("--seed", type=int, default=None, help="random seed (default: the scenario's)")
     f.add_argument("--bootstrap", default=None, help="Kafka bootstrap servers (default: TAILGUARD_KAFKA_BOOTSTRAP)")
     f.add_argument("--topic", default=None, help="latency topic (default: TAILGUARD_TOPIC_LATENCY_EVENTS)")
@@ -348,7 +349,7 @@ async def _serve(s: Scenario, args: argparse.Namespace, bootstrap: str, topic: s
             print(f"tailguard simulate fleet: {s.name}: {len(s.nodes)} nodes from {args.host}:{args.base_port}, "
                   f"time scale {args.time_scale:g}, reporting to {bootstrap} topic {topic}", file=sys.stderr)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=duration_s)
+                await asyncio.wait_for(stop.wait(), timeout=duration_s if duration_s > 0 else None)
             served = {n.node_id: n.requests for n in fleet.nodes}
         st = em.stats
     print(json.dumps({"event": "stopped", "requests": served, "emitter": {
