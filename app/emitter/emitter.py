@@ -64,11 +64,11 @@ from app.emitter.buffer import SeriesBuffer
 from app.emitter.wire import (
     Sample,
     SeriesKey,
-    check_sample,
     check_series,
     encode_batches,
     encode_heartbeat,
     message_key,
+    sample_values,
 )
 
 log = logging.getLogger("tailguard.emitter")
@@ -241,9 +241,8 @@ class LatencyEmitter:
         if series not in self._validated:
             check_series(node_id, model, hardware)
             self._validated.add(series)
-        if ts is None:
-            ts = self._clock()
-        check_sample(latency_us, ts, input_tokens, output_tokens, ttft_us)
+        lat, ts_s, n_in, n_out, ttft = sample_values(latency_us, self._clock() if ts is None else ts,
+                                                     input_tokens, output_tokens, ttft_us)
         t_in = self._mono()
         with self._lock:
             if self._closed:
@@ -251,8 +250,7 @@ class LatencyEmitter:
                 return
             self._seq += 1
             self._recorded += 1
-            wake = self._buffer.add(series, (self._seq, t_in, ts, latency_us, input_tokens, output_tokens,
-                                             ttft_us, bool(ok), bool(probe)))
+            wake = self._buffer.add(series, (self._seq, t_in, ts_s, lat, n_in, n_out, ttft, bool(ok), bool(probe)))
         if wake:
             self._wake_soon()
 

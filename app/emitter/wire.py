@@ -20,15 +20,16 @@ the JSON layout. Guarantees:
 * The Kafka message key is ``node_id|model`` (UTF-8), so all messages of a
   series land on one partition, in order.
 * Every message decodes with :func:`app.core.events.decode` (tested), as
-  long as the sample values passed :func:`check_sample` (the emitter's
-  ``record()`` calls it).
+  long as the sample values came through :func:`sample_values` (the
+  emitter's ``record()`` calls it).
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
-from typing import Final, TypeAlias
+from typing import Any, Final, TypeAlias
 
 import orjson
 
@@ -107,21 +108,61 @@ def check_series(node_id: object, model: object, hardware: object) -> None:
                          f" characters, got {hardware!r:.80}")
 
 
-def _is_number(v: object) -> bool:
-    return (type(v) is float or type(v) is int) and math.isfinite(v)
+_INF: Final = math.inf
 
 
-def check_sample(latency_us: object, ts: object, input_tokens: object, output_tokens: object,
-                 ttft_us: object) -> None:
-    """Raise ValueError unless the values satisfy the contract (bools are not numbers)."""
-    if not _is_number(latency_us) or not latency_us > 0:  # type: ignore[operator]
-        raise ValueError(f"latency_us must be a finite number > 0 (microseconds), got {latency_us!r}")
-    if not _is_number(ts) or not ts >= 0:  # type: ignore[operator]
-        raise ValueError(f"ts must be a finite number >= 0 (seconds since the epoch), got {ts!r}")
-    for name, v in (("input_tokens", input_tokens), ("output_tokens", output_tokens)):
-        if v is not None and (type(v) is not int or not 0 <= v <= MAX_TOKENS):
-            raise ValueError(f"{name} must be None or an int in [0, {MAX_TOKENS}], got {v!r}")
-    if ttft_us is not None and (not _is_number(ttft_us)
-                                or not 0 <= ttft_us <= latency_us):  # type: ignore[operator]
-        raise ValueError(f"ttft_us must be None or a number in [0, latency_us={latency_us!r}],"
-                         f" got {ttft_us!r}")
+def sample_values(latency_us: Any, ts: Any, input_tokens: Any, output_tokens: Any,
+                  ttft_us: Any) -> tuple[float, float, int | None, int | None, float | None]:
+    """Validate one sample's values; return them as plain int/float (numpy scalars are converted).
+
+    Raises ValueError on anything the decoder would reject (bools are not numbers).
+    The common case — plain ``int``/``float`` values, no size fields — costs a
+    handful of comparisons: this runs on the request path.
+    """
+    t = type(latency_us)
+    if (t is float or t is int) and 0 < latency_us < _INF:
+        t = type(ts)
+        if (t is float or t is int) and 0 <= ts < _INF:
+            if input_tokens is None and output_tokens is None and ttft_us is None:
+                return latency_us, ts, None, None, None
+            if ((input_tokens is None or (type(input_tokens) is int and 0 <= input_tokens <= MAX_TOKENS))
+                    and (output_tokens is None or (type(output_tokens) is int and 0 <= output_tokens <= MAX_TOKENS))
+                    and (ttft_us is None or ((type(ttft_us) is float or type(ttft_us) is int)
+                                             and 0 <= ttft_us <= latency_us))):
+                return latency_us, ts, input_tokens, output_tokens, ttft_us
+    return _slow_sample_values(latency_us, ts, input_tokens, output_tokens, ttft_us)
+
+
+def _real(name: str, v: Any, what: str) -> float:
+    if isinstance(v, numbers.Real) and not isinstance(v, bool):
+        f = float(v)
+        if math.isfinite(f):
+            return f
+    raise ValueError(f"{name} must be {what}, got {v!r:.80}")
+
+
+def _count(name: str, v: Any) -> int | None:
+    if v is None:
+        return None
+    if isinstance(v, numbers.Integral) and not isinstance(v, bool) and 0 <= (n := int(v)) <= MAX_TOKENS:
+        return n
+    raise ValueError(f"{name} must be None or an int in [0, {MAX_TOKENS}], got {v!r:.80}")
+
+
+def _slow_sample_values(latency_us: Any, ts: Any, input_tokens: Any, output_tokens: Any,
+                        ttft_us: Any) -> tuple[float, float, int | None, int | None, float | None]:
+    what = "a finite number > 0 (microseconds)"
+    lat = _real("latency_us", latency_us, what)
+    if not lat > 0:
+        raise ValueError(f"latency_us must be {what}, got {latency_us!r:.80}")
+    what = "a finite number >= 0 (seconds since the epoch)"
+    ts_s = _real("ts", ts, what)
+    if not ts_s >= 0:
+        raise ValueError(f"ts must be {what}, got {ts!r:.80}")
+    ttft: float | None = None
+    if ttft_us is not None:
+        what = f"None or a number in [0, latency_us={lat!r}]"
+        ttft = _real("ttft_us", ttft_us, what)
+        if not 0 <= ttft <= lat:
+            raise ValueError(f"ttft_us must be {what}, got {ttft_us!r:.80}")
+    return lat, ts_s, _count("input_tokens", input_tokens), _count("output_tokens", output_tokens), ttft

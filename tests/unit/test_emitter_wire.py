@@ -15,11 +15,11 @@ from app.core.events import Heartbeat, SampleBatch, decode
 from app.emitter.wire import (
     Sample,
     SeriesKey,
-    check_sample,
     check_series,
     encode_batches,
     encode_heartbeat,
     message_key,
+    sample_values,
 )
 
 SERIES: SeriesKey = ("gpu-node-07", "llama-3-70b", "A100")
@@ -111,9 +111,16 @@ def test_message_key_is_node_pipe_model() -> None:
     ((100, 1.0, None, None, 101), "ttft_us"),
     ((100, 1.0, None, None, -1), "ttft_us"),
 ])
-def test_check_sample_rejects_what_the_decoder_would(args: tuple[object, ...], culprit: str) -> None:
+def test_sample_values_rejects_what_the_decoder_would(args: tuple[object, ...], culprit: str) -> None:
     with pytest.raises(ValueError, match=culprit):
-        check_sample(*args)
+        sample_values(*args)
+
+
+def test_sample_values_converts_numpy_scalars_to_plain_numbers() -> None:
+    got = sample_values(np.float64(1500.5), np.float32(2.0), np.int64(12), np.int32(3), np.float64(10.0))
+    assert got == (1500.5, 2.0, 12, 3, 10.0)
+    assert [type(v) for v in got] == [float, float, int, int, float]
+    assert orjson.dumps(list(got)) == b"[1500.5,2.0,12,3,10.0]"
 
 
 @pytest.mark.parametrize(("node", "model", "hw", "culprit"), [
@@ -142,7 +149,7 @@ def samples_st(draw: st.DrawFn) -> Sample:
        hw=st.one_of(st.none(), st.text(min_size=0, max_size=20)))
 def test_any_checked_sample_round_trips_through_the_decoder(samples: list[Sample], hw: str | None) -> None:
     for s in samples:
-        check_sample(s[3], s[2], s[4], s[5], s[6])
+        assert sample_values(s[3], s[2], s[4], s[5], s[6]) == (s[3], s[2], s[4], s[5], s[6])
     series: SeriesKey = ("n-ü|1", "model/ä", hw)
     got = []
     for ev in decoded(series, samples):
