@@ -16,7 +16,8 @@ Guarantees:
   letters are sent; the consumer's prefetch is bounded by its fetch sizes.
 * **At least once for dead letters.** Offsets are committed (about every
   second) only after the records before them were processed and their dead
-  letters acknowledged by the broker. Windows are memory only: after a
+  letters acknowledged by the broker; while the dead-letter topic cannot be
+  written, ingestion waits (retrying with back-off) rather than drop them. Windows are memory only: after a
   restart they refill from new traffic (and from the uncommitted tail).
 * **Ownership.** The series summarized at each tick are those of the
   partitions assigned now (``Stage1.summaries``); revoked ones stop at once.
@@ -171,16 +172,18 @@ class IngestService(Service):
         now_s = self.clock()
         n = 0
         dead: list[DeadLetter] = []
+        done: dict[Any, int] = {}
         for tp, recs in batches.items():
             if not recs:
                 continue
             dead.extend(self.stage1.ingest(tp.partition, recs, now_s))
-            self._next_offsets[tp] = recs[-1].offset + 1
+            done[tp] = recs[-1].offset + 1
             n += len(recs)
         if dead:
             for d in dead:
                 d.log()
-            await self.sink.dead_letter(dead)
+            await self._dead_letter(dead)
+        self._next_offsets.update(done)
         mono = time.monotonic()
         if mono - self._last_commit >= COMMIT_INTERVAL_S:
             await self._commit(c)
@@ -188,6 +191,23 @@ class IngestService(Service):
             self._update_lag(c)
             self._last_lag = mono
         return n
+
+    async def _dead_letter(self, dead: list[DeadLetter]) -> None:
+        # Blocks ingestion until the broker takes them: backpressure, never a silent loss.
+        delay_s = 0.5
+        while True:
+            try:
+                await self.sink.dead_letter(dead)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                if self.should_stop:
+                    raise
+                log.warning("cannot write %d dead letters (%s); retrying in %.1f s",
+                            len(dead), e, delay_s)
+                await asyncio.sleep(delay_s)
+                delay_s = min(delay_s * 2, 10.0)
 
     def _update_lag(self, c: AIOKafkaConsumer) -> None:
         for tp in c.assignment():

@@ -47,7 +47,7 @@ import os
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import faust
@@ -121,6 +121,7 @@ class Runtime:
     published: collections.Counter[str] | None = None
     last_assignment: tuple[int, frozenset[int]] | None = None
     stage2_tick: Callable[[], Awaitable[list[ModelOutput]]] | None = None
+    gauged_models: set[str] = field(default_factory=set)
 
 
 class _FaustSink:
@@ -286,6 +287,10 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
             hints_for_s=next_boundary(now_s, tick_s))
         metrics.tick_seconds.observe(time.perf_counter() - t0)
         metrics.owned_models.set(len(outputs))
+        now_owned = {o.tick.model for o in outputs}
+        for gone in rt.gauged_models - now_owned:
+            metrics.forget_model(gone)
+        rt.gauged_models = now_owned
         await publish(outputs)
         return outputs
 

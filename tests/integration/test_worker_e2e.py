@@ -16,15 +16,19 @@ from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
-from worker_harness import Feeder, Worker, WorkerEnv, health_events, read_topic, wait_for
+from worker_harness import (
+    NODES,
+    Feeder,
+    Worker,
+    WorkerEnv,
+    health_events,
+    read_topic,
+    routing,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 
-NODES = ["n0", "n1", "n2", "n3", "slow"]
-
-
-async def routing(r: aioredis.Redis, prefix: str, model: str) -> set[str]:
-    return {m.decode() for m in await r.smembers(f"{prefix}:routing:{model}")}
 
 
 async def test_slow_node_leaves_routing_and_health_change_is_published(

@@ -21,16 +21,20 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-from worker_harness import Feeder, Worker, WorkerEnv, free_port, health_events, wait_for
+from worker_harness import (
+    HEALTHY,
+    NODES,
+    Feeder,
+    Worker,
+    WorkerEnv,
+    free_port,
+    health_events,
+    routing,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
-NODES = ["n0", "n1", "n2", "n3", "slow"]
-HEALTHY = {"n0", "n1", "n2", "n3"}
-
-
-async def routing(r: aioredis.Redis, prefix: str, model: str) -> set[str]:
-    return {m.decode() for m in await r.smembers(f"{prefix}:routing:{model}")}
 
 
 async def test_sigkilled_worker_restarts_with_its_quarantine_states(

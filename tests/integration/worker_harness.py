@@ -26,6 +26,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 ROOT = Path(__file__).resolve().parents[2]
+NODES = ["n0", "n1", "n2", "n3", "slow"]
+HEALTHY = {"n0", "n1", "n2", "n3"}
 TOPIC_FIELDS = ("latency_events", "window_stats", "health_changes", "fleet_events",
                 "diagnostics_requests", "diagnostics_results", "dead_letter")
 
@@ -207,6 +209,11 @@ async def read_topic(kafka: str, topic: str, timeout_s: float = 10.0) -> list[An
         return out
     finally:
         await c.stop()
+
+
+async def routing(r: Any, prefix: str, model: str) -> set[str]:
+    """The routing SET of ``model`` under key prefix ``prefix``."""
+    return {m.decode() for m in await r.smembers(f"{prefix}:routing:{model}")}
 
 
 async def health_events(kafka: str, env: WorkerEnv) -> list[dict[str, Any]]:

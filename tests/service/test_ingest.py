@@ -1,0 +1,101 @@
+"""The stage-1 ingestion service's poll/tick logic with a fake consumer and sink."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiokafka import TopicPartition
+from prometheus_client import CollectorRegistry
+from stream_fakes import Rec, batch, single
+
+from app.core.config import DetectorSettings
+from app.core.types import WindowSummary
+from app.core.window import WindowStore
+from app.settings import Settings
+from app.streaming.deadletter import DeadLetter
+from app.streaming.ingest import IngestService
+from app.streaming.metrics import WorkerMetrics
+from app.streaming.stage1 import Stage1
+
+NOW = 2_000_000.0
+DET = DetectorSettings(min_samples=10, window_size=100, warmup_s=0.0)
+TOPIC = "latency-events"
+
+
+@dataclass
+class FakeConsumer:
+    polls: list[dict[TopicPartition, list[Rec]]]
+    owned: set[TopicPartition] = field(default_factory=lambda: {TopicPartition(TOPIC, 0),
+                                                                 TopicPartition(TOPIC, 1)})
+    commits: list[dict[TopicPartition, int]] = field(default_factory=list)
+
+    async def getmany(self, timeout_ms: int, max_records: int) -> dict[TopicPartition, list[Rec]]:
+        return self.polls.pop(0) if self.polls else {}
+
+    def assignment(self) -> set[TopicPartition]:
+        return self.owned
+
+    async def commit(self, offsets: dict[TopicPartition, int]) -> None:
+        self.commits.append(dict(offsets))
+
+    def highwater(self, tp: TopicPartition) -> int:
+        return 100
+
+
+@dataclass
+class FakeSink:
+    fail_dead_letters: int = 0
+    summaries: list[WindowSummary] = field(default_factory=list)
+    dead: list[DeadLetter] = field(default_factory=list)
+
+    async def send_summaries(self, summaries: Sequence[WindowSummary]) -> None:
+        self.summaries.extend(summaries)
+
+    async def dead_letter(self, letters: Sequence[DeadLetter]) -> None:
+        if self.fail_dead_letters:
+            self.fail_dead_letters -= 1
+            raise ConnectionError("broker down")
+        self.dead.extend(letters)
+
+
+def make(polls: list[dict[TopicPartition, list[Rec]]], sink: FakeSink) -> tuple[IngestService, FakeConsumer]:
+    settings = Settings(app_id="t", topics=Settings().topics)
+    svc = IngestService(settings=settings, stage1=Stage1(WindowStore(DET), DET),
+                        sink=sink, metrics=WorkerMetrics(CollectorRegistry()), clock=lambda: NOW)
+    consumer = FakeConsumer(polls)
+    svc._consumer = consumer
+    return svc, consumer
+
+
+async def test_poll_windows_good_records_and_dead_letters_bad_ones(monkeypatch: Any) -> None:
+    sleeps: list[float] = []
+
+    async def no_sleep(s: float) -> None:
+        sleeps.append(s)
+    monkeypatch.setattr("app.streaming.ingest.asyncio.sleep", no_sleep)
+    tp0, tp1 = TopicPartition(TOPIC, 0), TopicPartition(TOPIC, 1)
+    poll = {tp0: [Rec(single("a", "m", 5.0, NOW - 1), offset=7), Rec(b"bad", offset=8)],
+            tp1: [Rec(batch("b", "m", [9.0] * 12, NOW - 1), offset=3, partition=1)]}
+    sink = FakeSink(fail_dead_letters=2)
+    svc, consumer = make([poll], sink)
+    assert await svc.poll_once() == 3
+    assert [(d.offset, d.reason) for d in sink.dead] == [(8, "bad_json")]
+    assert len(sleeps) == 2                       # the dead letter was retried, not dropped
+    await svc.commit()
+    assert consumer.commits[-1] == {tp0: 9, tp1: 4}
+    assert await svc.tick() == 2
+    assert {s.node_id for s in sink.summaries} == {"a", "b"}
+
+
+async def test_tick_summarizes_only_owned_partitions() -> None:
+    tp0, tp1 = TopicPartition(TOPIC, 0), TopicPartition(TOPIC, 1)
+    poll = {tp0: [Rec(single("a", "m", 5.0, NOW - 1))],
+            tp1: [Rec(single("b", "m", 5.0, NOW - 1), partition=1)]}
+    sink = FakeSink()
+    svc, consumer = make([poll], sink)
+    await svc.poll_once()
+    consumer.owned = {tp1}
+    assert await svc.tick() == 1
+    assert [s.node_id for s in sink.summaries] == ["b"]
