@@ -15,25 +15,17 @@ import asyncio
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 import orjson
 
 from app.emitter import LatencyEmitter, SyncEmitter
-
-
-def best(fn: Callable[[], object], repeat: int = 5) -> float:
-    times = []
-    for _ in range(repeat):
-        t0 = time.process_time()
-        fn()
-        times.append(time.process_time() - t0)
-    return min(times)
+from bench import timing
+from bench.timing import best
 
 
 def row(label: str, value: str, note: str = "") -> None:
-    print(f"  {label:<56} {value:>14}  {note}")
+    timing.row(label, value, note, width=56)
 
 
 class NullProducer:
