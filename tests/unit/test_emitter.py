@@ -40,6 +40,7 @@ class FakeProducer:
         self.messages: list[tuple[str, bytes, bytes]] = []
         self.unacked: list[asyncio.Future[Any]] = []
         self.started = self.stopped = 0
+        self.hang_send = False                          # send() never returns (metadata wait, broker down)
         self._changed: asyncio.Event | None = None
 
     @property
@@ -59,6 +60,10 @@ class FakeProducer:
 
     async def send(self, topic: str, value: bytes | None = None, key: bytes | None = None) -> asyncio.Future[Any]:
         assert value is not None and key is not None
+        if self.hang_send:
+            self.messages.append((topic, key, b""))
+            self.changed.set()
+            await asyncio.Event().wait()
         if self.fail_send:
             raise self.fail_send.pop(0)
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
@@ -202,6 +207,23 @@ async def test_stuck_producer_drops_the_oldest_and_never_stalls_record() -> None
         s = em.stats
         assert (s.sent, s.dropped, s.buffered, s.in_flight) == (12, 93, 0, 0)
         assert balanced(s)
+
+
+async def test_a_send_that_never_returns_stalls_neither_record_nor_stop() -> None:
+    fake = FakeProducer()
+    fake.hang_send = True
+    em, _ = make(fake, max_batch=5, linger_s=0.0, max_buffered=20, close_timeout_s=0.05)
+    await em.start()
+    em.record("n1", "m", 1)
+    await fake.wait_for(lambda: len(fake.messages) == 1)        # the flusher is stuck inside send()
+    for i in range(2, 102):
+        em.record("n1", "m", i)
+    s = em.stats
+    assert (s.recorded, s.in_flight, s.buffered, s.dropped) == (101, 1, 20, 80) and balanced(s)
+    await em.stop()
+    s = em.stats
+    assert (s.sent, s.in_flight, s.buffered, s.dropped) == (0, 0, 0, 101) and balanced(s)
+    assert fake.stopped == 1
 
 
 async def test_stop_gives_up_after_its_timeout_and_counts_the_rest_as_dropped() -> None:
