@@ -305,6 +305,13 @@ class LatencyEmitter:
         # Constructed here so that bad producer options fail loudly in start().
         self._first_producer = self._factory()
         self._task = asyncio.create_task(self._run(), name="tailguard-emitter")
+        self._task.add_done_callback(self._flusher_done)
+
+    @staticmethod
+    def _flusher_done(task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            # A bug, not Kafka trouble: say so at once rather than buffer and drop silently.
+            log.error("emitter: the flusher stopped; samples are no longer sent", exc_info=task.exception())
 
     async def flush(self) -> None:
         """Hand everything buffered to the producer now and wait for Kafka's answer.
@@ -342,8 +349,6 @@ class LatencyEmitter:
                             timeout, self._bootstrap)
                 task.cancel()
                 await asyncio.wait({task})
-            if not task.cancelled() and task.exception() is not None:
-                log.error("emitter: flusher failed", exc_info=task.exception())
         with self._lock:
             self._final = True
             left = self._buffer.clear()
