@@ -65,7 +65,8 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tailguard simulate", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="tailguard simulate",
+                                description="Scenario traces, a live simulated fleet, a load generator.")
     sub = p.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("trace", help="write a scenario's latency-event trace (JSON lines)")
