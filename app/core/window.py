@@ -144,56 +144,67 @@ class _ModelPlan:
 
 
 class _Pass1:
-    """Per-chunk judged/probe masks at one tick, built lazily.
+    """Per-chunk judged/probe masks at one tick.
 
-    ``clean``: every used row is full, wholly inside the age bound, probe-free
-    and not in ``judge_since`` — then every slot is judged and no mask is built.
+    A row is *clean* when it is full, wholly inside the age bound, probe-free
+    and not in ``judge_since``: every slot is judged and no mask is needed.
+    Masks are computed for the other (*dirty*) rows only; :meth:`judged_mask`
+    builds the whole chunk's mask on demand.
     """
 
-    __slots__ = ("_judged", "_probe", "ch", "clean", "has_since", "n_judged", "since_row")
+    __slots__ = ("_full", "ch", "clean", "dirty", "has_since", "judged_d", "n_judged", "probe_d",
+                 "since_row")
 
-    def __init__(self, ch: _Chunk, clean: bool, n_judged: I64, since_row: F64,
-                 has_since: bool, judged: Bools | None, probe: Bools | None) -> None:
-        self.ch, self.clean, self.n_judged = ch, clean, n_judged
+    def __init__(self, ch: _Chunk, clean: Bools, dirty: I64, judged_d: Bools, probe_d: Bools,
+                 n_judged: I64, since_row: F64, has_since: bool) -> None:
+        self.ch, self.clean, self.dirty = ch, clean, dirty
+        self.judged_d, self.probe_d, self.n_judged = judged_d, probe_d, n_judged
         self.since_row, self.has_since = since_row, has_since
-        self._judged, self._probe = judged, probe
+        self._full: Bools | None = None
 
     def judged_mask(self) -> Bools:
-        if self._judged is None:
-            self._judged = np.zeros((self.ch.rows, self.ch.cap), dtype=bool)
-            self._judged[self.ch.midx >= 0] = True
-        return self._judged
+        if self._full is None:
+            full = np.zeros((self.ch.rows, self.ch.cap), dtype=bool)
+            full[self.clean] = True
+            full[self.dirty] = self.judged_d
+            self._full = full
+        return self._full
 
-    def probe_mask(self) -> Bools:
-        if self._probe is None:
-            self._probe = np.zeros((self.ch.rows, self.ch.cap), dtype=bool)
-        return self._probe
+    def judged_rows(self, rows: I64) -> Bools:
+        if rows.size == self.dirty.size and np.array_equal(rows, self.dirty):
+            return self.judged_d
+        return self.judged_mask()[rows]
+
+    def probe_rows(self, rows: I64) -> Bools:
+        if rows.size == self.dirty.size and np.array_equal(rows, self.dirty):
+            return self.probe_d
+        full = np.zeros((self.ch.rows, self.ch.cap), dtype=bool)
+        full[self.dirty] = self.probe_d
+        return full[rows]
 
 
 def _pass1(ch: _Chunk, now_s: float, age_lo: float,
            since: list[tuple[int, float]] | None) -> _Pass1:
     ts, lat = ch.ts, ch.lat
-    since_row = np.full(ch.rows, np.nan)
     used = ch.midx >= 0
-    if not since and ((ch.fill == ch.cap) | ~used).all():
-        all_used = ch.used == ch.rows
-        uts = ts if all_used else ts[used]
-        ulat = lat if all_used else lat[used]
-        with np.errstate(invalid="ignore"):
-            clean = bool(uts.min() > age_lo and uts.max() <= now_s and ulat.min() > 0)
-        if clean:
-            return _Pass1(ch, True, np.where(used, ch.cap, 0), since_row, False, None, None)
-    with np.errstate(invalid="ignore"):
-        intime = (ts <= now_s) & (ts > age_lo)
-        judged = intime & (lat > 0)
-        probe = intime & (lat < 0)
+    since_row = np.full(ch.rows, np.nan)
     if since:
-        rows = np.array([r for r, _ in since], dtype=np.int64)
-        since_row[rows] = [v for _, v in since]
-        sub = ts[rows]
-        with np.errstate(invalid="ignore"):
-            judged[rows] = (sub >= since_row[rows, None]) & (sub <= now_s)
-    return _Pass1(ch, False, judged.sum(axis=1), since_row, bool(since), judged, probe)
+        since_row[[r for r, _ in since]] = [v for _, v in since]
+    with np.errstate(invalid="ignore"):
+        clean = (used & (ch.fill == ch.cap) & (ts.min(axis=1) > age_lo)
+                 & (ts.max(axis=1) <= now_s) & (lat.min(axis=1) > 0) & np.isnan(since_row))
+        dirty = np.flatnonzero(used & ~clean)
+        sub_ts, sub_lat = ts[dirty], lat[dirty]
+        intime = (sub_ts <= now_s) & (sub_ts > age_lo)
+        judged_d = intime & (sub_lat > 0)
+        probe_d = intime & (sub_lat < 0)
+        sub_since = since_row[dirty]
+        q = ~np.isnan(sub_since)
+        if q.any():
+            judged_d[q] = (sub_ts[q] >= sub_since[q, None]) & (sub_ts[q] <= now_s)
+    n_judged = np.where(clean, ch.cap, 0)
+    n_judged[dirty] = judged_d.sum(axis=1)
+    return _Pass1(ch, clean, dirty, judged_d, probe_d, n_judged, since_row, bool(since))
 
 
 def _sorted_quantiles(srt: F32, n: int) -> F64:
@@ -479,69 +490,74 @@ class WindowStore:
             plans.append(_ModelPlan(s, _SIG_CODE[s], use_input[i], fit))
         return plans
 
-    def _values(self, ch: _Chunk, rows_code: I64, plans: list[_ModelPlan]) -> F32:
-        """The signal value of every slot (NaN where the row's signal has none)."""
-        absl = np.abs(ch.lat)
+    def _values(self, ch: _Chunk, rows: I64, codes: I64, plans: list[_ModelPlan]) -> F32:
+        """The signal value of every slot of ``rows`` (NaN where the row's signal has none)."""
+        absl = np.abs(ch.lat[rows])
         if not ch.sized:
-            if (rows_code == 0).all():
+            if not codes.any():
                 return absl
-            return np.where((rows_code == 0)[:, None], absl, np.float32(np.nan))
+            return np.where((codes == 0)[:, None], absl, np.float32(np.nan))
         assert ch.out is not None and ch.inp is not None and ch.ttft is not None
         vals = absl.copy()
-        vals[rows_code > 0] = np.nan
-        rt = np.flatnonzero(rows_code == 1)
+        vals[codes > 0] = np.nan
+        rt = np.flatnonzero(codes == 1)
         if rt.size:
-            vals[rt] = sig.tpot_us(absl[rt], ch.ttft[rt], ch.out[rt])
-        rn = np.flatnonzero(rows_code == 2)
+            vals[rt] = sig.tpot_us(absl[rt], ch.ttft[rows[rt]], ch.out[rows[rt]])
+        rn = np.flatnonzero(codes == 2)
         if rn.size:
-            for m in np.unique(ch.midx[rn]).tolist():
+            midx = ch.midx[rows]
+            for m in np.unique(midx[rn]).tolist():
                 plan = plans[m]
                 assert plan.fit is not None
-                r = rn[ch.midx[rn] == m]
-                inp = ch.inp[r] if plan.use_input else None
-                vals[r] = sig.normalized(absl[r], ch.out[r], inp, plan.fit)
+                r = rn[midx[rn] == m]
+                inp = ch.inp[rows[r]] if plan.use_input else None
+                vals[r] = sig.normalized(absl[r], ch.out[rows[r]], inp, plan.fit)
         return vals
 
     def _chunk_summaries(self, ch: _Chunk, st: _Pass1, plans: list[_ModelPlan], now_s: float,
                          age_lo: float, digests: bool) -> list[WindowSummary]:
-        used = np.flatnonzero(ch.midx >= 0)
+        used_mask = ch.midx >= 0
+        used = np.flatnonzero(used_mask)
         codes = np.array([p.code for p in plans], dtype=np.int64)
-        rows_code = codes[ch.midx[used]]
-        all_used = used.size == ch.rows
+        rows_code = np.where(used_mask, codes[np.maximum(ch.midx, 0)], 0)
+        q_sig = np.full((ch.rows, 2), np.nan)
+        q_lat = np.full((ch.rows, 2), np.nan)
+        n_sig = np.zeros(ch.rows, dtype=np.int64)
+        n_probe = np.zeros(ch.rows, dtype=np.int64)
         probe_q: dict[int, list[float]] = {}
-        if st.clean and not ch.sized and not rows_code.any():
-            # Steady state: every slot of every row judged, raw latency, no probes.
-            lat = ch.lat if all_used else ch.lat[used]
-            srt = np.sort(lat.view(np.int32), axis=1).view(np.float32)
-            q = _sorted_quantiles(srt, ch.cap)
-            q_full = np.full((ch.rows, 2), np.nan)
-            q_full[used] = q
-            q_sig = q_lat = q_full
-            n_sig = n_judged = st.n_judged
-            n_probe = np.zeros(ch.rows, dtype=np.int64)
-        else:
-            judged = st.judged_mask()
-            full_codes = np.zeros(ch.rows, dtype=np.int64)
-            full_codes[used] = rows_code
-            vals = self._values(ch, full_codes, plans)
+        fast_mask = st.clean & (rows_code == 0) & (not ch.sized)
+        fast = np.flatnonzero(fast_mask)
+        if fast.size:
+            # Steady state: every slot judged, raw latency, no probes: sort, read ranks.
+            srt = ch.lat.copy() if fast.size == ch.rows else ch.lat[fast]
+            srt.view(np.int32).sort(axis=1)
+            q_sig[fast] = q_lat[fast] = _sorted_quantiles(srt, ch.cap)
+            n_sig[fast] = ch.cap
+        slow = np.flatnonzero(used_mask & ~fast_mask)
+        if slow.size:
+            judged = st.judged_rows(slow)
+            code = rows_code[slow]
+            vals = self._values(ch, slow, code, plans)
             valid = ~np.isnan(vals)
             sig_mask = judged & valid
-            n_sig = sig_mask.sum(axis=1)
-            q_sig = row_quantiles(np.where(sig_mask, vals, np.float32(np.inf)), n_sig, _QS)
-            n_judged = st.n_judged
-            if not ch.sized and not rows_code.any():
-                q_lat = q_sig
+            ns = sig_mask.sum(axis=1)
+            n_sig[slow] = ns
+            q_sig[slow] = row_quantiles(np.where(sig_mask, vals, np.float32(np.inf)), ns, _QS)
+            if not ch.sized and not code.any():
+                q_lat[slow] = q_sig[slow]
             else:
-                q_lat = row_quantiles(np.where(judged, np.abs(ch.lat), np.float32(np.inf)),
-                                      n_judged, _QS)
-            probe_mask = st.probe_mask() & valid
-            n_probe = probe_mask.sum(axis=1)
-            for r in np.flatnonzero(n_probe).tolist():
-                pq = exact_quantiles(vals[r][probe_mask[r]], _QS)
+                q_lat[slow] = row_quantiles(
+                    np.where(judged, np.abs(ch.lat[slow]), np.float32(np.inf)),
+                    st.n_judged[slow], _QS)
+            probe_mask = st.probe_rows(slow) & valid
+            npr = probe_mask.sum(axis=1)
+            n_probe[slow] = npr
+            for i in np.flatnonzero(npr).tolist():
+                pq = exact_quantiles(vals[i][probe_mask[i]], _QS)
                 if pq is not None:
-                    probe_q[r] = pq
+                    probe_q[int(slow[i])] = pq
         q_sig_l, q_lat_l = q_sig.tolist(), q_lat.tolist()
-        n_sig_l, n_judged_l, n_probe_l = n_sig.tolist(), n_judged.tolist(), n_probe.tolist()
+        n_sig_l, n_judged_l, n_probe_l = n_sig.tolist(), st.n_judged.tolist(), n_probe.tolist()
         since_l = st.since_row.tolist() if st.has_since else None
         fit_extra = {i: p.fit.to_dict() for i, p in enumerate(plans) if p.fit is not None}
         signal_of = [p.signal for p in plans]
@@ -551,12 +567,12 @@ class WindowStore:
         for r in used.tolist():
             s = series[r]
             assert s is not None
-            ns = n_sig_l[r]
+            ns_r = n_sig_l[r]
             nj = n_judged_l[r]
             extra: dict[str, Any] = {}
             if since_l is not None and since_l[r] == since_l[r]:
                 extra["judged_since"] = since_l[r]
-            if nj != ns:
+            if nj != ns_r:
                 extra["judged_samples"] = nj
             if fit_extra:
                 fx = fit_extra.get(s.midx)
@@ -564,11 +580,11 @@ class WindowStore:
                     extra["fleet_fit"] = fx
             if digests and nj:
                 extra["digest"] = digest_to_dict(digest_of(np.abs(ch.lat[r][st.judged_mask()[r]])))
-            p50, p99 = q_sig_l[r] if ns else _NONE2
+            p50, p99 = q_sig_l[r] if ns_r else _NONE2
             l50, l99 = q_lat_l[r] if nj else _NONE2
             pqs = probe_q.get(r, _NONE2) if probe_q else _NONE2
             append(WindowSummary(
-                s.node_id, s.model, now_s, signal_of[s.midx], ns, p50, p99, l50, l99,
+                s.node_id, s.model, now_s, signal_of[s.midx], ns_r, p50, p99, l50, l99,
                 _failed_in(s.failed, age_lo, now_s) if s.failed else 0, s.hardware,
                 s.first_seen_ts, s.last_seen_ts, n_probe_l[r], pqs[0], pqs[1], extra))
         return out
