@@ -71,6 +71,7 @@ from app.core.types import (
     WindowSummary,
 )
 
+RELATIVE_P99 = "relative_p99"   # reason of the relative tail rule (see the module docstring)
 BASELINE_HALF_LIFE_S = 600.0
 BASELINE_SHIFT_FACTOR = 2.0
 BASELINE_CLEAR_FACTOR = 1.5
@@ -90,6 +91,7 @@ class _ModelState:
     baseline_p50: dict[str, float] = field(default_factory=dict)   # hardware class -> log p50
     baseline_ratio: float | None = None                          # log of the median ratio
     baseline_ts: float | None = None
+    baseline_signal: str | None = None
     load_event: bool = False
     shifted: bool = False
 
@@ -97,13 +99,14 @@ class _ModelState:
         return {"pairs": {n: p.to_dict() for n, p in sorted(self.pairs.items())},
                 "baseline_p50": dict(sorted(self.baseline_p50.items())),
                 "baseline_ratio": self.baseline_ratio, "baseline_ts": self.baseline_ts,
-                "load_event": self.load_event, "shifted": self.shifted}
+                "baseline_signal": self.baseline_signal, "load_event": self.load_event, "shifted": self.shifted}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> _ModelState:
         return cls(pairs={n: PairState.from_dict(p) for n, p in d.get("pairs", {}).items()},
                    baseline_p50={str(k): float(v) for k, v in d.get("baseline_p50", {}).items()},
                    baseline_ratio=d.get("baseline_ratio"), baseline_ts=d.get("baseline_ts"),
+                   baseline_signal=d.get("baseline_signal"),
                    load_event=bool(d.get("load_event", False)), shifted=bool(d.get("shifted", False)))
 
 
@@ -119,7 +122,9 @@ class _Norms:
     fleet_p50: float | None
     class_p50: dict[str, float]       # classes whose median is trusted
     multi_class: bool
-    tail_limit: float
+    tail_limit: float                 # max(ratio_threshold, fleet_ratio_factor × median ratio)
+    fleet_p99: float | None = None
+    class_p99: dict[str, float] = field(default_factory=dict)
 
     def p50_ref(self, hardware: str | None) -> float | None:
         if not self.enough_peers:
@@ -127,6 +132,13 @@ class _Norms:
         if self.multi_class:
             return self.class_p50.get(_cls(hardware))
         return self.fleet_p50
+
+    def p99_ref(self, hardware: str | None) -> float | None:
+        if not self.enough_peers:
+            return None
+        if self.multi_class:
+            return self.class_p99.get(_cls(hardware))
+        return self.fleet_p99
 
 
 class FleetEvaluator:
@@ -145,11 +157,19 @@ class FleetEvaluator:
         return None if ms is None else ms.pairs.get(node_id)
 
     def judge_since(self, model: str, now_s: float) -> dict[tuple[str, str], float]:
-        """``{(node, model): ts}``: judge only samples at or after ``ts`` (see health.judge_since)."""
+        """``{(node, model): ts}``: judge only samples at or after ``ts`` (see health.judge_since).
+
+        Out-of-routing pairs always get their cut-off (quarantine start, probe round).
+        Routed pairs (warm-up over, recently re-admitted) get theirs only while they are a
+        minority of the model: the window store leaves every pair with a cut-off out of
+        the fleet-wide fit of the ``normalized`` signal, and a fleet that started
+        together must keep its fit (it also warmed up together, so nobody stands out).
+        """
         ms = self._models.get(model)
         if ms is None:
             return {}
         out: dict[tuple[str, str], float] = {}
+        routed: list[tuple[str, str]] = []
         st = self.settings
         for node, p in ms.pairs.items():
             if p.judge_since_ts is None and p.state is not HealthState.WARMING:
@@ -157,6 +177,11 @@ class FleetEvaluator:
             since = health.judge_since(p, now_s, st)
             if since is not None:
                 out[(node, model)] = since
+                if p.routed:
+                    routed.append((node, model))
+        if routed and 2 * len(routed) > len(ms.pairs) - (len(out) - len(routed)):
+            for key in routed:
+                del out[key]
         return out
 
     def waiting_on_time(self, now_s: float) -> bool:
@@ -208,6 +233,11 @@ class FleetEvaluator:
                 peers.append((node, s, s.p50, s.p99 / s.p50))
         norms = self._norms(peers)
 
+        signal = _signal(peers)
+        if peers and signal != ms.baseline_signal:
+            # A baseline is in the units of its signal: a new signal starts a new baseline.
+            ms.baseline_p50, ms.baseline_ratio, ms.baseline_ts = {}, None, None
+            ms.baseline_signal, ms.shifted = signal, False
         judgements: dict[str, Judgement] = {}
         abnormal = 0
         for node, s, p50, ratio in peers:
@@ -288,30 +318,45 @@ class FleetEvaluator:
                           st.ratio_threshold)
         fleet_p50 = median([p[2] for p in peers])
         tail_limit = max(st.ratio_threshold, st.fleet_ratio_factor * median([p[3] for p in peers]))
-        classes: dict[str, list[float]] = {}
-        for _, s, p50, _ in peers:
-            classes.setdefault(_cls(s.hardware), []).append(p50)
+        classes: dict[str, list[tuple[float, float]]] = {}
+        for _, s, p50, ratio in peers:
+            classes.setdefault(_cls(s.hardware), []).append((p50, p50 * ratio))
         multi = len(classes) > 1
-        class_p50 = ({c: median(v) for c, v in classes.items() if len(v) >= st.min_peers}
-                     if multi else {})
-        return _Norms(True, fleet_p50, class_p50, multi, tail_limit)
+        class_p50: dict[str, float] = {}
+        class_p99: dict[str, float] = {}
+        if multi:
+            for c, v in classes.items():
+                if len(v) >= st.min_peers:
+                    class_p50[c] = median([x[0] for x in v])
+                    class_p99[c] = median([x[1] for x in v])
+        return _Norms(True, fleet_p50, class_p50, multi, tail_limit,
+                      median([p[2] * p[3] for p in peers]), class_p99)
 
     def _judge(self, s: WindowSummary, p50: float, ratio: float, samples: int,
                norms: _Norms, p99: float | None = None) -> Judgement:
         st = self.settings
+        factor = st.relative_p50_factor
         ref = norms.p50_ref(s.hardware)
         sev_tail = ratio / norms.tail_limit
-        sev_p50 = p50 / (st.relative_p50_factor * ref) if ref is not None and ref > 0 else 0.0
-        if sev_tail <= 1.0 and sev_p50 <= 1.0:
+        sev_p50 = p50 / (factor * ref) if ref is not None and ref > 0 else 0.0
+        # Relative tail: P99 far above the peers' P99. Catches a degrading node while its
+        # window still mixes old and new samples (P50 not yet past the factor), on signals
+        # whose healthy spread is far below ratio_threshold (TPOT: ~1.1).
+        ref99 = norms.p99_ref(s.hardware)
+        sev_p99 = p50 * ratio / (factor * ref99) if ref99 is not None and ref99 > 0 else 0.0
+        if sev_tail <= 1.0 and sev_p50 <= 1.0 and sev_p99 <= 1.0:
             return health.NORMAL
         ev = Evidence(signal=s.signal, p50=p50, p99=p99 if p99 is not None else s.p99, ratio=ratio,
                       samples=samples, peers_p50=ref, latency_p50_us=s.latency_p50_us,
                       latency_p99_us=s.latency_p99_us, hardware=s.hardware)
-        if sev_tail >= sev_p50:
+        if sev_tail >= sev_p50 and sev_tail >= sev_p99:
             return Judgement(Verdict.ABNORMAL, str(Reason.P99_P50_RATIO), ev, sev_tail,
                              f"p99/p50 {ratio:.2f} > limit {norms.tail_limit:.2f}")
-        return Judgement(Verdict.ABNORMAL, str(Reason.RELATIVE_P50), ev, sev_p50,
-                         f"p50 {p50:.1f} > {st.relative_p50_factor:g} x peers' {ref:.1f}")
+        if sev_p50 >= sev_p99:
+            return Judgement(Verdict.ABNORMAL, str(Reason.RELATIVE_P50), ev, sev_p50,
+                             f"p50 {p50:.1f} > {factor:g} x peers' {ref:.1f}")
+        return Judgement(Verdict.ABNORMAL, RELATIVE_P99, ev, sev_p99,
+                         f"p99 {p50 * ratio:.1f} > {factor:g} x peers' {ref99:.1f}")
 
     def _judge_probe(self, s: WindowSummary, norms: _Norms) -> Judgement:
         need = self.settings.probe_min_samples

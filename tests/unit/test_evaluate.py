@@ -344,3 +344,43 @@ def test_models_are_independent() -> None:
     assert ev.models() == ["emb", "llm"]
     assert states(ev, "llm")["n0"] is H.QUARANTINED
     assert set(states(ev, "emb").values()) == {H.HEALTHY}
+
+
+def test_relative_p99_catches_a_tail_far_above_the_peers_below_the_ratio_threshold() -> None:
+    # a narrow signal (TPOT-like, healthy ratio 1.1): a node whose P99 is 2.5x its peers' is
+    # abnormal although its ratio (2.75) stays below ratio_threshold (3.0)
+    ev = FleetEvaluator(S)
+    run(ev, 1, fleet(6, ratio=1.1))
+    ticks = run(ev, 3, fleet(6, ratio=1.1, n02=(100.0, 2.75)), t0=T0 + 30)
+    trans = [t for tk in ticks for t in tk.transitions]
+    assert [t.reason for t in trans] == ["relative_p99", "relative_p99"]
+    assert "n02" not in ticks[-1].routing
+    # …and 1.9x the peers' P99 is not
+    ev = FleetEvaluator(S)
+    ticks = run(ev, 5, fleet(6, ratio=1.1, n02=(100.0, 2.09)))
+    assert all(len(t.routing) == 6 for t in ticks)
+
+
+def test_a_new_signal_starts_a_new_baseline_without_a_fleet_event() -> None:
+    ev = FleetEvaluator(S)
+    for k in range(6):
+        sig = "latency" if k < 3 else "normalized"
+        p50 = 4e6 if k < 3 else 1.0
+        tick = ev.evaluate("m", [WindowSummary(f"n{i}", "m", 0.0, sig, 500, p50, p50 * 2, p50,
+                                               p50 * 2, first_seen_ts=0.0) for i in range(5)],
+                           T0 + 30 * k)
+        assert tick.fleet_events == ()
+    assert ev.snapshot_model("m")["baseline_signal"] == "normalized"
+
+
+def test_routed_cutoffs_are_passed_only_for_a_minority() -> None:
+    ev = FleetEvaluator(S)
+    # the whole fleet first seen together: warm-up cut-offs would empty the fleet fit
+    ev.evaluate("m", [summ(f"n{i}", 100.0, first_seen=T0) for i in range(4)], T0)
+    for k in range(1, 6):
+        ev.evaluate("m", [summ(f"n{i}", 100.0, first_seen=T0) for i in range(4)], T0 + 30 * k)
+    assert ev.judge_since("m", T0 + 150) == {}
+    # one joiner among established nodes keeps its cut-off
+    ev.evaluate("m", [summ(f"n{i}", 100.0, first_seen=T0) for i in range(4)]
+                + [summ("new", 100.0, first_seen=T0 + 150)], T0 + 150)
+    assert ev.judge_since("m", T0 + 450) == {("new", "m"): T0 + 270}
