@@ -391,3 +391,19 @@ def test_snapshot_round_trip_property(plan: list[tuple[str, list[float], bool, b
     other = WindowStore(S)
     other.restore(json.loads(json.dumps(store.snapshot())))
     assert other.summaries(now) == store.summaries(now)
+
+
+@pytest.mark.parametrize("with_ttft", [True, False])
+def test_relabelling_and_arrival_order_change_nothing(with_ttft: bool) -> None:
+    rng = np.random.default_rng(8)
+    batches = [llm_batch(f"n{i}", rng, 100, 30_000.0 * (1 + i % 3), with_ttft=with_ttft)
+               for i in range(6)]
+    a, b = WindowStore(S), WindowStore(S)
+    for x in batches:
+        a.observe(x)
+    for x in reversed(batches):
+        b.observe(SampleBatch(f"z{x.node_id}", x.model, x.hardware, x.ts, x.latency_us, x.ok,
+                              x.probe, x.input_tokens, x.output_tokens, x.ttft_us))
+    got_a = {s.node_id: (s.p50, s.p99, s.samples, s.signal) for s in a.summaries(60.0)}
+    got_b = {s.node_id[1:]: (s.p50, s.p99, s.samples, s.signal) for s in b.summaries(60.0)}
+    assert got_a == got_b
