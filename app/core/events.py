@@ -464,6 +464,7 @@ class Accumulator:
             obj = _loads(raw)
         except (ValueError, RecursionError, TypeError) as e:
             raise BadEvent("bad_json", f"not valid JSON: {e}"[:200]) from None
+        # add_obj's single-event path, inlined: this is the replay hot loop.
         if type(obj) is dict and "samples" not in obj and "type" not in obj:
             node, model, hw, row = _single(obj, self._fut_limit, self._max_lat, self._now_s)
             group = self._groups.get((node, model, hw))
