@@ -78,6 +78,7 @@ log = logging.getLogger(__name__)
 
 STAGE2_TAKE = 2000
 STAGE2_OFFSET_MAX_S = 5.0
+MAX_UNPUBLISHED_TICKS = 10_000   # model-ticks kept for re-publishing while Kafka is down
 
 
 class RoutingSink(Protocol):
@@ -122,6 +123,7 @@ class Runtime:
     last_assignment: tuple[int, frozenset[int]] | None = None
     stage2_tick: Callable[[], Awaitable[list[ModelOutput]]] | None = None
     gauged_models: set[str] = field(default_factory=set)
+    unpublished: list[ModelOutput] = field(default_factory=list)
 
 
 class _FaustSink:
@@ -291,7 +293,12 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
         for gone in rt.gauged_models - now_owned:
             metrics.forget_model(gone)
         rt.gauged_models = now_owned
-        await publish(outputs)
+        # At least once: what a failed publish left behind goes out first at the next tick
+        # (consumers drop the repeats by event_id); bounded, the oldest are dropped first.
+        pending = [*rt.unpublished, *outputs][-MAX_UNPUBLISHED_TICKS:]
+        rt.unpublished = pending
+        await publish(pending)
+        rt.unpublished = []
         return outputs
 
     async def publish(outputs: list[ModelOutput]) -> None:
@@ -331,7 +338,7 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
             except asyncio.CancelledError:
                 raise
             except Exception:
-                log.exception("stage-2 tick failed; state is unchanged, next tick retries")
+                log.exception("stage-2 tick failed; what was not published is retried next tick")
 
     rt.stage2_tick = stage2_tick
     return app

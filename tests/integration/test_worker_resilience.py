@@ -120,11 +120,15 @@ async def test_two_workers_publish_each_transition_once(
     assert codes == [0, 0], tails()
 
 
+def _metrics_body(port: int) -> str:
+    return str(urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode())
+
+
 def _metric(port: int, name: str) -> float:
-    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    """Sum of the samples whose line starts with ``name`` (a name or name{labels})."""
     total = 0.0
-    for line in body.splitlines():
-        if line.startswith(name) and not line.startswith("#"):
+    for line in _metrics_body(port).splitlines():
+        if line.startswith(name) and line[len(name)] in " {":
             total += float(line.rsplit(" ", 1)[1])
     return total
 
@@ -182,6 +186,11 @@ async def test_redis_outage_routing_catches_up_and_is_never_emptied(
                            for e in await health_events(kafka_bootstrap, env))
             await wait_for(quarantined, 60, "a decision while Redis is down", worker.tail)
             assert _metric(metrics_port, "tailguard_redis_write_failures_total") > 0
+            assert _metric(metrics_port, "tailguard_samples_in_total") > 0
+            assert _metric(metrics_port, "tailguard_series_tracked") == len(NODES)
+            assert _metric(metrics_port, "tailguard_evaluation_seconds_count") > 0
+            assert _metric(metrics_port, 'tailguard_nodes{model="llm",state="quarantined"}') == 1
+            assert 'tailguard_consumer_lag{' in _metrics_body(metrics_port)
             seen.clear()
             own.start()                                     # Redis is back with its old data
             await r.connection_pool.disconnect()
