@@ -357,7 +357,8 @@ async def _run(args: argparse.Namespace) -> int:
     api = SocketRuntimeApi(args.socket)
     settings = settings_from_args(args)
     wake = asyncio.Event()
-    async with open_routing(settings, poll_interval_s=args.poll_interval_s, on_change=lambda _e: wake.set()) as source:
+    async with open_routing(settings, poll_interval_s=args.poll_interval_s, on_change=lambda _e: wake.set(),
+                            follow=not args.once) as source:
         sync = HaproxySync(api, source, backend_map, server_map, resync_interval_s=args.resync_interval_s,
                            poll_interval_s=args.poll_interval_s, wake=wake)
         if args.once:

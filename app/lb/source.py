@@ -138,11 +138,13 @@ async def open_routing(
     *,
     poll_interval_s: float = 1.0,
     on_change: Callable[[Any], Any] | None = None,
+    follow: bool = True,
 ) -> AsyncIterator[RoutingSource]:
     """The real routing reader for ``settings``, wrapped in :class:`SafeSource`.
 
     ``on_change`` is passed to the reader: called (with its ``ModelRouting``)
-    whenever a model's routing set or quarantine changes.
+    whenever a model's routing set or quarantine changes. ``follow=False``
+    starts no pub/sub or polling (one-shot reads, e.g. ``haproxy-sync --once``).
     """
     from app.routing.client import connect
     from app.routing.reader import RoutingTable
@@ -151,12 +153,32 @@ async def open_routing(
         raise ValueError(f"--poll-interval-s must be > 0, got {poll_interval_s!r}")
     client = connect(settings.redis_url)
     try:
-        async with RoutingTable(
-            client, settings.key_prefix, poll_interval_s=poll_interval_s, on_change=on_change
-        ) as table:
+        table = RoutingTable(client, settings.key_prefix, poll_interval_s=poll_interval_s, on_change=on_change)
+        if not follow:
             yield SafeSource(table)
+            return
+        before = asyncio.all_tasks()
+        await table.__aenter__()
+        own = {t for t in asyncio.all_tasks() - before if t.get_name().startswith("tailguard-routing")}
+        try:
+            yield SafeSource(table)
+        finally:
+            await _close_reader(table.aclose(), own)
     finally:
         await client.aclose()
+
+
+async def _close_reader(closing: Coroutine[Any, Any, None], tasks: set[asyncio.Task[Any]]) -> None:
+    # redis-py 8.1 can swallow a task cancellation that lands inside a command (measured here: a third
+    # to two thirds of cancels), and the reader's loops would then run on and aclose() wait forever.
+    # Repeat the cancel until its background tasks have ended.
+    fut = asyncio.ensure_future(closing)
+    while not fut.done():
+        await asyncio.wait([fut], timeout=0.05)
+        for t in tasks:
+            if not t.done():
+                t.cancel()
+    fut.result()
 
 
 def stop_on_signals() -> asyncio.Event:

@@ -9,19 +9,34 @@
   (``status`` and ``chunks`` shape the answer). Each request is also recorded
   in :attr:`EchoBackend.seen`.
 
-Nothing here touches Redis; used by the unit and integration tests of
-:mod:`app.lb` and handy for trying a load-balancer setup by hand.
+* :func:`write_routing` plays tailguard's writer in integration tests: it
+  replaces a model's routing set and quarantine in one ``MULTI``/``EXEC``,
+  bumps the version and publishes the change, with plain redis-py commands
+  (deliberately not :mod:`app.routing.writer`, so that the load balancers are
+  tested against the key contract, not against our own writer).
+* :func:`scratch_redis` gives a client and deletes a test's key prefix after;
+  :func:`spawn` starts a subprocess that an exit stack stops;
+  :func:`eventually` waits (bounded) until a condition holds.
+
+Used by the unit and integration tests of :mod:`app.lb`, and handy for trying
+a load-balancer setup by hand.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Mapping
+import inspect
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
+import redis.asyncio as aioredis
 from aiohttp import web
 
 from app.lb import LbError
+from app.routing.keys import Keys, change_message
 
 
 class StaticSource:
@@ -111,3 +126,78 @@ async def echo_backend(node_id: str, *, host: str = "127.0.0.1", status: int = 2
         yield backend
     finally:
         await runner.cleanup()
+
+
+async def write_routing(
+    redis: aioredis.Redis,
+    key_prefix: str,
+    model: str,
+    nodes: Iterable[str],
+    quarantine: Mapping[str, float] | None = None,
+) -> int:
+    """Replace ``model``'s routing set and quarantine as tailguard would; returns the new version."""
+    keys = Keys(key_prefix)
+    nodes = sorted(nodes)
+    async with redis.pipeline(transaction=True) as pipe:
+        pipe.delete(keys.routing(model), keys.quarantine(model))
+        if nodes:
+            pipe.sadd(keys.routing(model), *nodes)
+        if quarantine:
+            pipe.zadd(keys.quarantine(model), dict(quarantine))
+        pipe.incr(keys.version(model))
+        pipe.sadd(keys.models, model)
+        results = await pipe.execute()
+    version = int(results[-2])
+    await redis.publish(keys.channel, change_message(model, version))
+    return version
+
+
+@contextlib.asynccontextmanager
+async def scratch_redis(redis_url: str, key_prefix: str) -> AsyncIterator[aioredis.Redis]:
+    """A client for ``redis_url``; on exit every key under ``key_prefix:`` is deleted."""
+    from app.routing.client import connect
+
+    redis = connect(redis_url)
+    try:
+        yield redis
+    finally:
+        try:
+            keys = [k async for k in redis.scan_iter(match=f"{key_prefix}:*", count=500)]
+            if keys:
+                await redis.delete(*keys)
+        finally:
+            await redis.aclose()
+
+
+async def spawn(stack: contextlib.AsyncExitStack, *argv: str, **kwargs: Any) -> asyncio.subprocess.Process:
+    """Start ``argv`` (``asyncio.create_subprocess_exec`` keywords); ``stack`` terminates and reaps it."""
+    proc = await asyncio.create_subprocess_exec(*argv, **kwargs)
+
+    async def stop() -> None:
+        if proc.returncode is None:
+            proc.terminate()
+            try:
+                await asyncio.wait_for(proc.wait(), 10.0)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+                raise
+
+    stack.push_async_callback(stop)
+    return proc
+
+
+async def eventually(
+    check: Callable[[], Awaitable[bool] | bool], *, timeout_s: float = 15.0, what: str = "condition"
+) -> None:
+    """Wait until ``check()`` is true, polling every 20 ms; ``TimeoutError`` naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        ok = check()
+        if inspect.isawaitable(ok):
+            ok = await ok
+        if ok:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not true after {timeout_s} s")
+        await asyncio.sleep(0.02)
