@@ -64,7 +64,7 @@ async def bench_decision(redis_url: str, n: int) -> None:
 
         async def per_request_redis() -> None:
             members = await redis.smembers(key)
-            balancer.pick(MODEL, frozenset(m.decode() for m in members))
+            balancer.pick(MODEL, frozenset(m.decode() if isinstance(m, bytes) else m for m in members))
 
         await cached()
         t_cached = await best_wall_s(cached, n) / n
