@@ -22,6 +22,12 @@ included) and *enough peers* meaning at least ``min_peers`` of them:
   a smaller class is not judged by P50 at all (its class has no trustworthy
   norm, and the fleet's would punish a slower class); the tail rule still
   applies to it.
+* relative P99 — with enough peers, ``p99 > relative_p50_factor ×`` the
+  reference P99 (the same peer/class choice); reason ``relative_p99``. A
+  degrading node's window mixes old and new samples for a while: its P99
+  moves at once while its P50 waits for a majority of new samples, and on a
+  narrow signal (TPOT, healthy P99/P50 ≈ 1.1) its ratio never reaches
+  ``ratio_threshold``. This rule keeps detection within the 120 s target there.
 
 Guards (never violated, whatever the input):
 
@@ -240,15 +246,19 @@ class FleetEvaluator:
             ms.baseline_signal, ms.shifted = signal, False
         judgements: dict[str, Judgement] = {}
         abnormal = 0
+        base_p50, base_ratio = self._baseline_limits(ms)
+        healthy = HealthState.HEALTHY
         for node, s, p50, ratio in peers:
             j = self._judge(s, p50, ratio, s.samples, norms)
             if j.verdict is Verdict.ABNORMAL:
                 abnormal += 1
                 judgements[node] = j
-            elif pairs[node].state is not HealthState.HEALTHY or pairs[node].abnormal_streak:
+                continue
+            p = pairs[node]
+            if p.state is not healthy or p.abnormal_streak:
                 judgements[node] = j
-            if j.verdict is not Verdict.ABNORMAL and self._off_baseline(ms, s.hardware, p50, ratio,
-                                                                        norms.tail_limit):
+            # Abnormal against the slow baseline: counts towards a load event only.
+            if ratio > base_ratio or p50 > base_p50.get(_cls(s.hardware), math.inf):
                 abnormal += 1
         n_peers = len(peers)
         fleet_events: list[FleetEvent] = []
@@ -278,22 +288,25 @@ class FleetEvaluator:
                     judgements[node] = self._judge_probe(qs, norms)
 
         # Step every pair that can move (sorted: deterministic transition order).
+        candidates: list[PairState] = []
+        retired = HealthState.RETIRED
+        confirm = st.confirm_windows
         for node in sorted(pairs):
             p = pairs[node]
             state = p.state
-            if state is HealthState.HEALTHY and node not in judgements:
-                continue
-            if state is HealthState.RETIRED:
+            if (state is healthy and node not in judgements) or state is retired:
                 continue
             new, tr = health.step(p, judgements.get(node, health.NO_VERDICT), now_s, st)
             if new is not p:
                 pairs[node] = new
             if tr is not None:
                 transitions.append(tr)
+            if new.abnormal_streak >= confirm and health.wants_out(new, st):
+                candidates.append(new)
 
         diagnostics: list[DiagnosticsRequest] = []
-        if not load:
-            self._guard(model, pairs, now_s, transitions, diagnostics)
+        if not load and candidates:
+            self._guard(model, pairs, candidates, now_s, transitions, diagnostics)
 
         routing = frozenset(n for n, p in pairs.items() if p.routed)
         # The contract: ``routed`` is membership of the routing set after the tick, also for
@@ -349,13 +362,16 @@ class FleetEvaluator:
         ev = Evidence(signal=s.signal, p50=p50, p99=p99 if p99 is not None else s.p99, ratio=ratio,
                       samples=samples, peers_p50=ref, latency_p50_us=s.latency_p50_us,
                       latency_p99_us=s.latency_p99_us, hardware=s.hardware)
-        if sev_tail >= sev_p50 and sev_tail >= sev_p99:
-            return Judgement(Verdict.ABNORMAL, str(Reason.P99_P50_RATIO), ev, sev_tail,
+        # The reason names the most telling rule (a whole-node slowdown is relative_p50 even
+        # though its P99 moved as much); the severity that orders ejections is the largest.
+        sev = max(sev_tail, sev_p50, sev_p99)
+        if sev_tail > 1.0 and sev_tail >= sev_p50:
+            return Judgement(Verdict.ABNORMAL, str(Reason.P99_P50_RATIO), ev, sev,
                              f"p99/p50 {ratio:.2f} > limit {norms.tail_limit:.2f}")
-        if sev_p50 >= sev_p99:
-            return Judgement(Verdict.ABNORMAL, str(Reason.RELATIVE_P50), ev, sev_p50,
+        if sev_p50 > 1.0:
+            return Judgement(Verdict.ABNORMAL, str(Reason.RELATIVE_P50), ev, sev,
                              f"p50 {p50:.1f} > {factor:g} x peers' {ref:.1f}")
-        return Judgement(Verdict.ABNORMAL, RELATIVE_P99, ev, sev_p99,
+        return Judgement(Verdict.ABNORMAL, RELATIVE_P99, ev, sev,
                          f"p99 {p50 * ratio:.1f} > {factor:g} x peers' {ref99:.1f}")
 
     def _judge_probe(self, s: WindowSummary, norms: _Norms) -> Judgement:
@@ -376,17 +392,13 @@ class FleetEvaluator:
         return j
 
     # ---- baseline ------------------------------------------------------------------------
-    def _off_baseline(self, ms: _ModelState, hardware: str | None, p50: float, ratio: float,
-                      tail_limit: float) -> bool:
-        """Abnormal against the model's slow baseline (counts towards a load event only)."""
+    def _baseline_limits(self, ms: _ModelState) -> tuple[dict[str, float], float]:
+        """Per class, the P50 above which a node is off the model's slow baseline; the ratio too."""
         st = self.settings
-        base = ms.baseline_p50.get(_cls(hardware))
-        if base is not None and p50 > st.relative_p50_factor * math.exp(base):
-            return True
-        if ms.baseline_ratio is not None:
-            limit = max(st.ratio_threshold, st.fleet_ratio_factor * math.exp(ms.baseline_ratio))
-            return ratio > limit
-        return False
+        p50 = {c: st.relative_p50_factor * math.exp(b) for c, b in ms.baseline_p50.items()}
+        ratio = (math.inf if ms.baseline_ratio is None else
+                 max(st.ratio_threshold, st.fleet_ratio_factor * math.exp(ms.baseline_ratio)))
+        return p50, ratio
 
     def _baseline_fleet_p50(self, ms: _ModelState) -> float | None:
         if not ms.baseline_p50:
@@ -439,12 +451,10 @@ class FleetEvaluator:
             ms.baseline_ratio + alpha * (cur_r - ms.baseline_ratio))
 
     # ---- guards --------------------------------------------------------------------------
-    def _guard(self, model: str, pairs: dict[str, PairState], now_s: float,
-               transitions: list[Transition], diagnostics: list[DiagnosticsRequest]) -> None:
+    def _guard(self, model: str, pairs: dict[str, PairState], candidates: list[PairState],
+               now_s: float, transitions: list[Transition],
+               diagnostics: list[DiagnosticsRequest]) -> None:
         st = self.settings
-        candidates = [p for p in pairs.values() if health.wants_out(p, st)]
-        if not candidates:
-            return
         n_nodes = len(pairs)
         allowed_out = math.floor(st.max_ejected_fraction * n_nodes + 1e-9)
         out = sum(1 for p in pairs.values() if not p.routed)
