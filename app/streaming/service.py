@@ -119,7 +119,6 @@ class Runtime:
     evaluator: FleetEvaluator
     writer: RoutingSink | None
     ingest: IngestService | None = None
-    published: collections.Counter[str] | None = None
     last_assignment: tuple[int, frozenset[int]] | None = None
     stage2_tick: Callable[[], Awaitable[list[ModelOutput]]] | None = None
     gauged_models: set[str] = field(default_factory=set)
@@ -191,14 +190,15 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
     stage1 = Stage1(WindowStore(det), det, metrics)
     stage2 = Stage2(evaluator, state_table, hints=hints_table, stale_after_s=1.5 * tick_s)
     owns_writer = writer is None
+    redis_client: Any = None
     if writer is None:
         from app.routing.client import connect
         from app.routing.writer import RoutingWriter
 
-        writer = RoutingWriter(connect(settings.redis_url), settings.key_prefix, metrics=metrics)
+        redis_client = connect(settings.redis_url)
+        writer = RoutingWriter(redis_client, settings.key_prefix, metrics=metrics)
     routing: RoutingSink = writer
-    rt = Runtime(settings, metrics, stage1, stage2, evaluator, writer,
-                 published=collections.Counter())
+    rt = Runtime(settings, metrics, stage1, stage2, evaluator, writer)
     setattr(app, _RUNTIME_ATTR, rt)
     sink = _FaustSink(stats, dlq)
 
@@ -230,6 +230,8 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
                 close = getattr(writer, "aclose", None)
                 if close is not None:
                     await close()
+                if redis_client is not None:
+                    await redis_client.aclose()
             metrics.close()
 
     app.service(_Lifecycle)
@@ -309,8 +311,6 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
             for t in out.transitions:
                 futs.append(await health.send(key=key, value=dumps(t.to_event())))
                 metrics.transitions.labels(to=str(t.to_state)).inc()
-                assert rt.published is not None
-                rt.published[t.event_id] += 1
             for f in tick.fleet_events:
                 futs.append(await fleet.send(key=key, value=dumps(f.to_event())))
             for r in tick.diagnostics:
