@@ -88,7 +88,8 @@ class Rig:
 
 
 async def start_haproxy(stack: AsyncExitStack, tmp: Path, backends: dict[str, EchoBackend]) -> tuple[str, int]:
-    haproxy = shutil.which("haproxy")
+    # Debian installs it in /usr/sbin, which is not on every user's PATH.
+    haproxy = shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin:/usr/local/sbin")
     if haproxy is None:
         pytest.fail("haproxy is not installed: `apt-get install haproxy` (Debian package; scripts/test installs it)",
                     pytrace=False)
