@@ -194,7 +194,7 @@ def _pass1(ch: _Chunk, now_s: float, age_lo: float,
         clean = (used & (ch.fill == ch.cap) & (ts.min(axis=1) > age_lo)
                  & (ts.max(axis=1) <= now_s) & (lat.min(axis=1) > 0) & np.isnan(since_row))
         dirty = np.flatnonzero(used & ~clean)
-        sub_ts, sub_lat = ts[dirty], lat[dirty]
+        sub_ts, sub_lat = _rows(ts, dirty), _rows(lat, dirty)
         intime = (sub_ts <= now_s) & (sub_ts > age_lo)
         judged_d = intime & (sub_lat > 0)
         probe_d = intime & (sub_lat < 0)
@@ -205,6 +205,12 @@ def _pass1(ch: _Chunk, now_s: float, age_lo: float,
     n_judged = np.where(clean, ch.cap, 0)
     n_judged[dirty] = judged_d.sum(axis=1)
     return _Pass1(ch, clean, dirty, judged_d, probe_d, n_judged, since_row, bool(since))
+
+
+def _rows(arr: npt.NDArray[Any], rows: I64) -> npt.NDArray[Any]:
+    """``arr[rows]`` for sorted unique ``rows``; the array itself (no copy) when
+    they are all of its rows. Callers only read the result."""
+    return arr if rows.size == arr.shape[0] else arr[rows]
 
 
 def _sorted_quantiles(srt: F32, n: int) -> F64:
@@ -492,7 +498,7 @@ class WindowStore:
 
     def _values(self, ch: _Chunk, rows: I64, codes: I64, plans: list[_ModelPlan]) -> F32:
         """The signal value of every slot of ``rows`` (NaN where the row's signal has none)."""
-        absl = np.abs(ch.lat[rows])
+        absl: F32 = np.abs(_rows(ch.lat, rows))
         if not ch.sized:
             if not codes.any():
                 return absl
@@ -538,18 +544,22 @@ class WindowStore:
             judged = st.judged_rows(slow)
             code = rows_code[slow]
             vals = self._values(ch, slow, code, plans)
-            valid = ~np.isnan(vals)
-            sig_mask = judged & valid
-            ns = sig_mask.sum(axis=1)
+            raw = not ch.sized and not code.any()
+            # Raw latency is NaN only in empty slots, which are never judged.
+            valid = None if raw else ~np.isnan(vals)
+            sig_mask = judged if valid is None else judged & valid
+            ns = st.n_judged[slow] if raw else sig_mask.sum(axis=1)
             n_sig[slow] = ns
             q_sig[slow] = row_quantiles(np.where(sig_mask, vals, np.float32(np.inf)), ns, _QS)
-            if not ch.sized and not code.any():
+            if raw:
                 q_lat[slow] = q_sig[slow]
             else:
                 q_lat[slow] = row_quantiles(
-                    np.where(judged, np.abs(ch.lat[slow]), np.float32(np.inf)),
+                    np.where(judged, np.abs(_rows(ch.lat, slow)), np.float32(np.inf)),
                     st.n_judged[slow], _QS)
-            probe_mask = st.probe_rows(slow) & valid
+            probe_mask = st.probe_rows(slow)
+            if valid is not None:
+                probe_mask = probe_mask & valid
             npr = probe_mask.sum(axis=1)
             n_probe[slow] = npr
             for i in np.flatnonzero(npr).tolist():
