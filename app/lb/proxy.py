@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import json
 import logging
 import sys
 import time
@@ -54,6 +53,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
+import orjson
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
@@ -85,8 +85,8 @@ def model_of(headers: Mapping[str, str], body: bytes, model_header: str | None) 
     if not body or body.lstrip()[:1] != b"{":
         return None
     try:
-        obj = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
         return None
     model = obj.get("model") if isinstance(obj, dict) else None
     return model.strip() or None if isinstance(model, str) else None
