@@ -1,0 +1,126 @@
+"""The demo's pure parts: the plan, cutting a run into phases, the report (no processes, no network)."""
+
+from __future__ import annotations
+
+import pytest
+
+from app import demo
+from app.sim.scenario import loads as load_scenario
+
+PLAN = demo.Plan(onset_s=60.0, degraded_s=30.0, backoff_initial_s=20.0, interval_s=2.5)
+
+
+def interval(t1_s: float, p99_ms: float, *, p50_ms: float = 180.0, n: int = 400) -> demo.Interval:
+    return demo.Interval(t1_s - 2.5, t1_s, n, 0, p50_ms, p99_ms, {})
+
+
+def change(t_s: float, node: str, frm: str, to: str, routed: bool, reason: str) -> demo.HealthChange:
+    return demo.HealthChange(t_s, node, frm, to, routed, reason, 540.0, 900.0, 1.7, 180.0, None)
+
+
+def observations(p99_at: dict[str, float], changes: list[demo.HealthChange]) -> demo.Observations:
+    """Intervals every 2.5 s up to 160 s; the P99 of each phase from ``p99_at``."""
+    ivs = []
+    for k in range(1, 65):
+        t1 = 2.5 * k
+        if t1 <= 60:
+            p99 = p99_at["healthy"]
+        elif t1 <= 82.5:
+            p99 = p99_at["degraded"]
+        elif t1 <= 131:
+            p99 = p99_at["removed"]
+        else:
+            p99 = p99_at["back"]
+        ivs.append(interval(t1, p99))
+    return demo.Observations(intervals=ivs, changes=changes, load_start_s=0.0)
+
+
+STORY_CHANGES = [
+    change(70.0, "gpu-node-05", "healthy", "suspect", True, "relative_p50"),
+    change(80.0, "gpu-node-05", "suspect", "unhealthy", False, "relative_p50"),
+    change(85.0, "gpu-node-05", "unhealthy", "quarantined", False, "quarantine"),
+    change(102.0, "gpu-node-05", "quarantined", "quarantined", False, "probe_failed"),
+    change(130.0, "gpu-node-05", "quarantined", "healthy", True, "probe_passed"),
+]
+
+
+def test_phases_are_cut_at_the_slow_nodes_health_changes() -> None:
+    obs = observations({"healthy": 370, "degraded": 820, "removed": 380, "back": 372}, STORY_CHANGES)
+    s = demo.analyze(PLAN, obs, 160.0)
+    assert (s.suspect_s, s.removed_s, s.readmitted_s, s.reejected_s) == (70.0, 80.0, 130.0, None)
+    assert s.healthy.p99_ms == 370 and s.healthy.t0_s == 5.0       # first 2 intervals skipped
+    assert s.degraded.p99_ms == 820 and s.degraded.t1_s == 81.0    # + 1 s for the proxy to learn
+    # the node recovered (t=90) before its probes began (t=100): probe traffic is fine to count
+    assert s.removed.p99_ms == 380 and (s.removed.t0_s, s.removed.t1_s) == (81.0, 130.0)
+    assert s.readmitted.p99_ms == 372 and s.readmitted.t0_s == 131.0
+    assert s.weak_link_factor == pytest.approx(820 / 370)
+    assert s.cured_factor == pytest.approx(380 / 370)
+    assert s.complete
+    report = demo.render_report(s)
+    assert "P99    820 ms" in report and "= 2.22x healthy" in report
+    assert "left the routing set at t=80.0s, 20.0 s after it slowed down" in report
+    assert "re-admitted: at t=130.0s" in report and "result: ok" in report
+
+
+@pytest.mark.parametrize(("p99_removed", "complete"), [(370 * 1.19, True), (370 * 1.21, False), (370 * 0.79, False)])
+def test_complete_needs_the_p99_back_within_20_percent(p99_removed: float, complete: bool) -> None:
+    obs = observations({"healthy": 370, "degraded": 820, "removed": p99_removed, "back": 372}, STORY_CHANGES)
+    assert demo.analyze(PLAN, obs, 160.0).complete is complete
+
+
+def test_no_removal_no_readmission_or_a_second_removal_is_incomplete() -> None:
+    obs = observations({"healthy": 370, "degraded": 820, "removed": 820, "back": 820}, STORY_CHANGES[:1])
+    s = demo.analyze(PLAN, obs, 160.0)
+    assert s.removed_s is None and s.removed.p99_ms is None and not s.complete
+    assert "was NOT removed" in demo.render_report(s)
+    assert s.degraded.t1_s == 160.0
+
+    obs = observations({"healthy": 370, "degraded": 820, "removed": 380, "back": 372}, STORY_CHANGES[:3])
+    s = demo.analyze(PLAN, obs, 160.0)
+    assert s.removed_s == 80.0 and s.readmitted_s is None and not s.complete
+    assert "re-admitted: NO" in demo.render_report(s)
+
+    again = [*STORY_CHANGES, change(133.0, "gpu-node-05", "suspect", "unhealthy", False, "p99_p50_ratio")]
+    s = demo.analyze(PLAN, observations({"healthy": 370, "degraded": 820, "removed": 380, "back": 372}, again),
+                     160.0)
+    assert s.reejected_s == 133.0 and s.readmitted.t1_s == 133.0 and not s.complete
+
+
+def test_other_nodes_leaving_routing_make_the_story_incomplete() -> None:
+    other = change(75.0, "gpu-node-02", "suspect", "unhealthy", False, "p99_p50_ratio")
+    obs = observations({"healthy": 370, "degraded": 820, "removed": 380, "back": 372}, [*STORY_CHANGES, other])
+    s = demo.analyze(PLAN, obs, 160.0)
+    assert s.others_removed == ("gpu-node-02",) and not s.complete
+
+
+def test_probe_traffic_to_a_still_slow_node_is_not_counted_as_removed() -> None:
+    plan = demo.Plan(onset_s=60.0, degraded_s=None, backoff_initial_s=20.0, interval_s=2.5)
+    obs = observations({"healthy": 370, "degraded": 820, "removed": 380, "back": 600}, STORY_CHANGES[:3])
+    s = demo.analyze(plan, obs, 160.0)
+    assert (s.removed.t0_s, s.removed.t1_s) == (81.0, 100.0)   # probes from removal + back-off
+
+
+def test_plan_scenario_is_valid_and_matches_the_timeline() -> None:
+    for plan in (demo.DEMO_PLAN, demo.TEST_PLAN):
+        sc = load_scenario(plan.scenario_toml())
+        assert [n.node_id for n in sc.nodes] == list(plan.node_ids)
+        (fault,) = sc.faults
+        assert fault.nodes == (plan.slow_node,) and fault.kind == "slowdown" and fault.factor == plan.slowdown
+        assert (fault.onset_s, fault.end_s) == (plan.onset_s, plan.end_s)
+
+
+def test_settings_lines_name_every_changed_setting_and_the_env_carries_them(tmp_path: object) -> None:
+    lines = "\n".join(demo.settings_lines(demo.DEMO_PLAN))
+    assert "* tick_interval_s    = 5" in lines and "(default 30)" in lines
+    env = demo.child_env(demo.DEMO_PLAN, demo.RunNames("tgdemo-x"), "127.0.0.1:9092", "redis://h:1/0",
+                         demo.ROOT / "x")
+    assert env["TAILGUARD_TICK_INTERVAL_S"] == "5.0" and env["TAILGUARD_KEY_PREFIX"] == "tgdemo-x"
+    assert env["TAILGUARD_TOPIC_HEALTH_CHANGES"] == "tgdemo-x-health-changes"
+    assert "TAILGUARD_CONFIRM_WINDOWS" not in env     # the default is kept
+
+
+def test_a_plan_without_a_healthy_phase_is_refused() -> None:
+    with pytest.raises(ValueError, match="onset_s"):
+        demo.Plan(onset_s=5.0)
+    with pytest.raises(ValueError, match="slow_node"):
+        demo.Plan(slow_node="gpu-node-09")
