@@ -46,6 +46,7 @@ from redis.exceptions import RedisError
 
 from app.routing.errors import RoutingUnavailable
 from app.routing.keys import DEFAULT_PREFIX, Keys, parse_change_message
+from app.routing.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -269,11 +270,7 @@ class RoutingTable:
 
     async def aclose(self) -> None:
         tasks, self._tasks = self._tasks, []
-        for t in tasks:
-            t.cancel()
-        for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        await cancel_and_wait(tasks)
 
     # -- internals --------------------------------------------------------------
 

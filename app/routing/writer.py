@@ -44,7 +44,6 @@ Prometheus import here); the service maps them onto its registry.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import time
@@ -58,6 +57,7 @@ from redis.exceptions import RedisError
 
 from app.core.types import ModelTick
 from app.routing.keys import DEFAULT_PREFIX, Keys, status_json
+from app.routing.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -320,9 +320,7 @@ class RoutingWriter:
         """Stop the retry task and make one last attempt to write what is pending."""
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait([task])
         if self._pending and not await self._flush(force=True):
             log.error(
                 "closing with unwritten routing verdicts for models %s: Redis keeps the last "
