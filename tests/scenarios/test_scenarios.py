@@ -77,8 +77,12 @@ def test_batch_form_detects_the_same_fault() -> None:
     assert_detected_in_time(out, "gpu-01")
 
 
-def test_warming_node_joining_is_not_ejected() -> None:
-    joiner = Node("gpu-new", start_s=400.0, mods=(Mod("warm", 400.0, 460.0, factor=10.0),))
+@pytest.mark.parametrize("rate_rps", [20.0, 5.0])
+def test_warming_node_joining_is_not_ejected(rate_rps: float) -> None:
+    # 10x slower at first, normal after 60 s; at 5 req/s its window still holds warm-up
+    # samples when warm-up ends, which are never judged
+    joiner = Node("gpu-new", start_s=400.0, rate_rps=rate_rps,
+                  mods=(Mod("warm", 400.0, 460.0, factor=10.0),))
     out = run(Scenario("warmup", [*fleet(6), joiner], duration_s=1000, seed=9))
     assert_only_ejected(out, set())
     new = [t for t in out.transitions if t["node_id"] == "gpu-new"]
@@ -214,3 +218,15 @@ def test_same_trace_same_output_and_bad_lines_counted() -> None:
     assert stats.bad == {"bad_json": 1, "bad_latency": 1}
     assert [ln for ln, _, _ in stats.first_bad] == [101, 102]
     assert [r for r in out] == [__import__("json").dumps(r) for r in a.records]
+
+
+def test_bad_deploy_is_reported_and_later_faults_are_still_caught() -> None:
+    # every node 3x slower from 300 s on (a bad deploy), one node 3x slower again at 1200 s
+    deploy = (Mod("slow", 300.0, factor=3.0),)
+    nodes = with_mod(fleet(8, mods=deploy), "gpu-06", Mod("slow", 1200.0, factor=3.0))
+    out = run(Scenario("deploy", nodes, duration_s=1500, seed=20))
+    kinds = [e["kind"] for e in out.fleet]
+    assert kinds.count("baseline_shift") == 1 and kinds.count("load_event") == 1
+    assert "load_event_end" in kinds          # the baseline follows a lasting shift
+    assert_only_ejected(out, {("gpu-06", "llm")})
+    assert_detected_in_time(out, "gpu-06", onset_s=1200.0)
