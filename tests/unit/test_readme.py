@@ -1,0 +1,38 @@
+"""The README is the user's contract: it must document every setting the code knows
+and name only commands that exist."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from app.cli import COMMANDS
+from app.settings import Settings, env_names
+
+README = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+
+
+def test_every_setting_is_documented_with_its_default() -> None:
+    rows = dict(re.findall(r"^\| `(TAILGUARD_[A-Z0-9_]+)` \| ([^|]+) \|", README, re.M))
+    missing = sorted(set(env_names()) - set(rows))
+    assert not missing, f"README Configuration lacks {missing}"
+    for name, default in env_names().items():
+        shown = rows[name].strip().strip("`")
+        assert shown == default or (default == "" and shown == "(empty)"), (name, shown, default)
+
+
+def test_readme_names_no_unknown_setting() -> None:
+    known = set(env_names()) | {f"TAILGUARD_{n}" for n in ("CACHE", "RUN", "VENV", "PYTHON", "SKIP_STACK")}
+    named = set(re.findall(r"TAILGUARD_[A-Z0-9_]*[A-Z0-9]", README))
+    assert named <= known, sorted(named - known)
+
+
+def test_readme_names_only_existing_commands() -> None:
+    used = set(re.findall(r"tailguard ([a-z][a-z-]+)", README))
+    prose = {"s", "replay", "status"}  # "tailguard's", and commands also in COMMANDS
+    assert used - prose <= set(COMMANDS), sorted(used - prose - set(COMMANDS))
+
+
+def test_defaults_in_readme_are_the_code_defaults() -> None:
+    s = Settings()
+    assert f"`{s.kafka_bootstrap}`" in README and f"`{s.redis_url}`" in README
