@@ -29,7 +29,7 @@ def test_readme_names_no_unknown_setting() -> None:
 
 def test_readme_names_only_existing_commands() -> None:
     # Commands as written in code spans and code blocks: `tailguard X` or a line starting with it.
-    used = set(re.findall(r"(?:`|^)tailguard ([a-z][a-z-]+)", README, re.M))
+    used = set(re.findall(r"(?:`|^)(?:\$ )?tailguard ([a-z][a-z-]+)", README, re.M))
     assert used, "the README shows no tailguard command at all"
     assert used <= set(COMMANDS), sorted(used - set(COMMANDS))
 
