@@ -18,10 +18,12 @@ included) and *enough peers* meaning at least ``min_peers`` of them:
 * relative P50 — with enough peers, ``p50 > relative_p50_factor ×`` the
   reference P50; reason ``relative_p50``. The reference is the peers' median,
   or, when peers carry more than one ``hardware`` class, the median of the
-  pair's own class if that class has at least ``min_peers`` peers. A pair of
-  a smaller class is not judged by P50 at all (its class has no trustworthy
-  norm, and the fleet's would punish a slower class); the tail rule still
-  applies to it.
+  pair's own class if that class has at least ``min_peers`` peers. For a
+  smaller class (too few nodes for a median; the fleet's median would punish
+  a slower class) the reference is the class's own slow baseline (below) times
+  the fleet's movement since (median over peers of P50 / own class baseline),
+  once that baseline has ``SMALL_CLASS_MIN_TICKS`` ticks behind it; before
+  that, the pair is not judged by P50 (the tail rule still applies).
 * relative P99 — with enough peers, ``p99 > relative_p50_factor ×`` the
   reference P99 (the same peer/class choice); reason ``relative_p99``. A
   degrading node's window mixes old and new samples for a while: its P99
@@ -81,6 +83,9 @@ RELATIVE_P99 = "relative_p99"   # reason of the relative tail rule (see the modu
 BASELINE_HALF_LIFE_S = 600.0
 BASELINE_SHIFT_FACTOR = 2.0
 BASELINE_CLEAR_FACTOR = 1.5
+# A hardware class with fewer than min_peers peers is judged by P50 against its own baseline
+# (moved with the fleet) once that baseline has this many ticks behind it.
+SMALL_CLASS_MIN_TICKS = 4
 
 
 def median(values: Sequence[float]) -> float:
@@ -98,6 +103,7 @@ class _ModelState:
     baseline_ratio: float | None = None                          # log of the median ratio
     baseline_ts: float | None = None
     baseline_signal: str | None = None
+    baseline_ticks: dict[str, int] = field(default_factory=dict)   # class -> updates so far
     load_event: bool = False
     shifted: bool = False
 
@@ -105,7 +111,9 @@ class _ModelState:
         return {"pairs": {n: p.to_dict() for n, p in sorted(self.pairs.items())},
                 "baseline_p50": dict(sorted(self.baseline_p50.items())),
                 "baseline_ratio": self.baseline_ratio, "baseline_ts": self.baseline_ts,
-                "baseline_signal": self.baseline_signal, "load_event": self.load_event, "shifted": self.shifted}
+                "baseline_signal": self.baseline_signal,
+                "baseline_ticks": dict(sorted(self.baseline_ticks.items())),
+                "load_event": self.load_event, "shifted": self.shifted}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> _ModelState:
@@ -113,6 +121,7 @@ class _ModelState:
                    baseline_p50={str(k): float(v) for k, v in d.get("baseline_p50", {}).items()},
                    baseline_ratio=d.get("baseline_ratio"), baseline_ts=d.get("baseline_ts"),
                    baseline_signal=d.get("baseline_signal"),
+                   baseline_ticks={str(k): int(v) for k, v in d.get("baseline_ticks", {}).items()},
                    load_event=bool(d.get("load_event", False)), shifted=bool(d.get("shifted", False)))
 
 
@@ -131,6 +140,7 @@ class _Norms:
     tail_limit: float                 # max(ratio_threshold, fleet_ratio_factor × median ratio)
     fleet_p99: float | None = None
     class_p99: dict[str, float] = field(default_factory=dict)
+    movement: float | None = None     # median of P50 / own class baseline over the peers
 
     def p50_ref(self, hardware: str | None) -> float | None:
         if not self.enough_peers:
@@ -237,13 +247,13 @@ class FleetEvaluator:
                 continue
             if s.samples >= min_samples and s.p50 is not None and s.p99 is not None and s.p50 > 0:
                 peers.append((node, s, s.p50, s.p99 / s.p50))
-        norms = self._norms(peers)
-
         signal = _signal(peers)
         if peers and signal != ms.baseline_signal:
             # A baseline is in the units of its signal: a new signal starts a new baseline.
             ms.baseline_p50, ms.baseline_ratio, ms.baseline_ts = {}, None, None
+            ms.baseline_ticks = {}
             ms.baseline_signal, ms.shifted = signal, False
+        norms = self._norms(peers, ms)
         judgements: dict[str, Judgement] = {}
         abnormal = 0
         base_p50, base_ratio = self._baseline_limits(ms)
@@ -274,7 +284,7 @@ class FleetEvaluator:
                         "nobody is ejected while it lasts") if load else None))
         if load:
             judgements = {}
-        shift = self._baseline_shift(model, ms, peers, now_s, abnormal, fleet_p50)
+        shift = self._baseline_shift(model, ms, peers, now_s, abnormal, fleet_p50, norms.movement)
         if shift is not None:
             fleet_events.append(shift)
         self._update_baseline(ms, peers, now_s)
@@ -323,7 +333,8 @@ class FleetEvaluator:
                          fleet_events=tuple(fleet_events), diagnostics=tuple(diagnostics))
 
     # ---- rules ---------------------------------------------------------------------------
-    def _norms(self, peers: list[tuple[str, WindowSummary, float, float]]) -> _Norms:
+    def _norms(self, peers: list[tuple[str, WindowSummary, float, float]],
+               ms: _ModelState) -> _Norms:
         st = self.settings
         enough = len(peers) >= st.min_peers
         if not enough:
@@ -335,6 +346,9 @@ class FleetEvaluator:
         for _, s, p50, ratio in peers:
             classes.setdefault(_cls(s.hardware), []).append((p50, p50 * ratio))
         multi = len(classes) > 1
+        base = ms.baseline_p50
+        rel = [p[2] / math.exp(base[c]) for p in peers if (c := _cls(p[1].hardware)) in base]
+        movement = median(rel) if len(rel) >= st.min_peers else None
         class_p50: dict[str, float] = {}
         class_p99: dict[str, float] = {}
         if multi:
@@ -342,8 +356,13 @@ class FleetEvaluator:
                 if len(v) >= st.min_peers:
                     class_p50[c] = median([x[0] for x in v])
                     class_p99[c] = median([x[1] for x in v])
+                elif (movement is not None and c in base
+                      and ms.baseline_ticks.get(c, 0) >= SMALL_CLASS_MIN_TICKS):
+                    # Too few peers for a class median: the class's own slow baseline, moved
+                    # as the whole fleet moved since (so a fleet-wide change cancels out).
+                    class_p50[c] = math.exp(base[c]) * movement
         return _Norms(True, fleet_p50, class_p50, multi, tail_limit,
-                      median([p[2] * p[3] for p in peers]), class_p99)
+                      median([p[2] * p[3] for p in peers]), class_p99, movement)
 
     def _judge(self, s: WindowSummary, p50: float, ratio: float, samples: int,
                norms: _Norms, p99: float | None = None) -> Judgement:
@@ -405,15 +424,12 @@ class FleetEvaluator:
             return None
         return math.exp(median(list(ms.baseline_p50.values())))
 
-    def _baseline_shift(self, model: str, ms: _ModelState, peers: list[tuple[str, WindowSummary, float, float]],
-                        now_s: float, abnormal: int, fleet_p50: float | None) -> FleetEvent | None:
-        if len(peers) < self.settings.min_peers:
+    def _baseline_shift(self, model: str, ms: _ModelState,
+                        peers: list[tuple[str, WindowSummary, float, float]], now_s: float,
+                        abnormal: int, fleet_p50: float | None,
+                        factor: float | None) -> FleetEvent | None:
+        if factor is None:
             return None
-        rel = [p50 / math.exp(ms.baseline_p50[_cls(s.hardware)])
-               for _, s, p50, _ in peers if _cls(s.hardware) in ms.baseline_p50]
-        if len(rel) < self.settings.min_peers:
-            return None
-        factor = median(rel)
         off = max(factor, 1.0 / factor)
         if not ms.shifted and off > BASELINE_SHIFT_FACTOR:
             ms.shifted = True
@@ -446,6 +462,7 @@ class FleetEvaluator:
             cur = math.log(median(values))
             old = ms.baseline_p50.get(c)
             ms.baseline_p50[c] = cur if old is None else old + alpha * (cur - old)
+            ms.baseline_ticks[c] = ms.baseline_ticks.get(c, 0) + 1
         cur_r = math.log(median(ratios))
         ms.baseline_ratio = cur_r if ms.baseline_ratio is None else (
             ms.baseline_ratio + alpha * (cur_r - ms.baseline_ratio))

@@ -230,3 +230,14 @@ def test_bad_deploy_is_reported_and_later_faults_are_still_caught() -> None:
     assert "load_event_end" in kinds          # the baseline follows a lasting shift
     assert_only_ejected(out, {("gpu-06", "llm")})
     assert_detected_in_time(out, "gpu-06", onset_s=1200.0)
+
+
+def test_small_hardware_class_node_is_caught_against_its_own_baseline() -> None:
+    a100 = [Node(f"a100-{i}", hardware="A100", p50_us=100_000.0) for i in range(6)]
+    a10 = [Node("a10-0", hardware="A10", p50_us=260_000.0),
+           Node("a10-1", hardware="A10", p50_us=260_000.0, mods=(Mod("slow", 600.0, factor=3.0),))]
+    out = run(Scenario("small-class", [*a100, *a10], duration_s=1000, seed=21))
+    assert_only_ejected(out, {("a10-1", "llm")})
+    assert_detected_in_time(out, "a10-1", onset_s=600.0)
+    healthy = run(Scenario("small-class-ok", [*a100, a10[0]], duration_s=1000, seed=21))
+    assert_only_ejected(healthy, set())

@@ -162,14 +162,32 @@ def test_hardware_classes_do_not_punish_the_slower_class() -> None:
                for tk in ticks for t in tk.transitions)
 
 
-def test_small_hardware_class_is_not_judged_by_p50() -> None:
+def test_small_hardware_class_is_judged_against_its_own_baseline() -> None:
     hw = {f"n{i:02d}": ("A100" if i < 6 else "A10") for i in range(8)}
     f = {n: ((100.0 if hw[n] == "A100" else 400.0), 2.0) for n in hw}
     ev = FleetEvaluator(S)
     ticks = run(ev, 6, f, hardware=hw)
+    assert all(len(t.routing) == 8 for t in ticks)        # the slower class is not punished
+    # the whole fleet doubles (a load peak that stays under the load-event bar for the A10s):
+    # the A10s' reference moves with it
+    both = {n: (2 * v[0], v[1]) for n, v in f.items()}
+    ticks = run(ev, 4, both, t0=T0 + 180, hardware=hw)
+    assert all(len(t.routing) == 8 for t in ticks)
+    # one A10 3x slower than its own history (its class has 2 nodes: no class median)
+    ticks = run(ev, 4, dict(both, n07=(2400.0, 2.0)), t0=T0 + 300, hardware=hw)
+    assert ticks[-1].routing == set(hw) - {"n07"}
+    out = next(t for tk in ticks for t in tk.transitions if not t.routed)
+    assert out.reason == "relative_p50" and out.peers_p50 == pytest.approx(800.0, rel=0.1)
+
+
+def test_small_hardware_class_without_a_baseline_is_not_judged_by_p50() -> None:
+    hw = {f"n{i:02d}": ("A100" if i < 6 else "A10") for i in range(8)}
+    f = {n: ((100.0 if hw[n] == "A100" else 400.0), 2.0) for n in hw}
+    ev = FleetEvaluator(S)
+    ticks = run(ev, 6, dict(f, n07=(1200.0, 2.0)), hardware=hw)   # slow from the start
     assert all(len(t.routing) == 8 for t in ticks)
     # its tail still counts
-    ticks = run(ev, 3, dict(f, n07=(400.0, 7.0)), t0=T0 + 180, hardware=hw)
+    ticks = run(ev, 3, dict(f, n07=(1200.0, 7.0)), t0=T0 + 180, hardware=hw)
     assert "n07" not in ticks[-1].routing
 
 
