@@ -62,11 +62,13 @@ import aiohttp
 import redis.asyncio as aioredis  # noqa: TID251
 from aiokafka import AIOKafkaConsumer, TopicPartition  # noqa: TID251
 from aiokafka.admin import AIOKafkaAdminClient  # noqa: TID251
+from redis.exceptions import RedisError  # noqa: TID251
 
 from app import settings as settings_mod
 from app.core.config import DetectorSettings
 from app.routing.status import ModelStatus, read_status
 from app.sim.scenario import loads as load_scenario
+from app.streaming.errors import StreamingError
 from app.streaming.topics import ensure_topics
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -317,6 +319,7 @@ class Stack:
     fleet_t0: float = 0.0             # wall-clock time of fleet time 0
     proxy_url: str = ""
     load_path: Path = Path()
+    topics_created: bool = False
 
     def check(self) -> None:
         for c in self.children:
@@ -348,8 +351,20 @@ async def running_stack(plan: Plan, *, kafka_bootstrap: str, redis_url: str, run
 async def _start(stack: Stack, env: dict[str, str], progress: Progress) -> None:
     plan, names, st, d = stack.plan, stack.names, stack.settings, stack.run_dir
     progress(f"run {names.base}: topics {names.base}-*, Redis keys {names.base}:*, logs in {d}")
+    r = aioredis.Redis.from_url(st.redis_url, socket_connect_timeout=3)
+    try:
+        await r.ping()
+    except RedisError as e:
+        raise DemoError(f"Redis is unreachable at TAILGUARD_REDIS_URL={st.redis_url} ({e}); "
+                        "start the local stack with scripts/up") from None
+    finally:
+        await r.aclose()
     progress(f"creating Kafka topics at {st.kafka_bootstrap}")
-    await ensure_topics(st)
+    try:
+        await ensure_topics(st, timeout_s=10)
+        stack.topics_created = True
+    except StreamingError as e:
+        raise DemoError(f"{e} (start the local stack with scripts/up)") from None
 
     progress("starting the worker (tailguard worker) and waiting until it has joined its consumer groups")
     worker = Child("worker", tailguard_cmd("worker"), env, d / "worker.log")
@@ -410,6 +425,8 @@ async def _start(stack: Stack, env: dict[str, str], progress: Progress) -> None:
 async def _delete_run_data(stack: Stack, progress: Progress) -> None:
     """Delete this run's topics (incl. faust's changelogs) and Redis keys; never fails the demo."""
     st = stack.settings
+    if not stack.topics_created:     # nothing was started, nothing to delete
+        return
     try:
         admin = AIOKafkaAdminClient(bootstrap_servers=st.kafka_bootstrap)
         await asyncio.wait_for(admin.start(), 10)
@@ -624,6 +641,7 @@ class Story:
     others_removed: tuple[str, ...]
     errors: int
     obs: Observations
+    end_s: float
 
     @property
     def weak_link_factor(self) -> float | None:
@@ -695,7 +713,31 @@ def analyze(plan: Plan, obs: Observations, end_s: float) -> Story:
                    and (readmitted_s is None or c.t_s < readmitted_s))
     others = tuple(sorted({c.node_id for c in obs.changes if c.node_id != plan.slow_node and not c.routed}))
     return Story(plan, healthy, degraded, removed, back, suspect, removed_s, removal, probe_after,
-                 readmitted_s, readmission, reejected_s, failed, others, sum(iv.errors for iv in obs.intervals), obs)
+                 readmitted_s, readmission, reejected_s, failed, others, sum(iv.errors for iv in obs.intervals), obs,
+                 end_s)
+
+
+def save_run(story: Story, path: Path) -> None:
+    """The run's plan and raw observations as JSON (``--replot`` re-reads it)."""
+    obs = story.obs
+    data = {"plan": dataclasses.asdict(story.plan), "end_s": story.end_s, "load_start_s": obs.load_start_s,
+            "intervals": [dataclasses.asdict(iv) for iv in obs.intervals],
+            "snapshots": [{"t_s": sn.t_s, "routing": sorted(sn.routing),
+                           "nodes": {n: dataclasses.asdict(v) for n, v in sn.nodes.items()}} for sn in obs.snapshots],
+            "changes": [dataclasses.asdict(c) for c in obs.changes]}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=None, separators=(",", ":")) + "\n", encoding="utf-8")
+
+
+def load_run(path: Path) -> Story:
+    """Inverse of :func:`save_run`: the story re-analysed from the saved observations."""
+    d = json.loads(path.read_text(encoding="utf-8"))
+    obs = Observations(
+        intervals=[Interval(**iv) for iv in d["intervals"]],
+        snapshots=[Snapshot(sn["t_s"], {n: NodeView(**v) for n, v in sn["nodes"].items()},
+                            frozenset(sn["routing"])) for sn in d["snapshots"]],
+        changes=[HealthChange(**c) for c in d["changes"]], load_start_s=d["load_start_s"])
+    return analyze(Plan(**d["plan"]), obs, float(d["end_s"]))
 
 
 def story_done(plan: Plan, obs: Observations, now_s: float) -> bool:
@@ -869,8 +911,11 @@ class Screen:
                 print(f"  health change: {c.describe()}", file=self.out)
             self.out.flush()
             return
-        lines = ["tailguard demo — one slow node among "
-                 f"{self.plan.nodes}, tick {self.plan.tick_interval_s:g} s (Ctrl-C stops and cleans up)", ""]
+        pl = self.plan
+        lines = [f"tailguard demo — one slow node among {pl.nodes} (Ctrl-C stops and cleans up)",
+                 f"short-tick settings: tick {pl.tick_interval_s:g} s (default 30), confirm_windows "
+                 f"{pl.confirm_windows}, warm-up {pl.warmup_s:g} s, window {pl.window_size} samples, "
+                 f"back-off {pl.backoff_initial_s:g} s (why: see the lines printed before this table)", ""]
         lines += render_table(self.plan, view)
         lines += ["", "health changes (topic node-health-changes):"]
         lines += [f"  {c.describe()}" for c in view.changes[-8:]] or ["  (none yet)"]
@@ -995,8 +1040,9 @@ def plot(s: Story, path: Path) -> None:
     ax.legend(loc="upper right", fontsize=8)
     ax.set_title(f"tailguard demo: {plan.nodes} nodes behind a round-robin proxy, one {plan.slowdown:g}x slower "
                  f"(tick {plan.tick_interval_s:g} s)")
-    slow_pts = [(sn.t_s, sn.nodes[plan.slow_node].p50_ms) for sn in obs.snapshots
-                if plan.slow_node in sn.nodes and sn.nodes[plan.slow_node].p50_ms is not None]
+    slow_snaps = [sn for sn in obs.snapshots
+                  if plan.slow_node in sn.nodes and sn.nodes[plan.slow_node].p50_ms is not None]
+    slow_pts = [(sn.t_s, sn.nodes[plan.slow_node].p50_ms) for sn in slow_snaps]
     band = []
     for sn in obs.snapshots:
         vals = [v.p50_ms for n, v in sn.nodes.items() if n != plan.slow_node and v.p50_ms is not None]
@@ -1008,18 +1054,16 @@ def plot(s: Story, path: Path) -> None:
         ax2.plot([b[0] for b in band], [b[2] for b in band], color="#777777", lw=1, drawstyle="steps-post",
                  label="other nodes (median)")
     if slow_pts:
-        out_of_routing = [plan.slow_node not in sn.routing for sn in obs.snapshots
-                          if plan.slow_node in sn.nodes and sn.nodes[plan.slow_node].p50_ms is not None]
-        routed_y = [y if not out else math.nan for (_, y), out in zip(slow_pts, out_of_routing, strict=True)]
-        out_y = [y if out else math.nan for (_, y), out in zip(slow_pts, out_of_routing, strict=True)]
-        xs2 = [p[0] for p in slow_pts]
-        ax2.plot(xs2, routed_y, color="#d62728", lw=2, drawstyle="steps-post", label=f"{plan.slow_node}, routed")
-        ax2.plot(xs2, out_y, color="#d62728", lw=1.2, ls=":", drawstyle="steps-post",
-                 label=f"{plan.slow_node}, out of routing (samples since removal / probe round)")
+        # Only while routed: out of routing, its numbers describe a quarantine window, not served traffic.
+        routed_y = [y if plan.slow_node in sn.routing else math.nan
+                    for (_, y), sn in zip(slow_pts, slow_snaps, strict=True)]
+        ax2.plot([p[0] for p in slow_pts], routed_y, color="#d62728", lw=2, drawstyle="steps-post",
+                 label=f"{plan.slow_node} (while routed)")
     ax2.set_ylabel("node P50 in tailguard (ms)")
     ax2.set_xlabel("time since the simulated fleet started (s)")
     ax2.set_ylim(bottom=0)
-    ax2.legend(loc="upper left", fontsize=8)
+    if ax2.get_legend_handles_labels()[0]:
+        ax2.legend(loc="center left", fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -1034,6 +1078,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", default=str(ROOT / "out" / "demo.png"), help="PNG to write (default out/demo.png)")
     p.add_argument("--fast", action="store_true", help="the end-to-end test's plan: 1-s ticks, about a minute")
     p.add_argument("--keep-logs", action="store_true", help="keep the children's logs even when all went well")
+    p.add_argument("--data", default=str(ROOT / "out" / "demo.json"),
+                   help="where to save the run's observations, JSON (default out/demo.json)")
+    p.add_argument("--replot", metavar="JSON", default=None,
+                   help="run nothing: print the report and redraw the plot of a saved run")
     return p
 
 
@@ -1047,12 +1095,21 @@ async def _main(args: argparse.Namespace, plan: Plan, screen: Screen) -> int:
     screen.progress(f"the story: {plan.nodes} healthy nodes; {plan.slow_node} becomes {plan.slowdown:g}x slower at "
                     f"t={plan.onset_s:g}s" + ("" if plan.end_s is None else f" and recovers at t={plan.end_s:g}s")
                     + f"; ends by itself (at the latest t={plan.deadline_s:g}s)")
-    story = await run_story(plan, kafka_bootstrap=cfg.kafka_bootstrap, redis_url=cfg.redis_url,
-                            run_dir=run_dir, progress=screen.progress, show=screen.show)
+    try:
+        story = await run_story(plan, kafka_bootstrap=cfg.kafka_bootstrap, redis_url=cfg.redis_url,
+                                run_dir=run_dir, progress=screen.progress, show=screen.show)
+    except asyncio.CancelledError:
+        if not args.keep_logs:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+    except DemoError:
+        print(f"logs: {run_dir}", file=screen.out)
+        raise
     print(render_report(story), file=screen.out)
+    save_run(story, Path(args.data))
     path = Path(args.plot)
     plot(story, path)
-    print(f"plot: {path}", file=screen.out)
+    print(f"plot: {path}\ndata: {args.data}", file=screen.out)
     if story.complete and not args.keep_logs:
         shutil.rmtree(run_dir, ignore_errors=True)
     else:
@@ -1062,6 +1119,12 @@ async def _main(args: argparse.Namespace, plan: Plan, screen: Screen) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(sys.argv[1:] if argv is None else list(argv))
+    if args.replot:
+        story = load_run(Path(args.replot))
+        print(render_report(story))
+        plot(story, Path(args.plot))
+        print(f"plot: {args.plot}")
+        return 0 if story.complete else 1
     plan = TEST_PLAN if args.fast else DEMO_PLAN
     screen = Screen(plan, sys.stdout)
     loop = asyncio.new_event_loop()

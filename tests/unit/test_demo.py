@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from app import demo
@@ -109,7 +111,7 @@ def test_plan_scenario_is_valid_and_matches_the_timeline() -> None:
         assert (fault.onset_s, fault.end_s) == (plan.onset_s, plan.end_s)
 
 
-def test_settings_lines_name_every_changed_setting_and_the_env_carries_them(tmp_path: object) -> None:
+def test_settings_lines_name_every_changed_setting_and_the_env_carries_them() -> None:
     lines = "\n".join(demo.settings_lines(demo.DEMO_PLAN))
     assert "* tick_interval_s    = 5" in lines and "(default 30)" in lines
     env = demo.child_env(demo.DEMO_PLAN, demo.RunNames("tgdemo-x"), "127.0.0.1:9092", "redis://h:1/0",
@@ -124,3 +126,18 @@ def test_a_plan_without_a_healthy_phase_is_refused() -> None:
         demo.Plan(onset_s=5.0)
     with pytest.raises(ValueError, match="slow_node"):
         demo.Plan(slow_node="gpu-node-09")
+
+
+def test_a_saved_run_replots_to_the_same_story(tmp_path: Path) -> None:
+    obs = observations({"healthy": 370, "degraded": 820, "removed": 380, "back": 372}, STORY_CHANGES)
+    obs.snapshots.append(demo.Snapshot(100.0, {"gpu-node-05": demo.NodeView(
+        "quarantined", False, None, None, None, 0, 100.0)}, frozenset({"gpu-node-01"})))
+    story = demo.analyze(PLAN, obs, 160.0)
+    demo.save_run(story, tmp_path / "run.json")
+    again = demo.load_run(tmp_path / "run.json")
+    assert again.plan == story.plan and again.end_s == 160.0
+    assert (again.healthy, again.degraded, again.removed, again.readmitted) == (
+        story.healthy, story.degraded, story.removed, story.readmitted)
+    assert again.obs.snapshots == story.obs.snapshots and again.obs.changes == story.obs.changes
+    demo.plot(again, tmp_path / "run.png")
+    assert (tmp_path / "run.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
