@@ -1061,7 +1061,8 @@ def plot(s: Story, path: Path) -> None:
                  label=f"{plan.slow_node} (while routed)")
     ax2.set_ylabel("node P50 in tailguard (ms)")
     ax2.set_xlabel("time since the simulated fleet started (s)")
-    ax2.set_ylim(bottom=0)
+    tops = [y for _, y in slow_pts if y is not None] + [b[3] for b in band] + [100.0]
+    ax2.set_ylim(bottom=0, top=max(tops) * 1.2)
     if ax2.get_legend_handles_labels()[0]:
         ax2.legend(loc="center left", fontsize=8)
     fig.tight_layout()
