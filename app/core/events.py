@@ -153,8 +153,14 @@ Event: TypeAlias = SampleBatch | Heartbeat
 _Row: TypeAlias = tuple[float, float, bool, bool, float, float, float]
 
 
+# Event time is seconds since the epoch; 1e11 s is the year 5138. A larger ts is
+# almost always milliseconds or microseconds, and would also break tick arithmetic
+# ((k + 1) * interval == k * interval for huge k).
+MAX_TS_S: Final = 1e11
+
+
 def _future_limit(now_s: float | None, settings: DetectorSettings) -> float:
-    return _INF if now_s is None else now_s + settings.max_future_skew_s
+    return MAX_TS_S if now_s is None else min(MAX_TS_S, now_s + settings.max_future_skew_s)
 
 
 # ---------------------------------------------------------------- field checks
@@ -209,6 +215,9 @@ def _ts_error(v: object, fut_limit: float, now_s: float | None) -> BadEvent:
     if v is None:
         return BadEvent("missing_field", "ts is required (event time, seconds since the epoch)",
                         field="ts")
+    if _is_num(v) and math.isfinite(v) and v > MAX_TS_S:  # type: ignore[arg-type,operator]
+        return BadEvent("bad_ts", f"ts={v!r} is not seconds since the epoch (milliseconds?): "
+                        f"ts must be Unix seconds, at most {MAX_TS_S:g}", field="ts")
     if _is_num(v) and math.isfinite(v) and v >= 0:  # type: ignore[arg-type,operator]
         return BadEvent("future_ts", f"ts={v!r} is more than {fut_limit - (now_s or 0.0):g} s"
                         f" after now ({now_s!r}); check the emitter's clock", field="ts")
@@ -458,6 +467,11 @@ class Accumulator:
     def __len__(self) -> int:
         """Messages added since the last drain."""
         return self._pending
+
+    def set_now(self, now_s: float | None) -> None:
+        """Move the reference for ``future_ts`` checks (replay uses its event-time watermark)."""
+        self._now_s = now_s
+        self._fut_limit = _future_limit(now_s, self._settings)
 
     def add(self, raw: bytes | str) -> float:
         try:

@@ -50,13 +50,15 @@ be opened or read (the message names it); 2 — bad command line or a bad
 from __future__ import annotations
 
 import argparse
+import gzip
+import io
 import json
 import math
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import IO
+from typing import IO, Any, cast
 
 from app.core.config import DetectorSettings, SettingError, field_names, parse_overrides
 from app.core.detector import Detector
@@ -65,6 +67,7 @@ from app.core.events import Accumulator, Heartbeat, SampleBatch
 from app.core.types import TickResult
 
 PROGRESS_EVERY_LINES = 100_000
+JUMP_CONFIRM_LINES = 3
 FIRST_BAD_LINES = 5
 
 
@@ -151,18 +154,13 @@ def replay(lines: Iterable[bytes | str], settings: DetectorSettings,
                 stats.bad_samples += e.rejected
         return evs
 
-    add = acc.add
-    lineno = 0
-    for lineno, raw in enumerate(lines, 1):
-        if not raw.strip():
-            continue
-        try:
-            ts = add(raw)
-        except BadEvent as e:
-            stats.bad[e.reason] += 1
-            if len(stats.first_bad) < FIRST_BAD_LINES:
-                stats.first_bad.append((lineno, e.reason, str(e)[:120]))
-            continue
+    def bad(lineno: int, e: BadEvent) -> None:
+        stats.bad[e.reason] += 1
+        if len(stats.first_bad) < FIRST_BAD_LINES:
+            stats.first_bad.append((lineno, e.reason, str(e)[:120]))
+
+    def accepted(ts: float) -> None:
+        nonlocal k, seen_max
         stats.events += 1
         if k is None:
             k = math.floor(ts / interval) + 1
@@ -171,9 +169,43 @@ def replay(lines: Iterable[bytes | str], settings: DetectorSettings,
             run_ticks(ts)
         if ts > seen_max:
             seen_max = ts
+            acc.set_now(ts)
+
+    # Lines more than max_future_skew_s past the latest event time are held back:
+    # one skewed clock must not jump the ticks past everyone else's events (they
+    # would all turn "late" and never be judged). JUMP_CONFIRM_LINES such lines in
+    # a row are a real gap in the trace and are accepted; a normal line in between
+    # makes the held ones bad input (future_ts).
+    held: list[tuple[int, bytes | str, BadEvent]] = []
+    add = acc.add
+    lineno = 0
+    for lineno, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        try:
+            ts = add(raw)
+        except BadEvent as e:
+            if e.reason == "future_ts" and k is not None:
+                held.append((lineno, raw, e))
+                if len(held) >= JUMP_CONFIRM_LINES:
+                    acc.set_now(None)
+                    for _, held_raw, _ in held:
+                        accepted(add(held_raw))
+                    held.clear()
+                    acc.set_now(seen_max)
+            else:
+                bad(lineno, e)
+            continue
+        if held:
+            for held_lineno, _, held_err in held:
+                bad(held_lineno, held_err)
+            held.clear()
+        accepted(ts)
         if progress is not None and lineno % PROGRESS_EVERY_LINES == 0:
-            stats.lines = lineno
+            stats.lines, stats.last_ts = lineno, seen_max
             progress(stats)
+    for held_lineno, _, held_err in held:
+        bad(held_lineno, held_err)
     stats.lines = lineno
     stats.last_ts = None if k is None else seen_max
     if k is not None:
@@ -243,6 +275,11 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         print(f"tailguard replay: cannot read {name}: {e.strerror or e}", file=sys.stderr)
         return 1
+    try:
+        stream = _maybe_gunzip(stream)
+    except OSError as e:
+        print(f"tailguard replay: cannot read {name}: {e.strerror or e}", file=sys.stderr)
+        return 1
     show_progress = args.progress if args.progress is not None else sys.stderr.isatty()
     out = sys.stdout
     write = out.write
@@ -252,7 +289,9 @@ def main(argv: list[str] | None = None) -> int:
         write("\n")
 
     def progress(st: ReplayStats) -> None:
-        print(f"replay: {st.lines} lines, {st.events} events, {st.ticks} ticks, "
+        at = ("" if st.first_ts is None or st.last_ts is None
+              else f", event time +{st.last_ts - st.first_ts:.0f} s")
+        print(f"replay: {st.lines} lines, {st.events} events{at}, {st.ticks} ticks, "
               f"{st.transitions} transitions", file=sys.stderr)
 
     try:
@@ -266,3 +305,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.summary:
         print(_status_table(det), file=sys.stderr)
     return 0
+
+
+def _maybe_gunzip(stream: IO[bytes]) -> IO[bytes]:
+    """A gzip-compressed trace (magic bytes 1f 8b) is decompressed on the fly."""
+    buffered: Any = stream if isinstance(stream, io.BufferedReader) else io.BufferedReader(stream)
+    if buffered.peek(2)[:2] == b"\x1f\x8b":
+        return cast(IO[bytes], gzip.GzipFile(fileobj=buffered, mode="rb"))
+    return cast(IO[bytes], buffered)

@@ -91,11 +91,36 @@ def test_bad_lines_are_counted_with_line_numbers() -> None:
 
 def test_a_far_future_timestamp_does_not_run_forever() -> None:
     ls = lines(nodes=3, seconds=60)
-    ls.append(json.dumps({"node_id": "n0", "model": "m", "latency_us": 9.0,
-                          "ts": T0 + 3e9}).encode())      # ~95 years later
+    for i in range(3):   # a confirmed jump (several lines), not one skewed clock
+        ls.append(json.dumps({"node_id": "n0", "model": "m", "latency_us": 9.0,
+                              "ts": T0 + 3e9 + i}).encode())      # ~95 years later
     _recs, stats = run(ls)
     assert stats.skipped_ticks > 1_000_000 and stats.ticks < 100
-    assert stats.last_ts == T0 + 3e9
+    assert stats.last_ts == T0 + 3e9 + 2
+    assert not stats.bad
+
+
+def test_one_skewed_timestamp_is_rejected_and_does_not_blind_the_replay() -> None:
+    clean = lines(nodes=6, seconds=600, slow="n1", onset=200.0, seed=7)
+    skewed = list(clean)
+    d = json.loads(skewed[3000])
+    d["ts"] += 3600.0                                  # one event from a clock an hour ahead
+    skewed.insert(3001, json.dumps(d).encode())
+    ref, _ = run(clean)
+    got, stats = run(skewed)
+    assert stats.bad == {"future_ts": 1}
+    assert [(r["ts"], r["node_id"], r["to"]) for r in got] == \
+        [(r["ts"], r["node_id"], r["to"]) for r in ref]
+    assert any(r["node_id"] == "n1" and r["routed"] is False for r in got)
+
+
+@pytest.mark.parametrize("ts", [1e300, (T0 + 100.0) * 1000.0])
+def test_absurd_or_millisecond_timestamps_are_bad_input(ts: float) -> None:
+    ls = lines(nodes=3, seconds=60)
+    ls += [json.dumps({"node_id": "n0", "model": "m", "latency_us": 9.0, "ts": ts}).encode()] * 4
+    _recs, stats = run(ls)
+    assert stats.bad == {"bad_ts": 4}
+    assert stats.last_ts is not None and stats.last_ts < T0 + 100
 
 
 def test_quiet_gap_skipping_changes_no_output() -> None:
@@ -187,3 +212,14 @@ def test_cli_dispatch_knows_replay() -> None:
     from app.cli import COMMANDS
 
     assert COMMANDS["replay"][0] == "app.core.replay_cli"
+
+
+def test_main_reads_a_gzip_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import gzip
+    data = b"\n".join(lines(slow="n4")) + b"\n"
+    (tmp_path / "t.jsonl").write_bytes(data)
+    (tmp_path / "t.jsonl.gz").write_bytes(gzip.compress(data))
+    assert main([str(tmp_path / "t.jsonl")]) == 0
+    plain = capsys.readouterr().out
+    assert main([str(tmp_path / "t.jsonl.gz")]) == 0
+    assert capsys.readouterr().out == plain and '"routed": false' in plain
