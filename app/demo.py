@@ -59,10 +59,10 @@ from typing import Any, TextIO
 import aiohttp
 
 # The demo is an edge, like app/streaming and app/routing (TID251 bans these only in app/core).
-import redis.asyncio as aioredis  # noqa: TID251
-from aiokafka import AIOKafkaConsumer, TopicPartition  # noqa: TID251
-from aiokafka.admin import AIOKafkaAdminClient  # noqa: TID251
-from redis.exceptions import RedisError  # noqa: TID251
+import redis.asyncio as aioredis
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
+from redis.exceptions import RedisError
 
 from app import settings as settings_mod
 from app.core.config import DetectorSettings
