@@ -31,6 +31,20 @@ included) and *enough peers* meaning at least ``min_peers`` of them:
   narrow signal (TPOT, healthy P99/P50 ≈ 1.1) its ratio never reaches
   ``ratio_threshold``. This rule keeps detection within the 120 s target there.
 
+Onset credit (confirmation): a streak normally needs ``confirm_windows``
+abnormal windows. When a routed pair with no streak turns abnormal by any
+rule and at the previous tick its *relative* severity (P50 or P99 against
+the reference above) was already at least ``ONSET_CREDIT_FRACTION`` (0.8)
+of the limit, the previous window counts too (the verdict covers two
+windows). Why: events carry completion time, and requests that a slow-down
+hits complete late, so the first window after an onset under-states it —
+measured on the conversation trace without token fields, a node 2.3x slower
+shows only 1.6–1.8x its peers' P50/P99 40 s after onset (also in its newest
+30 s alone: the long slow requests have not completed yet). Only with
+``confirm_windows >= 3`` (at least two windows must pass the full limit); the
+tail rule earns no credit (its noise is larger); a node that stays at, say,
+1.8x is never abnormal, so never credited. Load-event ticks clear it.
+
 Guards (never violated, whatever the input):
 
 * at most ``floor(max_ejected_fraction × nodes of the model)`` pairs out of
@@ -79,7 +93,9 @@ from app.core.types import (
     WindowSummary,
 )
 
-RELATIVE_P99 = "relative_p99"   # reason of the relative tail rule (see the module docstring)
+# Onset credit: a window whose relative severity reached this fraction of the limit counts
+# towards confirmation when the next window is abnormal (see the module docstring).
+ONSET_CREDIT_FRACTION = 0.8
 BASELINE_HALF_LIFE_S = 600.0
 BASELINE_SHIFT_FACTOR = 2.0
 BASELINE_CLEAR_FACTOR = 1.5
@@ -106,6 +122,8 @@ class _ModelState:
     baseline_ticks: dict[str, int] = field(default_factory=dict)   # class -> updates so far
     load_event: bool = False
     shifted: bool = False
+    # Pairs whose relative severity at the last tick was in [ONSET_CREDIT_FRACTION, 1].
+    elevated: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"pairs": {n: p.to_dict() for n, p in sorted(self.pairs.items())},
@@ -113,7 +131,8 @@ class _ModelState:
                 "baseline_ratio": self.baseline_ratio, "baseline_ts": self.baseline_ts,
                 "baseline_signal": self.baseline_signal,
                 "baseline_ticks": dict(sorted(self.baseline_ticks.items())),
-                "load_event": self.load_event, "shifted": self.shifted}
+                "load_event": self.load_event, "shifted": self.shifted,
+                "elevated": dict(sorted(self.elevated.items()))}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> _ModelState:
@@ -122,7 +141,8 @@ class _ModelState:
                    baseline_ratio=d.get("baseline_ratio"), baseline_ts=d.get("baseline_ts"),
                    baseline_signal=d.get("baseline_signal"),
                    baseline_ticks={str(k): int(v) for k, v in d.get("baseline_ticks", {}).items()},
-                   load_event=bool(d.get("load_event", False)), shifted=bool(d.get("shifted", False)))
+                   load_event=bool(d.get("load_event", False)), shifted=bool(d.get("shifted", False)),
+                   elevated={str(k): float(v) for k, v in d.get("elevated", {}).items()})
 
 
 def _cls(hardware: str | None) -> str:
@@ -258,12 +278,21 @@ class FleetEvaluator:
         abnormal = 0
         base_p50, base_ratio = self._baseline_limits(ms)
         healthy = HealthState.HEALTHY
+        credit = st.confirm_windows >= 3
+        was_elevated, elevated = ms.elevated, {}
         for node, s, p50, ratio in peers:
             j = self._judge(s, p50, ratio, s.samples, norms)
             if j.verdict is Verdict.ABNORMAL:
                 abnormal += 1
+                p = pairs[node]
+                if credit and node in was_elevated and p.abnormal_streak == 0:
+                    j = dataclasses.replace(j, windows=2, detail=(
+                        f"{j.detail}; the previous window counts too (it was at "
+                        f"{was_elevated[node]:.2f} of the limit: the onset of a slow-down)"))
                 judgements[node] = j
                 continue
+            if j.severity:
+                elevated[node] = j.severity
             p = pairs[node]
             if p.state is not healthy or p.abnormal_streak:
                 judgements[node] = j
@@ -284,6 +313,8 @@ class FleetEvaluator:
                         "nobody is ejected while it lasts") if load else None))
         if load:
             judgements = {}
+            elevated = {}
+        ms.elevated = elevated
         shift = self._baseline_shift(model, ms, peers, now_s, abnormal, fleet_p50, norms.movement)
         if shift is not None:
             fleet_events.append(shift)
@@ -377,7 +408,10 @@ class FleetEvaluator:
         ref99 = norms.p99_ref(s.hardware)
         sev_p99 = p50 * ratio / (factor * ref99) if ref99 is not None and ref99 > 0 else 0.0
         if sev_tail <= 1.0 and sev_p50 <= 1.0 and sev_p99 <= 1.0:
-            return health.NORMAL
+            rel = max(sev_p50, sev_p99)
+            if rel < ONSET_CREDIT_FRACTION:
+                return health.NORMAL
+            return Judgement(Verdict.NORMAL, str(Reason.NORMAL), severity=rel)
         ev = Evidence(signal=s.signal, p50=p50, p99=p99 if p99 is not None else s.p99, ratio=ratio,
                       samples=samples, peers_p50=ref, latency_p50_us=s.latency_p50_us,
                       latency_p99_us=s.latency_p99_us, hardware=s.hardware)
@@ -390,7 +424,7 @@ class FleetEvaluator:
         if sev_p50 > 1.0:
             return Judgement(Verdict.ABNORMAL, str(Reason.RELATIVE_P50), ev, sev,
                              f"p50 {p50:.1f} > {factor:g} x peers' {ref:.1f}")
-        return Judgement(Verdict.ABNORMAL, RELATIVE_P99, ev, sev,
+        return Judgement(Verdict.ABNORMAL, str(Reason.RELATIVE_P99), ev, sev,
                          f"p99 {p50 * ratio:.1f} > {factor:g} x peers' {ref99:.1f}")
 
     def _judge_probe(self, s: WindowSummary, norms: _Norms) -> Judgement:

@@ -76,13 +76,19 @@ class Evidence:
 
 @dataclass(frozen=True, slots=True)
 class Judgement:
-    """One tick's verdict on one pair. ``severity`` > 1 means past its limit."""
+    """One tick's verdict on one pair. ``severity`` > 1 means past its limit.
+
+    ``windows``: how many consecutive windows an abnormal verdict adds to the
+    streak — 1, or 2 when the evaluator credits the previous window too
+    (onset credit, see :mod:`app.core.evaluate`).
+    """
 
     verdict: Verdict
     reason: str = ""
     evidence: Evidence | None = None
     severity: float = 0.0
     detail: str | None = None
+    windows: int = 1
 
 
 NO_VERDICT = Judgement(Verdict.NONE)
@@ -226,7 +232,7 @@ def _step_routed(state: PairState, j: Judgement, now_s: float,
                 return state, None
             return dataclasses.replace(state, abnormal_streak=0), None
         return _recover(state, j, now_s, str(Reason.NORMAL))
-    streak = state.abnormal_streak + 1
+    streak = state.abnormal_streak + j.windows
     if state.state is HealthState.HEALTHY and streak < settings.confirm_windows:
         new = _abnormal(state, j, streak)
         new = dataclasses.replace(new, state=HealthState.SUSPECT, since_ts=now_s, reason=j.reason)

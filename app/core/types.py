@@ -28,6 +28,7 @@ class HealthState(enum.StrEnum):
 class Reason(enum.StrEnum):
     P99_P50_RATIO = "p99_p50_ratio"          # tail: ratio above threshold (and above the fleet's)
     RELATIVE_P50 = "relative_p50"            # P50 far above its peers' median
+    RELATIVE_P99 = "relative_p99"            # P99 far above its peers' median P99
     WARMUP = "warmup"
     WARMUP_DONE = "warmup_done"
     FIRST_SEEN = "first_seen"

@@ -116,16 +116,10 @@ def test_healthy_trace_driven_fleet_removes_no_node(name: str, emission: str, se
     assert r.result.ok, r.explain()
 
 
-_TPOT_MISSES = pytest.mark.xfail(
-    strict=True,
-    reason="core misses the issue-6 target without token fields (raw latency: out 120-150 s after "
-           "onset at 20 req/s); strict, so this fails as XPASS once the core is fixed — then delete the marker")
-
-
 @pytest.mark.parametrize("name", [
     "llm_tpot_2_5x",
     "llm_tpot_2_5x_tokens_no_ttft",
-    pytest.param("llm_tpot_2_5x_no_tokens", marks=_TPOT_MISSES),
+    "llm_tpot_2_5x_no_tokens",
 ])
 def test_node_with_2_5x_per_token_time_is_out_within_120s(name: str) -> None:
     base = sc.load(ROOT / "scenarios" / f"{name}.toml")

@@ -402,3 +402,53 @@ def test_routed_cutoffs_are_passed_only_for_a_minority() -> None:
     ev.evaluate("m", [summ(f"n{i}", 100.0, first_seen=T0) for i in range(4)]
                 + [summ("new", 100.0, first_seen=T0 + 150)], T0 + 150)
     assert ev.judge_since("m", T0 + 450) == {("new", "m"): T0 + 270}
+
+
+# ---- onset credit ---------------------------------------------------------------------------
+
+def _onset(ev: FleetEvaluator, first: float, then: float, ticks: int = 3) -> list[ModelTick]:
+    """Tick 0: n02 at ``first`` x its peers' P50; ticks 1..ticks-1: at ``then`` x."""
+    run(ev, 1, fleet(6))
+    return run(ev, ticks, lambda k: fleet(6, n02=(100.0 * (first if k == 0 else then), 2.0)),
+               t0=T0 + 30)
+
+
+@pytest.mark.parametrize(
+    ("first", "out_at_tick", "why"),
+    [
+        (1.7, 2, "window at 0.85 of the limit, then two abnormal ones: out after the third window"),
+        (1.55, None, "0.78 of the limit is no onset: three abnormal windows are still needed"),
+        (1.0, None, "a normal window earns no credit"),
+    ])
+def test_onset_credit_counts_an_elevated_window_before_an_abnormal_streak(
+        first: float, out_at_tick: int | None, why: str) -> None:
+    ticks = _onset(FleetEvaluator(S), first, 2.5)
+    out = [k for k, t in enumerate(ticks) if "n02" not in t.routing]
+    assert (out[0] if out else None) == out_at_tick, why
+    if out_at_tick is not None:
+        (suspect,) = [t for t in ticks[1].transitions if t.to_state is H.SUSPECT]
+        assert suspect.reason == Reason.RELATIVE_P50
+        assert suspect.detail is not None and "previous window counts too" in suspect.detail
+
+
+def test_onset_credit_needs_abnormal_windows_and_a_long_enough_confirmation() -> None:
+    # a node steadily at 1.8x its peers (elevated, never abnormal) is never even suspect
+    ticks = _onset(FleetEvaluator(S), 1.8, 1.8, ticks=10)
+    assert all(not t.transitions for t in ticks)
+    # with confirm_windows=2 no credit is given: two abnormal windows still needed
+    st = S.replace(confirm_windows=2)
+    ev = FleetEvaluator(st)
+    run(ev, 1, fleet(6))
+    ticks = [ev.evaluate("m", [summ(n, p, r) for n, (p, r) in
+                               fleet(6, n02=(100.0 * (1.7 if k == 0 else 2.5), 2.0)).items()],
+                         T0 + 30 * (k + 1)) for k in range(3)]
+    assert ["n02" in t.routing for t in ticks] == [True, True, False]
+    # a credited onset survives snapshot → restore between the two ticks
+    ev = FleetEvaluator(S)
+    run(ev, 1, fleet(6))
+    run(ev, 1, fleet(6, n02=(170.0, 2.0)), t0=T0 + 30)
+    ev2 = FleetEvaluator(S)
+    ev2.restore(ev.snapshot())
+    assert ev2.snapshot() == ev.snapshot()
+    ticks = run(ev2, 2, fleet(6, n02=(250.0, 2.0)), t0=T0 + 60)
+    assert "n02" not in ticks[-1].routing
