@@ -1,13 +1,15 @@
 """Stage-1 ingestion: an aiokafka consumer run as a faust (mode) Service in the worker.
 
-Why not a faust agent: on this machine a faust agent over ``stream.take()``
-moved about 7,400–8,000 single-event messages/s (faust hands every message
-from its consumer thread to the agent one by one), while aiokafka's
-``getmany()`` with the same JSON decoding moved about 160,000/s; the target is
-10,000 single events/s per worker. So stage 1 reads ``latency-events`` with
-its own consumer group (``<app_id>-stage1``), in bulk, and hands each poll to
+Why not a faust agent: faust hands every message from its consumer thread to
+the agent one by one. ``python -m bench.bench_streaming --quick`` on the
+2-core development machine (real broker, single-event form, same decode and
+window code): a faust agent over ``stream.take(2000)`` did ~9,000 events/s,
+this aiokafka ``getmany()`` path ~100,000/s (the target is 10,000 single
+events/s per worker); with 100-sample batch messages 260k vs 530k samples/s.
+So stage 1 reads ``latency-events`` with its own consumer group
+(``<app_id>-stage1``), in bulk, and hands each poll to
 :class:`~app.streaming.stage1.Stage1`. Stage 2 (state, evaluation) stays in
-faust agents and tables.
+faust agents and changelog-backed tables.
 
 Guarantees:
 
