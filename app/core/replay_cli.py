@@ -174,8 +174,8 @@ def replay(lines: Iterable[bytes | str], settings: DetectorSettings,
     # Lines more than max_future_skew_s past the latest event time are held back:
     # one skewed clock must not jump the ticks past everyone else's events (they
     # would all turn "late" and never be judged). JUMP_CONFIRM_LINES such lines in
-    # a row are a real gap in the trace and are accepted; a normal line in between
-    # makes the held ones bad input (future_ts).
+    # a row, or held lines at the end of the trace, are a real gap and are accepted;
+    # a normal line after held ones makes them bad input (future_ts).
     held: list[tuple[int, bytes | str, BadEvent]] = []
     add = acc.add
     lineno = 0
@@ -204,8 +204,10 @@ def replay(lines: Iterable[bytes | str], settings: DetectorSettings,
         if progress is not None and lineno % PROGRESS_EVERY_LINES == 0:
             stats.lines, stats.last_ts = lineno, seen_max
             progress(stats)
-    for held_lineno, _, held_err in held:
-        bad(held_lineno, held_err)
+    if held:   # the trace ends after a gap: nothing contradicts the jump, so take it
+        acc.set_now(None)
+        for _, held_raw, _ in held:
+            accepted(add(held_raw))
     stats.lines = lineno
     stats.last_ts = None if k is None else seen_max
     if k is not None:

@@ -155,4 +155,8 @@ def test_the_same_trace_always_gives_the_same_output(events: list[tuple[int, flo
     _, sa = replay(lines, s, out_a.append)
     _, sb = replay(list(lines), s, out_b.append)
     assert out_a == out_b and sa.ticks == sb.ticks
-    assert sa.events == len(events)
+    # A line more than max_future_skew_s ahead of the event time, then contradicted by
+    # the next line, is a skewed clock: counted as bad input, never silently lost.
+    assert sa.events + sum(sa.bad.values()) == len(events) and set(sa.bad) <= {"future_ts"}
+    _, sc = replay(lines, s.replace(max_future_skew_s=1e6), [].append)
+    assert sc.events == len(events)
