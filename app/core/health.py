@@ -100,7 +100,8 @@ class PairState:
     """Everything remembered about one (node, model) pair between ticks.
 
     ``judge_since_ts``: samples older than this are not judged (the end of
-    warm-up, the start of quarantine, the start of the current probe round);
+    warm-up, the start of the current probe round — when its back-off passes —
+    and, after re-admission, the start of the round that passed);
     :func:`judge_since` says when the window store must apply it.
     ``fault``/``evidence``/``severity`` describe the latest abnormal verdict
     (or the latest transition), so that an ejection decided later still
@@ -157,9 +158,10 @@ def judge_since(state: PairState, now_s: float, settings: DetectorSettings) -> f
 
     Warming pairs are judged on everything (their numbers are shown, not held
     against them) until warm-up ends; from then on warm-up samples are never
-    judged. Out-of-routing pairs are judged only on samples since ejection or
-    since the current probe round began. A cut-off that the age bound already
-    covers is dropped.
+    judged. Out-of-routing pairs are judged only on samples since the current
+    probe round began (a round begins when its back-off has passed; before
+    that the cut-off lies in the future and nothing is judged). A routed
+    pair's cut-off that the age bound already covers is dropped.
     """
     if state.state is HealthState.WARMING:
         end = warmup_end(state, settings)
@@ -273,8 +275,9 @@ def _step_quarantined(state: PairState, j: Judgement, now_s: float,
         return new, _transition(state, new, now_s, j.evidence,
                                 detail=f"{failed} failed probe rounds ({j.reason})")
     probe_after = now_s + backoff_s(state.ejections, failed, settings)
+    # The next round starts when its back-off has passed: it is judged on its own samples only.
     new = dataclasses.replace(state, since_ts=now_s, reason=str(Reason.PROBE_FAILED),
-                              failed_probe_rounds=failed, judge_since_ts=now_s,
+                              failed_probe_rounds=failed, judge_since_ts=probe_after,
                               probe_after_ts=probe_after, fault=j.reason,
                               evidence=j.evidence or state.evidence)
     return new, _transition(state, new, now_s, j.evidence,
@@ -288,12 +291,19 @@ def wants_out(state: PairState, settings: DetectorSettings) -> bool:
 
 
 def eject(state: PairState, now_s: float, settings: DetectorSettings) -> tuple[PairState, Transition]:
-    """Take a confirmed pair out of routing: → unhealthy, routed=false."""
+    """Take a confirmed pair out of routing: → unhealthy, routed=false.
+
+    The first probe round starts when the back-off has passed, not at ejection:
+    requests in flight at ejection, and those a load balancer sends before it
+    learns of the removal, complete later and are not probe evidence (a round
+    judged on them fails even when the node has recovered).
+    """
+    probe_after = now_s + backoff_s(state.ejections + 1, 0, settings)
     new = dataclasses.replace(state, state=HealthState.UNHEALTHY, since_ts=now_s,
                               reason=state.fault or str(Reason.CONFIRMED), routed=False,
                               ejections=state.ejections + 1, failed_probe_rounds=0,
-                              quarantined_at=now_s, judge_since_ts=now_s, abnormal_streak=0,
-                              probe_after_ts=now_s + backoff_s(state.ejections + 1, 0, settings))
+                              quarantined_at=now_s, judge_since_ts=probe_after, abnormal_streak=0,
+                              probe_after_ts=probe_after)
     detail = (f"abnormal in {state.abnormal_streak} consecutive windows; "
               f"ejection #{new.ejections}")
     return new, _transition(state, new, now_s, state.evidence, detail=detail)

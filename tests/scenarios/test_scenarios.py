@@ -12,10 +12,12 @@ import itertools
 import pytest
 from scenario_traces import T0, Mod, Node, Outcome, Scenario, run
 
+from app.core.config import DetectorSettings
 from app.core.types import HealthState
 
 ONSET = 400.0
 DETECT_WITHIN_S = 120.0
+DEFAULT = DetectorSettings()
 
 
 def fleet(n: int, **kw: object) -> list[Node]:
@@ -241,3 +243,24 @@ def test_small_hardware_class_node_is_caught_against_its_own_baseline() -> None:
     assert_detected_in_time(out, "a10-1", onset_s=600.0)
     healthy = run(Scenario("small-class-ok", [*a100, a10[0]], duration_s=1000, seed=21))
     assert_only_ejected(healthy, set())
+
+
+def test_node_recovered_at_ejection_is_readmitted_after_the_first_backoff() -> None:
+    # Requests in flight at ejection (and sent before the LB learns of it) complete slow after
+    # it; the node itself recovered at ejection and gets probe traffic from then on. The first
+    # probe round starts when the back-off has passed, so those stragglers do not fail it.
+    fault = Mod("slow", ONSET, factor=4.0)
+    nodes = with_mod(fleet(6), "gpu-05", fault)        # the last node: its mods draw last
+    first = run(Scenario("eject", nodes, duration_s=700, seed=21))
+    out_ts = first.first_out_ts("gpu-05")
+    assert out_ts is not None
+    eject_s = out_ts - T0
+    stragglers_s = 3.0                                   # 60 slow samples at 20 req/s
+    nodes = with_mod(fleet(6), "gpu-05", Mod("slow", ONSET, eject_s + stragglers_s, factor=4.0),
+                     Mod("probe", eject_s + stragglers_s, fraction=0.1))
+    out = run(Scenario("eject-recovered", nodes, duration_s=eject_s + 300, seed=21))
+    assert out.first_out_ts("gpu-05") == out_ts
+    mine = [t for t in out.transitions if t["node_id"] == "gpu-05" and t["ts"] > out_ts]
+    assert [t["reason"] for t in mine] == ["quarantine", "probe_passed"], mine
+    backoff = DEFAULT.backoff_initial_s
+    assert mine[-1]["ts"] <= out_ts + backoff + DEFAULT.tick_interval_s   # not the second back-off

@@ -285,7 +285,9 @@ def test_recovery_after_probe_with_backoff() -> None:
     ev = FleetEvaluator(S)
     run(ev, 1, fleet(5))
     run(ev, 3, fleet(5, n00=(100.0, 6.0)), t0=T0 + 30)         # ejected at T0+90
-    assert ev.judge_since("m", T0 + 120) == {("n00", "m"): T0 + 90}
+    # the probe round begins when the back-off has passed (T0+120), not at ejection
+    assert ev.judge_since("m", T0 + 100) == {("n00", "m"): T0 + 120}
+    assert ev.judge_since("m", T0 + 120) == {("n00", "m"): T0 + 120}
     tick = run(ev, 1, fleet(5, n00=(100.0, 2.0)), t0=T0 + 120)[0]
     assert [t.to_state for t in tick.transitions] == [H.QUARANTINED]
     assert tick.quarantine == {"n00": T0 + 90 + 30}
@@ -296,6 +298,19 @@ def test_recovery_after_probe_with_backoff() -> None:
     run(ev, 3, fleet(5, n00=(100.0, 6.0)), t0=T0 + 180)
     run(ev, 1, fleet(5, n00=(100.0, 6.0)), t0=T0 + 270)
     assert ev.pair("m", "n00").probe_after_ts == T0 + 240 + 60  # type: ignore[union-attr]
+
+
+def test_each_probe_round_is_judged_from_its_own_start() -> None:
+    ev = FleetEvaluator(S)
+    run(ev, 1, fleet(5))
+    run(ev, 3, fleet(5, n00=(100.0, 6.0)), t0=T0 + 30)         # ejected at T0+90
+    run(ev, 1, fleet(5, n00=(100.0, 6.0)), t0=T0 + 120)        # quarantined; round 1 starts now
+    assert ev.judge_since("m", T0 + 120) == {("n00", "m"): T0 + 120}
+    tick = run(ev, 1, fleet(5, n00=(100.0, 6.0)), t0=T0 + 150)[0]
+    assert [t.reason for t in tick.transitions] == ["probe_failed"]
+    # round 2 begins when its (doubled) back-off has passed, not when round 1 failed
+    assert ev.judge_since("m", T0 + 150) == {("n00", "m"): T0 + 150 + 60}
+    assert ev.judge_since("m", T0 + 240) == {("n00", "m"): T0 + 210}
 
 
 def test_probe_round_uses_probe_samples_when_regular_ones_are_missing() -> None:

@@ -82,7 +82,10 @@ def test_confirmed_pair_wants_out_and_eject_takes_it_out() -> None:
     assert health.wants_out(p, S)
     new, t = health.eject(p, 1000.0, S)
     assert new.state is H.UNHEALTHY and not new.routed
-    assert new.ejections == 1 and new.quarantined_at == 1000.0 and new.judge_since_ts == 1000.0
+    assert new.ejections == 1 and new.quarantined_at == 1000.0
+    # the first probe round starts when the back-off has passed, not at ejection: requests in
+    # flight at ejection (and sent before the LB learns of it) are not probe evidence
+    assert new.probe_after_ts == 1030.0 and new.judge_since_ts == 1030.0
     assert t.reason == str(Reason.P99_P50_RATIO) and t.routed is False
     assert t.p50 == 100.0 and t.ratio == 5.0 and t.samples == 500 and t.hardware == "A100"
     assert not health.wants_out(new, S)
@@ -116,7 +119,7 @@ def test_backoff_doubles_and_caps(ejections: int, failed: int, expected: float) 
 
 def quarantined(**kw: object) -> PairState:
     base = pair(H.QUARANTINED, routed=False, ejections=1, quarantined_at=1000.0,
-                judge_since_ts=1000.0, probe_after_ts=1030.0)
+                judge_since_ts=1030.0, probe_after_ts=1030.0)
     return dataclasses.replace(base, **kw)  # type: ignore[arg-type]
 
 
@@ -130,14 +133,15 @@ def test_probe_passed_readmits_and_keeps_judge_since() -> None:
     new, t = health.step(quarantined(), NOR, 1030.0, S)
     assert new.state is H.HEALTHY and new.routed
     assert t is not None and t.reason == str(Reason.PROBE_PASSED)
-    assert new.judge_since_ts == 1000.0          # pre-ejection samples are never judged again
+    assert new.judge_since_ts == 1030.0          # pre-round samples are never judged again
     assert new.ejections == 1                    # remembered: the next back-off doubles
 
 
 def test_probe_failed_extends_backoff_and_starts_a_new_round() -> None:
     new, t = health.step(quarantined(), ABN, 1030.0, S)
     assert new.state is H.QUARANTINED and new.failed_probe_rounds == 1
-    assert new.judge_since_ts == 1030.0 and new.probe_after_ts == 1030.0 + 60.0
+    # the next round begins when its back-off has passed and is judged on its own samples only
+    assert new.judge_since_ts == 1030.0 + 60.0 and new.probe_after_ts == 1030.0 + 60.0
     assert t is not None and t.reason == str(Reason.PROBE_FAILED)
 
 
@@ -188,7 +192,8 @@ def test_judge_since_by_state() -> None:
     w = pair(H.WARMING, first_seen_ts=100.0)
     assert health.judge_since(w, 200.0, S) is None           # still warming: judge everything
     assert health.judge_since(w, 220.0, S) == 220.0           # warm-up over: only after it
-    assert health.judge_since(quarantined(), 5000.0, S) == 1000.0
+    assert health.judge_since(quarantined(), 5000.0, S) == 1030.0
+    assert health.judge_since(quarantined(), 1010.0, S) == 1030.0   # round not begun: judge nothing
     h = pair(judge_since_ts=1000.0)
     assert health.judge_since(h, 1200.0, S) == 1000.0
     assert health.judge_since(h, 1000.0 + S.max_sample_age_s + 1, S) is None
