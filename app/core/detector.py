@@ -47,7 +47,8 @@ class Detector:
     def evaluate(self, now_s: float, *, with_statuses: bool = True) -> TickResult:
         """One tick at event time ``now_s`` over every model known to either stage."""
         ev = self.evaluator
-        summaries = self.store.summaries(now_s, ev.judge_since_all(now_s))
+        summaries = self.store.summaries(now_s, ev.judge_since_all(now_s),
+                                         out_of_fit=ev.out_of_fit_all())
         groups = {m: list(g) for m, g in itertools.groupby(summaries, key=lambda s: s.model)}
         models = sorted(groups.keys() | set(ev.models()))
         ticks = tuple(ev.evaluate(m, groups.get(m, ()), now_s, with_statuses=with_statuses)

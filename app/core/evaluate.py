@@ -195,17 +195,15 @@ class FleetEvaluator:
     def judge_since(self, model: str, now_s: float) -> dict[tuple[str, str], float]:
         """``{(node, model): ts}``: judge only samples at or after ``ts`` (see health.judge_since).
 
-        Out-of-routing pairs always get their cut-off (quarantine start, probe round).
-        Routed pairs (warm-up over, recently re-admitted) get theirs only while they are a
-        minority of the model: the window store leaves every pair with a cut-off out of
-        the fleet-wide fit of the ``normalized`` signal, and a fleet that started
-        together must keep its fit (it also warmed up together, so nobody stands out).
+        Every pair with a cut-off gets it: out-of-routing pairs (the current probe round),
+        warm-up just over, and a re-admitted pair (the round that passed: its slow samples
+        from before ejection, still in its window, are never judged again). The window
+        store keeps routed pairs with a cut-off in the fleet-wide fit (see :meth:`out_of_fit`).
         """
         ms = self._models.get(model)
         if ms is None:
             return {}
         out: dict[tuple[str, str], float] = {}
-        routed: list[tuple[str, str]] = []
         st = self.settings
         for node, p in ms.pairs.items():
             if p.judge_since_ts is None and p.state is not HealthState.WARMING:
@@ -213,11 +211,20 @@ class FleetEvaluator:
             since = health.judge_since(p, now_s, st)
             if since is not None:
                 out[(node, model)] = since
-                if p.routed:
-                    routed.append((node, model))
-        if routed and 2 * len(routed) > len(ms.pairs) - (len(out) - len(routed)):
-            for key in routed:
-                del out[key]
+        return out
+
+    def out_of_fit(self, model: str) -> set[tuple[str, str]]:
+        """Pairs out of routing: left out of the fleet-wide ``normalized`` fit by the window
+        store (a slow node must not vote in its own reference)."""
+        ms = self._models.get(model)
+        if ms is None:
+            return set()
+        return {(node, model) for node, p in ms.pairs.items() if not p.routed}
+
+    def out_of_fit_all(self) -> set[tuple[str, str]]:
+        out: set[tuple[str, str]] = set()
+        for m in self._models:
+            out |= self.out_of_fit(m)
         return out
 
     def waiting_on_time(self, now_s: float) -> bool:

@@ -14,10 +14,15 @@ Guarantees:
 * Judged samples at tick ``now_s``: ``ok``, non-probe, event time in
   ``(now_s − max_sample_age_s, now_s]`` — a quiet node is not judged on
   minutes-old samples (seed defect 4), and a sample from after the tick is
-  not judged yet. For a series in ``judge_since`` (stage 2 passes the
-  quarantine start of quarantined nodes) judged samples are instead *all*
+  not judged yet. For a series in ``judge_since`` (stage 2 passes the start
+  of the current probe round of quarantined nodes, the end of warm-up, the
+  probe round that re-admitted a node) judged samples are instead *all*
   ``ok`` samples, probe or not, with ``since_ts <= ts <= now_s``: after
   ejection probe traffic is the only traffic.
+* The fleet-wide fit of the ``normalized`` signal is made from every
+  series' judged samples (a cut-off applies to the fit as to the quantiles),
+  except the series in ``out_of_fit`` (stage 2 passes the nodes out of
+  routing: a slow node must not vote in its own reference).
 * One signal per model per tick (``WindowSummary.signal``, see
   :mod:`app.core.signals`); ``p50``/``p99``/``samples`` are over the judged
   samples that have a value of that signal; ``latency_p50_us``/
@@ -40,7 +45,7 @@ Guarantees:
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
 
@@ -408,8 +413,12 @@ class WindowStore:
 
     def summaries(self, now_s: float,
                   judge_since: Mapping[SeriesKey, float] | None = None,
-                  *, digests: bool = False) -> list[WindowSummary]:
+                  *, out_of_fit: Collection[SeriesKey] = (),
+                  digests: bool = False) -> list[WindowSummary]:
         """One summary per known series at event time ``now_s`` (module docstring).
+
+        ``judge_since``: ``{key: since_ts}`` cut-offs of judged samples;
+        ``out_of_fit``: series left out of the fleet-wide ``normalized`` fit.
 
         ``digests=True`` adds ``extra["digest"]``: a t-digest dict of the judged
         raw latency, mergeable across nodes (opt-in: ~75 µs per series).
@@ -420,6 +429,11 @@ class WindowStore:
             s = self._series.get(key)
             if s is not None and s.chunk is not None:
                 since_by_chunk.setdefault(id(s.chunk), []).append((s.row, float(since)))
+        unfit_by_chunk: dict[int, list[int]] = {}
+        for key in out_of_fit:
+            s = self._series.get(key)
+            if s is not None and s.chunk is not None:
+                unfit_by_chunk.setdefault(id(s.chunk), []).append(s.row)
         chunks = [ch for tier in self._tiers.values() for ch in tier if ch.used]
         nm = len(self._model_names)
         judged_m = np.zeros(nm)
@@ -442,7 +456,7 @@ class WindowStore:
                 tpot_m += np.bincount(m, j_tpot[used].sum(axis=1), minlength=nm)
                 out_m += np.bincount(m, j_out[used].sum(axis=1), minlength=nm)
                 inout_m += np.bincount(m, j_inout[used].sum(axis=1), minlength=nm)
-        plans = self._plans(chunks, states, judged_m, tpot_m, out_m, inout_m)
+        plans = self._plans(chunks, states, judged_m, tpot_m, out_m, inout_m, unfit_by_chunk)
         results: list[WindowSummary] = []
         for ch, st in zip(chunks, states, strict=True):
             results.extend(self._chunk_summaries(ch, st, plans, now_s, age_lo, digests))
@@ -455,8 +469,8 @@ class WindowStore:
         results.sort(key=_summary_order)
         return results
 
-    def _plans(self, chunks: list[_Chunk], states: list[_Pass1],
-               judged_m: F64, tpot_m: F64, out_m: F64, inout_m: F64) -> list[_ModelPlan]:
+    def _plans(self, chunks: list[_Chunk], states: list[_Pass1], judged_m: F64, tpot_m: F64,
+               out_m: F64, inout_m: F64, unfit_by_chunk: Mapping[int, list[int]]) -> list[_ModelPlan]:
         signals = [sig.choose_signal(self.settings.signal_for(name), int(judged_m[i]),
                                      int(tpot_m[i]), int(out_m[i]))
                    for i, name in enumerate(self._model_names)]
@@ -469,7 +483,11 @@ class WindowStore:
             if not need_fit or not ch.sized:
                 continue
             assert ch.out is not None and ch.inp is not None
-            rows = np.flatnonzero(np.isin(ch.midx, list(need_fit)) & np.isnan(st.since_row))
+            voters = np.isin(ch.midx, list(need_fit))
+            unfit = unfit_by_chunk.get(id(ch))
+            if unfit:
+                voters[unfit] = False
+            rows = np.flatnonzero(voters)
             if rows.size == 0:
                 continue
             judged = st.judged_mask()

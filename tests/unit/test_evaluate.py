@@ -406,17 +406,31 @@ def test_a_new_signal_starts_a_new_baseline_without_a_fleet_event() -> None:
     assert ev.snapshot_model("m")["baseline_signal"] == "normalized"
 
 
-def test_routed_cutoffs_are_passed_only_for_a_minority() -> None:
+def test_routed_cutoffs_are_always_passed_and_only_unrouted_pairs_leave_the_fit() -> None:
     ev = FleetEvaluator(S)
-    # the whole fleet first seen together: warm-up cut-offs would empty the fleet fit
+    # the whole fleet first seen together: every warm-up cut-off is passed (the window store
+    # keeps routed series in the fleet fit)
     ev.evaluate("m", [summ(f"n{i}", 100.0, first_seen=T0) for i in range(4)], T0)
     for k in range(1, 6):
         ev.evaluate("m", [summ(f"n{i}", 100.0, first_seen=T0) for i in range(4)], T0 + 30 * k)
-    assert ev.judge_since("m", T0 + 150) == {}
-    # one joiner among established nodes keeps its cut-off
-    ev.evaluate("m", [summ(f"n{i}", 100.0, first_seen=T0) for i in range(4)]
-                + [summ("new", 100.0, first_seen=T0 + 150)], T0 + 150)
-    assert ev.judge_since("m", T0 + 450) == {("new", "m"): T0 + 270}
+    assert ev.judge_since("m", T0 + 150) == {(f"n{i}", "m"): T0 + 120 for i in range(4)}
+    assert ev.out_of_fit("m") == set()
+    # a cut-off the age bound already covers is dropped
+    assert ev.judge_since("m", T0 + 120 + S.max_sample_age_s + 1) == {}
+
+
+def test_readmitted_node_keeps_its_cutoff_among_warmup_cutoffs() -> None:
+    ev = FleetEvaluator(S)
+    nodes = [f"n{i:02d}" for i in range(5)]
+    ev.evaluate("m", [summ(n, 100.0, first_seen=T0 - 130) for n in nodes], T0)   # warm-up over
+    run(ev, 3, fleet(5, n00=(100.0, 6.0)), t0=T0 + 30)         # ejected at T0+90
+    assert ev.out_of_fit("m") == {("n00", "m")}
+    run(ev, 2, fleet(5), t0=T0 + 120)                           # re-admitted at T0+150
+    assert ev.pair("m", "n00").routed                           # type: ignore[union-attr]
+    assert ev.out_of_fit("m") == set()
+    cut = ev.judge_since("m", T0 + 153)
+    assert cut[("n00", "m")] == T0 + 120                        # the round that passed
+    assert cut[("n01", "m")] == T0 - 10                         # warm-up cut-offs too
 
 
 # ---- onset credit ---------------------------------------------------------------------------

@@ -331,13 +331,35 @@ def test_llm_signal_tames_request_mix_and_flags_slow_node(with_ttft: bool) -> No
         assert fit["nodes"] == 8 and fit["b_us_per_token"] == pytest.approx(30_000, rel=0.1)
 
 
-def test_quarantined_node_does_not_vote_in_the_fleet_fit() -> None:
+def test_out_of_fit_series_does_not_vote_in_the_fleet_fit() -> None:
     rng = np.random.default_rng(6)
     store = WindowStore(S)
     for i in range(4):
         store.observe(llm_batch(f"n{i}", rng, 100, 30_000.0, with_ttft=False))
-    got = store.summaries(60.0, {("n0", "llm"): 0.0})
+    got = store.summaries(60.0, {("n0", "llm"): 0.0}, out_of_fit={("n0", "llm")})
     assert got[0].extra["fleet_fit"]["nodes"] == 3
+
+
+def test_cutoff_applies_to_judged_samples_and_the_series_keeps_its_fit_vote() -> None:
+    # A whole fleet with cut-offs (warm-up ended together; a node just re-admitted) keeps its
+    # fit, and each series is judged only on samples since its cut-off.
+    rng = np.random.default_rng(7)
+    store = WindowStore(S.replace(window_size=1000, max_sample_age_s=300.0))
+    for i in range(4):
+        store.observe(llm_batch(f"n{i}", rng, 200, 30_000.0, with_ttft=False))
+    # n0: slow in its first 100 samples (t <= 51), healthy from t = 60
+    slow = llm_batch("n0", rng, 100, 90_000.0, with_ttft=False, t0=1.0)
+    store.forget("n0", "llm")
+    store.observe(slow)
+    store.observe(llm_batch("n0", rng, 100, 30_000.0, with_ttft=False, t0=60.0))
+    since = {(f"n{i}", "llm"): 1.0 for i in range(1, 4)} | {("n0", "llm"): 55.0}
+    got = by_node(store.summaries(120.0, since))
+    assert got["n0"].extra["fleet_fit"]["nodes"] == 4
+    assert got["n0"].samples == 100 and got["n0"].extra["judged_since"] == 55.0
+    assert got["n0"].p50 == pytest.approx(got["n1"].p50, rel=0.15)   # old slow samples not judged
+    unjudged = by_node(store.summaries(120.0))["n0"]
+    assert unjudged.samples == 200
+    assert unjudged.p99 > 2.0 * got["n0"].p99  # type: ignore[operator]
 
 
 # ---------------------------------------------------------------- snapshot / restore
