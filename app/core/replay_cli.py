@@ -27,7 +27,7 @@ trace and settings:
 
 * a health transition: ``{"type": "transition", "event_id", "ts", "node_id",
   "model", "from", "to", "routed", "reason", "signal", "p50_us", "p99_us",
-  "ratio", "samples", "signal_p50", "signal_p99", "peers_p50", "hardware",
+  "ratio", "samples", "signal_p50", "signal_p99", "signal_ratio", "peers_p50", "hardware",
   "detail"}`` — ``ts`` is the event time of the tick, ``routed`` whether the
   node is in the model's routing set after the transition (the keys of the
   contract's health-change event plus ``type``);
@@ -249,12 +249,32 @@ def settings_from(overrides: list[str]) -> DetectorSettings:
     return parse_overrides(pairs, labels=labels)
 
 
+# Unit of each signal's quantiles, and the digits worth printing (app.core.signals).
+_SIGNAL_UNITS: dict[str | None, tuple[str, int]] = {
+    "latency": ("µs", 0), "tpot": ("µs/token", 1), "normalized": ("× expected", 2)}
+
+
 def _status_table(det: Detector) -> str:
-    rows = [("model", "node", "state", "routed", "since", "reason", "p50", "p99", "ratio", "samples")]
-    for s in det.statuses():
+    """``--summary``: the judged signal's quantiles (with units) next to the raw latency's."""
+    statuses = det.statuses()
+    signals = {s.signal for s in statuses}
+    one = next(iter(signals)) if len(signals) == 1 else None
+
+    def unit(signal: str | None) -> str:
+        return _SIGNAL_UNITS.get(signal, ("?", 2))[0]
+
+    head = f" ({unit(one)})" if one is not None else ""
+    rows = [("model", "node", "state", "routed", "since", "reason", "signal", f"signal p50{head}",
+             f"signal p99{head}", "signal p99/p50", "p50 µs", "p99 µs", "p99/p50", "samples")]
+    for s in statuses:
+        digits = _SIGNAL_UNITS.get(s.signal, ("?", 2))[1]
+        label = s.signal or "-"
+        if one is None and s.signal is not None:
+            label += f" ({unit(s.signal)})"
         rows.append((s.model, s.node_id, str(s.state), "yes" if s.routed else "no",
-                     f"{s.since_ts:.0f}", s.reason, _num(s.p50), _num(s.p99), _num(s.ratio, 2),
-                     str(s.samples)))
+                     f"{s.since_ts:.0f}", s.reason, label, _num(s.p50, digits), _num(s.p99, digits),
+                     _num(s.ratio, 2), _num(s.latency_p50_us), _num(s.latency_p99_us),
+                     _num(s.latency_ratio, 2), str(s.samples)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
                      for r in rows)

@@ -9,8 +9,16 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import math
 from dataclasses import dataclass, field
 from typing import Any
+
+
+def p99_p50_ratio(p50: float | None, p99: float | None) -> float | None:
+    """``p99 / p50``, or ``None`` when either is missing, not finite, or ``p50 <= 0``."""
+    if p50 is None or p99 is None or not (math.isfinite(p50) and math.isfinite(p99)) or p50 <= 0:
+        return None
+    return p99 / p50
 
 
 class HealthState(enum.StrEnum):
@@ -93,7 +101,8 @@ class Transition:
 
     Serialized by :meth:`to_event` into the contract's health-change JSON.
     ``event_id`` is a pure function of (model, node, from, to, ts), so the same
-    transition always carries the same id.
+    transition always carries the same id. ``p50``/``p99``/``ratio`` are of
+    ``signal``; ``latency_p50_us``/``latency_p99_us`` are raw latency.
     """
 
     ts: float
@@ -115,19 +124,30 @@ class Transition:
     detail: str | None = None
 
     @property
+    def latency_ratio(self) -> float | None:
+        """P99/P50 of raw latency (the event's ``ratio``)."""
+        return p99_p50_ratio(self.latency_p50_us, self.latency_p99_us)
+
+    @property
     def event_id(self) -> str:
         key = f"{self.model}\x1f{self.node_id}\x1f{self.from_state}\x1f{self.to_state}\x1f{self.ts!r}"
         return hashlib.sha256(key.encode()).hexdigest()[:32]
 
     def to_event(self) -> dict[str, Any]:
-        """The contract's health-change JSON (ARCHITECTURE.md)."""
+        """The contract's health-change JSON (ARCHITECTURE.md).
+
+        ``p50_us``/``p99_us``/``ratio`` are raw latency (``ratio`` = ``p99_us / p50_us``,
+        ``None`` when either is missing); ``signal_p50``/``signal_p99``/``signal_ratio``
+        are of ``signal``, the values the verdict used.
+        """
         return {
             "event_id": self.event_id, "ts": self.ts, "node_id": self.node_id, "model": self.model,
             "from": str(self.from_state), "to": str(self.to_state), "routed": self.routed,
             "reason": self.reason, "signal": self.signal,
             "p50_us": self.latency_p50_us, "p99_us": self.latency_p99_us,
-            "ratio": self.ratio, "samples": self.samples,
-            "signal_p50": self.p50, "signal_p99": self.p99, "peers_p50": self.peers_p50,
+            "ratio": self.latency_ratio, "samples": self.samples,
+            "signal_p50": self.p50, "signal_p99": self.p99, "signal_ratio": self.ratio,
+            "peers_p50": self.peers_p50,
             "hardware": self.hardware, "detail": self.detail,
         }
 
@@ -182,7 +202,10 @@ class DiagnosticsRequest:
 
 @dataclass(frozen=True, slots=True)
 class NodeStatus:
-    """What dashboards and ``tailguard status`` show for one (node, model)."""
+    """What dashboards and ``tailguard status`` show for one (node, model).
+
+    ``p50``/``p99``/``ratio`` are of ``signal``; ``latency_*`` are raw latency.
+    """
 
     node_id: str
     model: str
@@ -199,6 +222,11 @@ class NodeStatus:
     signal: str | None = None
     hardware: str | None = None
     probe_after_ts: float | None = None
+
+    @property
+    def latency_ratio(self) -> float | None:
+        """P99/P50 of raw latency."""
+        return p99_p50_ratio(self.latency_p50_us, self.latency_p99_us)
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__}

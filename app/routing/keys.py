@@ -108,8 +108,8 @@ def status_json(status: NodeStatus, *, updated_ts: float) -> str:
     """The JSON stored in ``P:nodes:<m>`` for one node.
 
     Fields: ``state``, ``routed``, ``since`` (Unix s of entering ``state``),
-    ``reason``, ``p50_us``/``p99_us`` (raw latency), ``ratio`` and
-    ``signal_p50``/``signal_p99`` (of the judged ``signal``), ``samples``,
+    ``reason``, ``p50_us``/``p99_us`` and ``ratio`` (raw latency: ``p99_us / p50_us``),
+    ``signal_p50``/``signal_p99``/``signal_ratio`` (of the judged ``signal``), ``samples``,
     ``hardware``, ``probe_after`` (Unix s, quarantined nodes), ``updated``
     (Unix s of the write). Missing numbers are ``null``, never 0.
     """
@@ -123,11 +123,12 @@ def status_json(status: NodeStatus, *, updated_ts: float) -> str:
         "reason": status.reason,
         "p50_us": num(status.latency_p50_us),
         "p99_us": num(status.latency_p99_us),
-        "ratio": num(status.ratio),
+        "ratio": num(status.latency_ratio),
         "samples": status.samples,
         "signal": status.signal,
         "signal_p50": num(status.p50),
         "signal_p99": num(status.p99),
+        "signal_ratio": num(status.ratio),
         "hardware": status.hardware,
         "probe_after": num(status.probe_after_ts),
         "updated": updated_ts,

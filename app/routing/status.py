@@ -4,7 +4,9 @@ Reads the ``P:models`` SET and, per model, in one ``MULTI``/``EXEC``: the
 version, the routing SET, the quarantine ZSET and the ``P:nodes:<m>`` HASH
 (keys of :mod:`app.routing.keys`). The ``routed`` column is membership of the
 routing SET — what load balancers actually use — not the status JSON's own
-flag. Exit codes: 0 shown, 1 Redis unreachable or ``--model`` unknown, 2 bad
+flag. The ``p99/p50`` column is the ratio of the raw latency columns next to it
+(computed from ``p99_us``/``p50_us``, so it is right for statuses written by any
+version). Exit codes: 0 shown, 1 Redis unreachable or ``--model`` unknown, 2 bad
 settings (via ``tailguard``).
 """
 
@@ -24,6 +26,7 @@ from urllib.parse import urlparse, urlunparse
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from app.core.types import p99_p50_ratio
 from app.routing.client import connect
 from app.routing.keys import Keys
 from app.settings import load
@@ -104,6 +107,13 @@ def _num(x: object, fmt: str) -> str:
     return "-"
 
 
+def _raw_ratio(st: dict[str, Any]) -> str:
+    def num(key: str) -> float | None:
+        x = st.get(key)
+        return float(x) if isinstance(x, int | float) and not isinstance(x, bool) else None
+    return _num(p99_p50_ratio(num("p50_us"), num("p99_us")), ".2f")
+
+
 def _age(seconds: float) -> str:
     s = max(0, int(seconds))
     if s < 60:
@@ -117,7 +127,7 @@ def _age(seconds: float) -> str:
 
 def format_table(statuses: list[ModelStatus], now_s: float) -> str:
     """The human table: one block per model."""
-    header = ("node", "state", "routed", "p50 ms", "p99 ms", "ratio", "samples", "since",
+    header = ("node", "state", "routed", "p50 ms", "p99 ms", "p99/p50", "samples", "since",
               "probe in", "reason")
     blocks: list[str] = []
     for ms in statuses:
@@ -132,7 +142,7 @@ def format_table(statuses: list[ModelStatus], now_s: float) -> str:
                 "yes" if n in ms.routing else "no",
                 _ms(st.get("p50_us")),
                 _ms(st.get("p99_us")),
-                _num(st.get("ratio"), ".2f"),
+                _raw_ratio(st),
                 _num(st.get("samples"), "d"),
                 _age(now_s - since) if isinstance(since, int | float) else "-",
                 "-" if probe is None else ("now" if probe <= now_s else _age(probe - now_s)),

@@ -13,6 +13,7 @@ import pytest
 from app.core import replay_cli
 from app.core.config import DetectorSettings
 from app.core.replay_cli import main, replay
+from app.core.types import HealthState, NodeStatus
 
 T0 = 1_764_680_000.0   # 20 s past a multiple of 30 (1764679980)
 
@@ -223,3 +224,36 @@ def test_main_reads_a_gzip_trace(tmp_path: Path, capsys: pytest.CaptureFixture[s
     plain = capsys.readouterr().out
     assert main([str(tmp_path / "t.jsonl.gz")]) == 0
     assert capsys.readouterr().out == plain and '"routed": false' in plain
+
+
+class _Statuses:
+    def __init__(self, *statuses: NodeStatus) -> None:
+        self._s = list(statuses)
+
+    def statuses(self) -> list[NodeStatus]:
+        return self._s
+
+
+def _status(node: str, signal: str, p50: float, p99: float) -> NodeStatus:
+    return NodeStatus(node_id=node, model="m", state=HealthState.HEALTHY, routed=True,
+                      since_ts=100.0, reason="normal", p50=p50, p99=p99, ratio=p99 / p50,
+                      samples=1000, latency_p50_us=200000.0, latency_p99_us=920000.0,
+                      signal=signal)
+
+
+def test_summary_table_labels_the_signal_with_units_beside_raw_latency() -> None:
+    text = replay_cli._status_table(_Statuses(_status("n1", "tpot", 40.0, 48.0)))  # type: ignore[arg-type]
+    head, row = (line.split("  ") for line in text.splitlines())
+    cols = dict(zip([h.strip() for h in head if h], [c.strip() for c in row if c], strict=True))
+    assert cols["signal"] == "tpot"
+    assert (cols["signal p50 (µs/token)"], cols["signal p99 (µs/token)"]) == ("40.0", "48.0")
+    assert cols["signal p99/p50"] == "1.20"
+    assert (cols["p50 µs"], cols["p99 µs"], cols["p99/p50"]) == ("200000", "920000", "4.60")
+
+
+def test_summary_table_with_mixed_signals_puts_the_unit_in_each_row() -> None:
+    text = replay_cli._status_table(_Statuses(  # type: ignore[arg-type]
+        _status("n1", "latency", 200000.0, 920000.0), _status("n2", "normalized", 1.0, 2.5)))
+    head, *rows = text.splitlines()
+    assert "signal p50  " in head and "(µs" not in head
+    assert "latency (µs)" in rows[0] and "normalized (× expected)" in rows[1] and "2.50" in rows[1]

@@ -117,6 +117,17 @@ def test_status_json_fields_and_no_nan() -> None:
     assert obj == {
         "state": "quarantined", "routed": False, "since": 100.0, "reason": "quarantine",
         "p50_us": 180000.0, "p99_us": None, "ratio": None, "samples": 1000, "signal": None,
-        "signal_p50": 2.0, "signal_p99": None, "hardware": "A100", "probe_after": 160.0,
-        "updated": 123.0,
+        "signal_p50": 2.0, "signal_p99": None, "signal_ratio": None, "hardware": "A100",
+        "probe_after": 160.0, "updated": 123.0,
     }
+
+
+def test_status_json_ratio_is_raw_and_signal_ratio_is_the_signals() -> None:
+    s = NodeStatus(
+        node_id="gpu-1", model="m", state=HealthState.HEALTHY, routed=True, since_ts=100.0,
+        reason="normal", p50=40.0, p99=48.0, ratio=1.2, samples=1000, signal="tpot",
+        latency_p50_us=200000.0, latency_p99_us=920000.0,
+    )
+    obj = json.loads(status_json(s, updated_ts=123.0))
+    assert obj["ratio"] == pytest.approx(obj["p99_us"] / obj["p50_us"]) == pytest.approx(4.6)
+    assert obj["signal_ratio"] == 1.2

@@ -22,8 +22,9 @@ def sample() -> ModelStatus:
         nodes={
             "gpu-1": {"state": "healthy", "since": NOW - 3725, "reason": "normal",
                       "p50_us": 180000, "p99_us": 410500, "ratio": 2.2805, "samples": 1000},
+            # Written by a version whose "ratio" was the signal's: the table shows the raw one.
             "gpu-2": {"state": "quarantined", "since": NOW - 30, "reason": "quarantine",
-                      "p50_us": 181000, "p99_us": 910000, "ratio": 5.03, "samples": 990},
+                      "p50_us": 181000, "p99_us": 910000, "ratio": 1.2, "samples": 990},
         },
     )
 
@@ -32,7 +33,7 @@ def test_table_has_one_row_per_node_with_routing_from_the_set() -> None:
     text = format_table([sample()], NOW)
     lines = text.splitlines()
     assert lines[0] == "model llama-3-70b  version 4  routed 2/3  quarantined 1"
-    assert lines[1].split() == ["node", "state", "routed", "p50", "ms", "p99", "ms", "ratio",
+    assert lines[1].split() == ["node", "state", "routed", "p50", "ms", "p99", "ms", "p99/p50",
                                 "samples", "since", "probe", "in", "reason"]
     rows = {line.split()[0]: line.split() for line in lines[2:]}
     assert rows["gpu-1"] == ["gpu-1", "healthy", "yes", "180.0", "410.5", "2.28", "1000",
