@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -43,6 +43,7 @@ from app.settings import Settings
 from app.streaming.deadletter import DeadLetter
 from app.streaming.metrics import WorkerMetrics
 from app.streaming.stage1 import Stage1
+from app.streaming.stage2 import StageHints
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +99,7 @@ class IngestService(Service):
 
     def __init__(self, *, settings: Settings, stage1: Stage1, sink: Stage1Sink,
                  metrics: WorkerMetrics, clock: Callable[[], float] = time.time,
-                 judge_since: Callable[[], Mapping[tuple[str, str], float]] | None = None,
+                 hints: Callable[[], StageHints] | None = None,
                  max_poll_records: int = MAX_POLL_RECORDS, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.settings = settings
@@ -108,7 +109,7 @@ class IngestService(Service):
         self.metrics = metrics
         self.clock = clock
         self.max_poll_records = max_poll_records
-        self.judge_since = judge_since
+        self.hints = hints
         self.lag_labels: set[tuple[str, str]] = set()
         self._consumer: AIOKafkaConsumer | None = None
         self._next_offsets: dict[Any, int] = {}
@@ -234,8 +235,9 @@ class IngestService(Service):
 
     async def tick(self) -> int:
         """Send one summary per owned series to stage 2; returns how many."""
-        hints = self.judge_since() if self.judge_since is not None else None
-        summaries = self.stage1.summaries(self.clock(), self.owned_partitions(), hints)
+        hints = self.hints() if self.hints is not None else StageHints()
+        summaries = self.stage1.summaries(self.clock(), self.owned_partitions(), hints.judge_since,
+                                          hints.out_of_fit)
         if summaries:
             await self.sink.send_summaries(summaries)
         return len(summaries)

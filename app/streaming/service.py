@@ -26,8 +26,10 @@ stage-2 tick               ``tick_interval_s`` after each stage-1 tick + min(T/2
 ``health`` Table           model → ``FleetEvaluator.snapshot_model``; changelog-backed
                            (``use_partitioner=True``: written from the timer), co-partitioned
                            with ``node-window-stats`` (same raw key bytes, same partitioner).
-``judge_since`` GlobalTbl  model → ``{node: since_ts}``: from when samples of quarantined and
-                           warming nodes count; read by every worker's stage 1.
+``judge_since`` GlobalTbl  model → ``{"judge_since": {node: since_ts}, "out_of_fit": [node]}``
+                           (stage2.encode_hints): from when samples of quarantined, warming
+                           and re-admitted nodes count, and the nodes out of routing that
+                           must not vote in the fleet-wide fit; read by every worker's stage 1.
 =========================  ==================================================================
 
 Guarantees: a model is evaluated by the one worker that owns its partition
@@ -64,7 +66,7 @@ from app.streaming.deadletter import DeadLetter
 from app.streaming.ingest import IngestService, next_boundary, sleep_until
 from app.streaming.metrics import WorkerMetrics
 from app.streaming.stage1 import Stage1
-from app.streaming.stage2 import ModelOutput, Stage2, state_key
+from app.streaming.stage2 import ModelOutput, Stage2, StageHints, decode_hints, state_key
 from app.streaming.wire import (
     DiagnosticsResult,
     decode_stage2,
@@ -202,18 +204,13 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
     setattr(app, _RUNTIME_ATTR, rt)
     sink = _FaustSink(stats, dlq)
 
-    def judge_since() -> Mapping[tuple[str, str], float]:
-        out: dict[tuple[str, str], float] = {}
-        for key, since in list(hints_table.items()):
-            model = key.decode() if isinstance(key, bytes) else str(key)
-            for node, ts in (since or {}).items():
-                out[(node, model)] = float(ts)
-        return out
+    def hints() -> StageHints:
+        return decode_hints(list(hints_table.items()))
 
     class _Ingest(IngestService):
         def __init__(self, **kwargs: Any) -> None:
             super().__init__(settings=settings, stage1=stage1, sink=sink, metrics=metrics,
-                             clock=clock, judge_since=judge_since, **kwargs)
+                             clock=clock, hints=hints, **kwargs)
             rt.ingest = self
 
     class _Lifecycle(Service):

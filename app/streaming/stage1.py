@@ -42,7 +42,8 @@ class WindowStoreLike(Protocol):
     def observe_heartbeat(self, hb: Heartbeat) -> Any: ...
 
     def summaries(self, now_s: float,
-                  judge_since: Mapping[tuple[str, str], float] | None = None) -> list[WindowSummary]: ...
+                  judge_since: Mapping[tuple[str, str], float] | None = None,
+                  *, out_of_fit: Collection[tuple[str, str]] = ()) -> list[WindowSummary]: ...
 
     def series_count(self) -> int: ...
 
@@ -104,13 +105,18 @@ class Stage1:
 
     def summaries(self, now_s: float, owned_partitions: Collection[int] | None = None,
                   judge_since: Mapping[tuple[str, str], float] | None = None,
+                  out_of_fit: Collection[tuple[str, str]] = (),
                   ) -> list[WindowSummary]:
         """This tick's summary of every owned series (all series when ``owned_partitions`` is None).
 
-        ``judge_since``: stage 2's hints ``{(node, model): ts}`` for quarantined
-        and warming nodes (``FleetEvaluator.judge_since``).
+        Stage 2's hints (``app.streaming.stage2.StageHints``): ``judge_since``
+        ``{(node, model): ts}`` cut-offs of judged samples
+        (``FleetEvaluator.judge_since``); ``out_of_fit`` the pairs out of
+        routing, which do not vote in the fleet-wide ``normalized`` fit
+        (``FleetEvaluator.out_of_fit``). The fit is made from every series
+        this store holds, owned or not.
         """
-        out = self.store.summaries(now_s, judge_since)
+        out = self.store.summaries(now_s, judge_since, out_of_fit=out_of_fit)
         if owned_partitions is not None:
             owned = set(owned_partitions)
             part = self._partition_of

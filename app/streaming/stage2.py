@@ -10,9 +10,13 @@ Guarantees:
 * **Durable state.** After each evaluation the model's state
   (``FleetEvaluator.snapshot_model``) is written to ``state`` — in the
   service a faust Table backed by a compacted changelog topic — whenever it
-  changed. Its ``judge_since`` hints (from when samples of quarantined and
-  warming nodes count) go to ``hints`` — in the service a faust GlobalTable
-  that every worker's stage 1 reads. Before a model is first evaluated after an (re)assignment, its
+  changed. Its hints for stage 1 go to ``hints`` — in the service a faust
+  GlobalTable that every worker's stage 1 reads: ``judge_since`` (from when
+  samples of quarantined, warming and re-admitted nodes count) and
+  ``out_of_fit`` (nodes out of routing, left out of the fleet-wide
+  ``normalized`` fit). :func:`encode_hints`/:func:`decode_hints` define the
+  value; values written by older versions (a bare ``{node: since_ts}``) still
+  decode. Before a model is first evaluated after an (re)assignment, its
   state is restored from ``state``, so a restarted or replacement worker
   resumes quarantines instead of starting from unknown.
 * **Only owned models.** A model is evaluated only when ``owns(model)`` says
@@ -25,12 +29,49 @@ Guarantees:
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, MutableMapping
-from dataclasses import dataclass
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeAlias
 
 from app.core.types import ModelTick, Transition, WindowSummary
 from app.streaming.wire import DiagnosticsResult
+
+SeriesKey: TypeAlias = tuple[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class StageHints:
+    """What stage 2 tells every stage 1 (per (node, model)): see the module docstring."""
+
+    judge_since: dict[SeriesKey, float] = field(default_factory=dict)
+    out_of_fit: frozenset[SeriesKey] = frozenset()
+
+
+def encode_hints(judge_since: Mapping[str, float], out_of_fit: Iterable[str]) -> dict[str, Any]:
+    """One model's hints table value: ``{"judge_since": {node: ts}, "out_of_fit": [node, …]}``."""
+    return {"judge_since": dict(judge_since), "out_of_fit": sorted(out_of_fit)}
+
+
+def decode_hints(items: Iterable[tuple[Any, Any]]) -> StageHints:
+    """All models' hints from ``(key, value)`` pairs of the hints table.
+
+    Accepts the current value (:func:`encode_hints`) and the older bare
+    ``{node: since_ts}`` (no ``out_of_fit``), as a changelog may still hold it.
+    """
+    since: dict[SeriesKey, float] = {}
+    unfit: set[SeriesKey] = set()
+    for key, value in items:
+        model = key.decode() if isinstance(key, bytes) else str(key)
+        if not isinstance(value, Mapping):
+            continue
+        js = value.get("judge_since")
+        if isinstance(js, Mapping):   # current form (an old-form node's value is a number)
+            unfit.update((str(node), model) for node in value.get("out_of_fit") or ())
+        else:
+            js = value
+        for node, ts in js.items():
+            since[(str(node), model)] = float(ts)
+    return StageHints(since, frozenset(unfit))
 
 
 class EvaluatorLike(Protocol):
@@ -42,6 +83,8 @@ class EvaluatorLike(Protocol):
                           now_s: float) -> list[Transition]: ...
 
     def judge_since(self, model: str, now_s: float) -> dict[tuple[str, str], float]: ...
+
+    def out_of_fit(self, model: str) -> set[tuple[str, str]]: ...
 
     def snapshot_model(self, model: str) -> dict[str, Any]: ...
 
@@ -134,10 +177,12 @@ class Stage2:
     def _write_hints(self, model: str, at_s: float) -> None:
         if self.hints is None:
             return
-        since = {node: ts for (node, _m), ts in self.evaluator.judge_since(model, at_s).items()}
-        if self._hints_written.get(model) != since:
-            self.hints[state_key(model)] = since
-            self._hints_written[model] = since
+        ev = self.evaluator
+        value = encode_hints({node: ts for (node, _m), ts in ev.judge_since(model, at_s).items()},
+                             (node for node, _m in ev.out_of_fit(model)))
+        if self._hints_written.get(model) != value:
+            self.hints[state_key(model)] = value
+            self._hints_written[model] = value
 
     def _evaluate(self, model: str, now_s: float) -> ModelOutput:
         ev = self.evaluator

@@ -6,6 +6,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from app.core.types import ModelTick, WindowSummary
 
 
@@ -29,6 +31,17 @@ def single(node: str, model: str, latency_us: float, ts: float, **extra: Any) ->
 def batch(node: str, model: str, latencies_us: list[float], ts: float) -> bytes:
     return json.dumps({"node_id": node, "model": model, "hardware": "A100",
                        "samples": [[ts, x] for x in latencies_us]}).encode()
+
+
+def llm_batch(node: str, model: str, ts: float, rng: np.random.Generator, n: int = 100,
+              us_per_token: float = 30_000.0) -> bytes:
+    """A batch of sized samples without ttft (the model is judged on ``normalized``)."""
+    out = rng.integers(2, 400, n)
+    inp = rng.integers(10, 3000, n)
+    lat = (50_000 + 20.0 * inp + us_per_token * out) * rng.lognormal(0, 0.05, n)
+    return json.dumps({"node_id": node, "model": model, "hardware": "A100",
+                       "samples": [[ts, float(x), int(i), int(o), None]
+                                   for x, i, o in zip(lat, inp, out, strict=True)]}).encode()
 
 
 def summary(node: str, model: str, tick_ts: float, p50: float, p99: float,

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from aiokafka import TopicPartition
 from prometheus_client import CollectorRegistry
-from stream_fakes import Rec, batch, single
+from stream_fakes import Rec, batch, llm_batch, single
 
 from app.core.config import DetectorSettings
 from app.core.types import WindowSummary
@@ -18,6 +19,7 @@ from app.streaming.deadletter import DeadLetter
 from app.streaming.ingest import IngestService
 from app.streaming.metrics import WorkerMetrics
 from app.streaming.stage1 import Stage1
+from app.streaming.stage2 import StageHints
 
 NOW = 2_000_000.0
 DET = DetectorSettings(min_samples=10, window_size=100, warmup_s=0.0)
@@ -60,10 +62,12 @@ class FakeSink:
         self.dead.extend(letters)
 
 
-def make(polls: list[dict[TopicPartition, list[Rec]]], sink: FakeSink) -> tuple[IngestService, FakeConsumer]:
+def make(polls: list[dict[TopicPartition, list[Rec]]], sink: FakeSink,
+         hints: Callable[[], StageHints] | None = None) -> tuple[IngestService, FakeConsumer]:
     settings = Settings(app_id="t", topics=Settings().topics)
     svc = IngestService(settings=settings, stage1=Stage1(WindowStore(DET), DET),
-                        sink=sink, metrics=WorkerMetrics(CollectorRegistry()), clock=lambda: NOW)
+                        sink=sink, metrics=WorkerMetrics(CollectorRegistry()), clock=lambda: NOW,
+                        hints=hints)
     consumer = FakeConsumer(polls)
     svc._consumer = consumer
     return svc, consumer
@@ -99,3 +103,22 @@ async def test_tick_summarizes_only_owned_partitions() -> None:
     consumer.owned = {tp1}
     assert await svc.tick() == 1
     assert [s.node_id for s in sink.summaries] == ["b"]
+
+
+async def test_tick_passes_stage2_hints_to_the_windows() -> None:
+    rng = np.random.default_rng(2)
+    tp0 = TopicPartition(TOPIC, 0)
+    poll = {tp0: [Rec(llm_batch(n, "llm", NOW - 5, rng), offset=i)
+                  for i, n in enumerate(["a", "b", "c", "q"])]}
+    current = StageHints()
+    sink = FakeSink()
+    svc, _ = make([poll], sink, hints=lambda: current)
+    await svc.poll_once()
+    await svc.tick()
+    assert {s.extra["fleet_fit"]["nodes"] for s in sink.summaries} == {4}
+    current = StageHints({("q", "llm"): NOW - 1.0}, frozenset({("q", "llm")}))
+    sink.summaries.clear()
+    await svc.tick()
+    got = {s.node_id: s for s in sink.summaries}
+    assert got["a"].extra["fleet_fit"]["nodes"] == 3
+    assert got["q"].samples == 0 and got["q"].extra["judged_since"] == NOW - 1.0

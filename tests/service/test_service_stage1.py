@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 from prometheus_client import CollectorRegistry
-from stream_fakes import Rec, batch, single
+from stream_fakes import Rec, batch, llm_batch, single
 
 from app.core.config import DetectorSettings
 from app.core.window import WindowStore
@@ -78,3 +78,17 @@ def test_future_events_are_dead_lettered() -> None:
     s1, _ = make()
     dead = s1.ingest(0, [Rec(single("n", "m", 10.0, NOW + 3600))], NOW)
     assert [d.reason for d in dead] == ["future_ts"]
+
+
+def test_out_of_fit_hint_leaves_the_series_out_of_the_normalized_fit() -> None:
+    s1, _ = make()
+    rng = np.random.default_rng(1)
+    for i, node in enumerate(["n0", "n1", "n2", "slow"]):
+        s1.ingest(0, [Rec(llm_batch(node, "llm", NOW - 5, rng, us_per_token=90_000.0 if node == "slow"
+                                    else 30_000.0), offset=i)], NOW)
+    voted = {s.node_id: s for s in s1.summaries(NOW)}
+    hinted = {s.node_id: s for s in s1.summaries(NOW, out_of_fit={("slow", "llm")})}
+    assert {s.signal for s in voted.values()} == {"normalized"}
+    assert voted["n0"].extra["fleet_fit"]["nodes"] == 4
+    assert hinted["n0"].extra["fleet_fit"]["nodes"] == 3
+    assert hinted["slow"].samples == 100                 # still summarized, only not voting

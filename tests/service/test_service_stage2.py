@@ -12,7 +12,7 @@ from stream_fakes import summary
 from app.core.config import DetectorSettings
 from app.core.evaluate import FleetEvaluator
 from app.core.types import HealthState
-from app.streaming.stage2 import Stage2, state_key
+from app.streaming.stage2 import Stage2, decode_hints, encode_hints, state_key
 from app.streaming.wire import DiagnosticsResult
 
 SETTINGS = DetectorSettings(min_samples=10, window_size=100, warmup_s=0.0, confirm_windows=2,
@@ -52,7 +52,35 @@ def test_slow_node_leaves_routing_and_state_is_written() -> None:
     assert "slow" not in outs[-1].tick.routing
     assert set(outs[-1].tick.routing) == {"n0", "n1", "n2", "n3"}
     assert state[state_key("m")] == s2.evaluator.snapshot_model("m")
-    assert "slow" in hints[state_key("m")]           # quarantined: judged on samples since
+    got = decode_hints(hints.items())
+    assert ("slow", "m") in got.judge_since              # quarantined: judged on samples since
+    assert got.out_of_fit == {("slow", "m")}             # out of routing: no vote in the fit
+
+
+def test_hints_follow_routing_and_are_written_only_on_change() -> None:
+    writes: list[Any] = []
+
+    class Recording(dict[bytes, Any]):
+        def __setitem__(self, key: bytes, value: Any) -> None:
+            writes.append(value)
+            super().__setitem__(key, value)
+
+    s2 = Stage2(FleetEvaluator(SETTINGS), {}, stale_after_s=1.5 * T, hints=Recording())
+    run_ticks(s2, "m", 1000.0, 1)
+    assert [decode_hints([(b"m", w)]).out_of_fit for w in writes] == [frozenset()]
+    run_ticks(s2, "m", 1000.0 + T, 3)
+    assert decode_hints([(b"m", writes[-1])]).out_of_fit == {("slow", "m")}
+    n = len(writes)
+    run_ticks(s2, "m", 1000.0 + 4 * T, 1)                # quarantined, nothing new to say
+    assert len(writes) == n
+
+
+def test_hints_written_by_older_versions_still_decode() -> None:
+    old = {b"m": {"slow": 990.0, "judge_since": 5.0}, "other": {}}   # bare {node: since_ts}
+    new = {b"x": encode_hints({"a": 1.0}, ["b"])}
+    got = decode_hints([*old.items(), *new.items()])
+    assert got.judge_since == {("slow", "m"): 990.0, ("judge_since", "m"): 5.0, ("a", "x"): 1.0}
+    assert got.out_of_fit == {("b", "x")}
 
 
 def test_restart_resumes_quarantine_from_state() -> None:
