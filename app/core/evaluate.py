@@ -14,7 +14,10 @@ included) and *enough peers* meaning at least ``min_peers`` of them:
 
 * tail — ``p99/p50 > ratio_threshold`` and, with enough peers, also
   ``> fleet_ratio_factor ×`` the peers' median ratio (a heavy tail that every
-  node shares flags nobody); reason ``p99_p50_ratio``.
+  node shares flags nobody) and ``> median × exp(TAIL_NOISE_K × 1.4826 × MAD)``
+  of the peers' log ratios (the spread their own windows show: with heavy
+  tails and many nodes, some healthy node always sits far above the median);
+  reason ``p99_p50_ratio``.
 * relative P50 — with enough peers, ``p50 > relative_p50_factor ×`` the
   reference P50; reason ``relative_p50``. The reference is the peers' median,
   or, when peers carry more than one ``hardware`` class, the median of the
@@ -30,6 +33,25 @@ included) and *enough peers* meaning at least ``min_peers`` of them:
   moves at once while its P50 waits for a majority of new samples, and on a
   narrow signal (TPOT, healthy P99/P50 ≈ 1.1) its ratio never reaches
   ``ratio_threshold``. This rule keeps detection within the 120 s target there.
+
+Noisy tails (the P99 of a window rests on its few slowest samples):
+
+* support — the tail rules (``p99_p50_ratio``, ``relative_p99``) judge a
+  routed pair only when its P99 rests on at least ``TAIL_SUPPORT`` (5)
+  samples: ``samples >= 500`` (or a full window when ``window_size`` is
+  smaller). Below that only the P50 rules apply (a P99 of 200 samples is the
+  second-slowest request).
+* new evidence — a window whose only excess is in its tail (its P50 is within
+  the limit) advances an abnormal streak only when at least
+  ``NEW_EVIDENCE_FRACTION`` (half) of it is newer than the window that last
+  advanced the streak; otherwise it holds the streak (neither counts nor
+  resets it). So three confirming windows are not one burst of slow requests
+  seen three times: the first and third share no sample. The window's time
+  span is ``min(now - lo, window_size / rate)`` with ``lo`` its time bound
+  (age bound, cut-off, first sample) and the rate measured from windows at
+  most half full (see ``_new_fraction``). At 20 req/s a 1000-sample window
+  spans 50 s and every 30-s tick counts; at 5 req/s (200 s) every fourth.
+  P50 verdicts always count: a median moves only with most of the window.
 
 Onset credit (confirmation): a streak normally needs ``confirm_windows``
 abnormal windows. When a routed pair with no streak turns abnormal by any
@@ -102,6 +124,15 @@ BASELINE_CLEAR_FACTOR = 1.5
 # A hardware class with fewer than min_peers peers is judged by P50 against its own baseline
 # (moved with the fleet) once that baseline has this many ticks behind it.
 SMALL_CLASS_MIN_TICKS = 4
+# The tail limit is at least this many robust standard deviations (1.4826 x MAD) of the
+# peers' log P99/P50 above their median (see _tail_limit).
+TAIL_NOISE_K = 4.0
+# Tail rules (p99_p50_ratio, relative_p99) judge a routed pair only when its P99 rests on at
+# least this many samples above it: samples >= TAIL_SUPPORT / (1 - 0.99) (capped at window_size).
+TAIL_SUPPORT = 5
+# A tail verdict advances an abnormal streak only when at least this fraction of its window is
+# newer than the window that last advanced it (see _new_fraction).
+NEW_EVIDENCE_FRACTION = 0.5
 
 
 def median(values: Sequence[float]) -> float:
@@ -124,6 +155,10 @@ class _ModelState:
     shifted: bool = False
     # Pairs whose relative severity at the last tick was in [ONSET_CREDIT_FRACTION, 1].
     elevated: dict[str, float] = field(default_factory=dict)
+    # Per pair: the tick of the window that last advanced its abnormal streak, and the judged
+    # sample rate (per s) last measured on a window not yet full (see _new_fraction).
+    advanced_ts: dict[str, float] = field(default_factory=dict)
+    rate_per_s: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"pairs": {n: p.to_dict() for n, p in sorted(self.pairs.items())},
@@ -132,7 +167,9 @@ class _ModelState:
                 "baseline_signal": self.baseline_signal,
                 "baseline_ticks": dict(sorted(self.baseline_ticks.items())),
                 "load_event": self.load_event, "shifted": self.shifted,
-                "elevated": dict(sorted(self.elevated.items()))}
+                "elevated": dict(sorted(self.elevated.items())),
+                "advanced_ts": dict(sorted(self.advanced_ts.items())),
+                "rate_per_s": dict(sorted(self.rate_per_s.items()))}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> _ModelState:
@@ -142,7 +179,9 @@ class _ModelState:
                    baseline_signal=d.get("baseline_signal"),
                    baseline_ticks={str(k): int(v) for k, v in d.get("baseline_ticks", {}).items()},
                    load_event=bool(d.get("load_event", False)), shifted=bool(d.get("shifted", False)),
-                   elevated={str(k): float(v) for k, v in d.get("elevated", {}).items()})
+                   elevated={str(k): float(v) for k, v in d.get("elevated", {}).items()},
+                   advanced_ts={str(k): float(v) for k, v in d.get("advanced_ts", {}).items()},
+                   rate_per_s={str(k): float(v) for k, v in d.get("rate_per_s", {}).items()})
 
 
 def _cls(hardware: str | None) -> str:
@@ -287,11 +326,21 @@ class FleetEvaluator:
         healthy = HealthState.HEALTHY
         credit = st.confirm_windows >= 3
         was_elevated, elevated = ms.elevated, {}
+        tail_samples = min(st.window_size, math.ceil(TAIL_SUPPORT / 0.01))
         for node, s, p50, ratio in peers:
-            j = self._judge(s, p50, ratio, s.samples, norms)
+            j = self._judge(s, p50, ratio, s.samples, norms, tail=s.samples >= tail_samples)
+            new_fraction = self._new_fraction(ms, node, s, now_s)
             if j.verdict is Verdict.ABNORMAL:
                 abnormal += 1
                 p = pairs[node]
+                if (p.abnormal_streak and node in ms.advanced_ts and new_fraction < NEW_EVIDENCE_FRACTION
+                        and not self._p50_over(s, p50, norms)):
+                    # A tail verdict on a window mostly made of the one already counted: its few
+                    # slowest samples are likely the same ones. It holds the streak, no more.
+                    judgements[node] = dataclasses.replace(
+                        j, verdict=Verdict.NONE, detail=f"{j.detail}; only {new_fraction:.0%} of the "
+                        "window is new since the last counted one: held, not counted")
+                    continue
                 if credit and node in was_elevated and p.abnormal_streak == 0:
                     j = dataclasses.replace(j, windows=2, detail=(
                         f"{j.detail}; the previous window counts too (it was at "
@@ -345,6 +394,10 @@ class FleetEvaluator:
             if (state is healthy and node not in judgements) or state is retired:
                 continue
             new, tr = health.step(p, judgements.get(node, health.NO_VERDICT), now_s, st)
+            if new.abnormal_streak > p.abnormal_streak:
+                ms.advanced_ts[node] = now_s
+            elif new.abnormal_streak == 0:
+                ms.advanced_ts.pop(node, None)
             if new is not p:
                 pairs[node] = new
             if tr is not None:
@@ -379,7 +432,7 @@ class FleetEvaluator:
             return _Norms(False, median([p[2] for p in peers]) if peers else None, {}, False,
                           st.ratio_threshold)
         fleet_p50 = median([p[2] for p in peers])
-        tail_limit = max(st.ratio_threshold, st.fleet_ratio_factor * median([p[3] for p in peers]))
+        tail_limit = _tail_limit([p[3] for p in peers], st)
         classes: dict[str, list[tuple[float, float]]] = {}
         for _, s, p50, ratio in peers:
             classes.setdefault(_cls(s.hardware), []).append((p50, p50 * ratio))
@@ -403,17 +456,17 @@ class FleetEvaluator:
                       median([p[2] * p[3] for p in peers]), class_p99, movement)
 
     def _judge(self, s: WindowSummary, p50: float, ratio: float, samples: int,
-               norms: _Norms, p99: float | None = None) -> Judgement:
+               norms: _Norms, p99: float | None = None, *, tail: bool = True) -> Judgement:
         st = self.settings
         factor = st.relative_p50_factor
         ref = norms.p50_ref(s.hardware)
-        sev_tail = ratio / norms.tail_limit
+        sev_tail = ratio / norms.tail_limit if tail else 0.0
         sev_p50 = p50 / (factor * ref) if ref is not None and ref > 0 else 0.0
         # Relative tail: P99 far above the peers' P99. Catches a degrading node while its
         # window still mixes old and new samples (P50 not yet past the factor), on signals
         # whose healthy spread is far below ratio_threshold (TPOT: ~1.1).
         ref99 = norms.p99_ref(s.hardware)
-        sev_p99 = p50 * ratio / (factor * ref99) if ref99 is not None and ref99 > 0 else 0.0
+        sev_p99 = p50 * ratio / (factor * ref99) if tail and ref99 is not None and ref99 > 0 else 0.0
         if sev_tail <= 1.0 and sev_p50 <= 1.0 and sev_p99 <= 1.0:
             rel = max(sev_p50, sev_p99)
             if rel < ONSET_CREDIT_FRACTION:
@@ -433,6 +486,37 @@ class FleetEvaluator:
                              f"p50 {p50:.1f} > {factor:g} x peers' {ref:.1f}")
         return Judgement(Verdict.ABNORMAL, str(Reason.RELATIVE_P99), ev, sev,
                          f"p99 {p50 * ratio:.1f} > {factor:g} x peers' {ref99:.1f}")
+
+    def _p50_over(self, s: WindowSummary, p50: float, norms: _Norms) -> bool:
+        ref = norms.p50_ref(s.hardware)
+        return ref is not None and ref > 0 and p50 > self.settings.relative_p50_factor * ref
+
+    def _new_fraction(self, ms: _ModelState, node: str, s: WindowSummary, now_s: float) -> float:
+        """The fraction of this window's judged samples newer than the window that last
+        advanced the pair's abnormal streak (1.0 when none did).
+
+        The window holds the newest ``window_size`` judged samples no older than its time bound
+        ``lo`` (age bound, cut-off, first sample): it spans ``min(now_s - lo, window_size /
+        rate)``. The rate is at least ``samples / (now_s - lo)``, exactly that when the window
+        is at most half full; fuller (maybe full), the highest rate measured since is kept. A
+        rate that falls while windows stay over half full is over-estimated: more of the window
+        counts as new (the check loosens, never delays more). Arrivals are taken as even.
+        """
+        st = self.settings
+        lo = max(now_s - st.max_sample_age_s, float(s.extra.get("judged_since", -math.inf)),
+                 s.first_seen_ts if s.first_seen_ts is not None else -math.inf)
+        bound_s = now_s - lo
+        if bound_s <= 0 or s.samples <= 0:
+            return 1.0
+        rate = s.samples / bound_s             # at least: every judged sample is within the bound
+        if 2 * s.samples > st.window_size:
+            # Maybe full (a full ring can count fewer judged samples: failed, probes): the rate
+            # is at least this; keep the higher rate measured before.
+            rate = max(rate, ms.rate_per_s.get(node, 0.0))
+        ms.rate_per_s[node] = rate
+        span_s = min(bound_s, st.window_size / rate)
+        last = ms.advanced_ts.get(node)
+        return 1.0 if last is None else min(1.0, (now_s - last) / span_s)
 
     def _judge_probe(self, s: WindowSummary, norms: _Norms) -> Judgement:
         need = self.settings.probe_min_samples
@@ -584,6 +668,22 @@ class FleetEvaluator:
         if data.get("version") != 1:
             raise ValueError(f"evaluator snapshot version {data.get('version')!r} is not supported (1)")
         self._models = {m: _ModelState.from_dict(d) for m, d in data.get("models", {}).items()}
+
+
+def _tail_limit(ratios: Sequence[float], st: DetectorSettings) -> float:
+    """The tail rule's limit on P99/P50 given the peers' ratios (see the module docstring).
+
+    ``max(ratio_threshold, fleet_ratio_factor x median, noise limit)``; the noise limit is
+    ``median x exp(TAIL_NOISE_K x 1.4826 x MAD)`` of the log ratios: the spread the peers'
+    own windows show. The P99 of a window of a heavy-tailed workload is a noisy estimate
+    (a few requests set it); among many nodes some healthy one sits far above the median,
+    and at low rates its consecutive windows share most samples, so the excursion lasts.
+    """
+    logs = [math.log(r) for r in ratios]
+    mid = median(logs)
+    mad = median([abs(x - mid) for x in logs])
+    noise = math.exp(mid + TAIL_NOISE_K * 1.4826 * mad)
+    return max(st.ratio_threshold, st.fleet_ratio_factor * median(ratios), noise)
 
 
 def _signal(peers: list[tuple[str, WindowSummary, float, float]]) -> str | None:

@@ -272,13 +272,16 @@ def test_readmitted_node_is_not_judged_again_on_its_old_slow_samples() -> None:
     # (quarantine brought only probe traffic); it must be judged on the passing round only.
     one_s = {"tick_interval_s": 1.0}
     nodes = with_mod(fleet(6), "gpu-05", Mod("slow", 150.0, factor=4.0))
-    first = run(Scenario("eject", nodes, duration_s=220, seed=22, settings=one_s))
+    # both runs span the same 400 s: the same draws up to the ejection (a trace's arrivals
+    # depend on its duration)
+    first = run(Scenario("eject", nodes, duration_s=400, seed=22, settings=one_s))
     out_ts = first.first_out_ts("gpu-05", "llm")
     assert out_ts is not None
     eject_s = out_ts - T0
     nodes = with_mod(fleet(6), "gpu-05", Mod("slow", 150.0, eject_s + 1.0, factor=4.0),
                      Mod("probe", eject_s + 1.0, eject_s + 90.0, fraction=0.1))
-    out = run(Scenario("readmitted", nodes, duration_s=eject_s + 150, seed=22, settings=one_s))
+    assert eject_s + 150 <= 400
+    out = run(Scenario("readmitted", nodes, duration_s=400, seed=22, settings=one_s))
     assert out.first_out_ts("gpu-05") == out_ts
     mine = [t for t in out.transitions if t["node_id"] == "gpu-05" and t["ts"] > out_ts]
     assert [t["reason"] for t in mine] == ["quarantine", "probe_passed"], mine

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Callable, Mapping
 
+import numpy as np
 import pytest
 
 from app.core.config import DetectorSettings
@@ -11,7 +14,9 @@ from app.core.evaluate import FleetEvaluator, median
 from app.core.types import HealthState as H
 from app.core.types import ModelTick, Reason, WindowSummary
 
-S = DetectorSettings()
+# Windows hold the last tick interval only (age bound 30 s): consecutive windows share no
+# samples, so each abnormal one is new evidence (see test_tail_verdict_on_an_overlapping_window_*).
+S = DetectorSettings(max_sample_age_s=30.0)
 T0 = 1000.0   # all nodes first seen at 0: warm-up (120 s) is over by T0
 
 
@@ -420,10 +425,10 @@ def test_routed_cutoffs_are_always_passed_and_only_unrouted_pairs_leave_the_fit(
 
 
 def test_readmitted_node_keeps_its_cutoff_among_warmup_cutoffs() -> None:
-    ev = FleetEvaluator(S)
+    ev = FleetEvaluator(DetectorSettings())                     # age bound 300 s: cut-offs last
     nodes = [f"n{i:02d}" for i in range(5)]
     ev.evaluate("m", [summ(n, 100.0, first_seen=T0 - 130) for n in nodes], T0)   # warm-up over
-    run(ev, 3, fleet(5, n00=(100.0, 6.0)), t0=T0 + 30)         # ejected at T0+90
+    run(ev, 3, fleet(5, n00=(300.0, 2.0)), t0=T0 + 30)         # ejected at T0+90
     assert ev.out_of_fit("m") == {("n00", "m")}
     run(ev, 2, fleet(5), t0=T0 + 120)                           # re-admitted at T0+150
     assert ev.pair("m", "n00").routed                           # type: ignore[union-attr]
@@ -481,3 +486,76 @@ def test_onset_credit_needs_abnormal_windows_and_a_long_enough_confirmation() ->
     assert ev2.snapshot() == ev.snapshot()
     ticks = run(ev2, 2, fleet(6, n02=(250.0, 2.0)), t0=T0 + 60)
     assert "n02" not in ticks[-1].routing
+
+
+# ---- noisy tails: support, new evidence, the peers' spread ----------------------------------
+
+def test_tail_rules_need_a_p99_that_rests_on_five_samples() -> None:
+    # 499 samples: the P99 rests on fewer than 5 slower samples; the tail is not judged (nor the
+    # tail against peers' P99), the P50 rule still is
+    for bad, samples, out in [((100.0, 6.0), 499, False), ((100.0, 6.0), 500, True),
+                              ((300.0, 2.0), 499, True), ((100.0, 4.5), 499, False)]:
+        ev = FleetEvaluator(S)
+        run(ev, 1, fleet(6), samples=samples)
+        ticks = run(ev, 3, fleet(6, n00=bad), t0=T0 + 30, samples=samples)
+        assert ("n00" not in ticks[-1].routing) is out, (bad, samples)
+    # a window_size below 500 caps the requirement: a full window is judged
+    st = S.replace(window_size=200)
+    ev = FleetEvaluator(st)
+    run(ev, 1, fleet(6), samples=200)
+    ticks = run(ev, 3, fleet(6, n00=(100.0, 6.0)), t0=T0 + 30, samples=200)
+    assert "n00" not in ticks[-1].routing
+
+
+@pytest.mark.parametrize(("bad", "out_after_s"), [
+    ((100.0, 6.0), 300.0),    # tail: windows 150 s apart (half of a 300-s window is new)
+    ((300.0, 2.0), 60.0),     # P50: its median moves with most of the window; every tick counts
+])
+def test_tail_verdict_on_an_overlapping_window_holds_the_streak(
+        bad: tuple[float, float], out_after_s: float) -> None:
+    # full 1000-sample windows under a 300-s age bound with no rate measured: a window spans
+    # up to 300 s, so the next 30-s tick shares 90 % of it — its few slowest samples too
+    st = DetectorSettings()
+    ev = FleetEvaluator(st)
+    run(ev, 1, fleet(6), samples=1000)
+    ticks = run(ev, 12, fleet(6, n00=bad), t0=T0 + 30, samples=1000)
+    out = [T0 + 30 + 30 * k for k, t in enumerate(ticks) if "n00" not in t.routing]
+    assert out and out[0] - (T0 + 30) == out_after_s
+    suspect = [t for k in ticks for t in k.transitions if t.to_state is H.SUSPECT]
+    assert len(suspect) == 1                       # held windows neither reset nor re-open it
+    # the same with a measured rate of 20/s (a window not full: 600 samples since a 30-s
+    # cut-off): a full window then spans 50 s, each 30-s tick is 60 % new, every tick counts
+    ev = FleetEvaluator(st)
+    ev.evaluate("m", [summ(n, 100.0, 2.0, 1000, first_seen=0.0) for n in fleet(6)], T0)
+    first = [dataclasses.replace(summ(n, p, r, 600), extra={"judged_since": T0}) for n, (p, r)
+             in fleet(6, n00=(100.0, 6.0)).items()]
+    ev.evaluate("m", first, T0 + 30)
+    ticks = run(ev, 2, fleet(6, n00=(100.0, 6.0)), t0=T0 + 60, samples=1000)
+    assert "n00" not in ticks[-1].routing
+
+
+def test_held_streak_survives_snapshot_and_restore() -> None:
+    st = DetectorSettings()
+    ev = FleetEvaluator(st)
+    run(ev, 1, fleet(6), samples=1000)
+    run(ev, 3, fleet(6, n00=(100.0, 6.0)), t0=T0 + 30, samples=1000)
+    ev2 = FleetEvaluator(st)
+    ev2.restore(ev.snapshot())
+    a = run(ev, 8, fleet(6, n00=(100.0, 6.0)), t0=T0 + 120, samples=1000)
+    b = run(ev2, 8, fleet(6, n00=(100.0, 6.0)), t0=T0 + 120, samples=1000)
+    assert [t.routing for t in a] == [t.routing for t in b]
+    assert "n00" not in a[-1].routing
+
+
+def test_tail_limit_follows_the_peers_spread() -> None:
+    # 40 peers whose ratios spread widely (log SD ~0.25 around 8): a node at 1.8x the median
+    # ratio is inside their noise; with a tight spread the same node stands out
+    rng = [8.0 * math.exp(0.25 * z) for z in np.random.default_rng(1).standard_normal(39)]
+    wide = {f"n{i:02d}": (100.0, r) for i, r in enumerate(rng, start=1)}
+    tight = {f"n{i:02d}": (100.0, 8.0 * (1 + 0.01 * (i % 3))) for i in range(1, 40)}
+    bad = (100.0, 1.8 * median([r for _, r in wide.values()]))
+    for peers, out in [(wide, False), (tight, True)]:
+        ev = FleetEvaluator(S)
+        run(ev, 1, {**peers, "n00": (100.0, 8.0)})
+        ticks = run(ev, 3, {**peers, "n00": bad}, t0=T0 + 30)
+        assert ("n00" not in ticks[-1].routing) is out
