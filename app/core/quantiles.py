@@ -6,6 +6,14 @@ Guarantees:
   ``numpy.quantile(values, q)`` (linear interpolation, numpy's default)
   to floating-point rounding; they select with ``np.partition`` (O(n)) and
   only fall back to a full sort when many different ranks are needed.
+* Rows wider than :data:`SPLIT_WIDTH` of non-negative float32 are sorted as
+  two halves and the needed ranks are selected across both sorted halves
+  (:func:`select_in_halves`, a vectorized binary search per row): the
+  order statistics are exactly those of a full sort, so results are
+  identical, and numpy's SIMD sort is far faster per element on short rows:
+  10,000 rows of 1000 float32 sort in ~51 ms whole, ~8 ms as 20,000 half-rows;
+  ``WindowStore.summaries`` at 10,000 full 1000-sample windows takes 65.5 ms
+  vs 106.0 ms sorting whole rows (CPU time, ``python -m bench.bench_core_stage1``).
 * The t-digest wrapper (``fastdigest``, Rust) gives P50 within 1 % and P99
   within 2 % relative error of the exact value on 1000+ samples of lognormal
   and bimodal data at ``DIGEST_CENTROIDS`` (tests/unit/test_quantiles.py),
@@ -32,6 +40,9 @@ EXACT_LIMIT: Final = 100_000
 DIGEST_CENTROIDS: Final = 200
 # Above this many distinct ranks, one sort beats a multi-pivot partition.
 _MAX_KTH: Final = 16
+# Rows wider than this are sorted as two halves (numpy's SIMD sort is much faster on short rows).
+SPLIT_WIDTH: Final = 512
+I64: TypeAlias = npt.NDArray[np.int64]
 
 
 def _ranks(n: npt.NDArray[np.int64], q: float) -> tuple[npt.NDArray[np.int64],
@@ -55,13 +66,74 @@ def exact_quantiles(values: FloatArray, qs: Sequence[float]) -> list[float] | No
     return [float(s[lo[0]] + (s[hi[0]] - s[lo[0]]) * f[0]) for lo, hi, f in parts]
 
 
+def sort_rows(matrix: npt.NDArray[np.float32]) -> int:
+    """Sort each row of a C-contiguous, non-negative float32 ``matrix`` in place, as two
+    halves when it is wider than :data:`SPLIT_WIDTH`. Returns the split column ``h``:
+    ``matrix[:, :h]`` and ``matrix[:, h:]`` are each sorted (``h == width``: one sort).
+
+    Non-negative IEEE floats (and +inf) order like their bit patterns: numpy's SIMD
+    integer sort is the fastest exact sort it has for many short rows.
+    """
+    rows, width = int(matrix.shape[0]), int(matrix.shape[1])
+    bits = matrix.view(np.int32)
+    if width <= SPLIT_WIDTH or rows == 0:
+        bits.sort(axis=1)
+        return width
+    h = width // 2
+    if width % 2 == 0 and matrix.flags.c_contiguous:
+        bits.reshape(2 * rows, h).sort(axis=1)  # one call over contiguous half-rows
+    else:
+        bits[:, :h].sort(axis=1)
+        bits[:, h:].sort(axis=1)
+    return h
+
+
+def select_in_halves(matrix: FloatArray, h: int, k: I64) -> tuple[F64, F64]:
+    """Per row ``r`` of a C-contiguous ``matrix`` whose ``[:, :h]`` and ``[:, h:]`` are each
+    sorted ascending: the ``k[r, c]``-th and ``(k[r, c] + 1)``-th smallest (0-based) of the row.
+    ``k`` is ``[rows, nq]`` with ``0 <= k < width``; the second value repeats the first when
+    ``k`` is the last rank. Returns two float64 arrays shaped like ``k``.
+
+    A vectorized binary search for ``i``, how many of the ``k + 1`` smallest lie in the first
+    half (ties: first half first): the smallest ``i`` with ``i == h``, or ``k - i < 0``, or
+    ``b[k - i] < a[i]`` (``a``, ``b`` the halves) — false below, true from there on. Then
+    rank ``k`` is ``max(a[i-1], b[k-i])`` and rank ``k + 1`` is ``min(a[i], b[k+1-i])``, absent
+    neighbours left out. ``ceil(log2(h + 1))`` rounds of flat gathers, for all rows at once.
+    """
+    rows, width = int(matrix.shape[0]), int(matrix.shape[1])
+    m1, m2 = h, width - h
+    flat = matrix.reshape(-1)
+    k = np.asarray(k, dtype=np.int64).reshape(rows, -1)
+    row_a = (np.arange(rows, dtype=np.int64) * width)[:, None]
+    row_b = row_a + h
+    lo = np.maximum(0, k + 1 - m2)
+    hi = np.minimum(k + 1, m1)
+    # Invariant: the answer is in [lo, hi] and the predicate holds at hi. While lo < hi,
+    # mid < m1 and 0 <= k - mid < m2; rows already settled (lo == hi) read clipped
+    # indices and keep lo == hi whatever the comparison says.
+    for _ in range(int((hi - lo).max(initial=0)).bit_length()):
+        mid = (lo + hi) >> 1
+        p = flat[row_b + np.maximum(k - mid, 0)] < flat[row_a + np.minimum(mid, m1 - 1)]
+        hi = np.where(p, mid, hi)
+        lo = np.where(p, lo, np.minimum(mid + 1, hi))
+    i, j = lo, k + 1 - lo                             # taken from each half
+    ninf, pinf = np.float32(-np.inf), np.float32(np.inf)
+    a_prev = np.where(i > 0, flat[row_a + np.maximum(i - 1, 0)], ninf)
+    b_prev = np.where(j > 0, flat[row_b + np.maximum(j - 1, 0)], ninf)
+    a_next = np.where(i < m1, flat[row_a + np.minimum(i, m1 - 1)], pinf)
+    b_next = np.where(j < m2, flat[row_b + np.minimum(j, m2 - 1)], pinf)
+    kth = np.maximum(a_prev, b_prev).astype(np.float64)
+    nxt = np.where(k + 1 < width, np.minimum(a_next, b_next), kth).astype(np.float64)
+    return kth, nxt
+
+
 def row_quantiles(matrix: FloatArray, counts: npt.NDArray[np.int64],
                   qs: Sequence[float]) -> F64:
     """Quantiles of each row's ``counts[r]`` smallest entries.
 
     The caller fills the entries that do not belong to a row with ``+inf``
     (so they sort last). Returns ``[rows, len(qs)]``; NaN for rows with
-    ``counts == 0``. ``matrix`` is modified (partitioned in place).
+    ``counts == 0``. ``matrix`` is modified (sorted or partitioned in place).
     """
     rows = matrix.shape[0]
     out = np.full((rows, len(qs)), np.nan)
@@ -69,20 +141,49 @@ def row_quantiles(matrix: FloatArray, counts: npt.NDArray[np.int64],
         return out
     counts = np.asarray(counts, dtype=np.int64)
     parts = [_ranks(counts, q) for q in qs]
-    kth = np.unique(np.concatenate([np.concatenate((lo, hi)) for lo, hi, _ in parts]))
     if matrix.dtype == np.float32 and not (matrix < 0).any():
-        # Non-negative IEEE floats order like their bit patterns: the SIMD integer
-        # sort is the fastest exact selection numpy has for many short rows.
-        matrix.view(np.int32).sort(axis=1)
-    elif kth.size <= _MAX_KTH:
-        matrix.partition(kth, axis=1)
+        f32 = matrix.view(np.float32)
+        h = sort_rows(f32)
+        if h < matrix.shape[1]:
+            # Entries past counts[r] are +inf and sort last in each half, so the ranks
+            # below counts[r] of the whole row are those of the row's own values.
+            los = np.stack([lo for lo, _, _ in parts], axis=1)
+            vlo, vnext = select_in_halves(f32, h, los)
+            for j, (lo, hi, f) in enumerate(parts):
+                vhi = np.where(hi > lo, vnext[:, j], vlo[:, j])
+                with np.errstate(invalid="ignore"):
+                    out[:, j] = np.where(counts > 0, vlo[:, j] + (vhi - vlo[:, j]) * f, np.nan)
+            return out
     else:
-        matrix.sort(axis=1)
+        kth = np.unique(np.concatenate([np.concatenate((lo, hi)) for lo, hi, _ in parts]))
+        if kth.size <= _MAX_KTH:
+            matrix.partition(kth, axis=1)
+        else:
+            matrix.sort(axis=1)
     for j, (lo, hi, f) in enumerate(parts):
         vlo = np.take_along_axis(matrix, lo[:, None], axis=1)[:, 0].astype(np.float64)
         vhi = np.take_along_axis(matrix, hi[:, None], axis=1)[:, 0].astype(np.float64)
         with np.errstate(invalid="ignore"):
             out[:, j] = np.where(counts > 0, vlo + (vhi - vlo) * f, np.nan)
+    return out
+
+
+def sorted_row_quantiles(matrix: npt.NDArray[np.float32], qs: Sequence[float]) -> F64:
+    """``numpy.quantile(row, qs)`` of every row of a full, non-negative float32 ``matrix``
+    (no padding); ``matrix`` is sorted in place (as halves when wide, see :func:`sort_rows`)."""
+    rows, n = int(matrix.shape[0]), int(matrix.shape[1])
+    ranks = [_ranks(np.array([n], dtype=np.int64), q) for q in qs]
+    lo = np.array([r[0][0] for r in ranks], dtype=np.int64)
+    hi = np.array([r[1][0] for r in ranks], dtype=np.int64)
+    f = np.array([r[2][0] for r in ranks])
+    h = sort_rows(matrix)
+    if h < n:
+        vlo, vnext = select_in_halves(matrix, h, np.broadcast_to(lo, (rows, lo.size)))
+        vhi = np.where(hi > lo, vnext, vlo)
+    else:
+        vlo = matrix[:, lo].astype(np.float64)
+        vhi = matrix[:, hi].astype(np.float64)
+    out: F64 = vlo + (vhi - vlo) * f
     return out
 
 

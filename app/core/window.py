@@ -55,7 +55,7 @@ import numpy.typing as npt
 from app.core import signals as sig
 from app.core.config import DetectorSettings
 from app.core.events import Heartbeat, SampleBatch
-from app.core.quantiles import digest_of, digest_to_dict, exact_quantiles, row_quantiles
+from app.core.quantiles import digest_of, digest_to_dict, exact_quantiles, row_quantiles, sorted_row_quantiles
 from app.core.types import WindowSummary
 
 SeriesKey: TypeAlias = tuple[str, str]
@@ -216,19 +216,6 @@ def _rows(arr: npt.NDArray[Any], rows: I64) -> npt.NDArray[Any]:
     """``arr[rows]`` for sorted unique ``rows``; the array itself (no copy) when
     they are all of its rows. Callers only read the result."""
     return arr if rows.size == arr.shape[0] else arr[rows]
-
-
-def _sorted_quantiles(srt: F32, n: int) -> F64:
-    """numpy.quantile's linear interpolation on rows already sorted, all of length n."""
-    out = np.empty((srt.shape[0], len(_QS)))
-    for j, q in enumerate(_QS):
-        pos = q * (n - 1)
-        lo = int(np.floor(pos))
-        hi = min(lo + 1, n - 1)
-        f = pos - lo
-        vlo = srt[:, lo].astype(np.float64)
-        out[:, j] = vlo + (srt[:, hi].astype(np.float64) - vlo) * f
-    return out
 
 
 _summary_order: Final = operator.attrgetter("model", "node_id")
@@ -554,8 +541,7 @@ class WindowStore:
         if fast.size:
             # Steady state: every slot judged, raw latency, no probes: sort, read ranks.
             srt = ch.lat.copy() if fast.size == ch.rows else ch.lat[fast]
-            srt.view(np.int32).sort(axis=1)
-            q_sig[fast] = q_lat[fast] = _sorted_quantiles(srt, ch.cap)
+            q_sig[fast] = q_lat[fast] = sorted_row_quantiles(srt, _QS)
             n_sig[fast] = ch.cap
         slow = np.flatnonzero(used_mask & ~fast_mask)
         if slow.size:

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from app.core.quantiles import (
+    SPLIT_WIDTH,
     digest_from_dict,
     digest_of,
     digest_quantiles,
@@ -17,6 +18,8 @@ from app.core.quantiles import (
     merge_digests,
     quantiles,
     row_quantiles,
+    select_in_halves,
+    sorted_row_quantiles,
 )
 
 QS = (0.5, 0.99)
@@ -50,6 +53,54 @@ def test_row_quantiles_with_varying_counts(qs: tuple[float, ...]) -> None:
     got = row_quantiles(m.copy(), counts, qs)
     np.testing.assert_allclose(got, np.array(expect), rtol=1e-6)
     assert np.isnan(got[counts == 0]).all()
+
+
+# ---- rows wider than SPLIT_WIDTH: two sorted halves, ranks selected across both
+
+def _values(rng: np.random.Generator, shape: tuple[int, int], ties: int) -> np.ndarray:
+    """Lognormal latency, or (``ties`` > 0) drawn from only ``ties`` distinct values."""
+    if ties:
+        return rng.choice(rng.lognormal(10, 1, ties), shape).astype(np.float32)
+    return rng.lognormal(10, 1, shape).astype(np.float32)
+
+
+@settings(max_examples=300, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), rows=st.integers(1, 6), m1=st.integers(1, 40),
+       m2=st.integers(1, 40), ties=st.sampled_from([0, 1, 2, 5]))
+def test_select_in_halves_is_the_merged_order(seed: int, rows: int, m1: int, m2: int,
+                                              ties: int) -> None:
+    rng = np.random.default_rng(seed)
+    a = np.sort(_values(rng, (rows, m1), ties), axis=1)
+    b = np.sort(_values(rng, (rows, m2), ties), axis=1)
+    k = rng.integers(0, m1 + m2, (rows, 3))
+    k[0, 0], k[-1, -1] = 0, m1 + m2 - 1                  # both ends
+    kth, nxt = select_in_halves(np.concatenate([a, b], axis=1), m1, k)
+    merged = np.sort(np.concatenate([a, b], axis=1), axis=1)
+    r = np.arange(rows)[:, None]
+    assert np.array_equal(kth, merged[r, k])
+    assert np.array_equal(nxt, merged[r, np.minimum(k + 1, m1 + m2 - 1)])
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), rows=st.integers(1, 8),
+       width=st.integers(SPLIT_WIDTH + 1, 2 * SPLIT_WIDTH + 77), ties=st.sampled_from([0, 1, 3, 50]),
+       qs=st.lists(st.floats(0, 1), min_size=1, max_size=3))
+def test_wide_rows_equal_numpy_quantile(seed: int, rows: int, width: int, ties: int,
+                                        qs: list[float]) -> None:
+    rng = np.random.default_rng(seed)
+    m = _values(rng, (rows, width), ties)
+    counts = rng.integers(0, width + 1, rows)
+    counts[0] = width
+    for r, c in enumerate(counts):
+        m[r, c:] = np.inf
+    expect = np.array([np.quantile(m[r, :c].astype(np.float64), qs) if c else [np.nan] * len(qs)
+                       for r, c in enumerate(counts)])
+    got = row_quantiles(m.copy(), counts, qs)
+    np.testing.assert_allclose(got, expect, rtol=1e-12)
+    assert np.isnan(got[counts == 0]).all()
+    full = np.ascontiguousarray(m[:1, :width])
+    np.testing.assert_allclose(sorted_row_quantiles(full.copy(), qs)[0],
+                               np.quantile(full[0].astype(np.float64), qs), rtol=1e-12)
 
 
 def lognormal(n: int, seed: int) -> np.ndarray:

@@ -429,3 +429,25 @@ def test_relabelling_and_arrival_order_change_nothing(with_ttft: bool) -> None:
     got_a = {s.node_id: (s.p50, s.p99, s.samples, s.signal) for s in a.summaries(60.0)}
     got_b = {s.node_id[1:]: (s.p50, s.p99, s.samples, s.signal) for s in b.summaries(60.0)}
     assert got_a == got_b
+
+
+@settings(max_examples=25, deadline=None)
+@given(window=st.sampled_from([513, 777, 1000, 1025]), seed=st.integers(0, 2**32 - 1),
+       ties=st.sampled_from([0, 3, 40]))
+def test_wide_windows_match_numpy_quantile(window: int, seed: int, ties: int) -> None:
+    """Windows wider than quantiles.SPLIT_WIDTH (sorted as halves), clean and partial rows, ties."""
+    rng = np.random.default_rng(seed)
+    store = WindowStore(DetectorSettings(window_size=window, min_samples=1, max_sample_age_s=600.0))
+    for i, n in enumerate([window, window, window + 50, window // 2 + 1, 600]):
+        lat = rng.lognormal(10, 1, n)
+        if ties:
+            lat = rng.choice(lat[:ties], n)
+        store.observe(mk(f"n{i}", np.linspace(1.0, 100.0, n), lat))
+    for s in store.summaries(200.0):
+        w = store.window(s.node_id, "m")
+        assert w is not None
+        lat = w["latency_us"].astype(np.float32).astype(np.float64)
+        assert s.samples == lat.size
+        expect = np.quantile(lat, (0.5, 0.99))
+        assert (s.p50, s.p99) == (pytest.approx(expect[0], rel=1e-12), pytest.approx(expect[1], rel=1e-12))
+        assert (s.latency_p50_us, s.latency_p99_us) == (s.p50, s.p99)
