@@ -11,7 +11,9 @@ alternative, the ratio against it in the same run:
   (``FleetEvaluator.evaluate`` on ready summaries, with and without statuses)
   and the whole façade (``Detector.evaluate``: summaries + evaluation) on
   full 1000-sample windows, against the seed's sketch (sort every window,
-  pick P50/P99 by index, compare in a Python loop);
+  pick P50/P99 by index, compare in a Python loop); the façade's share spent on
+  the cluster-wide digests (``WindowStore.model_digests``) against one digest per
+  series (``summaries(digests=True)``);
 * memory of stage 2 per (node, model) pair (tracemalloc).
 """
 
@@ -182,14 +184,30 @@ def bench_facade(quick: bool) -> None:
         now[0] += 0.001
         det.store.summaries(now[0], det.evaluator.judge_since_all(now[0]))
 
+    def digests_only() -> None:
+        det.store.model_digests(now[0], per_series=det.fleet_digest_per_series)
+
+    def digests_per_series() -> None:       # the alternative: one digest per series, merged
+        det.store.summaries(now[0], digests=True)
+
+    det.fleet_digest_per_series = 0
+    t_off = best(tick, 3)
+    det.fleet_digest_per_series = Detector.fleet_digest_per_series
     t = best(tick, 3)
     t_s1 = best(summaries_only, 3)
+    t_dig = best(digests_only, 3)
+    t_dig_series = best(digests_per_series, 1)
     t_seed = best(seed_sketch, 3)
     print(f"whole tick through the façade at {series:,} series x {window} samples")
     row("Detector.evaluate (summaries + stage 2)", f"{t * 1e3:8.1f} ms",
         f"{t / series * 1e6:.2f} µs/series; target <= 100 ms at 10k")
     row("  of which stage 1 (WindowStore.summaries)", f"{t_s1 * 1e3:8.1f} ms",
-        f"stage 2 share {max(0.0, t - t_s1) * 1e3:.1f} ms")
+        f"stage 2 share {max(0.0, t - t_s1 - t_dig) * 1e3:.1f} ms")
+    row("  of which model digests (cluster P50/P99)", f"{t_dig * 1e3:8.1f} ms",
+        f"{t_dig / series * 1e6:.2f} µs/series; summaries(digests=True) "
+        f"{t_dig_series * 1e3:.0f} ms: {t_dig_series / t_dig:.0f}x more")
+    row("  the same tick without them (fleet_digest_per_series=0)", f"{t_off * 1e3:8.1f} ms",
+        f"digests add {max(0.0, t - t_off) / t_off:.0%}")
     row("seed sketch: np.sort per window + Python rules", f"{t_seed * 1e3:8.1f} ms",
         f"façade is {t_seed / t:4.1f}x faster")
 

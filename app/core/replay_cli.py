@@ -38,7 +38,10 @@ trace and settings:
 
 stderr: bad lines are skipped and counted; a one-line summary (events,
 ticks, transitions, bad lines by reason with the line numbers of the first
-few) is printed at the end; ``--summary`` adds a per-(node, model) table;
+few) is printed at the end; ``--summary`` adds a per-(node, model) table
+and one line per model with its cluster-wide raw-latency P50/P99 at the last
+tick (``model M: cluster P50 … ms, P99 … ms (t-digest over N nodes)``, from
+``Detector.fleet_digests``);
 ``--progress`` (default: when stderr is a terminal) prints a line every
 ``PROGRESS_EVERY_LINES`` lines. No clock is read anywhere.
 
@@ -64,6 +67,7 @@ from app.core.config import DetectorSettings, SettingError, field_names, parse_o
 from app.core.detector import Detector
 from app.core.errors import BadEvent
 from app.core.events import Accumulator, Heartbeat, SampleBatch
+from app.core.quantiles import digest_from_dict, digest_quantiles
 from app.core.types import TickResult
 
 PROGRESS_EVERY_LINES = 100_000
@@ -280,6 +284,20 @@ def _status_table(det: Detector) -> str:
                      for r in rows)
 
 
+def fleet_lines(det: Detector) -> list[str]:
+    """``--summary``: each model's cluster-wide raw-latency P50/P99 at the last tick."""
+    out = []
+    for model in sorted(det.routing().keys() | det.fleet_digests.keys()):
+        d = det.fleet_digests.get(model)
+        q = None if d is None else digest_quantiles(digest_from_dict(d), (0.5, 0.99))
+        if d is None or q is None:
+            out.append(f"model {model}: cluster P50 -, P99 - (no judged samples at the last tick)")
+            continue
+        out.append(f"model {model}: cluster P50 {q[0] / 1e3:.2f} ms, P99 {q[1] / 1e3:.2f} ms "
+                   f"(t-digest over {d.get('nodes', 0)} nodes)")
+    return out
+
+
 def _num(v: float | None, digits: int = 0) -> str:
     return "-" if v is None else f"{v:.{digits}f}"
 
@@ -326,6 +344,8 @@ def main(argv: list[str] | None = None) -> int:
     print(stats.summary(), file=sys.stderr)
     if args.summary:
         print(_status_table(det), file=sys.stderr)
+        for line in fleet_lines(det):
+            print(line, file=sys.stderr)
     return 0
 
 

@@ -246,6 +246,11 @@ class ModelTick:
     statuses: tuple[NodeStatus, ...]
     fleet_events: tuple[FleetEvent, ...] = ()
     diagnostics: tuple[DiagnosticsRequest, ...] = ()
+    # Cluster-wide raw-latency P50/P99 of the model (the SLA figure), from a t-digest of a
+    # thinned pool of every node's judged samples (``WindowStore.model_digests``); None when
+    # the caller did not compute them or no sample was judged.
+    fleet_latency_p50_us: float | None = None
+    fleet_latency_p99_us: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

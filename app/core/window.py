@@ -27,7 +27,14 @@ Guarantees:
   :mod:`app.core.signals`); ``p50``/``p99``/``samples`` are over the judged
   samples that have a value of that signal; ``latency_p50_us``/
   ``latency_p99_us`` over all judged samples' raw latency. Quantiles are
-  exact (numpy selection, linear interpolation like ``numpy.quantile``).
+  exact (numpy selection, linear interpolation like ``numpy.quantile``) at
+  any ``window_size``, also above 100,000 samples: the store keeps every
+  sample anyway, and selecting ranks in a stored row (sort of float32
+  halves, or ``np.partition``, ~O(n)) costs less CPU than building a
+  t-digest of it (fastdigest ~100 ns per value), so a sketch there would
+  only lose accuracy. t-digests are used where a *mergeable* summary is
+  needed: :meth:`WindowStore.model_digests` (cluster-wide P50/P99 per
+  model) and ``summaries(digests=True)``.
 * ``failed`` = failed requests with event time in the same age bound
   (bucketed to whole seconds); ``probe_*`` = probe samples within the age
   bound, in the model's signal.
@@ -55,7 +62,14 @@ import numpy.typing as npt
 from app.core import signals as sig
 from app.core.config import DetectorSettings
 from app.core.events import Heartbeat, SampleBatch
-from app.core.quantiles import digest_of, digest_to_dict, exact_quantiles, row_quantiles, sorted_row_quantiles
+from app.core.quantiles import (
+    digest_dict_of_sorted,
+    digest_of,
+    digest_to_dict,
+    exact_quantiles,
+    row_quantiles,
+    sorted_row_quantiles,
+)
 from app.core.types import WindowSummary
 
 SeriesKey: TypeAlias = tuple[str, str]
@@ -455,6 +469,63 @@ class WindowStore:
                     s.first_seen_ts, s.last_seen_ts, 0, None, None, {}))
         results.sort(key=_summary_order)
         return results
+
+    def model_digests(self, now_s: float, *, per_series: int = 128,
+                      models: Collection[str] | None = None) -> dict[str, dict[str, Any]]:
+        """Per model, one t-digest (as its dict) of the cluster-wide raw latency at ``now_s``.
+
+        The pool is every series' judged samples (``ok``, non-probe, event time in
+        ``(now_s - max_sample_age_s, now_s]``; ``judge_since`` cut-offs do not apply),
+        thinned by one slot stride ``ceil(window_size / per_series)`` in every ring: each
+        judged sample is kept at the same rate, so the pool is an even thinning of the
+        fleet's samples (a busy node weighs as its traffic, as in the exact pooled quantile)
+        and a series gives at most ``per_series`` samples. One digest per model over its
+        pool, sorted (``digest_dict_of_sorted``). Each dict also holds ``"nodes"``: the
+        series that gave samples (``digest_from_dict`` ignores it). Merge workers' dicts
+        with ``merge_digests``. Models without a kept sample are left out; ``models``
+        restricts the answer.
+        """
+        if per_series < 1:
+            raise ValueError(f"per_series must be >= 1, got {per_series}")
+        stride = -(-self._window // per_series)
+        age_lo = now_s - self.settings.max_sample_age_s
+        nm = len(self._model_names)
+        want = np.ones(nm + 1, dtype=bool)
+        if models is not None:
+            want[:] = False
+            want[[self._models[m] for m in models if m in self._models]] = True
+        want[nm] = False                        # free rows have midx -1: they read want[-1]
+        pieces: dict[int, list[F32]] = {}
+        nodes = np.zeros(nm, dtype=np.int64)
+        for tier in self._tiers.values():
+            for ch in tier:
+                if not ch.used:
+                    continue
+                rows = np.flatnonzero(want[ch.midx])
+                if rows.size == 0:
+                    continue
+                midx = ch.midx[rows]
+                by_model = np.argsort(midx, kind="stable")    # kept values come out grouped
+                rows, midx = rows[by_model], midx[by_model]
+                ts = ch.ts[:, ::stride][rows]                 # stride first: copy 1/stride
+                lat = ch.lat[:, ::stride][rows]
+                with np.errstate(invalid="ignore"):
+                    kept = (lat > 0) & (ts > age_lo) & (ts <= now_s)
+                n_kept = kept.sum(axis=1)
+                nodes += np.bincount(midx[n_kept > 0], minlength=nm)
+                flat = lat[kept]
+                per_model = np.bincount(midx, weights=n_kept, minlength=nm).astype(np.int64)
+                lo = 0
+                for i in np.flatnonzero(per_model).tolist():
+                    hi = lo + int(per_model[i])
+                    pieces.setdefault(i, []).append(flat[lo:hi])
+                    lo = hi
+        out: dict[str, dict[str, Any]] = {}
+        for i in sorted(pieces):
+            d = digest_dict_of_sorted(np.sort(np.concatenate(pieces[i])))
+            d["nodes"] = int(nodes[i])
+            out[self._model_names[i]] = d
+        return out
 
     def _plans(self, chunks: list[_Chunk], states: list[_Pass1], judged_m: F64, tpot_m: F64,
                out_m: F64, inout_m: F64, unfit_by_chunk: Mapping[int, list[int]]) -> list[_ModelPlan]:
