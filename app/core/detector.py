@@ -7,10 +7,11 @@ which samples to judge (warm-up, quarantine and probe-round cut-offs), lets the
 store summarise every (node, model) at event time ``now_s`` and evaluates
 every model. It composes, and adds no rule of its own. Each evaluated model's
 tick also carries the cluster-wide raw-latency P50/P99
-(``ModelTick.fleet_latency_p50_us``/``_p99_us``) from one t-digest per model
-(``WindowStore.model_digests``, ``fleet_digest_per_series`` samples per
-series at most; 0 turns them off and leaves the fields None); the digests
-stay in ``fleet_digests`` until the next tick.
+(``ModelTick.fleet_latency_p50_us``/``_p99_us``): exact quantiles of the
+model's pool (``WindowStore.model_pools``: an even thinning of every node's
+judged samples, ``fleet_digest_per_series`` per series at most; 0 turns them
+off and leaves the fields None). ``fleet_digests`` gives the same pools as
+mergeable t-digest dicts, built on first access and kept until the next tick.
 
 Guarantees: pure and deterministic (time is ``now_s``; models are evaluated
 in sorted order); ``snapshot()`` is plain JSON-able data and a detector
@@ -27,9 +28,8 @@ from typing import Any
 from app.core.config import DetectorSettings
 from app.core.evaluate import FleetEvaluator
 from app.core.events import Heartbeat, SampleBatch
-from app.core.quantiles import digest_from_dict, digest_quantiles
 from app.core.types import ModelTick, NodeStatus, TickResult, Transition
-from app.core.window import WindowStore
+from app.core.window import ModelPool, WindowStore
 
 SNAPSHOT_VERSION = 1
 FLEET_QUANTILES = (0.5, 0.99)
@@ -45,8 +45,9 @@ class Detector:
         self.store = WindowStore(self.settings)
         self.evaluator = FleetEvaluator(self.settings)
         self._last: dict[str, ModelTick] = {}
-        # The last tick's cluster-wide digests per model (WindowStore.model_digests).
-        self.fleet_digests: dict[str, dict[str, Any]] = {}
+        # The last tick's cluster-wide pools per model, and their digests once asked for.
+        self._pools: dict[str, ModelPool] = {}
+        self._digests: dict[str, dict[str, Any]] | None = None
 
     def observe(self, events: Iterable[SampleBatch | Heartbeat]) -> None:
         store = self.store
@@ -64,9 +65,9 @@ class Detector:
         groups = {m: list(g) for m, g in itertools.groupby(summaries, key=lambda s: s.model)}
         models = sorted(groups.keys() | set(ev.models()))
         per_series = self.fleet_digest_per_series
-        self.fleet_digests = (self.store.model_digests(now_s, per_series=per_series,
-                                                       models=groups.keys())
-                              if per_series > 0 else {})
+        self._pools = (self.store.model_pools(now_s, per_series=per_series, models=groups.keys())
+                       if per_series > 0 else {})
+        self._digests = None
         ticks = tuple(self._with_fleet_quantiles(
             ev.evaluate(m, groups.get(m, ()), now_s, with_statuses=with_statuses))
             for m in models)
@@ -74,12 +75,20 @@ class Detector:
             self._last[t.model] = t
         return TickResult(ts=now_s, models=ticks)
 
+    @property
+    def fleet_digests(self) -> dict[str, dict[str, Any]]:
+        """The last tick's cluster-wide pool of each model as a t-digest dict
+        (``ModelPool.digest_dict``: mergeable across workers with ``merge_digests``)."""
+        if self._digests is None:
+            self._digests = {m: pool.digest_dict() for m, pool in self._pools.items()}
+        return self._digests
+
     def _with_fleet_quantiles(self, tick: ModelTick) -> ModelTick:
-        d = self.fleet_digests.get(tick.model)
-        q = None if d is None else digest_quantiles(digest_from_dict(d), FLEET_QUANTILES)
-        if q is None:
+        pool = self._pools.get(tick.model)
+        if pool is None:
             return tick
-        return dataclasses.replace(tick, fleet_latency_p50_us=q[0], fleet_latency_p99_us=q[1])
+        p50, p99 = pool.quantiles(FLEET_QUANTILES)
+        return dataclasses.replace(tick, fleet_latency_p50_us=p50, fleet_latency_p99_us=p99)
 
     def apply_diagnostics(self, model: str, node_id: str, recoverable: bool,
                           now_s: float) -> list[Transition]:

@@ -88,9 +88,11 @@ Guards (never violated, whatever the input):
   version) stops being an event after a few minutes.
 
 Quarantined pairs are judged, once their back-off has passed, on the samples
-since the probe round began (``judge_since``): regular samples if there are
-``probe_min_samples`` of them, else probe samples; by the same rules against
-the current peers.
+since the probe round began (``judge_since``): the window store's judged
+samples since that cut-off (regular and probe alike), once there are
+``probe_min_samples`` of them; by the same rules against the current peers.
+Probe samples from before the round (``probe_*``, which span the whole age
+bound) are used only for a summary the store did not cut.
 """
 
 from __future__ import annotations
@@ -244,8 +246,13 @@ class FleetEvaluator:
             return {}
         out: dict[tuple[str, str], float] = {}
         st = self.settings
+        max_age_s = st.max_sample_age_s
+        warming = HealthState.WARMING
         for node, p in ms.pairs.items():
-            if p.judge_since_ts is None and p.state is not HealthState.WARMING:
+            # Inlined fast path of health.judge_since: no cut-off, or a routed pair's cut-off
+            # that the age bound already covers (most pairs, every tick).
+            since = p.judge_since_ts
+            if p.state is not warming and (since is None or (p.routed and now_s - since > max_age_s)):
                 continue
             since = health.judge_since(p, now_s, st)
             if since is not None:
@@ -522,8 +529,12 @@ class FleetEvaluator:
         need = self.settings.probe_min_samples
         if s.samples >= need and s.p50 is not None and s.p99 is not None and s.p50 > 0:
             p50, p99, n = s.p50, s.p99, s.samples
-        elif (s.probe_samples >= need and s.probe_p50 is not None and s.probe_p99 is not None
-              and s.probe_p50 > 0):
+        elif ("judged_since" not in s.extra and s.probe_samples >= need
+              and s.probe_p50 is not None and s.probe_p99 is not None and s.probe_p50 > 0):
+            # Only for a window cut by no one (stage 1 did not know the round yet): a cut
+            # window's judged samples already hold every probe since the round began, while
+            # probe_* span the whole age bound — probes from before the round (from while the
+            # node was still slow) would fail a round that has no sample of its own yet.
             p50, p99, n = s.probe_p50, s.probe_p99, s.probe_samples
         else:
             return health.NO_VERDICT

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable, Mapping
 
@@ -527,7 +526,7 @@ def test_tail_verdict_on_an_overlapping_window_holds_the_streak(
     # cut-off): a full window then spans 50 s, each 30-s tick is 60 % new, every tick counts
     ev = FleetEvaluator(st)
     ev.evaluate("m", [summ(n, 100.0, 2.0, 1000, first_seen=0.0) for n in fleet(6)], T0)
-    first = [dataclasses.replace(summ(n, p, r, 600), extra={"judged_since": T0}) for n, (p, r)
+    first = [summ(n, p, r, 600)._replace(extra={"judged_since": T0}) for n, (p, r)
              in fleet(6, n00=(100.0, 6.0)).items()]
     ev.evaluate("m", first, T0 + 30)
     ticks = run(ev, 2, fleet(6, n00=(100.0, 6.0)), t0=T0 + 60, samples=1000)

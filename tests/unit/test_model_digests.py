@@ -1,4 +1,4 @@
-"""Cluster-wide P50/P99 per model: WindowStore.model_digests, digest_dict_of_sorted,
+"""Cluster-wide P50/P99 per model: WindowStore.model_pools / model_digests, digest_dict_of_sorted,
 the Detector's ModelTick.fleet_latency_* and ``tailguard replay --summary``.
 
 Tolerances (stated by the design, issue 3 item 3): against exact ``np.quantile`` over
@@ -105,6 +105,36 @@ def test_busy_nodes_weigh_as_their_traffic() -> None:
              for i in range(20)]
     fleet += [(f"quiet{i}", np.full(100, 50_000.0)) for i in range(60)]
     _assert_close(_qs(_store(fleet).model_digests(NOW)["m"]), _exact(fleet))
+
+
+def test_pool_quantiles_are_exact_on_the_pool_and_agree_with_its_digest() -> None:
+    fleet = _lognormal_fleet(np.random.default_rng(5), 90)
+    store = _store(fleet)
+    pool = store.model_pools(NOW)["m"]
+    assert pool.values.dtype == np.float32 and pool.nodes == 90
+    assert pool.values.size <= 128 * 90
+    got = pool.quantiles((0.5, 0.99))
+    assert got == pytest.approx(np.quantile(pool.values.astype(np.float64), [0.5, 0.99]), rel=1e-12)
+    _assert_close(got, _exact(fleet))
+    assert _qs(pool.digest_dict()) == pytest.approx(_qs(store.model_digests(NOW)["m"]))
+    # the pool is an even thinning: a full 1000-sample ring gives every 8th slot
+    one = WindowStore(S)
+    lat = np.arange(1, 1001, dtype=np.float64) * 1000.0
+    one.observe(_batch("a", lat))
+    assert np.array_equal(np.sort(one.model_pools(NOW)["m"].values), lat[::8].astype(np.float32))
+    # full rings holding stale, future and probe samples keep only the judged ones
+    for t_lo, t_hi in ((NOW - 2 * S.max_sample_age_s, NOW), (NOW - 100, NOW + 100)):
+        mixed = WindowStore(S)
+        mixed.observe(_batch("a", lat, t_lo=t_lo, t_hi=t_hi))
+        mixed.observe(_batch("b", lat, t_lo=NOW - 100, t_hi=NOW))
+        mixed.observe(_batch("b", np.full(3, 5e6), t_lo=NOW - 2, t_hi=NOW, probe=True))
+        ts = np.linspace(t_lo, t_hi, lat.size)
+        judged = (ts > NOW - S.max_sample_age_s) & (ts <= NOW)
+        want_a = lat[::8][judged[::8]]
+        ring_b = np.concatenate([-np.full(3, 5e6), lat[3:]])  # b's slots: probes overwrote 0..2
+        want_b = ring_b[::8][ring_b[::8] > 0]
+        got = np.sort(mixed.model_pools(NOW)["m"].values)
+        assert np.array_equal(got, np.sort(np.concatenate([want_a, want_b])).astype(np.float32))
 
 
 def test_merging_two_stores_holding_halves_of_the_fleet() -> None:

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from app.core.quantiles import (
+    BRACKET_MIN,
     SPLIT_WIDTH,
     digest_from_dict,
     digest_of,
@@ -16,6 +17,7 @@ from app.core.quantiles import (
     digest_to_dict,
     exact_quantiles,
     merge_digests,
+    order_statistics,
     quantiles,
     row_quantiles,
     select_in_halves,
@@ -33,6 +35,46 @@ def test_exact_quantiles_equal_numpy(values: np.ndarray, qs: list[float]) -> Non
     got = exact_quantiles(values, qs)
     assert got is not None
     np.testing.assert_allclose(got, np.quantile(values, qs), rtol=1e-12, atol=1e-6)
+
+
+def _large(kind: str, n: int, rng: np.random.Generator) -> np.ndarray:
+    if kind == "lognormal":
+        return rng.lognormal(11, 1, n).astype(np.float32)
+    if kind == "ties":
+        return rng.integers(0, 7, n).astype(np.float32)
+    if kind == "sorted":
+        return np.sort(rng.lognormal(11, 1, n))
+    if kind == "reversed":
+        return np.sort(rng.normal(0, 1, n))[::-1].copy()
+    if kind == "periodic":          # period = the sample stride: the sample sees one value
+        v = np.full(n, 5.0)
+        v[:: n // 1024] = 1.0
+        return v
+    if kind == "nan":
+        v = rng.lognormal(11, 1, n)
+        v[rng.uniform(size=n) < 0.02] = np.nan
+        return v
+    raise AssertionError(kind)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(["lognormal", "ties", "sorted", "reversed", "periodic", "nan"]),
+       st.integers(BRACKET_MIN, 4 * BRACKET_MIN), st.integers(0, 2**32 - 1),
+       st.lists(st.floats(0, 1), min_size=1, max_size=4))
+def test_bracketed_selection_equals_partition(kind: str, n: int, seed: int, qs: list[float]) -> None:
+    """Large inputs select inside sampled brackets: the same order statistics as a full
+    partition, also on ties, sorted and adversarially periodic input, and with NaN."""
+    v = _large(kind, n, np.random.default_rng(seed))
+    ranks = sorted({min(n - 1, int(q * (n - 1)) + d) for q in qs for d in (0, 1)} | {0, n - 1})
+    full = np.partition(v, ranks)
+    got = order_statistics(v, ranks)
+    want = {k: float(full[k]) for k in ranks}
+    assert got.keys() == want.keys()
+    for k in ranks:
+        assert got[k] == want[k] or (np.isnan(got[k]) and np.isnan(want[k])), (k, got[k], want[k])
+    if kind != "nan":
+        np.testing.assert_allclose(exact_quantiles(v, qs), np.quantile(v.astype(np.float64), qs),
+                                   rtol=1e-12, atol=1e-6)
 
 
 def test_exact_quantiles_empty_is_none() -> None:
