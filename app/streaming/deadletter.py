@@ -16,7 +16,16 @@ original ones (values UTF-8 text):
 ======================  =====================================================
 
 So a fixed producer can re-send the dead letters as they are, and nothing is
-lost: the original bytes are never re-encoded.
+lost: the original bytes are never re-encoded. One exception: a dead letter is
+at most :data:`MAX_OUT_BYTES` (key + value + headers), because the worker's
+producer (1 MB requests) and the broker's default ``max.message.bytes`` (1 MiB)
+refuse bigger ones — and an input message can be bigger, uncompressed, than
+what its producer sent compressed, or sit just under the 1 MB limit before the
+``tailguard.*`` headers are added. A refused dead letter would block ingestion
+forever, so the parts that do not fit are cut and the header
+``tailguard.truncated`` says what was cut and the original sizes
+(``value=2999999``; ``key=…``; ``headers=…`` when the original headers were
+dropped).
 """
 
 from __future__ import annotations
@@ -29,6 +38,8 @@ from typing import Protocol
 log = logging.getLogger(__name__)
 
 HEADER_PREFIX = "tailguard."
+MAX_OUT_BYTES = 512 * 1024
+"""Key + value + headers of one message on the dead-letter topic, at most."""
 
 
 class RecordLike(Protocol):
@@ -69,8 +80,35 @@ class DeadLetter:
     def out_headers(self) -> list[tuple[str, bytes]]:
         """Original headers plus the ``tailguard.*`` ones (module docstring)."""
         own = [(k, v) for k, v in self.headers if not k.startswith(HEADER_PREFIX)]
+        return [*own, *self._own_headers()]
+
+    def out_record(self, max_bytes: int = MAX_OUT_BYTES,
+                   ) -> tuple[bytes | None, bytes, list[tuple[str, bytes]]]:
+        """(key, value, headers) to publish, within ``max_bytes`` (module docstring)."""
+        key, value = self.key, self.value or b""
+        own = [(k, v) for k, v in self.headers if not k.startswith(HEADER_PREFIX)]
+        cut: list[str] = []
+        quarter = max_bytes // 4
+        own_size = sum(len(k.encode()) + len(v or b"") for k, v in own)
+        if own_size > quarter:
+            cut.append(f"headers={own_size}")
+            own = []
+            own_size = 0
+        if key is not None and len(key) > quarter:
+            cut.append(f"key={len(key)}")
+            key = key[:quarter]
+        ours = self._own_headers()
+        room = max_bytes - (len(key) if key else 0) - own_size \
+            - sum(len(k) + len(v) for k, v in ours) - 200
+        if len(value) > room:
+            cut.insert(0, f"value={len(value)}")
+            value = value[:max(0, room)]
+        if cut:
+            ours.append((HEADER_PREFIX + "truncated", ",".join(cut).encode()))
+        return key, value, [*own, *ours]
+
+    def _own_headers(self) -> list[tuple[str, bytes]]:
         return [
-            *own,
             (HEADER_PREFIX + "reason", self.reason.encode()),
             (HEADER_PREFIX + "error", self.error.encode()[:1000]),
             (HEADER_PREFIX + "topic", self.topic.encode()),

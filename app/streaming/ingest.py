@@ -24,18 +24,37 @@ Guarantees:
 * **Ownership.** The series summarized at each tick are those of the
   partitions assigned now (``Stage1.summaries``); revoked ones stop at once.
 * Consumer lag per owned partition is exported (``tailguard_consumer_lag``).
+* **Any producer.** Record batches compressed with gzip, snappy, lz4 or zstd
+  (kcat/librdkafka, the Java producer) are decoded (snappy/lz4/zstd need
+  ``cramjam``; :func:`missing_codecs` is checked by ``tailguard worker`` at
+  start). Only committed data is read (``isolation_level=read_committed``,
+  like librdkafka's default and Kafka Streams' exactly-once consumers):
+  records of aborted transactions never reach the windows, and a partition
+  with an open transaction is read up to it until it commits or aborts.
+  Partitions added to the input topic are picked up within
+  ``METADATA_MAX_AGE_MS``.
+* **A record aiokafka cannot decode never stalls a partition.** aiokafka raises
+  from ``getmany()`` on, e.g., a header key that is not UTF-8 or a batch of an
+  unknown codec, and would raise again on every poll at the same offset. The
+  poll then rewinds every owned partition to what was processed, reads them
+  one by one, steps record by record through the failing one, dead-letters
+  the offset it cannot decode (reason ``undecodable``, no key or value) and
+  moves past it; the good records around it are used.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import struct
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import codec as kafka_codec
 from aiokafka.abc import ConsumerRebalanceListener
+from aiokafka.errors import CorruptRecordException, UnsupportedCodecError
 from mode import Service
 
 from app.core.types import WindowSummary
@@ -50,6 +69,23 @@ log = logging.getLogger(__name__)
 MAX_POLL_RECORDS = 5000
 COMMIT_INTERVAL_S = 1.0
 LAG_INTERVAL_S = 2.0
+# How old the consumer's topic metadata may get: partitions added to latency-events are
+# consumed at most this long after they appear (aiokafka's default is 5 minutes).
+METADATA_MAX_AGE_MS = 10_000
+# How long the salvage of an undecodable record waits for one partition's fetch.
+SALVAGE_FETCH_MS = 1000
+# What aiokafka raises from getmany() when a fetched record batch cannot be decoded:
+# an unknown codec, a bad CRC, a header key that is not UTF-8, a truncated record.
+UNDECODABLE: tuple[type[BaseException], ...] = (
+    UnsupportedCodecError, CorruptRecordException, UnicodeError, ValueError, struct.error,
+    IndexError)
+
+
+def missing_codecs() -> list[str]:
+    """Kafka compression codecs this process cannot decompress (empty when all four work)."""
+    have = {"snappy": kafka_codec.has_snappy(), "lz4": kafka_codec.has_lz4(),
+            "zstd": kafka_codec.has_zstd()}
+    return [name for name, ok in have.items() if not ok]
 
 
 class Stage1Sink(Protocol):
@@ -73,16 +109,22 @@ async def sleep_until(ts: float, clock: Callable[[], float],
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+    """Commits before a rebalance; forgets the series of the partitions that went elsewhere.
+
+    aiokafka rebalances eagerly: every partition is revoked, then the new
+    assignment comes. A rebalance that gives a worker its partitions back (one
+    worker, partitions added to the topic, a worker that joins and owns other
+    ones) must not empty their windows, so series are forgotten only for the
+    partitions revoked and not assigned again.
+    """
+
     def __init__(self, owner: IngestService) -> None:
         self.owner = owner
+        self.revoked: set[int] = set()
 
     async def on_partitions_revoked(self, revoked: Any) -> None:
         await self.owner.commit()
-        gone = [tp.partition for tp in revoked if tp.topic == self.owner.topic]
-        forgotten = self.owner.stage1.revoke(gone)
-        if gone:
-            log.info("stage 1 gave up %s partitions %s (%d series)", self.owner.topic,
-                     sorted(gone), forgotten)
+        self.revoked |= {tp.partition for tp in revoked if tp.topic == self.owner.topic}
         for tp in revoked:
             label = (tp.topic, str(tp.partition))
             if label in self.owner.lag_labels:
@@ -90,8 +132,17 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
                 self.owner.metrics.consumer_lag.remove(*label)
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
-        log.info("stage 1 owns %s partitions %s", self.owner.topic,
-                 sorted(tp.partition for tp in assigned))
+        owner = self.owner
+        now = {tp.partition for tp in assigned if tp.topic == owner.topic}
+        gone, self.revoked = self.revoked - now, set()
+        if gone:
+            forgotten = owner.stage1.revoke(gone)
+            for offsets in (owner._next_offsets, owner._committed):
+                for tp in [tp for tp in offsets if tp.topic == owner.topic and tp.partition in gone]:
+                    del offsets[tp]
+            log.info("stage 1 gave up %s partitions %s (%d series)", owner.topic, sorted(gone),
+                     forgotten)
+        log.info("stage 1 owns %s partitions %s", owner.topic, sorted(now))
 
 
 class IngestService(Service):
@@ -128,6 +179,8 @@ class IngestService(Service):
             client_id=f"{self.settings.app_id}-stage1",
             enable_auto_commit=False,
             auto_offset_reset="earliest",
+            isolation_level="read_committed",
+            metadata_max_age_ms=METADATA_MAX_AGE_MS,
             max_partition_fetch_bytes=4 << 20,
             fetch_max_bytes=16 << 20,
             session_timeout_ms=10_000,
@@ -171,10 +224,13 @@ class IngestService(Service):
         """One poll → windows (+ dead letters); returns the records handled."""
         c = self._consumer
         assert c is not None, "IngestService not started"
-        batches = await c.getmany(timeout_ms=timeout_ms, max_records=self.max_poll_records)
+        try:
+            batches = await c.getmany(timeout_ms=timeout_ms, max_records=self.max_poll_records)
+            dead: list[DeadLetter] = []
+        except UNDECODABLE as e:
+            batches, dead = await self._salvage(c, e)
         now_s = self.clock()
         n = 0
-        dead: list[DeadLetter] = []
         done: dict[Any, int] = {}
         for tp, recs in batches.items():
             if not recs:
@@ -182,6 +238,10 @@ class IngestService(Service):
             dead.extend(self.stage1.ingest(tp.partition, recs, now_s))
             done[tp] = recs[-1].offset + 1
             n += len(recs)
+        for d in dead:  # an undecodable record was skipped: its partition goes on after it
+            if d.reason == "undecodable":
+                tp = TopicPartition(d.topic, d.partition)
+                done[tp] = max(done.get(tp, 0), d.offset + 1)
         if dead:
             for d in dead:
                 d.log()
@@ -194,6 +254,69 @@ class IngestService(Service):
             self._update_lag(c)
             self._last_lag = mono
         return n
+
+    async def _salvage(self, c: AIOKafkaConsumer, err: BaseException,
+                       ) -> tuple[dict[Any, list[Any]], list[DeadLetter]]:
+        """``getmany()`` raised ``err`` on a record it cannot decode: read around it.
+
+        The failed call may have moved partitions past records it then dropped,
+        so every owned partition is first rewound to what was processed; then
+        each is read on its own, and the one that fails is stepped through one
+        record at a time up to the offset that cannot be decoded, which is
+        dead-lettered and skipped (module docstring).
+        """
+        log.error("stage 1 cannot decode a fetched record (%s: %s); locating it",
+                  type(err).__name__, err)
+        owned = sorted(c.assignment(), key=lambda tp: (tp.topic, tp.partition))
+        for tp in owned:
+            await self._rewind(c, tp)
+        batches: dict[Any, list[Any]] = {}
+        dead: list[DeadLetter] = []
+        for tp in owned:
+            start = await c.position(tp)
+            high = c.highwater(tp)
+            if high is not None and start >= high:
+                continue
+            try:
+                got = await c.getmany(tp, timeout_ms=SALVAGE_FETCH_MS,
+                                      max_records=self.max_poll_records)
+                recs = list(got.get(tp, []))
+            except UNDECODABLE:
+                c.seek(tp, start)
+                recs, letter = await self._step_to_undecodable(c, tp)
+                if letter is not None:
+                    dead.append(letter)
+                    self.metrics.bad_events.labels(topic=tp.topic, reason=letter.reason).inc()
+            if recs:
+                batches[tp] = recs
+        return batches, dead
+
+    async def _rewind(self, c: AIOKafkaConsumer, tp: Any) -> None:
+        off = self._next_offsets.get(tp)
+        if off is None:
+            off = await c.committed(tp)
+        if off is None:
+            await c.seek_to_beginning(tp)
+        else:
+            c.seek(tp, off)
+
+    async def _step_to_undecodable(self, c: AIOKafkaConsumer, tp: Any,
+                                   ) -> tuple[list[Any], DeadLetter | None]:
+        good: list[Any] = []
+        for _ in range(self.max_poll_records):
+            try:
+                got = (await c.getmany(tp, timeout_ms=SALVAGE_FETCH_MS, max_records=1)).get(tp, [])
+            except UNDECODABLE as e:
+                bad = await c.position(tp)
+                c.seek(tp, bad + 1)
+                return good, DeadLetter(
+                    tp.topic, tp.partition, bad, None, None, (), "undecodable",
+                    f"the Kafka client cannot decode the record at this offset"
+                    f" ({type(e).__name__}: {e}); skipped")
+            if not got:
+                break
+            good.extend(got)
+        return good, None
 
     async def _dead_letter(self, dead: list[DeadLetter]) -> None:
         # Blocks ingestion until the broker takes them: backpressure, never a silent loss.
@@ -255,4 +378,5 @@ class IngestService(Service):
                 log.exception("stage-1 tick failed")
 
 
-__all__ = ["IngestService", "Stage1Sink", "TopicPartition", "next_boundary", "sleep_until"]
+__all__ = ["IngestService", "Stage1Sink", "TopicPartition", "missing_codecs", "next_boundary",
+           "sleep_until"]

@@ -139,8 +139,10 @@ class _FaustSink:
         await asyncio.gather(*futs)
 
     async def dead_letter(self, letters: Sequence[DeadLetter]) -> None:
-        futs = [await self.dlq.send(key=d.key, value=d.value or b"", headers=d.out_headers())
-                for d in letters]
+        futs = []
+        for d in letters:
+            key, value, headers = d.out_record()
+            futs.append(await self.dlq.send(key=key, value=value, headers=headers))
         await asyncio.gather(*futs)
 
 

@@ -7,7 +7,9 @@ Guarantees:
 
 * Every record either reaches the windows or comes back as a
   :class:`~app.streaming.deadletter.DeadLetter` (bad JSON, bad fields, empty
-  value); a bad record never stops the others of its poll.
+  value or tombstone: ``empty_message``; an unexpected parser error:
+  ``internal_error``); a bad record never stops the others of its poll. Keys
+  and headers are not read here (any key, or none, is fine).
 * Single events of one series in one poll become one vectorized window
   update (``app.core.events.Accumulator``), so the cost per event is the JSON
   decode plus a few dict operations.
@@ -67,13 +69,16 @@ class Stage1:
         add = acc.add
         for rec in records:
             raw = rec.value
-            if raw is None:
-                dead.append(DeadLetter.of(rec, "empty_message", "message has no value (tombstone)"))
+            if not raw:
+                dead.append(DeadLetter.of(rec, "empty_message", "message has no value (tombstone)"
+                                          if raw is None else "message value is empty"))
                 continue
             try:
                 add(raw)
             except BadEvent as e:
                 dead.append(DeadLetter.of(rec, e.reason, str(e)))
+            except Exception as e:  # a parser bug must not drop the rest of the poll
+                dead.append(DeadLetter.of(rec, "internal_error", f"{type(e).__name__}: {e}"[:300]))
         samples = rejected = 0
         part = self._partition_of
         for ev in acc.drain():

@@ -3,7 +3,8 @@
 Reads the settings once (``TAILGUARD_*``), creates the missing topics, builds
 the app with :func:`app.streaming.service.create_app` and runs faust's
 :class:`faust.Worker` until SIGINT/SIGTERM. Exit code 0 on a clean stop, 2 on
-a bad setting (named in the message), 1 when the broker cannot be reached.
+a bad setting (named in the message), 1 when the broker cannot be reached or
+a Kafka compression codec cannot be decoded here (``cramjam`` missing).
 """
 
 from __future__ import annotations
@@ -42,6 +43,13 @@ def main(argv: list[str]) -> int:
         settings = settings_mod.load(detector=detector)
     logging.basicConfig(level=settings.log_level.upper(),
                         format="[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s")
+    from app.streaming.ingest import missing_codecs
+
+    if missing := missing_codecs():
+        print(f"tailguard worker: cannot decompress {'/'.join(missing)} record batches, which "
+              "kcat/librdkafka and the Java producer send when compression is on; install "
+              "cramjam (pip install 'cramjam>=2.8,<3', a tailguard dependency)", file=sys.stderr)
+        return 1
     loop = asyncio.new_event_loop()
     try:
         created = loop.run_until_complete(ensure_topics(settings))
