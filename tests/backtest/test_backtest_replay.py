@@ -293,6 +293,29 @@ def test_recovered_node_is_readmitted_on_probe_traffic(tmp_path: Path, capsys: p
     assert res.readmitted_after(("gpu-04", "resnet"), res.removed()[("gpu-04", "resnet")])
 
 
+
+def readmitted_at(res: Replayed, key: tuple[str, str], after: float) -> float | None:
+    return next((float(r["ts"]) for r in res.records  # type: ignore[arg-type]
+                 if r.get("type", "transition") == "transition" and r["routed"] is True
+                 and (r["node_id"], r["model"]) == key and float(r["ts"]) > after), None)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("probe_rate", [1.0, 2.0])
+def test_probe_only_node_is_readmitted_soon_after_it_recovers(
+        probe_rate: float, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Only probes reach the removed node; it is slow until 550 s. Each probe round must be
+    # judged on its own probes: probes from before the round (sent while the node was still
+    # slow) once failed every round that had no probe of its own yet, at the tick it began,
+    # and the doubling back-off held a recovered node out for 300-550 s more.
+    fleet = Fleet(6, (Model("resnet"),), seed=53, duration_s=1200, active={"gpu-02": (0.0, 400.0)},
+                  probes={"gpu-02": (400.0, 1200.0, probe_rate)},
+                  faults=(Fault("gpu-02", 310.0, end_s=550.0),))
+    res = replay_lines(trace_lines(fleet), tmp_path, capsys)
+    assert_outcome(res, {("gpu-02", "resnet"): 310.0})
+    back = readmitted_at(res, ("gpu-02", "resnet"), 550.0 + T0)
+    # rounds fail while it is slow (back-off 30, 60, 120 s), the first round after 550 s passes
+    assert back is not None and back - (550.0 + T0) <= 180.0, res.records
+
 def _fault_fleet() -> Fleet:
     return Fleet(6, (Model("resnet"),), seed=61, faults=(Fault("gpu-05", 305.5),))
 
