@@ -284,6 +284,18 @@ def test_fleet_wide_peak_removes_nobody_and_is_reported(model: Model, tmp_path: 
     assert "load_event" in res.fleet_kinds() or "baseline_shift" in res.fleet_kinds(), res.records
 
 
+
+@pytest.mark.parametrize("seed", [42, 43, 44])
+def test_fleet_wide_doubling_removes_nobody_and_is_reported(
+        seed: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # every node 2x slower for 3 minutes: a doubling of the fleet's P50 must be reported, but
+    # measured against the slow baseline (which has already taken in the onset tick) it sits
+    # just under 2.0, so a 2.0 shift threshold missed it in most runs
+    fleet = Fleet(8, (Model("resnet"),), seed=seed, rate=30.0, duration_s=900, peak=(401.0, 581.0, 2.0))
+    res = replay_lines(trace_lines(fleet), tmp_path, capsys)
+    assert_outcome(res, {})
+    assert "load_event" in res.fleet_kinds() or "baseline_shift" in res.fleet_kinds(), res.records
+
 def test_recovered_node_is_readmitted_on_probe_traffic(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # the LB stops sending regular traffic soon after removal; only probes (2/s) reach the node
     fleet = Fleet(6, (Model("resnet"),), seed=51, duration_s=1500, active={"gpu-04": (0.0, 420.0)},
