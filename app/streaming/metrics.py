@@ -51,6 +51,9 @@ class WorkerMetrics:
         self.redis_write_failures = Counter("tailguard_redis_write_failures", "failed writes "
                                             "of a routing verdict to Redis (retried)",
                                             ["model"], registry=r)
+        self.table_write_failures = Counter("tailguard_table_write_failures", "failed "
+                                            "writes of stage-2 state or hints to their "
+                                            "changelog tables (retried next tick)", registry=r)
         self.routing_empty_refused = Counter("tailguard_routing_empty_refused", "verdicts "
                                              "not written because they would empty a "
                                              "routing set", ["model"], registry=r)

@@ -48,7 +48,7 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -270,10 +270,17 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
         return frozenset(tp.partition for tp in app.consumer.assignment()
                          if tp.topic == topics.window_stats)
 
+    changelogs = [t.changelog_topic.get_topic_name() for t in (state_table, hints_table)]
+
+    async def track_changelog_metadata() -> None:
+        faust_producer: Any = app.producer
+        await track_topic_metadata(faust_producer._ensure_producer(), changelogs)
+
     async def stage2_tick() -> list[ModelOutput]:
         if app.rebalancing or app.in_recovery:
             log.info("stage-2 tick skipped: rebalancing")
             return []
+        await track_changelog_metadata()
         owned = owned_stats_partitions()
         assignment = (app.consumer_generation_id, owned)
         if rt.last_assignment != assignment:
@@ -285,10 +292,12 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
         n = app.consumer.topic_partitions(topics.window_stats) or n_parts
         now_s = clock()
         t0 = time.perf_counter()
+        failures_before = stage2.write_failures
         outputs = stage2.tick(
             now_s, lambda model: partition_for(state_key(model), n) in owned,
             hints_for_s=next_boundary(now_s, tick_s))
         metrics.tick_seconds.observe(time.perf_counter() - t0)
+        metrics.table_write_failures.inc(stage2.write_failures - failures_before)
         metrics.owned_models.set(len(outputs))
         now_owned = {o.tick.model for o in outputs}
         for gone in rt.gauged_models - now_owned:
@@ -341,6 +350,21 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
 
     rt.stage2_tick = stage2_tick
     return app
+
+
+async def track_topic_metadata(producer: Any, topics: Iterable[str]) -> None:
+    """Keep ``topics`` in every metadata refresh of an aiokafka ``producer``; wait until known.
+
+    faust writes ``use_partitioner`` tables through ``key_partition``, which
+    reads the producer's cached metadata and never fetches it. aiokafka
+    fetches metadata of all topics only until the producer first sends to a
+    topic it did not know yet; from then on it refreshes just the topics it
+    tracks, and an untracked changelog topic drops out of the cache, so the
+    next table write raises. Cheap when the topics are already tracked.
+    """
+    for topic in topics:
+        await producer.client.add_topic(topic)
+        await producer.partitions_for(topic)
 
 
 _RUNTIME_ATTR = "_tailguard_runtime"

@@ -19,6 +19,10 @@ Guarantees:
   decode. Before a model is first evaluated after an (re)assignment, its
   state is restored from ``state``, so a restarted or replacement worker
   resumes quarantines instead of starting from unknown.
+* **A failed table write loses nothing.** When writing ``state`` or
+  ``hints`` raises (a changelog topic whose metadata the producer lost), the
+  error is logged and counted in ``write_failures``, the model's verdict is
+  still returned for publishing, and the write is retried at the next tick.
 * **Only owned models.** A model is evaluated only when ``owns(model)`` says
   this worker holds its partition; buffered input of other models is dropped.
 * **Bounded.** At most one pending summary per (node, model) (the newest),
@@ -29,6 +33,7 @@ Guarantees:
 from __future__ import annotations
 
 import collections
+import logging
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeAlias
@@ -37,6 +42,8 @@ from app.core.types import ModelTick, Transition, WindowSummary
 from app.streaming.wire import DiagnosticsResult
 
 SeriesKey: TypeAlias = tuple[str, str]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +133,7 @@ class Stage2:
         self._diagnostics: dict[str, collections.deque[DiagnosticsResult]] = {}
         self._restored: set[str] = set()
         self._written: dict[str, Any] = {}
+        self.write_failures = 0
 
     # --- input ---------------------------------------------------------------
     def on_summary(self, s: WindowSummary) -> None:
@@ -180,9 +188,20 @@ class Stage2:
         ev = self.evaluator
         value = encode_hints({node: ts for (node, _m), ts in ev.judge_since(model, at_s).items()},
                              (node for node, _m in ev.out_of_fit(model)))
-        if self._hints_written.get(model) != value:
-            self.hints[state_key(model)] = value
+        if self._hints_written.get(model) != value and self._write(
+                self.hints, state_key(model), value, model, "hints"):
             self._hints_written[model] = value
+
+    def _write(self, table: MutableMapping[Any, Any], key: bytes, value: Any, model: str,
+               what: str) -> bool:
+        try:
+            table[key] = value
+        except Exception:  # retried next tick: the caller keeps its last-written marker
+            self.write_failures += 1
+            log.exception("writing the %s of model %r failed; retried at the next tick",
+                          what, model)
+            return False
+        return True
 
     def _evaluate(self, model: str, now_s: float) -> ModelOutput:
         ev = self.evaluator
@@ -200,7 +219,7 @@ class Stage2:
         summaries = [s for s in self._pending.pop(model, {}).values() if s.tick_ts >= horizon]
         tick = ev.evaluate(model, summaries, now_s)
         snap = ev.snapshot_model(model)
-        if self._written.get(model) != snap:
-            self.state[key] = snap
+        if self._written.get(model) != snap and self._write(self.state, key, snap, model,
+                                                            "state"):
             self._written[model] = snap
         return ModelOutput(tick, tuple(diag))

@@ -75,6 +75,33 @@ def test_hints_follow_routing_and_are_written_only_on_change() -> None:
     assert len(writes) == n
 
 
+class FailingOnce(dict[bytes, Any]):
+    """A table whose first ``fail`` writes raise, as faust's do when the producer lost metadata."""
+
+    def __init__(self, fail: int) -> None:
+        super().__init__()
+        self.fail = fail
+
+    def __setitem__(self, key: bytes, value: Any) -> None:
+        if self.fail > 0:
+            self.fail -= 1
+            raise TypeError("'NoneType' object is not iterable")
+        super().__setitem__(key, value)
+
+
+def test_failed_table_writes_lose_no_verdict_and_are_retried_next_tick() -> None:
+    state, hints = FailingOnce(fail=4), FailingOnce(fail=4)
+    s2 = Stage2(FleetEvaluator(SETTINGS), state, stale_after_s=1.5 * T, hints=hints)
+    outs = run_ticks(s2, "m", 1000.0, 4)        # every write of these ticks fails
+    trans = [t for o in outs for t in o.transitions if t.node_id == "slow"]
+    assert [str(t.to_state) for t in trans][-2:] == ["unhealthy", "quarantined"]
+    assert "slow" not in outs[-1].tick.routing
+    assert not state and not hints and s2.write_failures == 8
+    run_ticks(s2, "m", 1000.0 + 4 * T, 1)       # nothing new to say, yet both are written now
+    assert state[state_key("m")] == s2.evaluator.snapshot_model("m")
+    assert decode_hints(hints.items()).out_of_fit == {("slow", "m")}
+
+
 def test_hints_written_by_older_versions_still_decode() -> None:
     old = {b"m": {"slow": 990.0, "judge_since": 5.0}, "other": {}}   # bare {node: since_ts}
     new = {b"x": encode_hints({"a": 1.0}, ["b"])}

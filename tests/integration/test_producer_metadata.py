@@ -1,0 +1,58 @@
+"""Table writes need the producer's cached metadata: ``track_topic_metadata`` keeps it there.
+
+faust's ``key_partition`` (how ``use_partitioner`` tables pick a changelog
+partition) reads aiokafka's cached metadata without fetching it. Against the
+real broker: once the producer has sent to a topic it did not know yet,
+aiokafka refreshes only the topics it tracks and an untracked topic's
+partitions vanish from the cache — the stage-2 tick then failed on its table
+write (seen in CI). A tracked topic stays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from app.streaming.service import track_topic_metadata
+
+pytestmark = pytest.mark.integration
+
+
+async def _cached_partitions_after_a_send_to_a_new_topic(
+        bootstrap: str, name: Callable[[str], str], track: bool) -> set[int] | None:
+    changelog, other = name("changelog"), name("other")
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    try:
+        await admin.create_topics([NewTopic(changelog, num_partitions=3, replication_factor=1)])
+        await producer.client.force_metadata_update()
+        assert producer.client.cluster.partitions_for_topic(changelog) == {0, 1, 2}
+        if track:
+            await track_topic_metadata(producer, [changelog])
+        await admin.create_topics([NewTopic(other, num_partitions=1, replication_factor=1)])
+        await producer.send_and_wait(other, b"x")          # unknown when sent: now tracked
+        await producer.client.force_metadata_update()
+        got = producer.client.cluster.partitions_for_topic(changelog)
+        await admin.delete_topics([changelog, other])
+        return None if got is None else set(got)
+    finally:
+        await producer.stop()
+        await admin.close()
+
+
+async def test_untracked_topic_drops_out_of_the_producer_metadata(
+        kafka_bootstrap: str, unique_name: Callable[[str], str]) -> None:
+    # The control: what made the tick's table write raise.
+    assert await _cached_partitions_after_a_send_to_a_new_topic(
+        kafka_bootstrap, unique_name, track=False) is None
+
+
+async def test_tracked_topic_stays_in_the_producer_metadata(
+        kafka_bootstrap: str, unique_name: Callable[[str], str]) -> None:
+    assert await _cached_partitions_after_a_send_to_a_new_topic(
+        kafka_bootstrap, unique_name, track=True) == {0, 1, 2}
