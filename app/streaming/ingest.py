@@ -23,6 +23,9 @@ Guarantees:
   restart they refill from new traffic (and from the uncommitted tail).
 * **Ownership.** The series summarized at each tick are those of the
   partitions assigned now (``Stage1.summaries``); revoked ones stop at once.
+  Each tick also sends, per model, this worker's cluster digest
+  (``Stage1.cluster_digests``, tagged with ``source``: unique per process),
+  from which stage 2 gets the cluster-wide P50/P99.
 * Consumer lag per owned partition is exported (``tailguard_consumer_lag``).
 * **Any producer.** Record batches compressed with gzip, snappy, lz4 or zstd
   (kcat/librdkafka, the Java producer) are decoded (snappy/lz4/zstd need
@@ -46,8 +49,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 import struct
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
@@ -63,6 +69,7 @@ from app.streaming.deadletter import DeadLetter
 from app.streaming.metrics import WorkerMetrics
 from app.streaming.stage1 import Stage1
 from app.streaming.stage2 import StageHints
+from app.streaming.wire import ClusterDigest
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +99,8 @@ class Stage1Sink(Protocol):
     """Where stage 1 sends its output (faust topics in the service, lists in tests)."""
 
     async def send_summaries(self, summaries: Sequence[WindowSummary]) -> None: ...
+
+    async def send_cluster(self, digests: Sequence[ClusterDigest]) -> None: ...
 
     async def dead_letter(self, letters: Sequence[DeadLetter]) -> None: ...
 
@@ -151,8 +160,10 @@ class IngestService(Service):
     def __init__(self, *, settings: Settings, stage1: Stage1, sink: Stage1Sink,
                  metrics: WorkerMetrics, clock: Callable[[], float] = time.time,
                  hints: Callable[[], StageHints] | None = None,
-                 max_poll_records: int = MAX_POLL_RECORDS, **kwargs: Any) -> None:
+                 max_poll_records: int = MAX_POLL_RECORDS, source: str | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.source = source or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.settings = settings
         self.topic = settings.topics.latency_events
         self.stage1 = stage1
@@ -357,12 +368,19 @@ class IngestService(Service):
                 await asyncio.sleep(1.0)
 
     async def tick(self) -> int:
-        """Send one summary per owned series to stage 2; returns how many."""
+        """Send one summary per owned series, then the cluster digests, to stage 2.
+
+        Returns how many summaries.
+        """
         hints = self.hints() if self.hints is not None else StageHints()
-        summaries = self.stage1.summaries(self.clock(), self.owned_partitions(), hints.judge_since,
+        now_s = self.clock()
+        summaries = self.stage1.summaries(now_s, self.owned_partitions(), hints.judge_since,
                                           hints.out_of_fit)
         if summaries:
             await self.sink.send_summaries(summaries)
+        digests = self.stage1.cluster_digests(now_s, self.source)
+        if digests:
+            await self.sink.send_cluster(digests)
         return len(summaries)
 
     @Service.task

@@ -46,6 +46,10 @@ class WorkerMetrics:
                                       buckets=_TICK_BUCKETS_S)
         self.nodes = Gauge("tailguard_nodes", "nodes per health state per model (owned "
                            "models only)", ["model", "state"], registry=r)
+        self.cluster_latency = Gauge("tailguard_cluster_latency_us", "cluster-wide raw "
+                                     "latency quantile per model (µs), merged from every "
+                                     "worker's t-digest at the last tick", ["model", "quantile"],
+                                     registry=r)
         self.transitions = Counter("tailguard_transitions", "health transitions published",
                                    ["to"], registry=r)
         self.redis_write_failures = Counter("tailguard_redis_write_failures", "failed writes "
@@ -80,10 +84,20 @@ class WorkerMetrics:
         for state in HealthState:
             self.nodes.labels(model=model, state=str(state)).set(counts.get(state, 0))
 
+    def set_cluster_latency(self, model: str, p50_us: float | None,
+                            p99_us: float | None) -> None:
+        for q, v in (("0.5", p50_us), ("0.99", p99_us)):
+            if v is None:
+                with contextlib.suppress(KeyError):
+                    self.cluster_latency.remove(model, q)
+            else:
+                self.cluster_latency.labels(model=model, quantile=q).set(v)
+
     def forget_model(self, model: str) -> None:
         for state in HealthState:
             with contextlib.suppress(KeyError):
                 self.nodes.remove(model, str(state))
+        self.set_cluster_latency(model, None, None)
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:
         """Start the HTTP endpoint on ``port`` (no-op for 0 or when already serving)."""

@@ -68,9 +68,11 @@ from app.streaming.metrics import WorkerMetrics
 from app.streaming.stage1 import Stage1
 from app.streaming.stage2 import ModelOutput, Stage2, StageHints, decode_hints, state_key
 from app.streaming.wire import (
+    ClusterDigest,
     DiagnosticsResult,
     decode_stage2,
     dumps,
+    encode_cluster,
     encode_diagnostics,
     encode_summary,
     parse_diagnostics_result,
@@ -136,6 +138,11 @@ class _FaustSink:
     async def send_summaries(self, summaries: Sequence[WindowSummary]) -> None:
         futs = [await self.stats.send(key=state_key(s.model), value=encode_summary(s))
                 for s in summaries]
+        await asyncio.gather(*futs)
+
+    async def send_cluster(self, digests: Sequence[ClusterDigest]) -> None:
+        futs = [await self.stats.send(key=state_key(c.model), value=encode_cluster(c))
+                for c in digests]
         await asyncio.gather(*futs)
 
     async def dead_letter(self, letters: Sequence[DeadLetter]) -> None:
@@ -248,6 +255,8 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
                     continue
                 if isinstance(msg, DiagnosticsResult):
                     stage2.on_diagnostics(msg)
+                elif isinstance(msg, ClusterDigest):
+                    stage2.on_cluster(msg)
                 else:
                     stage2.on_summary(msg)
 
@@ -327,6 +336,8 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
             counts: collections.Counter[HealthState] = collections.Counter(
                 s.state for s in tick.statuses)
             metrics.set_node_states(tick.model, dict(counts))
+            metrics.set_cluster_latency(tick.model, tick.fleet_latency_p50_us,
+                                        tick.fleet_latency_p99_us)
         await asyncio.gather(*futs)
         if outputs:
             await app.producer.flush()

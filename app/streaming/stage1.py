@@ -19,6 +19,11 @@ Guarantees:
   key, one series' events spread over several partitions and thus workers;
   each worker then summarizes its share and stage 2 keeps the most recent —
   use the ``node_id|model`` key.)
+* :meth:`Stage1.cluster_digests` gives, per model, one t-digest of the raw
+  latency of every series this worker holds (owned or not yet forgotten: a
+  series split over workers by unkeyed producers contributes its share from
+  each), kept at the same rate on every worker so that stage 2's merge is the
+  cluster's distribution.
 * Memory is bounded by the number of series (the window store's bound) plus
   one small entry per series here.
 """
@@ -34,6 +39,10 @@ from app.core.events import Accumulator, Heartbeat, SampleBatch
 from app.core.types import WindowSummary
 from app.streaming.deadletter import DeadLetter, RecordLike
 from app.streaming.metrics import WorkerMetrics
+from app.streaming.wire import ClusterDigest
+
+#: Samples per series in a cluster digest (``WindowStore.model_pools``' thinning).
+CLUSTER_SAMPLES_PER_SERIES = 128
 
 
 class WindowStoreLike(Protocol):
@@ -46,6 +55,9 @@ class WindowStoreLike(Protocol):
     def summaries(self, now_s: float,
                   judge_since: Mapping[tuple[str, str], float] | None = None,
                   *, out_of_fit: Collection[tuple[str, str]] = ()) -> list[WindowSummary]: ...
+
+    def model_digests(self, now_s: float, *, per_series: int = 128,
+                      models: Collection[str] | None = None) -> dict[str, dict[str, Any]]: ...
 
     def series_count(self) -> int: ...
 
@@ -129,4 +141,13 @@ class Stage1:
         if self.metrics is not None:
             self.metrics.series_tracked.set(self.store.series_count())
             self.metrics.summaries_out.inc(len(out))
+        return out
+
+    def cluster_digests(self, now_s: float, source: str) -> list[ClusterDigest]:
+        """Per model, this worker's share of the cluster-wide raw latency at ``now_s``."""
+        out = []
+        for model, d in self.store.model_digests(now_s,
+                                                 per_series=CLUSTER_SAMPLES_PER_SERIES).items():
+            nodes = int(d.pop("nodes", 0))
+            out.append(ClusterDigest(model, now_s, source, nodes, d))
         return out

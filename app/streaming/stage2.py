@@ -23,6 +23,11 @@ Guarantees:
   ``hints`` raises (a changelog topic whose metadata the producer lost), the
   error is logged and counted in ``write_failures``, the model's verdict is
   still returned for publishing, and the write is retried at the next tick.
+* **Cluster-wide P50/P99.** Each stage-1 worker's latest
+  :class:`~app.streaming.wire.ClusterDigest` of a model (``on_cluster``) is
+  merged at the model's tick into ``ModelTick.fleet_latency_p50_us``/``_p99_us``
+  (the SLA figure; None without a fresh digest). Digests older than
+  ``stale_after_s`` are dropped, so a worker that left stops counting.
 * **Only owned models.** A model is evaluated only when ``owns(model)`` says
   this worker holds its partition; buffered input of other models is dropped.
 * **Bounded.** At most one pending summary per (node, model) (the newest),
@@ -35,11 +40,15 @@ from __future__ import annotations
 import collections
 import logging
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeAlias
 
+from app.core.quantiles import digest_quantiles, merge_digests
 from app.core.types import ModelTick, Transition, WindowSummary
-from app.streaming.wire import DiagnosticsResult
+from app.streaming.wire import ClusterDigest, DiagnosticsResult
+
+#: The cluster-wide quantiles put on each ModelTick.
+CLUSTER_QUANTILES = (0.5, 0.99)
 
 SeriesKey: TypeAlias = tuple[str, str]
 
@@ -134,6 +143,7 @@ class Stage2:
         self._restored: set[str] = set()
         self._written: dict[str, Any] = {}
         self.write_failures = 0
+        self._cluster: dict[str, dict[str, ClusterDigest]] = {}
 
     # --- input ---------------------------------------------------------------
     def on_summary(self, s: WindowSummary) -> None:
@@ -141,6 +151,12 @@ class Stage2:
         old = nodes.get(s.node_id)
         if old is None or s.tick_ts >= old.tick_ts:
             nodes[s.node_id] = s
+
+    def on_cluster(self, c: ClusterDigest) -> None:
+        sources = self._cluster.setdefault(c.model, {})
+        old = sources.get(c.source)
+        if old is None or c.tick_ts >= old.tick_ts:
+            sources[c.source] = c
 
     def on_diagnostics(self, d: DiagnosticsResult) -> None:
         q = self._diagnostics.get(d.model)
@@ -176,6 +192,7 @@ class Stage2:
             if not owns(model):
                 self._pending.pop(model, None)
                 self._diagnostics.pop(model, None)
+                self._cluster.pop(model, None)
                 self._restored.discard(model)
                 continue
             out.append(self._evaluate(model, now_s))
@@ -203,6 +220,21 @@ class Stage2:
             return False
         return True
 
+    def _with_cluster_quantiles(self, tick: ModelTick, horizon: float) -> ModelTick:
+        sources = self._cluster.get(tick.model)
+        if not sources:
+            return tick
+        for src in [k for k, c in sources.items() if c.tick_ts < horizon]:
+            del sources[src]
+        if not sources:
+            del self._cluster[tick.model]
+            return tick
+        q = digest_quantiles(merge_digests(c.digest for c in sources.values()),
+                             CLUSTER_QUANTILES)
+        if q is None:
+            return tick
+        return replace(tick, fleet_latency_p50_us=q[0], fleet_latency_p99_us=q[1])
+
     def _evaluate(self, model: str, now_s: float) -> ModelOutput:
         ev = self.evaluator
         key = state_key(model)
@@ -217,7 +249,7 @@ class Stage2:
             diag.extend(ev.apply_diagnostics(model, d.node_id, d.recoverable, now_s))
         horizon = now_s - self.stale_after_s
         summaries = [s for s in self._pending.pop(model, {}).values() if s.tick_ts >= horizon]
-        tick = ev.evaluate(model, summaries, now_s)
+        tick = self._with_cluster_quantiles(ev.evaluate(model, summaries, now_s), horizon)
         snap = ev.snapshot_model(model)
         if self._written.get(model) != snap and self._write(self.state, key, snap, model,
                                                             "state"):

@@ -6,7 +6,11 @@ Two kinds, JSON objects told apart by ``"type"``:
   per stage-1 tick;
 * ``{"type": "diagnostics", "node_id", "model", "recoverable", "ts"}`` — a
   diagnostics result, re-keyed by model so the worker that owns the model's
-  state applies it, in order with the summaries.
+  state applies it, in order with the summaries;
+* ``{"type": "cluster", "model", "tick_ts", "source", "nodes", "digest"}`` —
+  one stage-1 worker's share of a model's cluster-wide raw latency at a tick: a
+  t-digest dict (``WindowStore.model_digests``, µs) that stage 2 merges over
+  the workers (:class:`ClusterDigest`).
 
 Also validates the public diagnostics-result input
 (``node-diagnostics-results``: ``{"node_id", "model", "recoverable": bool, …}``).
@@ -17,11 +21,13 @@ Guarantee: :func:`decode_stage2` and :func:`parse_diagnostics_result` raise
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from app.core.errors import BadEvent
 from app.core.events import loads
+from app.core.quantiles import digest_from_dict
 from app.core.types import WindowSummary
 
 
@@ -33,6 +39,24 @@ class DiagnosticsResult:
     model: str
     recoverable: bool
     ts: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterDigest:
+    """One stage-1 worker's (``source``) share of ``model``'s raw latency at ``tick_ts``.
+
+    ``digest``: a t-digest dict (``tdigest``/``fastdigest`` format) of an even
+    thinning of the judged samples of the worker's series of the model
+    (``WindowStore.model_pools``: every worker keeps each sample at the same
+    rate, so merging the workers' digests gives the cluster's distribution);
+    ``nodes``: how many series gave samples.
+    """
+
+    model: str
+    tick_ts: float
+    source: str
+    nodes: int
+    digest: dict[str, Any]
 
 
 def _default(o: Any) -> Any:
@@ -54,15 +78,20 @@ def encode_summary(s: WindowSummary) -> bytes:
     return dumps(d)
 
 
+def encode_cluster(c: ClusterDigest) -> bytes:
+    return dumps({"type": "cluster", "model": c.model, "tick_ts": c.tick_ts, "source": c.source,
+                  "nodes": c.nodes, "digest": c.digest})
+
+
 def encode_diagnostics(d: DiagnosticsResult) -> bytes:
     return dumps({"type": "diagnostics", "node_id": d.node_id, "model": d.model,
                   "recoverable": d.recoverable, "ts": d.ts})
 
 
-def _str(d: dict[str, Any], key: str) -> str:
+def _str(d: dict[str, Any], key: str, reason: str = "bad_diagnostics") -> str:
     v = d.get(key)
     if not isinstance(v, str) or not v or len(v) > 256:
-        raise BadEvent("bad_diagnostics" if v is not None else "missing_field",
+        raise BadEvent(reason if v is not None else "missing_field",
                        f"{key} must be a non-empty string of at most 256 chars, got {v!r:.40}",
                        field=key)
     return v
@@ -86,7 +115,26 @@ def parse_diagnostics_result(raw: bytes | str | None) -> DiagnosticsResult:
                              else None)
 
 
-def decode_stage2(raw: bytes | str | None) -> WindowSummary | DiagnosticsResult:
+def _cluster(d: dict[str, Any]) -> ClusterDigest:
+    ts, nodes, digest = d.get("tick_ts"), d.get("nodes"), d.get("digest")
+    if not isinstance(ts, int | float) or isinstance(ts, bool) or not math.isfinite(ts):
+        raise BadEvent("bad_type", f"cluster digest needs a numeric tick_ts, got {ts!r:.40}",
+                       field="tick_ts")
+    if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 0:
+        raise BadEvent("bad_type", f"cluster digest needs nodes >= 0, got {nodes!r:.40}",
+                       field="nodes")
+    if not isinstance(digest, dict):
+        raise BadEvent("bad_digest", "cluster digest needs a t-digest dict", field="digest")
+    try:
+        digest_from_dict(digest)
+    except Exception as e:
+        raise BadEvent("bad_digest", f"not a t-digest dict: {type(e).__name__}: {e}"[:200],
+                       field="digest") from None
+    return ClusterDigest(_str(d, "model", "bad_type"), float(ts), _str(d, "source", "bad_type"),
+                         nodes, digest)
+
+
+def decode_stage2(raw: bytes | str | None) -> WindowSummary | DiagnosticsResult | ClusterDigest:
     """Decode one ``node-window-stats`` message."""
     if raw is None:
         raise BadEvent("empty_message", "message has no value")
@@ -96,6 +144,8 @@ def decode_stage2(raw: bytes | str | None) -> WindowSummary | DiagnosticsResult:
     kind = d.pop("type", None)
     if kind == "diagnostics":
         return parse_diagnostics_result(raw)
+    if kind == "cluster":
+        return _cluster(d)
     if kind != "summary":
         raise BadEvent("unknown_form", f"unknown stage-2 message type {kind!r:.40}", field="type")
     try:

@@ -13,7 +13,9 @@ import collections
 import json
 import re
 import shutil
+import socket
 import subprocess
+import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -149,6 +151,18 @@ class OwnRedis:
             [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
              "--appendonly", "yes", "--save", "", "--protected-mode", "no"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 15
+        while True:                     # answers PING (loaded its AOF) before we go on
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1) as conn:
+                    conn.sendall(b"PING\r\n")
+                    if conn.recv(64).startswith(b"+PONG"):
+                        return
+            except OSError:
+                pass
+            assert self.proc.poll() is None, f"redis-server on port {self.port} exited"
+            assert time.monotonic() < deadline, f"redis-server on port {self.port} not ready"
+            time.sleep(0.05)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -191,6 +205,11 @@ async def test_redis_outage_routing_catches_up_and_is_never_emptied(
             assert _metric(metrics_port, "tailguard_evaluation_seconds_count") > 0
             assert _metric(metrics_port, 'tailguard_nodes{model="llm",state="quarantined"}') == 1
             assert 'tailguard_consumer_lag{' in _metrics_body(metrics_port)
+            # Cluster-wide latency from the merged stage-1 digests: four nodes at ~1000 µs,
+            # one at 3000 µs. (The gauge is absent, and the sum 0, until a tick sets it.)
+            p50 = _metric(metrics_port, 'tailguard_cluster_latency_us{model="llm",quantile="0.5"}')
+            p99 = _metric(metrics_port, 'tailguard_cluster_latency_us{model="llm",quantile="0.99"}')
+            assert 900 < p50 < 1300 and 2000 < p99 < 4000, (p50, p99)
             seen.clear()
             own.start()                                     # Redis is back with its old data
             await r.connection_pool.disconnect()

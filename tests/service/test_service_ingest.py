@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry
 from stream_fakes import Rec, batch, llm_batch, single
 
 from app.core.config import DetectorSettings
+from app.core.quantiles import digest_quantiles, merge_digests
 from app.core.types import WindowSummary
 from app.core.window import WindowStore
 from app.settings import Settings
@@ -20,6 +21,7 @@ from app.streaming.ingest import IngestService
 from app.streaming.metrics import WorkerMetrics
 from app.streaming.stage1 import Stage1
 from app.streaming.stage2 import StageHints
+from app.streaming.wire import ClusterDigest
 
 NOW = 2_000_000.0
 DET = DetectorSettings(min_samples=10, window_size=100, warmup_s=0.0)
@@ -51,9 +53,13 @@ class FakeSink:
     fail_dead_letters: int = 0
     summaries: list[WindowSummary] = field(default_factory=list)
     dead: list[DeadLetter] = field(default_factory=list)
+    cluster: list[ClusterDigest] = field(default_factory=list)
 
     async def send_summaries(self, summaries: Sequence[WindowSummary]) -> None:
         self.summaries.extend(summaries)
+
+    async def send_cluster(self, digests: Sequence[ClusterDigest]) -> None:
+        self.cluster.extend(digests)
 
     async def dead_letter(self, letters: Sequence[DeadLetter]) -> None:
         if self.fail_dead_letters:
@@ -103,6 +109,24 @@ async def test_tick_summarizes_only_owned_partitions() -> None:
     consumer.owned = {tp1}
     assert await svc.tick() == 1
     assert [s.node_id for s in sink.summaries] == ["b"]
+
+
+async def test_tick_sends_one_cluster_digest_per_model_from_every_held_series() -> None:
+    tp0, tp1 = TopicPartition(TOPIC, 0), TopicPartition(TOPIC, 1)
+    poll = {tp0: [Rec(batch("a", "m", [100.0] * 30, NOW - 1)),
+                  Rec(batch("c", "x", [7.0] * 12, NOW - 1))],
+            tp1: [Rec(batch("b", "m", [300.0] * 10, NOW - 1), partition=1)]}
+    sink = FakeSink()
+    svc, _ = make([poll], sink)
+    await svc.poll_once()
+    await svc.tick()
+    got = {c.model: c for c in sink.cluster}
+    assert set(got) == {"m", "x"} and {c.source for c in sink.cluster} == {svc.source}
+    assert got["m"].nodes == 2 and got["m"].tick_ts == NOW
+    q = digest_quantiles(merge_digests([got["m"].digest]), (0.5, 1.0))
+    assert q == [100.0, 300.0] and got["m"].digest["n_values"] == 40
+    other, _ = make([], FakeSink())
+    assert other.source != svc.source                 # unique per process/service
 
 
 async def test_tick_passes_stage2_hints_to_the_windows() -> None:

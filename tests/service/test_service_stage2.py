@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -11,9 +12,10 @@ from stream_fakes import summary
 
 from app.core.config import DetectorSettings
 from app.core.evaluate import FleetEvaluator
+from app.core.quantiles import digest_dict_of_sorted
 from app.core.types import HealthState
 from app.streaming.stage2 import Stage2, decode_hints, encode_hints, state_key
-from app.streaming.wire import DiagnosticsResult
+from app.streaming.wire import ClusterDigest, DiagnosticsResult
 
 SETTINGS = DetectorSettings(min_samples=10, window_size=100, warmup_s=0.0, confirm_windows=2,
                             backoff_initial_s=600.0, backoff_max_s=600.0)
@@ -100,6 +102,43 @@ def test_failed_table_writes_lose_no_verdict_and_are_retried_next_tick() -> None
     run_ticks(s2, "m", 1000.0 + 4 * T, 1)       # nothing new to say, yet both are written now
     assert state[state_key("m")] == s2.evaluator.snapshot_model("m")
     assert decode_hints(hints.items()).out_of_fit == {("slow", "m")}
+
+
+def _share(source: str, tick_ts: float, values: np.ndarray) -> ClusterDigest:
+    return ClusterDigest("m", tick_ts, source, 3, digest_dict_of_sorted(np.sort(values)))
+
+
+def test_cluster_quantiles_merge_every_fresh_worker_share() -> None:
+    rng = np.random.default_rng(5)
+    fast, slow = rng.lognormal(7.0, 0.2, 6000), rng.lognormal(8.0, 0.2, 2000)
+    s2 = Stage2(FleetEvaluator(SETTINGS), {}, stale_after_s=1.5 * T)
+    s2.on_cluster(_share("w1", 999.0, fast))
+    s2.on_cluster(_share("w2", 998.0, rng.lognormal(12.0, 0.1, 5000)))   # superseded below
+    s2.on_cluster(_share("w2", 999.5, slow))
+    s2.on_cluster(_share("w2", 999.2, fast))                                # older: ignored
+    (out,) = run_ticks(s2, "m", 1000.0, 1)
+    union = np.concatenate([fast, slow])
+    for got, q in ((out.tick.fleet_latency_p50_us, 0.5), (out.tick.fleet_latency_p99_us, 0.99)):
+        assert got is not None
+        assert abs(got / float(np.quantile(union, q)) - 1) < 0.02, (q, got)
+    # w1 stops sending: its share goes stale and the cluster is w2's alone.
+    s2.on_cluster(_share("w2", 1005.5, slow))
+    (out,) = run_ticks(s2, "m", 1000.0 + 3 * T, 1)
+    assert out.tick.fleet_latency_p50_us is not None
+    assert abs(out.tick.fleet_latency_p50_us / float(np.median(slow)) - 1) < 0.02
+    # Nothing fresh: no figure rather than an old one.
+    (out,) = run_ticks(s2, "m", 1000.0 + 9 * T, 1)
+    assert out.tick.fleet_latency_p50_us is None and out.tick.fleet_latency_p99_us is None
+
+
+def test_cluster_digests_of_models_not_owned_are_dropped() -> None:
+    s2 = Stage2(FleetEvaluator(SETTINGS), {}, stale_after_s=1.5 * T)
+    s2.on_cluster(_share("w1", 999.0, np.arange(1.0, 100.0)))
+    feed(s2, "m", 999.0)
+    assert s2.tick(1000.0, lambda m: False) == []
+    feed(s2, "m", 1000.0)
+    (out,) = s2.tick(1001.0, lambda m: True)
+    assert out.tick.fleet_latency_p50_us is None
 
 
 def test_hints_written_by_older_versions_still_decode() -> None:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 import urllib.request
 
+import numpy as np
 import pytest
 from aiokafka.partitioner import DefaultPartitioner
 from hypothesis import given
@@ -14,14 +16,17 @@ from prometheus_client import CollectorRegistry
 from stream_fakes import Rec, summary
 
 from app.core.errors import BadEvent
+from app.core.quantiles import digest_dict_of_sorted
 from app.core.types import HealthState
 from app.streaming.deadletter import DeadLetter
 from app.streaming.ingest import next_boundary
 from app.streaming.metrics import WorkerMetrics
 from app.streaming.service import partition_for, stage2_offset_s
 from app.streaming.wire import (
+    ClusterDigest,
     DiagnosticsResult,
     decode_stage2,
+    encode_cluster,
     encode_diagnostics,
     encode_summary,
     parse_diagnostics_result,
@@ -36,6 +41,29 @@ def test_summary_round_trip() -> None:
 def test_diagnostics_round_trip() -> None:
     d = DiagnosticsResult("n", "m", recoverable=False, ts=5.0)
     assert decode_stage2(encode_diagnostics(d)) == d
+
+
+def test_cluster_digest_round_trip() -> None:
+    digest = digest_dict_of_sorted(np.sort(np.random.default_rng(1).lognormal(7, 0.3, 500)))
+    c = ClusterDigest("m", 1000.5, "host-1-abc", 7, digest)
+    assert decode_stage2(encode_cluster(c)) == c
+
+
+@pytest.mark.parametrize(("patch", "reason"), [
+    ({"tick_ts": "soon"}, "bad_type"),
+    ({"tick_ts": True}, "bad_type"),
+    ({"nodes": -1}, "bad_type"),
+    ({"source": ""}, "bad_type"),
+    ({"model": None}, "missing_field"),
+    ({"digest": [1, 2]}, "bad_digest"),
+    ({"digest": {"centroids": "x"}}, "bad_digest"),
+])
+def test_bad_cluster_digests(patch: dict[str, object], reason: str) -> None:
+    good = {"type": "cluster", "model": "m", "tick_ts": 1.0, "source": "s", "nodes": 1,
+            "digest": digest_dict_of_sorted(np.arange(1.0, 50.0))}
+    with pytest.raises(BadEvent) as e:
+        decode_stage2(json.dumps({**good, **patch}).encode())
+    assert e.value.reason == reason
 
 
 @pytest.mark.parametrize(("raw", "reason"), [
@@ -101,6 +129,9 @@ def test_metrics_on_a_fresh_registry_and_endpoint() -> None:
     m.write_failed("llama", ConnectionError("down"))
     m.set_node_states("llama", {HealthState.HEALTHY: 3, HealthState.QUARANTINED: 1})
     m.tick_seconds.observe(0.003)
+    m.set_cluster_latency("llama", 812.5, 2048.0)
+    m.set_cluster_latency("gone", 1.0, 2.0)
+    m.forget_model("gone")
     port = _free_port()
     m.serve(port, addr="127.0.0.1")
     try:
@@ -111,6 +142,8 @@ def test_metrics_on_a_fresh_registry_and_endpoint() -> None:
     assert 'tailguard_nodes{model="llama",state="quarantined"} 1.0' in body
     assert 'tailguard_nodes{model="llama",state="retired"} 0.0' in body
     assert "tailguard_evaluation_seconds_count 1.0" in body
+    assert 'tailguard_cluster_latency_us{model="llama",quantile="0.99"} 2048.0' in body
+    assert 'model="gone"' not in body
     # A second registry is independent (no global state).
     assert WorkerMetrics(CollectorRegistry()).registry.get_sample_value(
         "tailguard_redis_write_failures_total", {"model": "llama"}) is None
