@@ -21,6 +21,12 @@ Guarantees:
   letters acknowledged by the broker; while the dead-letter topic cannot be
   written, ingestion waits (retrying with back-off) rather than drop them. Windows are memory only: after a
   restart they refill from new traffic (and from the uncommitted tail).
+* **Diagnostics results** (``node-diagnostics-results``, written by the
+  operator's tooling) are read by the same consumer: each valid result is
+  re-keyed by model onto ``node-window-stats`` (stage 2's input) before its
+  offset counts as processed; bad ones are dead-lettered. External input is
+  read here, where a record the client cannot decode is skipped, and not by a
+  faust agent, whose consumer thread dies on one.
 * **Ownership.** The series summarized at each tick are those of the
   partitions assigned now (``Stage1.summaries``); revoked ones stop at once.
   Each tick also sends, per model, this worker's cluster digest
@@ -63,13 +69,14 @@ from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import CorruptRecordException, UnsupportedCodecError
 from mode import Service
 
+from app.core.errors import BadEvent
 from app.core.types import WindowSummary
 from app.settings import Settings
 from app.streaming.deadletter import DeadLetter
 from app.streaming.metrics import WorkerMetrics
 from app.streaming.stage1 import Stage1
 from app.streaming.stage2 import StageHints
-from app.streaming.wire import ClusterDigest
+from app.streaming.wire import ClusterDigest, DiagnosticsResult, parse_diagnostics_result
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +108,8 @@ class Stage1Sink(Protocol):
     async def send_summaries(self, summaries: Sequence[WindowSummary]) -> None: ...
 
     async def send_cluster(self, digests: Sequence[ClusterDigest]) -> None: ...
+
+    async def send_diagnostics(self, results: Sequence[DiagnosticsResult]) -> None: ...
 
     async def dead_letter(self, letters: Sequence[DeadLetter]) -> None: ...
 
@@ -166,6 +175,7 @@ class IngestService(Service):
         self.source = source or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.settings = settings
         self.topic = settings.topics.latency_events
+        self.diagnostics_topic = settings.topics.diagnostics_results
         self.stage1 = stage1
         self.sink = sink
         self.metrics = metrics
@@ -197,7 +207,8 @@ class IngestService(Service):
             session_timeout_ms=10_000,
             heartbeat_interval_ms=3_000,
         )
-        c.subscribe([self.topic], listener=_Listener(self))
+        c.subscribe(list(dict.fromkeys([self.topic, self.diagnostics_topic])),
+                    listener=_Listener(self))
         await c.start()
         self._consumer = c
 
@@ -243,12 +254,18 @@ class IngestService(Service):
         now_s = self.clock()
         n = 0
         done: dict[Any, int] = {}
+        results: list[DiagnosticsResult] = []
         for tp, recs in batches.items():
             if not recs:
                 continue
-            dead.extend(self.stage1.ingest(tp.partition, recs, now_s))
+            if tp.topic == self.diagnostics_topic and tp.topic != self.topic:
+                dead.extend(self._diagnostics(recs, results))
+            else:
+                dead.extend(self.stage1.ingest(tp.partition, recs, now_s))
             done[tp] = recs[-1].offset + 1
             n += len(recs)
+        if results:   # re-keyed by model for stage 2, before their offsets count as done
+            await self._send_retrying(self.sink.send_diagnostics, results, "diagnostics results")
         for d in dead:  # an undecodable record was skipped: its partition goes on after it
             if d.reason == "undecodable":
                 tp = TopicPartition(d.topic, d.partition)
@@ -329,20 +346,35 @@ class IngestService(Service):
             good.extend(got)
         return good, None
 
+    def _diagnostics(self, recs: Sequence[Any], out: list[DiagnosticsResult]) -> list[DeadLetter]:
+        """Validate ``node-diagnostics-results`` records into ``out``; return the bad ones."""
+        dead: list[DeadLetter] = []
+        for rec in recs:
+            try:
+                out.append(parse_diagnostics_result(rec.value))
+            except BadEvent as e:
+                dead.append(DeadLetter.of(rec, e.reason, str(e)))
+                self.metrics.bad_events.labels(topic=rec.topic, reason=e.reason).inc()
+        return dead
+
     async def _dead_letter(self, dead: list[DeadLetter]) -> None:
+        await self._send_retrying(self.sink.dead_letter, dead, "dead letters")
+
+    async def _send_retrying(self, send: Callable[[Any], Awaitable[None]], items: Sequence[Any],
+                             what: str) -> None:
         # Blocks ingestion until the broker takes them: backpressure, never a silent loss.
         delay_s = 0.5
         while True:
             try:
-                await self.sink.dead_letter(dead)
+                await send(items)
                 return
             except asyncio.CancelledError:
                 raise
             except Exception as e:
                 if self.should_stop:
                     raise
-                log.warning("cannot write %d dead letters (%s); retrying in %.1f s",
-                            len(dead), e, delay_s)
+                log.warning("cannot write %d %s (%s); retrying in %.1f s",
+                            len(items), what, e, delay_s)
                 await asyncio.sleep(delay_s)
                 delay_s = min(delay_s * 2, 10.0)
 

@@ -11,13 +11,14 @@ stage-1 ingestion          aiokafka consumer (group ``<app_id>-stage1``) run as 
 (``IngestService``)        Service: bulk ``getmany()`` of ``latency-events`` → windows
                            (``WindowStore``); bad input → dead-letter topic. Every
                            ``tick_interval_s`` (wall clock, aligned) one summary per owned
-                           series → ``node-window-stats``, key = model.
+                           series → ``node-window-stats``, key = model. It also reads
+                           ``node-diagnostics-results`` and re-keys each valid result by
+                           model onto ``node-window-stats``, so the owner of the model's
+                           state applies it in order (external input: read where an
+                           undecodable record is skipped, never where it stops faust).
 stage-2 agent              faust agent over ``node-window-stats`` (``stream.take``):
-                           buffers the newest summary per (node, model), and diagnostics
-                           results.
-diagnostics agent          faust agent over ``node-diagnostics-results``: validates and
-                           re-keys each result by model onto ``node-window-stats``, so the
-                           owner of the model's state applies it in order.
+                           buffers the newest summary per (node, model), cluster digests
+                           and diagnostics results.
 stage-2 tick               ``tick_interval_s`` after each stage-1 tick + min(T/2, 5 s):
                            evaluates every model whose ``node-window-stats`` partition this
                            worker owns (``FleetEvaluator``), writes its state to the
@@ -48,7 +49,7 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -75,7 +76,6 @@ from app.streaming.wire import (
     encode_cluster,
     encode_diagnostics,
     encode_summary,
-    parse_diagnostics_result,
 )
 
 log = logging.getLogger(__name__)
@@ -145,6 +145,11 @@ class _FaustSink:
                 for c in digests]
         await asyncio.gather(*futs)
 
+    async def send_diagnostics(self, results: Sequence[DiagnosticsResult]) -> None:
+        futs = [await self.stats.send(key=state_key(d.model), value=encode_diagnostics(d))
+                for d in results]
+        await asyncio.gather(*futs)
+
     async def dead_letter(self, letters: Sequence[DeadLetter]) -> None:
         futs = []
         for d in letters:
@@ -189,8 +194,6 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
     health = app.topic(topics.health_changes, partitions=n_parts)
     fleet = app.topic(topics.fleet_events, partitions=n_parts)
     diag_req = app.topic(topics.diagnostics_requests, partitions=n_parts)
-    diag_res = app.topic(topics.diagnostics_results, partitions=n_parts,
-                         key_type=bytes, value_type=bytes)
     dlq = app.topic(topics.dead_letter, partitions=n_parts)
     state_table = app.Table("health", partitions=n_parts, use_partitioner=True,
                             key_type=bytes)
@@ -259,21 +262,6 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
                     stage2.on_cluster(msg)
                 else:
                     stage2.on_summary(msg)
-
-    @app.agent(diag_res, name="tailguard-diagnostics")
-    async def diagnostics_agent(stream: Any) -> None:
-        async for event in stream.events():
-            m = event.message
-            try:
-                result = parse_diagnostics_result(m.value)
-            except BadEvent as e:
-                d = DeadLetter(m.topic, m.partition, m.offset, m.key, m.value,
-                               _headers(m.headers), e.reason, str(e))
-                d.log()
-                metrics.bad_events.labels(topic=m.topic, reason=e.reason).inc()
-                await sink.dead_letter([d])
-                continue
-            await stats.send(key=state_key(result.model), value=encode_diagnostics(result))
 
     def owned_stats_partitions() -> frozenset[int]:
         return frozenset(tp.partition for tp in app.consumer.assignment()
@@ -388,9 +376,3 @@ def runtime_of(app: Any) -> Runtime:
         raise TypeError("not an app built by app.streaming.service.create_app")
     return rt
 
-
-def _headers(h: Any) -> tuple[tuple[str, bytes], ...]:
-    if not h:
-        return ()
-    items = h.items() if isinstance(h, Mapping) else h
-    return tuple((str(k), bytes(v) if v is not None else b"") for k, v in items)

@@ -298,3 +298,34 @@ async def test_input_topic_with_more_partitions_than_the_worker_creates(
         await wait_for(await _nodes_with_samples(r, env, "parts", [f"p{p}" for p in range(9)]),
                        45, "events of the added partitions 6-8 in Redis", worker.tail)
         assert "stage 1 owns" in worker.log() and "6, 7, 8]" in worker.log()
+
+
+async def test_undecodable_diagnostics_results_are_dead_lettered_and_the_worker_goes_on(
+        kafka_bootstrap: str, redis_url: str, unique_name: Callable[[str], str],
+        tmp_path: Path) -> None:
+    # A faust agent's consumer thread died on such a record and took the worker with it.
+    async with running_worker(kafka_bootstrap, redis_url, unique_name("diag"),
+                              tmp_path) as (env, r, worker):
+        k = kafka_bootstrap
+        diag = env.topic("diagnostics_results")
+        bad_header = b"\xff\xfe=v".decode("utf-8", "surrogateescape")
+
+        def produce() -> None:
+            kcat_produce(k, diag, b'{"node_id": "x", "model": "diag", "recoverable": true}\n',
+                         "-H", bad_header, "-p", "0")
+            kcat_produce(k, diag, b"\xff\xfe not json\n", "-p", "0")
+            now = time.time()
+            _kcat_lines(k, env.topic("latency_events"),
+                        [f"{n}|diag\t{v}" for n in ("a", "b", "c")
+                         for v in event_lines(n, "diag", now, 60)], "-K", "\t")
+        await asyncio.to_thread(produce)
+
+        async def two_dead() -> list[Any]:
+            recs = await read_topic(k, env.topic("dead_letter"))
+            return recs if len(recs) >= 2 else []
+        dead = await wait_for(two_dead, 60, "2 dead letters", worker.tail)
+        h = [dict(rec.headers) for rec in dead]
+        assert sorted(x["tailguard.reason"] for x in h) == [b"bad_json", b"undecodable"]
+        assert all(x["tailguard.topic"].decode() == diag for x in h)
+        used = await _nodes_with_samples(r, env, "diag", ["a", "b", "c"])
+        await wait_for(used, 40, "the latency events after them in Redis", worker.tail)

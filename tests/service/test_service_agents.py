@@ -37,4 +37,4 @@ def test_apps_are_independent() -> None:
     a, b = make_app(), make_app()
     assert runtime_of(a).stage2 is not runtime_of(b).stage2
     assert runtime_of(a).metrics.registry is not runtime_of(b).metrics.registry
-    assert set(a.agents) == {"tailguard-stage2", "tailguard-diagnostics"}
+    assert set(a.agents) == {"tailguard-stage2"}   # diagnostics results: stage 1 reads them

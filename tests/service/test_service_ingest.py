@@ -21,7 +21,7 @@ from app.streaming.ingest import IngestService
 from app.streaming.metrics import WorkerMetrics
 from app.streaming.stage1 import Stage1
 from app.streaming.stage2 import StageHints
-from app.streaming.wire import ClusterDigest
+from app.streaming.wire import ClusterDigest, DiagnosticsResult
 
 NOW = 2_000_000.0
 DET = DetectorSettings(min_samples=10, window_size=100, warmup_s=0.0)
@@ -54,12 +54,20 @@ class FakeSink:
     summaries: list[WindowSummary] = field(default_factory=list)
     dead: list[DeadLetter] = field(default_factory=list)
     cluster: list[ClusterDigest] = field(default_factory=list)
+    diagnostics: list[DiagnosticsResult] = field(default_factory=list)
+    fail_diagnostics: int = 0
 
     async def send_summaries(self, summaries: Sequence[WindowSummary]) -> None:
         self.summaries.extend(summaries)
 
     async def send_cluster(self, digests: Sequence[ClusterDigest]) -> None:
         self.cluster.extend(digests)
+
+    async def send_diagnostics(self, results: Sequence[DiagnosticsResult]) -> None:
+        if self.fail_diagnostics:
+            self.fail_diagnostics -= 1
+            raise ConnectionError("broker down")
+        self.diagnostics.extend(results)
 
     async def dead_letter(self, letters: Sequence[DeadLetter]) -> None:
         if self.fail_dead_letters:
@@ -97,6 +105,31 @@ async def test_poll_windows_good_records_and_dead_letters_bad_ones(monkeypatch: 
     assert consumer.commits[-1] == {tp0: 9, tp1: 4}
     assert await svc.tick() == 2
     assert {s.node_id for s in sink.summaries} == {"a", "b"}
+
+
+async def test_diagnostics_results_are_forwarded_and_bad_ones_dead_lettered(
+        monkeypatch: Any) -> None:
+    async def no_sleep(s: float) -> None:
+        pass
+    monkeypatch.setattr("app.streaming.ingest.asyncio.sleep", no_sleep)
+    diag = Settings().topics.diagnostics_results
+    tp = TopicPartition(diag, 0)
+    poll = {tp: [Rec(b'{"node_id": "n", "model": "m", "recoverable": false}', offset=4,
+                     topic=diag),
+                 Rec(b'{"node_id": "n", "model": "m", "recoverable": "maybe"}', offset=5,
+                     topic=diag),
+                 Rec(None, offset=6, topic=diag)],
+            TopicPartition(TOPIC, 0): [Rec(single("a", "m", 5.0, NOW - 1), offset=2)]}
+    sink = FakeSink(fail_diagnostics=2)
+    svc, consumer = make([poll], sink)
+    consumer.owned = {tp, TopicPartition(TOPIC, 0)}
+    assert await svc.poll_once() == 4
+    assert sink.diagnostics == [DiagnosticsResult("n", "m", recoverable=False)]  # retried, kept
+    assert [(d.topic, d.offset, d.reason) for d in sink.dead] == [
+        (diag, 5, "bad_diagnostics"), (diag, 6, "empty_message")]
+    assert list(svc.stage1.store.keys()) == [("a", "m")]
+    await svc.commit()
+    assert consumer.commits[-1] == {tp: 7, TopicPartition(TOPIC, 0): 3}
 
 
 async def test_tick_summarizes_only_owned_partitions() -> None:
