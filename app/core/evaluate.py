@@ -27,6 +27,15 @@ included) and *enough peers* meaning at least ``min_peers`` of them:
   the fleet's movement since (median over peers of P50 / own class baseline),
   once that baseline has ``SMALL_CLASS_MIN_TICKS`` ticks behind it; before
   that, the pair is not judged by P50 (the tail rule still applies).
+  The same rule also judges the window's *fresh* P50 (``WindowSummary.fresh_p50``:
+  its samples from the last ``tick_interval_s``, given at least ``min_samples``)
+  against the same choice of reference made over the peers' fresh P50s — like
+  against like, so a fleet that slows at once flags nobody — once at least
+  ``min_peers`` peers have one. After an onset the fresh P50 moves a tick before
+  the window's (at 20 req/s a 1000-sample window spans 50 s, most of it from
+  before the onset). Its verdict is ``relative_p50`` too (the detail says
+  "p50 of the last 30 s"); a single noisy tick of it is one abnormal window,
+  never a confirmation.
 * relative P99 — with enough peers, ``p99 > relative_p50_factor ×`` the
   reference P99 (the same peer/class choice); reason ``relative_p99``. A
   degrading node's window mixes old and new samples for a while: its P99
@@ -55,14 +64,17 @@ Noisy tails (the P99 of a window rests on its few slowest samples):
 
 Onset credit (confirmation): a streak normally needs ``confirm_windows``
 abnormal windows. When a routed pair with no streak turns abnormal by any
-rule and at the previous tick its *relative* severity (P50 or P99 against
-the reference above) was already at least ``ONSET_CREDIT_FRACTION`` (0.8)
-of the limit, the previous window counts too (the verdict covers two
-windows). Why: events carry completion time, and requests that a slow-down
-hits complete late, so the first window after an onset under-states it —
-measured on the conversation trace without token fields, a node 2.3x slower
-shows only 1.6–1.8x its peers' P50/P99 40 s after onset (also in its newest
-30 s alone: the long slow requests have not completed yet). Only with
+rule and at the previous tick its *relative* severity (window P50, fresh P50
+or P99 against the references above) was already at least
+``ONSET_CREDIT_FRACTION`` (0.8) of the limit, the previous window counts
+too (the verdict covers two windows). Why: events carry completion time, and
+requests that a slow-down hits complete late, so the first window after an
+onset under-states it — measured on the conversation trace without token
+fields, a node 2.3x slower shows only 1.6–1.8x its peers' P50/P99 40 s after
+onset (also in its newest 30 s alone: the long slow requests have not
+completed yet); on a fleet of lognormal request sizes (σ 1.2) a 3x node's
+window P50 is 1.3x its peers' 31 s after onset while its fresh P50 is already
+1.9–2.2x, which earns the credit a tick earlier. Only with
 ``confirm_windows >= 3`` (at least two windows must pass the full limit); the
 tail rule earns no credit (its noise is larger); a node that stays at, say,
 1.8x is never abnormal, so never credited. Load-event ticks clear it.
@@ -331,6 +343,7 @@ class FleetEvaluator:
             ms.baseline_ticks = {}
             ms.baseline_signal, ms.shifted = signal, False
         norms = self._norms(peers, ms)
+        fresh = self._fresh_norms(peers, ms)
         judgements: dict[str, Judgement] = {}
         abnormal = 0
         base_p50, base_ratio = self._baseline_limits(ms)
@@ -339,13 +352,14 @@ class FleetEvaluator:
         was_elevated, elevated = ms.elevated, {}
         tail_samples = min(st.window_size, math.ceil(TAIL_SUPPORT / 0.01))
         for node, s, p50, ratio in peers:
-            j = self._judge(s, p50, ratio, s.samples, norms, tail=s.samples >= tail_samples)
+            j = self._judge(s, p50, ratio, s.samples, norms, tail=s.samples >= tail_samples,
+                            fresh=fresh)
             new_fraction = self._new_fraction(ms, node, s, now_s)
             if j.verdict is Verdict.ABNORMAL:
                 abnormal += 1
                 p = pairs[node]
                 if (p.abnormal_streak and node in ms.advanced_ts and new_fraction < NEW_EVIDENCE_FRACTION
-                        and not self._p50_over(s, p50, norms)):
+                        and not self._p50_over(s, p50, norms, fresh)):
                     # A tail verdict on a window mostly made of the one already counted: its few
                     # slowest samples are likely the same ones. It holds the streak, no more.
                     judgements[node] = dataclasses.replace(
@@ -444,42 +458,86 @@ class FleetEvaluator:
                           st.ratio_threshold)
         fleet_p50 = median([p[2] for p in peers])
         tail_limit = _tail_limit([p[3] for p in peers], st)
-        classes: dict[str, list[tuple[float, float]]] = {}
+        classes: dict[str, list[float]] = {}
+        classes99: dict[str, list[float]] = {}
         for _, s, p50, ratio in peers:
-            classes.setdefault(_cls(s.hardware), []).append((p50, p50 * ratio))
+            c = _cls(s.hardware)
+            classes.setdefault(c, []).append(p50)
+            classes99.setdefault(c, []).append(p50 * ratio)
         multi = len(classes) > 1
-        base = ms.baseline_p50
-        rel = [p[2] / math.exp(base[c]) for p in peers if (c := _cls(p[1].hardware)) in base]
-        movement = median(rel) if len(rel) >= st.min_peers else None
+        movement = self._movement(peers, ms)
         class_p50: dict[str, float] = {}
         class_p99: dict[str, float] = {}
         if multi:
-            for c, v in classes.items():
-                if len(v) >= st.min_peers:
-                    class_p50[c] = median([x[0] for x in v])
-                    class_p99[c] = median([x[1] for x in v])
-                elif (movement is not None and c in base
-                      and ms.baseline_ticks.get(c, 0) >= SMALL_CLASS_MIN_TICKS):
-                    # Too few peers for a class median: the class's own slow baseline, moved
-                    # as the whole fleet moved since (so a fleet-wide change cancels out).
-                    class_p50[c] = math.exp(base[c]) * movement
+            class_p50 = self._class_p50_refs(classes, movement, ms)
+            class_p99 = {c: median(v) for c, v in classes99.items() if len(v) >= st.min_peers}
         return _Norms(True, fleet_p50, class_p50, multi, tail_limit,
                       median([p[2] * p[3] for p in peers]), class_p99, movement)
 
+    def _movement(self, peers: list[tuple[str, WindowSummary, float, float]],
+                  ms: _ModelState) -> float | None:
+        """Median over the peers of P50 / own class baseline (None below min_peers of them)."""
+        base = ms.baseline_p50
+        rel = [p[2] / math.exp(base[c]) for p in peers if (c := _cls(p[1].hardware)) in base]
+        return median(rel) if len(rel) >= self.settings.min_peers else None
+
+    def _class_p50_refs(self, classes: dict[str, list[float]], movement: float | None,
+                        ms: _ModelState) -> dict[str, float]:
+        """Per hardware class, the P50 reference of its pairs: the median of its ``classes``
+        values when it has at least ``min_peers``; else its slow baseline moved by
+        ``movement``, once that baseline has ``SMALL_CLASS_MIN_TICKS`` ticks; else none."""
+        base = ms.baseline_p50
+        out: dict[str, float] = {}
+        for c, v in classes.items():
+            if len(v) >= self.settings.min_peers:
+                out[c] = median(v)
+            elif (movement is not None and c in base
+                  and ms.baseline_ticks.get(c, 0) >= SMALL_CLASS_MIN_TICKS):
+                # Too few peers for a class median: the class's own slow baseline, moved
+                # as the whole fleet moved since (so a fleet-wide change cancels out).
+                out[c] = math.exp(base[c]) * movement
+        return out
+
+    def _fresh_norms(self, peers: list[tuple[str, WindowSummary, float, float]],
+                     ms: _ModelState) -> _Norms | None:
+        """The reference for fresh P50s: the same choice as for window P50s (fleet median,
+        class median, small class's moved baseline), made over the peers' fresh P50s.
+        ``None`` when fewer than ``min_peers`` peers have one. P50 references only."""
+        min_peers = self.settings.min_peers
+        fresh = [(n, s, s.fresh_p50, r) for n, s, _, r in peers
+                 if s.fresh_p50 is not None and s.fresh_p50 > 0]
+        if len(fresh) < min_peers:
+            return None
+        classes: dict[str, list[float]] = {}
+        for _, s, p50, _ in fresh:
+            classes.setdefault(_cls(s.hardware), []).append(p50)
+        multi = len(classes) > 1
+        class_p50: dict[str, float] = {}
+        if multi:
+            small = any(len(v) < min_peers for v in classes.values())
+            class_p50 = self._class_p50_refs(classes, self._movement(fresh, ms) if small else None, ms)
+        return _Norms(True, median([p[2] for p in fresh]), class_p50, multi, math.inf)
+
     def _judge(self, s: WindowSummary, p50: float, ratio: float, samples: int,
-               norms: _Norms, p99: float | None = None, *, tail: bool = True) -> Judgement:
+               norms: _Norms, p99: float | None = None, *, tail: bool = True,
+               fresh: _Norms | None = None) -> Judgement:
         st = self.settings
         factor = st.relative_p50_factor
         ref = norms.p50_ref(s.hardware)
         sev_tail = ratio / norms.tail_limit if tail else 0.0
         sev_p50 = p50 / (factor * ref) if ref is not None and ref > 0 else 0.0
+        # Fresh P50: the samples since the previous tick against the peers' fresh P50s. After an
+        # onset it moves a tick before the window's P50 (whose older samples hold it back).
+        fresh_ref = None if fresh is None or s.fresh_p50 is None else fresh.p50_ref(s.hardware)
+        sev_fresh = (s.fresh_p50 / (factor * fresh_ref)
+                     if s.fresh_p50 is not None and fresh_ref is not None and fresh_ref > 0 else 0.0)
         # Relative tail: P99 far above the peers' P99. Catches a degrading node while its
         # window still mixes old and new samples (P50 not yet past the factor), on signals
         # whose healthy spread is far below ratio_threshold (TPOT: ~1.1).
         ref99 = norms.p99_ref(s.hardware)
         sev_p99 = p50 * ratio / (factor * ref99) if tail and ref99 is not None and ref99 > 0 else 0.0
-        if sev_tail <= 1.0 and sev_p50 <= 1.0 and sev_p99 <= 1.0:
-            rel = max(sev_p50, sev_p99)
+        if sev_tail <= 1.0 and sev_p50 <= 1.0 and sev_p99 <= 1.0 and sev_fresh <= 1.0:
+            rel = max(sev_p50, sev_p99, sev_fresh)
             if rel < ONSET_CREDIT_FRACTION:
                 return health.NORMAL
             return Judgement(Verdict.NORMAL, str(Reason.NORMAL), severity=rel)
@@ -488,19 +546,29 @@ class FleetEvaluator:
                       latency_p99_us=s.latency_p99_us, hardware=s.hardware)
         # The reason names the most telling rule (a whole-node slowdown is relative_p50 even
         # though its P99 moved as much); the severity that orders ejections is the largest.
-        sev = max(sev_tail, sev_p50, sev_p99)
-        if sev_tail > 1.0 and sev_tail >= sev_p50:
+        sev = max(sev_tail, sev_p50, sev_p99, sev_fresh)
+        if sev_tail > 1.0 and sev_tail >= max(sev_p50, sev_fresh):
             return Judgement(Verdict.ABNORMAL, str(Reason.P99_P50_RATIO), ev, sev,
                              f"p99/p50 {ratio:.2f} > limit {norms.tail_limit:.2f}")
         if sev_p50 > 1.0:
             return Judgement(Verdict.ABNORMAL, str(Reason.RELATIVE_P50), ev, sev,
                              f"p50 {p50:.1f} > {factor:g} x peers' {ref:.1f}")
+        if sev_fresh > 1.0:
+            return Judgement(Verdict.ABNORMAL, str(Reason.RELATIVE_P50), ev, sev,
+                             f"p50 of the last {st.tick_interval_s:g} s {s.fresh_p50:.1f} "
+                             f"({s.fresh_samples} samples) > {factor:g} x peers' {fresh_ref:.1f}")
         return Judgement(Verdict.ABNORMAL, str(Reason.RELATIVE_P99), ev, sev,
                          f"p99 {p50 * ratio:.1f} > {factor:g} x peers' {ref99:.1f}")
 
-    def _p50_over(self, s: WindowSummary, p50: float, norms: _Norms) -> bool:
+    def _p50_over(self, s: WindowSummary, p50: float, norms: _Norms, fresh: _Norms | None) -> bool:
+        """P50 (of the window or of its fresh samples) beyond the relative limit."""
+        factor = self.settings.relative_p50_factor
         ref = norms.p50_ref(s.hardware)
-        return ref is not None and ref > 0 and p50 > self.settings.relative_p50_factor * ref
+        if ref is not None and ref > 0 and p50 > factor * ref:
+            return True
+        fresh_ref = None if fresh is None or s.fresh_p50 is None else fresh.p50_ref(s.hardware)
+        return (fresh_ref is not None and fresh_ref > 0 and s.fresh_p50 is not None
+                and s.fresh_p50 > factor * fresh_ref)
 
     def _new_fraction(self, ms: _ModelState, node: str, s: WindowSummary, now_s: float) -> float:
         """The fraction of this window's judged samples newer than the window that last

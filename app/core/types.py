@@ -64,7 +64,13 @@ class WindowSummary(NamedTuple):
     than one judged sample. ``latency_p50_us``/``latency_p99_us`` are always
     raw latency, for dashboards. ``samples`` counts judged (ok, non-probe,
     within the age bound) samples; ``probe_*`` the probe samples since
-    ``probe_since_ts`` (see WindowStore).
+    ``probe_since_ts`` (see WindowStore). ``fresh_samples`` counts the judged
+    samples (with a value of ``signal``) from the last ``tick_interval_s`` of
+    event time, ``fresh_p50`` is their P50 of ``signal`` — ``None`` below
+    ``min_samples`` of them. After an onset the fresh P50 moves a tick before
+    the window's, which still holds older samples (see app.core.evaluate).
+    Both default to "none" so that a summary from a stage 1 that did not send
+    them decodes as before.
 
     Immutable like the dataclasses here, but a ``NamedTuple``: stage 1 makes one
     per series per tick, and a frozen dataclass's ``__init__`` (one
@@ -89,6 +95,8 @@ class WindowSummary(NamedTuple):
     probe_p50: float | None = None
     probe_p99: float | None = None
     extra: Mapping[str, Any] = _NO_EXTRA
+    fresh_samples: int = 0
+    fresh_p50: float | None = None
 
     @property
     def ratio(self) -> float | None:
@@ -103,7 +111,16 @@ class WindowSummary(NamedTuple):
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> WindowSummary:
-        return cls(**{k: d[k] for k in cls._fields if k in d})
+        """The inverse of :meth:`to_dict`. Keys it does not know are ignored; the optional
+        ``fresh_*`` fields, when missing (an older stage 1) or not a valid count / positive
+        finite P50, are left at "none" — the summary is then judged on its window alone."""
+        s = cls(**{k: d[k] for k in cls._fields if k in d})
+        n, p50 = s.fresh_samples, s.fresh_p50
+        if (not isinstance(n, int) or isinstance(n, bool) or n < 0
+                or (p50 is not None and (not isinstance(p50, int | float) or isinstance(p50, bool)
+                                         or not math.isfinite(p50) or p50 <= 0))):
+            s = s._replace(fresh_samples=0, fresh_p50=None)
+        return s
 
 
 @dataclass(frozen=True, slots=True)

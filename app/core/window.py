@@ -35,6 +35,12 @@ Guarantees:
   only lose accuracy. t-digests are used where a *mergeable* summary is
   needed: :meth:`WindowStore.model_digests` (cluster-wide P50/P99 per
   model) and ``summaries(digests=True)``.
+* ``fresh_samples``/``fresh_p50``: the judged samples (with a value of the
+  signal) whose event time is in ``(now_s − tick_interval_s, now_s]`` — the
+  samples since the previous tick — and their exact P50, ``None`` below
+  ``min_samples`` of them; when they are all the judged samples, the
+  window's own P50. Time is ``now_s`` and the settings, so replay and the
+  streaming stage 1 compute the same value.
 * ``failed`` = failed requests with event time in the same age bound
   (bucketed to whole seconds); ``probe_*`` = probe samples within the age
   bound, in the model's signal.
@@ -81,6 +87,7 @@ Bools: TypeAlias = npt.NDArray[np.bool_]
 
 SNAPSHOT_VERSION: Final = 1
 _QS: Final = (0.5, 0.99)
+_Q50: Final = (0.5,)
 _TIER_BASE: Final = 16
 _TIER_GROWTH: Final = 8
 _CHUNK_BYTES: Final = 4 << 20
@@ -477,6 +484,7 @@ class WindowStore:
         raw latency, mergeable across nodes (opt-in: ~75 µs per series).
         """
         age_lo = now_s - self.settings.max_sample_age_s
+        fresh_lo = now_s - self.settings.tick_interval_s
         since_by_chunk: dict[int, list[tuple[int, float]]] = {}
         for key, since in (judge_since or {}).items():
             s = self._series.get(key)
@@ -512,7 +520,7 @@ class WindowStore:
         plans = self._plans(chunks, states, judged_m, tpot_m, out_m, inout_m, unfit_by_chunk)
         results: list[WindowSummary] = []
         for ch, st in zip(chunks, states, strict=True):
-            results.extend(self._chunk_summaries(ch, st, plans, now_s, age_lo, digests))
+            results.extend(self._chunk_summaries(ch, st, plans, now_s, age_lo, fresh_lo, digests))
         for s in self._series.values():
             if s.chunk is None:
                 results.append(WindowSummary(
@@ -663,7 +671,8 @@ class WindowStore:
         return vals
 
     def _chunk_summaries(self, ch: _Chunk, st: _Pass1, plans: list[_ModelPlan], now_s: float,
-                         age_lo: float, digests: bool) -> list[WindowSummary]:
+                         age_lo: float, fresh_lo: float, digests: bool) -> list[WindowSummary]:
+        min_fresh = self.settings.min_samples
         used_mask = ch.midx >= 0
         used = np.flatnonzero(used_mask)
         codes = np.array([p.code for p in plans], dtype=np.int64)
@@ -672,6 +681,8 @@ class WindowStore:
         q_lat = np.full((ch.rows, 2), np.nan)
         n_sig = np.zeros(ch.rows, dtype=np.int64)
         n_probe = np.zeros(ch.rows, dtype=np.int64)
+        n_fresh = np.zeros(ch.rows, dtype=np.int64)
+        q_fresh = np.full(ch.rows, np.nan)
         probe_q: dict[int, list[float]] = {}
         fast_mask = st.clean & (rows_code == 0) & (not ch.sized)
         fast = np.flatnonzero(fast_mask)
@@ -680,6 +691,12 @@ class WindowStore:
             srt = ch.lat.copy() if fast.size == ch.rows else ch.lat[fast]
             q_sig[fast] = q_lat[fast] = sorted_row_quantiles(srt, _QS)
             n_sig[fast] = ch.cap
+            n_fresh[fast] = ch.cap
+            # The kept lower bound of ts proves a ring wholly fresh; the others are counted.
+            aged = fast[ch.ts_lo[fast] <= fresh_lo]
+            if aged.size:
+                self._fresh_p50s(aged, _rows(ch.ts, aged) > fresh_lo, _rows(ch.lat, aged),
+                                 n_sig, min_fresh, n_fresh, q_fresh)
         slow = np.flatnonzero(used_mask & ~fast_mask)
         if slow.size:
             judged = st.judged_rows(slow)
@@ -698,6 +715,9 @@ class WindowStore:
                 q_lat[slow] = row_quantiles(
                     np.where(judged, np.abs(_rows(ch.lat, slow)), np.float32(np.inf)),
                     st.n_judged[slow], _QS)
+            with np.errstate(invalid="ignore"):
+                fresh_mask = sig_mask & (_rows(ch.ts, slow) > fresh_lo)
+            self._fresh_p50s(slow, fresh_mask, vals, n_sig, min_fresh, n_fresh, q_fresh)
             probe_mask = st.probe_rows(slow)
             if valid is not None:
                 probe_mask = probe_mask & valid
@@ -707,6 +727,10 @@ class WindowStore:
                 pq = exact_quantiles(vals[i][probe_mask[i]], _QS)
                 if pq is not None:
                     probe_q[int(slow[i])] = pq
+        # A window whose judged samples are all fresh has its own P50 as the fresh P50.
+        whole = (n_fresh == n_sig) & (n_sig >= min_fresh)
+        q_fresh[whole] = q_sig[whole, 0]
+        q_fresh_l, n_fresh_l = q_fresh.tolist(), n_fresh.tolist()
         q_sig_l, q_lat_l = q_sig.tolist(), q_lat.tolist()
         n_sig_l, n_judged_l, n_probe_l = n_sig.tolist(), st.n_judged.tolist(), n_probe.tolist()
         since_l = st.since_row.tolist() if st.has_since else None
@@ -734,11 +758,29 @@ class WindowStore:
             p50, p99 = q_sig_l[r] if ns_r else _NONE2
             l50, l99 = q_lat_l[r] if nj else _NONE2
             pqs = probe_q.get(r, _NONE2) if probe_q else _NONE2
+            qf = q_fresh_l[r]
             append(WindowSummary(
                 s.node_id, s.model, now_s, signal_of[s.midx], ns_r, p50, p99, l50, l99,
                 _failed_in(s.failed, age_lo, now_s) if s.failed else 0, s.hardware,
-                s.first_seen_ts, s.last_seen_ts, n_probe_l[r], pqs[0], pqs[1], extra))
+                s.first_seen_ts, s.last_seen_ts, n_probe_l[r], pqs[0], pqs[1], extra,
+                n_fresh_l[r], qf if qf == qf else None))
         return out
+
+    @staticmethod
+    def _fresh_p50s(rows: I64, fresh: Bools, vals: npt.NDArray[Any], n_sig: I64, min_fresh: int,
+                    n_fresh: I64, q_fresh: F64) -> None:
+        """Count the fresh samples of ``rows`` (mask ``fresh``, values ``vals``, both one row
+        per entry of ``rows``) into ``n_fresh``; their P50 into ``q_fresh`` for the rows with
+        at least ``min_fresh`` of them but not all their judged samples (the caller fills
+        those in from the window's own P50)."""
+        nf = np.count_nonzero(fresh, axis=1)
+        n_fresh[rows] = nf
+        sel = np.flatnonzero((nf >= min_fresh) & (nf < n_sig[rows]))
+        if sel.size:
+            # np.where over the whole block, then the rows: far cheaper than np.where of
+            # fancy-indexed copies (the common case takes every row, no copy at all).
+            inf_filled = _rows(np.where(fresh, vals, np.float32(np.inf)), sel)
+            q_fresh[rows[sel]] = row_quantiles(inf_filled, nf[sel], _Q50)[:, 0]
 
     # ------------------------------------------------------------ snapshot
 

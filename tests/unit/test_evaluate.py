@@ -487,6 +487,88 @@ def test_onset_credit_needs_abnormal_windows_and_a_long_enough_confirmation() ->
     assert "n02" not in ticks[-1].routing
 
 
+# ---- fresh P50 (the samples since the previous tick) -----------------------------------------
+
+FreshFleet = Mapping[str, tuple[float, float | None]]      # node -> (window P50, fresh P50)
+
+
+def run_fresh(ev: FleetEvaluator, ticks: int, spec: Callable[[int], FreshFleet], *,
+              t0: float = T0 + 30, fresh_samples: int = 300) -> list[ModelTick]:
+    out = []
+    for k in range(ticks):
+        sums = [summ(n, p50)._replace(fresh_p50=fresh, fresh_samples=fresh_samples if fresh else 0)
+                for n, (p50, fresh) in spec(k).items()]
+        out.append(ev.evaluate("m", sums, t0 + k * S.tick_interval_s))
+    return out
+
+
+def _steady(n: int = 6, **over: tuple[float, float | None]) -> dict[str, tuple[float, float | None]]:
+    f: dict[str, tuple[float, float | None]] = {f"n{i:02d}": (100.0, 100.0) for i in range(n)}
+    f.update(over)
+    return f
+
+
+def test_fresh_p50_earns_onset_credit_and_is_a_p50_verdict() -> None:
+    # A slowed node whose window still holds older samples: window 1.3x, 1.9x, 2.3x its peers
+    # while the P50 of its samples since the previous tick is already 1.7x, 2.5x, 2.6x. The
+    # window alone gives an elevated window (1.9x) and one abnormal one: still routed. The
+    # fresh P50 earns the credit at the first tick and is abnormal at the second.
+    steps = [(130.0, 170.0), (190.0, 250.0), (230.0, 260.0)]
+    ev = FleetEvaluator(S)
+    run_fresh(ev, 1, lambda k: _steady())
+    ticks = run_fresh(ev, 3, lambda k: _steady(n02=steps[k]), t0=T0 + 60)
+    assert ["n02" in t.routing for t in ticks] == [True, True, False]
+    (suspect,) = ticks[1].transitions
+    assert (suspect.to_state, suspect.reason) == (H.SUSPECT, str(Reason.RELATIVE_P50))
+    assert suspect.detail is not None
+    assert "p50 of the last 30 s 250.0 (300 samples) > 2 x peers' 100.0" in suspect.detail
+    assert "previous window counts too" in suspect.detail
+    # the same windows without fresh P50s: not out after three ticks
+    ev = FleetEvaluator(S)
+    run_fresh(ev, 1, lambda k: _steady())
+    ticks = run_fresh(ev, 3, lambda k: _steady(n02=(steps[k][0], None)), t0=T0 + 60)
+    assert all("n02" in t.routing for t in ticks)
+
+
+def test_fresh_p50_is_judged_against_the_peers_fresh_p50s() -> None:
+    # every node's newest samples are 2.5x its window (the whole fleet slowed at once):
+    # against the peers' fresh P50s nobody stands out — no verdict, no load event
+    ev = FleetEvaluator(S)
+    run_fresh(ev, 1, lambda k: _steady())
+    ticks = run_fresh(ev, 4, lambda k: {f"n{i:02d}": (100.0, 250.0) for i in range(6)}, t0=T0 + 60)
+    assert all(not t.transitions and not t.fleet_events for t in ticks)
+    # one node 2.5x its peers' fresh P50s (all fresh P50s 1.2x the windows): abnormal
+    ticks = run_fresh(ev, 3, lambda k: {**{f"n{i:02d}": (100.0, 120.0) for i in range(6)},
+                                        "n04": (100.0, 300.0)}, t0=T0 + 180)
+    assert "n04" not in ticks[-1].routing
+    assert all(t.reason == str(Reason.RELATIVE_P50) for tk in ticks for t in tk.transitions[:2])
+
+
+def test_fresh_p50_needs_min_peers_with_one() -> None:
+    # only two nodes (below min_peers=3) have enough fresh samples for a fresh P50
+    ev = FleetEvaluator(S)
+    run_fresh(ev, 1, lambda k: _steady())
+
+    def spec(k: int) -> FreshFleet:
+        return {**{f"n{i:02d}": (100.0, None) for i in range(6)}, "n00": (100.0, 100.0),
+                "n01": (100.0, 400.0)}
+
+    ticks = run_fresh(ev, 5, spec, t0=T0 + 60)
+    assert all(not t.transitions for t in ticks)
+
+
+def test_one_fresh_excursion_does_not_eject() -> None:
+    # a burst of slow requests lifts one tick's fresh P50 (2.5x), then it is normal again:
+    # suspect, then healthy; never out (confirmation still needs consecutive windows)
+    ev = FleetEvaluator(S)
+    run_fresh(ev, 1, lambda k: _steady())
+    ticks = run_fresh(ev, 12, lambda k: _steady(n03=(100.0, 250.0 if k % 3 == 0 else 100.0)),
+                      t0=T0 + 60)
+    assert all("n03" in t.routing for t in ticks)
+    kinds = {(t.from_state, t.to_state) for tk in ticks for t in tk.transitions}
+    assert kinds == {(H.HEALTHY, H.SUSPECT), (H.SUSPECT, H.HEALTHY)}
+
+
 # ---- noisy tails: support, new evidence, the peers' spread ----------------------------------
 
 def test_tail_rules_need_a_p99_that_rests_on_five_samples() -> None:

@@ -155,13 +155,33 @@ def test_clean_fast_path_equals_general_path() -> None:
         assert (s.p50, s.p99, s.samples) == (g.p50, g.p99, g.samples)
 
 
+def _fresh_reference(w: dict[str, Any], now: float, values: Any = None) -> tuple[int, float | None]:
+    """(count, P50) of a window's judged, non-probe samples (of ``values``, default the
+    latency) in (now - tick_interval_s, now]; the P50 is None below min_samples of them."""
+    v = w["latency_us"] if values is None else values
+    judged = (w["ts"] <= now) & (w["ts"] > now - S.max_sample_age_s) & (w["probe"] == 0)
+    fresh = judged & (w["ts"] > now - S.tick_interval_s) & ~np.isnan(v)
+    n = int(fresh.sum())
+    return n, (float(np.quantile(v[fresh], 0.5)) if n >= S.min_samples else None)
+
+
+def _assert_fresh_matches_reference(s: WindowSummary, w: dict[str, Any], now: float) -> None:
+    n, p50 = _fresh_reference(w, now)
+    assert s.fresh_samples == n
+    if p50 is None:
+        assert s.fresh_p50 is None
+    else:
+        assert s.fresh_p50 == pytest.approx(p50, rel=1e-6)
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.integers(1, 130), st.floats(0, 200), st.floats(1, 100),
                           st.booleans()), min_size=1, max_size=12),
        st.floats(100, 300))
 def test_summaries_match_reference_on_mixed_rows(series: list[tuple[int, float, float, bool]],
                                                   now: float) -> None:
-    """Full/partial, aged/fresh, probe/no-probe rows side by side in the same slabs."""
+    """Full/partial, aged/fresh, probe/no-probe rows side by side in the same slabs (also
+    the fresh P50: the fast path for clean rows, the masked one for the others)."""
     store = WindowStore(S)
     rng = np.random.default_rng(len(series))
     for i, (n, t0, span, probe) in enumerate(series):
@@ -181,6 +201,7 @@ def test_summaries_match_reference_on_mixed_rows(series: list[tuple[int, float, 
             assert s.p99 == pytest.approx(np.quantile(lat, 0.99), rel=1e-6)
         else:
             assert s.p50 is None and s.p99 is None
+        _assert_fresh_matches_reference(s, w, now)
 
 
 def _assert_matches_reference(store: WindowStore, nodes: list[str], now: float) -> None:
@@ -195,6 +216,7 @@ def _assert_matches_reference(store: WindowStore, nodes: list[str], now: float) 
         if lat.size:
             assert s.p50 == pytest.approx(np.quantile(lat, 0.5), rel=1e-6)
             assert s.p99 == pytest.approx(np.quantile(lat, 0.99), rel=1e-6)
+        _assert_fresh_matches_reference(s, w, now)
 
 
 @settings(max_examples=60, deadline=None)
@@ -253,6 +275,67 @@ def test_judge_since_uses_all_ok_samples_since_cutoff() -> None:
     assert got["a"].samples == 3 and got["a"].p50 == 20.0
     assert got["a"].extra["judged_since"] == 5.0
     assert got["b"].samples == 0 and "judged_since" not in got["b"].extra
+
+
+# ---------------------------------------------------------------- fresh P50
+
+def test_fresh_p50_is_over_the_samples_since_the_previous_tick() -> None:
+    # A node that slowed 3x at t=80: its 100-sample window (t 41..100) still holds 2/3 old
+    # samples, so the window P50 is barely up while the P50 of the last 30 s is 3x.
+    rng = np.random.default_rng(11)
+    ts = np.linspace(40.6, 100, 100)
+    lat = rng.lognormal(np.log(1000), 0.2, 100) * np.where(ts > 80, 3.0, 1.0)
+    store = WindowStore(S)
+    store.observe(mk("slowed", ts, lat))
+    store.observe(mk("steady", ts, rng.lognormal(np.log(1000), 0.2, 100)))
+    store.observe(mk("few", np.linspace(95, 100, 9), 1000.0))   # below min_samples (10)
+    got = by_node(store.summaries(100.0))
+    slowed = got["slowed"]
+    fresh_lat = lat[ts > 70].astype(np.float32).astype(np.float64)
+    assert slowed.fresh_samples == fresh_lat.size == 50
+    assert slowed.fresh_p50 == pytest.approx(np.quantile(fresh_lat, 0.5), rel=1e-6)
+    assert slowed.p50 is not None and slowed.p50 < 1.5 * 1000 < 2.0 * 1000 < slowed.fresh_p50
+    few = got["few"]
+    # all its samples are fresh but fewer than min_samples: counted, no P50
+    assert (few.fresh_samples, few.fresh_p50, few.samples) == (9, None, 9)
+    assert few.p50 == 1000.0
+
+
+def test_fresh_p50_of_a_wholly_fresh_window_is_its_p50() -> None:
+    rng = np.random.default_rng(12)
+    store = WindowStore(S)
+    store.observe(mk("a", np.linspace(75, 100, 60), rng.lognormal(8, 1, 60)))
+    (s,) = store.summaries(100.0)
+    assert s.fresh_samples == s.samples == 60 and s.fresh_p50 == s.p50
+
+
+def test_fresh_p50_follows_cutoffs_probes_and_the_signal() -> None:
+    rng = np.random.default_rng(13)
+    store = WindowStore(S)
+    ts = np.linspace(41, 100, 100)
+    # probes are not judged, so not fresh either
+    store.observe(mk("probed", ts, rng.lognormal(8, 1, 100), probe=ts % 3 < 1))
+    # a cut-off (judge_since) inside the fresh span: only samples since it count
+    store.observe(mk("cut", ts, rng.lognormal(8, 1, 100)))
+    got = by_node(store.summaries(100.0, {("cut", "m"): 85.0}))
+    for node in ("probed", "cut"):
+        w = store.window(node, "m")
+        assert w is not None
+        if node == "cut":
+            w = {k: v[w["ts"] >= 85.0] for k, v in w.items()}
+        n, p50 = _fresh_reference(w, 100.0)
+        assert got[node].fresh_samples == n > 0
+        assert got[node].fresh_p50 == pytest.approx(p50, rel=1e-6)
+    # per-token signal: the fresh P50 is of TPOT, like p50
+    sized = WindowStore(S.replace(signal="tpot"))
+    sized.observe(llm_batch("n0", rng, 100, 30_000.0, t0=50.0))
+    (s,) = sized.summaries(100.0)
+    w = sized.window("n0", "llm")
+    assert w is not None and s.signal == "tpot"
+    tpot = (w["latency_us"] - w["ttft_us"]) / (w["output_tokens"] - 1)
+    n, p50 = _fresh_reference(w, 100.0, values=tpot)
+    assert s.fresh_samples == n and 0 < n < s.samples
+    assert s.fresh_p50 == pytest.approx(p50, rel=1e-4)
 
 
 def test_heartbeat_only_series_is_known_without_samples() -> None:
