@@ -61,6 +61,10 @@ class DetectorSettings:
     backoff_initial_s: float = field(default=30.0, metadata={"lo": 0.0, "hi": 86_400.0})
     backoff_max_s: float = field(default=300.0, metadata={"lo": 0.0, "hi": 86_400.0})
     retire_after_failed_probes: int = field(default=10, metadata={"lo": 1, "hi": 1_000_000})
+    # Forget what has shown no sign of life (no sample, no heartbeat; event time) for this long:
+    # a retired pair (it no longer counts against max_ejected_fraction, and a node that comes
+    # back under its id starts over) and stage 1's window of any series. 0 = never.
+    forget_after_s: float = field(default=900.0, metadata={"lo": 0.0, "hi": 31_536_000.0})
     # Input validation bounds.
     max_latency_us: float = field(default=3.6e9, metadata={"lo": 1.0, "hi": 1e15})
     max_future_skew_s: float = field(default=300.0, metadata={"lo": 0.0, "hi": 1e9})

@@ -60,6 +60,9 @@ class Detector:
     def evaluate(self, now_s: float, *, with_statuses: bool = True) -> TickResult:
         """One tick at event time ``now_s`` over every model known to either stage."""
         ev = self.evaluator
+        forget_s = self.settings.forget_after_s
+        if forget_s > 0:
+            self.store.forget_silent(now_s - forget_s)
         summaries = self.store.summaries(now_s, ev.judge_since_all(now_s),
                                          out_of_fit=ev.out_of_fit_all())
         groups = {m: list(g) for m, g in itertools.groupby(summaries, key=lambda s: s.model)}

@@ -177,6 +177,8 @@ class _ModelState:
     # sample rate (per s) last measured on a window not yet full (see _new_fraction).
     advanced_ts: dict[str, float] = field(default_factory=dict)
     rate_per_s: dict[str, float] = field(default_factory=dict)
+    # Retired pairs: their last sign of life (sample or heartbeat; at least the retirement).
+    retired_seen: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"pairs": {n: p.to_dict() for n, p in sorted(self.pairs.items())},
@@ -187,11 +189,16 @@ class _ModelState:
                 "load_event": self.load_event, "shifted": self.shifted,
                 "elevated": dict(sorted(self.elevated.items())),
                 "advanced_ts": dict(sorted(self.advanced_ts.items())),
-                "rate_per_s": dict(sorted(self.rate_per_s.items()))}
+                "rate_per_s": dict(sorted(self.rate_per_s.items())),
+                "retired_seen": dict(sorted(self.retired_seen.items()))}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> _ModelState:
-        return cls(pairs={n: PairState.from_dict(p) for n, p in d.get("pairs", {}).items()},
+        pairs = {n: PairState.from_dict(p) for n, p in d.get("pairs", {}).items()}
+        seen = d.get("retired_seen")
+        if seen is None:   # a snapshot from before forgetting: retired since their retirement
+            seen = {n: p.since_ts for n, p in pairs.items() if p.state is HealthState.RETIRED}
+        return cls(pairs=pairs,
                    baseline_p50={str(k): float(v) for k, v in d.get("baseline_p50", {}).items()},
                    baseline_ratio=d.get("baseline_ratio"), baseline_ts=d.get("baseline_ts"),
                    baseline_signal=d.get("baseline_signal"),
@@ -199,7 +206,8 @@ class _ModelState:
                    load_event=bool(d.get("load_event", False)), shifted=bool(d.get("shifted", False)),
                    elevated={str(k): float(v) for k, v in d.get("elevated", {}).items()},
                    advanced_ts={str(k): float(v) for k, v in d.get("advanced_ts", {}).items()},
-                   rate_per_s={str(k): float(v) for k, v in d.get("rate_per_s", {}).items()})
+                   rate_per_s={str(k): float(v) for k, v in d.get("rate_per_s", {}).items()},
+                   retired_seen={str(k): float(v) for k, v in seen.items()})
 
 
 def _cls(hardware: str | None) -> str:
@@ -320,8 +328,13 @@ class FleetEvaluator:
         by_node: dict[str, WindowSummary] = {s.node_id: s for s in summaries}
         transitions: list[Transition] = []
         pairs = ms.pairs
+        if st.forget_after_s > 0:
+            self._forget_retired(model, ms, by_node, now_s, transitions)
         for node in sorted(by_node.keys() - pairs.keys()):
             s = by_node[node]
+            if st.forget_after_s > 0 and (s.last_seen_ts or now_s) < now_s - st.forget_after_s:
+                del by_node[node]     # what is left of a forgotten pair: no sign of life since
+                continue
             first = s.first_seen_ts if s.first_seen_ts is not None else now_s
             p, t = health.first_seen(node, model, first, now_s, st, s.hardware)
             pairs[node] = p
@@ -443,6 +456,9 @@ class FleetEvaluator:
         quarantine = {n: (p.probe_after_ts if p.probe_after_ts is not None else now_s)
                       for n, p in pairs.items()
                       if not p.routed and p.state is not HealthState.RETIRED}
+        for t in transitions:
+            if t.to_state is HealthState.RETIRED:
+                ms.retired_seen[t.node_id] = now_s
         statuses = self._statuses(model, pairs, by_node) if with_statuses else ()
         return ModelTick(model=model, ts=now_s, transitions=tuple(transitions), routing=routing,
                          quarantine=quarantine, statuses=statuses,
@@ -714,7 +730,46 @@ class FleetEvaluator:
             return []
         new, t = health.diagnostics(p, recoverable, now_s)
         ms.pairs[node_id] = new
+        if new.state is HealthState.RETIRED and p.state is not HealthState.RETIRED:
+            ms.retired_seen[node_id] = now_s
         return [] if t is None else [t]
+
+    def _forget_retired(self, model: str, ms: _ModelState, by_node: dict[str, WindowSummary],
+                        now_s: float, transitions: list[Transition]) -> None:
+        """Forget retired pairs with no sign of life for ``forget_after_s``.
+
+        A retired node is to be replaced: while it still sends samples or heartbeats
+        it stays retired (and counts against ``max_ejected_fraction``); once it has been
+        silent for ``forget_after_s`` since its retirement and its last sample or
+        heartbeat, its pair is dropped (``retired → unknown``, reason ``forgotten``), so
+        it no longer holds a place under the ejection cap, and a node that later comes
+        back under that id starts over as a new pair (warming).
+        """
+        seen = ms.retired_seen
+        if not seen:
+            return
+        horizon = now_s - self.settings.forget_after_s
+        for node in sorted(seen):
+            p = ms.pairs.get(node)
+            if p is None or p.state is not HealthState.RETIRED:
+                del seen[node]
+                continue
+            s = by_node.get(node)
+            if s is not None and s.last_seen_ts is not None and s.last_seen_ts > seen[node]:
+                seen[node] = s.last_seen_ts
+            last = seen[node]
+            if last >= horizon:
+                continue
+            del ms.pairs[node], seen[node]
+            by_node.pop(node, None)
+            for d in (ms.advanced_ts, ms.rate_per_s, ms.elevated):
+                d.pop(node, None)
+            transitions.append(Transition(
+                ts=now_s, node_id=node, model=model, from_state=HealthState.RETIRED,
+                to_state=HealthState.UNKNOWN, routed=False, reason=str(Reason.FORGOTTEN),
+                hardware=p.hardware, detail=(
+                    f"retired at {p.since_ts:.0f}, no sample or heartbeat for {now_s - last:.0f} s "
+                    f"(forget_after_s={self.settings.forget_after_s:g})")))
 
     # ---- statuses ------------------------------------------------------------------------
     def _statuses(self, model: str, pairs: dict[str, PairState],

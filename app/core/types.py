@@ -54,6 +54,7 @@ class Reason(enum.StrEnum):
     DIAGNOSTICS_RECOVERABLE = "diagnostics_recoverable"
     DIAGNOSTICS_UNRECOVERABLE = "diagnostics_unrecoverable"
     TOO_MANY_PROBE_FAILURES = "too_many_probe_failures"
+    FORGOTTEN = "forgotten"                  # retired, then silent for forget_after_s
 
 
 class WindowSummary(NamedTuple):

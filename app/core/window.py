@@ -335,6 +335,18 @@ class WindowStore:
             self._release(s.chunk, s.row)
         return True
 
+    def forget_silent(self, before_s: float) -> list[SeriesKey]:
+        """Drop every series whose last sample or heartbeat (event time) is before ``before_s``.
+
+        Bounds the store when node ids churn (replaced hosts, autoscaled pods): a series
+        that came back would start over as new. Returns the forgotten keys (sorted).
+        """
+        gone = sorted(k for k, s in self._series.items()
+                      if s.last_seen_ts is not None and s.last_seen_ts < before_s)
+        for node, model in gone:
+            self.forget(node, model)
+        return gone
+
     def _release(self, ch: _Chunk, row: int) -> None:
         ch.release(row)
         if ch.used == 0:  # series outgrow small tiers: give their slabs back

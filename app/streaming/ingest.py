@@ -406,6 +406,7 @@ class IngestService(Service):
         """
         hints = self.hints() if self.hints is not None else StageHints()
         now_s = self.clock()
+        self.stage1.forget_silent(now_s)
         summaries = self.stage1.summaries(now_s, self.owned_partitions(), hints.judge_since,
                                           hints.out_of_fit)
         if summaries:

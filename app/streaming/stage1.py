@@ -25,7 +25,8 @@ Guarantees:
   each), kept at the same rate on every worker so that stage 2's merge is the
   cluster's distribution.
 * Memory is bounded by the number of series (the window store's bound) plus
-  one small entry per series here.
+  one small entry per series here; a series silent (no sample, no heartbeat)
+  for ``forget_after_s`` is dropped (:meth:`Stage1.forget_silent`).
 """
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ class WindowStoreLike(Protocol):
     def series_count(self) -> int: ...
 
     def forget(self, node_id: str, model: str) -> bool: ...
+
+    def forget_silent(self, before_s: float) -> list[tuple[str, str]]: ...
 
 
 class Stage1:
@@ -119,6 +122,16 @@ class Stage1:
             self.store.forget(node, model)
             del self._partition_of[(node, model)]
         return len(keys)
+
+    def forget_silent(self, now_s: float) -> int:
+        """Drop the windows of series silent for ``forget_after_s`` (0: never); how many."""
+        after_s = self.settings.forget_after_s
+        if after_s <= 0:
+            return 0
+        gone = self.store.forget_silent(now_s - after_s)
+        for key in gone:
+            self._partition_of.pop(key, None)
+        return len(gone)
 
     def summaries(self, now_s: float, owned_partitions: Collection[int] | None = None,
                   judge_since: Mapping[tuple[str, str], float] | None = None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -179,3 +180,22 @@ async def test_tick_passes_stage2_hints_to_the_windows() -> None:
     got = {s.node_id: s for s in sink.summaries}
     assert got["a"].extra["fleet_fit"]["nodes"] == 3
     assert got["q"].samples == 0 and got["q"].extra["judged_since"] == NOW - 1.0
+
+
+async def test_tick_forgets_series_silent_for_forget_after_s() -> None:
+    tp0 = TopicPartition(TOPIC, 0)
+    poll = {tp0: [Rec(batch("gone", "m", [5.0] * 12, NOW - 901.0)),
+                  Rec(json.dumps({"type": "heartbeat", "node_id": "idle", "model": "m",
+                                  "ts": NOW - 899.0}).encode()),
+                  Rec(batch("busy", "m", [5.0] * 12, NOW - 1.0))]}
+    sink = FakeSink()
+    svc, _ = make([poll], sink)
+    await svc.poll_once()
+    assert ("gone", "m") in svc.stage1.store
+    await svc.tick()
+    assert {s.node_id for s in sink.summaries} == {"idle", "busy"}
+    assert ("gone", "m") not in svc.stage1.store
+    # forget_after_s = 0: kept however long it is silent.
+    keep = Stage1(WindowStore(DET.replace(forget_after_s=0.0)), DET.replace(forget_after_s=0.0))
+    keep.ingest(0, [Rec(batch("gone", "m", [5.0] * 12, NOW - 5000.0))], NOW - 5000.0)
+    assert keep.forget_silent(NOW) == 0 and ("gone", "m") in keep.store

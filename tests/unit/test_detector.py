@@ -111,3 +111,52 @@ def test_apply_diagnostics_through_the_facade() -> None:
     assert t.to_state is HealthState.RETIRED
     res = det.evaluate(T0 + 300.0)
     assert "n2" not in res.routing()["m"] and "n2" not in res.models[0].quarantine
+
+
+def test_a_retired_node_is_forgotten_once_silent_and_frees_its_place_under_the_cap() -> None:
+    det = Detector(S.replace(max_ejected_fraction=0.25, forget_after_s=600.0))  # 4-7 nodes: 1 out
+    feed(det, T0, 6)
+    feed(det, T0 + 180, 3, slow={"n2": 3.0})
+    (t,) = det.apply_diagnostics("m", "n2", False, T0 + 275.0)
+    assert t.to_state is HealthState.RETIRED
+    start, last_hb = T0 + 270.0, 0.0
+    trans = []
+    for k in range(32):
+        lo = start + 30.0 * k
+        det.observe(batch(f"n{i}", lo, lo + 30.0, 100_000.0 * (3.0 if i == 4 and k >= 3 else 1.0),
+                          seed=1000 + 7 * k + i) for i in (0, 1, 3, 4))
+        if k < 10:                               # the retired node still sends heartbeats
+            last_hb = lo + 29.0
+            det.observe([Heartbeat("n2", "m", "A100", last_hb)])
+        trans.extend(det.evaluate(lo + 30.0).transitions)
+    (gone,) = [t for t in trans if t.node_id == "n2"]
+    assert (gone.from_state, gone.to_state, gone.reason) == (HealthState.RETIRED,
+                                                             HealthState.UNKNOWN, "forgotten")
+    assert last_hb + 600.0 < gone.ts <= last_hb + 630.0 and gone.routed is False
+    n4 = [t for t in trans if t.node_id == "n4"]
+    kept = [t for t in n4 if t.reason == "ejection_cap"]
+    out = [t for t in n4 if not t.routed]
+    assert kept and kept[0].ts < gone.ts and kept[0].routed   # the cap held it in …
+    assert out and out[0].ts == gone.ts                       # … until n2 left its place
+    # Back under the same id later: a new pair, warming and routed.
+    back = start + 32 * 30.0
+    det.observe([Heartbeat("n2", "m", "A100", back + 1.0)])
+    (t,) = [t for t in det.evaluate(back + 30.0).transitions if t.node_id == "n2"]
+    assert (t.from_state, t.to_state, t.routed) == (HealthState.UNKNOWN, HealthState.WARMING, True)
+
+
+def test_forgetting_is_off_with_zero_and_survives_snapshots() -> None:
+    det = Detector(S.replace(forget_after_s=0.0))
+    feed(det, T0, 6)
+    feed(det, T0 + 180, 3, slow={"n2": 3.0})
+    det.apply_diagnostics("m", "n2", False, T0 + 275.0)
+    feed(det, T0 + 270, 40)                      # n2 silent for 20 min: never forgotten
+    assert det.evaluator.pair("m", "n2").state is HealthState.RETIRED  # type: ignore[union-attr]
+    assert ("n2", "m") in det.store
+    snap = det.snapshot()
+    assert snap["evaluator"]["models"]["m"]["retired_seen"] == {"n2": T0 + 275.0}
+    # An older snapshot (no retired_seen) counts silence from the retirement.
+    del snap["evaluator"]["models"]["m"]["retired_seen"]
+    again = Detector(S)
+    again.restore(json.loads(json.dumps(snap)))
+    assert again.evaluator.snapshot()["models"]["m"]["retired_seen"] == {"n2": T0 + 275.0}

@@ -52,6 +52,7 @@ DETECTOR_TEXT: dict[str, tuple[str, Any]] = {
     "backoff_initial_s": ("10", 10.0),
     "backoff_max_s": ("600", 600.0),
     "retire_after_failed_probes": ("3", 3),
+    "forget_after_s": ("0", 0.0),
     "max_latency_us": ("1e7", 1e7),
     "max_future_skew_s": ("30", 30.0),
 }
