@@ -3,7 +3,9 @@
 * SIGKILL + restart keeps quarantine states (changelog-backed state table);
 * two workers sharing the partitions publish exactly one event per transition;
 * Redis stopped and restarted mid-run: decisions go on, the routing set
-  catches up afterwards and is never emptied.
+  catches up afterwards and is never emptied;
+* the broker frozen for 30 s (SIGSTOP of the one ``scripts/kafka`` started):
+  the worker stays up, routing stays, and it goes on deciding afterwards.
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -228,3 +232,47 @@ async def test_redis_outage_routing_catches_up_and_is_never_emptied(
         worker.stop()
         await r.aclose()
         own.stop()
+
+
+def _local_broker_pid() -> int:
+    """The pid of the broker ``scripts/kafka`` started (fails when there is none)."""
+    run = Path(os.environ.get("TAILGUARD_RUN") or
+               Path(os.environ.get("TMPDIR") or "/tmp") / "tailguard-stack")
+    pidfile = run / "kafka.pid"
+    assert pidfile.is_file(), f"no {pidfile}: this test freezes the broker scripts/kafka started"
+    pid = int(pidfile.read_text().strip())
+    os.kill(pid, 0)
+    return pid
+
+
+async def test_worker_rides_out_a_frozen_broker_and_keeps_deciding(
+        kafka_bootstrap: str, redis_url: str, unique_name: Callable[[str], str],
+        tmp_path: Path) -> None:
+    env = WorkerEnv(unique_name("freeze"), kafka_bootstrap, redis_url)
+    await env.create_topics()
+    r = aioredis.Redis.from_url(redis_url)
+    worker = Worker(env.environ(), tmp_path / "worker.log")
+    try:
+        async with Feeder(kafka_bootstrap, env.topic("latency_events"), {"llm": NODES}) as feed:
+            async def all_in() -> bool:
+                return await routing(r, env.name, "llm") == set(NODES)
+            await wait_for(all_in, 60, "all five nodes routed", worker.tail)
+            pid = _local_broker_pid()
+            os.kill(pid, signal.SIGSTOP)     # the broker stops answering, connections stay open
+            try:
+                await asyncio.sleep(30)
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            assert worker.proc.poll() is None, worker.tail()
+            assert await routing(r, env.name, "llm") == set(NODES)   # nothing emptied meanwhile
+            feed.check()
+            feed.slow.add(("slow", "llm"))
+
+            async def slow_out() -> bool:
+                return await routing(r, env.name, "llm") == HEALTHY
+            await wait_for(slow_out, 90, "the node that slowed after the freeze to leave",
+                           worker.tail)
+        assert worker.proc.poll() is None, worker.tail()
+    finally:
+        worker.stop()
+        await r.aclose()
