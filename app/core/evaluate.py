@@ -242,6 +242,30 @@ class _Norms:
         return self.fleet_p99
 
 
+@dataclass(frozen=True, slots=True)
+class _Limits:
+    """One hardware class's references at one tick and the relative rules' denominators
+    (``relative_p50_factor ×`` the reference; 0 when there is none: the rule does not apply).
+    Computed once per class per tick: every pair of the class shares them."""
+
+    ref: float | None
+    d50: float
+    ref99: float | None
+    d99: float
+    fresh_ref: float | None
+    dfresh: float
+
+
+def _limits(norms: _Norms, fresh: _Norms | None, hardware: str | None,
+            factor: float) -> _Limits:
+    ref = norms.p50_ref(hardware)
+    ref99 = norms.p99_ref(hardware)
+    fresh_ref = None if fresh is None else fresh.p50_ref(hardware)
+    return _Limits(ref, factor * ref if ref is not None and ref > 0 else 0.0,
+                   ref99, factor * ref99 if ref99 is not None and ref99 > 0 else 0.0,
+                   fresh_ref, factor * fresh_ref if fresh_ref is not None and fresh_ref > 0 else 0.0)
+
+
 class FleetEvaluator:
     """Stage 2 over any number of models. Not thread-safe; one owner per model."""
 
@@ -364,9 +388,14 @@ class FleetEvaluator:
         credit = st.confirm_windows >= 3
         was_elevated, elevated = ms.elevated, {}
         tail_samples = min(st.window_size, math.ceil(TAIL_SUPPORT / 0.01))
+        factor = st.relative_p50_factor
+        limits: dict[str | None, _Limits] = {}
         for node, s, p50, ratio in peers:
+            lim = limits.get(s.hardware)
+            if lim is None:
+                lim = limits[s.hardware] = _limits(norms, fresh, s.hardware, factor)
             j = self._judge(s, p50, ratio, s.samples, norms, tail=s.samples >= tail_samples,
-                            fresh=fresh)
+                            fresh=fresh, lim=lim)
             new_fraction = self._new_fraction(ms, node, s, now_s)
             if j.verdict is Verdict.ABNORMAL:
                 abnormal += 1
@@ -536,27 +565,29 @@ class FleetEvaluator:
 
     def _judge(self, s: WindowSummary, p50: float, ratio: float, samples: int,
                norms: _Norms, p99: float | None = None, *, tail: bool = True,
-               fresh: _Norms | None = None) -> Judgement:
+               fresh: _Norms | None = None, lim: _Limits | None = None) -> Judgement:
+        """One pair's verdict. ``lim``: its class's :class:`_Limits` for this tick (computed
+        from ``norms``/``fresh`` when not given)."""
         st = self.settings
         factor = st.relative_p50_factor
-        ref = norms.p50_ref(s.hardware)
+        if lim is None:
+            lim = _limits(norms, fresh, s.hardware, factor)
         sev_tail = ratio / norms.tail_limit if tail else 0.0
-        sev_p50 = p50 / (factor * ref) if ref is not None and ref > 0 else 0.0
+        sev_p50 = p50 / lim.d50 if lim.d50 > 0 else 0.0
         # Fresh P50: the samples since the previous tick against the peers' fresh P50s. After an
         # onset it moves a tick before the window's P50 (whose older samples hold it back).
-        fresh_ref = None if fresh is None or s.fresh_p50 is None else fresh.p50_ref(s.hardware)
-        sev_fresh = (s.fresh_p50 / (factor * fresh_ref)
-                     if s.fresh_p50 is not None and fresh_ref is not None and fresh_ref > 0 else 0.0)
+        fresh_p50 = s.fresh_p50
+        sev_fresh = fresh_p50 / lim.dfresh if fresh_p50 is not None and lim.dfresh > 0 else 0.0
         # Relative tail: P99 far above the peers' P99. Catches a degrading node while its
         # window still mixes old and new samples (P50 not yet past the factor), on signals
         # whose healthy spread is far below ratio_threshold (TPOT: ~1.1).
-        ref99 = norms.p99_ref(s.hardware)
-        sev_p99 = p50 * ratio / (factor * ref99) if tail and ref99 is not None and ref99 > 0 else 0.0
+        sev_p99 = p50 * ratio / lim.d99 if tail and lim.d99 > 0 else 0.0
         if sev_tail <= 1.0 and sev_p50 <= 1.0 and sev_p99 <= 1.0 and sev_fresh <= 1.0:
             rel = max(sev_p50, sev_p99, sev_fresh)
             if rel < ONSET_CREDIT_FRACTION:
                 return health.NORMAL
             return Judgement(Verdict.NORMAL, str(Reason.NORMAL), severity=rel)
+        ref = lim.ref
         ev = Evidence(signal=s.signal, p50=p50, p99=p99 if p99 is not None else s.p99, ratio=ratio,
                       samples=samples, peers_p50=ref, latency_p50_us=s.latency_p50_us,
                       latency_p99_us=s.latency_p99_us, hardware=s.hardware)
@@ -571,10 +602,11 @@ class FleetEvaluator:
                              f"p50 {p50:.1f} > {factor:g} x peers' {ref:.1f}")
         if sev_fresh > 1.0:
             return Judgement(Verdict.ABNORMAL, str(Reason.RELATIVE_P50), ev, sev,
-                             f"p50 of the last {st.tick_interval_s:g} s {s.fresh_p50:.1f} "
-                             f"({s.fresh_samples} samples) > {factor:g} x peers' {fresh_ref:.1f}")
+                             f"p50 of the last {st.tick_interval_s:g} s {fresh_p50:.1f} "
+                             f"({s.fresh_samples} samples) > {factor:g} x peers' "
+                             f"{lim.fresh_ref:.1f}")
         return Judgement(Verdict.ABNORMAL, str(Reason.RELATIVE_P99), ev, sev,
-                         f"p99 {p50 * ratio:.1f} > {factor:g} x peers' {ref99:.1f}")
+                         f"p99 {p50 * ratio:.1f} > {factor:g} x peers' {lim.ref99:.1f}")
 
     def _p50_over(self, s: WindowSummary, p50: float, norms: _Norms, fresh: _Norms | None) -> bool:
         """P50 (of the window or of its fresh samples) beyond the relative limit."""
@@ -598,20 +630,31 @@ class FleetEvaluator:
         counts as new (the check loosens, never delays more). Arrivals are taken as even.
         """
         st = self.settings
-        lo = max(now_s - st.max_sample_age_s, float(s.extra.get("judged_since", -math.inf)),
-                 s.first_seen_ts if s.first_seen_ts is not None else -math.inf)
+        lo = now_s - st.max_sample_age_s       # the latest of: age bound, cut-off, first sample
+        since = s.extra.get("judged_since") if s.extra else None
+        if since is not None and since > lo:
+            lo = float(since)
+        first = s.first_seen_ts
+        if first is not None and first > lo:
+            lo = first
         bound_s = now_s - lo
-        if bound_s <= 0 or s.samples <= 0:
+        samples = s.samples
+        if bound_s <= 0 or samples <= 0:
             return 1.0
-        rate = s.samples / bound_s             # at least: every judged sample is within the bound
-        if 2 * s.samples > st.window_size:
+        rate = samples / bound_s               # at least: every judged sample is within the bound
+        window = st.window_size
+        if 2 * samples > window:
             # Maybe full (a full ring can count fewer judged samples: failed, probes): the rate
             # is at least this; keep the higher rate measured before.
-            rate = max(rate, ms.rate_per_s.get(node, 0.0))
+            before = ms.rate_per_s.get(node, 0.0)
+            if before > rate:
+                rate = before
         ms.rate_per_s[node] = rate
-        span_s = min(bound_s, st.window_size / rate)
         last = ms.advanced_ts.get(node)
-        return 1.0 if last is None else min(1.0, (now_s - last) / span_s)
+        if last is None:
+            return 1.0
+        span_s = min(bound_s, window / rate)
+        return min(1.0, (now_s - last) / span_s)
 
     def _judge_probe(self, s: WindowSummary, norms: _Norms) -> Judgement:
         need = self.settings.probe_min_samples
