@@ -789,9 +789,9 @@ class WindowStore:
         n_fresh[rows] = nf
         sel = np.flatnonzero((nf >= min_fresh) & (nf < n_sig[rows]))
         if sel.size:
-            # np.where over the whole block, then the rows: far cheaper than np.where of
-            # fancy-indexed copies (the common case takes every row, no copy at all).
-            inf_filled = _rows(np.where(fresh, vals, np.float32(np.inf)), sel)
+            # A copy of the rows, +inf written over the samples that are not fresh.
+            inf_filled = np.array(_rows(vals, sel), dtype=vals.dtype, copy=True)
+            np.copyto(inf_filled, vals.dtype.type(np.inf), where=~_rows(fresh, sel))
             q_fresh[rows[sel]] = row_quantiles(inf_filled, nf[sel], _Q50)[:, 0]
 
     # ------------------------------------------------------------ snapshot
