@@ -109,6 +109,13 @@ samples since that cut-off (regular and probe alike), once there are
 ``probe_min_samples`` of them; by the same rules against the current peers.
 Probe samples from before the round (``probe_*``, which span the whole age
 bound) are used only for a summary the store did not cut.
+
+Forgetting (``forget_after_s`` > 0): a retired pair with no sample or
+heartbeat (its summaries' ``last_seen_ts``) for ``forget_after_s`` since its
+retirement is dropped — ``retired → unknown``, reason ``forgotten`` — so it
+stops counting against ``max_ejected_fraction``, and a summary that shows
+life later starts a new pair (warming). Summaries of unknown pairs silent
+that long start nothing. Other states are never forgotten.
 """
 
 from __future__ import annotations
