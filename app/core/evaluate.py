@@ -597,7 +597,9 @@ class FleetEvaluator:
         ref = lim.ref
         ev = Evidence(signal=s.signal, p50=p50, p99=p99 if p99 is not None else s.p99, ratio=ratio,
                       samples=samples, peers_p50=ref, latency_p50_us=s.latency_p50_us,
-                      latency_p99_us=s.latency_p99_us, hardware=s.hardware)
+                      latency_p99_us=s.latency_p99_us, hardware=s.hardware,
+                      fresh_p50=fresh_p50 if sev_fresh else None,
+                      peers_fresh_p50=lim.fresh_ref if sev_fresh else None)
         # The reason names the most telling rule (a whole-node slowdown is relative_p50 even
         # though its P99 moved as much); the severity that orders ejections is the largest.
         sev = max(sev_tail, sev_p50, sev_p99, sev_fresh)

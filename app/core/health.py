@@ -65,6 +65,8 @@ class Evidence:
     latency_p50_us: float | None = None
     latency_p99_us: float | None = None
     hardware: str | None = None
+    fresh_p50: float | None = None           # of the samples since the previous tick
+    peers_fresh_p50: float | None = None     # the reference for it (the peers' fresh P50s)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -350,4 +352,4 @@ def _transition(old: PairState, new: PairState, now_s: float, ev: Evidence | Non
                       p50=ev.p50, p99=ev.p99, ratio=ev.ratio, samples=ev.samples,
                       peers_p50=ev.peers_p50, latency_p50_us=ev.latency_p50_us,
                       latency_p99_us=ev.latency_p99_us, hardware=ev.hardware or new.hardware,
-                      detail=detail)
+                      fresh_p50=ev.fresh_p50, peers_fresh_p50=ev.peers_fresh_p50, detail=detail)

@@ -27,9 +27,10 @@ trace and settings:
 
 * a health transition: ``{"type": "transition", "event_id", "ts", "node_id",
   "model", "from", "to", "routed", "reason", "signal", "p50_us", "p99_us",
-  "ratio", "samples", "signal_p50", "signal_p99", "signal_ratio", "peers_p50", "hardware",
-  "detail"}`` — ``ts`` is the event time of the tick, ``routed`` whether the
-  node is in the model's routing set after the transition (the keys of the
+  "ratio", "samples", "signal_p50", "signal_p99", "signal_ratio", "peers_p50",
+  "signal_fresh_p50", "peers_fresh_p50", "hardware", "detail"}`` — ``ts`` is the
+  event time of the tick, ``routed`` whether the node is in the model's routing
+  set after the transition (the keys of the
   contract's health-change event plus ``type``);
 * a fleet event: ``{"type": "fleet", "event_id", "ts", "model", "kind",
   "abnormal_nodes", "judged_nodes", "fleet_p50", "baseline_p50", "signal",

@@ -151,6 +151,8 @@ class Transition:
     latency_p99_us: float | None = None
     hardware: str | None = None
     detail: str | None = None
+    fresh_p50: float | None = None
+    peers_fresh_p50: float | None = None
 
     @property
     def latency_ratio(self) -> float | None:
@@ -177,6 +179,7 @@ class Transition:
             "ratio": self.latency_ratio, "samples": self.samples,
             "signal_p50": self.p50, "signal_p99": self.p99, "signal_ratio": self.ratio,
             "peers_p50": self.peers_p50,
+            "signal_fresh_p50": self.fresh_p50, "peers_fresh_p50": self.peers_fresh_p50,
             "hardware": self.hardware, "detail": self.detail,
         }
 

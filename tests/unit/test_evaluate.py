@@ -523,11 +523,18 @@ def test_fresh_p50_earns_onset_credit_and_is_a_p50_verdict() -> None:
     assert suspect.detail is not None
     assert "p50 of the last 30 s 250.0 (300 samples) > 2 x peers' 100.0" in suspect.detail
     assert "previous window counts too" in suspect.detail
+    # The event carries the numbers that decided: the fresh P50 and its reference.
+    event = suspect.to_event()
+    assert (event["signal_fresh_p50"], event["peers_fresh_p50"]) == (250.0, 100.0)
+    assert event["signal_p50"] == 190.0 and event["peers_p50"] == 100.0
     # the same windows without fresh P50s: not out after three ticks
     ev = FleetEvaluator(S)
     run_fresh(ev, 1, lambda k: _steady())
     ticks = run_fresh(ev, 3, lambda k: _steady(n02=(steps[k][0], None)), t0=T0 + 60)
     assert all("n02" in t.routing for t in ticks)
+    events = [t.to_event() for tk in ticks for t in tk.transitions]
+    assert events and all(e["signal_fresh_p50"] is None and e["peers_fresh_p50"] is None
+                          for e in events)
 
 
 def test_fresh_p50_is_judged_against_the_peers_fresh_p50s() -> None:
