@@ -29,7 +29,7 @@ from app.core.config import DetectorSettings
 from app.core.evaluate import FleetEvaluator
 from app.core.events import Heartbeat, SampleBatch
 from app.core.types import ModelTick, NodeStatus, TickResult, Transition
-from app.core.window import ModelPool, WindowStore
+from app.core.window import POOL_SAMPLES_PER_SERIES, ModelPool, WindowStore
 
 SNAPSHOT_VERSION = 1
 FLEET_QUANTILES = (0.5, 0.99)
@@ -38,7 +38,7 @@ FLEET_QUANTILES = (0.5, 0.99)
 class Detector:
     """WindowStore + FleetEvaluator. Not thread-safe."""
 
-    fleet_digest_per_series = 128
+    fleet_digest_per_series = POOL_SAMPLES_PER_SERIES
 
     def __init__(self, settings: DetectorSettings | None = None) -> None:
         self.settings = settings or DetectorSettings()

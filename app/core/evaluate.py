@@ -273,6 +273,13 @@ def _limits(norms: _Norms, fresh: _Norms | None, hardware: str | None,
                    fresh_ref, factor * fresh_ref if fresh_ref is not None and fresh_ref > 0 else 0.0)
 
 
+def _p50_over(s: WindowSummary, p50: float, lim: _Limits) -> bool:
+    """P50 (of the window or of its fresh samples) beyond the relative limit."""
+    fresh = s.fresh_p50
+    return (lim.d50 > 0 and p50 > lim.d50) or (
+        fresh is not None and lim.dfresh > 0 and fresh > lim.dfresh)
+
+
 class FleetEvaluator:
     """Stage 2 over any number of models. Not thread-safe; one owner per model."""
 
@@ -408,7 +415,7 @@ class FleetEvaluator:
                 abnormal += 1
                 p = pairs[node]
                 if (p.abnormal_streak and node in ms.advanced_ts and new_fraction < NEW_EVIDENCE_FRACTION
-                        and not self._p50_over(s, p50, norms, fresh)):
+                        and not _p50_over(s, p50, lim)):
                     # A tail verdict on a window mostly made of the one already counted: its few
                     # slowest samples are likely the same ones. It holds the streak, no more.
                     judgements[node] = dataclasses.replace(
@@ -616,16 +623,6 @@ class FleetEvaluator:
                              f"{lim.fresh_ref:.1f}")
         return Judgement(Verdict.ABNORMAL, str(Reason.RELATIVE_P99), ev, sev,
                          f"p99 {p50 * ratio:.1f} > {factor:g} x peers' {lim.ref99:.1f}")
-
-    def _p50_over(self, s: WindowSummary, p50: float, norms: _Norms, fresh: _Norms | None) -> bool:
-        """P50 (of the window or of its fresh samples) beyond the relative limit."""
-        factor = self.settings.relative_p50_factor
-        ref = norms.p50_ref(s.hardware)
-        if ref is not None and ref > 0 and p50 > factor * ref:
-            return True
-        fresh_ref = None if fresh is None or s.fresh_p50 is None else fresh.p50_ref(s.hardware)
-        return (fresh_ref is not None and fresh_ref > 0 and s.fresh_p50 is not None
-                and s.fresh_p50 > factor * fresh_ref)
 
     def _new_fraction(self, ms: _ModelState, node: str, s: WindowSummary, now_s: float) -> float:
         """The fraction of this window's judged samples newer than the window that last

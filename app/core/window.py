@@ -87,6 +87,8 @@ Bools: TypeAlias = npt.NDArray[np.bool_]
 
 SNAPSHOT_VERSION: Final = 1
 _QS: Final = (0.5, 0.99)
+#: Samples per series in a cluster pool or digest (``model_pools``' thinning).
+POOL_SAMPLES_PER_SERIES: Final = 128
 _Q50: Final = (0.5,)
 _TIER_BASE: Final = 16
 _TIER_GROWTH: Final = 8
@@ -542,7 +544,7 @@ class WindowStore:
         results.sort(key=_summary_order)
         return results
 
-    def model_pools(self, now_s: float, *, per_series: int = 128,
+    def model_pools(self, now_s: float, *, per_series: int = POOL_SAMPLES_PER_SERIES,
                     models: Collection[str] | None = None) -> dict[str, ModelPool]:
         """Per model, the cluster-wide pool of raw latency at ``now_s`` (unsorted float32).
 
@@ -602,7 +604,7 @@ class WindowStore:
         return {self._model_names[i]: ModelPool(np.concatenate(pieces[i]), int(nodes[i]))
                 for i in sorted(pieces)}
 
-    def model_digests(self, now_s: float, *, per_series: int = 128,
+    def model_digests(self, now_s: float, *, per_series: int = POOL_SAMPLES_PER_SERIES,
                       models: Collection[str] | None = None) -> dict[str, dict[str, Any]]:
         """Per model, one t-digest (as its dict) of :meth:`model_pools`' pool.
 

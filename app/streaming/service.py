@@ -129,26 +129,30 @@ class Runtime:
     unpublished: list[ModelOutput] = field(default_factory=list)
 
 
+class _ByModel(Protocol):
+    @property
+    def model(self) -> str: ...
+
+
 class _FaustSink:
     """Stage 1's output through faust's producer."""
 
     def __init__(self, stats: Any, dlq: Any) -> None:
         self.stats, self.dlq = stats, dlq
 
-    async def send_summaries(self, summaries: Sequence[WindowSummary]) -> None:
-        futs = [await self.stats.send(key=state_key(s.model), value=encode_summary(s))
-                for s in summaries]
+    async def _to_stage2(self, items: Sequence[_ByModel], encode: Callable[[Any], bytes]) -> None:
+        """Each item onto ``node-window-stats``, keyed by its model (its stage-2 owner)."""
+        futs = [await self.stats.send(key=state_key(i.model), value=encode(i)) for i in items]
         await asyncio.gather(*futs)
+
+    async def send_summaries(self, summaries: Sequence[WindowSummary]) -> None:
+        await self._to_stage2(summaries, encode_summary)
 
     async def send_cluster(self, digests: Sequence[ClusterDigest]) -> None:
-        futs = [await self.stats.send(key=state_key(c.model), value=encode_cluster(c))
-                for c in digests]
-        await asyncio.gather(*futs)
+        await self._to_stage2(digests, encode_cluster)
 
     async def send_diagnostics(self, results: Sequence[DiagnosticsResult]) -> None:
-        futs = [await self.stats.send(key=state_key(d.model), value=encode_diagnostics(d))
-                for d in results]
-        await asyncio.gather(*futs)
+        await self._to_stage2(results, encode_diagnostics)
 
     async def dead_letter(self, letters: Sequence[DeadLetter]) -> None:
         futs = []

@@ -42,9 +42,6 @@ from app.streaming.deadletter import DeadLetter, RecordLike
 from app.streaming.metrics import WorkerMetrics
 from app.streaming.wire import ClusterDigest
 
-#: Samples per series in a cluster digest (``WindowStore.model_pools``' thinning).
-CLUSTER_SAMPLES_PER_SERIES = 128
-
 
 class WindowStoreLike(Protocol):
     """What stage 1 needs of ``app.core.window.WindowStore``."""
@@ -57,8 +54,7 @@ class WindowStoreLike(Protocol):
                   judge_since: Mapping[tuple[str, str], float] | None = None,
                   *, out_of_fit: Collection[tuple[str, str]] = ()) -> list[WindowSummary]: ...
 
-    def model_digests(self, now_s: float, *, per_series: int = 128,
-                      models: Collection[str] | None = None) -> dict[str, dict[str, Any]]: ...
+    def model_digests(self, now_s: float) -> dict[str, dict[str, Any]]: ...
 
     def series_count(self) -> int: ...
 
@@ -159,8 +155,7 @@ class Stage1:
     def cluster_digests(self, now_s: float, source: str) -> list[ClusterDigest]:
         """Per model, this worker's share of the cluster-wide raw latency at ``now_s``."""
         out = []
-        for model, d in self.store.model_digests(now_s,
-                                                 per_series=CLUSTER_SAMPLES_PER_SERIES).items():
+        for model, d in self.store.model_digests(now_s).items():
             nodes = int(d.pop("nodes", 0))
             out.append(ClusterDigest(model, now_s, source, nodes, d))
         return out

@@ -43,12 +43,10 @@ from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeAlias
 
+from app.core.detector import FLEET_QUANTILES
 from app.core.quantiles import digest_quantiles, merge_digests
 from app.core.types import ModelTick, Transition, WindowSummary
 from app.streaming.wire import ClusterDigest, DiagnosticsResult
-
-#: The cluster-wide quantiles put on each ModelTick.
-CLUSTER_QUANTILES = (0.5, 0.99)
 
 SeriesKey: TypeAlias = tuple[str, str]
 
@@ -230,7 +228,7 @@ class Stage2:
             del self._cluster[tick.model]
             return tick
         q = digest_quantiles(merge_digests(c.digest for c in sources.values()),
-                             CLUSTER_QUANTILES)
+                             FLEET_QUANTILES)
         if q is None:
             return tick
         return replace(tick, fleet_latency_p50_us=q[0], fleet_latency_p99_us=q[1])

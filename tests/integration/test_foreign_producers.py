@@ -12,20 +12,18 @@ stream never stops.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import pytest
-import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
+from aiokafka.admin import AIOKafkaAdminClient, NewPartitions
 from foreign_clients import (
     CODECS,
     event_lines,
@@ -34,7 +32,7 @@ from foreign_clients import (
     kcat_produce,
     node_status,
 )
-from worker_harness import ROOT, Worker, WorkerEnv, read_topic, wait_for
+from worker_harness import ROOT, WorkerEnv, read_topic, running_worker, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -49,30 +47,6 @@ async def _nodes_with_samples(r: Any, env: WorkerEnv, model: str, want: Iterable
         st = await node_status(r, env.name, model)
         return all(n in st and (st[n].get("samples") or 0) >= at_least for n in want)
     return pred
-
-
-@contextlib.asynccontextmanager
-async def running_worker(kafka: str, redis_url: str, name: str, tmp_path: Path,
-                         precreate: dict[str, int] | None = None,
-                         ) -> AsyncIterator[tuple[WorkerEnv, Any, Worker]]:
-    """A worker on its own topics (``precreate``: topic field → partitions made first)."""
-    env = WorkerEnv(name, kafka, redis_url)
-    if precreate:
-        admin = AIOKafkaAdminClient(bootstrap_servers=kafka)
-        await admin.start()
-        try:
-            await admin.create_topics([NewTopic(env.topic(f), n, 1) for f, n in precreate.items()])
-        finally:
-            await admin.close()
-    await env.create_topics()
-    r = aioredis.Redis.from_url(redis_url)
-    worker = Worker(env.environ(), tmp_path / "worker.log")
-    try:
-        yield env, r, worker
-        assert worker.proc.poll() is None, worker.tail()
-    finally:
-        worker.stop()
-        await r.aclose()
 
 
 def _kcat_lines(kafka: str, topic: str, lines: list[str], *args: str) -> None:

@@ -36,6 +36,7 @@ from worker_harness import (
     free_port,
     health_events,
     routing,
+    running_worker,
     wait_for,
 )
 
@@ -262,31 +263,24 @@ def _local_broker_pid() -> int:
 async def test_worker_rides_out_a_frozen_broker_and_keeps_deciding(
         kafka_bootstrap: str, redis_url: str, unique_name: Callable[[str], str],
         tmp_path: Path) -> None:
-    env = WorkerEnv(unique_name("freeze"), kafka_bootstrap, redis_url)
-    await env.create_topics()
-    r = aioredis.Redis.from_url(redis_url)
-    worker = Worker(env.environ(), tmp_path / "worker.log")
-    try:
-        async with Feeder(kafka_bootstrap, env.topic("latency_events"), {"llm": NODES}) as feed:
-            async def all_in() -> bool:
-                return await routing(r, env.name, "llm") == set(NODES)
-            await wait_for(all_in, 60, "all five nodes routed", worker.tail)
-            pid = _local_broker_pid()
-            os.kill(pid, signal.SIGSTOP)     # the broker stops answering, connections stay open
-            try:
-                await asyncio.sleep(30)
-            finally:
-                os.kill(pid, signal.SIGCONT)
-            assert worker.proc.poll() is None, worker.tail()
-            assert await routing(r, env.name, "llm") == set(NODES)   # nothing emptied meanwhile
-            feed.check()
-            feed.slow.add(("slow", "llm"))
-
-            async def slow_out() -> bool:
-                return await routing(r, env.name, "llm") == HEALTHY
-            await wait_for(slow_out, 90, "the node that slowed after the freeze to leave",
-                           worker.tail)
+    async with (running_worker(kafka_bootstrap, redis_url, unique_name("freeze"),
+                               tmp_path) as (env, r, worker),
+                Feeder(kafka_bootstrap, env.topic("latency_events"), {"llm": NODES}) as feed):
+        async def all_in() -> bool:
+            return await routing(r, env.name, "llm") == set(NODES)
+        await wait_for(all_in, 60, "all five nodes routed", worker.tail)
+        pid = _local_broker_pid()
+        os.kill(pid, signal.SIGSTOP)     # the broker stops answering, connections stay open
+        try:
+            await asyncio.sleep(30)
+        finally:
+            os.kill(pid, signal.SIGCONT)
         assert worker.proc.poll() is None, worker.tail()
-    finally:
-        worker.stop()
-        await r.aclose()
+        assert await routing(r, env.name, "llm") == set(NODES)   # nothing emptied meanwhile
+        feed.check()
+        feed.slow.add(("slow", "llm"))
+
+        async def slow_out() -> bool:
+            return await routing(r, env.name, "llm") == HEALTHY
+        await wait_for(slow_out, 90, "the node that slowed after the freeze to leave",
+                       worker.tail)

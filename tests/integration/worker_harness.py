@@ -17,13 +17,14 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 ROOT = Path(__file__).resolve().parents[2]
 NODES = ["n0", "n1", "n2", "n3", "slow"]
@@ -209,6 +210,30 @@ async def read_topic(kafka: str, topic: str, timeout_s: float = 10.0) -> list[An
         return out
     finally:
         await c.stop()
+
+
+@contextlib.asynccontextmanager
+async def running_worker(kafka: str, redis_url: str, name: str, tmp_path: Path,
+                         precreate: dict[str, int] | None = None,
+                         ) -> AsyncIterator[tuple[WorkerEnv, Any, Worker]]:
+    """A worker on its own topics (``precreate``: topic field → partitions made first)."""
+    env = WorkerEnv(name, kafka, redis_url)
+    if precreate:
+        admin = AIOKafkaAdminClient(bootstrap_servers=kafka)
+        await admin.start()
+        try:
+            await admin.create_topics([NewTopic(env.topic(f), n, 1) for f, n in precreate.items()])
+        finally:
+            await admin.close()
+    await env.create_topics()
+    r = aioredis.Redis.from_url(redis_url)
+    worker = Worker(env.environ(), tmp_path / "worker.log")
+    try:
+        yield env, r, worker
+        assert worker.proc.poll() is None, worker.tail()
+    finally:
+        worker.stop()
+        await r.aclose()
 
 
 async def routing(r: Any, prefix: str, model: str) -> set[str]:
