@@ -135,13 +135,19 @@ class _ByModel(Protocol):
 
 
 class _FaustSink:
-    """Stage 1's output through faust's producer."""
+    """Stage 1's output through faust's producer.
 
-    def __init__(self, stats: Any, dlq: Any) -> None:
-        self.stats, self.dlq = stats, dlq
+    ``track`` runs before every send: it keeps the topics written here in the
+    producer's metadata refreshes (:func:`track_topic_metadata`), so a batch
+    waiting for its partition's leader is never stranded.
+    """
+
+    def __init__(self, stats: Any, dlq: Any, track: Callable[[], Awaitable[None]]) -> None:
+        self.stats, self.dlq, self.track = stats, dlq, track
 
     async def _to_stage2(self, items: Sequence[_ByModel], encode: Callable[[Any], bytes]) -> None:
         """Each item onto ``node-window-stats``, keyed by its model (its stage-2 owner)."""
+        await self.track()
         futs = [await self.stats.send(key=state_key(i.model), value=encode(i)) for i in items]
         await asyncio.gather(*futs)
 
@@ -155,6 +161,7 @@ class _FaustSink:
         await self._to_stage2(results, encode_diagnostics)
 
     async def dead_letter(self, letters: Sequence[DeadLetter]) -> None:
+        await self.track()
         futs = []
         for d in letters:
             key, value, headers = d.out_record()
@@ -218,7 +225,14 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
     routing: RoutingSink = writer
     rt = Runtime(settings, metrics, stage1, stage2, evaluator, writer)
     setattr(app, _RUNTIME_ATTR, rt)
-    sink = _FaustSink(stats, dlq)
+    changelogs = [t.changelog_topic.get_topic_name() for t in (state_table, hints_table)]
+    written = [t.get_topic_name() for t in (stats, health, fleet, diag_req, dlq)] + changelogs
+
+    async def track_written_metadata() -> None:
+        faust_producer: Any = await app.maybe_start_producer()
+        await track_topic_metadata(faust_producer._ensure_producer(), written)
+
+    sink = _FaustSink(stats, dlq, track_written_metadata)
 
     def hints() -> StageHints:
         return decode_hints(list(hints_table.items()))
@@ -271,17 +285,11 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
         return frozenset(tp.partition for tp in app.consumer.assignment()
                          if tp.topic == topics.window_stats)
 
-    changelogs = [t.changelog_topic.get_topic_name() for t in (state_table, hints_table)]
-
-    async def track_changelog_metadata() -> None:
-        faust_producer: Any = app.producer
-        await track_topic_metadata(faust_producer._ensure_producer(), changelogs)
-
     async def stage2_tick() -> list[ModelOutput]:
         if app.rebalancing or app.in_recovery:
             log.info("stage-2 tick skipped: rebalancing")
             return []
-        await track_changelog_metadata()
+        await track_written_metadata()
         owned = owned_stats_partitions()
         assignment = (app.consumer_generation_id, owned)
         if rt.last_assignment != assignment:
@@ -358,12 +366,15 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
 async def track_topic_metadata(producer: Any, topics: Iterable[str]) -> None:
     """Keep ``topics`` in every metadata refresh of an aiokafka ``producer``; wait until known.
 
-    faust writes ``use_partitioner`` tables through ``key_partition``, which
-    reads the producer's cached metadata and never fetches it. aiokafka
-    fetches metadata of all topics only until the producer first sends to a
-    topic it did not know yet; from then on it refreshes just the topics it
-    tracks, and an untracked changelog topic drops out of the cache, so the
-    next table write raises. Cheap when the topics are already tracked.
+    aiokafka fetches metadata of all topics only while it tracks none; once it
+    tracks some (a send to a topic it did not know yet adds that topic), each
+    refresh fetches just those, and an untracked topic drops out of the cache
+    even though the producer writes to it. Two failures followed, both seen in
+    CI: faust's ``use_partitioner`` table write (``key_partition`` reads the
+    cache, never fetches) raised; and a batch already queued for a dropped
+    topic waited for a leader that no refresh would bring, stalling every send
+    behind it. Call it with every topic the producer writes to, before sending.
+    Cheap when the topics are already tracked.
     """
     for topic in topics:
         await producer.client.add_topic(topic)

@@ -5,7 +5,10 @@ partition) reads aiokafka's cached metadata without fetching it. Against the
 real broker: once the producer has sent to a topic it did not know yet,
 aiokafka refreshes only the topics it tracks and an untracked topic's
 partitions vanish from the cache — the stage-2 tick then failed on its table
-write (seen in CI). A tracked topic stays.
+write (seen in CI). A tracked topic stays. The same drop strands a batch
+already queued for an untracked topic: its leader is never looked up again and
+every send behind it waits (seen in CI: dead letters queued while the first
+tick tracked the changelogs). The worker tracks every topic it writes to.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from collections.abc import Callable
 import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaTimeoutError, NotLeaderForPartitionError
 
 from app.streaming.service import track_topic_metadata
 
@@ -56,3 +60,44 @@ async def test_tracked_topic_stays_in_the_producer_metadata(
         kafka_bootstrap: str, unique_name: Callable[[str], str]) -> None:
     assert await _cached_partitions_after_a_send_to_a_new_topic(
         kafka_bootstrap, unique_name, track=True) == {0, 1, 2}
+
+
+async def _queued_send_delivered(bootstrap: str, name: Callable[[str], str],
+                                 track_first: bool) -> bool:
+    out, changelog = name("out"), name("changelog")
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    # The batch lingers 1 s, long enough for the metadata refresh below to land first;
+    # a stranded batch expires after the request timeout.
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=1000,
+                                request_timeout_ms=4000)
+    try:
+        await admin.create_topics([NewTopic(t, num_partitions=1, replication_factor=1)
+                                   for t in (out, changelog)])
+        await producer.start()
+        await producer.client.force_metadata_update()    # all topics: `out` known, untracked
+        assert out in producer.client.cluster.topics()
+        if track_first:
+            await track_topic_metadata(producer, [out])
+        queued = await producer.send(out, b"x", partition=0)
+        await track_topic_metadata(producer, [changelog])  # what the first tick did
+        try:
+            await queued
+            return True
+        except (KafkaTimeoutError, NotLeaderForPartitionError):  # expired, leader never found
+            return False
+    finally:
+        await producer.stop()
+        await admin.delete_topics([out, changelog])
+        await admin.close()
+
+
+async def test_batch_for_an_untracked_topic_is_stranded(
+        kafka_bootstrap: str, unique_name: Callable[[str], str]) -> None:
+    # The control: what stalled the dead letters.
+    assert not await _queued_send_delivered(kafka_bootstrap, unique_name, track_first=False)
+
+
+async def test_batch_for_a_tracked_topic_is_delivered(
+        kafka_bootstrap: str, unique_name: Callable[[str], str]) -> None:
+    assert await _queued_send_delivered(kafka_bootstrap, unique_name, track_first=True)
