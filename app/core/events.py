@@ -12,6 +12,9 @@ accepted, each decoding to a value this module defines:
 * heartbeat ``{"type": "heartbeat", "node_id", "model", "hardware", "ts"}`` →
   :class:`Heartbeat`.
 
+``"type"`` is optional for the first two; a producer that names every form may
+send ``"type": "single"`` or ``"type": "batch"``. Any other type is bad input.
+
 Guarantees:
 
 * Anything else raises :class:`~app.core.errors.BadEvent` with a ``reason``
@@ -419,13 +422,16 @@ def parse_event(obj: Any, *, now_s: float | None = None,
     if "samples" in obj:
         return _batch(obj, fut_limit, settings.max_latency_us, now_s)
     kind = obj.get("type")
-    if kind is None:
+    if kind is None or kind == "single":
         node, model, hw, row = _single(obj, fut_limit, settings.max_latency_us, now_s)
         return _one(row, node, model, hw)
     if kind == "heartbeat":
         return _heartbeat(obj, fut_limit, now_s)
-    raise BadEvent("unknown_form", f"unknown event type {kind!r:.40}; expected no type (a"
-                   " latency event or batch) or \"heartbeat\"", field="type")
+    if kind == "batch":
+        raise BadEvent("missing_field", "a batch needs samples: [[ts, latency_us], …]",
+                       field="samples")
+    raise BadEvent("unknown_form", f"unknown event type {kind!r:.40}; expected none or"
+                   " \"single\" (a latency event), \"batch\" or \"heartbeat\"", field="type")
 
 
 def loads(raw: bytes | str) -> Any:
@@ -491,7 +497,7 @@ class Accumulator:
         return self.add_obj(obj)
 
     def add_obj(self, obj: Any) -> float:
-        if type(obj) is dict and "samples" not in obj and "type" not in obj:
+        if type(obj) is dict and "samples" not in obj and obj.get("type", "single") == "single":
             node, model, hw, row = _single(obj, self._fut_limit, self._max_lat, self._now_s)
             group = self._groups.get((node, model, hw))
             if group is None:

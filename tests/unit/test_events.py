@@ -130,6 +130,20 @@ def test_unknown_keys_are_ignored() -> None:
     assert isinstance(b, SampleBatch) and len(b) == 1
 
 
+def test_forms_may_be_named_by_type() -> None:
+    single = parse_event(ev(type="single"))
+    assert isinstance(single, SampleBatch)
+    assert (single.node_id, single.latency_us.tolist(), single.ts.tolist()) == (
+        "gpu-node-07", [183000.0], [1764680000.123])
+    batch_ev = parse_event(batch([[NOW, 1.0]], type="batch"))
+    assert isinstance(batch_ev, SampleBatch) and batch_ev.latency_us.tolist() == [1.0]
+    acc = Accumulator()
+    acc.add(json.dumps(ev(type="single")))
+    acc.add(json.dumps(ev()))
+    (grouped,) = acc.drain()
+    assert len(grouped.latency_us) == 2
+
+
 def test_future_check_only_with_now() -> None:
     far = ev(ts=NOW + 10_000)
     assert isinstance(decode(json.dumps(far)), SampleBatch)
@@ -191,6 +205,7 @@ BAD_SINGLE = [
     ("ttft above latency", ev(ttft_us=183001), "bad_ttft", "ttft_us"),
     ("bool ttft", ev(ttft_us=False), "bad_ttft", "ttft_us"),
     ("unknown type", ev(type="metric"), "unknown_form", "type"),
+    ("batch type without samples", ev(type="batch"), "missing_field", "samples"),
     ("heartbeat without ts", {"type": "heartbeat", "node_id": "n", "model": "m"},
      "missing_field", "ts"),
     ("heartbeat without node", {"type": "heartbeat", "model": "m", "ts": 1},
