@@ -37,6 +37,9 @@ class WorkerMetrics:
                                   "(rate() of this is samples/s)", registry=r)
         self.rejected_samples = Counter("tailguard_rejected_samples", "bad samples dropped "
                                         "from otherwise good batch messages", registry=r)
+        self.late_samples = Counter("tailguard_late_samples", "samples already older than "
+                                    "max_sample_age_s (event time against this worker's "
+                                    "clock) when they arrived: kept, never judged", registry=r)
         self.series_tracked = Gauge("tailguard_series_tracked", "(node, model) windows held "
                                     "by this worker's stage 1", registry=r)
         self.summaries_out = Counter("tailguard_summaries_out", "window summaries sent to "

@@ -24,6 +24,12 @@ Guarantees:
   series split over workers by unkeyed producers contributes its share from
   each), kept at the same rate on every worker so that stage 2's merge is the
   cluster's distribution.
+* A sample already older than ``max_sample_age_s`` when it arrives (event
+  time against the ``now_s`` the caller passes) is kept but can never be
+  judged: it is counted (``tailguard_late_samples_total``) and, at most once
+  per :data:`LATE_LOG_INTERVAL_S`, logged with what to check — a producer
+  clock or ``ts`` unit that is off, or a backlog read after downtime, would
+  otherwise leave the service silently blind.
 * Memory is bounded by the number of series (the window store's bound) plus
   one small entry per series here; a series silent (no sample, no heartbeat)
   for ``forget_after_s`` is dropped (:meth:`Stage1.forget_silent`).
@@ -31,6 +37,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -41,6 +48,11 @@ from app.core.types import WindowSummary
 from app.streaming.deadletter import DeadLetter, RecordLike
 from app.streaming.metrics import WorkerMetrics
 from app.streaming.wire import ClusterDigest
+
+log = logging.getLogger(__name__)
+
+# How often at most stage 1 warns about samples that arrive too old to be judged.
+LATE_LOG_INTERVAL_S = 60.0
 
 
 class WindowStoreLike(Protocol):
@@ -72,6 +84,9 @@ class Stage1:
         self.settings = settings
         self.metrics = metrics
         self._partition_of: dict[tuple[str, str], int] = {}
+        self._late = self._late_of = 0             # since the last warning: late, all samples
+        self._late_newest_ts = 0.0
+        self._late_logged_s = -LATE_LOG_INTERVAL_S
 
     def ingest(self, partition: int, records: Sequence[RecordLike], now_s: float) -> list[DeadLetter]:
         """Decode ``records`` (all from ``partition``) into the windows; return the bad ones."""
@@ -90,7 +105,8 @@ class Stage1:
                 dead.append(DeadLetter.of(rec, e.reason, str(e)))
             except Exception as e:  # a parser bug must not drop the rest of the poll
                 dead.append(DeadLetter.of(rec, "internal_error", f"{type(e).__name__}: {e}"[:300]))
-        samples = rejected = 0
+        samples = rejected = late = 0
+        late_before = now_s - self.settings.max_sample_age_s
         part = self._partition_of
         for ev in acc.drain():
             if isinstance(ev, Heartbeat):
@@ -99,16 +115,39 @@ class Stage1:
                 self.store.observe(ev)
                 samples += len(ev)
                 rejected += ev.rejected
+                if ev.ts.min() < late_before:
+                    old = ev.ts[ev.ts < late_before]
+                    late += old.size
+                    self._late_newest_ts = max(self._late_newest_ts, float(old.max()))
             part[(ev.node_id, ev.model)] = partition
+        self._note_late(late, samples, now_s)
         m = self.metrics
         if m is not None:
             m.events_in.inc(len(records))
             m.samples_in.inc(samples)
             if rejected:
                 m.rejected_samples.inc(rejected)
+            if late:
+                m.late_samples.inc(late)
             for d in dead:
                 m.bad_events.labels(topic=d.topic, reason=d.reason).inc()
         return dead
+
+    def _note_late(self, late: int, samples: int, now_s: float) -> None:
+        self._late += late
+        self._late_of += samples
+        if not self._late or now_s - self._late_logged_s < LATE_LOG_INTERVAL_S:
+            return
+        log.warning(
+            "%d of %d samples received since the last report were older than max_sample_age_s"
+            " = %g s on arrival (the newest of them has ts %.3f; this worker's clock reads %.3f):"
+            " they are kept but never judged. Check that the producers' clocks are right and"
+            " that ts is Unix seconds; a consumer catching up on a backlog shows this too."
+            " TAILGUARD_MAX_SAMPLE_AGE_S sets the bound.", self._late, self._late_of,
+            self.settings.max_sample_age_s, self._late_newest_ts, now_s)
+        self._late = self._late_of = 0
+        self._late_newest_ts = 0.0
+        self._late_logged_s = now_s
 
     def revoke(self, partitions: Iterable[int]) -> int:
         """Forget the series last seen on ``partitions`` (moved to another worker)."""

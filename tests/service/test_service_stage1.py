@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+from typing import Any
+
 import numpy as np
 from prometheus_client import CollectorRegistry
 from stream_fakes import Rec, batch, llm_batch, single
@@ -92,3 +95,26 @@ def test_out_of_fit_hint_leaves_the_series_out_of_the_normalized_fit() -> None:
     assert voted["n0"].extra["fleet_fit"]["nodes"] == 4
     assert hinted["n0"].extra["fleet_fit"]["nodes"] == 3
     assert hinted["slow"].samples == 100                 # still summarized, only not voting
+
+
+def test_samples_too_old_to_judge_are_counted_and_reported(caplog: Any) -> None:
+    s1, m = make()
+    old_ts = NOW - SETTINGS.max_sample_age_s - 60
+    recs = [Rec(batch("a", "m", [1000.0] * 30, old_ts), offset=0),
+            Rec(single("b", "m", 1000.0, NOW - 1), offset=1),
+            Rec(single("b", "m", 1000.0, old_ts), offset=2)]
+    with caplog.at_level(logging.WARNING, logger="app.streaming.stage1"):
+        assert s1.ingest(0, recs, NOW) == []
+        s1.ingest(0, [Rec(single("b", "m", 1000.0, old_ts), offset=3)], NOW + 1)
+    assert value(m, "tailguard_late_samples_total") == 32
+    assert value(m, "tailguard_samples_in_total") == 33      # kept, not dead-lettered
+    (msg,) = [r.getMessage() for r in caplog.records]        # the second poll is not re-reported
+    assert "31 of 32 samples" in msg and "TAILGUARD_MAX_SAMPLE_AGE_S" in msg
+    assert f"ts {old_ts:.3f}" in msg
+    sums = {s.node_id: s for s in s1.summaries(NOW)}
+    assert sums["a"].samples == 0 and sums["b"].samples == 1    # never judged
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="app.streaming.stage1"):
+        s1.ingest(0, [Rec(single("b", "m", 1000.0, NOW + 60), offset=4)], NOW + 61)
+    (msg,) = [r.getMessage() for r in caplog.records]        # a minute on: the one held back
+    assert "1 of 2 samples" in msg
