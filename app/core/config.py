@@ -50,6 +50,10 @@ class DetectorSettings:
     max_sample_age_s: float = field(default=300.0, metadata={"lo": 0.0, "lo_open": True, "hi": 86_400.0})
     # Tail rule is fleet-relative too: ratio must also exceed fleet median ratio × this.
     fleet_ratio_factor: float = field(default=1.5, metadata={"lo": 1.0, "hi": 1000.0})
+    # On a heavy-tailed model (the peers' median P99/P50 above ratio_threshold: raw LLM latency
+    # without token counts), P50, P99 and fresh P50 all above this × the peers' is abnormal too:
+    # a per-token slowdown that request sizes dilute below relative_p50_factor. 0 = off.
+    shift_factor: float = field(default=1.5, metadata={"lo": 0.0, "hi": 1000.0})
     # "auto" | "latency" | "tpot" | "normalized"; per-model overrides in model_signals.
     signal: str = field(default="auto", metadata={"choices": SIGNALS})
     # "model=signal,model=signal" overrides of `signal` for single models.
@@ -74,6 +78,8 @@ class DetectorSettings:
             _check(f, getattr(self, f.name))
         if self.min_samples > self.window_size:
             raise SettingError("min_samples", self.min_samples, f"at most window_size ({self.window_size})")
+        if 0.0 < self.shift_factor <= 1.0:
+            raise SettingError("shift_factor", self.shift_factor, "0 (off) or a factor above 1")
         if self.backoff_max_s < self.backoff_initial_s:
             raise SettingError("backoff_max_s", self.backoff_max_s, f">= backoff_initial_s ({self.backoff_initial_s})")
 

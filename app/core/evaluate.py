@@ -42,6 +42,13 @@ included) and *enough peers* meaning at least ``min_peers`` of them:
   moves at once while its P50 waits for a majority of new samples, and on a
   narrow signal (TPOT, healthy P99/P50 ≈ 1.1) its ratio never reaches
   ``ratio_threshold``. This rule keeps detection within the 120 s target there.
+* shift — only on a heavy-tailed model (the peers' median P99/P50 above
+  ``ratio_threshold``: raw LLM latency without token counts), with enough
+  peers and a P99 with support: P50, P99 and (when it has one) fresh P50 all
+  ``> shift_factor ×`` their references; reason ``relative_p50``. Request
+  sizes dilute a per-token slowdown in raw latency (2.5x per token is ~1.6x at
+  P50 on code-completion traffic); three statistics agreeing is not noise.
+  ``shift_factor = 0`` turns it off; on light-tailed models it never applies.
 
 Noisy tails (the P99 of a window rests on its few slowest samples):
 
@@ -233,6 +240,7 @@ class _Norms:
     fleet_p99: float | None = None
     class_p99: dict[str, float] = field(default_factory=dict)
     movement: float | None = None     # median of P50 / own class baseline over the peers
+    fleet_ratio: float | None = None  # the peers' median P99/P50 (with enough peers)
 
     def p50_ref(self, hardware: str | None) -> float | None:
         if not self.enough_peers:
@@ -516,7 +524,8 @@ class FleetEvaluator:
             return _Norms(False, median([p[2] for p in peers]) if peers else None, {}, False,
                           st.ratio_threshold)
         fleet_p50 = median([p[2] for p in peers])
-        tail_limit = _tail_limit([p[3] for p in peers], st)
+        ratios = [p[3] for p in peers]
+        tail_limit = _tail_limit(ratios, st)
         classes: dict[str, list[float]] = {}
         classes99: dict[str, list[float]] = {}
         for _, s, p50, ratio in peers:
@@ -531,7 +540,7 @@ class FleetEvaluator:
             class_p50 = self._class_p50_refs(classes, movement, ms)
             class_p99 = {c: median(v) for c, v in classes99.items() if len(v) >= st.min_peers}
         return _Norms(True, fleet_p50, class_p50, multi, tail_limit,
-                      median([p[2] * p[3] for p in peers]), class_p99, movement)
+                      median([p[2] * p[3] for p in peers]), class_p99, movement, median(ratios))
 
     def _movement(self, peers: list[tuple[str, WindowSummary, float, float]],
                   ms: _ModelState) -> float | None:
@@ -596,8 +605,17 @@ class FleetEvaluator:
         # window still mixes old and new samples (P50 not yet past the factor), on signals
         # whose healthy spread is far below ratio_threshold (TPOT: ~1.1).
         sev_p99 = p50 * ratio / lim.d99 if tail and lim.d99 > 0 else 0.0
-        if sev_tail <= 1.0 and sev_p50 <= 1.0 and sev_p99 <= 1.0 and sev_fresh <= 1.0:
-            rel = max(sev_p50, sev_p99, sev_fresh)
+        # Shift: on a heavy-tailed model, P50, P99 and fresh P50 all past shift_factor × the
+        # peers'. Request sizes dilute a per-token slowdown in raw latency (2.5x per token is
+        # ~1.6x at P50 on code-completion traffic); three statistics agreeing is not noise.
+        sev_shift = 0.0
+        if (st.shift_factor and tail and sev_p50 and sev_p99 and norms.fleet_ratio is not None
+                and norms.fleet_ratio > st.ratio_threshold):
+            low = min(sev_p50, sev_p99, sev_fresh) if sev_fresh else min(sev_p50, sev_p99)
+            sev_shift = low * factor / st.shift_factor
+        if (sev_tail <= 1.0 and sev_p50 <= 1.0 and sev_p99 <= 1.0 and sev_fresh <= 1.0
+                and sev_shift <= 1.0):
+            rel = max(sev_p50, sev_p99, sev_fresh, sev_shift)
             if rel < ONSET_CREDIT_FRACTION:
                 return health.NORMAL
             return Judgement(Verdict.NORMAL, str(Reason.NORMAL), severity=rel)
@@ -609,7 +627,7 @@ class FleetEvaluator:
                       peers_fresh_p50=lim.fresh_ref if sev_fresh else None)
         # The reason names the most telling rule (a whole-node slowdown is relative_p50 even
         # though its P99 moved as much); the severity that orders ejections is the largest.
-        sev = max(sev_tail, sev_p50, sev_p99, sev_fresh)
+        sev = max(sev_tail, sev_p50, sev_p99, sev_fresh, sev_shift)
         if sev_tail > 1.0 and sev_tail >= max(sev_p50, sev_fresh):
             return Judgement(Verdict.ABNORMAL, str(Reason.P99_P50_RATIO), ev, sev,
                              f"p99/p50 {ratio:.2f} > limit {norms.tail_limit:.2f}")
@@ -621,8 +639,15 @@ class FleetEvaluator:
                              f"p50 of the last {st.tick_interval_s:g} s {fresh_p50:.1f} "
                              f"({s.fresh_samples} samples) > {factor:g} x peers' "
                              f"{lim.fresh_ref:.1f}")
-        return Judgement(Verdict.ABNORMAL, str(Reason.RELATIVE_P99), ev, sev,
-                         f"p99 {p50 * ratio:.1f} > {factor:g} x peers' {lim.ref99:.1f}")
+        if sev_p99 > 1.0:
+            return Judgement(Verdict.ABNORMAL, str(Reason.RELATIVE_P99), ev, sev,
+                             f"p99 {p50 * ratio:.1f} > {factor:g} x peers' {lim.ref99:.1f}")
+        fresh_part = (f", p50 of the last {st.tick_interval_s:g} s {fresh_p50:.1f}"
+                      if sev_fresh and fresh_p50 is not None else "")
+        return Judgement(Verdict.ABNORMAL, str(Reason.RELATIVE_P50), ev, sev,
+                         f"p50 {p50:.1f}, p99 {p50 * ratio:.1f}{fresh_part} all > "
+                         f"{st.shift_factor:g} x peers' on a heavy-tailed model (peers' "
+                         f"p99/p50 {norms.fleet_ratio:.1f} > {st.ratio_threshold:g})")
 
     def _new_fraction(self, ms: _ModelState, node: str, s: WindowSummary, now_s: float) -> float:
         """The fraction of this window's judged samples newer than the window that last

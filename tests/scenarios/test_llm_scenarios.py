@@ -129,3 +129,45 @@ def test_node_with_2_5x_per_token_time_is_out_within_120s(name: str) -> None:
     assert (e.within_s, e.onset_s) == (120.0, 300.0)
     failed = [r for r in (run(name, seed, emission) for seed in SEEDS) if not r.result.ok]
     assert not failed, "\n\n".join(f"seed {r.seed}: " + r.explain(e.node_id) for r in failed)
+
+
+def _code_no_tokens(onset_s: int) -> sc.Scenario:
+    text = (ROOT / "scenarios" / "llm_code_tpot_2_5x_no_tokens.toml").read_text()
+    assert "onset_s = 300" in text
+    return sc.loads(text.replace("onset_s = 300", f"onset_s = {onset_s}"),
+                    default_name=f"llm_code_tpot_2_5x_no_tokens_at_{onset_s}")
+
+
+@cache
+def _code_removal_s(onset_s: int, seed: int, shift_factor: float) -> tuple[float | None, list[str]]:
+    """Seconds from onset to the slow node's removal (None: never); any other node removed."""
+    s = _code_no_tokens(onset_s)
+    (e,) = s.expect.eject
+    out: list[str] = []
+    replay(tracegen.lines(tracegen.generate(s, seed)), DetectorSettings(shift_factor=shift_factor),
+           out.append)
+    res = outcome.check(s, [json.loads(line) for line in out])
+    at = res.ejected_at_s.get((e.node_id, e.model))
+    others = [n for n, _ in res.ejected_at_s if n != e.node_id]
+    return (None if at is None else at - onset_s), others
+
+
+# Onsets at and between the 30-s tick boundaries (start 0): where in a tick the slow-down
+# begins decides how many of its samples the next window holds.
+CODE_ONSETS = (300, 307, 315, 322, 329)
+
+
+def test_code_trace_2_5x_per_token_without_tokens_is_out_within_120s() -> None:
+    # Code completions: long prompts, short outputs. Without token fields the 2.5x per-token
+    # node is ~1.6x its peers at P50 and ~2x at P99, around relative_p50_factor; the shift
+    # rule (P50, P99 and fresh P50 all > shift_factor x peers' on a heavy-tailed model) decides.
+    got = {(on, seed): _code_removal_s(on, seed, 1.5) for on in CODE_ONSETS for seed in (1, 2)}
+    late = {k: v for k, v in got.items() if v[0] is None or not 0 < v[0] <= 120}
+    assert not late, late
+    assert all(not others for _, others in got.values()), got
+
+
+def test_without_the_shift_rule_the_code_trace_case_is_late() -> None:
+    # The control: the same runs with shift_factor=0 (the rule off) miss 120 s at some onset.
+    got = [_code_removal_s(on, seed, 0.0)[0] for on in CODE_ONSETS for seed in (1, 2)]
+    assert any(t is None or t > 120 for t in got), got

@@ -647,3 +647,43 @@ def test_tail_limit_follows_the_peers_spread() -> None:
         run(ev, 1, {**peers, "n00": (100.0, 8.0)})
         ticks = run(ev, 3, {**peers, "n00": bad}, t0=T0 + 30)
         assert ("n00" not in ticks[-1].routing) is out
+
+
+def _shifted(n03: tuple[float, float, float], fleet_ratio: float) -> list[WindowSummary]:
+    """Eight nodes at P50 100, P99 100 x ``fleet_ratio`` and fresh P50 100; n03's three
+    statistics scaled by ``n03`` (P50, P99, fresh P50 factors)."""
+    out = []
+    for i in range(8):
+        k50, k99, kf = n03 if i == 3 else (1.0, 1.0, 1.0)
+        p50, p99 = 100.0 * k50, 100.0 * fleet_ratio * k99
+        out.append(WindowSummary(node_id=f"n{i:02d}", model="m", tick_ts=0.0, signal="latency",
+                                 samples=1000, p50=p50, p99=p99, latency_p50_us=p50,
+                                 latency_p99_us=p99, first_seen_ts=0.0, fresh_samples=600,
+                                 fresh_p50=100.0 * kf))
+    return out
+
+
+@pytest.mark.parametrize(("n03", "fleet_ratio", "shift_factor", "out"), [
+    # heavy-tailed model (raw LLM latency): 1.6x P50, 1.8x P99, 1.7x fresh: all > 1.5x
+    ((1.6, 1.8, 1.7), 8.0, 1.5, True),
+    # the same node on a model of similar-size requests: the original rules only (< 2x)
+    ((1.6, 1.8, 1.7), 2.0, 1.5, False),
+    # one of the three statistics within 1.5x: no shift
+    ((1.6, 1.4, 1.7), 8.0, 1.5, False),
+    ((1.6, 1.8, 1.4), 8.0, 1.5, False),
+    # the rule switched off
+    ((1.6, 1.8, 1.7), 8.0, 0.0, False),
+])
+def test_shift_on_a_heavy_tailed_model(n03: tuple[float, float, float], fleet_ratio: float,
+                                       shift_factor: float, out: bool) -> None:
+    ev = FleetEvaluator(DetectorSettings(max_sample_age_s=30.0, shift_factor=shift_factor))
+    ev.evaluate("m", _shifted((1.0, 1.0, 1.0), fleet_ratio), T0)
+    ticks = [ev.evaluate("m", _shifted(n03, fleet_ratio), T0 + 30.0 * k) for k in (1, 2, 3)]
+    assert ("n03" not in ticks[-1].routing) is out
+    trans = [t for tk in ticks for t in tk.transitions]
+    if out:
+        assert [(t.from_state, t.to_state, t.reason) for t in trans[:2]] == [
+            (H.HEALTHY, H.SUSPECT, "relative_p50"), (H.SUSPECT, H.UNHEALTHY, "relative_p50")]
+        assert "heavy-tailed" in (trans[0].detail or "") and "1.5 x peers'" in (trans[0].detail or "")
+    else:
+        assert trans == []
