@@ -54,6 +54,10 @@ class DetectorSettings:
     # without token counts), P50, P99 and fresh P50 all above this × the peers' is abnormal too:
     # a per-token slowdown that request sizes dilute below relative_p50_factor. 0 = off.
     shift_factor: float = field(default=1.5, metadata={"lo": 0.0, "hi": 1000.0})
+    # A node whose failed share of requests since the previous tick is above this (and above
+    # relative_p50_factor x its peers' median share) is abnormal: a node that fails fast
+    # leaves no latency to judge. 0 = off.
+    max_error_share: float = field(default=0.1, metadata={"lo": 0.0, "hi": 1.0})
     # "auto" | "latency" | "tpot" | "normalized"; per-model overrides in model_signals.
     signal: str = field(default="auto", metadata={"choices": SIGNALS})
     # "model=signal,model=signal" overrides of `signal` for single models.

@@ -49,6 +49,14 @@ included) and *enough peers* meaning at least ``min_peers`` of them:
   sizes dilute a per-token slowdown in raw latency (2.5x per token is ~1.6x at
   P50 on code-completion traffic); three statistics agreeing is not noise.
   ``shift_factor = 0`` turns it off; on light-tailed models it never applies.
+* error rate — the failed share of a pair's requests since the previous tick
+  (the difference of stage 1's cumulative ``requests_total``/``failed_total``
+  between ticks; at least ``min_samples`` requests; counters that went back —
+  a new stage 1 — give no share that tick) above ``max_error_share`` and, with
+  ``min_peers`` shares among the routed pairs, above ``relative_p50_factor ×``
+  their median; reason ``error_rate``. It also judges routed pairs with too few
+  judged samples to be peers (a node that fails fast leaves no latency) and
+  fails a probe round. Disjoint ticks: no new-evidence hold, no onset credit.
 
 Noisy tails (the P99 of a window rests on its few slowest samples):
 
@@ -129,7 +137,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -193,6 +201,8 @@ class _ModelState:
     rate_per_s: dict[str, float] = field(default_factory=dict)
     # Retired pairs: their last sign of life (sample or heartbeat; at least the retirement).
     retired_seen: dict[str, float] = field(default_factory=dict)
+    # Per pair: stage 1's cumulative (requests, failed) at the last tick (see _error_shares).
+    counts: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"pairs": {n: p.to_dict() for n, p in sorted(self.pairs.items())},
@@ -204,7 +214,8 @@ class _ModelState:
                 "elevated": dict(sorted(self.elevated.items())),
                 "advanced_ts": dict(sorted(self.advanced_ts.items())),
                 "rate_per_s": dict(sorted(self.rate_per_s.items())),
-                "retired_seen": dict(sorted(self.retired_seen.items()))}
+                "retired_seen": dict(sorted(self.retired_seen.items())),
+                "counts": {n: list(c) for n, c in sorted(self.counts.items())}}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> _ModelState:
@@ -221,7 +232,8 @@ class _ModelState:
                    elevated={str(k): float(v) for k, v in d.get("elevated", {}).items()},
                    advanced_ts={str(k): float(v) for k, v in d.get("advanced_ts", {}).items()},
                    rate_per_s={str(k): float(v) for k, v in d.get("rate_per_s", {}).items()},
-                   retired_seen={str(k): float(v) for k, v in seen.items()})
+                   retired_seen={str(k): float(v) for k, v in seen.items()},
+                   counts={str(k): (int(v[0]), int(v[1])) for k, v in d.get("counts", {}).items()})
 
 
 def _cls(hardware: str | None) -> str:
@@ -395,6 +407,7 @@ class FleetEvaluator:
                 continue
             if s.samples >= min_samples and s.p50 is not None and s.p99 is not None and s.p50 > 0:
                 peers.append((node, s, s.p50, s.p99 / s.p50))
+        errors = self._error_judgements(ms, by_node, pairs)
         signal = _signal(peers)
         if peers and signal != ms.baseline_signal:
             # A baseline is in the units of its signal: a new signal starts a new baseline.
@@ -419,9 +432,14 @@ class FleetEvaluator:
             j = self._judge(s, p50, ratio, s.samples, norms, tail=s.samples >= tail_samples,
                             fresh=fresh, lim=lim)
             new_fraction = self._new_fraction(ms, node, s, now_s)
+            if j.verdict is not Verdict.ABNORMAL and node in errors:
+                j = errors[node]      # failed requests since the last tick: new evidence each tick
             if j.verdict is Verdict.ABNORMAL:
                 abnormal += 1
                 p = pairs[node]
+                if j.reason == Reason.ERROR_RATE:
+                    judgements[node] = j
+                    continue
                 if (p.abnormal_streak and node in ms.advanced_ts and new_fraction < NEW_EVIDENCE_FRACTION
                         and not _p50_over(s, p50, lim)):
                     # A tail verdict on a window mostly made of the one already counted: its few
@@ -443,6 +461,13 @@ class FleetEvaluator:
                 judgements[node] = j
             # Abnormal against the slow baseline: counts towards a load event only.
             if ratio > base_ratio or p50 > base_p50.get(_cls(s.hardware), math.inf):
+                abnormal += 1
+        # A routed pair with too few judged samples to be a peer may still be failing fast.
+        judged = {p[0] for p in peers}
+        for node, j in errors.items():
+            p = pairs[node]
+            if node not in judged and p.routed and p.state is not HealthState.WARMING:
+                judgements[node] = j
                 abnormal += 1
         n_peers = len(peers)
         fleet_events: list[FleetEvent] = []
@@ -471,7 +496,7 @@ class FleetEvaluator:
                                                        or now_s >= p.probe_after_ts):
                 qs = by_node.get(node)
                 if qs is not None:
-                    judgements[node] = self._judge_probe(qs, norms)
+                    judgements[node] = errors.get(node) or self._judge_probe(qs, norms)
 
         # Step every pair that can move (sorted: deterministic transition order).
         candidates: list[PairState] = []
@@ -648,6 +673,46 @@ class FleetEvaluator:
                          f"p50 {p50:.1f}, p99 {p50 * ratio:.1f}{fresh_part} all > "
                          f"{st.shift_factor:g} x peers' on a heavy-tailed model (peers' "
                          f"p99/p50 {norms.fleet_ratio:.1f} > {st.ratio_threshold:g})")
+
+    def _error_judgements(self, ms: _ModelState, by_node: Mapping[str, WindowSummary],
+                          pairs: Mapping[str, PairState]) -> dict[str, Judgement]:
+        """Abnormal verdicts (reason ``error_rate``) from the failed requests since the last
+        tick, and the counters kept for the next one (see the module docstring)."""
+        st = self.settings
+        shares: dict[str, tuple[float, int, int]] = {}     # node -> share, requests, failed
+        counts = ms.counts
+        for node, s in by_node.items():
+            cur = (s.requests_total, s.failed_total)
+            prev = counts.get(node)
+            counts[node] = cur
+            if prev is None:
+                continue
+            n, failed = cur[0] - prev[0], cur[1] - prev[1]
+            # Fewer than min_samples requests, or counters that went back (a new stage 1).
+            if n >= st.min_samples and 0 <= failed <= n:
+                shares[node] = (failed / n, n, failed)
+        limit = st.max_error_share
+        if limit <= 0:
+            return {}
+        peers = [sh for node, (sh, _, _) in shares.items()
+                 if (p := pairs.get(node)) is not None and p.routed
+                 and p.state is not HealthState.WARMING]
+        ref = median(peers) if len(peers) >= st.min_peers else None
+        factor = st.relative_p50_factor
+        out: dict[str, Judgement] = {}
+        for node, (share, n, failed) in shares.items():
+            if share <= limit or (ref is not None and share <= factor * ref):
+                continue
+            s = by_node[node]
+            ratio = s.p99 / s.p50 if s.p50 and s.p99 is not None else None
+            ev = Evidence(signal=s.signal, p50=s.p50, p99=s.p99, ratio=ratio, samples=s.samples,
+                          latency_p50_us=s.latency_p50_us, latency_p99_us=s.latency_p99_us,
+                          hardware=s.hardware)
+            peers_part = "" if ref is None else f" and > {factor:g} x peers' {ref:.1%}"
+            out[node] = Judgement(Verdict.ABNORMAL, str(Reason.ERROR_RATE), ev, share / limit,
+                                  f"{failed} of {n} requests since the last tick failed "
+                                  f"({share:.1%} > {limit:.0%}{peers_part})")
+        return out
 
     def _new_fraction(self, ms: _ModelState, node: str, s: WindowSummary, now_s: float) -> float:
         """The fraction of this window's judged samples newer than the window that last
@@ -836,7 +901,7 @@ class FleetEvaluator:
                 continue
             del ms.pairs[node], seen[node]
             by_node.pop(node, None)
-            for d in (ms.advanced_ts, ms.rate_per_s, ms.elevated):
+            for d in (ms.advanced_ts, ms.rate_per_s, ms.elevated, ms.counts):
                 d.pop(node, None)
             transitions.append(Transition(
                 ts=now_s, node_id=node, model=model, from_state=HealthState.RETIRED,

@@ -55,6 +55,7 @@ class Reason(enum.StrEnum):
     DIAGNOSTICS_UNRECOVERABLE = "diagnostics_unrecoverable"
     TOO_MANY_PROBE_FAILURES = "too_many_probe_failures"
     FORGOTTEN = "forgotten"                  # retired, then silent for forget_after_s
+    ERROR_RATE = "error_rate"                # failed requests far above max_error_share
 
 
 class WindowSummary(NamedTuple):
@@ -70,6 +71,10 @@ class WindowSummary(NamedTuple):
     event time, ``fresh_p50`` is their P50 of ``signal`` — ``None`` below
     ``min_samples`` of them. After an onset the fresh P50 moves a tick before
     the window's, which still holds older samples (see app.core.evaluate).
+    ``requests_total``/``failed_total`` count every request stage 1 has taken
+    for the series (ok or failed, probes included) and the failed ones, since
+    the series was first seen by this stage 1: stage 2 takes the difference
+    between ticks (the failed share since the previous tick).
     Both default to "none" so that a summary from a stage 1 that did not send
     them decodes as before.
 
@@ -98,6 +103,8 @@ class WindowSummary(NamedTuple):
     extra: Mapping[str, Any] = _NO_EXTRA
     fresh_samples: int = 0
     fresh_p50: float | None = None
+    requests_total: int = 0
+    failed_total: int = 0
 
     @property
     def ratio(self) -> float | None:
@@ -121,6 +128,9 @@ class WindowSummary(NamedTuple):
                 or (p50 is not None and (not isinstance(p50, int | float) or isinstance(p50, bool)
                                          or not math.isfinite(p50) or p50 <= 0))):
             s = s._replace(fresh_samples=0, fresh_p50=None)
+        req, fail = s.requests_total, s.failed_total
+        if not (type(req) is int and type(fail) is int and 0 <= fail <= req):
+            s = s._replace(requests_total=0, failed_total=0)
         return s
 
 

@@ -43,7 +43,9 @@ Guarantees:
   streaming stage 1 compute the same value.
 * ``failed`` = failed requests with event time in the same age bound
   (bucketed to whole seconds); ``probe_*`` = probe samples within the age
-  bound, in the model's signal.
+  bound, in the model's signal. ``requests_total``/``failed_total``: every
+  request the store has taken for the series (ok or failed, probes
+  included) and the failed ones — cumulative counters, kept by snapshots.
 * ``summaries()`` is pure: calling it does not change what the store holds
   (it only tightens cached per-ring bounds, see ``_Chunk``). Output is
   sorted by (model, node_id). ``restore(snapshot())`` gives identical future
@@ -155,8 +157,8 @@ class _Chunk:
 
 
 class _Series:
-    __slots__ = ("chunk", "failed", "first_seen_ts", "hardware", "last_seen_ts", "midx", "model",
-                 "node_id", "row")
+    __slots__ = ("chunk", "failed", "failures", "first_seen_ts", "hardware", "last_seen_ts",
+                 "midx", "model", "node_id", "requests", "row")
 
     def __init__(self, node_id: str, model: str, midx: int) -> None:
         self.node_id, self.model, self.midx = node_id, model, midx
@@ -164,6 +166,7 @@ class _Series:
         self.first_seen_ts: float | None = None
         self.last_seen_ts: float | None = None
         self.failed: dict[int, int] = {}
+        self.requests = self.failures = 0      # every request taken, and the failed ones
         self.chunk: _Chunk | None = None
         self.row = -1
 
@@ -421,10 +424,12 @@ class WindowStore:
         else:
             t_lo, t_hi = float(ts.min()), float(ts.max())
         s.seen(t_lo, t_hi)
+        s.requests += n
         ok = batch.ok
         lat = batch.latency_us
         inp, out, ttft = batch.input_tokens, batch.output_tokens, batch.ttft_us
         if not ok.all():
+            s.failures += n - int(np.count_nonzero(ok))
             self._count_failed(s, ts[~ok])
             ts, lat = ts[ok], lat[ok]
             inp = None if inp is None else inp[ok]
@@ -540,7 +545,8 @@ class WindowStore:
                 results.append(WindowSummary(
                     s.node_id, s.model, now_s, plans[s.midx].signal, 0, None, None, None, None,
                     _failed_in(s.failed, age_lo, now_s) if s.failed else 0, s.hardware,
-                    s.first_seen_ts, s.last_seen_ts, 0, None, None, {}))
+                    s.first_seen_ts, s.last_seen_ts, 0, None, None, {}, 0, None, s.requests,
+                    s.failures))
         results.sort(key=_summary_order)
         return results
 
@@ -777,7 +783,7 @@ class WindowStore:
                 s.node_id, s.model, now_s, signal_of[s.midx], ns_r, p50, p99, l50, l99,
                 _failed_in(s.failed, age_lo, now_s) if s.failed else 0, s.hardware,
                 s.first_seen_ts, s.last_seen_ts, n_probe_l[r], pqs[0], pqs[1], extra,
-                n_fresh_l[r], qf if qf == qf else None))
+                n_fresh_l[r], qf if qf == qf else None, s.requests, s.failures))
         return out
 
     @staticmethod
@@ -828,6 +834,7 @@ class WindowStore:
                 "node_id": node, "model": model, "hardware": s.hardware,
                 "first_seen_ts": s.first_seen_ts, "last_seen_ts": s.last_seen_ts,
                 "failed": sorted([b, c] for b, c in s.failed.items()),
+                "requests": s.requests, "failures": s.failures,
                 "ts": w["ts"].tolist(), "latency_us": w["latency_us"].tolist(),
                 "probe": np.flatnonzero(w["probe"]).tolist(),
             }
@@ -853,8 +860,10 @@ class WindowStore:
             s.first_seen_ts = item.get("first_seen_ts")
             s.last_seen_ts = item.get("last_seen_ts")
             s.failed = {int(b): int(c) for b, c in item.get("failed", [])}
+            counts = int(item.get("requests", 0)), int(item.get("failures", 0))
             ts = np.asarray(item["ts"], dtype=np.float64)
             if ts.size == 0:
+                s.requests, s.failures = counts
                 continue
             lat = np.asarray(item["latency_us"], dtype=np.float64)
             probe = np.zeros(ts.size, dtype=bool)
@@ -864,6 +873,7 @@ class WindowStore:
                                      np.ones(ts.size, dtype=bool), probe, _column(item, "input_tokens"),
                                      _column(item, "output_tokens"), _column(item, "ttft_us")))
             s.first_seen_ts, s.last_seen_ts = first, last
+            s.requests, s.failures = counts
 
 
 def _column(item: Mapping[str, Any], key: str) -> F64 | None:

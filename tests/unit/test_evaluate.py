@@ -687,3 +687,69 @@ def test_shift_on_a_heavy_tailed_model(n03: tuple[float, float, float], fleet_ra
         assert "heavy-tailed" in (trans[0].detail or "") and "1.5 x peers'" in (trans[0].detail or "")
     else:
         assert trans == []
+
+
+def _with_failures(k: int, shares: Mapping[str, float], n: int = 6, per_tick: int = 600,
+                   judged: Mapping[str, int] | None = None) -> list[WindowSummary]:
+    """Tick ``k`` of ``n`` nodes that each take ``per_tick`` requests a tick; node ``x`` fails
+    ``shares[x]`` of them (cumulative counters, as stage 1 sends them)."""
+    out = []
+    for i in range(n):
+        node = f"n{i:02d}"
+        failed_per_tick = round(shares.get(node, 0.0) * per_tick)
+        s = summ(node, 100.0, samples=(judged or {}).get(node, 500))
+        out.append(s._replace(requests_total=per_tick * k, failed_total=failed_per_tick * k))
+    return out
+
+
+def _error_run(shares: Mapping[str, float], ticks: int = 4, judged: Mapping[str, int] | None = None,
+               **settings: float) -> list[ModelTick]:
+    ev = FleetEvaluator(DetectorSettings(max_sample_age_s=30.0, **settings))  # type: ignore[arg-type]
+    return [ev.evaluate("m", _with_failures(k, shares, judged=judged), T0 + 30.0 * k)
+            for k in range(ticks)]
+
+
+def test_a_node_failing_a_third_of_its_requests_leaves_by_error_rate() -> None:
+    ticks = _error_run({"n03": 0.3, "n01": 0.01})
+    assert "n03" not in ticks[3].routing and len(ticks[3].routing) == 5
+    trans = [t for tk in ticks[1:] for t in tk.transitions if t.node_id == "n03"]
+    assert [(t.to_state, t.reason) for t in trans][:2] == [(H.SUSPECT, "error_rate"),
+                                                           (H.UNHEALTHY, "error_rate")]
+    assert trans[0].detail == ("180 of 600 requests since the last tick failed "
+                               "(30.0% > 10% and > 2 x peers' 0.0%)")
+    assert not [t for t in ticks[0].transitions if t.reason == "error_rate"]  # no counts before
+
+
+def test_a_node_that_only_fails_leaves_though_it_has_no_latency_to_judge() -> None:
+    ticks = _error_run({"n03": 1.0}, judged={"n03": 0})
+    assert "n03" not in ticks[3].routing
+
+
+@pytest.mark.parametrize(("shares", "settings"), [
+    ({"n03": 0.08}, {}),                                  # below max_error_share
+    ({"n03": 0.3}, {"max_error_share": 0.0}),             # the rule off
+    ({"n03": 0.3}, {"max_error_share": 0.5}),             # a looser limit
+    ({f"n{i:02d}": 0.12 for i in range(6)} | {"n03": 0.2}, {}),   # not 2x the peers' share
+])
+def test_error_share_within_the_limits_keeps_the_node(shares: dict[str, float],
+                                                      settings: dict[str, float]) -> None:
+    ticks = _error_run(shares, **settings)
+    assert all(len(t.routing) == 6 for t in ticks)
+    assert not [t for tk in ticks for t in tk.transitions if t.reason == "error_rate"]
+
+
+def test_a_fleet_failing_at_once_ejects_nobody() -> None:
+    # A bad deploy or a broken upstream: every node fails about as often. Not a node fault.
+    ticks = _error_run({f"n{i:02d}": 0.3 + 0.1 * (i == 3) for i in range(6)})
+    assert all(len(t.routing) == 6 for t in ticks)
+    assert not [t for tk in ticks for t in tk.transitions if t.reason == "error_rate"]
+
+
+def test_error_counters_that_go_back_give_no_verdict() -> None:
+    # A new stage 1 (restart) starts its counters at zero: no share that tick, no false verdict.
+    ev = FleetEvaluator(DetectorSettings(max_sample_age_s=30.0))
+    ev.evaluate("m", _with_failures(5, {"n03": 0.3}), T0)
+    tick = ev.evaluate("m", _with_failures(1, {"n03": 0.3}), T0 + 30.0)
+    assert not [t for t in tick.transitions if t.reason == "error_rate"]
+    tick = ev.evaluate("m", _with_failures(2, {"n03": 0.3}), T0 + 60.0)
+    assert [t.reason for t in tick.transitions] == ["error_rate"]

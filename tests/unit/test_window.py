@@ -569,3 +569,30 @@ def test_wide_windows_match_numpy_quantile(window: int, seed: int, ties: int) ->
         expect = np.quantile(lat, (0.5, 0.99))
         assert (s.p50, s.p99) == (pytest.approx(expect[0], rel=1e-12), pytest.approx(expect[1], rel=1e-12))
         assert (s.latency_p50_us, s.latency_p99_us) == (s.p50, s.p99)
+
+
+def test_request_and_failure_counters_are_cumulative_and_survive_a_snapshot() -> None:
+    store = WindowStore(S)
+    ts = 1000.0 + np.arange(10, dtype=np.float64)
+    ok = np.array([True] * 7 + [False] * 3)
+    store.observe(SampleBatch("n", "m", None, ts, np.full(10, 100.0), ok, np.zeros(10, bool)))
+    store.observe(SampleBatch("n", "m", None, ts + 10, np.full(10, 100.0), ~np.zeros(10, bool),
+                              np.zeros(10, bool)))
+    store.observe_heartbeat(Heartbeat("idle", "m", None, 1019.0))
+    sums = {s.node_id: s for s in store.summaries(1020.0)}
+    assert (sums["n"].requests_total, sums["n"].failed_total) == (20, 3)
+    assert (sums["idle"].requests_total, sums["idle"].failed_total) == (0, 0)
+    again = WindowStore(S)
+    again.restore(json.loads(json.dumps(store.snapshot())))
+    assert again.summaries(1020.0) == store.summaries(1020.0)
+
+
+@pytest.mark.parametrize("counts", [(-1, 0), (5, 6), (5.0, 1), (True, 0), ("7", 1)])
+def test_a_summary_with_bad_counters_decodes_without_them(counts: tuple[Any, Any]) -> None:
+    s = WindowSummary("n", "m", 0.0, "latency", 1, 1.0, 1.0, 1.0, 1.0,
+                      requests_total=7, failed_total=1).to_dict()
+    s["requests_total"], s["failed_total"] = counts
+    back = WindowSummary.from_dict(s)
+    assert (back.requests_total, back.failed_total) == (0, 0)
+    s["requests_total"], s["failed_total"] = 7, 1
+    assert WindowSummary.from_dict(s).failed_total == 1
