@@ -84,6 +84,34 @@ async def test_slow_node_leaves_routing_and_health_change_is_published(
         await r.aclose()
 
 
+async def test_failing_node_leaves_routing_by_its_error_rate(
+        kafka_bootstrap: str, redis_url: str, unique_name: Callable[[str], str],
+        tmp_path: Path) -> None:
+    # Half its requests fail while the other half look normal: its latency rules see nothing;
+    # stage 1's request/failure counters reach stage 2 through node-window-stats.
+    env = WorkerEnv(unique_name("err"), kafka_bootstrap, redis_url)
+    await env.create_topics()
+    r = aioredis.Redis.from_url(redis_url)
+    worker = Worker(env.environ(), tmp_path / "worker.log")
+    try:
+        async with Feeder(kafka_bootstrap, env.topic("latency_events"), {"llm": NODES},
+                          failing={("slow", "llm")}):
+            async def failing_out() -> bool:
+                return await routing(r, env.name, "llm") == {"n0", "n1", "n2", "n3"}
+            await wait_for(failing_out, 60, "the failing node to leave the routing set",
+                           worker.tail)
+        events = await health_events(kafka_bootstrap, env)
+        (unhealthy,) = [e for e in events if e["to"] == "unhealthy"]
+        assert (unhealthy["node_id"], unhealthy["reason"]) == ("slow", "error_rate"), unhealthy
+        (suspect, *_) = [e for e in events if e["node_id"] == "slow" and e["to"] == "suspect"]
+        assert suspect["reason"] == "error_rate", suspect
+        assert "requests since the last tick failed" in str(suspect["detail"]), suspect
+        assert worker.proc.poll() is None, worker.tail()
+    finally:
+        worker.stop()
+        await r.aclose()
+
+
 async def produce(kafka: str, topic: str, items: list[tuple[bytes, bytes]]) -> None:
     p = AIOKafkaProducer(bootstrap_servers=kafka)
     await p.start()

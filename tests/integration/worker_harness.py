@@ -136,13 +136,16 @@ class Feeder:
     """Publishes batch-form latency events for a set of nodes every ``period_s``.
 
     ``slow``: nodes whose latency is 3× the others' (P50 far above the peers').
+    ``failing``: nodes that also fail as many requests as they serve (a batch with
+    ``"ok": false`` next to each good one), at normal latency.
     """
 
     def __init__(self, kafka: str, topic: str, models: dict[str, list[str]],
                  slow: set[tuple[str, str]] | None = None, period_s: float = 0.25,
-                 per_batch: int = 25) -> None:
+                 per_batch: int = 25, failing: set[tuple[str, str]] | None = None) -> None:
         self.kafka, self.topic, self.models = kafka, topic, models
         self.slow = set(slow or ())
+        self.failing = set(failing or ())
         self.period_s, self.per_batch = period_s, per_batch
         self._task: asyncio.Task[None] | None = None
         self.sent = 0
@@ -178,6 +181,11 @@ class Feeder:
                         {"node_id": node, "model": model, "hardware": "A100",
                          "samples": samples}).encode(), key=f"{node}|{model}".encode())
                     self.sent += 1
+                    if (node, model) in self.failing:
+                        await self._producer.send(self.topic, json.dumps(
+                            {"node_id": node, "model": model, "hardware": "A100", "ok": False,
+                             "samples": samples}).encode(), key=f"{node}|{model}".encode())
+                        self.sent += 1
             await asyncio.sleep(self.period_s)
 
 

@@ -36,6 +36,8 @@ from app.streaming.wire import (
 def test_summary_round_trip() -> None:
     s = summary("n", "m", 1000.0, 1.5, 9.25, samples=77)
     assert decode_stage2(encode_summary(s)) == s
+    counted = s._replace(requests_total=900, failed_total=45)   # the error-rate counters
+    assert decode_stage2(encode_summary(counted)) == counted
 
 
 def test_diagnostics_round_trip() -> None:
