@@ -57,6 +57,9 @@ included) and *enough peers* meaning at least ``min_peers`` of them:
   their median; reason ``error_rate``. It also judges routed pairs with too few
   judged samples to be peers (a node that fails fast leaves no latency) and
   fails a probe round. Disjoint ticks: no new-evidence hold, no onset credit.
+  When at least ``load_event_fraction`` of those routed pairs (``min_peers`` or
+  more) are past ``max_error_share`` at once, an ``error_storm`` fleet event
+  opens (``error_storm_end`` closes it); nobody is ejected for it.
 
 Noisy tails (the P99 of a window rests on its few slowest samples):
 
@@ -193,6 +196,7 @@ class _ModelState:
     baseline_ticks: dict[str, int] = field(default_factory=dict)   # class -> updates so far
     load_event: bool = False
     shifted: bool = False
+    error_storm: bool = False          # most routed pairs past max_error_share (see evaluate)
     # Pairs whose relative severity at the last tick was in [ONSET_CREDIT_FRACTION, 1].
     elevated: dict[str, float] = field(default_factory=dict)
     # Per pair: the tick of the window that last advanced its abnormal streak, and the judged
@@ -211,6 +215,7 @@ class _ModelState:
                 "baseline_signal": self.baseline_signal,
                 "baseline_ticks": dict(sorted(self.baseline_ticks.items())),
                 "load_event": self.load_event, "shifted": self.shifted,
+                "error_storm": self.error_storm,
                 "elevated": dict(sorted(self.elevated.items())),
                 "advanced_ts": dict(sorted(self.advanced_ts.items())),
                 "rate_per_s": dict(sorted(self.rate_per_s.items())),
@@ -229,6 +234,7 @@ class _ModelState:
                    baseline_signal=d.get("baseline_signal"),
                    baseline_ticks={str(k): int(v) for k, v in d.get("baseline_ticks", {}).items()},
                    load_event=bool(d.get("load_event", False)), shifted=bool(d.get("shifted", False)),
+                   error_storm=bool(d.get("error_storm", False)),
                    elevated={str(k): float(v) for k, v in d.get("elevated", {}).items()},
                    advanced_ts={str(k): float(v) for k, v in d.get("advanced_ts", {}).items()},
                    rate_per_s={str(k): float(v) for k, v in d.get("rate_per_s", {}).items()},
@@ -407,7 +413,7 @@ class FleetEvaluator:
                 continue
             if s.samples >= min_samples and s.p50 is not None and s.p99 is not None and s.p50 > 0:
                 peers.append((node, s, s.p50, s.p99 / s.p50))
-        errors = self._error_judgements(ms, by_node, pairs)
+        errors, failing, counted, error_ref = self._error_judgements(ms, by_node, pairs)
         signal = _signal(peers)
         if peers and signal != ms.baseline_signal:
             # A baseline is in the units of its signal: a new signal starts a new baseline.
@@ -485,6 +491,16 @@ class FleetEvaluator:
             judgements = {}
             elevated = {}
         ms.elevated = elevated
+        storm = counted >= st.min_peers and failing >= st.load_event_fraction * counted
+        if storm != ms.error_storm:
+            ms.error_storm = storm
+            fleet_events.append(FleetEvent(
+                ts=now_s, model=model, kind="error_storm" if storm else "error_storm_end",
+                abnormal_nodes=failing, judged_nodes=counted, signal=_signal(peers),
+                detail=(f"{failing} of {counted} nodes failed more than "
+                        f"{st.max_error_share:.0%} of their requests since the last tick "
+                        f"(median share {error_ref:.1%}): nobody is ejected for it")
+                if storm and error_ref is not None else None))
         shift = self._baseline_shift(model, ms, peers, now_s, abnormal, fleet_p50, norms.movement)
         if shift is not None:
             fleet_events.append(shift)
@@ -675,9 +691,12 @@ class FleetEvaluator:
                          f"p99/p50 {norms.fleet_ratio:.1f} > {st.ratio_threshold:g})")
 
     def _error_judgements(self, ms: _ModelState, by_node: Mapping[str, WindowSummary],
-                          pairs: Mapping[str, PairState]) -> dict[str, Judgement]:
+                          pairs: Mapping[str, PairState],
+                          ) -> tuple[dict[str, Judgement], int, int, float | None]:
         """Abnormal verdicts (reason ``error_rate``) from the failed requests since the last
-        tick, and the counters kept for the next one (see the module docstring)."""
+        tick, and the counters kept for the next one (see the module docstring). Also: of the
+        routed pairs with a share this tick, how many are past ``max_error_share``, how many
+        there are, and their median share (None below ``min_peers`` of them)."""
         st = self.settings
         shares: dict[str, tuple[float, int, int]] = {}     # node -> share, requests, failed
         counts = ms.counts
@@ -693,11 +712,12 @@ class FleetEvaluator:
                 shares[node] = (failed / n, n, failed)
         limit = st.max_error_share
         if limit <= 0:
-            return {}
+            return {}, 0, 0, None
         peers = [sh for node, (sh, _, _) in shares.items()
                  if (p := pairs.get(node)) is not None and p.routed
                  and p.state is not HealthState.WARMING]
         ref = median(peers) if len(peers) >= st.min_peers else None
+        failing = sum(1 for sh in peers if sh > limit)
         factor = st.relative_p50_factor
         out: dict[str, Judgement] = {}
         for node, (share, n, failed) in shares.items():
@@ -712,7 +732,7 @@ class FleetEvaluator:
             out[node] = Judgement(Verdict.ABNORMAL, str(Reason.ERROR_RATE), ev, share / limit,
                                   f"{failed} of {n} requests since the last tick failed "
                                   f"({share:.1%} > {limit:.0%}{peers_part})")
-        return out
+        return out, failing, len(peers), ref
 
     def _new_fraction(self, ms: _ModelState, node: str, s: WindowSummary, now_s: float) -> float:
         """The fraction of this window's judged samples newer than the window that last

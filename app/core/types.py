@@ -204,7 +204,7 @@ class FleetEvent:
 
     ts: float
     model: str
-    kind: str                  # "load_event" | "baseline_shift" | …
+    kind: str                  # "load_event" | "baseline_shift" | "error_storm" | …_end
     abnormal_nodes: int
     judged_nodes: int
     fleet_p50: float | None = None

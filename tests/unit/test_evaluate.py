@@ -738,11 +738,24 @@ def test_error_share_within_the_limits_keeps_the_node(shares: dict[str, float],
     assert not [t for tk in ticks for t in tk.transitions if t.reason == "error_rate"]
 
 
-def test_a_fleet_failing_at_once_ejects_nobody() -> None:
-    # A bad deploy or a broken upstream: every node fails about as often. Not a node fault.
-    ticks = _error_run({f"n{i:02d}": 0.3 + 0.1 * (i == 3) for i in range(6)})
+def test_a_fleet_failing_at_once_ejects_nobody_and_is_reported() -> None:
+    # A bad deploy or a broken upstream: every node fails about as often. Not a node fault,
+    # but an operator must hear of it: one error_storm fleet event, then its end.
+    ev = FleetEvaluator(DetectorSettings(max_sample_age_s=30.0))
+    storm = {f"n{i:02d}": 0.3 + 0.1 * (i == 3) for i in range(6)}
+    ticks = [ev.evaluate("m", _with_failures(k, storm), T0 + 30.0 * k) for k in range(4)]
+    # then the failures stop: the counters grow by requests only
+    calm = [[s._replace(failed_total=ticks_s.failed_total) for s, ticks_s in
+             zip(_with_failures(k, {}), _with_failures(3, storm), strict=True)] for k in (4, 5)]
+    ticks += [ev.evaluate("m", sums, T0 + 30.0 * k) for k, sums in zip((4, 5), calm, strict=True)]
     assert all(len(t.routing) == 6 for t in ticks)
     assert not [t for tk in ticks for t in tk.transitions if t.reason == "error_rate"]
+    kinds = [(round(e.ts - T0), e.kind, e.abnormal_nodes, e.judged_nodes)
+             for t in ticks for e in t.fleet_events]
+    assert kinds == [(30, "error_storm", 6, 6), (120, "error_storm_end", 0, 6)]
+    first = next(e for t in ticks for e in t.fleet_events)
+    assert first.detail == ("6 of 6 nodes failed more than 10% of their requests since the "
+                            "last tick (median share 30.0%): nobody is ejected for it")
 
 
 def test_error_counters_that_go_back_give_no_verdict() -> None:
