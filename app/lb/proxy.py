@@ -32,6 +32,13 @@ Guarantees:
   Nothing is retried once the response has started streaming.
 * A client-supplied ``X-Tailguard-Probe`` header is removed: only the proxy
   marks probe traffic.
+* **Failures a node cannot report.** With ``report_failure`` (the CLI's
+  ``--report-failures``: ``ok: false`` events to ``latency-events``), every
+  attempt that got no answer at all — connection refused or reset, connect or
+  read timeout before the response — is reported for that node and model,
+  with the time it took (``probe: true`` for a probe). A node that died sends
+  nothing itself; these failures let tailguard's ``error_rate`` rule take it
+  out of routing. Answers (any status) are the node's own to report.
 
 ``GET /_tailguard/stats`` returns per-node counters as JSON (see
 :meth:`ProxyStats.to_dict`); ``GET /_tailguard/health`` answers ``ok``.
@@ -154,8 +161,17 @@ class ProxyStats:
         return d
 
 
+# report_failure(node_id, model, latency_us, probe): an attempt the node never answered.
+FailureSink = Callable[[str, str, float, bool], None]
+
+
+# The emitter's heartbeat period for --report-failures: in effect never (one at the first report).
+FAILURE_HEARTBEAT_S = 365 * 86_400.0
+
+
 class _BackendFailed(Exception):
-    def __init__(self, pick: Pick, why: str) -> None:
+    def __init__(self, pick: Pick, why: str, unanswered_s: float | None = None) -> None:
+        self.unanswered_s = unanswered_s      # set when the node never answered: how long we waited
         self.pick, self.why = pick, why
         super().__init__(f"{pick.node_id} ({pick.url}): {why}")
 
@@ -173,6 +189,7 @@ class Proxy:
         read_timeout_s: float = 300.0,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         clock: Callable[[], float] = time.time,
+        report_failure: FailureSink | None = None,
     ) -> None:
         if not connect_timeout_s > 0 or not read_timeout_s > 0:
             raise ValueError("connect_timeout_s and read_timeout_s must be > 0")
@@ -182,6 +199,7 @@ class Proxy:
         self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout_s, sock_read=read_timeout_s)
         self._max_body_bytes = max_body_bytes
         self._clock = clock
+        self._report_failure = report_failure
         self._session: aiohttp.ClientSession | None = None
         self.stats = ProxyStats()
 
@@ -241,6 +259,8 @@ class Proxy:
             except _BackendFailed as e:
                 st.node(pick.node_id).failures += 1
                 log.warning("backend failed: %s", e)
+                if self._report_failure is not None and model is not None and e.unanswered_s is not None:
+                    self._report_failure(pick.node_id, model, max(e.unanswered_s * 1e6, 1.0), pick.probe)
                 attempts += not pick.probe
                 if attempts >= 2:
                     break
@@ -268,13 +288,14 @@ class Proxy:
         if session is None:
             raise RuntimeError("Proxy.handle called outside the application built by make_app()")
         url = pick.url + str(request.rel_url)
+        t0 = time.monotonic()
         try:
             upstream = await session.request(
                 request.method, url, headers=self._upstream_headers(request, pick), data=body or None,
                 allow_redirects=False,
             )
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
-            raise _BackendFailed(pick, f"{type(e).__name__}: {e}") from e
+            raise _BackendFailed(pick, f"{type(e).__name__}: {e}", time.monotonic() - t0) from e
         complete = False
         try:
             if pick.probe and upstream.status >= 500:
@@ -355,6 +376,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--connect-timeout-s", type=float, default=2.0, help="backend connect timeout (default 2)")
     p.add_argument("--read-timeout-s", type=float, default=300.0,
                    help="longest silence from a backend while reading its response (default 300)")
+    p.add_argument("--report-failures", action="store_true",
+                   help="report attempts a node never answered (refused, reset, timed out) as "
+                        "ok:false events to TAILGUARD_KAFKA_BOOTSTRAP's latency-events topic, so a "
+                        "dead node leaves routing by its error rate")
     add_routing_args(p)
     return p
 
@@ -365,13 +390,29 @@ async def _run(args: argparse.Namespace) -> int:
     balancer = Balancer(backends, probe_share=args.probe_share)
     settings = settings_from_args(args)
     stop = stop_on_signals()
-    async with open_routing(settings, poll_interval_s=args.poll_interval_s) as source:
+    async with contextlib.AsyncExitStack() as stack:
+        source = await stack.enter_async_context(
+            open_routing(settings, poll_interval_s=args.poll_interval_s))
+        report: FailureSink | None = None
+        if args.report_failures:
+            from app.emitter import LatencyEmitter
+
+            # No heartbeats on a node's behalf: a dead node must not look alive.
+            emitter = await stack.enter_async_context(LatencyEmitter(
+                settings.kafka_bootstrap, topic=settings.topics.latency_events,
+                heartbeat_interval_s=FAILURE_HEARTBEAT_S))
+
+            def report(node_id: str, model: str, latency_us: float, probe: bool) -> None:
+                emitter.record(node_id, model, latency_us, ok=False, probe=probe)
         proxy = Proxy(source, balancer, model_header=args.model_header,
-                      connect_timeout_s=args.connect_timeout_s, read_timeout_s=args.read_timeout_s)
-        async with serve(proxy, host, port) as bound:
-            print(f"tailguard proxy: listening on http://{host}:{bound} → {len(backends)} backends, "
-                  f"routing from {settings.redis_url} prefix {settings.key_prefix!r}", file=sys.stderr, flush=True)
-            await stop.wait()
+                      connect_timeout_s=args.connect_timeout_s, read_timeout_s=args.read_timeout_s,
+                      report_failure=report)
+        bound = await stack.enter_async_context(serve(proxy, host, port))
+        print(f"tailguard proxy: listening on http://{host}:{bound} → {len(backends)} backends, "
+              f"routing from {settings.redis_url} prefix {settings.key_prefix!r}"
+              + (f"; failures reported to {settings.kafka_bootstrap}" if report else ""),
+              file=sys.stderr, flush=True)
+        await stop.wait()
     return 0
 
 

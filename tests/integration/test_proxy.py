@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import aiohttp
 import pytest
 import redis.asyncio as aioredis
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from app.lb import RoutingSource
 from app.lb.balance import Balancer
@@ -168,3 +169,51 @@ async def test_cli_proxy_follows_the_routing_set(redis_url: str, unique_name: Ca
         async with http.get(url + "/_tailguard/stats") as resp:
             stats = await resp.json()
         assert stats["nodes"]["node-c"]["by_model"][MODEL] >= 6 and stats["fallback"] == 0
+
+
+async def test_cli_proxy_reports_what_a_dead_node_cannot(
+        redis_url: str, kafka_bootstrap: str, unique_name: Callable[[str], str]) -> None:
+    # --report-failures: attempts that got no answer become ok:false events for that node on
+    # latency-events (the real broker), so tailguard's error_rate rule can take it out.
+    from worker_harness import read_topic
+
+    prefix, topic = unique_name("lb-fail"), unique_name("lb-fail-events")
+    async with AsyncExitStack() as stack:
+        r = await stack.enter_async_context(scratch_redis(redis_url, prefix))
+        alive = await stack.enter_async_context(echo_backend("node-a"))
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            dead_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        await write_routing(r, prefix, MODEL, ["node-a", "dead"])
+        admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+        await admin.start()
+        try:
+            await admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1)])
+        finally:
+            await admin.close()
+        env = dict(os.environ, TAILGUARD_KAFKA_BOOTSTRAP=kafka_bootstrap,
+                   TAILGUARD_TOPIC_LATENCY_EVENTS=topic)
+        proc = await spawn(
+            stack, sys.executable, "-m", "app.cli", "proxy", "--listen", "127.0.0.1:0", "--backends",
+            f"node-a={alive.url},dead={dead_url}", "--probe-share", "0", "--redis-url", redis_url,
+            "--key-prefix", prefix, "--poll-interval-s", "0.2", "--report-failures",
+            stderr=asyncio.subprocess.PIPE, env=env)
+        assert proc.stderr is not None
+        line = (await asyncio.wait_for(proc.stderr.readline(), 20)).decode()
+        m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
+        assert m and "failures reported to" in line, line
+        url = f"http://127.0.0.1:{m.group(1)}"
+        http = await stack.enter_async_context(aiohttp.ClientSession())
+        for _ in range(6):
+            async with http.post(url + "/v1/chat/completions", json={"model": MODEL}) as resp:
+                assert resp.status == 200          # the dead node's turn is retried on node-a
+
+        async def reported() -> list[dict[str, object]]:
+            return [json.loads(rec.value) for rec in await read_topic(kafka_bootstrap, topic)]
+        deadline = time.monotonic() + 20
+        while not (events := await reported()) and time.monotonic() < deadline:
+            await asyncio.sleep(0.25)
+        failed = [e for e in events if e.get("ok") is False]
+        assert failed and {e["node_id"] for e in failed} == {"dead"}, events
+        assert {e["model"] for e in failed} == {MODEL}
+        assert sum(len(e["samples"]) for e in failed) == 3       # every other request met it

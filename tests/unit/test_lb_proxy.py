@@ -14,7 +14,7 @@ import pytest
 
 from app.lb import BackendsError
 from app.lb.balance import Balancer
-from app.lb.proxy import Proxy, model_of, parse_backends, parse_listen, serve
+from app.lb.proxy import FailureSink, Proxy, model_of, parse_backends, parse_listen, serve
 from app.lb.source import SafeSource
 from app.lb.testing import EchoBackend, StaticSource, echo_backend
 
@@ -48,11 +48,13 @@ class Fleet:
 
 
 async def make_fleet(stack: AsyncExitStack, names: list[str], *, probe_share: float = 0.0,
-                     extra: dict[str, str] | None = None) -> Fleet:
+                     extra: dict[str, str] | None = None,
+                     report_failure: FailureSink | None = None) -> Fleet:
     backends = {n: await stack.enter_async_context(echo_backend(n)) for n in names}
     urls = {n: b.url for n, b in backends.items()} | (extra or {})
     source = StaticSource()
-    proxy = Proxy(SafeSource(source), Balancer(urls, probe_share=probe_share), clock=lambda: 1000.0)
+    proxy = Proxy(SafeSource(source), Balancer(urls, probe_share=probe_share), clock=lambda: 1000.0,
+                  report_failure=report_failure)
     port = await stack.enter_async_context(serve(proxy, "127.0.0.1", 0))
     http = await stack.enter_async_context(aiohttp.ClientSession())
     return Fleet(backends, proxy, f"http://127.0.0.1:{port}", source, http)
@@ -131,6 +133,30 @@ async def test_failed_backend_is_retried_once_elsewhere(stack: AsyncExitStack) -
     assert nodes == ["a", "a", "a", "a"]
     stats = f.proxy.stats.to_dict()
     assert stats["nodes"]["dead"]["failures"] == 2 and stats["retries"] == 2 and stats["bad_gateway"] == 0
+
+
+async def test_unanswered_attempts_are_reported_for_the_node_answers_are_not(
+        stack: AsyncExitStack) -> None:
+    reported: list[tuple[str, str, float, bool]] = []
+    f = await make_fleet(stack, ["a", "q", "err"], probe_share=0.5,
+                         extra={"dead": closed_port_url()},
+                         report_failure=lambda *a: reported.append(a))
+    f.backends["q"].status = 500      # a probe answered 500: the node reports that itself
+    f.backends["err"].status = 503
+    f.source.routing[MODEL] = frozenset({"a", "dead"})
+    f.source.quarantine[MODEL] = {"q": 0.0}
+    assert set(await f.send(4)) == {"a"}
+    dead_failures = f.proxy.stats.nodes["dead"].failures
+    assert dead_failures >= 1 and f.proxy.stats.nodes["q"].failures >= 1
+    assert [(n, m, probe) for n, m, _, probe in reported] == [("dead", MODEL, False)] * dead_failures
+    assert all(0 < lat < 2e6 for _, _, lat, _ in reported)    # µs: a refused connect is fast
+    n_reported = len(reported)
+    f.source.routing[MODEL] = frozenset({"err"})
+    async with f.http.post(f.url + "/v1/chat", json={"model": MODEL}) as r:
+        assert r.status == 503
+    async with f.http.post(f.url + "/v1/chat", json={"prompt": "no model"}) as r:
+        assert r.status in (200, 500, 502, 503)    # whichever backend it reached
+    assert len(reported) == n_reported    # an answer (any status), a request without a model: no
 
 
 async def test_502_when_both_attempts_fail(stack: AsyncExitStack) -> None:
