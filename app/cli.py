@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("app.sim.cli", "run a simulated fleet of inference nodes"),
     "proxy": ("app.lb.proxy", "reference HTTP load balancer reading the routing set"),
     "haproxy-sync": ("app.lb.haproxy", "map routing sets onto HAProxy's Runtime API"),
+    "probe": ("app.lb.prober", "synthetic probes for quarantined nodes an LB sends nothing"),
     "settings": ("app.settings_cli", "print every TAILGUARD_* setting and its value"),
 }
 

@@ -68,6 +68,7 @@ from app.lb import BackendsError, RoutingSource
 from app.lb.balance import MAX_PROBE_SHARE, Balancer, Pick
 from app.lb.maps import load_pairs
 from app.lb.source import add_routing_args, open_routing, run_main, settings_from_args, stop_on_signals
+from app.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +168,21 @@ FailureSink = Callable[[str, str, float, bool], None]
 
 # The emitter's heartbeat period for --report-failures: in effect never (one at the first report).
 FAILURE_HEARTBEAT_S = 365 * 86_400.0
+
+
+async def failure_reporter(stack: contextlib.AsyncExitStack, settings: Settings) -> FailureSink:
+    """A :data:`FailureSink` that records ``ok: false`` events on ``settings``' latency-events
+    topic through a :class:`~app.emitter.LatencyEmitter` whose lifetime is ``stack``'s. It sends
+    no heartbeats on a node's behalf: a dead node must not look alive."""
+    from app.emitter import LatencyEmitter
+
+    emitter = await stack.enter_async_context(LatencyEmitter(
+        settings.kafka_bootstrap, topic=settings.topics.latency_events,
+        heartbeat_interval_s=FAILURE_HEARTBEAT_S))
+
+    def report(node_id: str, model: str, latency_us: float, probe: bool) -> None:
+        emitter.record(node_id, model, latency_us, ok=False, probe=probe)
+    return report
 
 
 class _BackendFailed(Exception):
@@ -393,17 +409,7 @@ async def _run(args: argparse.Namespace) -> int:
     async with contextlib.AsyncExitStack() as stack:
         source = await stack.enter_async_context(
             open_routing(settings, poll_interval_s=args.poll_interval_s))
-        report: FailureSink | None = None
-        if args.report_failures:
-            from app.emitter import LatencyEmitter
-
-            # No heartbeats on a node's behalf: a dead node must not look alive.
-            emitter = await stack.enter_async_context(LatencyEmitter(
-                settings.kafka_bootstrap, topic=settings.topics.latency_events,
-                heartbeat_interval_s=FAILURE_HEARTBEAT_S))
-
-            def report(node_id: str, model: str, latency_us: float, probe: bool) -> None:
-                emitter.record(node_id, model, latency_us, ok=False, probe=probe)
+        report = await failure_reporter(stack, settings) if args.report_failures else None
         proxy = Proxy(source, balancer, model_header=args.model_header,
                       connect_timeout_s=args.connect_timeout_s, read_timeout_s=args.read_timeout_s,
                       report_failure=report)

@@ -217,3 +217,31 @@ async def test_cli_proxy_reports_what_a_dead_node_cannot(
         assert failed and {e["node_id"] for e in failed} == {"dead"}, events
         assert {e["model"] for e in failed} == {MODEL}
         assert sum(len(e["samples"]) for e in failed) == 3       # every other request met it
+
+
+async def test_cli_probe_sends_marked_probes_to_due_quarantined_nodes_only(
+        redis_url: str, unique_name: Callable[[str], str]) -> None:
+    # `tailguard probe` reads the quarantine from the real Redis (what tailguard wrote) and
+    # sends X-Tailguard-Probe requests to nodes whose probe time has come — nothing else.
+    prefix = unique_name("lb-probe")
+    async with AsyncExitStack() as stack:
+        r = await stack.enter_async_context(scratch_redis(redis_url, prefix))
+        backends = {n: await stack.enter_async_context(echo_backend(n)) for n in NODES}
+        await write_routing(r, prefix, MODEL, ["node-a"],
+                            {"node-b": time.time() - 1.0, "node-c": time.time() + 3600.0})
+        spec = ",".join(f"{n}={b.url}" for n, b in backends.items())
+        proc = await spawn(
+            stack, sys.executable, "-m", "app.cli", "probe", "--backends", spec, "--model", MODEL,
+            "--rate-per-node", "10", "--redis-url", redis_url, "--key-prefix", prefix,
+            "--poll-interval-s", "0.2", stderr=asyncio.subprocess.PIPE, env=dict(os.environ))
+        assert proc.stderr is not None
+        line = (await asyncio.wait_for(proc.stderr.readline(), 20)).decode()
+        assert line.startswith("tailguard probe: 3 backends, models llama-3-70b"), line
+
+        async def probed() -> bool:
+            return backends["node-b"].probes >= 3
+        await eventually(probed, timeout_s=15.0, what="probes to node-b")
+        assert all(s.probe for s in backends["node-b"].seen)
+        assert backends["node-a"].seen == [] and backends["node-c"].seen == []
+        body = json.loads(backends["node-b"].seen[0].body)
+        assert body == {"model": MODEL, "prompt": "tailguard probe", "max_tokens": 1}
