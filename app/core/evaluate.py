@@ -205,7 +205,7 @@ class _ModelState:
     rate_per_s: dict[str, float] = field(default_factory=dict)
     # Retired pairs: their last sign of life (sample or heartbeat; at least the retirement).
     retired_seen: dict[str, float] = field(default_factory=dict)
-    # Per pair: stage 1's cumulative (requests, failed) at the last tick (see _error_shares).
+    # Per pair: stage 1's cumulative (requests, failed) at the last tick (_error_judgements).
     counts: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -469,12 +469,13 @@ class FleetEvaluator:
             if ratio > base_ratio or p50 > base_p50.get(_cls(s.hardware), math.inf):
                 abnormal += 1
         # A routed pair with too few judged samples to be a peer may still be failing fast.
+        # (Not counted towards a load event, whose denominator is the peers; the ejection cap
+        # still bounds how many leave.)
         judged = {p[0] for p in peers}
         for node, j in errors.items():
             p = pairs[node]
             if node not in judged and p.routed and p.state is not HealthState.WARMING:
                 judgements[node] = j
-                abnormal += 1
         n_peers = len(peers)
         fleet_events: list[FleetEvent] = []
         load = n_peers >= st.min_peers and abnormal >= st.load_event_fraction * n_peers
