@@ -42,8 +42,8 @@ from dataclasses import dataclass
 import aiohttp
 
 from app.lb import RoutingSource
-from app.lb.proxy import PROBE_HEADER, FailureSink, failure_reporter, parse_backends
-from app.lb.source import add_routing_args, open_routing, run_main, settings_from_args, stop_on_signals
+from app.lb.proxy import PROBE_HEADER, FailureSink, open_lb_inputs, parse_backends
+from app.lb.source import add_routing_args, run_main, stop_on_signals
 
 log = logging.getLogger(__name__)
 
@@ -175,12 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 async def _run(args: argparse.Namespace) -> int:
     backends = parse_backends(args.backends)
-    settings = settings_from_args(args)
     stop = stop_on_signals()
     async with contextlib.AsyncExitStack() as stack:
-        source = await stack.enter_async_context(
-            open_routing(settings, poll_interval_s=args.poll_interval_s))
-        report = await failure_reporter(stack, settings) if args.report_failures else None
+        _, source, report = await open_lb_inputs(stack, args)
         request = ProbeRequest(args.method.upper(), args.path, args.body, args.model_header)
         prober = Prober(source, backends, args.models, request, timeout_s=args.timeout_s,
                         report_failure=report)

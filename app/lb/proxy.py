@@ -185,6 +185,18 @@ async def failure_reporter(stack: contextlib.AsyncExitStack, settings: Settings)
     return report
 
 
+async def open_lb_inputs(stack: contextlib.AsyncExitStack, args: argparse.Namespace,
+                         ) -> tuple[Settings, RoutingSource, FailureSink | None]:
+    """What ``tailguard proxy`` and ``tailguard probe`` read and write, living as long as
+    ``stack``: the settings (environment + :func:`add_routing_args` flags), the routing source,
+    and with ``--report-failures`` a :func:`failure_reporter`."""
+    settings = settings_from_args(args)
+    source = await stack.enter_async_context(
+        open_routing(settings, poll_interval_s=args.poll_interval_s))
+    report = await failure_reporter(stack, settings) if args.report_failures else None
+    return settings, source, report
+
+
 class _BackendFailed(Exception):
     def __init__(self, pick: Pick, why: str, unanswered_s: float | None = None) -> None:
         self.unanswered_s = unanswered_s      # set when the node never answered: how long we waited
@@ -404,12 +416,9 @@ async def _run(args: argparse.Namespace) -> int:
     host, port = parse_listen(args.listen)
     backends = parse_backends(args.backends)
     balancer = Balancer(backends, probe_share=args.probe_share)
-    settings = settings_from_args(args)
     stop = stop_on_signals()
     async with contextlib.AsyncExitStack() as stack:
-        source = await stack.enter_async_context(
-            open_routing(settings, poll_interval_s=args.poll_interval_s))
-        report = await failure_reporter(stack, settings) if args.report_failures else None
+        settings, source, report = await open_lb_inputs(stack, args)
         proxy = Proxy(source, balancer, model_header=args.model_header,
                       connect_timeout_s=args.connect_timeout_s, read_timeout_s=args.read_timeout_s,
                       report_failure=report)

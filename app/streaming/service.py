@@ -137,9 +137,10 @@ class _ByModel(Protocol):
 class _FaustSink:
     """Stage 1's output through faust's producer.
 
-    ``track`` runs before every send: it keeps the topics written here in the
-    producer's metadata refreshes (:func:`track_topic_metadata`), so a batch
-    waiting for its partition's leader is never stranded.
+    ``track`` runs before every send (a no-op once the producer tracks them): it
+    keeps the topics written here in the producer's metadata refreshes
+    (:func:`track_topic_metadata`), so a batch waiting for its partition's leader
+    is never stranded.
     """
 
     def __init__(self, stats: Any, dlq: Any, track: Callable[[], Awaitable[None]]) -> None:
@@ -228,9 +229,16 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
     changelogs = [t.changelog_topic.get_topic_name() for t in (state_table, hints_table)]
     written = [t.get_topic_name() for t in (stats, health, fleet, diag_req, dlq)] + changelogs
 
+    tracked: list[Any] = []    # the aiokafka producer already tracking ``written``
+
     async def track_written_metadata() -> None:
+        """Once per aiokafka producer (a tracked topic stays tracked): faust may replace it."""
         faust_producer: Any = await app.maybe_start_producer()
-        await track_topic_metadata(faust_producer._ensure_producer(), written)
+        producer = faust_producer._ensure_producer()
+        if tracked and tracked[0] is producer:
+            return
+        await track_topic_metadata(producer, written)
+        tracked[:] = [producer]
 
     sink = _FaustSink(stats, dlq, track_written_metadata)
 

@@ -25,6 +25,7 @@ from worker_harness import (
     health_events,
     read_topic,
     routing,
+    running_worker,
     wait_for,
 )
 
@@ -35,11 +36,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 async def test_slow_node_leaves_routing_and_health_change_is_published(
         kafka_bootstrap: str, redis_url: str, unique_name: Callable[[str], str],
         tmp_path: Path) -> None:
-    env = WorkerEnv(unique_name("w"), kafka_bootstrap, redis_url)
-    await env.create_topics()
-    r = aioredis.Redis.from_url(redis_url)
-    worker = Worker(env.environ(), tmp_path / "worker.log")
-    try:
+    async with running_worker(kafka_bootstrap, redis_url, unique_name("w"),
+                              tmp_path) as (env, r, worker):
         async with Feeder(kafka_bootstrap, env.topic("latency_events"), {"llm": NODES},
                           slow={("slow", "llm")}):
             async def slow_out() -> bool:
@@ -79,9 +77,6 @@ async def test_slow_node_leaves_routing_and_health_change_is_published(
         assert dict(dl.headers)["tailguard.reason"] == b"bad_diagnostics"
         assert await routing(r, env.name, "llm") == {"n0", "n1", "n2", "n3"}
         assert worker.proc.poll() is None, worker.tail()
-    finally:
-        worker.stop()
-        await r.aclose()
 
 
 async def test_failing_node_leaves_routing_by_its_error_rate(
@@ -89,11 +84,8 @@ async def test_failing_node_leaves_routing_by_its_error_rate(
         tmp_path: Path) -> None:
     # Half its requests fail while the other half look normal: its latency rules see nothing;
     # stage 1's request/failure counters reach stage 2 through node-window-stats.
-    env = WorkerEnv(unique_name("err"), kafka_bootstrap, redis_url)
-    await env.create_topics()
-    r = aioredis.Redis.from_url(redis_url)
-    worker = Worker(env.environ(), tmp_path / "worker.log")
-    try:
+    async with running_worker(kafka_bootstrap, redis_url, unique_name("err"),
+                              tmp_path) as (env, r, worker):
         async with Feeder(kafka_bootstrap, env.topic("latency_events"), {"llm": NODES},
                           failing={("slow", "llm")}):
             async def failing_out() -> bool:
@@ -107,9 +99,6 @@ async def test_failing_node_leaves_routing_by_its_error_rate(
         assert suspect["reason"] == "error_rate", suspect
         assert "requests since the last tick failed" in str(suspect["detail"]), suspect
         assert worker.proc.poll() is None, worker.tail()
-    finally:
-        worker.stop()
-        await r.aclose()
 
 
 async def produce(kafka: str, topic: str, items: list[tuple[bytes, bytes]]) -> None:
