@@ -114,8 +114,10 @@ def summaries_for(models: int, nodes: int, rng: np.random.Generator) -> dict[str
         name = f"model-{m}"
         p50 = 1e5 * np.exp(rng.normal(0, 0.05, nodes))
         ratio = 2.0 * np.exp(rng.normal(0, 0.05, nodes))
-        out[name] = [WindowSummary(f"gpu-{i:04d}", name, 0.0, "latency", 1000, float(a), float(a * r),
-                                   float(a), float(a * r), hardware="A100", first_seen_ts=0.0)
+        out[name] = [WindowSummary(node_id=f"gpu-{i:04d}", model=name, tick_ts=0.0, signal="latency",
+                                   samples=1000, p50=float(a), p99=float(a * r),
+                                   latency_p50_us=float(a), latency_p99_us=float(a * r),
+                                   hardware="A100", first_seen_ts=0.0)
                      for i, (a, r) in enumerate(zip(p50, ratio, strict=True))]
     return out
 

@@ -543,10 +543,12 @@ class WindowStore:
         for s in self._series.values():
             if s.chunk is None:
                 results.append(WindowSummary(
-                    s.node_id, s.model, now_s, plans[s.midx].signal, 0, None, None, None, None,
-                    _failed_in(s.failed, age_lo, now_s) if s.failed else 0, s.hardware,
-                    s.first_seen_ts, s.last_seen_ts, 0, None, None, {}, 0, None, s.requests,
-                    s.failures))
+                    node_id=s.node_id, model=s.model, tick_ts=now_s, signal=plans[s.midx].signal,
+                    samples=0, p50=None, p99=None, latency_p50_us=None, latency_p99_us=None,
+                    failed=_failed_in(s.failed, age_lo, now_s) if s.failed else 0,
+                    hardware=s.hardware, first_seen_ts=s.first_seen_ts,
+                    last_seen_ts=s.last_seen_ts, extra={}, requests_total=s.requests,
+                    failed_total=s.failures))
         results.sort(key=_summary_order)
         return results
 
@@ -780,10 +782,13 @@ class WindowStore:
             pqs = probe_q.get(r, _NONE2) if probe_q else _NONE2
             qf = q_fresh_l[r]
             append(WindowSummary(
-                s.node_id, s.model, now_s, signal_of[s.midx], ns_r, p50, p99, l50, l99,
-                _failed_in(s.failed, age_lo, now_s) if s.failed else 0, s.hardware,
-                s.first_seen_ts, s.last_seen_ts, n_probe_l[r], pqs[0], pqs[1], extra,
-                n_fresh_l[r], qf if qf == qf else None, s.requests, s.failures))
+                node_id=s.node_id, model=s.model, tick_ts=now_s, signal=signal_of[s.midx],
+                samples=ns_r, p50=p50, p99=p99, latency_p50_us=l50, latency_p99_us=l99,
+                failed=_failed_in(s.failed, age_lo, now_s) if s.failed else 0,
+                hardware=s.hardware, first_seen_ts=s.first_seen_ts, last_seen_ts=s.last_seen_ts,
+                probe_samples=n_probe_l[r], probe_p50=pqs[0], probe_p99=pqs[1], extra=extra,
+                fresh_samples=n_fresh_l[r], fresh_p50=qf if qf == qf else None,
+                requests_total=s.requests, failed_total=s.failures))
         return out
 
     @staticmethod

@@ -403,8 +403,9 @@ def test_a_new_signal_starts_a_new_baseline_without_a_fleet_event() -> None:
     for k in range(6):
         sig = "latency" if k < 3 else "normalized"
         p50 = 4e6 if k < 3 else 1.0
-        tick = ev.evaluate("m", [WindowSummary(f"n{i}", "m", 0.0, sig, 500, p50, p50 * 2, p50,
-                                               p50 * 2, first_seen_ts=0.0) for i in range(5)],
+        tick = ev.evaluate("m", [WindowSummary(
+            node_id=f"n{i}", model="m", tick_ts=0.0, signal=sig, samples=500, p50=p50, p99=p50 * 2,
+            latency_p50_us=p50, latency_p99_us=p50 * 2, first_seen_ts=0.0) for i in range(5)],
                            T0 + 30 * k)
         assert tick.fleet_events == ()
     assert ev.snapshot_model("m")["baseline_signal"] == "normalized"

@@ -589,8 +589,9 @@ def test_request_and_failure_counters_are_cumulative_and_survive_a_snapshot() ->
 
 @pytest.mark.parametrize("counts", [(-1, 0), (5, 6), (5.0, 1), (True, 0), ("7", 1)])
 def test_a_summary_with_bad_counters_decodes_without_them(counts: tuple[Any, Any]) -> None:
-    s = WindowSummary("n", "m", 0.0, "latency", 1, 1.0, 1.0, 1.0, 1.0,
-                      requests_total=7, failed_total=1).to_dict()
+    s = WindowSummary(node_id="n", model="m", tick_ts=0.0, signal="latency", samples=1, p50=1.0,
+                      p99=1.0, latency_p50_us=1.0, latency_p99_us=1.0, requests_total=7,
+                      failed_total=1).to_dict()
     s["requests_total"], s["failed_total"] = counts
     back = WindowSummary.from_dict(s)
     assert (back.requests_total, back.failed_total) == (0, 0)
