@@ -14,8 +14,9 @@ Guarantees:
   ``max_batch`` samples) are handed to the producer and not yet acknowledged.
 * Batching: a series (node_id, model, hardware) is sent when it holds
   ``max_batch`` samples or its oldest sample has waited ``linger_s``,
-  whichever comes first. Wire format: :mod:`app.emitter.wire` (batch form;
-  failed and probe requests as separate batches flagged ``"ok": false`` /
+  whichever comes first. Wire format: :mod:`app.emitter.wire` (batch form,
+  binary by default — ``wire_format="json"`` for the JSON batch; failed and
+  probe requests as separate batches flagged ``"ok": false`` /
   ``"probe": true``; key ``node_id|model``).
 * Delivery is at-least-once within the buffer's bound: a send that fails with
   a retriable Kafka error (broker down, timeout, leader change) puts its
@@ -62,8 +63,10 @@ from aiokafka.errors import KafkaError, KafkaTimeoutError, RequestTimedOutError
 
 from app.emitter.buffer import SeriesBuffer
 from app.emitter.wire import (
+    WIRE_FORMATS,
     Sample,
     SeriesKey,
+    WireFormat,
     check_series,
     encode_batches,
     encode_heartbeat,
@@ -151,6 +154,7 @@ class LatencyEmitter:
         max_retry_backoff_s: float = 5.0,
         close_timeout_s: float = 5.0,
         producer_options: Mapping[str, Any] | None = None,
+        wire_format: WireFormat = "binary",
     ) -> None:
         if not isinstance(bootstrap_servers, str) or not bootstrap_servers.strip():
             raise ValueError(f"bootstrap_servers must be 'host:port[,host:port…]', got {bootstrap_servers!r}")
@@ -167,6 +171,9 @@ class LatencyEmitter:
         if isinstance(retry_backoff_s, bool) or not 0 <= retry_backoff_s <= max_retry_backoff_s:
             raise ValueError(f"retry_backoff_s must be in [0, max_retry_backoff_s={max_retry_backoff_s!r}],"
                              f" got {retry_backoff_s!r}")
+        if wire_format not in WIRE_FORMATS:
+            raise ValueError(f"wire_format must be one of {WIRE_FORMATS}, got {wire_format!r}")
+        self._wire_format: WireFormat = wire_format
         self._bootstrap = bootstrap_servers
         self._topic = topic
         self._heartbeat_interval_s = _positive("heartbeat_interval_s", heartbeat_interval_s)
@@ -493,7 +500,7 @@ class LatencyEmitter:
                 slots.release()
                 return
             series, samples = item
-            messages = encode_batches(series, samples)
+            messages = encode_batches(series, samples, self._wire_format)
             for i, (value, group) in enumerate(messages):
                 try:
                     if i:

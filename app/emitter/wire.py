@@ -1,11 +1,16 @@
-"""What the emitter puts on the wire: Kafka key and JSON value per message.
+"""What the emitter puts on the wire: Kafka key and value (binary or JSON) per message.
 
 Owns the mapping from buffered samples to the latency-event contract
 (ARCHITECTURE.md, "Latency event"); nothing else in :mod:`app.emitter` knows
 the JSON layout. Guarantees:
 
-* Samples go out in the contract's batch form,
+* Samples go out in the contract's batch form: by default its binary layout
+  (docs/contracts-binary.md: magic ``0xF5 'T' 'G'``, version 1, names, then
+  little-endian float64 columns; written here with the standard library, so
+  the emitter needs no numpy), or with ``fmt="json"``
   ``{"node_id", "model", "hardware"?, "samples": [[ts, latency_us], …]}``.
+  The rest of this list describes the JSON; the binary form carries the same
+  values, a missing size field as NaN.
   A sample that carries any request-size field is written
   ``[ts, latency_us, input_tokens, output_tokens, ttft_us]`` with ``null``
   for the fields it lacks; a batch may mix both shapes.
@@ -28,10 +33,17 @@ from __future__ import annotations
 
 import math
 import numbers
+import struct
+import sys
+from array import array
 from collections.abc import Sequence
-from typing import Any, Final, TypeAlias
+from typing import Any, Final, Literal, TypeAlias
 
 import orjson
+
+#: What :func:`encode_batches` writes: the binary batch layout or the JSON batch form.
+WireFormat: TypeAlias = Literal["binary", "json"]
+WIRE_FORMATS: Final = ("binary", "json")
 
 # A buffered sample: (seq, t_in, ts, latency_us, input_tokens, output_tokens, ttft_us, ok, probe).
 # ``seq`` orders samples across series (drop-oldest); ``t_in`` is the monotonic
@@ -58,11 +70,48 @@ def _row(s: Sample) -> list[float | int | None]:
     return [s[2], s[3], s[4], s[5], s[6]]
 
 
-def encode_batches(series: SeriesKey, samples: Sequence[Sample]) -> list[tuple[bytes, list[Sample]]]:
+# The binary layout (docs/contracts-binary.md; app.core.binary reads it): magic, version,
+# flags, reserved, three name lengths, sample count; names; zero padding to 8; columns.
+_BIN_HEADER: Final = struct.Struct("<3sBBBHHHI")
+_BIN_MAGIC: Final = b"\xf5TG"
+_BIN_FAILED, _BIN_PROBE, _BIN_SIZED, _BIN_HARDWARE = 0x01, 0x02, 0x04, 0x08
+_NAN: Final = math.nan
+
+
+def _column(values: list[float]) -> bytes:
+    col = array("d", values)
+    if sys.byteorder != "little":  # pragma: no cover - the layout is little-endian
+        col.byteswap()
+    return col.tobytes()
+
+
+def encode_binary(series: SeriesKey, group: Sequence[Sample], *, ok: bool, probe: bool) -> bytes:
+    """One binary batch of ``group`` (samples of one (ok, probe) group, in order)."""
+    node_id, model, hardware = series
+    sized = any(s[4] is not None or s[5] is not None or s[6] is not None for s in group)
+    names = [node_id.encode(), model.encode(), b"" if hardware is None else hardware.encode()]
+    flags = ((0 if ok else _BIN_FAILED) | (_BIN_PROBE if probe else 0)
+             | (_BIN_SIZED if sized else 0) | (0 if hardware is None else _BIN_HARDWARE))
+    head = _BIN_HEADER.pack(_BIN_MAGIC, 1, flags, 0, len(names[0]), len(names[1]), len(names[2]),
+                            len(group))
+    parts = [head, *names]
+    size = len(head) + sum(len(n) for n in names)
+    parts.append(b"\0" * (-size % 8))
+    parts.append(_column([s[2] for s in group]))
+    parts.append(_column([s[3] for s in group]))
+    if sized:
+        for i in (4, 5, 6):
+            parts.append(_column([_NAN if s[i] is None else s[i] for s in group]))  # type: ignore[misc]
+    return b"".join(parts)
+
+
+def encode_batches(series: SeriesKey, samples: Sequence[Sample],
+                   fmt: WireFormat = "json") -> list[tuple[bytes, list[Sample]]]:
     """Encode samples of one series as 1–4 batch messages, one per (ok, probe) group.
 
     Returns ``(value, samples_in_that_message)`` pairs; samples keep their
-    order within each group.
+    order within each group. ``fmt``: ``"json"`` (the JSON batch form) or
+    ``"binary"`` (:func:`encode_binary`).
     """
     groups: dict[tuple[bool, bool], list[Sample]] = {}
     for s in samples:
@@ -75,6 +124,9 @@ def encode_batches(series: SeriesKey, samples: Sequence[Sample]) -> list[tuple[b
     node_id, model, hardware = series
     out: list[tuple[bytes, list[Sample]]] = []
     for (ok, probe), group in groups.items():
+        if fmt == "binary":
+            out.append((encode_binary(series, group, ok=ok, probe=probe), group))
+            continue
         doc: dict[str, object] = {"node_id": node_id, "model": model}
         if hardware is not None:
             doc["hardware"] = hardware

@@ -9,6 +9,7 @@ import numpy as np
 from prometheus_client import CollectorRegistry
 from stream_fakes import Rec, batch, llm_batch, single
 
+from app.core import binary
 from app.core.config import DetectorSettings
 from app.core.window import WindowStore
 from app.streaming.metrics import WorkerMetrics
@@ -118,3 +119,14 @@ def test_samples_too_old_to_judge_are_counted_and_reported(caplog: Any) -> None:
         s1.ingest(0, [Rec(single("b", "m", 1000.0, NOW + 60), offset=4)], NOW + 61)
     (msg,) = [r.getMessage() for r in caplog.records]        # a minute on: the one held back
     assert "1 of 2 samples" in msg
+
+
+def test_a_broken_binary_batch_is_dead_lettered_and_the_good_ones_used() -> None:
+    s1, m = make()
+    good = binary.encode("n1", "m", None, np.array([NOW - 2, NOW - 1]), np.array([5.0, 6.0]))
+    dead = s1.ingest(0, [Rec(good[:-3], offset=7), Rec(good, offset=8)], NOW)
+    assert [(d.offset, d.reason) for d in dead] == [(7, "bad_binary")]
+    assert "header announces" in dead[0].error
+    assert value(m, "tailguard_bad_events_total", topic="latency-events", reason="bad_binary") == 1
+    (s,) = s1.summaries(NOW)
+    assert s.samples == 2 and value(m, "tailguard_samples_in_total") == 2

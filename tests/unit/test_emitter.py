@@ -157,7 +157,7 @@ async def test_a_small_batch_waits_for_linger_then_goes_out() -> None:
 
 async def test_series_are_batched_and_keyed_separately_with_tokens() -> None:
     fake = FakeProducer()
-    em, _ = make(fake, max_batch=2, linger_s=1000.0)
+    em, _ = make(fake, max_batch=2, linger_s=1000.0, wire_format="json")
     async with em:
         em.record("n1", "llama", 9000, input_tokens=100, output_tokens=20, ttft_us=700.0)
         em.record("n1", "embed", 300)

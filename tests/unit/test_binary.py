@@ -1,0 +1,179 @@
+"""The binary batch form (app.core.binary, docs/contracts-binary.md) and the typed JSON path.
+
+Both fast paths must give what the general JSON path gives: the same values,
+drops and errors. The emitter's stdlib writer and the core's numpy writer must
+write the same bytes.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+
+from app.core import binary, events
+from app.core.errors import BadEvent
+from app.core.events import Accumulator, SampleBatch, decode
+from app.emitter.wire import Sample, encode_batches, encode_binary
+
+T = 1_764_680_000.0
+SERIES = ("gpu-node-07", "llama-3-70b", "A100")
+
+
+def sample(ts: float, lat: float, inp: int | None = None, out: int | None = None,
+           ttft: float | None = None, ok: bool = True, probe: bool = False) -> Sample:
+    return (0, 0.0, ts, lat, inp, out, ttft, ok, probe)
+
+
+def fields(ev: SampleBatch) -> dict[str, Any]:
+    def arr(a: Any) -> Any:
+        return None if a is None else [None if math.isnan(v) else v for v in a.tolist()]
+    return {"key": ev.key, "hardware": ev.hardware, "ts": arr(ev.ts), "lat": arr(ev.latency_us),
+            "ok": ev.ok.tolist(), "probe": ev.probe.tolist(), "inp": arr(ev.input_tokens),
+            "out": arr(ev.output_tokens), "ttft": arr(ev.ttft_us), "rejected": ev.rejected}
+
+
+GROUPS = [
+    [sample(T, 1000.0), sample(T + 1, 2000.5)],
+    [sample(T, 1000.0, 100, 20, 700.0), sample(T + 1, 2000.0)],
+    [sample(T, 900.0, ok=False), sample(T, 800.0, ok=False)],
+    [sample(T, 900.0, probe=True, inp=5)],
+]
+
+
+@pytest.mark.parametrize("group", GROUPS)
+@pytest.mark.parametrize("hardware", ["A100", None, "ünïcode-GPU"])
+def test_binary_and_json_batches_decode_to_the_same_samples(group: list[Sample],
+                                                            hardware: str | None) -> None:
+    series = (SERIES[0], SERIES[1], hardware)
+    [(raw_b, _)] = encode_batches(series, group, "binary")
+    [(raw_j, _)] = encode_batches(series, group, "json")
+    assert binary.is_binary(raw_b) and not binary.is_binary(raw_j)
+    ev_b, ev_j = decode(raw_b), decode(raw_j)
+    assert isinstance(ev_b, SampleBatch) and isinstance(ev_j, SampleBatch)
+    assert fields(ev_b) == fields(ev_j)
+    assert len(raw_b) < len(raw_j) or len(group) < 3
+
+
+@pytest.mark.parametrize("group", GROUPS)
+def test_the_emitter_and_the_core_write_the_same_bytes(group: list[Sample]) -> None:
+    ok, probe = group[0][7], group[0][8]
+    sized = any(s[4] is not None or s[5] is not None or s[6] is not None for s in group)
+
+    def col(i: int) -> np.ndarray:
+        return np.array([math.nan if s[i] is None else s[i] for s in group], dtype=np.float64)
+    core = binary.encode(SERIES[0], SERIES[1], SERIES[2], col(2), col(3), ok=ok, probe=probe,
+                         input_tokens=col(4) if sized else None,
+                         output_tokens=col(5) if sized else None, ttft_us=col(6) if sized else None)
+    assert encode_binary(SERIES, group, ok=ok, probe=probe) == core
+
+
+def test_the_layout_is_the_documented_one() -> None:
+    raw = encode_binary(("n", "m", None), [sample(2.0, 3.0)], ok=True, probe=False)
+    assert raw[:4] == b"\xf5TG\x01" and raw[4] == 0 and raw[5] == 0
+    assert struct.unpack_from("<HHHI", raw, 6) == (1, 1, 0, 1)
+    assert raw[16:18] == b"nm" and raw[18:24] == b"\0" * 6
+    assert struct.unpack_from("<2d", raw, 24) == (2.0, 3.0) and len(raw) == 40
+
+
+def _bin(**kw: Any) -> bytes:
+    return binary.encode("n", "m", None, np.array([T, T + 1]), np.array([5.0, 6.0]), **kw)
+
+
+GOOD = _bin()
+BAD_BINARY = [
+    (GOOD[:10], "shorter than the 16-byte header"),
+    (GOOD[:-1], "where the header announces"),
+    (GOOD + b"\0" * 8, "where the header announces"),
+    (GOOD[:3] + b"\x02" + GOOD[4:], "version 2 is not supported"),
+    (GOOD[:4] + b"\x40" + GOOD[4 + 1:], "unknown flag bits"),
+    (GOOD[:5] + b"\x01" + GOOD[6:], "reserved byte"),
+    (GOOD[:16] + b"\xff" + GOOD[17:], "node_id is not UTF-8"),
+    (GOOD[:10] + b"\x01\x00" + GOOD[12:], "hardware length without the hardware flag"),
+]
+
+
+@pytest.mark.parametrize(("raw", "says"), BAD_BINARY)
+def test_a_broken_binary_batch_is_bad_binary_and_says_what(raw: bytes, says: str) -> None:
+    with pytest.raises(BadEvent) as e:
+        decode(raw)
+    assert e.value.reason == "bad_binary" and says in str(e.value)
+    assert "bad_binary" in events.REASONS
+
+
+def test_binary_samples_are_validated_like_json_ones() -> None:
+    raw = binary.encode("n", "m", None, np.array([T, T, -1.0, T]),
+                        np.array([5.0, -1.0, 6.0, math.inf]))
+    ev = decode(raw, now_s=T + 10)
+    assert isinstance(ev, SampleBatch)
+    assert ev.latency_us.tolist() == [5.0] and ev.rejected == 3
+    with pytest.raises(BadEvent) as e:
+        decode(binary.encode("n", "m", None, np.array([T]), np.array([0.0])))
+    assert e.value.reason == "bad_latency" and "samples[0]" in str(e.value)
+    with pytest.raises(BadEvent) as e:
+        decode(binary.encode("n", "m", None, np.array([T + 3600]), np.array([1.0])), now_s=T)
+    assert e.value.reason == "future_ts"
+    with pytest.raises(BadEvent) as e:
+        decode(binary.encode("", "m", None, np.array([T]), np.array([1.0])))
+    assert e.value.reason == "empty_field"
+    with pytest.raises(BadEvent) as e:
+        decode(binary.encode("n", "m" * 257, None, np.array([T]), np.array([1.0])))
+    assert e.value.reason == "too_long"
+    with pytest.raises(BadEvent) as e:
+        decode(binary.encode("n", "m", None, np.zeros(0), np.zeros(0)))
+    assert e.value.reason == "empty_batch"
+    with pytest.raises(BadEvent) as e:
+        decode(binary.encode("n", "m", None, np.array([T]), np.array([9.0]),
+                             input_tokens=np.array([1.5])))
+    assert e.value.reason == "bad_tokens"
+
+
+JSON_BATCHES: list[Any] = [
+    {"node_id": "n", "model": "m", "samples": [[T, 5], [T + 1, 6.5]]},
+    {"node_id": "n", "model": "m", "hardware": "A10", "ok": False, "probe": True,
+     "samples": [[T, 5, 10, 3, 2.0], [T, 7, None, None, None]]},
+    {"node_id": "n", "model": "m", "samples": [[T, 5], [T, -1], [T, 1e300]]},
+    {"node_id": "n", "model": "m", "samples": [[T, 5], [T, True]]},
+    {"node_id": "n", "model": "m", "samples": [[T, 5], [T, "6"]]},
+    {"node_id": "n", "model": "m", "samples": [[T, 5], [T, 6, 1, 2, 3]]},
+    {"node_id": "n", "model": "m", "samples": [[T, 5, 1.5, 2, 3]]},
+    {"node_id": "n", "model": "m", "samples": [[T, 5, 1, 2, 9]]},
+    {"node_id": "n", "model": "m", "samples": [[T, -5]]},
+    {"node_id": "n", "model": "m", "samples": []},
+    {"node_id": "", "model": "m", "samples": [[T, 5]]},
+    {"node_id": "n", "model": "m", "hardware": None, "ok": None, "samples": [[T, 5]]},
+    {"node_id": "n", "model": "m", "type": "heartbeat", "extra": {"x": 1}, "samples": [[T, 5]]},
+    {"node_id": "n" * 300, "model": "m", "samples": [[T, 5]]},
+    {"node_id": "n", "model": "m", "samples": [[T + 99_999, 5]]},
+]
+
+
+def _outcome(raw: bytes) -> Any:
+    try:
+        ev = decode(raw, now_s=T + 10)
+    except BadEvent as e:
+        return (e.reason, str(e))
+    assert isinstance(ev, SampleBatch)
+    return fields(ev)
+
+
+@pytest.mark.parametrize("doc", JSON_BATCHES)
+def test_the_typed_json_path_gives_what_the_general_path_gives(
+        doc: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    raw = orjson.dumps(doc)
+    assert events._TYPED_BATCH, "msgspec is a declared dependency"
+    fast = _outcome(raw)
+    acc = Accumulator(now_s=T + 10)
+    try:
+        acc.add(raw)
+        via_acc: Any = [fields(e) for e in acc.drain() if isinstance(e, SampleBatch)]
+    except BadEvent as e:
+        via_acc = (e.reason, str(e))
+    monkeypatch.setattr(events, "_TYPED_BATCH", ())
+    general = _outcome(raw)
+    assert fast == general
+    assert via_acc == ([general] if isinstance(general, dict) else general)
