@@ -387,6 +387,13 @@ def _checked(node: str, model: str, hw: str | None, ok: bool, probe: bool, ts: F
     those already refused (``first``: the first refusal); ``row_at(j)`` gives
     sample ``j``'s five values for the error message of a batch with no good sample.
     """
+    if sizes is None and first is None and n_total == ts.shape[0] and ts.shape[0] \
+            and lat.min() > 0 and lat.max() <= max_lat and ts.min() >= 0 \
+            and ts.max() <= fut_limit and ts.max() < _INF:
+        # Every sample good (NaN fails a comparison): no masks needed.
+        n = ts.shape[0]
+        return SampleBatch(node, model, hw, np.ascontiguousarray(ts), np.ascontiguousarray(lat),
+                           np.full(n, ok, dtype=bool), np.full(n, probe, dtype=bool))
     with np.errstate(invalid="ignore"):
         good = (lat > 0) & (lat <= max_lat)
         ts_ok = (ts >= 0) & (ts <= fut_limit) & (ts < _INF)
@@ -583,9 +590,13 @@ class Accumulator:
     ``drain()`` returns everything added since the last drain. Per
     (node_id, model, hardware), the drained events keep arrival order; the
     order *between* series is not kept (it does not matter to a window).
+    Consecutive batch messages of one series come out as one batch (their
+    samples concatenated in order), so a poll costs one window update per
+    series, not one per message.
     """
 
-    __slots__ = ("_fut_limit", "_groups", "_max_lat", "_now_s", "_out", "_pending", "_settings")
+    __slots__ = ("_fut_limit", "_groups", "_max_lat", "_now_s", "_out", "_pending", "_runs",
+                 "_settings")
 
     def __init__(self, *, now_s: float | None = None,
                  settings: DetectorSettings = DEFAULT_SETTINGS) -> None:
@@ -594,7 +605,9 @@ class Accumulator:
         self._fut_limit = _future_limit(now_s, settings)
         self._max_lat = settings.max_latency_us
         self._groups: dict[tuple[str, str, str | None], list[_Row]] = {}
-        self._out: list[Event] = []
+        # Drained in this order; a list is a run of consecutive batches of one series.
+        self._out: list[Event | list[SampleBatch]] = []
+        self._runs: dict[tuple[str, str, str | None], list[SampleBatch]] = {}
         self._pending = 0
 
     def __len__(self) -> int:
@@ -640,18 +653,50 @@ class Accumulator:
         return self._add_event(parse_event(obj, now_s=self._now_s, settings=self._settings))
 
     def _add_event(self, ev: Event) -> float:
-        pending = self._groups.pop((ev.node_id, ev.model, ev.hardware), None)
+        key = (ev.node_id, ev.model, ev.hardware)
+        pending = self._groups.pop(key, None)
         if pending is not None:
             self._out.append(_build(ev.node_id, ev.model, ev.hardware, pending))
-        self._out.append(ev)
+            self._runs.pop(key, None)
         self._pending += 1
-        return ev.ts if isinstance(ev, Heartbeat) else float(ev.ts.max())
+        if isinstance(ev, Heartbeat):
+            self._runs.pop(key, None)
+            self._out.append(ev)
+            return ev.ts
+        run = self._runs.get(key)
+        if run is None:
+            run = self._runs[key] = [ev]
+            self._out.append(run)
+        else:
+            run.append(ev)
+        return float(ev.ts.max())
 
     def drain(self) -> list[Event]:
-        out = self._out
+        out = [_concat(x) if type(x) is list else x for x in self._out]
         out.extend(_build(n, m, h, rows) for (n, m, h), rows in self._groups.items())
-        self._out, self._groups, self._pending = [], {}, 0
-        return out
+        self._out, self._groups, self._runs, self._pending = [], {}, {}, 0
+        return out  # type: ignore[return-value]
+
+
+def _concat(run: list[SampleBatch]) -> SampleBatch:
+    """One batch of a series' consecutive batches, samples in order."""
+    if len(run) == 1:
+        return run[0]
+    first = run[0]
+
+    def sizes(get: Callable[[SampleBatch], FloatArray | None]) -> FloatArray | None:
+        cols = [get(b) for b in run]
+        if all(c is None for c in cols):
+            return None
+        return np.concatenate([np.full(len(b), _NAN) if c is None else c
+                               for b, c in zip(run, cols, strict=True)])
+
+    return SampleBatch(
+        first.node_id, first.model, first.hardware,
+        np.concatenate([b.ts for b in run]), np.concatenate([b.latency_us for b in run]),
+        np.concatenate([b.ok for b in run]), np.concatenate([b.probe for b in run]),
+        sizes(lambda b: b.input_tokens), sizes(lambda b: b.output_tokens),
+        sizes(lambda b: b.ttft_us), rejected=sum(b.rejected for b in run))
 
 
 def _build(node: str, model: str, hw: str | None, rows: list[_Row]) -> SampleBatch:

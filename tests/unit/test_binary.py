@@ -177,3 +177,26 @@ def test_the_typed_json_path_gives_what_the_general_path_gives(
     general = _outcome(raw)
     assert fast == general
     assert via_acc == ([general] if isinstance(general, dict) else general)
+
+
+def test_consecutive_batches_of_a_series_come_out_as_one_in_order() -> None:
+    acc = Accumulator(now_s=T + 10)
+    acc.add(_bin())
+    acc.add(orjson.dumps({"node_id": "n", "model": "m", "samples": [[T + 2, 7], [T, -1]]}))
+    acc.add(binary.encode("n", "m", None, np.array([T + 3]), np.array([8.0]),
+                          output_tokens=np.array([4.0])))
+    acc.add(binary.encode("other", "m", None, np.array([T]), np.array([1.0])))
+    acc.add(orjson.dumps({"type": "heartbeat", "node_id": "n", "model": "m", "ts": T + 4}))
+    acc.add(_bin(probe=True))
+    out = acc.drain()
+    got = [(type(e).__name__, e.node_id, e.ts.tolist() if isinstance(e, SampleBatch) else e.ts)
+           for e in out]
+    assert got == [("SampleBatch", "n", [T, T + 1, T + 2, T + 3]), ("SampleBatch", "other", [T]),
+                   ("Heartbeat", "n", T + 4), ("SampleBatch", "n", [T, T + 1])]
+    merged = out[0]
+    assert isinstance(merged, SampleBatch)
+    assert merged.latency_us.tolist() == [5.0, 6.0, 7.0, 8.0] and merged.rejected == 1
+    assert merged.output_tokens is not None and merged.output_tokens.tolist()[3] == 4.0
+    assert all(math.isnan(v) for v in merged.output_tokens.tolist()[:3])
+    assert merged.input_tokens is None and not merged.probe.any()
+    assert isinstance(out[3], SampleBatch) and out[3].probe.all()
