@@ -1,7 +1,8 @@
 """End-to-end ingestion throughput of the worker, against the real Kafka broker.
 
 Run: ``python -m bench.bench_streaming [--quick]`` (``scripts/bench`` runs it
-after ``scripts/up``). For each event form (batch of 100 samples per message,
+after ``scripts/up``). For each event form (JSON batch of 100 samples per
+message, the binary batch of docs/contracts-binary.md with the same samples,
 and single events) it:
 
 1. produces a backlog of latency events to a fresh topic (8 partitions);
@@ -18,7 +19,16 @@ and single events) it:
    sample (``table[node|model] = {count, last latency}``, the smallest
    write there is), over the same topic, for at most ``--naive-seconds``
    (it is ~100× slower; its rate is steady after a few seconds);
-4. prints both rates and their ratio.
+4. prints both rates and their ratio;
+5. for the JSON batch topic, the baseline of batch ingestion: a bare aiokafka
+   consumer that only ``json.loads`` every message of the same topic
+   (``raw_drain``), in the same run; the JSON and binary batch rates are
+   printed as ratios of it.
+
+Then the scale-out figure (``scale_out``): 1 and then 2 ``tailguard worker``
+processes of one group on a fresh 8-partition topic holding a binary backlog
+with one 3x-slow node per model; samples/s per worker, and the health changes
+the workers published: exactly one event per (model, node, from, to).
 
 Wall-clock time on a shared 2-core machine: numbers move by ±20 % between
 runs; the ratio is the point.
@@ -58,8 +68,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def produce(bootstrap: str, topic: str, form: str, messages: int, nodes: int = 200) -> int:
-    """Create ``topic`` and fill it; returns the number of latency samples sent."""
+async def produce(bootstrap: str, topic: str, form: str, messages: int, nodes: int = 200,
+                  slow: str | None = None) -> int:
+    """Create ``topic`` and fill it; returns the number of latency samples sent.
+
+    ``form``: ``batch`` (JSON), ``binary`` or ``single``; ``slow``: a node id whose
+    latency is 3x the others'.
+    """
+    import numpy as np
+
+    from app.core import binary
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
@@ -76,17 +94,22 @@ async def produce(bootstrap: str, topic: str, form: str, messages: int, nodes: i
         for i in range(messages):
             node = f"node-{i % nodes:04d}"
             model = f"model-{i % 3}"
-            if form == "batch":
-                body = {"node_id": node, "model": model, "hardware": "A100", "samples": [
-                    [now, round(1000.0 * rng.lognormvariate(0, 0.3), 1)]
-                    for _ in range(BATCH_SAMPLES)]}
+            base = 3000.0 if node == slow else 1000.0
+            if form in ("batch", "binary"):
+                lat = [round(base * rng.lognormvariate(0, 0.3), 1) for _ in range(BATCH_SAMPLES)]
+                if form == "binary":
+                    value = binary.encode(node, model, "A100", np.full(BATCH_SAMPLES, now),
+                                          np.array(lat))
+                else:
+                    value = json.dumps({"node_id": node, "model": model, "hardware": "A100",
+                                        "samples": [[now, x] for x in lat]}).encode()
                 samples += BATCH_SAMPLES
             else:
-                body = {"node_id": node, "model": model, "ts": now, "hardware": "A100",
-                        "latency_us": round(1000.0 * rng.lognormvariate(0, 0.3), 1)}
+                value = json.dumps({"node_id": node, "model": model, "ts": now, "hardware": "A100",
+                                    "latency_us": round(base * rng.lognormvariate(0, 0.3), 1)}
+                                   ).encode()
                 samples += 1
-            futs.append(await p.send(topic, json.dumps(body).encode(),
-                                     key=f"{node}|{model}".encode()))
+            futs.append(await p.send(topic, value, key=f"{node}|{model}".encode()))
             if len(futs) >= 20_000:
                 await asyncio.gather(*futs)
                 futs = []
@@ -94,6 +117,39 @@ async def produce(bootstrap: str, topic: str, form: str, messages: int, nodes: i
     finally:
         await p.stop()
     return samples
+
+
+async def raw_drain(bootstrap: str, topic: str, samples: int, timeout_s: float = 300) -> float:
+    """samples/s of a bare aiokafka consumer that ``json.loads`` every message of ``topic``.
+
+    The baseline of batch ingestion: what reading the topic and parsing its JSON costs
+    with nothing else (no validation, no windows). Timed like the worker: from the
+    first record to the last.
+    """
+    from aiokafka import AIOKafkaConsumer
+
+    c = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=f"raw-{uuid.uuid4().hex[:8]}",
+                         enable_auto_commit=False, auto_offset_reset="earliest",
+                         max_partition_fetch_bytes=4 << 20, fetch_max_bytes=16 << 20)
+    await c.start()
+    try:
+        n = 0
+        first_t: float | None = None
+        deadline = time.monotonic() + timeout_s
+        loads = json.loads
+        while n < samples and time.monotonic() < deadline:
+            got = await c.getmany(timeout_ms=200, max_records=5000)
+            for recs in got.values():
+                if first_t is None and recs:
+                    first_t = time.monotonic()
+                for r in recs:
+                    doc = loads(r.value)
+                    n += len(doc["samples"]) if "samples" in doc else 1
+        if first_t is None or n < samples:
+            raise RuntimeError(f"raw drain read {n} of {samples} samples in {timeout_s} s")
+        return n / (time.monotonic() - first_t)
+    finally:
+        await c.stop()
 
 
 def _counter(port: int, name: str) -> float | None:
@@ -105,10 +161,8 @@ def _counter(port: int, name: str) -> float | None:
     return float(m.group(1)) if m else None
 
 
-def run_tailguard(bootstrap: str, topic: str, samples: int, timeout_s: float) -> float:
-    """samples/s of ``tailguard worker`` over the backlog in ``topic``."""
-    name = f"bench-{uuid.uuid4().hex[:10]}"
-    port = free_port()
+def worker_env(bootstrap: str, topic: str, name: str, port: int, **more: str) -> dict[str, str]:
+    """The environment of one benchmarked ``tailguard worker`` (its own topics and keys)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TAILGUARD_")}
     env.update({
         "TAILGUARD_KAFKA_BOOTSTRAP": bootstrap, "TAILGUARD_APP_ID": name,
@@ -122,6 +176,15 @@ def run_tailguard(bootstrap: str, topic: str, samples: int, timeout_s: float) ->
     for t in ("WINDOW_STATS", "HEALTH_CHANGES", "FLEET_EVENTS", "DIAGNOSTICS_REQUESTS",
               "DIAGNOSTICS_RESULTS", "DEAD_LETTER"):
         env[f"TAILGUARD_TOPIC_{t}"] = f"{name}-{t.lower()}"
+    env.update(more)
+    return env
+
+
+def run_tailguard(bootstrap: str, topic: str, samples: int, timeout_s: float) -> float:
+    """samples/s of ``tailguard worker`` over the backlog in ``topic``."""
+    name = f"bench-{uuid.uuid4().hex[:10]}"
+    port = free_port()
+    env = worker_env(bootstrap, topic, name, port)
     with tempfile.NamedTemporaryFile(prefix="tailguard-bench-", suffix=".log",
                                      delete=False) as log:
         return _measure(env, log, port, samples, timeout_s)
@@ -155,6 +218,124 @@ def _measure(env: dict[str, str], log: Any, port: int, samples: int, timeout_s: 
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+# ------------------------------------------------------------------ scale-out
+
+SCALE_DETECTOR = {   # fast decisions on a backlog: 1 s ticks, no warm-up, 2 windows to confirm
+    "TAILGUARD_TICK_INTERVAL_S": "1", "TAILGUARD_WARMUP_S": "0",
+    "TAILGUARD_CONFIRM_WINDOWS": "2", "TAILGUARD_MIN_SAMPLES": "50",
+    "TAILGUARD_BACKOFF_INITIAL_S": "900", "TAILGUARD_BACKOFF_MAX_S": "900",
+}
+SLOW_NODE = "node-0007"
+SCALE_NODES = 61           # coprime with the 3 models: every node serves every model
+
+
+async def read_all(bootstrap: str, topic: str) -> list[Any]:
+    """Every record of ``topic`` up to its end offsets now (no consumer group)."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await c.start()
+    try:
+        parts = c.partitions_for_topic(topic) or set()
+        if not parts:
+            await c._client.force_metadata_update()
+            parts = c.partitions_for_topic(topic) or set()
+        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        if not tps:
+            return []
+        c.assign(tps)
+        await c.seek_to_beginning(*tps)
+        end = await c.end_offsets(tps)
+        out: list[Any] = []
+        deadline = time.monotonic() + 30
+        while any([await c.position(tp) < end[tp] for tp in tps]) and time.monotonic() < deadline:
+            for recs in (await c.getmany(timeout_ms=500)).values():
+                out.extend(recs)
+        return out
+    finally:
+        await c.stop()
+
+
+def scale_out(bootstrap: str, n_workers: int, messages: int, timeout_s: float = 300) -> None:
+    """``n_workers`` workers of one group over a binary backlog on 8 partitions (module doc)."""
+    from app.settings import load
+    from app.streaming.topics import ensure_topics
+
+    name = f"bench-scale{n_workers}-{uuid.uuid4().hex[:8]}"
+    topic = f"{name}-latency-events"
+    samples = asyncio.run(produce(bootstrap, topic, "binary", messages, nodes=SCALE_NODES,
+                                  slow=SLOW_NODE))
+    ports = [free_port() for _ in range(n_workers)]
+    envs = [worker_env(bootstrap, topic, name, port, **SCALE_DETECTOR) for port in ports]
+    asyncio.run(ensure_topics(load({k: v for k, v in envs[0].items() if k.startswith("TAILGUARD_")})))
+    logs = [tempfile.NamedTemporaryFile(prefix=f"tailguard-scale{i}-", suffix=".log", delete=False)  # noqa: SIM115
+            for i in range(n_workers)]
+    procs = [subprocess.Popen([sys.executable, "-m", "app.cli", "worker"], cwd=ROOT, env=env,
+                              stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+             for env, log in zip(envs, logs, strict=True)]
+    health_topic = envs[0]["TAILGUARD_TOPIC_HEALTH_CHANGES"]
+    try:
+        first: list[float | None] = [None] * n_workers
+        last = [0.0] * n_workers
+        count = [0.0] * n_workers
+        deadline = time.monotonic() + timeout_s
+        while sum(count) < samples:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{n_workers} workers took {sum(count):.0f} of {samples} samples"
+                                   f" in {timeout_s} s; see {[log.name for log in logs]}")
+            for i, (proc, port) in enumerate(zip(procs, ports, strict=True)):
+                if proc.poll() is not None:
+                    raise RuntimeError(f"worker {i} exited with {proc.returncode}; see {logs[i].name}")
+                n = _counter(port, "tailguard_samples_in_total") or 0.0
+                now = time.monotonic()
+                if n > count[i]:
+                    if first[i] is None:
+                        first[i] = now
+                    last[i], count[i] = now, n
+            time.sleep(0.05)
+        # The decisions: wait until every model's slow node is quarantined (or 60 s).
+        events: list[dict[str, Any]] = []
+        until = time.monotonic() + 60
+        while time.monotonic() < until:
+            events = [json.loads(r.value) for r in asyncio.run(read_all(bootstrap, health_topic))]
+            if len({e["model"] for e in events
+                    if e["node_id"] == SLOW_NODE and e["to"] == "quarantined"}) == 3:
+                break
+            time.sleep(1.0)
+        time.sleep(3.0)                      # a duplicate, if any, would come within a tick
+        events = [json.loads(r.value) for r in asyncio.run(read_all(bootstrap, health_topic))]
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    span = max(last) - min(t for t in first if t is not None)
+    print(f"  {n_workers} worker(s), {PARTITIONS} partitions, binary backlog of {samples:,} samples"
+          f" ({SCALE_NODES} nodes x 3 models, {SLOW_NODE} 3x slow)")
+    for i in range(n_workers):
+        f = first[i]
+        rate = count[i] / (last[i] - f) if f is not None and last[i] > f else float("nan")
+        print(f"    worker {i}: {count[i]:>10,.0f} samples  {rate:>11,.0f} samples/s while it read")
+    print(f"    all workers: {samples / span:>11,.0f} samples/s"
+          f" ({samples / span / n_workers:,.0f} per worker)")
+    changes: dict[tuple[str, str, str, str], int] = {}
+    for e in events:
+        k = (e["model"], e["node_id"], e["from"], e["to"])
+        changes[k] = changes.get(k, 0) + 1
+    dup = {k: n for k, n in changes.items() if n > 1}
+    quarantined = sorted(e["model"] for e in events
+                         if e["node_id"] == SLOW_NODE and e["to"] == "quarantined")
+    print(f"    health changes: {len(events)} events for {len(changes)} transitions,"
+          f" duplicates {len(dup)}{' ' + str(dup) if dup else ''};"
+          f" {SLOW_NODE} quarantined in {len(quarantined)}/3 models"
+          f" — {'exactly one event per transition' if not dup and events else 'CHECK'}",
+          flush=True)
 
 
 # ------------------------------------------------------------------ the naive design
@@ -275,6 +456,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--naive-out", help=argparse.SUPPRESS)
     ap.add_argument("--variant", default="naive", help=argparse.SUPPRESS)
     ap.add_argument("--naive-samples", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--forms", help="comma-separated subset of batch,binary,single")
+    ap.add_argument("--no-naive", action="store_true", help="skip the faust alternatives")
+    ap.add_argument("--no-scale-out", action="store_true", help="skip the 1- and 2-worker runs")
     args = ap.parse_args(argv)
     if args.naive_worker:
         naive_worker_main(args.naive_worker, args.naive_seconds or 10.0, args.naive_out,
@@ -283,28 +467,45 @@ def main(argv: list[str] | None = None) -> int:
     bootstrap = os.environ.get("TAILGUARD_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
     naive_s = args.naive_seconds or (8.0 if args.quick else 15.0)
     plan = {"batch": 6_000 if args.quick else 15_000,       # messages of 100 samples
+            "binary": 6_000 if args.quick else 15_000,
             "single": 60_000 if args.quick else 250_000}
+    forms = args.forms.split(",") if args.forms else list(plan)
     print(f"streaming ingestion end to end, real broker {bootstrap}, {PARTITIONS} partitions, "
           f"one worker process ({os.cpu_count()} cores)")
     results = []
-    for form, messages in plan.items():
+    raw: float | None = None
+    for form in forms:
+        messages = plan[form]
         topic = f"bench-{form}-{uuid.uuid4().hex[:10]}"
         samples = asyncio.run(produce(bootstrap, topic, form, messages))
         ours = run_tailguard(bootstrap, topic, samples, timeout_s=300)
         print(f"  {form:<7} {messages:>8} msgs {samples:>9} samples\n"
               f"    tailguard worker (aiokafka getmany → windows)  {ours:>11,.0f} samples/s",
               flush=True)
+        results.append((form, ours))
+        if form == "batch":
+            raw = asyncio.run(raw_drain(bootstrap, topic, samples))
+            print(f"    baseline: bare aiokafka + json.loads, same topic {raw:>11,.0f} samples/s"
+                  f"   tailguard is {ours / raw:5.2f}x of it (target >= 0.6)", flush=True)
+        elif form == "binary" and raw is not None:
+            print(f"    vs the JSON batch baseline above ({raw:,.0f}/s)           "
+                  f"   tailguard is {ours / raw:5.2f}x of it", flush=True)
+        if form == "binary" or args.no_naive:
+            continue
         take = run_naive(bootstrap, topic, naive_s, samples, "take")
         naive = run_naive(bootstrap, topic, naive_s, samples)
-        results.append((form, messages, samples, ours, naive))
         print(f"    faust agent over stream.take(), same windows    {take:>11,.0f} samples/s"
               f"   tailguard is {ours / take:>5.1f}x\n"
               f"    naive: faust agent, table write per event       {naive:>11,.0f} samples/s"
               f"   tailguard is {ours / naive:>5.1f}x", flush=True)
-    targets = {"batch": 100_000, "single": 10_000}
-    for form, _m, _s, ours, _n in results:
+    targets = {"batch": 100_000, "binary": 100_000, "single": 10_000}
+    for form, ours in results:
         ok = "meets" if ours >= targets[form] else "BELOW"
         print(f"  target {form}: >= {targets[form]:,} samples/s per worker — {ok} ({ours:,.0f})")
+    if not args.no_scale_out:
+        print("scale-out: one group of workers over 8 partitions (2 cores shared by all processes)")
+        for n in (1, 2):
+            scale_out(bootstrap, n, 6_000 if args.quick else 15_000)
     return 0
 
 

@@ -36,8 +36,10 @@ Guarantees:
   else ``json``; both reject ``NaN``/``Infinity`` literals identically. A
   batch of well-formed samples is decoded by ``msgspec`` (when installed)
   straight into typed tuples and one numpy array, without a Python loop per
-  sample; anything it does not take falls back to the general path, so the
-  result (values, drops, errors) is the same either way.
+  sample, and :meth:`Accumulator.add` decodes a well-formed single event by
+  ``msgspec`` into a typed struct whose types and static bounds are checked
+  in C; anything they do not take falls back to the general path, so the
+  result (values, drops, errors) is the same either way (tested).
 * Binary batches (bytes starting with ``0xF5 'T' 'G'``, layout in
   :mod:`app.core.binary` and docs/contracts-binary.md) are the batch form
   without JSON: the columns are read as numpy views of the message and then
@@ -147,6 +149,39 @@ def _typed_batch_decoders() -> tuple[tuple[Callable[[bytes], Any], ...],
 
 
 _TYPED_BATCH, _TYPED_ERRORS = _typed_batch_decoders()
+
+
+def _typed_single_decoder() -> Callable[[bytes], Any] | None:
+    """msgspec decoder of a single event whose fields have their contract's types (the
+    replay hot loop); None when msgspec is missing. A message it refuses, or whose
+    values it cannot vouch for, goes to the general path."""
+    try:
+        import msgspec
+    except ImportError:  # pragma: no cover - msgspec is a declared dependency
+        return None
+
+    from typing import Annotated, Literal
+
+    meta = msgspec.Meta
+    name = Annotated[str, meta(min_length=1, max_length=MAX_NAME_CHARS)]
+    tokens = Annotated[int, meta(ge=0, le=MAX_TOKENS)] | None
+    # Types and static bounds are checked by msgspec (in C); what depends on the
+    # settings or on other fields (max_latency_us, the future-ts limit, ttft <= latency)
+    # is left to the caller. Unknown keys are ignored, as by the general path.
+    single = msgspec.defstruct("Single", [
+        ("node_id", name), ("model", name),
+        ("latency_us", Annotated[float, meta(gt=0)]), ("ts", Annotated[float, meta(ge=0)]),
+        ("hardware", Annotated[str, meta(max_length=MAX_NAME_CHARS)] | None, None),
+        ("ok", bool, True), ("probe", bool, False),
+        ("input_tokens", tokens, None), ("output_tokens", tokens, None),
+        ("ttft_us", Annotated[float, meta(ge=0)] | None, None),
+        ("type", Literal["single"] | msgspec.UnsetType, msgspec.UNSET),   # null: general path
+        ("samples", Any, None),                 # present: a batch, for the general path
+    ], gc=False)
+    return msgspec.json.Decoder(single).decode
+
+
+_TYPED_SINGLE: Final = _typed_single_decoder()
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -595,8 +630,8 @@ class Accumulator:
     series, not one per message.
     """
 
-    __slots__ = ("_fut_limit", "_groups", "_max_lat", "_now_s", "_out", "_pending", "_runs",
-                 "_settings")
+    __slots__ = ("_fut_limit", "_groups", "_max_lat", "_now_s", "_out", "_pending", "_plain",
+                 "_runs", "_settings", "_skew_s")
 
     def __init__(self, *, now_s: float | None = None,
                  settings: DetectorSettings = DEFAULT_SETTINGS) -> None:
@@ -604,7 +639,12 @@ class Accumulator:
         self._now_s = now_s
         self._fut_limit = _future_limit(now_s, settings)
         self._max_lat = settings.max_latency_us
+        self._skew_s = settings.max_future_skew_s
+        # Pending single events per series: rows, or — while every one of them is an ok,
+        # non-probe sample without size fields — just their ts and latency (cheaper to
+        # gather and to turn into arrays). A series is in at most one of the two.
         self._groups: dict[tuple[str, str, str | None], list[_Row]] = {}
+        self._plain: dict[tuple[str, str, str | None], tuple[list[float], list[float]]] = {}
         # Drained in this order; a list is a run of consecutive batches of one series.
         self._out: list[Event | list[SampleBatch]] = []
         self._runs: dict[tuple[str, str, str | None], list[SampleBatch]] = {}
@@ -617,13 +657,18 @@ class Accumulator:
     def set_now(self, now_s: float | None) -> None:
         """Move the reference for ``future_ts`` checks (replay uses its event-time watermark)."""
         self._now_s = now_s
-        self._fut_limit = _future_limit(now_s, self._settings)
+        self._fut_limit = MAX_TS_S if now_s is None else min(MAX_TS_S, now_s + self._skew_s)
 
     def add(self, raw: bytes | str) -> float:
         if type(raw) is bytes:
-            ev = _bytes_batch(raw, self._fut_limit, self._max_lat, self._now_s)
-            if ev is not None:
-                return self._add_event(ev)
+            if raw[:3] == binary.MAGIC or b'"samples"' in raw:
+                ev = _bytes_batch(raw, self._fut_limit, self._max_lat, self._now_s)
+                if ev is not None:
+                    return self._add_event(ev)
+            elif _TYPED_SINGLE is not None:
+                ts = self._add_typed_single(raw)
+                if ts is not None:
+                    return ts
         try:
             obj = _loads(raw)
         except (ValueError, RecursionError, TypeError) as e:
@@ -631,32 +676,70 @@ class Accumulator:
         # add_obj's single-event path, inlined: this is the replay hot loop.
         if type(obj) is dict and "samples" not in obj and "type" not in obj:
             node, model, hw, row = _single(obj, self._fut_limit, self._max_lat, self._now_s)
-            group = self._groups.get((node, model, hw))
-            if group is None:
-                self._groups[(node, model, hw)] = [row]
-            else:
-                group.append(row)
-            self._pending += 1
+            self._append_row((node, model, hw), row)
             return row[0]
         return self.add_obj(obj)
+
+    def _add_typed_single(self, raw: bytes) -> float | None:
+        """:meth:`add` of a single event decoded by msgspec; None (nothing added) when the
+        general path must decide — it then gives the same result or error as for any line."""
+        assert _TYPED_SINGLE is not None
+        try:
+            e = _TYPED_SINGLE(raw)
+        except _TYPED_ERRORS:
+            return None
+        ts: float = e.ts
+        lat = e.latency_us
+        if lat > self._max_lat or ts > self._fut_limit or e.samples is not None:
+            return None
+        inp, out, ttft = e.input_tokens, e.output_tokens, e.ttft_us
+        key = (e.node_id, e.model, e.hardware)
+        if inp is None and out is None and ttft is None:
+            if e.ok and not e.probe:
+                plain = self._plain.get(key)
+                if plain is not None:
+                    plain[0].append(ts)
+                    plain[1].append(lat)
+                elif key in self._groups:
+                    self._groups[key].append((ts, lat, True, False, _NAN, _NAN, _NAN))
+                else:
+                    self._plain[key] = ([ts], [lat])
+                self._pending += 1
+                return ts
+            row: _Row = (ts, lat, e.ok, e.probe, _NAN, _NAN, _NAN)
+        else:
+            if ttft is not None and ttft > lat:
+                return None
+            row = (ts, lat, e.ok, e.probe, _NAN if inp is None else float(inp),
+                   _NAN if out is None else float(out), _NAN if ttft is None else ttft)
+        self._append_row(key, row)
+        return ts
+
+    def _append_row(self, key: tuple[str, str, str | None], row: _Row) -> None:
+        group = self._groups.get(key)
+        if group is None:
+            plain = self._plain.pop(key, None)
+            group = self._groups[key] = [] if plain is None else [
+                (t, v, True, False, _NAN, _NAN, _NAN) for t, v in zip(*plain, strict=True)]
+        group.append(row)
+        self._pending += 1
 
     def add_obj(self, obj: Any) -> float:
         if type(obj) is dict and "samples" not in obj and obj.get("type", "single") == "single":
             node, model, hw, row = _single(obj, self._fut_limit, self._max_lat, self._now_s)
-            group = self._groups.get((node, model, hw))
-            if group is None:
-                self._groups[(node, model, hw)] = [row]
-            else:
-                group.append(row)
-            self._pending += 1
+            self._append_row((node, model, hw), row)
             return row[0]
         return self._add_event(parse_event(obj, now_s=self._now_s, settings=self._settings))
 
     def _add_event(self, ev: Event) -> float:
         key = (ev.node_id, ev.model, ev.hardware)
         pending = self._groups.pop(key, None)
+        plain = self._plain.pop(key, None)
         if pending is not None:
             self._out.append(_build(ev.node_id, ev.model, ev.hardware, pending))
+        elif plain is not None:
+            self._out.append(_build_plain(ev.node_id, ev.model, ev.hardware, plain))
+        if pending is not None or plain is not None:
             self._runs.pop(key, None)
         self._pending += 1
         if isinstance(ev, Heartbeat):
@@ -674,7 +757,8 @@ class Accumulator:
     def drain(self) -> list[Event]:
         out = [_concat(x) if type(x) is list else x for x in self._out]
         out.extend(_build(n, m, h, rows) for (n, m, h), rows in self._groups.items())
-        self._out, self._groups, self._runs, self._pending = [], {}, {}, 0
+        out.extend(_build_plain(n, m, h, p) for (n, m, h), p in self._plain.items())
+        self._out, self._groups, self._plain, self._runs, self._pending = [], {}, {}, {}, 0
         return out  # type: ignore[return-value]
 
 
@@ -697,6 +781,14 @@ def _concat(run: list[SampleBatch]) -> SampleBatch:
         np.concatenate([b.ok for b in run]), np.concatenate([b.probe for b in run]),
         sizes(lambda b: b.input_tokens), sizes(lambda b: b.output_tokens),
         sizes(lambda b: b.ttft_us), rejected=sum(b.rejected for b in run))
+
+
+def _build_plain(node: str, model: str, hw: str | None,
+                 plain: tuple[list[float], list[float]]) -> SampleBatch:
+    n = len(plain[0])
+    return SampleBatch(node, model, hw, np.array(plain[0], dtype=np.float64),
+                       np.array(plain[1], dtype=np.float64), np.ones(n, dtype=bool),
+                       np.zeros(n, dtype=bool))
 
 
 def _build(node: str, model: str, hw: str | None, rows: list[_Row]) -> SampleBatch:

@@ -200,3 +200,58 @@ def test_consecutive_batches_of_a_series_come_out_as_one_in_order() -> None:
     assert all(math.isnan(v) for v in merged.output_tokens.tolist()[:3])
     assert merged.input_tokens is None and not merged.probe.any()
     assert isinstance(out[3], SampleBatch) and out[3].probe.all()
+
+
+SINGLES: list[Any] = [
+    {"node_id": "n", "model": "m", "latency_us": 5, "ts": T},
+    {"node_id": "n", "model": "m", "latency_us": 5.5, "ts": T, "hardware": "A10", "ok": False},
+    {"node_id": "n", "model": "m", "latency_us": 5.5, "ts": T, "probe": True, "request_id": "x"},
+    {"node_id": "n", "model": "m", "latency_us": 9, "ts": T, "input_tokens": 3, "output_tokens": 4.0,
+     "ttft_us": 2},
+    {"node_id": "n", "model": "m", "latency_us": 9, "ts": T, "ttft_us": 10},
+    {"node_id": "n", "model": "m", "latency_us": 9, "ts": T, "input_tokens": 2.5},
+    {"node_id": "n", "model": "m", "latency_us": 9, "ts": T, "input_tokens": -1},
+    {"node_id": "n", "model": "m", "latency_us": 0, "ts": T},
+    {"node_id": "n", "model": "m", "latency_us": True, "ts": T},
+    {"node_id": "n", "model": "m", "latency_us": "5", "ts": T},
+    {"node_id": "n", "model": "m", "latency_us": 4e9, "ts": T},
+    {"node_id": "n", "model": "m", "latency_us": 5, "ts": T + 3600},
+    {"node_id": "n", "model": "m", "latency_us": 5, "ts": 1764680000000.0},
+    {"node_id": "n", "model": "m", "latency_us": 5, "ts": -1},
+    {"node_id": "n", "model": "m", "latency_us": 5},
+    {"node_id": "", "model": "m", "latency_us": 5, "ts": T},
+    {"node_id": "é" * 256, "model": "m", "latency_us": 5, "ts": T},
+    {"node_id": "é" * 257, "model": "m", "latency_us": 5, "ts": T},
+    {"node_id": "n", "model": "m", "latency_us": 5, "ts": T, "hardware": "h" * 257},
+    {"node_id": "n", "model": "m", "latency_us": 5, "ts": T, "ok": None, "hardware": None},
+    {"node_id": "n", "model": "m", "latency_us": 5, "ts": T, "ok": 1},
+    {"node_id": "n", "model": "m", "latency_us": 5, "ts": T, "type": "single"},
+    {"node_id": "n", "model": "m", "latency_us": 5, "ts": T, "type": None},
+    {"node_id": "n", "model": "m", "latency_us": 5, "ts": T, "type": "heartbeat"},
+    {"node_id": "n", "model": "m", "latency_us": 5, "ts": T, "type": "other"},
+    {"node_id": "n", "model": "m", "latency_us": 5, "ts": T, "sam\u0070les": [[T, 5]]},
+    [1, 2],
+]
+
+
+def _acc_outcome(lines: list[bytes]) -> Any:
+    acc = Accumulator(now_s=T + 10)
+    got: list[Any] = []
+    for raw in lines:
+        try:
+            got.append(acc.add(raw))
+        except BadEvent as e:
+            got.append((e.reason, str(e)))
+    drained = [fields(e) if isinstance(e, SampleBatch) else e for e in acc.drain()]
+    return got, sorted(drained, key=repr)    # the order between series is not kept
+
+
+@pytest.mark.parametrize("doc", SINGLES)
+def test_the_typed_single_path_gives_what_the_general_path_gives(
+        doc: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    plain = orjson.dumps({"node_id": "n", "model": "m", "latency_us": 1, "ts": T - 1})
+    lines = [plain, orjson.dumps(doc), plain]     # around a plain series' pending samples
+    assert events._TYPED_SINGLE is not None, "msgspec is a declared dependency"
+    fast = _acc_outcome(lines)
+    monkeypatch.setattr(events, "_TYPED_SINGLE", None)
+    assert fast == _acc_outcome(lines)
