@@ -231,28 +231,23 @@ SLOW_NODE = "node-0007"
 SCALE_NODES = 61           # coprime with the 3 models: every node serves every model
 
 
-async def read_all(bootstrap: str, topic: str) -> list[Any]:
-    """Every record of ``topic`` up to its end offsets now (no consumer group)."""
-    from aiokafka import AIOKafkaConsumer, TopicPartition
+async def read_all(bootstrap: str, topic: str, idle_s: float = 2.0) -> list[Any]:
+    """The records of ``topic`` from its beginning, until none came for ``idle_s``."""
+    from aiokafka import AIOKafkaConsumer
 
-    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    c = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=f"read-{uuid.uuid4().hex[:8]}",
+                         enable_auto_commit=False, auto_offset_reset="earliest")
     await c.start()
     try:
-        parts = c.partitions_for_topic(topic) or set()
-        if not parts:
-            await c._client.force_metadata_update()
-            parts = c.partitions_for_topic(topic) or set()
-        tps = [TopicPartition(topic, p) for p in sorted(parts)]
-        if not tps:
-            return []
-        c.assign(tps)
-        await c.seek_to_beginning(*tps)
-        end = await c.end_offsets(tps)
         out: list[Any] = []
-        deadline = time.monotonic() + 30
-        while any([await c.position(tp) < end[tp] for tp in tps]) and time.monotonic() < deadline:
-            for recs in (await c.getmany(timeout_ms=500)).values():
+        quiet_since = time.monotonic()
+        while time.monotonic() - quiet_since < idle_s:
+            got = await c.getmany(timeout_ms=250)
+            if not c.assignment():               # the group is still forming
+                quiet_since = time.monotonic()
+            for recs in got.values():
                 out.extend(recs)
+                quiet_since = time.monotonic()
         return out
     finally:
         await c.stop()
