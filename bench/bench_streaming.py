@@ -48,6 +48,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 import uuid
@@ -68,54 +69,72 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def produce(bootstrap: str, topic: str, form: str, messages: int, nodes: int = 200,
-                  slow: str | None = None) -> int:
-    """Create ``topic`` and fill it; returns the number of latency samples sent.
-
-    ``form``: ``batch`` (JSON), ``binary`` or ``single``; ``slow``: a node id whose
-    latency is 3x the others'.
-    """
-    import numpy as np
-
-    from app.core import binary
+async def create_topic(bootstrap: str, topic: str) -> None:
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
         await admin.create_topics([NewTopic(topic, PARTITIONS, 1)])
     finally:
         await admin.close()
-    p = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, max_batch_size=1 << 20)
-    await p.start()
+
+
+def backlog(form: str, messages: int, nodes: int = 200, slow: str | None = None,
+            ) -> tuple[list[tuple[bytes, bytes]], int]:
+    """``messages`` (key, value) pairs of ``form`` and their number of samples.
+
+    ``form``: ``batch`` (JSON), ``binary`` or ``single``; ``slow``: a node id whose
+    latency is 3x the others'. Event time is now.
+    """
+    import numpy as np
+
+    from app.core import binary
+
     rng = random.Random(1)
     now = time.time()
     samples = 0
+    out = []
+    for i in range(messages):
+        node = f"node-{i % nodes:04d}"
+        model = f"model-{i % 3}"
+        base = 3000.0 if node == slow else 1000.0
+        if form in ("batch", "binary"):
+            lat = [round(base * rng.lognormvariate(0, 0.3), 1) for _ in range(BATCH_SAMPLES)]
+            if form == "binary":
+                value = binary.encode(node, model, "A100", np.full(BATCH_SAMPLES, now),
+                                      np.array(lat))
+            else:
+                value = json.dumps({"node_id": node, "model": model, "hardware": "A100",
+                                    "samples": [[now, x] for x in lat]}).encode()
+            samples += BATCH_SAMPLES
+        else:
+            value = json.dumps({"node_id": node, "model": model, "ts": now, "hardware": "A100",
+                                "latency_us": round(base * rng.lognormvariate(0, 0.3), 1)}
+                               ).encode()
+            samples += 1
+        out.append((f"{node}|{model}".encode(), value))
+    return out, samples
+
+
+async def send_all(bootstrap: str, topic: str, msgs: list[tuple[bytes, bytes]]) -> None:
+    p = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, max_batch_size=1 << 20)
+    await p.start()
     try:
         futs = []
-        for i in range(messages):
-            node = f"node-{i % nodes:04d}"
-            model = f"model-{i % 3}"
-            base = 3000.0 if node == slow else 1000.0
-            if form in ("batch", "binary"):
-                lat = [round(base * rng.lognormvariate(0, 0.3), 1) for _ in range(BATCH_SAMPLES)]
-                if form == "binary":
-                    value = binary.encode(node, model, "A100", np.full(BATCH_SAMPLES, now),
-                                          np.array(lat))
-                else:
-                    value = json.dumps({"node_id": node, "model": model, "hardware": "A100",
-                                        "samples": [[now, x] for x in lat]}).encode()
-                samples += BATCH_SAMPLES
-            else:
-                value = json.dumps({"node_id": node, "model": model, "ts": now, "hardware": "A100",
-                                    "latency_us": round(base * rng.lognormvariate(0, 0.3), 1)}
-                                   ).encode()
-                samples += 1
-            futs.append(await p.send(topic, value, key=f"{node}|{model}".encode()))
+        for key, value in msgs:
+            futs.append(await p.send(topic, value, key=key))
             if len(futs) >= 20_000:
                 await asyncio.gather(*futs)
                 futs = []
         await asyncio.gather(*futs)
     finally:
         await p.stop()
+
+
+async def produce(bootstrap: str, topic: str, form: str, messages: int) -> int:
+    """Create ``topic`` and fill it with a :func:`backlog`; returns the samples sent."""
+    await create_topic(bootstrap, topic)
+    msgs, samples = backlog(form, messages)
+    await send_all(bootstrap, topic, msgs)
     return samples
 
 
@@ -260,10 +279,11 @@ def scale_out(bootstrap: str, n_workers: int, messages: int, timeout_s: float = 
 
     name = f"bench-scale{n_workers}-{uuid.uuid4().hex[:8]}"
     topic = f"{name}-latency-events"
-    samples = asyncio.run(produce(bootstrap, topic, "binary", messages, nodes=SCALE_NODES,
-                                  slow=SLOW_NODE))
+    asyncio.run(create_topic(bootstrap, topic))
+    msgs, samples = backlog("binary", messages, nodes=SCALE_NODES, slow=SLOW_NODE)
     ports = [free_port() for _ in range(n_workers)]
-    envs = [worker_env(bootstrap, topic, name, port, **SCALE_DETECTOR) for port in ports]
+    envs = [worker_env(bootstrap, topic, name, port, TAILGUARD_LOG_LEVEL="info", **SCALE_DETECTOR)
+            for port in ports]
     asyncio.run(ensure_topics(load({k: v for k, v in envs[0].items() if k.startswith("TAILGUARD_")})))
     logs = [tempfile.NamedTemporaryFile(prefix=f"tailguard-scale{i}-", suffix=".log", delete=False)  # noqa: SIM115
             for i in range(n_workers)]
@@ -271,7 +291,31 @@ def scale_out(bootstrap: str, n_workers: int, messages: int, timeout_s: float = 
                               stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
              for env, log in zip(envs, logs, strict=True)]
     health_topic = envs[0]["TAILGUARD_TOPIC_HEALTH_CHANGES"]
+    owns = re.compile(r"stage 1 owns " + re.escape(topic) + r" partitions \[([0-9, ]*)\]")
     try:
+        # Every worker must own its share before the backlog comes: otherwise the first
+        # worker up reads it all while the group still forms.
+        deadline = time.monotonic() + 120
+        while True:
+            shares = []
+            for log in logs:
+                found = owns.findall(Path(log.name).read_text(errors="replace"))
+                shares.append({int(p) for p in found[-1].split(",") if p.strip()} if found else set())
+            if all(shares) and set().union(*shares) == set(range(PARTITIONS)) \
+                    and sum(map(len, shares)) == PARTITIONS:
+                break
+            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+                raise RuntimeError(f"the workers did not share the partitions: {shares};"
+                                   f" see {[log.name for log in logs]}")
+            time.sleep(0.25)
+        result: dict[str, float] = {}
+
+        def feed() -> None:
+            t0 = time.monotonic()
+            asyncio.run(send_all(bootstrap, topic, msgs))
+            result["seconds"] = time.monotonic() - t0
+        producer = threading.Thread(target=feed, daemon=True)
+        producer.start()
         first: list[float | None] = [None] * n_workers
         last = [0.0] * n_workers
         count = [0.0] * n_workers
@@ -310,9 +354,13 @@ def scale_out(bootstrap: str, n_workers: int, messages: int, timeout_s: float = 
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+    producer.join(60)
     span = max(last) - min(t for t in first if t is not None)
-    print(f"  {n_workers} worker(s), {PARTITIONS} partitions, binary backlog of {samples:,} samples"
-          f" ({SCALE_NODES} nodes x 3 models, {SLOW_NODE} 3x slow)")
+    print(f"  {n_workers} worker(s), {PARTITIONS} partitions, {samples:,} samples in binary batches"
+          f" ({SCALE_NODES} nodes x 3 models, {SLOW_NODE} 3x slow), sent (encoded beforehand)"
+          f" once the workers shared the partitions, at"
+          f" {samples / result.get('seconds', float('nan')):,.0f} samples/s")
+    print(f"    stage-1 partitions per worker: {[sorted(s) for s in shares]}")
     for i in range(n_workers):
         f = first[i]
         rate = count[i] / (last[i] - f) if f is not None and last[i] > f else float("nan")
@@ -500,7 +548,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_scale_out:
         print("scale-out: one group of workers over 8 partitions (2 cores shared by all processes)")
         for n in (1, 2):
-            scale_out(bootstrap, n, 6_000 if args.quick else 15_000)
+            scale_out(bootstrap, n, 15_000 if args.quick else 30_000)
     return 0
 
 
