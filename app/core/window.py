@@ -802,9 +802,8 @@ class WindowStore:
         n_fresh[rows] = nf
         sel = np.flatnonzero((nf >= min_fresh) & (nf < n_sig[rows]))
         if sel.size:
-            # A copy of the rows, +inf written over the samples that are not fresh.
-            inf_filled = np.array(_rows(vals, sel), dtype=vals.dtype, copy=True)
-            np.copyto(inf_filled, vals.dtype.type(np.inf), where=~_rows(fresh, sel))
+            # The rows with +inf over the samples that are not fresh, in one pass.
+            inf_filled = np.where(_rows(fresh, sel), _rows(vals, sel), vals.dtype.type(np.inf))
             q_fresh[rows[sel]] = row_quantiles(inf_filled, nf[sel], _Q50)[:, 0]
 
     # ------------------------------------------------------------ snapshot
