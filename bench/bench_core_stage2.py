@@ -161,9 +161,13 @@ def bench_replay(quick: bool) -> None:
             with open(path, "rb") as fh:
                 replay(fh, settings, lambda _line: None)
 
-        t = best(from_file, 3)
+        # Replay and its baseline alternate, best of 3 each: a shared machine's load
+        # then weighs on both alike.
+        t = t_seed = math.inf
+        for _ in range(3):
+            t = min(t, best(from_file, 1))
+            t_seed = min(t_seed, best(lambda: seed_transcription(lines), 1))
         t_naive = best(lambda: naive_replay(lines[: n // 5], settings), 1) * 5
-        t_seed = best(lambda: seed_transcription(lines), 3)
     finally:
         os.unlink(path)
     print(f"tailguard replay over a {n:,}-line file (200 series, 1 % bad lines, out of order)")

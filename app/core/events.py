@@ -176,12 +176,13 @@ def _typed_single_decoder() -> Callable[[bytes], Any] | None:
         ("input_tokens", tokens, None), ("output_tokens", tokens, None),
         ("ttft_us", Annotated[float, meta(ge=0)] | None, None),
         ("type", Literal["single"] | msgspec.UnsetType, msgspec.UNSET),   # null: general path
-        ("samples", Any, None),                 # present: a batch, for the general path
+        ("samples", msgspec.Raw | None, None),  # present: a batch (skipped over, not decoded)
     ], gc=False)
     return msgspec.json.Decoder(single).decode
 
 
 _TYPED_SINGLE: Final = _typed_single_decoder()
+_MAGIC: Final = binary.MAGIC
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -610,7 +611,7 @@ def decode(raw: bytes | str, *, now_s: float | None = None,
 def _bytes_batch(raw: bytes, fut_limit: float, max_lat: float,
                  now_s: float | None) -> SampleBatch | None:
     """A binary batch, or a JSON batch by the typed fast path; None for the general path."""
-    if raw[:3] == binary.MAGIC:
+    if raw[:3] == _MAGIC:
         return _binary_batch(raw, fut_limit, max_lat, now_s)
     if _TYPED_BATCH and b'"samples"' in raw:
         return _typed_batch(raw, fut_limit, max_lat, now_s)
@@ -661,14 +662,15 @@ class Accumulator:
 
     def add(self, raw: bytes | str) -> float:
         if type(raw) is bytes:
-            if raw[:3] == binary.MAGIC or b'"samples"' in raw:
-                ev = _bytes_batch(raw, self._fut_limit, self._max_lat, self._now_s)
-                if ev is not None:
-                    return self._add_event(ev)
-            elif _TYPED_SINGLE is not None:
+            # Single events first (the replay hot loop): the typed decoder refuses a batch
+            # after skipping over its samples, cheaper than searching every line for them.
+            if _TYPED_SINGLE is not None and raw[:3] != _MAGIC:
                 ts = self._add_typed_single(raw)
                 if ts is not None:
                     return ts
+            ev = _bytes_batch(raw, self._fut_limit, self._max_lat, self._now_s)
+            if ev is not None:
+                return self._add_event(ev)
         try:
             obj = _loads(raw)
         except (ValueError, RecursionError, TypeError) as e:
@@ -683,9 +685,8 @@ class Accumulator:
     def _add_typed_single(self, raw: bytes) -> float | None:
         """:meth:`add` of a single event decoded by msgspec; None (nothing added) when the
         general path must decide — it then gives the same result or error as for any line."""
-        assert _TYPED_SINGLE is not None
         try:
-            e = _TYPED_SINGLE(raw)
+            e = _TYPED_SINGLE(raw)  # type: ignore[misc]
         except _TYPED_ERRORS:
             return None
         ts: float = e.ts
