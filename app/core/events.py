@@ -170,7 +170,9 @@ def _typed_single_decoder() -> Callable[[bytes], Any] | None:
     # is left to the caller. Unknown keys are ignored, as by the general path.
     single = msgspec.defstruct("Single", [
         ("node_id", name), ("model", name),
-        ("latency_us", Annotated[float, meta(gt=0)]), ("ts", Annotated[float, meta(ge=0)]),
+        # Optional here so that a batch decodes (samples set) rather than raising: cheaper.
+        ("latency_us", Annotated[float, meta(gt=0)] | None, None),
+        ("ts", Annotated[float, meta(ge=0)] | None, None),
         ("hardware", Annotated[str, meta(max_length=MAX_NAME_CHARS)] | None, None),
         ("ok", bool, True), ("probe", bool, False),
         ("input_tokens", tokens, None), ("output_tokens", tokens, None),
@@ -689,9 +691,11 @@ class Accumulator:
             e = _TYPED_SINGLE(raw)  # type: ignore[misc]
         except _TYPED_ERRORS:
             return None
+        if e.samples is not None or e.latency_us is None or e.ts is None:
+            return None
         ts: float = e.ts
         lat = e.latency_us
-        if lat > self._max_lat or ts > self._fut_limit or e.samples is not None:
+        if lat > self._max_lat or ts > self._fut_limit:
             return None
         inp, out, ttft = e.input_tokens, e.output_tokens, e.ttft_us
         key = (e.node_id, e.model, e.hardware)
