@@ -144,9 +144,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.core import health
+from app.core import health, liveness
 from app.core.config import DetectorSettings
 from app.core.health import Evidence, Judgement, PairState, Verdict
+from app.core.own_history import OwnBaselines
 from app.core.types import (
     DiagnosticsRequest,
     FleetEvent,
@@ -176,6 +177,9 @@ TAIL_SUPPORT = 5
 # A tail verdict advances an abnormal streak only when at least this fraction of its window is
 # newer than the window that last advanced it (see _new_fraction).
 NEW_EVIDENCE_FRACTION = 0.5
+# Per-pair own baselines are kept for models with at most this many peers (a model may shrink
+# below min_peers); larger models skip the cost.
+OWN_HISTORY_MAX_PEERS = 16
 
 
 def median(values: Sequence[float]) -> float:
@@ -207,6 +211,8 @@ class _ModelState:
     retired_seen: dict[str, float] = field(default_factory=dict)
     # Per pair: stage 1's cumulative (requests, failed) at the last tick (_error_judgements).
     counts: dict[str, tuple[int, int]] = field(default_factory=dict)
+    live: liveness.Liveness = field(default_factory=liveness.Liveness)
+    own: OwnBaselines = field(default_factory=OwnBaselines)   # per-pair P50 baselines
 
     def to_dict(self) -> dict[str, Any]:
         return {"pairs": {n: p.to_dict() for n, p in sorted(self.pairs.items())},
@@ -220,7 +226,8 @@ class _ModelState:
                 "advanced_ts": dict(sorted(self.advanced_ts.items())),
                 "rate_per_s": dict(sorted(self.rate_per_s.items())),
                 "retired_seen": dict(sorted(self.retired_seen.items())),
-                "counts": {n: list(c) for n, c in sorted(self.counts.items())}}
+                "counts": {n: list(c) for n, c in sorted(self.counts.items())},
+                "live": self.live.to_dict(), "own": self.own.to_dict()}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> _ModelState:
@@ -239,7 +246,9 @@ class _ModelState:
                    advanced_ts={str(k): float(v) for k, v in d.get("advanced_ts", {}).items()},
                    rate_per_s={str(k): float(v) for k, v in d.get("rate_per_s", {}).items()},
                    retired_seen={str(k): float(v) for k, v in seen.items()},
-                   counts={str(k): (int(v[0]), int(v[1])) for k, v in d.get("counts", {}).items()})
+                   counts={str(k): (int(v[0]), int(v[1])) for k, v in d.get("counts", {}).items()},
+                   live=liveness.Liveness.from_dict(d["live"]) if "live" in d else liveness.Liveness(),
+                   own=OwnBaselines.from_dict(d["own"]) if "own" in d else OwnBaselines())
 
 
 def _cls(hardware: str | None) -> str:
@@ -376,6 +385,8 @@ class FleetEvaluator:
                     return True
                 if s is HealthState.QUARANTINED and (p.probe_after_ts or 0.0) > now_s:
                     return True
+            if liveness.waiting(ms.pairs, ms.live, now_s, self.settings):
+                return True
         return False
 
     def judge_since_all(self, now_s: float) -> dict[tuple[str, str], float]:
@@ -403,6 +414,13 @@ class FleetEvaluator:
             p, t = health.first_seen(node, model, first, now_s, st, s.hardware)
             pairs[node] = p
             transitions.append(t)
+        live = liveness.step(model, pairs, ms.live, by_node, now_s, st)
+        transitions += live.transitions
+        for node in live.forgotten:
+            by_node.pop(node, None)
+            for d in (ms.advanced_ts, ms.rate_per_s, ms.elevated, ms.counts, ms.retired_seen):
+                d.pop(node, None)
+            ms.own.drop(node)
 
         # Peers: routed, past warm-up, with judged data.
         min_samples = st.min_samples
@@ -419,6 +437,7 @@ class FleetEvaluator:
             # A baseline is in the units of its signal: a new signal starts a new baseline.
             ms.baseline_p50, ms.baseline_ratio, ms.baseline_ts = {}, None, None
             ms.baseline_ticks = {}
+            ms.own.clear()
             ms.baseline_signal, ms.shifted = signal, False
         norms = self._norms(peers, ms)
         fresh = self._fresh_norms(peers, ms)
@@ -431,6 +450,8 @@ class FleetEvaluator:
         tail_samples = min(st.window_size, math.ceil(TAIL_SUPPORT / 0.01))
         factor = st.relative_p50_factor
         limits: dict[str | None, _Limits] = {}
+        # Too few peers for a median: each pair's P50 against its own history (own_history).
+        own_p50 = {p[0]: p[2] for p in peers} if not norms.enough_peers else None
         for node, s, p50, ratio in peers:
             lim = limits.get(s.hardware)
             if lim is None:
@@ -438,6 +459,8 @@ class FleetEvaluator:
             j = self._judge(s, p50, ratio, s.samples, norms, tail=s.samples >= tail_samples,
                             fresh=fresh, lim=lim)
             new_fraction = self._new_fraction(ms, node, s, now_s)
+            if own_p50 is not None and j.verdict is not Verdict.ABNORMAL:
+                j = self._judge_own(ms, s, p50, ratio, own_p50) or j
             if j.verdict is not Verdict.ABNORMAL and node in errors:
                 j = errors[node]      # failed requests since the last tick: new evidence each tick
             if j.verdict is Verdict.ABNORMAL:
@@ -447,7 +470,7 @@ class FleetEvaluator:
                     judgements[node] = j
                     continue
                 if (p.abnormal_streak and node in ms.advanced_ts and new_fraction < NEW_EVIDENCE_FRACTION
-                        and not _p50_over(s, p50, lim)):
+                        and not _p50_over(s, p50, lim) and own_p50 is None):
                     # A tail verdict on a window mostly made of the one already counted: its few
                     # slowest samples are likely the same ones. It holds the streak, no more.
                     judgements[node] = dataclasses.replace(
@@ -477,7 +500,7 @@ class FleetEvaluator:
             if node not in judged and p.routed and p.state is not HealthState.WARMING:
                 judgements[node] = j
         n_peers = len(peers)
-        fleet_events: list[FleetEvent] = []
+        fleet_events: list[FleetEvent] = list(live.fleet_events)
         load = n_peers >= st.min_peers and abnormal >= st.load_event_fraction * n_peers
         fleet_p50 = norms.fleet_p50
         if load != ms.load_event:
@@ -502,6 +525,12 @@ class FleetEvaluator:
                         f"{st.max_error_share:.0%} of their requests since the last tick "
                         f"(median share {error_ref:.1%}): nobody is ejected for it")
                 if storm and error_ref is not None else None))
+        if len(peers) <= OWN_HISTORY_MAX_PEERS:
+            for node, _, p50, _ in peers:
+                p = pairs[node]
+                verdict = judgements[node].verdict if node in judgements else Verdict.NORMAL
+                if p.state is healthy and not p.abnormal_streak and verdict is not Verdict.ABNORMAL:
+                    ms.own.update(node, p50, now_s, st.tick_interval_s)
         shift = self._baseline_shift(model, ms, peers, now_s, abnormal, fleet_p50, norms.movement)
         if shift is not None:
             fleet_events.append(shift)
@@ -513,7 +542,7 @@ class FleetEvaluator:
                                                        or now_s >= p.probe_after_ts):
                 qs = by_node.get(node)
                 if qs is not None:
-                    judgements[node] = errors.get(node) or self._judge_probe(qs, norms)
+                    judgements[node] = errors.get(node) or self._judge_probe(qs, norms, ms, own_p50)
 
         # Step every pair that can move (sorted: deterministic transition order).
         candidates: list[PairState] = []
@@ -537,7 +566,7 @@ class FleetEvaluator:
                 candidates.append(new)
 
         diagnostics: list[DiagnosticsRequest] = []
-        if not load and candidates:
+        if not load and not live.telemetry_lost and candidates:
             self._guard(model, pairs, candidates, now_s, transitions, diagnostics)
 
         routing = frozenset(n for n, p in pairs.items() if p.routed)
@@ -548,7 +577,7 @@ class FleetEvaluator:
                        for t in transitions]
         quarantine = {n: (p.probe_after_ts if p.probe_after_ts is not None else now_s)
                       for n, p in pairs.items()
-                      if not p.routed and p.state is not HealthState.RETIRED}
+                      if not p.routed and p.state is not HealthState.RETIRED and p.state is not HealthState.GONE}
         for t in transitions:
             if t.to_state is HealthState.RETIRED:
                 ms.retired_seen[t.node_id] = now_s
@@ -773,7 +802,26 @@ class FleetEvaluator:
         span_s = min(bound_s, window / rate)
         return min(1.0, (now_s - last) / span_s)
 
-    def _judge_probe(self, s: WindowSummary, norms: _Norms) -> Judgement:
+    def _judge_own(self, ms: _ModelState, s: WindowSummary, p50: float, ratio: float,
+                   p50s: Mapping[str, float]) -> Judgement | None:
+        """Abnormal when the pair's P50 is above ``relative_p50_factor ×`` its own baseline moved
+        as the model's other pairs moved (too few peers for a median); else None."""
+        ref = ms.own.reference(s.node_id, p50s)
+        if ref is None:
+            return None
+        r, moved = ref
+        limit = self.settings.relative_p50_factor * r
+        if p50 <= limit:
+            return None
+        ev = Evidence(signal=s.signal, p50=p50, p99=s.p99, ratio=ratio, samples=s.samples, peers_p50=r,
+                      latency_p50_us=s.latency_p50_us, latency_p99_us=s.latency_p99_us,
+                      hardware=s.hardware)
+        return Judgement(Verdict.ABNORMAL, str(Reason.RELATIVE_P50), ev, p50 / limit,
+                         f"p50 {p50:.1f} > {self.settings.relative_p50_factor:g} x its own baseline "
+                         f"moved as the other nodes moved (x{moved:.2f}): {r:.1f}")
+
+    def _judge_probe(self, s: WindowSummary, norms: _Norms, ms: _ModelState | None = None,
+                     own_p50: Mapping[str, float] | None = None) -> Judgement:
         need = self.settings.probe_min_samples
         if s.samples >= need and s.p50 is not None and s.p99 is not None and s.p50 > 0:
             p50, p99, n = s.p50, s.p99, s.samples
@@ -787,6 +835,8 @@ class FleetEvaluator:
         else:
             return health.NO_VERDICT
         j = self._judge(s, p50, p99 / p50, n, norms, p99)
+        if j.verdict is Verdict.NORMAL and own_p50 is not None and ms is not None:
+            j = self._judge_own(ms, s, p50, p99 / p50, {**own_p50, s.node_id: p50}) or j
         if j.verdict is Verdict.NORMAL:
             ev = Evidence(signal=s.signal, p50=p50, p99=p99, ratio=p99 / p50, samples=n,
                           peers_p50=norms.p50_ref(s.hardware), latency_p50_us=s.latency_p50_us,
@@ -856,9 +906,11 @@ class FleetEvaluator:
                now_s: float, transitions: list[Transition],
                diagnostics: list[DiagnosticsRequest]) -> None:
         st = self.settings
-        n_nodes = len(pairs)
+        # Gone pairs are in no count: the cap is a share of the nodes that are there.
+        gone = HealthState.GONE
+        n_nodes = sum(1 for p in pairs.values() if p.state is not gone)
         allowed_out = math.floor(st.max_ejected_fraction * n_nodes + 1e-9)
-        out = sum(1 for p in pairs.values() if not p.routed)
+        out = sum(1 for p in pairs.values() if not p.routed and p.state is not gone)
         routed = n_nodes - out
         candidates.sort(key=lambda p: (-p.severity, p.node_id))
         for p in candidates:

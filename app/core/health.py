@@ -378,9 +378,13 @@ def come_back(state: PairState, seen_ts: float, now_s: float,
 def restart(state: PairState, restart_ts: float, now_s: float, settings: DetectorSettings,
             reason: str = str(Reason.RESTARTED)) -> tuple[PairState, Transition]:
     """The node's process started anew at ``restart_ts``: warming again (routed), its
-    warm-up samples never judged; its abnormal streak and fault are dropped."""
+    warm-up samples never judged; its abnormal streak and fault are dropped. A retired
+    node back as a new process is a new node: its ejection history goes too."""
     start = min(restart_ts, now_s)
     done = start + settings.warmup_s <= now_s
+    if state.state is HealthState.RETIRED:
+        state = dataclasses.replace(state, ejections=0, failed_probe_rounds=0, quarantined_at=None,
+                                    probe_after_ts=None)
     new = dataclasses.replace(state, state=HealthState.HEALTHY if done else HealthState.WARMING,
                               since_ts=now_s, first_seen_ts=start, reason=reason, routed=True,
                               abnormal_streak=0, fault=None, severity=0.0,
