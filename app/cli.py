@@ -16,7 +16,7 @@ from app.core.config import SettingError
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "worker": ("app.streaming.worker", "run the service (faust worker) against Kafka and Redis"),
-    "replay": ("app.core.replay_cli", "run the detector offline over a JSON-lines trace"),
+    "replay": ("app.replay_cli", "run the detector offline over a JSON-lines trace"),
     "status": ("app.routing.status", "per-model table of nodes, read from Redis"),
     "simulate": ("app.sim.cli", "run a simulated fleet of inference nodes"),
     "proxy": ("app.lb.proxy", "reference HTTP load balancer reading the routing set"),
