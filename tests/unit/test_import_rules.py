@@ -129,3 +129,11 @@ def test_base_dependencies_are_the_emitters() -> None:
     worker = {req.split(">")[0].split("[")[0].strip() for req in extras["worker"]}
     assert {"faust-streaming", "redis", "numpy", "aiohttp", "fastdigest"} <= worker
     assert "tailguard[worker]" in extras["dev"]
+
+
+def test_the_replay_command_loads_no_streaming_or_redis() -> None:
+    """``tailguard replay`` is the core plus a command line: no faust, Kafka client or Redis."""
+    loaded = loaded_by(["app.cli", "app.replay_cli"])
+    assert "app.core.replay" in loaded
+    assert not {m for m in loaded if m.startswith(("app.streaming", "app.routing"))}
+    assert not {m.split(".")[0] for m in loaded} & {"faust", "mode", "aiokafka", "redis"}
