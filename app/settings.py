@@ -112,7 +112,7 @@ def load(environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings
     known |= {PREFIX + n for n in ("CACHE", "RUN", "VENV", "PYTHON", "SKIP_STACK")}
     unknown = sorted(k for k in env if k.startswith(PREFIX) and k not in known)
     if unknown:
-        raise SettingError(unknown[0], env[unknown[0]], "a known TAILGUARD_* variable (see README Configuration)")
+        raise SettingError(unknown[0], env[unknown[0]], "a known TAILGUARD_* variable (see docs/configuration.md)")
 
     service: dict[str, Any] = {}
     for name, f in _SERVICE.items():

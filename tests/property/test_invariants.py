@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from app.core.config import DetectorSettings
 from app.core.evaluate import FleetEvaluator
-from app.core.replay_cli import replay
+from app.core.replay import replay
 from app.core.types import WindowSummary
 
 T0 = 1_000_000.0
