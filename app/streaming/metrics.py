@@ -58,6 +58,10 @@ class WorkerMetrics:
         self.redis_write_failures = Counter("tailguard_redis_write_failures", "failed writes "
                                             "of a routing verdict to Redis (retried)",
                                             ["model"], registry=r)
+        self.redis_model_rejections = Counter("tailguard_redis_model_rejections", "routing "
+                                              "writes Redis refused for one model's keys "
+                                              "(e.g. WRONGTYPE): that model backs off, the "
+                                              "others are written", ["model"], registry=r)
         self.table_write_failures = Counter("tailguard_table_write_failures", "failed "
                                             "writes of stage-2 state or hints to their "
                                             "changelog tables (retried next tick)", registry=r)
@@ -75,6 +79,9 @@ class WorkerMetrics:
     # --- WriterMetrics (app.routing.writer) ---------------------------------
     def write_failed(self, model: str, error: BaseException) -> None:
         self.redis_write_failures.labels(model=model).inc()
+
+    def model_rejected(self, model: str, error: BaseException) -> None:
+        self.redis_model_rejections.labels(model=model).inc()
 
     def empty_refused(self, model: str) -> None:
         self.routing_empty_refused.labels(model=model).inc()
