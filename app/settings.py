@@ -49,6 +49,10 @@ class Settings:
     web_port: int = 6066              # faust's own web server
     data_dir: str = ""                # faust table data; "" = a per-user temp dir
     log_level: str = "info"
+    # Listen addresses: loopback unless told otherwise (0.0.0.0 = every interface).
+    metrics_host: str = "127.0.0.1"   # the Prometheus endpoint
+    web_host: str = "127.0.0.1"       # faust's web server
+    proxy_listen: str = "127.0.0.1:8080"  # `tailguard proxy` without --listen
     topics: Topics = field(default_factory=Topics)
     detector: DetectorSettings = field(default_factory=DetectorSettings)
 
@@ -66,6 +70,15 @@ class Settings:
             port = getattr(self, name)
             if not 0 <= port <= 65535:
                 raise SettingError(PREFIX + name.upper(), port, "a TCP port 0..65535")
+        for name in ("metrics_host", "web_host"):
+            host = getattr(self, name)
+            if not host or any(c.isspace() or c == "/" for c in host):
+                raise SettingError(PREFIX + name.upper(), host,
+                                   "a listen address: an IP or host name, e.g. 127.0.0.1 or 0.0.0.0")
+        host, sep, port = self.proxy_listen.rpartition(":")
+        if not (sep and host.strip("[]") and port.isdigit() and int(port) <= 65535):
+            raise SettingError("TAILGUARD_PROXY_LISTEN", self.proxy_listen,
+                               "HOST:PORT, e.g. 127.0.0.1:8080 (0.0.0.0:8080 = every interface)")
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):
             raise SettingError("TAILGUARD_LOG_LEVEL", self.log_level, "debug, info, warning or error")
         for f in dataclasses.fields(Topics):

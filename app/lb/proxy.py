@@ -393,7 +393,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="tailguard proxy",
         description="Reference HTTP load balancer: round-robin over each model's tailguard routing set.",
     )
-    p.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT to listen on (default 127.0.0.1:8080)")
+    p.add_argument("--listen", default=None,
+                   help="HOST:PORT to listen on (default TAILGUARD_PROXY_LISTEN, 127.0.0.1:8080)")
     p.add_argument("--backends", required=True,
                    help="node_id=http://host:port,… or a file of such lines (every node the proxy may reach)")
     p.add_argument("--model-header", default=None,
@@ -412,8 +413,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def listen_address(args: argparse.Namespace) -> tuple[str, int]:
+    """``--listen``, else ``TAILGUARD_PROXY_LISTEN`` (loopback by default)."""
+    return parse_listen(args.listen or settings_from_args(args).proxy_listen)
+
+
 async def _run(args: argparse.Namespace) -> int:
-    host, port = parse_listen(args.listen)
+    host, port = listen_address(args)
     backends = parse_backends(args.backends)
     balancer = Balancer(backends, probe_share=args.probe_share)
     stop = stop_on_signals()

@@ -109,8 +109,11 @@ class WorkerMetrics:
                 self.nodes.remove(model, str(state))
         self.set_cluster_latency(model, None, None)
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
-        """Start the HTTP endpoint on ``port`` (no-op for 0 or when already serving)."""
+    def serve(self, port: int, addr: str = "127.0.0.1") -> None:
+        """Start the HTTP endpoint on ``addr:port`` (no-op for port 0 or when already serving).
+
+        Loopback by default (``TAILGUARD_METRICS_HOST``): exposing it is a choice.
+        """
         if port == 0 or self._server is not None:
             return
         self._server, self._thread = start_http_server(port, addr=addr, registry=self.registry)

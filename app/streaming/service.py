@@ -194,7 +194,7 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
         value_serializer="raw",
         web_enabled=settings.web_port != 0,
         web_port=settings.web_port or 6066,
-        web_bind="127.0.0.1",
+        web_bind=settings.web_host,
         consumer_auto_offset_reset="earliest",
         broker_session_timeout=10.0,
         broker_heartbeat_interval=3.0,
@@ -255,7 +255,7 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
         """Metrics endpoint and the owned Redis writer's retry task."""
 
         async def on_start(self) -> None:
-            metrics.serve(settings.metrics_port)
+            metrics.serve(settings.metrics_port, settings.metrics_host)
             enter = getattr(writer, "__aenter__", None)
             if owns_writer and enter is not None:
                 await enter()

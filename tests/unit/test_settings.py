@@ -32,6 +32,9 @@ SERVICE_VALUES: dict[str, tuple[str, Any]] = {
     "TAILGUARD_WEB_PORT": ("7066", 7066),
     "TAILGUARD_DATA_DIR": ("/var/lib/tailguard", "/var/lib/tailguard"),
     "TAILGUARD_LOG_LEVEL": ("debug", "debug"),
+    "TAILGUARD_METRICS_HOST": ("0.0.0.0", "0.0.0.0"),
+    "TAILGUARD_WEB_HOST": ("::1", "::1"),
+    "TAILGUARD_PROXY_LISTEN": ("[::]:9080", "[::]:9080"),
 }
 DETECTOR_TEXT: dict[str, tuple[str, Any]] = {
     "tick_interval_s": ("2.5", 2.5),
@@ -143,6 +146,10 @@ BAD: list[tuple[str, str, str]] = [
     ("TAILGUARD_METRICS_PORT", "-1", "0..65535"),
     ("TAILGUARD_WEB_PORT", "80.5", "whole number"),
     ("TAILGUARD_LOG_LEVEL", "verbose", "debug, info, warning or error"),
+    ("TAILGUARD_METRICS_HOST", "", "listen address"),
+    ("TAILGUARD_WEB_HOST", "0.0.0.0 ", "listen address"),
+    ("TAILGUARD_PROXY_LISTEN", "127.0.0.1", "HOST:PORT"),
+    ("TAILGUARD_PROXY_LISTEN", ":8080", "HOST:PORT"),
     ("TAILGUARD_TOPIC_LATENCY_EVENTS", "", "Kafka topic name"),
     ("TAILGUARD_TOPIC_HEALTH_CHANGES", "node health", "Kafka topic name"),
     ("TAILGUARD_TOPIC_DEAD_LETTER", "x" * 250, "Kafka topic name"),
