@@ -62,6 +62,7 @@ from app.core.errors import BadEvent
 from app.core.evaluate import FleetEvaluator
 from app.core.types import HealthState, ModelTick, WindowSummary
 from app.core.window import WindowStore
+from app.security import faust_broker_credentials
 from app.settings import Settings
 from app.streaming.deadletter import DeadLetter
 from app.streaming.ingest import IngestService, next_boundary, sleep_until
@@ -186,6 +187,7 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
     app = faust.App(
         settings.app_id,
         broker=[f"kafka://{h.strip()}" for h in settings.kafka_bootstrap.split(",")],
+        broker_credentials=faust_broker_credentials(settings),
         store="memory://",
         autodiscover=False,
         datadir=data_dir_for(settings),
@@ -218,10 +220,10 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
     owns_writer = writer is None
     redis_client: Any = None
     if writer is None:
-        from app.routing.client import connect
+        from app.routing.client import connect_for
         from app.routing.writer import RoutingWriter
 
-        redis_client = connect(settings.redis_url)
+        redis_client = connect_for(settings)
         writer = RoutingWriter(redis_client, settings.key_prefix, metrics=metrics)
     routing: RoutingSink = writer
     rt = Runtime(settings, metrics, stage1, stage2, evaluator, writer)

@@ -15,6 +15,7 @@ import logging
 import sys
 
 from app import settings as settings_mod
+from app.security import check_kafka, check_redis
 from app.streaming.errors import StreamingError
 from app.streaming.topics import ensure_topics
 
@@ -52,6 +53,10 @@ def main(argv: list[str]) -> int:
         return 1
     loop = asyncio.new_event_loop()
     try:
+        # A refused login or certificate stops the start with one line naming the setting
+        # (AccessRefused, a SettingError: exit 2); an unreachable server is handled below.
+        loop.run_until_complete(check_kafka(settings))
+        loop.run_until_complete(check_redis(settings))
         created = loop.run_until_complete(ensure_topics(settings))
     except StreamingError as e:
         print(f"tailguard worker: {e}", file=sys.stderr)
