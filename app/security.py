@@ -208,7 +208,7 @@ async def check_redis(s: Settings, *, timeout_s: float = 5.0) -> None:
         await asyncio.wait_for(client.ping(), 2 * timeout_s + 1)
     except AuthenticationError as e:
         raise AccessRefused("TAILGUARD_REDIS_PASSWORD", (
-            f"{where} refused the login of user {user!r} ({str(e).split(' ', 1)[0]}): check "
+            f"{where} refused the login of user {user!r} ({str(e).rstrip('.')}): check "
             "TAILGUARD_REDIS_USERNAME and TAILGUARD_REDIS_PASSWORD (or its _FILE, or the "
             "URL's user:password)")) from None
     except NoPermissionError:

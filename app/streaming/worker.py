@@ -55,8 +55,8 @@ def main(argv: list[str]) -> int:
     try:
         # A refused login or certificate stops the start with one line naming the setting
         # (AccessRefused, a SettingError: exit 2); an unreachable server is handled below.
-        loop.run_until_complete(check_kafka(settings))
         loop.run_until_complete(check_redis(settings))
+        loop.run_until_complete(check_kafka(settings))
         created = loop.run_until_complete(ensure_topics(settings))
     except StreamingError as e:
         print(f"tailguard worker: {e}", file=sys.stderr)
