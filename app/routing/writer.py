@@ -42,6 +42,10 @@ Guarantees
   OWN exponential back-off, while every other model is written in the same
   round. Only connection errors and timeouts (Redis itself is away) end a
   round and back off the whole writer.
+* **ACL.** Under a Redis ACL (7.0+) the script first checks with
+  ``redis.acl_check_cmd`` that the user may run every command it may call on
+  these keys and the channel, and refuses with ``NOPERM`` before writing
+  anything otherwise: Redis does not roll back a script that fails half way.
 * **NOSCRIPT.** The script is run by SHA (``EVALSHA``); redis-py's
   ``AsyncScript`` reloads it with ``SCRIPT LOAD`` when a restarted server
   answers ``NOSCRIPT`` (checked by the integration tests).
@@ -103,6 +107,24 @@ local first_q = 6 + n_routing
 local first_s = first_q + 2 * n_quarantine
 if #ARGV ~= first_s - 1 + 2 * n_status then
   return redis.error_reply('ERR tailguard: argument count does not match the counts')
+end
+
+-- Under a Redis ACL, check every command first: Redis does not roll back a script that fails
+-- half way, so a missing permission (say +publish) would leave a half-written model.
+if redis.acl_check_cmd then
+  local checks = {
+    {'EXISTS', version_key}, {'GET', version_key}, {'SET', version_key, '0'}, {'INCR', version_key},
+    {'SCARD', routing_key}, {'SISMEMBER', routing_key, 'n'}, {'DEL', routing_key},
+    {'SADD', routing_key, 'n'}, {'ZCARD', quarantine_key}, {'ZSCORE', quarantine_key, 'n'},
+    {'DEL', quarantine_key}, {'ZADD', quarantine_key, '0', 'n'}, {'DEL', nodes_key},
+    {'HSET', nodes_key, 'n', 'v'}, {'SADD', models_key, 'm'}, {'TIME'}, {'PUBLISH', channel, 'm'},
+  }
+  for _, c in ipairs(checks) do
+    if not redis.acl_check_cmd(unpack(c)) then
+      return redis.error_reply('NOPERM tailguard: this ACL user may not run ' .. c[1] ..
+        (c[2] and (' on ' .. c[2]) or '') .. '; nothing was written (see docs/production.md)')
+    end
+  end
 end
 
 local CHUNK = 512  -- even, so (score, member) and (field, value) pairs never split

@@ -113,21 +113,22 @@ def untrusted_ca(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d / "ca.pem"
 
 
-AclUser = Callable[[str, str], Awaitable[dict[str, str]]]
+AclUser = Callable[..., Awaitable[dict[str, str]]]
 
 
 @pytest.fixture
 async def acl_user(secure_stack: SecureStack, tmp_path: Path,
                    unique_name: Callable[[str], str]) -> AsyncIterator[AclUser]:
-    """``await acl_user(prefix, role)`` → the TAILGUARD_REDIS_* env of a new ACL user with exactly
-    ``acl_rules(prefix, role)``, over TLS. Users and their keys are deleted afterwards."""
+    """``await acl_user(prefix, role, without=())`` → the TAILGUARD_REDIS_* env of a new ACL user
+    with exactly ``acl_rules(prefix, role)`` (less the commands ``without``), over TLS. Users and
+    their keys are deleted afterwards."""
     admin = aioredis.Redis.from_url(secure_stack.redis_url, ssl_ca_certs=str(secure_stack.ca))
     made: list[tuple[str, str]] = []
 
-    async def make(prefix: str, role: str) -> dict[str, str]:
+    async def make(prefix: str, role: str, without: tuple[str, ...] = ()) -> dict[str, str]:
         user, password = unique_name(f"acl-{role}"), secrets.token_hex(16)
-        await admin.execute_command("ACL", "SETUSER", user, "reset", "on", f">{password}",
-                                    *acl_rules(prefix, role=role).split())  # type: ignore[arg-type]
+        rules = [r for r in acl_rules(prefix, role=role).split() if r.lstrip("+") not in without]
+        await admin.execute_command("ACL", "SETUSER", user, "reset", "on", f">{password}", *rules)
         made.append((user, prefix))
         pw_file = tmp_path / f"{user}.password"
         pw_file.write_text(password + "\n")
@@ -328,6 +329,43 @@ async def test_proxy_refuses_to_start_with_one_line_naming_the_setting(
          "--report-failures"], {**kafka_env, **redis_env})
     setting = "TAILGUARD_REDIS_PASSWORD" if case == "redis-password" else "TAILGUARD_KAFKA_SASL_PASSWORD"
     assert code == 2 and len(lines) == 1 and lines[0].startswith(f"tailguard proxy: {setting}: "), lines
+
+
+async def test_a_missing_permission_is_refused_before_the_writer_writes_anything(
+        secure_stack: SecureStack, acl_user: AclUser, unique_name: Callable[[str], str]) -> None:
+    """Redis does not roll back a script that fails half way; the writer's script checks the ACL
+    first, so a user without +publish gets NOPERM, counted for that model, and no key changes."""
+    from test_routing_redis import tick
+
+    from app.routing.client import connect_for
+    from app.routing.keys import Keys
+    from app.routing.writer import RoutingWriter
+
+    prefix = unique_name("sec-noperm")
+    client = connect_for(load(await acl_user(prefix, "worker", without=("publish",))))
+    rejected: list[str] = []
+
+    class Metrics:
+        def write_failed(self, model: str, error: BaseException) -> None:
+            pass
+
+        def model_rejected(self, model: str, error: BaseException) -> None:
+            rejected.append(f"{model}: {type(error).__name__}: {error}")
+
+        def empty_refused(self, model: str) -> None:
+            pass
+
+        def written(self, model: str, *, changed: bool, version: int) -> None:
+            pass
+
+    try:
+        writer = RoutingWriter(client, prefix, metrics=Metrics())
+        assert not await writer.apply(tick({"a", "b"}, model=MODEL))
+        assert len(rejected) == 1 and "NoPermissionError" in rejected[0] and "PUBLISH" in rejected[0], rejected
+        k = Keys(prefix)
+        assert await client.exists(k.routing(MODEL), k.version(MODEL), k.nodes(MODEL), k.models) == 0
+    finally:
+        await client.aclose()
 
 
 async def test_redis_client_certificate_over_tls(secure_stack: SecureStack, acl_user: AclUser,
