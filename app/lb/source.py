@@ -4,7 +4,9 @@
 :class:`app.routing.reader.RoutingTable` (with the fail-fast Redis client of
 :mod:`app.routing.client`) from ``TAILGUARD_REDIS_URL`` / ``TAILGUARD_KEY_PREFIX``
 or the ``--redis-url`` / ``--key-prefix`` flags that :func:`add_routing_args`
-adds to both load-balancer commands.
+adds to both load-balancer commands. It first PINGs Redis once
+(:func:`app.security.check_redis`): a refused login or certificate stops the
+command with one line naming the setting.
 
 :class:`SafeSource` wraps any :class:`~app.lb.RoutingSource` so that a read
 error becomes "unknown" (an empty set, no quarantine) and is logged at most

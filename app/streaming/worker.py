@@ -2,8 +2,10 @@
 
 Reads the settings once (``TAILGUARD_*``), creates the missing topics, builds
 the app with :func:`app.streaming.service.create_app` and runs faust's
-:class:`faust.Worker` until SIGINT/SIGTERM. Exit code 0 on a clean stop, 2 on
-a bad setting (named in the message), 1 when the broker cannot be reached or
+:class:`faust.Worker` until SIGINT/SIGTERM. Before that it connects once to
+Redis and to Kafka (:func:`app.security.check_redis`, :func:`~app.security.check_kafka`).
+Exit code 0 on a clean stop, 2 on a bad setting or a login or certificate that
+Redis or Kafka refuses (one line naming the setting), 1 when the broker cannot be reached or
 a Kafka compression codec cannot be decoded here (``cramjam`` missing).
 """
 
