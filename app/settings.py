@@ -126,7 +126,7 @@ class Settings:
             raise SettingError("TAILGUARD_KAFKA_BOOTSTRAP", self.kafka_bootstrap, "host:port[,host:port…]")
         u = urlparse(self.redis_url)
         if u.scheme not in ("redis", "rediss", "unix") or not (u.hostname or u.path):
-            raise SettingError("TAILGUARD_REDIS_URL", self.redis_url, "a redis://host:port/db URL")
+            raise SettingError("TAILGUARD_REDIS_URL", redact_url(self.redis_url), "a redis://host:port/db URL")
         if not self.key_prefix or any(c.isspace() for c in self.key_prefix):
             raise SettingError("TAILGUARD_KEY_PREFIX", self.key_prefix, "a non-empty prefix without spaces")
         if not 1 <= self.topic_partitions <= 1024:

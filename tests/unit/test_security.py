@@ -166,3 +166,10 @@ def test_access_refused_is_one_line_naming_the_setting() -> None:
     e = AccessRefused("TAILGUARD_KAFKA_SASL_PASSWORD", "Kafka at h:9094 refused the login")
     assert isinstance(e, SettingError) and e.name == "TAILGUARD_KAFKA_SASL_PASSWORD"
     assert str(e) == "TAILGUARD_KAFKA_SASL_PASSWORD: Kafka at h:9094 refused the login"
+
+
+def test_a_bad_redis_url_is_refused_without_its_password() -> None:
+    with pytest.raises(SettingError) as info:
+        load({"TAILGUARD_REDIS_URL": "http://tg:hunter2@h:6379/0"})
+    assert info.value.name == "TAILGUARD_REDIS_URL" and "hunter2" not in str(info.value)
+    assert "tg:***@h" in str(info.value)
