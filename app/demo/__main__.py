@@ -29,6 +29,7 @@ from app.demo.plan import DEMO_PLAN, ROOT, TEST_PLAN, DemoError, Plan, settings_
 from app.demo.plot import plot
 from app.demo.render import Screen, render_report
 from app.demo.story import load_run, save_run
+from app.settings import redact_url
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -46,7 +47,7 @@ def _parser() -> argparse.ArgumentParser:
 async def _main(args: argparse.Namespace, plan: Plan, screen: Screen) -> int:
     cfg = settings_mod.load()
     run_dir = Path(tempfile.mkdtemp(prefix="tailguard-demo-"))
-    screen.progress(f"Kafka {cfg.kafka_bootstrap}, Redis {cfg.redis_url}")
+    screen.progress(f"Kafka {cfg.kafka_bootstrap}, Redis {redact_url(cfg.redis_url)}")
     screen.progress("detector settings of this demo (* = differs from the production default):")
     for line in settings_lines(plan):
         print(line, file=screen.out)

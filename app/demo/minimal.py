@@ -115,10 +115,10 @@ async def run(args: argparse.Namespace) -> int:
     writer = None
     redis = None
     if not args.no_redis:
-        from app.routing.client import connect
+        from app.routing.client import connect_for
         from app.routing.writer import RoutingWriter
 
-        redis = connect(service.redis_url)
+        redis = connect_for(service)
         writer = RoutingWriter(redis, prefix)
 
     removed_at: float | None = None

@@ -17,8 +17,9 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -40,11 +41,13 @@ from app.demo.story import (
     story_done,
 )
 from app.routing.status import ModelStatus, read_status
+from app.security import kafka_client_options, redis_client_options
 
 
-async def topic_partitions(bootstrap: str, topic: str, timeout_s: float = 15.0) -> list[int]:
+async def topic_partitions(bootstrap: str, topic: str, timeout_s: float = 15.0,
+                           options: Mapping[str, Any] | None = None) -> list[int]:
     """The partitions of ``topic``, asked of the broker (a plain consumer's metadata can lag behind)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **dict(options or {}))
     await admin.start()
     try:
         deadline = time.monotonic() + timeout_s
@@ -62,14 +65,16 @@ async def topic_partitions(bootstrap: str, topic: str, timeout_s: float = 15.0) 
 class HealthFeed:
     """Reads the run's health-change topic from the beginning, in the background."""
 
-    def __init__(self, bootstrap: str, topic: str, t0: float) -> None:
-        self._c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    def __init__(self, bootstrap: str, topic: str, t0: float,
+                 options: Mapping[str, Any] | None = None) -> None:
+        self._options = dict(options or {})
+        self._c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, **self._options)
         self._bootstrap, self._topic, self._t0 = bootstrap, topic, t0
         self.changes: list[HealthChange] = []
         self._task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> HealthFeed:
-        parts = await topic_partitions(self._bootstrap, self._topic)
+        parts = await topic_partitions(self._bootstrap, self._topic, options=self._options)
         tps = [TopicPartition(self._topic, p) for p in parts]
         await self._c.start()
         self._c.assign(tps)
@@ -96,10 +101,11 @@ class HealthFeed:
 async def observe(stack: Stack, obs: Observations, show: Show) -> float:
     """Refresh every ``refresh_s`` until the story is complete or the deadline; returns the end (fleet time)."""
     plan, st = stack.plan, stack.settings
-    r = aioredis.Redis.from_url(st.redis_url)
+    r = aioredis.Redis.from_url(st.redis_url, **redis_client_options(st))
     read = 0
     try:
-        async with HealthFeed(st.kafka_bootstrap, st.topics.health_changes, stack.fleet_t0) as feed:
+        async with HealthFeed(st.kafka_bootstrap, st.topics.health_changes, stack.fleet_t0,
+                              kafka_client_options(st)) as feed:
             while True:
                 stack.check()
                 now_s = stack.fleet_time(time.time())

@@ -40,6 +40,8 @@ from redis.exceptions import RedisError
 from app import settings as settings_mod
 from app.core.config import DetectorSettings
 from app.demo.plan import MODEL, ROOT, RUN_PREFIX, DemoError, Plan
+from app.security import kafka_client_options, redis_client_options
+from app.settings import redact_url
 from app.sim.scenario import loads as load_scenario
 from app.streaming.errors import StreamingError
 from app.streaming.topics import ensure_topics
@@ -210,11 +212,11 @@ async def running_stack(plan: Plan, *, kafka_bootstrap: str, redis_url: str, run
 async def _start(stack: Stack, env: dict[str, str], progress: Progress) -> None:
     plan, names, st, d = stack.plan, stack.names, stack.settings, stack.run_dir
     progress(f"run {names.base}: topics {names.base}-*, Redis keys {names.base}:*, logs in {d}")
-    r = aioredis.Redis.from_url(st.redis_url, socket_connect_timeout=3)
+    r = aioredis.Redis.from_url(st.redis_url, socket_connect_timeout=3, **redis_client_options(st))
     try:
         await r.ping()
     except RedisError as e:
-        raise DemoError(f"Redis is unreachable at TAILGUARD_REDIS_URL={st.redis_url} ({e}); "
+        raise DemoError(f"Redis is unreachable at TAILGUARD_REDIS_URL={redact_url(st.redis_url)} ({e}); "
                         "start the local stack with scripts/up") from None
     finally:
         await r.aclose()
@@ -228,7 +230,7 @@ async def _start(stack: Stack, env: dict[str, str], progress: Progress) -> None:
     progress("starting the worker (tailguard worker) and waiting until it has joined its consumer groups")
     worker = Child("worker", tailguard_cmd("worker"), env, d / "worker.log")
     stack.children.append(worker)
-    admin = AIOKafkaAdminClient(bootstrap_servers=st.kafka_bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=st.kafka_bootstrap, **kafka_client_options(st))
     await admin.start()
     try:
         for group in (f"{st.app_id}-stage1", st.app_id):
@@ -287,7 +289,7 @@ async def _delete_run_data(stack: Stack, progress: Progress) -> None:
     if not stack.topics_created:     # nothing was started, nothing to delete
         return
     try:
-        admin = AIOKafkaAdminClient(bootstrap_servers=st.kafka_bootstrap)
+        admin = AIOKafkaAdminClient(bootstrap_servers=st.kafka_bootstrap, **kafka_client_options(st))
         await asyncio.wait_for(admin.start(), 10)
         try:
             mine = [t for t in await admin.list_topics() if t.startswith(stack.names.base + "-")]
@@ -295,7 +297,7 @@ async def _delete_run_data(stack: Stack, progress: Progress) -> None:
                 await asyncio.wait_for(admin.delete_topics(mine), 20)
         finally:
             await admin.close()
-        r = aioredis.Redis.from_url(st.redis_url)
+        r = aioredis.Redis.from_url(st.redis_url, **redis_client_options(st))
         try:
             keys = [k async for k in r.scan_iter(match=f"{st.key_prefix}:*")]
             if keys:

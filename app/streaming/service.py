@@ -62,6 +62,7 @@ from app.core.errors import BadEvent
 from app.core.evaluate import FleetEvaluator
 from app.core.types import HealthState, ModelTick, WindowSummary
 from app.core.window import WindowStore
+from app.security import faust_broker_credentials
 from app.settings import Settings
 from app.streaming.deadletter import DeadLetter
 from app.streaming.ingest import IngestService, next_boundary, sleep_until
@@ -186,6 +187,7 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
     app = faust.App(
         settings.app_id,
         broker=[f"kafka://{h.strip()}" for h in settings.kafka_bootstrap.split(",")],
+        broker_credentials=faust_broker_credentials(settings),
         store="memory://",
         autodiscover=False,
         datadir=data_dir_for(settings),
@@ -194,7 +196,7 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
         value_serializer="raw",
         web_enabled=settings.web_port != 0,
         web_port=settings.web_port or 6066,
-        web_bind="127.0.0.1",
+        web_bind=settings.web_host,
         consumer_auto_offset_reset="earliest",
         broker_session_timeout=10.0,
         broker_heartbeat_interval=3.0,
@@ -218,10 +220,10 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
     owns_writer = writer is None
     redis_client: Any = None
     if writer is None:
-        from app.routing.client import connect
+        from app.routing.client import connect_for
         from app.routing.writer import RoutingWriter
 
-        redis_client = connect(settings.redis_url)
+        redis_client = connect_for(settings)
         writer = RoutingWriter(redis_client, settings.key_prefix, metrics=metrics)
     routing: RoutingSink = writer
     rt = Runtime(settings, metrics, stage1, stage2, evaluator, writer)
@@ -255,7 +257,7 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
         """Metrics endpoint and the owned Redis writer's retry task."""
 
         async def on_start(self) -> None:
-            metrics.serve(settings.metrics_port)
+            metrics.serve(settings.metrics_port, settings.metrics_host)
             enter = getattr(writer, "__aenter__", None)
             if owns_writer and enter is not None:
                 await enter()

@@ -19,7 +19,7 @@ import pytest
 from app import cli
 from app import settings as settings_mod
 from app.core.config import DetectorSettings, SettingError, field_names
-from app.settings import Settings, load
+from app.settings import Secret, Settings, load
 
 # A valid, non-default value for every variable, and the value it must parse to.
 SERVICE_VALUES: dict[str, tuple[str, Any]] = {
@@ -32,6 +32,35 @@ SERVICE_VALUES: dict[str, tuple[str, Any]] = {
     "TAILGUARD_WEB_PORT": ("7066", 7066),
     "TAILGUARD_DATA_DIR": ("/var/lib/tailguard", "/var/lib/tailguard"),
     "TAILGUARD_LOG_LEVEL": ("debug", "debug"),
+    "TAILGUARD_METRICS_HOST": ("0.0.0.0", "0.0.0.0"),
+    "TAILGUARD_WEB_HOST": ("::1", "::1"),
+    "TAILGUARD_PROXY_LISTEN": ("[::]:9080", "[::]:9080"),
+    "TAILGUARD_KAFKA_SECURITY_PROTOCOL": ("SSL", "SSL"),
+    "TAILGUARD_KAFKA_SASL_MECHANISM": ("SCRAM-SHA-512", "SCRAM-SHA-512"),
+    "TAILGUARD_KAFKA_SASL_USERNAME": ("tailguard", "tailguard"),
+    "TAILGUARD_KAFKA_SASL_PASSWORD": ("s3cret", Secret("s3cret")),
+    "TAILGUARD_KAFKA_SSL_CAFILE": ("/etc/ca.pem", "/etc/ca.pem"),
+    "TAILGUARD_KAFKA_SSL_CERTFILE": ("/etc/client.pem", "/etc/client.pem"),
+    "TAILGUARD_KAFKA_SSL_KEYFILE": ("/etc/client.key", "/etc/client.key"),
+    "TAILGUARD_KAFKA_SSL_KEY_PASSWORD": ("k3y", Secret("k3y")),
+    "TAILGUARD_KAFKA_SSL_CHECK_HOSTNAME": ("false", False),
+    "TAILGUARD_REDIS_USERNAME": ("tailguard", "tailguard"),
+    "TAILGUARD_REDIS_PASSWORD": ("r3dis", Secret("r3dis")),
+    "TAILGUARD_REDIS_SSL_CAFILE": ("/etc/ca.pem", "/etc/ca.pem"),
+    "TAILGUARD_REDIS_SSL_CERTFILE": ("/etc/client.pem", "/etc/client.pem"),
+    "TAILGUARD_REDIS_SSL_KEYFILE": ("/etc/client.key", "/etc/client.key"),
+    "TAILGUARD_REDIS_SSL_CHECK_HOSTNAME": ("0", False),
+}
+# Variables that are only valid together with others (set alongside, left out of "nothing else moved").
+_TLS = {"TAILGUARD_KAFKA_SECURITY_PROTOCOL": "SSL"}
+_REDIS_TLS = {"TAILGUARD_REDIS_URL": "rediss://127.0.0.1:6380/0"}
+COMPANIONS: dict[str, dict[str, str]] = {
+    "TAILGUARD_KAFKA_SSL_CAFILE": _TLS,
+    "TAILGUARD_KAFKA_SSL_CERTFILE": _TLS,
+    "TAILGUARD_KAFKA_SSL_KEYFILE": _TLS | {"TAILGUARD_KAFKA_SSL_CERTFILE": "/etc/client.pem"},
+    "TAILGUARD_REDIS_SSL_CAFILE": _REDIS_TLS,
+    "TAILGUARD_REDIS_SSL_CERTFILE": _REDIS_TLS,
+    "TAILGUARD_REDIS_SSL_KEYFILE": _REDIS_TLS | {"TAILGUARD_REDIS_SSL_CERTFILE": "/etc/client.pem"},
 }
 DETECTOR_TEXT: dict[str, tuple[str, Any]] = {
     "tick_interval_s": ("2.5", 2.5),
@@ -92,11 +121,12 @@ def test_every_variable_is_parsed(var: str) -> None:
         text = want = f"custom-{key}.v2"
     default = _value_of(Settings(), var)
     assert want != default, "the table must use a non-default value, or the test proves nothing"
-    s = load({var: text})
+    companions = COMPANIONS.get(var, {})
+    s = load({var: text, **companions})
     assert _value_of(s, var) == want
     # ...and nothing else moved.
     for other in settings_mod.env_names():
-        if other != var:
+        if other != var and other not in companions:
             assert _value_of(s, other) == _value_of(Settings(), other), other
 
 
@@ -115,7 +145,7 @@ def test_empty_environment_gives_the_documented_defaults() -> None:
 
 def test_env_names_defaults_are_the_settings_defaults() -> None:
     for var, default_text in settings_mod.env_names().items():
-        assert str(_value_of(Settings(), var)) == default_text, var
+        assert settings_mod.as_text(_value_of(Settings(), var)) == default_text, var
 
 
 def test_settings_are_frozen() -> None:
@@ -146,6 +176,15 @@ BAD: list[tuple[str, str, str]] = [
     ("TAILGUARD_METRICS_PORT", "-1", "0..65535"),
     ("TAILGUARD_WEB_PORT", "80.5", "whole number"),
     ("TAILGUARD_LOG_LEVEL", "verbose", "debug, info, warning or error"),
+    ("TAILGUARD_METRICS_HOST", "", "listen address"),
+    ("TAILGUARD_WEB_HOST", "0.0.0.0 ", "listen address"),
+    ("TAILGUARD_PROXY_LISTEN", "127.0.0.1", "HOST:PORT"),
+    ("TAILGUARD_PROXY_LISTEN", ":8080", "HOST:PORT"),
+    ("TAILGUARD_KAFKA_SECURITY_PROTOCOL", "TLS", "SASL_SSL"),
+    ("TAILGUARD_KAFKA_SASL_MECHANISM", "GSSAPI", "SCRAM-SHA-512"),
+    ("TAILGUARD_KAFKA_SSL_CHECK_HOSTNAME", "maybe", "true or false"),
+    ("TAILGUARD_KAFKA_SSL_CAFILE", "/etc/ca.pem", "uses no TLS"),
+    ("TAILGUARD_REDIS_SSL_CAFILE", "/etc/ca.pem", "rediss://"),
     ("TAILGUARD_TOPIC_LATENCY_EVENTS", "", "Kafka topic name"),
     ("TAILGUARD_TOPIC_HEALTH_CHANGES", "node health", "Kafka topic name"),
     ("TAILGUARD_TOPIC_DEAD_LETTER", "x" * 250, "Kafka topic name"),
@@ -206,7 +245,10 @@ def test_other_variables_are_ignored() -> None:
 
 
 def test_script_only_variables_are_accepted() -> None:
-    env = {"TAILGUARD_CACHE": "/c", "TAILGUARD_RUN": "/r", "TAILGUARD_VENV": "/v", "TAILGUARD_PYTHON": "python3"}
+    env = {"TAILGUARD_CACHE": "/c", "TAILGUARD_RUN": "/r", "TAILGUARD_VENV": "/v", "TAILGUARD_PYTHON": "python3",
+           "TAILGUARD_KAFKA_PORT": "19092", "TAILGUARD_KAFKA_CONTROLLER_PORT": "19093",
+           "TAILGUARD_KAFKA_SASL_SSL_PORT": "19094", "TAILGUARD_REDIS_PORT": "16379",
+           "TAILGUARD_REDIS_TLS_PORT": "16380"}
     assert load(env) == Settings()
 
 
