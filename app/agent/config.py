@@ -189,40 +189,50 @@ def from_mapping(doc: Mapping[str, Any], base: AgentConfig | None = None) -> Age
     if unknown:
         raise AgentConfigError(unknown[0], doc[unknown[0]], f"a known key ({', '.join(sorted(_FILE_KEYS))})")
     kw: dict[str, Any] = {}
+    key = ""
+
+    def conv(name: str, fn: Any, value: Any) -> Any:
+        nonlocal key
+        key = name
+        return fn(value)
+
     try:
         if "nodes" in doc:
             kw["nodes"] = _nodes_from_file(doc["nodes"])
         for k in ("group_id", "state_dir", "kafka_bootstrap"):
             if k in doc:
-                kw[k] = str(doc[k])
+                kw[k] = conv(k, str, doc[k])
         for k in ("max_request_age_s", "xid_lookback_s"):
             if k in doc:
-                kw[k] = float(doc[k])
+                kw[k] = conv(k, float, doc[k])
         if "expected_gpus" in doc:
-            kw["expected_gpus"] = int(doc["expected_gpus"])
+            kw["expected_gpus"] = conv("expected_gpus", int, doc["expected_gpus"])
         if "expected_processes" in doc:
-            kw["expected_processes"] = tuple(str(x) for x in doc["expected_processes"])
+            kw["expected_processes"] = conv("expected_processes", lambda v: tuple(str(x) for x in v),
+                                            doc["expected_processes"])
         if "fatal_xids" in doc:
-            kw["fatal_xids"] = frozenset(int(x) for x in doc["fatal_xids"])
+            kw["fatal_xids"] = conv("fatal_xids", lambda v: frozenset(int(x) for x in v), doc["fatal_xids"])
         if "timeouts_s" in doc:
             kw["timeouts_s"] = {**(base.timeouts_s if base else AgentConfig((NodeSpec("x"),)).timeouts_s),
-                                **{str(k): float(v) for k, v in doc["timeouts_s"].items()}}
+                                **{str(k): conv(f"timeouts_s.{k}", float, v)
+                                   for k, v in doc["timeouts_s"].items()}}
         gemm = doc.get("gemm", {})
         for k in ("size", "iters", "history"):
             if k in gemm:
-                kw[f"gemm_{k}"] = int(gemm[k])
+                kw[f"gemm_{k}"] = conv(f"gemm.{k}", int, gemm[k])
         if "command" in gemm:
-            kw["gemm_command"] = tuple(str(x) for x in gemm["command"])
+            kw["gemm_command"] = conv("gemm.command", lambda v: tuple(str(x) for x in v), gemm["command"])
         if "min_ratio" in gemm:
-            kw["gemm_min_ratio"] = float(gemm["min_ratio"])
+            kw["gemm_min_ratio"] = conv("gemm.min_ratio", float, gemm["min_ratio"])
         if "level" in doc.get("dcgmi", {}):
-            kw["dcgmi_level"] = int(doc["dcgmi"]["level"])
+            kw["dcgmi_level"] = conv("dcgmi.level", int, doc["dcgmi"]["level"])
         if "check" in doc:
             kw["user_checks"] = _user_checks(doc["check"])
+    except AgentConfigError:
+        raise
     except (TypeError, ValueError, AttributeError) as e:
-        if isinstance(e, AgentConfigError):
-            raise
-        raise AgentConfigError("config file", type(e).__name__, f"values of the documented types ({e})") from None
+        raise AgentConfigError(key or "config file", type(e).__name__,
+                               f"a value of the documented type ({e})") from None
     if base is None:
         nodes = kw.pop("nodes", ())
         return AgentConfig(nodes, **kw)

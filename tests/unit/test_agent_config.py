@@ -81,6 +81,8 @@ on_fail = "not_recoverable"
     ('expected_processes = ["(unclosed"]', ["n"], {}, "expected_processes"),
     ("nodes = [", ["n"], {}, "--config"),
     ("", ["n=a,b"], {}, "--node"),
+    ('state_dir = "/x"\n[timeouts_s]\nxid = "soon"', ["n"], {}, "timeouts_s.xid"),
+    ("[gemm]\nsize = [1]", ["n"], {}, "gemm.size"),
 ])
 def test_bad_settings_name_the_culprit(tmp_path: Path, text: str, nodes: list[str], env: dict[str, str],
                                        name: str) -> None:
