@@ -9,6 +9,8 @@ Layout (each package owns one thing; see README "Code map"):
 - ``app.routing``   the Redis routing writer and the reader load balancers use.
 - ``app.emitter``   what inference servers import to publish latency events.
 - ``app.sim``       fleet simulator, scenario traces, load generator.
+- ``app.agent``     ``tailguard diagnose``, the diagnostics agent on each node
+                    (imports none of the worker's dependencies).
 - ``app.settings``  the one place that reads the environment.
 - ``app.cli``       the ``tailguard`` command.
 """
