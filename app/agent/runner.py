@@ -28,7 +28,8 @@ Guarantees: offsets are committed only after every result of the batch is
 acknowledged by the broker (at least once: a crash repeats a batch, and the
 worker applies a repeated result as a no-op); a result is published for
 every fresh request of this agent's nodes, whatever the checks do (each
-check is bounded by its timeout); requests of one node in one batch share
+check is bounded by its timeout, the suite by their sum; a crash of the
+suite is an ``error`` outcome, so the verdict is inconclusive); requests of one node in one batch share
 one run of the suite.
 """
 
@@ -46,6 +47,7 @@ from typing import Any
 from app import __version__
 from app.agent.checks import Suite, SuiteReport
 from app.agent.config import AgentConfig, NodeSpec
+from app.agent.findings import CheckOutcome
 from app.agent.verdict import decide, finding_dicts, summarize
 
 log = logging.getLogger("tailguard.agent")
@@ -147,7 +149,7 @@ class Agent:
             node: NodeSpec = self.nodes[node_id]
             peer = next((r.peer_gemm_tflops for r in rs if r.peer_gemm_tflops is not None), None)
             t0 = time.monotonic()
-            report = await self.suite.run(node, rs[0].model, peer)
+            report = await self._run_suite(node, rs[0].model, peer)
             took = time.monotonic() - t0
             for r in rs:
                 res = build_result(r, report, self.clock(), took, self.host)
@@ -155,6 +157,17 @@ class Agent:
                          r.request_id, took, summarize(decide(report.outcomes)))
                 out.append(res)
         return out
+
+    async def _run_suite(self, node: NodeSpec, model: str, peer: float | None) -> SuiteReport:
+        """The suite's report; a bug or an overrun becomes an ``error``/``timeout`` outcome, never silence."""
+        try:
+            return await asyncio.wait_for(self.suite.run(node, model, peer), self.budget_s())
+        except TimeoutError:
+            return SuiteReport([CheckOutcome("suite", "timeout", self.budget_s(),
+                                             f"the suite overran its {self.budget_s():.0f}-s budget")])
+        except Exception as e:
+            log.exception("the check suite failed for %s", node.node_id)
+            return SuiteReport([CheckOutcome("suite", "error", 0.0, f"{type(e).__name__}: {e}"[:300])])
 
     def budget_s(self) -> float:
         """An upper bound of one suite run (every timeout, plus slack)."""

@@ -68,3 +68,15 @@ async def test_one_result_per_request_one_suite_run_per_node() -> None:
     assert r["agent"]["host"] == "h" and r["gpus"] == [{"index": "0"}]
     d = parse_diagnostics_result(json.dumps(r).encode())
     assert (d.node_id, d.model, d.recoverable, d.ts) == ("n1", "a", False, NOW)
+
+
+class BrokenSuite:
+    async def run(self, node: NodeSpec, model: str = "", peer_tflops: float | None = None) -> SuiteReport:
+        raise RuntimeError("parser bug")
+
+
+async def test_a_crashing_suite_still_answers_inconclusive() -> None:
+    a = Agent(AgentConfig((NodeSpec("n1"),)), BrokenSuite(), clock=lambda: NOW, host="h")  # type: ignore[arg-type]
+    (r,) = await a.answer([Request("n1", "m", "r1")])
+    assert (r["verdict"], r["recoverable"]) == ("inconclusive", True)
+    assert r["checks"] == [{"name": "suite", "status": "error", "duration_s": 0.0, "note": "RuntimeError: parser bug"}]
