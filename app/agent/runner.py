@@ -211,7 +211,10 @@ class Agent:
                     for res in await self.answer(reqs):
                         await self._publish(producer, res, stop, KafkaError)
                         self.answered += 1
-                    await consumer.commit()
+                    try:
+                        await consumer.commit()
+                    except KafkaError as e:  # the batch may be answered again: the worker ignores repeats
+                        log.warning("committing offsets failed (%s); the batch may be answered again", e)
             finally:
                 await consumer.stop()
         finally:
