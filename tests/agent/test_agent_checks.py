@@ -142,3 +142,28 @@ async def test_run_tool_kills_the_whole_process_group_on_timeout(tmp_path: Path)
     t0 = time.monotonic()
     run = await run_tool(["/bin/sh", "-c", "sleep 60 & sleep 60; wait"], 0.5)
     assert run.timed_out and time.monotonic() - t0 < 4.0
+
+
+async def test_xid_falls_back_to_journalctl_when_dmesg_is_not_permitted(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "dmesg").write_text("#!/bin/sh\necho 'dmesg: read kernel buffer failed: Operation not permitted' >&2\n"
+                                   "exit 1\n")
+    now = time.time()
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S+0000", time.gmtime(now - 60))
+    (bin_dir / "journalctl").write_text(
+        f"#!/bin/sh\necho \"$*\" > {tmp_path}/args\n"
+        f"echo '{stamp} gpu-node-07 kernel: NVRM: Xid (PCI:0000:0f:00): 95, pid=1, Uncontained: FBHUB.'\n")
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    suite = Suite(_cfg(tmp_path), env={"PATH": f"{bin_dir}:/usr/bin:/bin"}, clock=lambda: now)
+    out = await suite.xid({}, None)
+    assert out.status == "ok" and out.note == "read with journalctl", out
+    (f,) = out.findings
+    assert (f.kind, f.data["xid"]) == ("xid_fatal", 95)
+    assert (tmp_path / "args").read_text().split() == ["-k", "-o", "short-iso", "--no-pager",
+                                                       f"--since=@{int(now - 86400)}"]
+    # Neither readable: skipped, saying what to grant.
+    (bin_dir / "journalctl").write_text("#!/bin/sh\necho 'No journal files were found.' >&2\nexit 1\n")
+    out = await suite.xid({}, None)
+    assert out.status == "skipped" and "CAP_SYSLOG" in out.note and "Operation not permitted" in out.note
