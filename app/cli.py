@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "haproxy-sync": ("app.lb.haproxy", "map routing sets onto HAProxy's Runtime API"),
     "probe": ("app.lb.prober", "synthetic probes for quarantined nodes an LB sends nothing"),
     "settings": ("app.settings_cli", "print every TAILGUARD_* setting and its value"),
+    "diagnose": ("app.agent.cli", "diagnostics agent for an inference node (GPU checks → verdict)"),
 }
 
 

@@ -42,6 +42,7 @@ class Topics:
     diagnostics_requests: str = "node-diagnostics-requests"
     diagnostics_results: str = "node-diagnostics-results"
     dead_letter: str = "latency-events-dlq"
+    replacements: str = "node-replacements"
 
 
 KAFKA_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
@@ -118,6 +119,12 @@ class Settings:
     redis_ssl_certfile: str = ""                 # client certificate, PEM
     redis_ssl_keyfile: str = ""
     redis_ssl_check_hostname: bool = True
+    # The replace hook (app.streaming.replace): one action per retired (node, model).
+    replace_command: str = ""         # run with /bin/sh -c; node, model, reason in its environment
+    replace_webhook_url: str = ""     # or: POST the retirement as JSON here
+    replace_timeout_s: float = 60.0   # per attempt
+    replace_attempts: int = 3         # tries before the outcome is "failed"
+    replace_max_age_s: float = 3600.0  # older retirements, first seen (hook newly on), are not acted on
     topics: Topics = field(default_factory=Topics)
     detector: DetectorSettings = field(default_factory=DetectorSettings)
 
@@ -147,12 +154,26 @@ class Settings:
         _check_security(self)
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):
             raise SettingError("TAILGUARD_LOG_LEVEL", self.log_level, "debug, info, warning or error")
+        if self.replace_command and self.replace_webhook_url:
+            raise SettingError("TAILGUARD_REPLACE_WEBHOOK_URL", self.replace_webhook_url,
+                               "empty when TAILGUARD_REPLACE_COMMAND is set (one action per retirement)")
+        if self.replace_webhook_url and urlparse(self.replace_webhook_url).scheme not in ("http", "https"):
+            raise SettingError("TAILGUARD_REPLACE_WEBHOOK_URL", self.replace_webhook_url, "an http(s):// URL")
+        for name in ("replace_timeout_s", "replace_max_age_s"):
+            v = getattr(self, name)
+            if not (v > 0 and v < float("inf")):
+                raise SettingError(PREFIX + name.upper(), v, "a number of seconds > 0")
+        if not 1 <= self.replace_attempts <= 100:
+            raise SettingError("TAILGUARD_REPLACE_ATTEMPTS", self.replace_attempts, "1..100")
         for f in dataclasses.fields(Topics):
             name = getattr(self.topics, f.name)
             if not _TOPIC_NAME.fullmatch(name) or name in (".", ".."):
                 raise SettingError(f"TAILGUARD_TOPIC_{f.name.upper()}", name,
                                    "a Kafka topic name: 1-249 of letters, digits, '.', '_', '-'")
 
+
+# Variables tailguard sets for the commands it runs (replace hook, agent user checks).
+HOOK_ENV = ("NODE_ID", "MODEL", "REASON", "RETIRED_TS", "RETIREMENT_ID", "ATTEMPT", "GPUS")
 
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
 
@@ -234,6 +255,8 @@ def load(environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings
     """
     env = dict(os.environ if environ is None else environ)
     known = set(env_names()) | set(SCRIPT_ONLY) | set(secret_file_names())
+    # What the replace hook and the agent's user checks put in their commands' environment.
+    known |= {PREFIX + n for n in HOOK_ENV}
     unknown = sorted(k for k in env if k.startswith(PREFIX) and k not in known)
     if unknown:
         raise SettingError(unknown[0], env[unknown[0]], "a known TAILGUARD_* variable (see docs/configuration.md)")
@@ -252,6 +275,11 @@ def load(environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings
                 service[name] = _parse_bool(var, text)
             elif name in SECRETS:
                 service[name] = Secret(text)
+            elif f.type in ("float", float):
+                try:
+                    service[name] = float(text)
+                except ValueError:
+                    raise SettingError(var, text, "a number") from None
             else:
                 service[name] = text
     for file_var, var in secret_file_names().items():

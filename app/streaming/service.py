@@ -23,7 +23,9 @@ stage-2 tick               ``tick_interval_s`` after each stage-1 tick + min(T/2
                            evaluates every model whose ``node-window-stats`` partition this
                            worker owns (``FleetEvaluator``), writes its state to the
                            ``health`` table, publishes transitions / fleet events /
-                           diagnostics requests, then writes the routing verdict to Redis.
+                           diagnostics requests, then writes the routing verdict to Redis,
+                           then offers the retired nodes to the replace hook (replace.py,
+                           when TAILGUARD_REPLACE_COMMAND or _WEBHOOK_URL is set).
 ``health`` Table           model → ``FleetEvaluator.snapshot_model``; changelog-backed
                            (``use_partitioner=True``: written from the timer), co-partitioned
                            with ``node-window-stats`` (same raw key bytes, same partitioner).
@@ -67,6 +69,7 @@ from app.settings import Settings
 from app.streaming.deadletter import DeadLetter
 from app.streaming.ingest import IngestService, next_boundary, sleep_until
 from app.streaming.metrics import WorkerMetrics
+from app.streaming.replace import ReplaceHook, build_hook
 from app.streaming.stage1 import Stage1
 from app.streaming.stage2 import ModelOutput, Stage2, StageHints, decode_hints, state_key
 from app.streaming.wire import (
@@ -128,6 +131,7 @@ class Runtime:
     stage2_tick: Callable[[], Awaitable[list[ModelOutput]]] | None = None
     gauged_models: set[str] = field(default_factory=set)
     unpublished: list[ModelOutput] = field(default_factory=list)
+    replace_hook: ReplaceHook | None = None
 
 
 class _ByModel(Protocol):
@@ -209,6 +213,7 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
     fleet = app.topic(topics.fleet_events, partitions=n_parts)
     diag_req = app.topic(topics.diagnostics_requests, partitions=n_parts)
     dlq = app.topic(topics.dead_letter, partitions=n_parts)
+    replacements = app.topic(topics.replacements, partitions=n_parts)
     state_table = app.Table("health", partitions=n_parts, use_partitioner=True,
                             key_type=bytes)
     hints_table = app.GlobalTable("judge_since", partitions=n_parts, use_partitioner=True,
@@ -229,7 +234,7 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
     rt = Runtime(settings, metrics, stage1, stage2, evaluator, writer)
     setattr(app, _RUNTIME_ATTR, rt)
     changelogs = [t.changelog_topic.get_topic_name() for t in (state_table, hints_table)]
-    written = [t.get_topic_name() for t in (stats, health, fleet, diag_req, dlq)] + changelogs
+    written = [t.get_topic_name() for t in (stats, health, fleet, diag_req, dlq, replacements)] + changelogs
 
     tracked: list[Any] = []    # the aiokafka producer already tracking ``written``
 
@@ -243,6 +248,13 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
         tracked[:] = [producer]
 
     sink = _FaustSink(stats, dlq, track_written_metadata)
+
+    async def publish_replacement(event: dict[str, Any]) -> None:
+        await track_written_metadata()
+        await (await replacements.send(key=event["node_id"].encode(), value=dumps(event)))
+
+    hook, hook_redis = build_hook(settings, publish_replacement, clock)
+    rt.replace_hook = hook
 
     def hints() -> StageHints:
         return decode_hints(list(hints_table.items()))
@@ -263,6 +275,9 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
                 await enter()
 
         async def on_stop(self) -> None:
+            if hook is not None:
+                await hook.aclose()
+                await hook_redis.aclose()
             if owns_writer:
                 close = getattr(writer, "aclose", None)
                 if close is not None:
@@ -328,6 +343,8 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
         rt.unpublished = pending
         await publish(pending)
         rt.unpublished = []
+        if hook is not None:   # level-triggered: every retired status, every tick (replace.py)
+            hook.offer(s for o in outputs for s in o.tick.statuses)
         return outputs
 
     async def publish(outputs: list[ModelOutput]) -> None:
@@ -368,6 +385,11 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
                 raise
             except Exception:
                 log.exception("stage-2 tick failed; what was not published is retried next tick")
+
+    @app.task  # type: ignore[untyped-decorator]
+    async def replace_loop() -> None:
+        if hook is not None:
+            await hook.run()
 
     rt.stage2_tick = stage2_tick
     return app

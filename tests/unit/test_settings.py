@@ -50,6 +50,11 @@ SERVICE_VALUES: dict[str, tuple[str, Any]] = {
     "TAILGUARD_REDIS_SSL_CERTFILE": ("/etc/client.pem", "/etc/client.pem"),
     "TAILGUARD_REDIS_SSL_KEYFILE": ("/etc/client.key", "/etc/client.key"),
     "TAILGUARD_REDIS_SSL_CHECK_HOSTNAME": ("0", False),
+    "TAILGUARD_REPLACE_COMMAND": ('kubectl delete pod "$TAILGUARD_NODE_ID"', 'kubectl delete pod "$TAILGUARD_NODE_ID"'),
+    "TAILGUARD_REPLACE_WEBHOOK_URL": ("https://ops.internal/replace", "https://ops.internal/replace"),
+    "TAILGUARD_REPLACE_TIMEOUT_S": ("120", 120.0),
+    "TAILGUARD_REPLACE_ATTEMPTS": ("5", 5),
+    "TAILGUARD_REPLACE_MAX_AGE_S": ("600.5", 600.5),
 }
 # Variables that are only valid together with others (set alongside, left out of "nothing else moved").
 _TLS = {"TAILGUARD_KAFKA_SECURITY_PROTOCOL": "SSL"}
@@ -185,6 +190,11 @@ BAD: list[tuple[str, str, str]] = [
     ("TAILGUARD_KAFKA_SSL_CHECK_HOSTNAME", "maybe", "true or false"),
     ("TAILGUARD_KAFKA_SSL_CAFILE", "/etc/ca.pem", "uses no TLS"),
     ("TAILGUARD_REDIS_SSL_CAFILE", "/etc/ca.pem", "rediss://"),
+    ("TAILGUARD_REPLACE_WEBHOOK_URL", "ftp://x/y", "http(s)://"),
+    ("TAILGUARD_REPLACE_TIMEOUT_S", "0.0", "seconds > 0"),
+    ("TAILGUARD_REPLACE_TIMEOUT_S", "soon", "a number"),
+    ("TAILGUARD_REPLACE_MAX_AGE_S", "inf", "seconds > 0"),
+    ("TAILGUARD_REPLACE_ATTEMPTS", "0", "1..100"),
     ("TAILGUARD_TOPIC_LATENCY_EVENTS", "", "Kafka topic name"),
     ("TAILGUARD_TOPIC_HEALTH_CHANGES", "node health", "Kafka topic name"),
     ("TAILGUARD_TOPIC_DEAD_LETTER", "x" * 250, "Kafka topic name"),
@@ -242,6 +252,17 @@ def test_unknown_tailguard_variable_is_rejected(var: str) -> None:
 
 def test_other_variables_are_ignored() -> None:
     assert load({"TAILGUARDX": "1", "KAFKA_BOOTSTRAP": "x", "tailguard_window_size": "abc"}) == Settings()
+
+
+def test_one_replace_action_only() -> None:
+    with pytest.raises(SettingError) as info:
+        load({"TAILGUARD_REPLACE_COMMAND": "true", "TAILGUARD_REPLACE_WEBHOOK_URL": "http://x/"})
+    assert info.value.name == "TAILGUARD_REPLACE_WEBHOOK_URL" and "TAILGUARD_REPLACE_COMMAND" in info.value.allowed
+
+
+def test_hook_environment_variables_are_accepted() -> None:
+    # A replace command or user check that runs `tailguard …` inherits them.
+    assert load({"TAILGUARD_NODE_ID": "n1", "TAILGUARD_MODEL": "m", "TAILGUARD_RETIREMENT_ID": "x"}) == Settings()
 
 
 def test_script_only_variables_are_accepted() -> None:
