@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from app.core.config import DetectorSettings
-from app.core.evaluate import FleetEvaluator, median
+from app.core.evaluate import FleetEvaluator
+from app.core.peers import median
 from app.core.types import HealthState as H
 from app.core.types import ModelTick, Reason, WindowSummary
 
