@@ -153,7 +153,6 @@ class FleetEvaluator:
             out.update(self.judge_since(m, now_s))
         return out
 
-
     # ---- the tick ------------------------------------------------------------------------
     def evaluate(self, model: str, summaries: Iterable[WindowSummary], now_s: float,
                  *, with_statuses: bool = True) -> ModelTick:
@@ -173,23 +172,17 @@ class FleetEvaluator:
         verdicts = self._judge_peers(ms, peers, norms, fresh, errors, now_s)
         self._judge_thin_failing(ms, peers, errors, verdicts)
 
-        fleet_events: list[FleetEvent] = []
         signal = signal_of(peers)
-        load, event = load_event(model, ms, verdicts.abnormal, len(peers), now_s,
-                                 norms.fleet_p50, signal, st)
-        if event is not None:
-            fleet_events.append(event)
+        load, load_ev = load_event(model, ms, verdicts.abnormal, len(peers), now_s,
+                                   norms.fleet_p50, signal, st)
         if load:   # nobody is ejected and no streak moves while it lasts
             verdicts.judgements, verdicts.elevated = {}, {}
         ms.elevated = verdicts.elevated
-        event = error_storm(model, ms, errors, now_s, signal, st)
-        if event is not None:
-            fleet_events.append(event)
-        event = baseline_shift(model, ms, peers, now_s, verdicts.abnormal, norms.fleet_p50,
-                               norms.movement)
-        if event is not None:
-            fleet_events.append(event)
+        storm_ev = error_storm(model, ms, errors, now_s, signal, st)
+        shift_ev = baseline_shift(model, ms, peers, now_s, verdicts.abnormal, norms.fleet_p50,
+                                  norms.movement)
         update_baseline(ms, peers, now_s, st)
+        fleet_events = [e for e in (load_ev, storm_ev, shift_ev) if e is not None]
 
         self._judge_probes(ms, by_node, norms, errors, now_s, verdicts.judgements)
         candidates = self._step_pairs(ms, verdicts.judgements, now_s, transitions)
