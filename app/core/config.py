@@ -77,6 +77,16 @@ class DetectorSettings:
     # a retired pair (it no longer counts against max_ejected_fraction, and a node that comes
     # back under its id starts over) and stage 1's window of any series. 0 = never.
     forget_after_s: float = field(default=900.0, metadata={"lo": 0.0, "hi": 31_536_000.0})
+    # Liveness: a pair with no sample and no heartbeat (event time) for this long, while its
+    # model's other nodes still report, is gone: out of routing, in no guard's count, back
+    # through warm-up when it reports again. 0 = never.
+    silent_after_s: float = field(default=120.0, metadata={"lo": 0.0, "hi": 86_400.0})
+    # When at least this share of a model's live pairs is silent at once, the telemetry is
+    # lost, not the nodes: nobody is taken out and routing stays as it was (fail open).
+    telemetry_loss_fraction: float = field(default=0.75, metadata={"lo": 0.0, "lo_open": True, "hi": 1.0})
+    # A series whose signs of life (samples, heartbeats) resume after a gap longer than this
+    # (and than 20 of its usual gaps) restarted: it warms up again. 0 = only instance changes.
+    restart_gap_s: float = field(default=15.0, metadata={"lo": 0.0, "hi": 86_400.0})
     # Input validation bounds.
     max_latency_us: float = field(default=3.6e9, metadata={"lo": 1.0, "hi": 1e15})
     max_future_skew_s: float = field(default=300.0, metadata={"lo": 0.0, "hi": 1e9})
@@ -88,6 +98,9 @@ class DetectorSettings:
             raise SettingError("min_samples", self.min_samples, f"at most window_size ({self.window_size})")
         if 0.0 < self.shift_factor <= 1.0:
             raise SettingError("shift_factor", self.shift_factor, "0 (off) or a factor above 1")
+        if 0.0 < self.silent_after_s <= self.restart_gap_s:
+            raise SettingError("silent_after_s", self.silent_after_s,
+                               f"0 (off) or more than restart_gap_s ({self.restart_gap_s})")
         if self.backoff_max_s < self.backoff_initial_s:
             raise SettingError("backoff_max_s", self.backoff_max_s, f">= backoff_initial_s ({self.backoff_initial_s})")
 

@@ -12,6 +12,9 @@ accepted, each decoding to a value this module defines:
 * heartbeat ``{"type": "heartbeat", "node_id", "model", "hardware", "ts"}`` →
   :class:`Heartbeat`.
 
+Every form may carry ``"instance"``: an id of the reporting process (the emitter
+draws one per process start); a new instance of a series is a restart.
+
 ``"type"`` is optional for the first two; a producer that names every form may
 send ``"type": "single"`` or ``"type": "batch"``. Any other type is bad input.
 
@@ -127,6 +130,7 @@ class SampleBatch:
     output_tokens: FloatArray | None = None
     ttft_us: FloatArray | None = None
     rejected: int = 0
+    instance: str | None = None
 
     def __len__(self) -> int:
         return int(self.ts.shape[0])
@@ -144,6 +148,7 @@ class Heartbeat:
     model: str
     hardware: str | None
     ts: float
+    instance: str | None = None
 
     @property
     def key(self) -> tuple[str, str]:
@@ -154,6 +159,8 @@ Event: TypeAlias = SampleBatch | Heartbeat
 
 # One validated single event: (ts, latency_us, ok, probe, input_tokens, output_tokens, ttft_us).
 _Row: TypeAlias = tuple[float, float, bool, bool, float, float, float]
+# The series and process a single event belongs to: (node_id, model, hardware, instance).
+_Group: TypeAlias = tuple[str, str, str | None, str | None]
 
 
 # Event time is seconds since the epoch; 1e11 s is the year 5138. A larger ts is
@@ -182,15 +189,16 @@ def _name(d: Mapping[str, Any], key: str) -> str:
                    field=key)
 
 
-def _hardware(d: Mapping[str, Any]) -> str | None:
-    v = d.get("hardware")
+def _hardware(d: Mapping[str, Any], key: str = "hardware") -> str | None:
+    """An optional string field (``hardware``, ``instance``): None, or at most 256 chars."""
+    v = d.get(key)
     if v is None or (type(v) is str and len(v) <= MAX_NAME_CHARS):
         return v
     if not isinstance(v, str):
-        raise BadEvent("bad_type", f"hardware must be a string, got {type(v).__name__}",
-                       field="hardware")
-    raise BadEvent("too_long", f"hardware has {len(v)} chars; at most {MAX_NAME_CHARS} allowed",
-                   field="hardware")
+        raise BadEvent("bad_type", f"{key} must be a string, got {type(v).__name__}",
+                       field=key)
+    raise BadEvent("too_long", f"{key} has {len(v)} chars; at most {MAX_NAME_CHARS} allowed",
+                   field=key)
 
 
 def _flag(d: Mapping[str, Any], key: str, default: bool) -> bool:
@@ -239,7 +247,7 @@ def _tokens(d: Mapping[str, Any], key: str) -> float:
 
 
 def _single(d: Mapping[str, Any], fut_limit: float, max_lat: float,
-            now_s: float | None) -> tuple[str, str, str | None, _Row]:
+            now_s: float | None) -> tuple[_Group, _Row]:
     node = d.get("node_id")
     if type(node) is not str or not 0 < len(node) <= MAX_NAME_CHARS:
         node = _name(d, "node_id")
@@ -255,6 +263,9 @@ def _single(d: Mapping[str, Any], fut_limit: float, max_lat: float,
     hw = d.get("hardware")
     if hw is not None and (type(hw) is not str or len(hw) > MAX_NAME_CHARS):
         hw = _hardware(d)
+    inst = d.get("instance")
+    if inst is not None and (type(inst) is not str or len(inst) > MAX_NAME_CHARS):
+        inst = _hardware(d, "instance")
     ok = d.get("ok", True)
     if type(ok) is not bool:
         ok = _flag(d, "ok", True)
@@ -265,7 +276,7 @@ def _single(d: Mapping[str, Any], fut_limit: float, max_lat: float,
     out = d.get("output_tokens")
     ttft = d.get("ttft_us")
     if inp is None and out is None and ttft is None:
-        return node, model, hw, (float(ts), float(lat), ok, probe, _NAN, _NAN, _NAN)
+        return (node, model, hw, inst), (float(ts), float(lat), ok, probe, _NAN, _NAN, _NAN)
     if inp is None:
         inp = _NAN
     elif type(inp) is int and 0 <= inp <= MAX_TOKENS:
@@ -283,7 +294,7 @@ def _single(d: Mapping[str, Any], fut_limit: float, max_lat: float,
     elif (type(ttft) is not float and type(ttft) is not int) or not 0 <= ttft <= lat:
         raise BadEvent("bad_ttft", f"ttft_us must be a number in [0, latency_us={lat!r}],"
                        f" got {ttft!r:.40}", field="ttft_us")
-    return node, model, hw, (float(ts), float(lat), ok, probe, inp, out, float(ttft))
+    return (node, model, hw, inst), (float(ts), float(lat), ok, probe, inp, out, float(ttft))
 
 
 # ---------------------------------------------------------------- batches
@@ -355,7 +366,7 @@ def _batch(d: Mapping[str, Any], fut_limit: float, max_lat: float,
                        _size_col(inp) if sized else None,
                        _size_col(out) if sized else None,
                        _size_col(ttft) if sized else None,
-                       rejected=rejected)
+                       rejected=rejected, instance=_hardware(d, "instance"))
 
 
 def _size_col(col: FloatArray) -> FloatArray | None:
@@ -398,18 +409,20 @@ def _heartbeat(d: Mapping[str, Any], fut_limit: float, now_s: float | None) -> H
     ts: Any = d.get("ts")
     if not _is_num(ts) or not 0 <= ts <= fut_limit or ts == _INF:
         raise _ts_error(ts, fut_limit, now_s)
-    return Heartbeat(node, model, hw, float(ts))
+    return Heartbeat(node, model, hw, float(ts), _hardware(d, "instance"))
 
 
 # ---------------------------------------------------------------- public API
 
-def _one(row: _Row, node: str, model: str, hw: str | None) -> SampleBatch:
+def _one(row: _Row, group: _Group) -> SampleBatch:
+    node, model, hw, inst = group
     ts, lat, ok, probe, inp, out, ttft = row
     return SampleBatch(
         node, model, hw, np.array([ts]), np.array([lat]), np.array([ok]), np.array([probe]),
         None if inp != inp else np.array([inp]),
         None if out != out else np.array([out]),
         None if ttft != ttft else np.array([ttft]),
+        instance=inst,
     )
 
 
@@ -423,8 +436,8 @@ def parse_event(obj: Any, *, now_s: float | None = None,
         return _batch(obj, fut_limit, settings.max_latency_us, now_s)
     kind = obj.get("type")
     if kind is None or kind == "single":
-        node, model, hw, row = _single(obj, fut_limit, settings.max_latency_us, now_s)
-        return _one(row, node, model, hw)
+        group, row = _single(obj, fut_limit, settings.max_latency_us, now_s)
+        return _one(row, group)
     if kind == "heartbeat":
         return _heartbeat(obj, fut_limit, now_s)
     if kind == "batch":
@@ -466,7 +479,7 @@ class Accumulator:
         self._now_s = now_s
         self._fut_limit = _future_limit(now_s, settings)
         self._max_lat = settings.max_latency_us
-        self._groups: dict[tuple[str, str, str | None], list[_Row]] = {}
+        self._groups: dict[_Group, list[_Row]] = {}
         self._out: list[Event] = []
         self._pending = 0
 
@@ -486,10 +499,10 @@ class Accumulator:
             raise BadEvent("bad_json", f"not valid JSON: {e}"[:200]) from None
         # add_obj's single-event path, inlined: this is the replay hot loop.
         if type(obj) is dict and "samples" not in obj and "type" not in obj:
-            node, model, hw, row = _single(obj, self._fut_limit, self._max_lat, self._now_s)
-            group = self._groups.get((node, model, hw))
+            key, row = _single(obj, self._fut_limit, self._max_lat, self._now_s)
+            group = self._groups.get(key)
             if group is None:
-                self._groups[(node, model, hw)] = [row]
+                self._groups[key] = [row]
             else:
                 group.append(row)
             self._pending += 1
@@ -498,37 +511,40 @@ class Accumulator:
 
     def add_obj(self, obj: Any) -> float:
         if type(obj) is dict and "samples" not in obj and obj.get("type", "single") == "single":
-            node, model, hw, row = _single(obj, self._fut_limit, self._max_lat, self._now_s)
-            group = self._groups.get((node, model, hw))
+            key, row = _single(obj, self._fut_limit, self._max_lat, self._now_s)
+            group = self._groups.get(key)
             if group is None:
-                self._groups[(node, model, hw)] = [row]
+                self._groups[key] = [row]
             else:
                 group.append(row)
             self._pending += 1
             return row[0]
         ev = parse_event(obj, now_s=self._now_s, settings=self._settings)
-        pending = self._groups.pop((ev.node_id, ev.model, ev.hardware), None)
+        key = (ev.node_id, ev.model, ev.hardware, ev.instance)
+        pending = self._groups.pop(key, None)
         if pending is not None:
-            self._out.append(_build(ev.node_id, ev.model, ev.hardware, pending))
+            self._out.append(_build(key, pending))
         self._out.append(ev)
         self._pending += 1
         return ev.ts if isinstance(ev, Heartbeat) else float(ev.ts.max())
 
     def drain(self) -> list[Event]:
         out = self._out
-        out.extend(_build(n, m, h, rows) for (n, m, h), rows in self._groups.items())
+        out.extend(_build(key, rows) for key, rows in self._groups.items())
         self._out, self._groups, self._pending = [], {}, 0
         return out
 
 
-def _build(node: str, model: str, hw: str | None, rows: list[_Row]) -> SampleBatch:
+def _build(group: _Group, rows: list[_Row]) -> SampleBatch:
     if len(rows) == 1:
-        return _one(rows[0], node, model, hw)
+        return _one(rows[0], group)
+    node, model, hw, inst = group
     arr = np.array(rows, dtype=np.float64)
     return SampleBatch(
         node, model, hw, np.ascontiguousarray(arr[:, 0]), np.ascontiguousarray(arr[:, 1]),
         arr[:, 2] != 0, arr[:, 3] != 0,
         _size_col(arr[:, 4]), _size_col(arr[:, 5]), _size_col(arr[:, 6]),
+        instance=inst,
     )
 
 

@@ -157,8 +157,8 @@ class _Chunk:
 
 
 class _Series:
-    __slots__ = ("chunk", "failed", "failures", "first_seen_ts", "hardware", "last_seen_ts",
-                 "midx", "model", "node_id", "requests", "row")
+    __slots__ = ("chunk", "failed", "failures", "first_seen_ts", "hardware", "instance", "instance_ts",
+                 "last_seen_ts", "midx", "model", "node_id", "requests", "resumed_ts", "row", "signs")
 
     def __init__(self, node_id: str, model: str, midx: int) -> None:
         self.node_id, self.model, self.midx = node_id, model, midx
@@ -169,11 +169,33 @@ class _Series:
         self.requests = self.failures = 0      # every request taken, and the failed ones
         self.chunk: _Chunk | None = None
         self.row = -1
+        # Restarts: the reporting process (event "instance"), when a new one was first seen,
+        # and when signs of life last resumed after a gap; signs = samples and heartbeats seen.
+        self.instance: str | None = None
+        self.instance_ts: float | None = None
+        self.resumed_ts: float | None = None
+        self.signs = 0
 
-    def seen(self, lo: float, hi: float) -> None:
+    def seen(self, lo: float, hi: float, instance: str | None = None, gap_s: float = 0.0,
+             n: int = 1) -> None:
+        """``n`` signs of life from ``lo`` to ``hi`` (event time) of process ``instance``.
+
+        A new instance, or signs that resume after a gap longer than ``gap_s`` and than 20 of
+        the series' mean gaps so far, mark a restart (``instance_ts`` / ``resumed_ts``).
+        """
+        last = self.last_seen_ts
+        if instance is not None:
+            if self.instance is not None and instance != self.instance:
+                self.instance_ts = lo
+            self.instance = instance
+        if last is not None and gap_s > 0 and lo - last > gap_s:
+            first = self.first_seen_ts if self.first_seen_ts is not None else last
+            if lo - last > 20.0 * (last - first) / max(1, self.signs - 1):
+                self.resumed_ts = lo
+        self.signs += n
         if self.first_seen_ts is None or lo < self.first_seen_ts:
             self.first_seen_ts = lo
-        if self.last_seen_ts is None or hi > self.last_seen_ts:
+        if last is None or hi > last:
             self.last_seen_ts = hi
 
 
@@ -408,7 +430,7 @@ class WindowStore:
         s = self._get(hb.node_id, hb.model)
         if hb.hardware is not None:
             s.hardware = hb.hardware
-        s.seen(hb.ts, hb.ts)
+        s.seen(hb.ts, hb.ts, hb.instance, self.settings.restart_gap_s)
 
     def observe(self, batch: SampleBatch) -> None:
         """Add a batch's samples (vectorized; arrival order = array order)."""
@@ -423,7 +445,7 @@ class WindowStore:
             t_lo = t_hi = float(ts[0])
         else:
             t_lo, t_hi = float(ts.min()), float(ts.max())
-        s.seen(t_lo, t_hi)
+        s.seen(t_lo, t_hi, batch.instance, self.settings.restart_gap_s, n)
         s.requests += n
         ok = batch.ok
         lat = batch.latency_us
@@ -546,7 +568,7 @@ class WindowStore:
                     s.node_id, s.model, now_s, plans[s.midx].signal, 0, None, None, None, None,
                     _failed_in(s.failed, age_lo, now_s) if s.failed else 0, s.hardware,
                     s.first_seen_ts, s.last_seen_ts, 0, None, None, {}, 0, None, s.requests,
-                    s.failures))
+                    s.failures, instance_ts=s.instance_ts, resumed_ts=s.resumed_ts))
         results.sort(key=_summary_order)
         return results
 
@@ -783,7 +805,8 @@ class WindowStore:
                 s.node_id, s.model, now_s, signal_of[s.midx], ns_r, p50, p99, l50, l99,
                 _failed_in(s.failed, age_lo, now_s) if s.failed else 0, s.hardware,
                 s.first_seen_ts, s.last_seen_ts, n_probe_l[r], pqs[0], pqs[1], extra,
-                n_fresh_l[r], qf if qf == qf else None, s.requests, s.failures))
+                n_fresh_l[r], qf if qf == qf else None, s.requests, s.failures,
+                instance_ts=s.instance_ts, resumed_ts=s.resumed_ts))
         return out
 
     @staticmethod
@@ -835,6 +858,8 @@ class WindowStore:
                 "first_seen_ts": s.first_seen_ts, "last_seen_ts": s.last_seen_ts,
                 "failed": sorted([b, c] for b, c in s.failed.items()),
                 "requests": s.requests, "failures": s.failures,
+                "instance": s.instance, "instance_ts": s.instance_ts, "resumed_ts": s.resumed_ts,
+                "signs": s.signs,
                 "ts": w["ts"].tolist(), "latency_us": w["latency_us"].tolist(),
                 "probe": np.flatnonzero(w["probe"]).tolist(),
             }
@@ -861,9 +886,11 @@ class WindowStore:
             s.last_seen_ts = item.get("last_seen_ts")
             s.failed = {int(b): int(c) for b, c in item.get("failed", [])}
             counts = int(item.get("requests", 0)), int(item.get("failures", 0))
+            life = item.get("instance"), item.get("instance_ts"), item.get("resumed_ts"), int(item.get("signs", 0))
             ts = np.asarray(item["ts"], dtype=np.float64)
             if ts.size == 0:
                 s.requests, s.failures = counts
+                s.instance, s.instance_ts, s.resumed_ts, s.signs = life
                 continue
             lat = np.asarray(item["latency_us"], dtype=np.float64)
             probe = np.zeros(ts.size, dtype=bool)
@@ -874,6 +901,7 @@ class WindowStore:
                                      _column(item, "output_tokens"), _column(item, "ttft_us")))
             s.first_seen_ts, s.last_seen_ts = first, last
             s.requests, s.failures = counts
+            s.instance, s.instance_ts, s.resumed_ts, s.signs = life
 
 
 def _column(item: Mapping[str, Any], key: str) -> F64 | None:

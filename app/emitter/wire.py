@@ -17,6 +17,7 @@ the JSON layout. Guarantees:
   the ordinary group (ok, not probe) carries no flag at all.
 * ``hardware`` is omitted when unknown (``None``), never sent as ``null``.
 * Heartbeats are ``{"type": "heartbeat", "node_id", "model", "hardware"?, "ts"}``.
+* Every message carries the emitter's ``instance`` (random per process start) when given.
 * The Kafka message key is ``node_id|model`` (UTF-8), so all messages of a
   series land on one partition, in order.
 * Every message decodes with :func:`app.core.events.decode` (tested), as
@@ -58,8 +59,11 @@ def _row(s: Sample) -> list[float | int | None]:
     return [s[2], s[3], s[4], s[5], s[6]]
 
 
-def encode_batches(series: SeriesKey, samples: Sequence[Sample]) -> list[tuple[bytes, list[Sample]]]:
+def encode_batches(series: SeriesKey, samples: Sequence[Sample],
+                   instance: str | None = None) -> list[tuple[bytes, list[Sample]]]:
     """Encode samples of one series as 1–4 batch messages, one per (ok, probe) group.
+
+    ``instance``: the sending process's id (a new one tells tailguard the node restarted).
 
     Returns ``(value, samples_in_that_message)`` pairs; samples keep their
     order within each group.
@@ -78,6 +82,8 @@ def encode_batches(series: SeriesKey, samples: Sequence[Sample]) -> list[tuple[b
         doc: dict[str, object] = {"node_id": node_id, "model": model}
         if hardware is not None:
             doc["hardware"] = hardware
+        if instance is not None:
+            doc["instance"] = instance
         if not ok:
             doc["ok"] = False
         if probe:
@@ -87,12 +93,14 @@ def encode_batches(series: SeriesKey, samples: Sequence[Sample]) -> list[tuple[b
     return out
 
 
-def encode_heartbeat(series: SeriesKey, ts: float) -> bytes:
+def encode_heartbeat(series: SeriesKey, ts: float, instance: str | None = None) -> bytes:
     """Encode one heartbeat of ``series`` at event time ``ts``."""
     node_id, model, hardware = series
     doc: dict[str, object] = {"type": "heartbeat", "node_id": node_id, "model": model}
     if hardware is not None:
         doc["hardware"] = hardware
+    if instance is not None:
+        doc["instance"] = instance
     doc["ts"] = ts
     return orjson.dumps(doc)
 

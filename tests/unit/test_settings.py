@@ -57,6 +57,9 @@ DETECTOR_TEXT: dict[str, tuple[str, Any]] = {
     "backoff_max_s": ("600", 600.0),
     "retire_after_failed_probes": ("3", 3),
     "forget_after_s": ("0", 0.0),
+    "silent_after_s": ("300", 300.0),
+    "telemetry_loss_fraction": ("0.9", 0.9),
+    "restart_gap_s": ("0", 0.0),
     "max_latency_us": ("1e7", 1e7),
     "max_future_skew_s": ("30", 30.0),
 }
