@@ -253,8 +253,8 @@ class FleetEvaluator:
                         fraction: float, advanced: bool, elevated: float | None) -> Judgement:
         """An abnormal latency verdict, held when it is a tail verdict on a window mostly
         counted already, or credited with the previous window at the onset of a slow-down."""
-        if p.abnormal_streak and advanced and fraction < NEW_EVIDENCE_FRACTION \
-                and not p50_over(s, p50, lim):
+        if (p.abnormal_streak and advanced and fraction < NEW_EVIDENCE_FRACTION
+                and not p50_over(s, p50, lim)):
             # Its few slowest samples are likely the ones already counted: hold, no more.
             return dataclasses.replace(
                 j, verdict=Verdict.NONE, detail=f"{j.detail}; only {fraction:.0%} of the "
