@@ -221,8 +221,7 @@ class FleetEvaluator:
         was_elevated = ms.elevated
         tail_samples = tail_support_samples(st)
         class_limits: dict[str | None, Limits] = {}
-        for peer in peers:
-            node, s, p50, ratio = peer.node_id, peer.summary, peer.p50, peer.ratio
+        for node, s, p50, ratio in peers:
             lim = class_limits.get(s.hardware)
             if lim is None:
                 lim = class_limits[s.hardware] = limits(norms, fresh, s.hardware, st)
@@ -271,7 +270,7 @@ class FleetEvaluator:
         """A routed pair with too few judged samples to be a peer may still be failing fast
         (not counted towards a load event, whose denominator is the peers; the ejection cap
         still bounds how many leave)."""
-        judged = {p.node_id for p in peers}
+        judged = {node for node, _, _, _ in peers}
         for node, j in errors.judgements.items():
             p = ms.pairs[node]
             if node not in judged and p.routed and p.state is not HealthState.WARMING:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from app.core.config import DetectorSettings
 from app.core.health import PairState
@@ -49,9 +50,12 @@ def hw_class(hardware: str | None) -> str:
     return hardware if hardware is not None else ""
 
 
-@dataclass(frozen=True, slots=True)
-class Peer:
-    """A routed, warmed-up pair with judged data: its window's P50 and P99/P50."""
+class Peer(NamedTuple):
+    """A routed, warmed-up pair with judged data: its window's P50 and P99/P50.
+
+    Immutable; a ``NamedTuple`` rather than a frozen dataclass for the reason
+    :class:`~app.core.types.WindowSummary` is one: one per series per tick.
+    """
 
     node_id: str
     summary: WindowSummary
@@ -146,7 +150,7 @@ def window_norms(peers: Sequence[Peer], base_p50: Mapping[str, float],
         classes.setdefault(c, []).append(p.p50)
         classes99.setdefault(c, []).append(p.p50 * p.ratio)
     multi = len(classes) > 1
-    moved = movement(peers, base_p50, st.min_peers)
+    moved = movement([(p.summary, p.p50) for p in peers], base_p50, st.min_peers)
     class_p50: dict[str, float] = {}
     class_p99: dict[str, float] = {}
     if multi:
@@ -162,27 +166,28 @@ def fresh_norms(peers: Sequence[Peer], base_p50: Mapping[str, float],
     class median, small class's moved baseline), made over the peers' fresh P50s.
     ``None`` when fewer than ``min_peers`` peers have one. P50 references only."""
     min_peers = st.min_peers
-    fresh = [Peer(p.node_id, p.summary, p.summary.fresh_p50, p.ratio) for p in peers
+    fresh = [(p.summary, p.summary.fresh_p50) for p in peers
              if p.summary.fresh_p50 is not None and p.summary.fresh_p50 > 0]
     if len(fresh) < min_peers:
         return None
     classes: dict[str, list[float]] = {}
-    for p in fresh:
-        classes.setdefault(hw_class(p.summary.hardware), []).append(p.p50)
+    for s, p50 in fresh:
+        classes.setdefault(hw_class(s.hardware), []).append(p50)
     multi = len(classes) > 1
     class_p50: dict[str, float] = {}
     if multi:
         small = any(len(v) < min_peers for v in classes.values())
         moved = movement(fresh, base_p50, min_peers) if small else None
         class_p50 = class_p50_refs(classes, moved, base_p50, base_ticks, min_peers)
-    return Norms(True, median([p.p50 for p in fresh]), class_p50, multi, math.inf)
+    return Norms(True, median([p50 for _, p50 in fresh]), class_p50, multi, math.inf)
 
 
-def movement(peers: Sequence[Peer], base_p50: Mapping[str, float],
+def movement(p50s: Sequence[tuple[WindowSummary, float]], base_p50: Mapping[str, float],
              min_peers: int) -> float | None:
-    """Median over the peers of P50 / own class baseline (None below min_peers of them)."""
-    rel = [p.p50 / math.exp(base_p50[c]) for p in peers
-           if (c := hw_class(p.summary.hardware)) in base_p50]
+    """Median over the peers (summary, P50) of P50 / own class baseline (None below
+    min_peers of them)."""
+    rel = [p50 / math.exp(base_p50[c]) for s, p50 in p50s
+           if (c := hw_class(s.hardware)) in base_p50]
     return median(rel) if len(rel) >= min_peers else None
 
 
