@@ -43,6 +43,10 @@ class DetectorSettings:
     ratio_threshold: float = field(default=3.0, metadata={"lo": 1.0, "lo_open": True, "hi": 1000.0})
     confirm_windows: int = field(default=3, metadata={"lo": 1, "hi": 1000})
     relative_p50_factor: float = field(default=2.0, metadata={"lo": 1.0, "lo_open": True, "hi": 1000.0})
+    # P99 above this × the peers' P99 is abnormal (reason relative_p99).
+    relative_p99_factor: float = field(default=2.0, metadata={"lo": 1.0, "lo_open": True, "hi": 1000.0})
+    # A failed share past max_error_share is abnormal only when also above this × the peers' median.
+    error_share_peer_factor: float = field(default=2.0, metadata={"lo": 1.0, "lo_open": True, "hi": 1000.0})
     min_peers: int = field(default=3, metadata={"lo": 2, "hi": 100_000})
     max_ejected_fraction: float = field(default=0.5, metadata={"lo": 0.0, "hi": 1.0})
     warmup_s: float = field(default=120.0, metadata={"lo": 0.0, "hi": 86_400.0})
@@ -55,7 +59,7 @@ class DetectorSettings:
     # a per-token slowdown that request sizes dilute below relative_p50_factor. 0 = off.
     shift_factor: float = field(default=1.5, metadata={"lo": 0.0, "hi": 1000.0})
     # A node whose failed share of requests since the previous tick is above this (and above
-    # relative_p50_factor x its peers' median share) is abnormal: a node that fails fast
+    # error_share_peer_factor x its peers' median share) is abnormal: a node that fails fast
     # leaves no latency to judge. 0 = off.
     max_error_share: float = field(default=0.1, metadata={"lo": 0.0, "hi": 1.0})
     # "auto" | "latency" | "tpot" | "normalized"; per-model overrides in model_signals.

@@ -9,7 +9,8 @@ once every baseline involved has ``MIN_TICKS`` updates behind it. A node that sl
 is far above its reference; pairs that slow together move each other's reference and flag
 nobody. Baselines are in the units of the model's signal: a new signal starts them over.
 
-Pure data and arithmetic: no clock (``now_s`` is passed), plain-data snapshot.
+Pure data and arithmetic: no clock (``now_s`` is passed), plain-data snapshot;
+:func:`judge_own` is the rule on top of it.
 Rationale: docs/rules.md.
 """
 
@@ -19,6 +20,9 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from app.core.health import Evidence, Judgement, Verdict
+from app.core.types import Reason, WindowSummary
 
 HALF_LIFE_S = 600.0
 MIN_TICKS = 4
@@ -73,6 +77,25 @@ class OwnBaselines:
         return cls({str(k): float(v) for k, v in d["log_p50"].items()},
                    {str(k): int(v) for k, v in d["ticks"].items()},
                    {str(k): float(v) for k, v in d["ts"].items()})
+
+
+def judge_own(base: OwnBaselines, s: WindowSummary, p50: float, ratio: float,
+              p50s: Mapping[str, float], factor: float) -> Judgement | None:
+    """Abnormal (``relative_p50``) when ``p50`` is above ``factor ×`` the pair's own baseline
+    moved as the other pairs moved (:meth:`OwnBaselines.reference`); else None."""
+    ref = base.reference(s.node_id, p50s)
+    if ref is None:
+        return None
+    r, moved = ref
+    limit = factor * r
+    if p50 <= limit:
+        return None
+    ev = Evidence(signal=s.signal, p50=p50, p99=p50 * ratio, ratio=ratio, samples=s.samples,
+                  peers_p50=r, latency_p50_us=s.latency_p50_us, latency_p99_us=s.latency_p99_us,
+                  hardware=s.hardware)
+    return Judgement(Verdict.ABNORMAL, str(Reason.RELATIVE_P50), ev, p50 / limit,
+                     f"p50 {p50:.1f} > {factor:g} x its own baseline moved as the other nodes "
+                     f"moved (x{moved:.2f}): {r:.1f}")
 
 
 def _median(values: Sequence[float]) -> float:

@@ -74,6 +74,8 @@ DETECTOR_TEXT: dict[str, tuple[str, Any]] = {
     "ratio_threshold": ("4", 4.0),
     "confirm_windows": ("5", 5),
     "relative_p50_factor": ("1.5", 1.5),
+    "relative_p99_factor": ("2.5", 2.5),
+    "error_share_peer_factor": ("3", 3.0),
     "min_peers": ("4", 4),
     "max_ejected_fraction": ("0.25", 0.25),
     "warmup_s": ("0", 0.0),
