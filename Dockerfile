@@ -12,7 +12,7 @@ WORKDIR /opt/tailguard
 # Dependencies first, so that a code change does not re-download them.
 COPY pyproject.toml README.md ./
 RUN mkdir -p app && touch app/__init__.py \
-    && pip install . \
+    && pip install '.[worker]' \
     && pip uninstall -y tailguard
 # Then the code (and the scenario files the simulator reads); .dockerignore keeps the rest out.
 COPY . .

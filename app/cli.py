@@ -16,13 +16,14 @@ from app.core.config import SettingError
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "worker": ("app.streaming.worker", "run the service (faust worker) against Kafka and Redis"),
-    "replay": ("app.core.replay_cli", "run the detector offline over a JSON-lines trace"),
+    "replay": ("app.replay_cli", "run the detector offline over a JSON-lines trace"),
     "status": ("app.routing.status", "per-model table of nodes, read from Redis"),
     "simulate": ("app.sim.cli", "run a simulated fleet of inference nodes"),
     "proxy": ("app.lb.proxy", "reference HTTP load balancer reading the routing set"),
     "haproxy-sync": ("app.lb.haproxy", "map routing sets onto HAProxy's Runtime API"),
     "probe": ("app.lb.prober", "synthetic probes for quarantined nodes an LB sends nothing"),
     "settings": ("app.settings_cli", "print every TAILGUARD_* setting and its value"),
+    "diagnose": ("app.agent.cli", "diagnostics agent for an inference node (GPU checks → verdict)"),
 }
 
 
@@ -42,14 +43,21 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"tailguard: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
         return 2
-    module = importlib.import_module(COMMANDS[name][0])
     try:
+        module = importlib.import_module(COMMANDS[name][0])
         code: int = module.main(rest)
     except SettingError as e:
         print(f"tailguard {name}: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+    except ModuleNotFoundError as e:
+        if not e.name or e.name.split(".")[0] == "app":
+            raise
+        # The base install is the emitter's (aiokafka, orjson); the commands need the service's.
+        print(f"tailguard {name}: the Python package {e.name!r} is missing; the tailguard commands need "
+              "the service's dependencies: pip install 'tailguard[worker]'", file=sys.stderr)
+        return 2
     return code
 
 

@@ -51,7 +51,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -67,6 +67,8 @@ from redis.exceptions import RedisError
 from app import settings as settings_mod
 from app.core.config import DetectorSettings
 from app.routing.status import ModelStatus, read_status
+from app.security import kafka_client_options, redis_client_options
+from app.settings import redact_url
 from app.sim.scenario import loads as load_scenario
 from app.streaming.errors import StreamingError
 from app.streaming.topics import ensure_topics
@@ -351,11 +353,11 @@ async def running_stack(plan: Plan, *, kafka_bootstrap: str, redis_url: str, run
 async def _start(stack: Stack, env: dict[str, str], progress: Progress) -> None:
     plan, names, st, d = stack.plan, stack.names, stack.settings, stack.run_dir
     progress(f"run {names.base}: topics {names.base}-*, Redis keys {names.base}:*, logs in {d}")
-    r = aioredis.Redis.from_url(st.redis_url, socket_connect_timeout=3)
+    r = aioredis.Redis.from_url(st.redis_url, socket_connect_timeout=3, **redis_client_options(st))
     try:
         await r.ping()
     except RedisError as e:
-        raise DemoError(f"Redis is unreachable at TAILGUARD_REDIS_URL={st.redis_url} ({e}); "
+        raise DemoError(f"Redis is unreachable at TAILGUARD_REDIS_URL={redact_url(st.redis_url)} ({e}); "
                         "start the local stack with scripts/up") from None
     finally:
         await r.aclose()
@@ -369,7 +371,7 @@ async def _start(stack: Stack, env: dict[str, str], progress: Progress) -> None:
     progress("starting the worker (tailguard worker) and waiting until it has joined its consumer groups")
     worker = Child("worker", tailguard_cmd("worker"), env, d / "worker.log")
     stack.children.append(worker)
-    admin = AIOKafkaAdminClient(bootstrap_servers=st.kafka_bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=st.kafka_bootstrap, **kafka_client_options(st))
     await admin.start()
     try:
         for group in (f"{st.app_id}-stage1", st.app_id):
@@ -428,7 +430,7 @@ async def _delete_run_data(stack: Stack, progress: Progress) -> None:
     if not stack.topics_created:     # nothing was started, nothing to delete
         return
     try:
-        admin = AIOKafkaAdminClient(bootstrap_servers=st.kafka_bootstrap)
+        admin = AIOKafkaAdminClient(bootstrap_servers=st.kafka_bootstrap, **kafka_client_options(st))
         await asyncio.wait_for(admin.start(), 10)
         try:
             mine = [t for t in await admin.list_topics() if t.startswith(stack.names.base + "-")]
@@ -436,7 +438,7 @@ async def _delete_run_data(stack: Stack, progress: Progress) -> None:
                 await asyncio.wait_for(admin.delete_topics(mine), 20)
         finally:
             await admin.close()
-        r = aioredis.Redis.from_url(st.redis_url)
+        r = aioredis.Redis.from_url(st.redis_url, **redis_client_options(st))
         try:
             keys = [k async for k in r.scan_iter(match=f"{st.key_prefix}:*")]
             if keys:
@@ -554,9 +556,13 @@ def node_view(obj: dict[str, Any], t0: float) -> NodeView:
                     float(pa) - t0 if isinstance(pa, int | float) else None)
 
 
-async def topic_partitions(bootstrap: str, topic: str, timeout_s: float = 15.0) -> list[int]:
-    """The partitions of ``topic``, asked of the broker (a plain consumer's metadata can lag behind)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+async def topic_partitions(bootstrap: str, topic: str, timeout_s: float = 15.0,
+                           options: Mapping[str, Any] | None = None) -> list[int]:
+    """The partitions of ``topic``, asked of the broker (a plain consumer's metadata can lag behind).
+
+    ``options``: aiokafka security options (:func:`app.security.kafka_client_options`).
+    """
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **dict(options or {}))
     await admin.start()
     try:
         deadline = time.monotonic() + timeout_s
@@ -574,14 +580,16 @@ async def topic_partitions(bootstrap: str, topic: str, timeout_s: float = 15.0) 
 class HealthFeed:
     """Reads the run's health-change topic from the beginning, in the background."""
 
-    def __init__(self, bootstrap: str, topic: str, t0: float) -> None:
-        self._c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    def __init__(self, bootstrap: str, topic: str, t0: float,
+                 options: Mapping[str, Any] | None = None) -> None:
+        self._options = dict(options or {})
+        self._c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, **self._options)
         self._bootstrap, self._topic, self._t0 = bootstrap, topic, t0
         self.changes: list[HealthChange] = []
         self._task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> HealthFeed:
-        parts = await topic_partitions(self._bootstrap, self._topic)
+        parts = await topic_partitions(self._bootstrap, self._topic, options=self._options)
         tps = [TopicPartition(self._topic, p) for p in parts]
         await self._c.start()
         self._c.assign(tps)
@@ -785,10 +793,11 @@ def current_phase(plan: Plan, obs: Observations, t_s: float) -> str:
 async def observe(stack: Stack, obs: Observations, show: Show) -> float:
     """Refresh every ``refresh_s`` until the story is complete or the deadline; returns the end (fleet time)."""
     plan, st = stack.plan, stack.settings
-    r = aioredis.Redis.from_url(st.redis_url)
+    r = aioredis.Redis.from_url(st.redis_url, **redis_client_options(st))
     read = 0
     try:
-        async with HealthFeed(st.kafka_bootstrap, st.topics.health_changes, stack.fleet_t0) as feed:
+        async with HealthFeed(st.kafka_bootstrap, st.topics.health_changes, stack.fleet_t0,
+                              kafka_client_options(st)) as feed:
             while True:
                 stack.check()
                 now_s = stack.fleet_time(time.time())
@@ -1089,7 +1098,7 @@ def _parser() -> argparse.ArgumentParser:
 async def _main(args: argparse.Namespace, plan: Plan, screen: Screen) -> int:
     cfg = settings_mod.load()
     run_dir = Path(tempfile.mkdtemp(prefix="tailguard-demo-"))
-    screen.progress(f"Kafka {cfg.kafka_bootstrap}, Redis {cfg.redis_url}")
+    screen.progress(f"Kafka {cfg.kafka_bootstrap}, Redis {redact_url(cfg.redis_url)}")
     screen.progress("detector settings of this demo (* = differs from the production default):")
     for line in settings_lines(plan):
         print(line, file=screen.out)

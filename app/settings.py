@@ -6,6 +6,14 @@ validated :class:`Settings`. A bad value raises
 is allowed; ``tailguard`` turns that into a one-line message and exit code 2.
 Unknown ``TAILGUARD_*`` variables are errors too (a typo must not silently
 fall back to a default).
+
+Secrets (:data:`SECRETS`: the Kafka SASL password, the Kafka TLS key password,
+the Redis password) are held as :class:`Secret`, whose ``str`` and ``repr``
+are ``***``: printing or logging a :class:`Settings` never shows them. Each
+also comes from a file, ``TAILGUARD_<NAME>_FILE`` (a mounted secret; one
+trailing newline is dropped). A password inside ``TAILGUARD_REDIS_URL`` is
+shown as ``***`` by :func:`redact_url`. Turning these settings into client
+options is :mod:`app.security`'s job.
 """
 
 from __future__ import annotations
@@ -34,6 +42,47 @@ class Topics:
     diagnostics_requests: str = "node-diagnostics-requests"
     diagnostics_results: str = "node-diagnostics-results"
     dead_letter: str = "latency-events-dlq"
+    replacements: str = "node-replacements"
+
+
+KAFKA_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+
+
+@dataclass(frozen=True, slots=True)
+class Secret:
+    """A secret setting: ``str()`` and ``repr()`` show ``***`` (empty when unset)."""
+
+    value: str = field(default="", repr=False)
+
+    def reveal(self) -> str:
+        """The secret itself: only for handing it to a client library."""
+        return self.value
+
+    def __bool__(self) -> bool:
+        return bool(self.value)
+
+    def __str__(self) -> str:
+        return "***" if self.value else ""
+
+    def __repr__(self) -> str:
+        return "Secret('***')" if self.value else "Secret('')"
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password (if any) replaced by ``***``."""
+    u = urlparse(url)
+    if u.password is None:
+        return url
+    user = f"{u.username}:" if u.username else ":"
+    return u._replace(netloc=u.netloc.replace(f"{user}{u.password}@", f"{user}***@", 1)).geturl()
+
+
+def as_text(value: object) -> str:
+    """A setting's value as ``tailguard settings`` and the README show it."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +90,7 @@ class Settings:
     """Service settings: connections, topics, and the detector's settings."""
 
     kafka_bootstrap: str = "127.0.0.1:9092"
-    redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_url: str = field(default="redis://127.0.0.1:6379/0", repr=False)  # may hold a password
     key_prefix: str = "tailguard"
     app_id: str = "tailguard"
     topic_partitions: int = 8
@@ -49,6 +98,33 @@ class Settings:
     web_port: int = 6066              # faust's own web server
     data_dir: str = ""                # faust table data; "" = a per-user temp dir
     log_level: str = "info"
+    # Listen addresses: loopback unless told otherwise (0.0.0.0 = every interface).
+    metrics_host: str = "127.0.0.1"   # the Prometheus endpoint
+    web_host: str = "127.0.0.1"       # faust's web server
+    proxy_listen: str = "127.0.0.1:8080"  # `tailguard proxy` without --listen
+    # Kafka security (every Kafka client of the package; see app/security.py).
+    kafka_security_protocol: str = "PLAINTEXT"   # PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL
+    kafka_sasl_mechanism: str = "PLAIN"          # PLAIN, SCRAM-SHA-256, SCRAM-SHA-512
+    kafka_sasl_username: str = ""
+    kafka_sasl_password: Secret = field(default_factory=Secret)
+    kafka_ssl_cafile: str = ""                   # "" = the system's trusted CAs
+    kafka_ssl_certfile: str = ""                 # client certificate (mTLS), PEM
+    kafka_ssl_keyfile: str = ""                  # its private key, PEM
+    kafka_ssl_key_password: Secret = field(default_factory=Secret)
+    kafka_ssl_check_hostname: bool = True
+    # Redis security: user/password (or in the URL), TLS with rediss://.
+    redis_username: str = ""
+    redis_password: Secret = field(default_factory=Secret)
+    redis_ssl_cafile: str = ""                   # "" = the system's trusted CAs
+    redis_ssl_certfile: str = ""                 # client certificate, PEM
+    redis_ssl_keyfile: str = ""
+    redis_ssl_check_hostname: bool = True
+    # The replace hook (app.streaming.replace): one action per retired (node, model).
+    replace_command: str = ""         # run with /bin/sh -c; node, model, reason in its environment
+    replace_webhook_url: str = ""     # or: POST the retirement as JSON here
+    replace_timeout_s: float = 60.0   # per attempt
+    replace_attempts: int = 3         # tries before the outcome is "failed"
+    replace_max_age_s: float = 3600.0  # older retirements, first seen (hook newly on), are not acted on
     topics: Topics = field(default_factory=Topics)
     detector: DetectorSettings = field(default_factory=DetectorSettings)
 
@@ -57,7 +133,7 @@ class Settings:
             raise SettingError("TAILGUARD_KAFKA_BOOTSTRAP", self.kafka_bootstrap, "host:port[,host:port…]")
         u = urlparse(self.redis_url)
         if u.scheme not in ("redis", "rediss", "unix") or not (u.hostname or u.path):
-            raise SettingError("TAILGUARD_REDIS_URL", self.redis_url, "a redis://host:port/db URL")
+            raise SettingError("TAILGUARD_REDIS_URL", redact_url(self.redis_url), "a redis://host:port/db URL")
         if not self.key_prefix or any(c.isspace() for c in self.key_prefix):
             raise SettingError("TAILGUARD_KEY_PREFIX", self.key_prefix, "a non-empty prefix without spaces")
         if not 1 <= self.topic_partitions <= 1024:
@@ -66,8 +142,29 @@ class Settings:
             port = getattr(self, name)
             if not 0 <= port <= 65535:
                 raise SettingError(PREFIX + name.upper(), port, "a TCP port 0..65535")
+        for name in ("metrics_host", "web_host"):
+            host = getattr(self, name)
+            if not host or any(c.isspace() or c == "/" for c in host):
+                raise SettingError(PREFIX + name.upper(), host,
+                                   "a listen address: an IP or host name, e.g. 127.0.0.1 or 0.0.0.0")
+        host, sep, port = self.proxy_listen.rpartition(":")
+        if not (sep and host.strip("[]") and port.isdigit() and int(port) <= 65535):
+            raise SettingError("TAILGUARD_PROXY_LISTEN", self.proxy_listen,
+                               "HOST:PORT, e.g. 127.0.0.1:8080 (0.0.0.0:8080 = every interface)")
+        _check_security(self)
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):
             raise SettingError("TAILGUARD_LOG_LEVEL", self.log_level, "debug, info, warning or error")
+        if self.replace_command and self.replace_webhook_url:
+            raise SettingError("TAILGUARD_REPLACE_WEBHOOK_URL", self.replace_webhook_url,
+                               "empty when TAILGUARD_REPLACE_COMMAND is set (one action per retirement)")
+        if self.replace_webhook_url and urlparse(self.replace_webhook_url).scheme not in ("http", "https"):
+            raise SettingError("TAILGUARD_REPLACE_WEBHOOK_URL", self.replace_webhook_url, "an http(s):// URL")
+        for name in ("replace_timeout_s", "replace_max_age_s"):
+            v = getattr(self, name)
+            if not (v > 0 and v < float("inf")):
+                raise SettingError(PREFIX + name.upper(), v, "a number of seconds > 0")
+        if not 1 <= self.replace_attempts <= 100:
+            raise SettingError("TAILGUARD_REPLACE_ATTEMPTS", self.replace_attempts, "1..100")
         for f in dataclasses.fields(Topics):
             name = getattr(self.topics, f.name)
             if not _TOPIC_NAME.fullmatch(name) or name in (".", ".."):
@@ -75,7 +172,47 @@ class Settings:
                                    "a Kafka topic name: 1-249 of letters, digits, '.', '_', '-'")
 
 
+# Variables tailguard sets for the commands it runs (replace hook, agent user checks).
+HOOK_ENV = ("NODE_ID", "MODEL", "REASON", "RETIRED_TS", "RETIREMENT_ID", "ATTEMPT", "GPUS")
+
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
+
+
+def _check_security(s: Settings) -> None:
+    proto = s.kafka_security_protocol
+    if proto not in KAFKA_PROTOCOLS:
+        raise SettingError("TAILGUARD_KAFKA_SECURITY_PROTOCOL", proto, ", ".join(KAFKA_PROTOCOLS))
+    if s.kafka_sasl_mechanism not in SASL_MECHANISMS:
+        raise SettingError("TAILGUARD_KAFKA_SASL_MECHANISM", s.kafka_sasl_mechanism, ", ".join(SASL_MECHANISMS))
+    if proto.startswith("SASL_"):
+        if not s.kafka_sasl_username:
+            raise SettingError("TAILGUARD_KAFKA_SASL_USERNAME", "", f"a user name (required with {proto})")
+        if not s.kafka_sasl_password:
+            raise SettingError("TAILGUARD_KAFKA_SASL_PASSWORD", "",
+                               f"a password, or TAILGUARD_KAFKA_SASL_PASSWORD_FILE (required with {proto})")
+    tls = proto in ("SSL", "SASL_SSL")
+    for name in ("kafka_ssl_cafile", "kafka_ssl_certfile", "kafka_ssl_keyfile"):
+        if getattr(s, name) and not tls:
+            raise SettingError(PREFIX + name.upper(), getattr(s, name),
+                               f"empty: TAILGUARD_KAFKA_SECURITY_PROTOCOL={proto} uses no TLS "
+                               "(set it to SSL or SASL_SSL)")
+    if s.kafka_ssl_keyfile and not s.kafka_ssl_certfile:
+        raise SettingError("TAILGUARD_KAFKA_SSL_CERTFILE", "", "the client certificate that "
+                           "TAILGUARD_KAFKA_SSL_KEYFILE belongs to")
+    if s.redis_ssl_keyfile and not s.redis_ssl_certfile:
+        raise SettingError("TAILGUARD_REDIS_SSL_CERTFILE", "", "the client certificate that "
+                           "TAILGUARD_REDIS_SSL_KEYFILE belongs to")
+    u = urlparse(s.redis_url)
+    for name in ("redis_ssl_cafile", "redis_ssl_certfile", "redis_ssl_keyfile"):
+        if getattr(s, name) and u.scheme != "rediss":
+            raise SettingError(PREFIX + name.upper(), getattr(s, name),
+                               "empty, or TAILGUARD_REDIS_URL with rediss:// (TLS)")
+    if s.redis_password and u.password is not None:
+        raise SettingError("TAILGUARD_REDIS_PASSWORD", "***", "empty when TAILGUARD_REDIS_URL "
+                           "holds a password already (give it in one place)")
+    if s.redis_username and u.username:
+        raise SettingError("TAILGUARD_REDIS_USERNAME", s.redis_username, "empty when "
+                           "TAILGUARD_REDIS_URL holds a user name already (give it in one place)")
 
 
 def _is_host_port(text: str) -> bool:
@@ -84,6 +221,16 @@ def _is_host_port(text: str) -> bool:
 
 
 _SERVICE = {f.name: f for f in dataclasses.fields(Settings) if f.name not in ("topics", "detector")}
+SECRETS = tuple(n for n, f in _SERVICE.items() if f.type in ("Secret", Secret))
+# Variables used only by the shell scripts (scripts/lib/common.sh), not by the program.
+SCRIPT_ONLY = tuple(PREFIX + n for n in (
+    "CACHE", "RUN", "VENV", "PYTHON", "SKIP_STACK", "KAFKA_PORT", "KAFKA_CONTROLLER_PORT",
+    "KAFKA_SASL_SSL_PORT", "REDIS_PORT", "REDIS_TLS_PORT"))
+
+
+def secret_file_names() -> dict[str, str]:
+    """``TAILGUARD_<SECRET>_FILE`` → the secret's own variable."""
+    return {f"{PREFIX}{n.upper()}_FILE": PREFIX + n.upper() for n in SECRETS}
 _TOPICS = tuple(f.name for f in dataclasses.fields(Topics))  # ordered: stable docs and output
 
 
@@ -92,7 +239,7 @@ def env_names() -> dict[str, str]:
     out: dict[str, str] = {}
     s = Settings()
     for name in _SERVICE:
-        out[PREFIX + name.upper()] = str(getattr(s, name))
+        out[PREFIX + name.upper()] = as_text(getattr(s, name))
     for name in _TOPICS:
         out[f"{PREFIX}TOPIC_{name.upper()}"] = getattr(s.topics, name)
     for name in field_names():
@@ -107,12 +254,12 @@ def load(environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings
     tests and the CLI use them.
     """
     env = dict(os.environ if environ is None else environ)
-    known = set(env_names())
-    # Variables used only by the shell scripts, not by the program.
-    known |= {PREFIX + n for n in ("CACHE", "RUN", "VENV", "PYTHON", "SKIP_STACK")}
+    known = set(env_names()) | set(SCRIPT_ONLY) | set(secret_file_names())
+    # What the replace hook and the agent's user checks put in their commands' environment.
+    known |= {PREFIX + n for n in HOOK_ENV}
     unknown = sorted(k for k in env if k.startswith(PREFIX) and k not in known)
     if unknown:
-        raise SettingError(unknown[0], env[unknown[0]], "a known TAILGUARD_* variable (see README Configuration)")
+        raise SettingError(unknown[0], env[unknown[0]], "a known TAILGUARD_* variable (see docs/configuration.md)")
 
     service: dict[str, Any] = {}
     for name, f in _SERVICE.items():
@@ -124,8 +271,22 @@ def load(environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings
                     service[name] = int(text)
                 except ValueError:
                     raise SettingError(var, text, "a whole number") from None
+            elif f.type in ("bool", bool):
+                service[name] = _parse_bool(var, text)
+            elif name in SECRETS:
+                service[name] = Secret(text)
+            elif f.type in ("float", float):
+                try:
+                    service[name] = float(text)
+                except ValueError:
+                    raise SettingError(var, text, "a number") from None
             else:
                 service[name] = text
+    for file_var, var in secret_file_names().items():
+        if file_var in env:
+            if var in env:
+                raise SettingError(file_var, env[file_var], f"unset while {var} is set (give the secret once)")
+            service[var.removeprefix(PREFIX).lower()] = Secret(_read_secret(file_var, env[file_var]))
     topics = Topics(**{n: env[f"{PREFIX}TOPIC_{n.upper()}"] for n in _TOPICS
                        if f"{PREFIX}TOPIC_{n.upper()}" in env})
     det_pairs = {n: env[PREFIX + n.upper()] for n in field_names() if PREFIX + n.upper() in env}
@@ -135,3 +296,22 @@ def load(environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings
     service.setdefault("topics", topics)
     service.setdefault("detector", detector)
     return Settings(**service)
+
+
+def _parse_bool(var: str, text: str) -> bool:
+    low = text.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise SettingError(var, text, "true or false")
+
+
+def _read_secret(var: str, path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise SettingError(var, path, f"a readable file holding the secret ({type(e).__name__})") from None
+    text = text[:-1] if text.endswith("\n") else text
+    return text[:-1] if text.endswith("\r") else text

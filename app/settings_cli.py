@@ -1,4 +1,8 @@
-"""``tailguard settings``: print the effective value of every setting."""
+"""``tailguard settings``: print the effective value of every setting.
+
+Secrets print as ``***`` and a password inside ``TAILGUARD_REDIS_URL`` too
+(:class:`app.settings.Secret`, :func:`app.settings.redact_url`).
+"""
 
 from __future__ import annotations
 
@@ -16,8 +20,10 @@ def main(argv: list[str]) -> int:
             values[name] = getattr(s.topics, key.removeprefix("topic_"))
         elif key in {f.name for f in dataclasses.fields(s.detector)}:
             values[name] = str(getattr(s.detector, key))
+        elif key == "redis_url":
+            values[name] = settings_mod.redact_url(s.redis_url)
         else:
-            values[name] = str(getattr(s, key))
+            values[name] = settings_mod.as_text(getattr(s, key))
         marker = "" if values[name] == default else f"   (default {default})"
         print(f"{name}={values[name]}{marker}")
     return 0

@@ -230,12 +230,12 @@ def bench_decode(quick: bool) -> None:
 
 def bench_replay(quick: bool) -> None:
     try:
-        from app.core.replay_cli import replay
+        from app.core.replay import replay
     except ImportError:
         return
     n = 60_000 if quick else 300_000
     lines = make_lines(n, 100, sized=False)
-    print(f"tailguard replay end to end (replay_cli.replay), {n:,} single events, 100 nodes")
+    print(f"tailguard replay end to end (app.core.replay.replay), {n:,} single events, 100 nodes")
     emitted: list[str] = []
     t = best(lambda: replay(lines, DetectorSettings(), emitted.append), 3)
     row("events/s incl. ticks and evaluation", f"{n / t:,.0f} ev/s",

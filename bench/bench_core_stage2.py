@@ -40,7 +40,7 @@ from app.core.detector import Detector
 from app.core.errors import BadEvent
 from app.core.evaluate import FleetEvaluator
 from app.core.events import Heartbeat, SampleBatch, decode
-from app.core.replay_cli import replay
+from app.core.replay import replay
 from app.core.types import WindowSummary
 from bench.timing import best, row
 

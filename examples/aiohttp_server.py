@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from app.emitter import AIOHTTP_INFO_KEY, LatencyEmitter, Recorder, aiohttp_middleware
+from app.security import kafka_client_options
 from app.settings import load
 
 TPOT_S = 0.002       # simulated time per output token
@@ -64,7 +65,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--bootstrap", default=settings.kafka_bootstrap)
     args = p.parse_args(argv)
 
-    emitter = LatencyEmitter(args.bootstrap, topic=settings.topics.latency_events)
+    emitter = LatencyEmitter(args.bootstrap, topic=settings.topics.latency_events,
+                             producer_options=kafka_client_options(settings))  # SASL/TLS settings
 
     async def emitter_lifecycle(app: web.Application) -> AsyncIterator[None]:
         async with emitter:                       # flushes on shutdown

@@ -21,12 +21,14 @@ from typing import Any
 from fastapi import FastAPI, Request
 
 from app.emitter import LatencyEmitter, LatencyMiddleware
+from app.security import kafka_client_options
 from app.settings import load
 
 NODE_ID = os.environ.get("TG_NODE_ID", "gpu-node-02")
 MODEL = os.environ.get("TG_MODEL", "llama-3-8b")
 settings = load()
-emitter = LatencyEmitter(settings.kafka_bootstrap, topic=settings.topics.latency_events)
+emitter = LatencyEmitter(settings.kafka_bootstrap, topic=settings.topics.latency_events,
+                         producer_options=kafka_client_options(settings))  # SASL/TLS settings
 
 
 @asynccontextmanager

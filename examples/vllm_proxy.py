@@ -36,6 +36,7 @@ import aiohttp
 from aiohttp import web
 
 from app.emitter import PROBE_HEADER, LatencyEmitter, Recorder
+from app.security import kafka_client_options
 from app.settings import load
 
 log = logging.getLogger("vllm_proxy")
@@ -136,7 +137,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--bootstrap", default=settings.kafka_bootstrap)
     args = p.parse_args(argv)
     cfg = Config(args.upstream.rstrip("/"), args.node_id, args.hardware)
-    emitter = LatencyEmitter(args.bootstrap, topic=settings.topics.latency_events)
+    emitter = LatencyEmitter(args.bootstrap, topic=settings.topics.latency_events,
+                             producer_options=kafka_client_options(settings))  # SASL/TLS settings
 
     async def emitter_lifecycle(app: web.Application) -> AsyncIterator[None]:
         async with emitter:

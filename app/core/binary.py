@@ -43,9 +43,12 @@ FLAG_PROBE: Final = 0x02
 FLAG_SIZED: Final = 0x04
 #: A hardware name follows the model name.
 FLAG_HARDWARE: Final = 0x08
-_KNOWN_FLAGS: Final = FLAG_FAILED | FLAG_PROBE | FLAG_SIZED | FLAG_HARDWARE
-#: magic, version, flags, reserved, len(node_id), len(model), len(hardware), samples.
-HEADER: Final = struct.Struct("<3sBBBHHHI")
+#: An instance id (the reporting process) follows the hardware name.
+FLAG_INSTANCE: Final = 0x10
+_KNOWN_FLAGS: Final = FLAG_FAILED | FLAG_PROBE | FLAG_SIZED | FLAG_HARDWARE | FLAG_INSTANCE
+#: magic, version, flags, reserved, len(node_id), len(model), len(hardware), len(instance),
+#: samples.
+HEADER: Final = struct.Struct("<3sBBBHHHHI")
 _F64LE: Final = np.dtype("<f8")
 
 
@@ -56,6 +59,7 @@ class BinaryBatch:
     node_id: str
     model: str
     hardware: str | None
+    instance: str | None
     ok: bool
     probe: bool
     ts: F64
@@ -85,7 +89,7 @@ def parse(raw: bytes) -> BinaryBatch:
     """Read the layout (module docstring); ``BadEvent("bad_binary")`` when it is broken."""
     if len(raw) < HEADER.size:
         raise _bad(f"{len(raw)} bytes, shorter than the {HEADER.size}-byte header")
-    magic, version, flags, reserved, n_node, n_model, n_hw, n = HEADER.unpack_from(raw)
+    magic, version, flags, reserved, n_node, n_model, n_hw, n_inst, n = HEADER.unpack_from(raw)
     if magic != MAGIC:
         raise _bad("does not start with 0xF5 'T' 'G'")
     if version != VERSION:
@@ -94,7 +98,9 @@ def parse(raw: bytes) -> BinaryBatch:
         raise _bad(f"unknown flag bits {flags & ~_KNOWN_FLAGS:#04x} or reserved byte {reserved}")
     if not flags & FLAG_HARDWARE and n_hw:
         raise _bad("a hardware length without the hardware flag")
-    names_end = HEADER.size + n_node + n_model + n_hw
+    if not flags & FLAG_INSTANCE and n_inst:
+        raise _bad("an instance length without the instance flag")
+    names_end = HEADER.size + n_node + n_model + n_hw + n_inst
     start = (names_end + 7) & ~7
     cols = 5 if flags & FLAG_SIZED else 2
     if len(raw) != start + 8 * cols * n:
@@ -104,28 +110,33 @@ def parse(raw: bytes) -> BinaryBatch:
     model = _text(raw, HEADER.size + n_node, n_model, "model")
     hw = _text(raw, HEADER.size + n_node + n_model, n_hw, "hardware") \
         if flags & FLAG_HARDWARE else None
+    inst = _text(raw, HEADER.size + n_node + n_model + n_hw, n_inst, "instance") \
+        if flags & FLAG_INSTANCE else None
     data = np.frombuffer(raw, dtype=_F64LE, count=cols * n, offset=start).reshape(cols, n)
     if not _F64LE.isnative:                     # a big-endian host: native order for numpy
         data = data.astype(np.float64)
     sized = bool(flags & FLAG_SIZED)
-    return BinaryBatch(node, model, hw, not flags & FLAG_FAILED, bool(flags & FLAG_PROBE),
+    return BinaryBatch(node, model, hw, inst, not flags & FLAG_FAILED, bool(flags & FLAG_PROBE),
                        data[0], data[1], data[2] if sized else None, data[3] if sized else None,
                        data[4] if sized else None)
 
 
 def encode(node_id: str, model: str, hardware: str | None, ts: F64, latency_us: F64, *,
            ok: bool = True, probe: bool = False, input_tokens: F64 | None = None,
-           output_tokens: F64 | None = None, ttft_us: F64 | None = None) -> bytes:
+           output_tokens: F64 | None = None, ttft_us: F64 | None = None,
+           instance: str | None = None) -> bytes:
     """The binary form of one batch (benchmarks, tests, producers that hold numpy arrays).
 
     Size columns are written when any of them is given (NaN where missing).
     """
     n = int(np.shape(ts)[0])
     sized = input_tokens is not None or output_tokens is not None or ttft_us is not None
-    names = [node_id.encode(), model.encode(), b"" if hardware is None else hardware.encode()]
+    names = [node_id.encode(), model.encode(), b"" if hardware is None else hardware.encode(),
+             b"" if instance is None else instance.encode()]
     flags = ((0 if ok else FLAG_FAILED) | (FLAG_PROBE if probe else 0)
-             | (FLAG_SIZED if sized else 0) | (0 if hardware is None else FLAG_HARDWARE))
-    head = HEADER.pack(MAGIC, VERSION, flags, 0, len(names[0]), len(names[1]), len(names[2]), n)
+             | (FLAG_SIZED if sized else 0) | (0 if hardware is None else FLAG_HARDWARE)
+             | (0 if instance is None else FLAG_INSTANCE))
+    head = HEADER.pack(MAGIC, VERSION, flags, 0, *map(len, names), n)
     body = head + b"".join(names)
     body += b"\0" * (-len(body) % 8)
     cols = [ts, latency_us]

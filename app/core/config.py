@@ -43,6 +43,10 @@ class DetectorSettings:
     ratio_threshold: float = field(default=3.0, metadata={"lo": 1.0, "lo_open": True, "hi": 1000.0})
     confirm_windows: int = field(default=3, metadata={"lo": 1, "hi": 1000})
     relative_p50_factor: float = field(default=2.0, metadata={"lo": 1.0, "lo_open": True, "hi": 1000.0})
+    # P99 above this × the peers' P99 is abnormal (reason relative_p99).
+    relative_p99_factor: float = field(default=2.0, metadata={"lo": 1.0, "lo_open": True, "hi": 1000.0})
+    # A failed share past max_error_share is abnormal only when also above this × the peers' median.
+    error_share_peer_factor: float = field(default=2.0, metadata={"lo": 1.0, "lo_open": True, "hi": 1000.0})
     min_peers: int = field(default=3, metadata={"lo": 2, "hi": 100_000})
     max_ejected_fraction: float = field(default=0.5, metadata={"lo": 0.0, "hi": 1.0})
     warmup_s: float = field(default=120.0, metadata={"lo": 0.0, "hi": 86_400.0})
@@ -55,7 +59,7 @@ class DetectorSettings:
     # a per-token slowdown that request sizes dilute below relative_p50_factor. 0 = off.
     shift_factor: float = field(default=1.5, metadata={"lo": 0.0, "hi": 1000.0})
     # A node whose failed share of requests since the previous tick is above this (and above
-    # relative_p50_factor x its peers' median share) is abnormal: a node that fails fast
+    # error_share_peer_factor x its peers' median share) is abnormal: a node that fails fast
     # leaves no latency to judge. 0 = off.
     max_error_share: float = field(default=0.1, metadata={"lo": 0.0, "hi": 1.0})
     # "auto" | "latency" | "tpot" | "normalized"; per-model overrides in model_signals.
@@ -73,6 +77,16 @@ class DetectorSettings:
     # a retired pair (it no longer counts against max_ejected_fraction, and a node that comes
     # back under its id starts over) and stage 1's window of any series. 0 = never.
     forget_after_s: float = field(default=900.0, metadata={"lo": 0.0, "hi": 31_536_000.0})
+    # Liveness: a pair with no sample and no heartbeat (event time) for this long, while its
+    # model's other nodes still report, is gone: out of routing, in no guard's count, back
+    # through warm-up when it reports again. 0 = never.
+    silent_after_s: float = field(default=120.0, metadata={"lo": 0.0, "hi": 86_400.0})
+    # When at least this share of a model's live pairs is silent at once, the telemetry is
+    # lost, not the nodes: nobody is taken out and routing stays as it was (fail open).
+    telemetry_loss_fraction: float = field(default=0.75, metadata={"lo": 0.0, "lo_open": True, "hi": 1.0})
+    # A series whose signs of life (samples, heartbeats) resume after a gap longer than this
+    # (and than 20 of its usual gaps) restarted: it warms up again. 0 = only instance changes.
+    restart_gap_s: float = field(default=15.0, metadata={"lo": 0.0, "hi": 86_400.0})
     # Input validation bounds.
     max_latency_us: float = field(default=3.6e9, metadata={"lo": 1.0, "hi": 1e15})
     max_future_skew_s: float = field(default=300.0, metadata={"lo": 0.0, "hi": 1e9})
@@ -84,6 +98,9 @@ class DetectorSettings:
             raise SettingError("min_samples", self.min_samples, f"at most window_size ({self.window_size})")
         if 0.0 < self.shift_factor <= 1.0:
             raise SettingError("shift_factor", self.shift_factor, "0 (off) or a factor above 1")
+        if 0.0 < self.silent_after_s <= self.restart_gap_s:
+            raise SettingError("silent_after_s", self.silent_after_s,
+                               f"0 (off) or more than restart_gap_s ({self.restart_gap_s})")
         if self.backoff_max_s < self.backoff_initial_s:
             raise SettingError("backoff_max_s", self.backoff_max_s, f">= backoff_initial_s ({self.backoff_initial_s})")
 

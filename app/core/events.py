@@ -12,6 +12,9 @@ accepted, each decoding to a value this module defines:
 * heartbeat ``{"type": "heartbeat", "node_id", "model", "hardware", "ts"}`` →
   :class:`Heartbeat`.
 
+Every form may carry ``"instance"``: an id of the reporting process (the emitter
+draws one per process start); a new instance of a series is a restart.
+
 ``"type"`` is optional for the first two; a producer that names every form may
 send ``"type": "single"`` or ``"type": "batch"``. Any other type is bad input.
 
@@ -52,6 +55,7 @@ update is one vectorized call per series rather than one per event.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -133,6 +137,7 @@ def _typed_batch_decoders() -> tuple[tuple[Callable[[bytes], Any], ...],
         model: str
         samples: list[tuple[float, float]]
         hardware: str | None = None
+        instance: str | None = None
         ok: bool = True
         probe: bool = False
 
@@ -141,6 +146,7 @@ def _typed_batch_decoders() -> tuple[tuple[Callable[[bytes], Any], ...],
         model: str
         samples: list[tuple[float, float, float | None, float | None, float | None]]
         hardware: str | None = None
+        instance: str | None = None
         ok: bool = True
         probe: bool = False
 
@@ -174,6 +180,7 @@ def _typed_single_decoder() -> Callable[[bytes], Any] | None:
         ("latency_us", Annotated[float, meta(gt=0)] | None, None),
         ("ts", Annotated[float, meta(ge=0)] | None, None),
         ("hardware", Annotated[str, meta(max_length=MAX_NAME_CHARS)] | None, None),
+        ("instance", Annotated[str, meta(max_length=MAX_NAME_CHARS)] | None, None),
         ("ok", bool, True), ("probe", bool, False),
         ("input_tokens", tokens, None), ("output_tokens", tokens, None),
         ("ttft_us", Annotated[float, meta(ge=0)] | None, None),
@@ -208,6 +215,7 @@ class SampleBatch:
     output_tokens: FloatArray | None = None
     ttft_us: FloatArray | None = None
     rejected: int = 0
+    instance: str | None = None
 
     def __len__(self) -> int:
         return int(self.ts.shape[0])
@@ -225,6 +233,7 @@ class Heartbeat:
     model: str
     hardware: str | None
     ts: float
+    instance: str | None = None
 
     @property
     def key(self) -> tuple[str, str]:
@@ -235,6 +244,8 @@ Event: TypeAlias = SampleBatch | Heartbeat
 
 # One validated single event: (ts, latency_us, ok, probe, input_tokens, output_tokens, ttft_us).
 _Row: TypeAlias = tuple[float, float, bool, bool, float, float, float]
+# The series and process a single event belongs to: (node_id, model, hardware, instance).
+_Group: TypeAlias = tuple[str, str, str | None, str | None]
 
 
 # Event time is seconds since the epoch; 1e11 s is the year 5138. A larger ts is
@@ -263,15 +274,16 @@ def _name(d: Mapping[str, Any], key: str) -> str:
                    field=key)
 
 
-def _hardware(d: Mapping[str, Any]) -> str | None:
-    v = d.get("hardware")
+def _hardware(d: Mapping[str, Any], key: str = "hardware") -> str | None:
+    """An optional string field (``hardware``, ``instance``): None, or at most 256 chars."""
+    v = d.get(key)
     if v is None or (type(v) is str and len(v) <= MAX_NAME_CHARS):
         return v
     if not isinstance(v, str):
-        raise BadEvent("bad_type", f"hardware must be a string, got {type(v).__name__}",
-                       field="hardware")
-    raise BadEvent("too_long", f"hardware has {len(v)} chars; at most {MAX_NAME_CHARS} allowed",
-                   field="hardware")
+        raise BadEvent("bad_type", f"{key} must be a string, got {type(v).__name__}",
+                       field=key)
+    raise BadEvent("too_long", f"{key} has {len(v)} chars; at most {MAX_NAME_CHARS} allowed",
+                   field=key)
 
 
 def _flag(d: Mapping[str, Any], key: str, default: bool) -> bool:
@@ -320,7 +332,7 @@ def _tokens(d: Mapping[str, Any], key: str) -> float:
 
 
 def _single(d: Mapping[str, Any], fut_limit: float, max_lat: float,
-            now_s: float | None) -> tuple[str, str, str | None, _Row]:
+            now_s: float | None) -> tuple[_Group, _Row]:
     node = d.get("node_id")
     if type(node) is not str or not 0 < len(node) <= MAX_NAME_CHARS:
         node = _name(d, "node_id")
@@ -336,6 +348,9 @@ def _single(d: Mapping[str, Any], fut_limit: float, max_lat: float,
     hw = d.get("hardware")
     if hw is not None and (type(hw) is not str or len(hw) > MAX_NAME_CHARS):
         hw = _hardware(d)
+    inst = d.get("instance")
+    if inst is not None and (type(inst) is not str or len(inst) > MAX_NAME_CHARS):
+        inst = _hardware(d, "instance")
     ok = d.get("ok", True)
     if type(ok) is not bool:
         ok = _flag(d, "ok", True)
@@ -346,7 +361,7 @@ def _single(d: Mapping[str, Any], fut_limit: float, max_lat: float,
     out = d.get("output_tokens")
     ttft = d.get("ttft_us")
     if inp is None and out is None and ttft is None:
-        return node, model, hw, (float(ts), float(lat), ok, probe, _NAN, _NAN, _NAN)
+        return (node, model, hw, inst), (float(ts), float(lat), ok, probe, _NAN, _NAN, _NAN)
     if inp is None:
         inp = _NAN
     elif type(inp) is int and 0 <= inp <= MAX_TOKENS:
@@ -364,7 +379,7 @@ def _single(d: Mapping[str, Any], fut_limit: float, max_lat: float,
     elif (type(ttft) is not float and type(ttft) is not int) or not 0 <= ttft <= lat:
         raise BadEvent("bad_ttft", f"ttft_us must be a number in [0, latency_us={lat!r}],"
                        f" got {ttft!r:.40}", field="ttft_us")
-    return node, model, hw, (float(ts), float(lat), ok, probe, inp, out, float(ttft))
+    return (node, model, hw, inst), (float(ts), float(lat), ok, probe, inp, out, float(ttft))
 
 
 # ---------------------------------------------------------------- batches
@@ -410,14 +425,17 @@ def _batch(d: Mapping[str, Any], fut_limit: float, max_lat: float,
                              f" got {s!r:.60}", field="samples")
     arr = _to_array(rows)
     cols = (arr[:, 2], arr[:, 3], arr[:, 4]) if sized else None
-    return _checked(node, model, hw, ok, probe, arr[:, 0], arr[:, 1], cols, len(samples), first,
-                    rows.__getitem__, fut_limit, max_lat, now_s)
+    batch = _checked(node, model, hw, ok, probe, arr[:, 0], arr[:, 1], cols, len(samples), first,
+                     rows.__getitem__, fut_limit, max_lat, now_s)
+    inst = _hardware(d, "instance")           # checked after the samples, as it always was
+    return batch if inst is None else dataclasses.replace(batch, instance=inst)
 
 
 def _checked(node: str, model: str, hw: str | None, ok: bool, probe: bool, ts: FloatArray,
              lat: FloatArray, sizes: tuple[FloatArray, FloatArray, FloatArray] | None,
              n_total: int, first: BadEvent | None, row_at: Callable[[int], Sequence[Any]],
-             fut_limit: float, max_lat: float, now_s: float | None) -> SampleBatch:
+             fut_limit: float, max_lat: float, now_s: float | None,
+             instance: str | None = None) -> SampleBatch:
     """The batch policy over validated headers and float columns (module docstring).
 
     ``sizes``: input_tokens, output_tokens, ttft_us (NaN = absent), or None when
@@ -431,7 +449,8 @@ def _checked(node: str, model: str, hw: str | None, ok: bool, probe: bool, ts: F
         # Every sample good (NaN fails a comparison): no masks needed.
         n = ts.shape[0]
         return SampleBatch(node, model, hw, np.ascontiguousarray(ts), np.ascontiguousarray(lat),
-                           np.full(n, ok, dtype=bool), np.full(n, probe, dtype=bool))
+                           np.full(n, ok, dtype=bool), np.full(n, probe, dtype=bool),
+                           instance=instance)
     with np.errstate(invalid="ignore"):
         good = (lat > 0) & (lat <= max_lat)
         ts_ok = (ts >= 0) & (ts <= fut_limit) & (ts < _INF)
@@ -462,7 +481,7 @@ def _checked(node: str, model: str, hw: str | None, ok: bool, probe: bool, ts: F
                        None if sizes is None else _size_col(sizes[0]),
                        None if sizes is None else _size_col(sizes[1]),
                        None if sizes is None else _size_col(sizes[2]),
-                       rejected=rejected)
+                       rejected=rejected, instance=instance)
 
 
 def _typed_batch(raw: bytes, fut_limit: float, max_lat: float,
@@ -476,13 +495,15 @@ def _typed_batch(raw: bytes, fut_limit: float, max_lat: float,
         node, model, hw, samples = b.node_id, b.model, b.hardware, b.samples
         if not (0 < len(node) <= MAX_NAME_CHARS and 0 < len(model) <= MAX_NAME_CHARS
                 and (hw is None or len(hw) <= MAX_NAME_CHARS)
+                and (b.instance is None or len(b.instance) <= MAX_NAME_CHARS)
                 and 0 < len(samples) <= MAX_BATCH_SAMPLES):
             return None
         arr = np.array(samples, dtype=np.float64).T
         try:
             return _checked(node, model, hw, b.ok, b.probe, arr[0], arr[1],
                             (arr[2], arr[3], arr[4]) if arr.shape[0] == 5 else None,
-                            len(samples), None, samples.__getitem__, fut_limit, max_lat, now_s)
+                            len(samples), None, samples.__getitem__, fut_limit, max_lat, now_s,
+                            b.instance)
         except BadEvent:    # no good sample: the general path words the error from the JSON
             return None
     return None
@@ -494,8 +515,9 @@ def _binary_batch(raw: bytes, fut_limit: float, max_lat: float,
     for key, v in (("node_id", b.node_id), ("model", b.model)):
         if not 0 < len(v) <= MAX_NAME_CHARS:
             _name({key: v}, key)
-    if b.hardware is not None and len(b.hardware) > MAX_NAME_CHARS:
-        _hardware({"hardware": b.hardware})
+    for key, opt in (("hardware", b.hardware), ("instance", b.instance)):
+        if opt is not None and len(opt) > MAX_NAME_CHARS:
+            _hardware({key: opt}, key)
     n = int(b.ts.shape[0])
     if n == 0:
         raise BadEvent("empty_batch", "the binary batch has no samples; send a heartbeat instead",
@@ -513,7 +535,7 @@ def _binary_batch(raw: bytes, fut_limit: float, max_lat: float,
         return [*vals, None, None, None][:5]
 
     return _checked(b.node_id, b.model, b.hardware, b.ok, b.probe, b.ts, b.latency_us, sizes, n,
-                    None, row_at, fut_limit, max_lat, now_s)
+                    None, row_at, fut_limit, max_lat, now_s, b.instance)
 
 
 def _size_col(col: FloatArray) -> FloatArray | None:
@@ -556,18 +578,20 @@ def _heartbeat(d: Mapping[str, Any], fut_limit: float, now_s: float | None) -> H
     ts: Any = d.get("ts")
     if not _is_num(ts) or not 0 <= ts <= fut_limit or ts == _INF:
         raise _ts_error(ts, fut_limit, now_s)
-    return Heartbeat(node, model, hw, float(ts))
+    return Heartbeat(node, model, hw, float(ts), _hardware(d, "instance"))
 
 
 # ---------------------------------------------------------------- public API
 
-def _one(row: _Row, node: str, model: str, hw: str | None) -> SampleBatch:
+def _one(row: _Row, group: _Group) -> SampleBatch:
+    node, model, hw, inst = group
     ts, lat, ok, probe, inp, out, ttft = row
     return SampleBatch(
         node, model, hw, np.array([ts]), np.array([lat]), np.array([ok]), np.array([probe]),
         None if inp != inp else np.array([inp]),
         None if out != out else np.array([out]),
         None if ttft != ttft else np.array([ttft]),
+        instance=inst,
     )
 
 
@@ -581,8 +605,8 @@ def parse_event(obj: Any, *, now_s: float | None = None,
         return _batch(obj, fut_limit, settings.max_latency_us, now_s)
     kind = obj.get("type")
     if kind is None or kind == "single":
-        node, model, hw, row = _single(obj, fut_limit, settings.max_latency_us, now_s)
-        return _one(row, node, model, hw)
+        group, row = _single(obj, fut_limit, settings.max_latency_us, now_s)
+        return _one(row, group)
     if kind == "heartbeat":
         return _heartbeat(obj, fut_limit, now_s)
     if kind == "batch":
@@ -628,13 +652,10 @@ class Accumulator:
     ``drain()`` returns everything added since the last drain. Per
     (node_id, model, hardware), the drained events keep arrival order; the
     order *between* series is not kept (it does not matter to a window).
-    Consecutive batch messages of one series come out as one batch (their
-    samples concatenated in order), so a poll costs one window update per
-    series, not one per message.
     """
 
     __slots__ = ("_fut_limit", "_groups", "_max_lat", "_now_s", "_out", "_pending", "_plain",
-                 "_runs", "_settings", "_skew_s")
+                 "_settings", "_skew_s")
 
     def __init__(self, *, now_s: float | None = None,
                  settings: DetectorSettings = DEFAULT_SETTINGS) -> None:
@@ -643,14 +664,12 @@ class Accumulator:
         self._fut_limit = _future_limit(now_s, settings)
         self._max_lat = settings.max_latency_us
         self._skew_s = settings.max_future_skew_s
-        # Pending single events per series: rows, or — while every one of them is an ok,
-        # non-probe sample without size fields — just their ts and latency (cheaper to
-        # gather and to turn into arrays). A series is in at most one of the two.
-        self._groups: dict[tuple[str, str, str | None], list[_Row]] = {}
-        self._plain: dict[tuple[str, str, str | None], tuple[list[float], list[float]]] = {}
-        # Drained in this order; a list is a run of consecutive batches of one series.
-        self._out: list[Event | list[SampleBatch]] = []
-        self._runs: dict[tuple[str, str, str | None], list[SampleBatch]] = {}
+        # Pending single events per series and process: rows, or — while every one of them
+        # is an ok, non-probe sample without size fields — just their ts and latency
+        # (cheaper to gather and to turn into arrays). A key is in at most one of the two.
+        self._groups: dict[_Group, list[_Row]] = {}
+        self._plain: dict[_Group, tuple[list[float], list[float]]] = {}
+        self._out: list[Event] = []
         self._pending = 0
 
     def __len__(self) -> int:
@@ -679,8 +698,8 @@ class Accumulator:
             raise BadEvent("bad_json", f"not valid JSON: {e}"[:200]) from None
         # add_obj's single-event path, inlined: this is the replay hot loop.
         if type(obj) is dict and "samples" not in obj and "type" not in obj:
-            node, model, hw, row = _single(obj, self._fut_limit, self._max_lat, self._now_s)
-            self._append_row((node, model, hw), row)
+            key, row = _single(obj, self._fut_limit, self._max_lat, self._now_s)
+            self._append_row(key, row)
             return row[0]
         return self.add_obj(obj)
 
@@ -698,7 +717,7 @@ class Accumulator:
         if lat > self._max_lat or ts > self._fut_limit:
             return None
         inp, out, ttft = e.input_tokens, e.output_tokens, e.ttft_us
-        key = (e.node_id, e.model, e.hardware)
+        key = (e.node_id, e.model, e.hardware, e.instance)
         if inp is None and out is None and ttft is None:
             if e.ok and not e.probe:
                 plain = self._plain.get(key)
@@ -720,7 +739,7 @@ class Accumulator:
         self._append_row(key, row)
         return ts
 
-    def _append_row(self, key: tuple[str, str, str | None], row: _Row) -> None:
+    def _append_row(self, key: _Group, row: _Row) -> None:
         group = self._groups.get(key)
         if group is None:
             plain = self._plain.pop(key, None)
@@ -731,79 +750,49 @@ class Accumulator:
 
     def add_obj(self, obj: Any) -> float:
         if type(obj) is dict and "samples" not in obj and obj.get("type", "single") == "single":
-            node, model, hw, row = _single(obj, self._fut_limit, self._max_lat, self._now_s)
-            self._append_row((node, model, hw), row)
+            key, row = _single(obj, self._fut_limit, self._max_lat, self._now_s)
+            self._append_row(key, row)
             return row[0]
         return self._add_event(parse_event(obj, now_s=self._now_s, settings=self._settings))
 
     def _add_event(self, ev: Event) -> float:
-        key = (ev.node_id, ev.model, ev.hardware)
+        key = (ev.node_id, ev.model, ev.hardware, ev.instance)
         pending = self._groups.pop(key, None)
         plain = self._plain.pop(key, None)
         if pending is not None:
-            self._out.append(_build(ev.node_id, ev.model, ev.hardware, pending))
+            self._out.append(_build(key, pending))
         elif plain is not None:
-            self._out.append(_build_plain(ev.node_id, ev.model, ev.hardware, plain))
-        if pending is not None or plain is not None:
-            self._runs.pop(key, None)
+            self._out.append(_build_plain(key, plain))
+        self._out.append(ev)
         self._pending += 1
-        if isinstance(ev, Heartbeat):
-            self._runs.pop(key, None)
-            self._out.append(ev)
-            return ev.ts
-        run = self._runs.get(key)
-        if run is None:
-            run = self._runs[key] = [ev]
-            self._out.append(run)
-        else:
-            run.append(ev)
-        return float(ev.ts.max())
+        return ev.ts if isinstance(ev, Heartbeat) else float(ev.ts.max())
 
     def drain(self) -> list[Event]:
-        out = [_concat(x) if type(x) is list else x for x in self._out]
-        out.extend(_build(n, m, h, rows) for (n, m, h), rows in self._groups.items())
-        out.extend(_build_plain(n, m, h, p) for (n, m, h), p in self._plain.items())
-        self._out, self._groups, self._plain, self._runs, self._pending = [], {}, {}, {}, 0
-        return out  # type: ignore[return-value]
+        out = self._out
+        out.extend(_build(key, rows) for key, rows in self._groups.items())
+        out.extend(_build_plain(key, p) for key, p in self._plain.items())
+        self._out, self._groups, self._plain, self._pending = [], {}, {}, 0
+        return out
 
 
-def _concat(run: list[SampleBatch]) -> SampleBatch:
-    """One batch of a series' consecutive batches, samples in order."""
-    if len(run) == 1:
-        return run[0]
-    first = run[0]
-
-    def sizes(get: Callable[[SampleBatch], FloatArray | None]) -> FloatArray | None:
-        cols = [get(b) for b in run]
-        if all(c is None for c in cols):
-            return None
-        return np.concatenate([np.full(len(b), _NAN) if c is None else c
-                               for b, c in zip(run, cols, strict=True)])
-
-    return SampleBatch(
-        first.node_id, first.model, first.hardware,
-        np.concatenate([b.ts for b in run]), np.concatenate([b.latency_us for b in run]),
-        np.concatenate([b.ok for b in run]), np.concatenate([b.probe for b in run]),
-        sizes(lambda b: b.input_tokens), sizes(lambda b: b.output_tokens),
-        sizes(lambda b: b.ttft_us), rejected=sum(b.rejected for b in run))
-
-
-def _build_plain(node: str, model: str, hw: str | None,
-                 plain: tuple[list[float], list[float]]) -> SampleBatch:
+def _build_plain(group: _Group, plain: tuple[list[float], list[float]]) -> SampleBatch:
+    node, model, hw, inst = group
     n = len(plain[0])
     return SampleBatch(node, model, hw, np.array(plain[0], dtype=np.float64),
                        np.array(plain[1], dtype=np.float64), np.ones(n, dtype=bool),
-                       np.zeros(n, dtype=bool))
+                       np.zeros(n, dtype=bool), instance=inst)
 
 
-def _build(node: str, model: str, hw: str | None, rows: list[_Row]) -> SampleBatch:
+def _build(group: _Group, rows: list[_Row]) -> SampleBatch:
     if len(rows) == 1:
-        return _one(rows[0], node, model, hw)
+        return _one(rows[0], group)
+    node, model, hw, inst = group
     arr = np.array(rows, dtype=np.float64)
     return SampleBatch(
         node, model, hw, np.ascontiguousarray(arr[:, 0]), np.ascontiguousarray(arr[:, 1]),
         arr[:, 2] != 0, arr[:, 3] != 0,
         _size_col(arr[:, 4]), _size_col(arr[:, 5]), _size_col(arr[:, 6]),
+        instance=inst,
     )
 
 

@@ -19,6 +19,10 @@ it between the :class:`~app.core.types.HealthState` values::
                                               healthy  retired ◀── too many failed rounds /
                                                                    diagnostics unrecoverable
 
+    any routed or out-of-routing pair ──silent──▶ gone ──returned──▶ warming (was routed)
+                                                                      │ or quarantined (was out)
+    warming / healthy / suspect / unhealthy (routed) ──restarted──▶ warming
+
 Guarantees:
 
 * Pure: the same ``(state, judgement, now_s, settings)`` always gives the
@@ -339,6 +343,55 @@ def diagnostics(state: PairState, recoverable: bool,
         return new, _transition(state, new, now_s, state.evidence,
                                 detail=f"probe after {new.probe_after_ts}")
     return state, None
+
+
+def go_silent(state: PairState, now_s: float, last_seen_ts: float) -> tuple[PairState, Transition]:
+    """No sample or heartbeat since ``last_seen_ts``: → gone, out of routing.
+
+    Not an ejection: ``ejections`` and the quarantine fields are kept as they were, so a
+    node that was out before it fell silent comes back to be probed (see :func:`come_back`).
+    """
+    new = dataclasses.replace(state, state=HealthState.GONE, since_ts=now_s, routed=False,
+                              reason=str(Reason.SILENT), abnormal_streak=0)
+    return new, _transition(state, new, now_s, None,
+                            detail=f"no sample or heartbeat for {now_s - last_seen_ts:.0f} s "
+                                   f"(last at {last_seen_ts:.3f})")
+
+
+def come_back(state: PairState, seen_ts: float, now_s: float,
+              settings: DetectorSettings) -> tuple[PairState, Transition]:
+    """A gone pair reports again (sample or heartbeat at ``seen_ts``).
+
+    Back through warm-up (routed, judged from ``seen_ts + warmup_s`` on); a pair that was
+    out of routing when it fell silent (quarantined or ejected) is quarantined again and
+    probed at once instead — silence never re-admits a slow node.
+    """
+    if state.quarantined_at is not None:
+        new = dataclasses.replace(state, state=HealthState.QUARANTINED, since_ts=now_s,
+                                  reason=str(Reason.RETURNED), routed=False,
+                                  judge_since_ts=now_s, probe_after_ts=now_s)
+        return new, _transition(state, new, now_s, None, detail="out of routing before it fell "
+                                "silent: probed from now on")
+    return restart(state, seen_ts, now_s, settings, reason=str(Reason.RETURNED))
+
+
+def restart(state: PairState, restart_ts: float, now_s: float, settings: DetectorSettings,
+            reason: str = str(Reason.RESTARTED)) -> tuple[PairState, Transition]:
+    """The node's process started anew at ``restart_ts``: warming again (routed), its
+    warm-up samples never judged; its abnormal streak and fault are dropped. A retired
+    node back as a new process is a new node: its ejection history goes too."""
+    start = min(restart_ts, now_s)
+    done = start + settings.warmup_s <= now_s
+    if state.state is HealthState.RETIRED:
+        state = dataclasses.replace(state, ejections=0, failed_probe_rounds=0, quarantined_at=None,
+                                    probe_after_ts=None)
+    new = dataclasses.replace(state, state=HealthState.HEALTHY if done else HealthState.WARMING,
+                              since_ts=now_s, first_seen_ts=start, reason=reason, routed=True,
+                              abnormal_streak=0, fault=None, severity=0.0,
+                              judge_since_ts=start + settings.warmup_s if done and settings.warmup_s > 0
+                              else None)
+    return new, _transition(state, new, now_s, None,
+                            detail=f"warm-up until {start + settings.warmup_s:.3f}")
 
 
 def _transition(old: PairState, new: PairState, now_s: float, ev: Evidence | None,

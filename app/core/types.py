@@ -26,6 +26,11 @@ def p99_p50_ratio(p50: float | None, p99: float | None) -> float | None:
     return p99 / p50
 
 
+def _opt_ts(v: object) -> bool:
+    """None, or a finite number (not a bool)."""
+    return v is None or (isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v))
+
+
 class HealthState(enum.StrEnum):
     """Per-(node, model) health. ``routed`` says whether LBs may use it."""
 
@@ -36,6 +41,7 @@ class HealthState(enum.StrEnum):
     UNHEALTHY = "unhealthy"      # confirmed; out of routing unless a fleet guard keeps it in
     QUARANTINED = "quarantined"  # out of routing, waiting for back-off / being probed
     RETIRED = "retired"          # failed too many probe rounds or diagnostics said unrecoverable
+    GONE = "gone"                # silent for silent_after_s: out of routing, in no guard's count
 
 
 class Reason(enum.StrEnum):
@@ -56,6 +62,9 @@ class Reason(enum.StrEnum):
     TOO_MANY_PROBE_FAILURES = "too_many_probe_failures"
     FORGOTTEN = "forgotten"                  # retired, then silent for forget_after_s
     ERROR_RATE = "error_rate"                # failed requests far above max_error_share
+    SILENT = "silent"                        # no sample or heartbeat for silent_after_s: gone
+    RETURNED = "returned"                    # a gone pair reported again: warming (or probed)
+    RESTARTED = "restarted"                  # a new process instance, or back after a gap: warming
 
 
 class WindowSummary(NamedTuple):
@@ -105,6 +114,10 @@ class WindowSummary(NamedTuple):
     fresh_p50: float | None = None
     requests_total: int = 0
     failed_total: int = 0
+    # When the series last restarted, as stage 1 saw it: a new ``instance`` (``instance_ts``),
+    # or signs of life resuming after a gap (``resumed_ts``); None when never.
+    instance_ts: float | None = None
+    resumed_ts: float | None = None
 
     @property
     def ratio(self) -> float | None:
@@ -128,6 +141,9 @@ class WindowSummary(NamedTuple):
                 or (p50 is not None and (not isinstance(p50, int | float) or isinstance(p50, bool)
                                          or not math.isfinite(p50) or p50 <= 0))):
             s = s._replace(fresh_samples=0, fresh_p50=None)
+        if not _opt_ts(s.instance_ts) or not _opt_ts(s.resumed_ts):
+            s = s._replace(instance_ts=s.instance_ts if _opt_ts(s.instance_ts) else None,
+                           resumed_ts=s.resumed_ts if _opt_ts(s.resumed_ts) else None)
         req, fail = s.requests_total, s.failed_total
         if not (type(req) is int and type(fail) is int and 0 <= fail <= req):
             s = s._replace(requests_total=0, failed_total=0)

@@ -92,6 +92,8 @@ SNAPSHOT_VERSION: Final = 1
 _QS: Final = (0.5, 0.99)
 #: Samples per series in a cluster pool or digest (``model_pools``' thinning).
 POOL_SAMPLES_PER_SERIES: Final = 128
+# Signs of life (samples, heartbeats) within restart_gap_s after a gap that confirm a restart.
+RESTART_CONFIRM_SIGNS: Final = 10
 _Q50: Final = (0.5,)
 _TIER_BASE: Final = 16
 _TIER_GROWTH: Final = 8
@@ -158,8 +160,9 @@ class _Chunk:
 
 
 class _Series:
-    __slots__ = ("chunk", "failed", "failures", "first_seen_ts", "hardware", "last_seen_ts",
-                 "midx", "model", "node_id", "requests", "row")
+    __slots__ = ("chunk", "failed", "failures", "first_seen_ts", "gap_s", "hardware", "instance",
+                 "instance_ts", "last_seen_ts", "midx", "model", "node_id", "requests", "resume_signs",
+                 "resume_ts", "resumed_ts", "row", "signs")
 
     def __init__(self, node_id: str, model: str, midx: int) -> None:
         self.node_id, self.model, self.midx = node_id, model, midx
@@ -170,11 +173,51 @@ class _Series:
         self.requests = self.failures = 0      # every request taken, and the failed ones
         self.chunk: _Chunk | None = None
         self.row = -1
+        # Restarts: the reporting process (event "instance"), when a new one was first seen,
+        # and when signs of life last resumed after a gap; signs = samples and heartbeats seen,
+        # gap_s = an EWMA of the time between them (the scale a restart gap is measured on).
+        self.instance: str | None = None
+        self.instance_ts: float | None = None
+        self.resumed_ts: float | None = None
+        self.signs = 0
+        self.gap_s = 0.0
+        self.resume_ts: float | None = None     # a gap seen, its restart not yet confirmed
+        self.resume_signs = 0
 
-    def seen(self, lo: float, hi: float) -> None:
+    def seen(self, lo: float, hi: float, instance: str | None = None, gap_s: float = 0.0,
+             n: int = 1, ts: F64 | None = None) -> None:
+        """``n`` signs of life from ``lo`` to ``hi`` (event time; ``ts`` each, or None for one)
+        of process ``instance``.
+
+        A new instance marks a restart at once (``instance_ts``). Signs that resume after a gap
+        longer than ``gap_s`` and than 20 of the series' recent gaps (an EWMA) mark one
+        (``resumed_ts``) once ``RESTART_CONFIRM_SIGNS`` signs follow within ``gap_s``: a node
+        back at work, not a trickle after a traffic drop.
+        """
+        last = self.last_seen_ts
+        if instance is not None:
+            if self.instance is not None and instance != self.instance:
+                self.instance_ts = lo
+            self.instance = instance
+        if last is not None and hi >= last:
+            gap = lo - last
+            if gap_s > 0 and gap > gap_s and self.signs >= 3 and gap > 20.0 * self.gap_s:
+                self.resume_ts, self.resume_signs = lo, 0
+            mean = (hi - last) / n
+            self.gap_s = mean if self.signs == 1 else self.gap_s + 0.2 * (mean - self.gap_s)
+        pending = self.resume_ts
+        if pending is not None:
+            until = pending + gap_s
+            self.resume_signs += (n if hi <= until else int(np.count_nonzero(ts <= until)) if ts is not None
+                                  else int(lo <= until))
+            if self.resume_signs >= RESTART_CONFIRM_SIGNS:
+                self.resumed_ts, self.resume_ts = pending, None
+            elif lo > until:
+                self.resume_ts = None
+        self.signs += n
         if self.first_seen_ts is None or lo < self.first_seen_ts:
             self.first_seen_ts = lo
-        if self.last_seen_ts is None or hi > self.last_seen_ts:
+        if last is None or hi > last:
             self.last_seen_ts = hi
 
 
@@ -410,7 +453,7 @@ class WindowStore:
         s = self._get(hb.node_id, hb.model)
         if hb.hardware is not None:
             s.hardware = hb.hardware
-        s.seen(hb.ts, hb.ts)
+        s.seen(hb.ts, hb.ts, hb.instance, self.settings.restart_gap_s)
 
     def observe(self, batch: SampleBatch) -> None:
         """Add a batch's samples (vectorized; arrival order = array order)."""
@@ -425,7 +468,7 @@ class WindowStore:
             t_lo = t_hi = float(ts[0])
         else:
             t_lo, t_hi = float(ts.min()), float(ts.max())
-        s.seen(t_lo, t_hi)
+        s.seen(t_lo, t_hi, batch.instance, self.settings.restart_gap_s, n, ts)
         s.requests += n
         ok = batch.ok
         lat = batch.latency_us
@@ -550,7 +593,8 @@ class WindowStore:
                     failed=_failed_in(s.failed, age_lo, now_s) if s.failed else 0,
                     hardware=s.hardware, first_seen_ts=s.first_seen_ts,
                     last_seen_ts=s.last_seen_ts, extra={}, requests_total=s.requests,
-                    failed_total=s.failures))
+                    failed_total=s.failures, instance_ts=s.instance_ts,
+                    resumed_ts=s.resumed_ts))
         results.sort(key=_summary_order)
         return results
 
@@ -805,6 +849,8 @@ class WindowStore:
             "fresh_p50": [q if q == q else None for q in q_fresh[used].tolist()],
             "requests_total": [sr.requests for sr in ser],
             "failed_total": [sr.failures for sr in ser],
+            "instance_ts": [sr.instance_ts for sr in ser],
+            "resumed_ts": [sr.resumed_ts for sr in ser],
         }
         # repeat() columns are endless; every list column has one entry per series.
         return list(map(_make_summary,
@@ -858,6 +904,8 @@ class WindowStore:
                 "first_seen_ts": s.first_seen_ts, "last_seen_ts": s.last_seen_ts,
                 "failed": sorted([b, c] for b, c in s.failed.items()),
                 "requests": s.requests, "failures": s.failures,
+                "instance": s.instance, "instance_ts": s.instance_ts, "resumed_ts": s.resumed_ts,
+                "signs": s.signs, "gap_s": s.gap_s,
                 "ts": w["ts"].tolist(), "latency_us": w["latency_us"].tolist(),
                 "probe": np.flatnonzero(w["probe"]).tolist(),
             }
@@ -884,9 +932,12 @@ class WindowStore:
             s.last_seen_ts = item.get("last_seen_ts")
             s.failed = {int(b): int(c) for b, c in item.get("failed", [])}
             counts = int(item.get("requests", 0)), int(item.get("failures", 0))
+            life = (item.get("instance"), item.get("instance_ts"), item.get("resumed_ts"),
+                    int(item.get("signs", 0)), float(item.get("gap_s", 0.0)))
             ts = np.asarray(item["ts"], dtype=np.float64)
             if ts.size == 0:
                 s.requests, s.failures = counts
+                s.instance, s.instance_ts, s.resumed_ts, s.signs, s.gap_s = life
                 continue
             lat = np.asarray(item["latency_us"], dtype=np.float64)
             probe = np.zeros(ts.size, dtype=bool)
@@ -897,6 +948,7 @@ class WindowStore:
                                      _column(item, "output_tokens"), _column(item, "ttft_us")))
             s.first_seen_ts, s.last_seen_ts = first, last
             s.requests, s.failures = counts
+            s.instance, s.instance_ts, s.resumed_ts, s.signs, s.gap_s = life
 
 
 def _column(item: Mapping[str, Any], key: str) -> F64 | None:

@@ -55,6 +55,7 @@ import logging
 import math
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
@@ -154,6 +155,7 @@ class LatencyEmitter:
         max_retry_backoff_s: float = 5.0,
         close_timeout_s: float = 5.0,
         producer_options: Mapping[str, Any] | None = None,
+        instance: str | None = None,
         wire_format: WireFormat = "binary",
     ) -> None:
         if not isinstance(bootstrap_servers, str) or not bootstrap_servers.strip():
@@ -186,6 +188,8 @@ class LatencyEmitter:
         self._factory = producer_factory or self._aiokafka_producer
         self._clock = clock
         self._mono = monotonic
+        # This process's id on every message: a new one tells tailguard the node restarted.
+        self.instance = instance if instance is not None else uuid.uuid4().hex[:16]
 
         # Shared with record()/heartbeat() callers on any thread: guarded by _lock.
         self._lock = threading.Lock()
@@ -483,7 +487,7 @@ class LatencyEmitter:
         assert self._slots is not None
         for series in due:
             await self._slots.acquire()
-            value = encode_heartbeat(series, self._clock())
+            value = encode_heartbeat(series, self._clock(), self.instance)
             if not await self._send_one(producer, series, value, []):
                 return
 
@@ -500,7 +504,7 @@ class LatencyEmitter:
                 slots.release()
                 return
             series, samples = item
-            messages = encode_batches(series, samples, self._wire_format)
+            messages = encode_batches(series, samples, self.instance, self._wire_format)
             for i, (value, group) in enumerate(messages):
                 try:
                     if i:

@@ -1,8 +1,10 @@
-"""Request timing for web servers: an aiohttp middleware and a generic ASGI middleware.
+"""Request timing for web servers: a generic ASGI middleware, and what the aiohttp one shares.
 
-Both time each HTTP request from the moment the middleware sees it until the
-handler (or ASGI app) has returned — for a streamed response, until its last
-chunk was handed to the server — and call ``emitter.record()``. Guarantees:
+The aiohttp middleware is in :mod:`app.emitter.middleware_aiohttp` (it needs
+aiohttp, which the emitter's install does not bring). Both time each HTTP
+request from the moment the middleware sees it until the handler (or ASGI
+app) has returned — for a streamed response, until its last chunk was
+handed to the server — and call ``emitter.record()``. Guarantees:
 
 * ``ok`` is ``is_ok(status)`` (default: status < 500); an exception from the
   handler records ``ok=False`` and is re-raised; a cancelled request (client
@@ -20,8 +22,8 @@ chunk was handed to the server — and call ``emitter.record()``. Guarantees:
 * Telemetry never breaks a request: a value the emitter rejects is logged
   and the response goes out unchanged.
 
-The ASGI middleware imports nothing from FastAPI or Starlette (aiohttp is a
-dependency of tailguard itself).
+This module imports nothing from FastAPI, Starlette or aiohttp, so an
+emitter-only install (`pip install tailguard[emitter]`) can use it.
 """
 
 from __future__ import annotations
@@ -31,10 +33,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, Protocol
-
-from aiohttp import web
-from aiohttp.typedefs import Handler, Middleware
+from typing import Any, Final, Protocol
 
 log = logging.getLogger("tailguard.emitter")
 
@@ -69,19 +68,12 @@ class RequestInfo:
     skip: bool = False                # do not record this request
 
 
-# The key of the RequestInfo in an aiohttp request: ``request[AIOHTTP_INFO_KEY].output_tokens = n``.
-if TYPE_CHECKING or hasattr(web, "RequestKey"):  # noqa: SIM108 (mypy sees one type only as a statement)
-    AIOHTTP_INFO_KEY = web.RequestKey(INFO_KEY, RequestInfo)
-else:  # aiohttp < 3.13: plain string keys
-    AIOHTTP_INFO_KEY = INFO_KEY
-
-
 def default_is_ok(status: int) -> bool:
     """A request failed when the server failed (5xx); client errors are the client's."""
     return status < 500
 
 
-def _finish(emitter: Recorder, node_id: str, model: str | None, hardware: str | None, info: RequestInfo,
+def finish_request(emitter: Recorder, node_id: str, model: str | None, hardware: str | None, info: RequestInfo,
             start_ns: int, ok: bool, probe: bool) -> None:
     elapsed_ns = time.perf_counter_ns() - start_ns
     model = info.model or model
@@ -97,39 +89,6 @@ def _finish(emitter: Recorder, node_id: str, model: str | None, hardware: str | 
                        ttft_us=ttft_us)
     except ValueError as e:
         log.warning("tailguard middleware: request not recorded: %s", e)
-
-
-def aiohttp_middleware(
-    emitter: Recorder,
-    *,
-    node_id: str,
-    model: str | Callable[[web.Request], str | None],
-    hardware: str | None = None,
-    is_ok: Callable[[int], bool] = default_is_ok,
-) -> Middleware:
-    """An aiohttp middleware recording every request's latency: ``web.Application(middlewares=[…])``."""
-    model_of = model if callable(model) else (lambda _request: model)
-
-    @web.middleware
-    async def tailguard_latency(request: web.Request, handler: Handler) -> web.StreamResponse:
-        start_ns = time.perf_counter_ns()
-        info = RequestInfo()
-        request[AIOHTTP_INFO_KEY] = info
-        probe = request.headers.get(PROBE_HEADER, "").strip() == "1"
-        try:
-            response = await handler(request)
-        except asyncio.CancelledError:
-            raise
-        except web.HTTPException as e:
-            _finish(emitter, node_id, model_of(request), hardware, info, start_ns, is_ok(e.status), probe)
-            raise
-        except Exception:
-            _finish(emitter, node_id, model_of(request), hardware, info, start_ns, False, probe)
-            raise
-        _finish(emitter, node_id, model_of(request), hardware, info, start_ns, is_ok(response.status), probe)
-        return response
-
-    return tailguard_latency
 
 
 class LatencyMiddleware:
@@ -176,7 +135,8 @@ class LatencyMiddleware:
         except asyncio.CancelledError:
             raise
         except Exception:
-            _finish(self.emitter, self.node_id, self.model_of(scope), self.hardware, info, start_ns, False, probe)
+            finish_request(self.emitter, self.node_id, self.model_of(scope), self.hardware, info, start_ns, False,
+                           probe)
             raise
         ok = status is not None and self.is_ok(status)
-        _finish(self.emitter, self.node_id, self.model_of(scope), self.hardware, info, start_ns, ok, probe)
+        finish_request(self.emitter, self.node_id, self.model_of(scope), self.hardware, info, start_ns, ok, probe)

@@ -22,6 +22,7 @@ the JSON layout. Guarantees:
   the ordinary group (ok, not probe) carries no flag at all.
 * ``hardware`` is omitted when unknown (``None``), never sent as ``null``.
 * Heartbeats are ``{"type": "heartbeat", "node_id", "model", "hardware"?, "ts"}``.
+* Every message carries the emitter's ``instance`` (random per process start) when given.
 * The Kafka message key is ``node_id|model`` (UTF-8), so all messages of a
   series land on one partition, in order.
 * Every message decodes with :func:`app.core.events.decode` (tested), as
@@ -71,10 +72,10 @@ def _row(s: Sample) -> list[float | int | None]:
 
 
 # The binary layout (docs/contracts-binary.md; app.core.binary reads it): magic, version,
-# flags, reserved, three name lengths, sample count; names; zero padding to 8; columns.
-_BIN_HEADER: Final = struct.Struct("<3sBBBHHHI")
+# flags, reserved, four name lengths, sample count; names; zero padding to 8; columns.
+_BIN_HEADER: Final = struct.Struct("<3sBBBHHHHI")
 _BIN_MAGIC: Final = b"\xf5TG"
-_BIN_FAILED, _BIN_PROBE, _BIN_SIZED, _BIN_HARDWARE = 0x01, 0x02, 0x04, 0x08
+_BIN_FAILED, _BIN_PROBE, _BIN_SIZED, _BIN_HARDWARE, _BIN_INSTANCE = 0x01, 0x02, 0x04, 0x08, 0x10
 _NAN: Final = math.nan
 
 
@@ -85,15 +86,17 @@ def _column(values: list[float]) -> bytes:
     return col.tobytes()
 
 
-def encode_binary(series: SeriesKey, group: Sequence[Sample], *, ok: bool, probe: bool) -> bytes:
+def encode_binary(series: SeriesKey, group: Sequence[Sample], *, ok: bool, probe: bool,
+                  instance: str | None = None) -> bytes:
     """One binary batch of ``group`` (samples of one (ok, probe) group, in order)."""
     node_id, model, hardware = series
     sized = any(s[4] is not None or s[5] is not None or s[6] is not None for s in group)
-    names = [node_id.encode(), model.encode(), b"" if hardware is None else hardware.encode()]
+    names = [node_id.encode(), model.encode(), b"" if hardware is None else hardware.encode(),
+             b"" if instance is None else instance.encode()]
     flags = ((0 if ok else _BIN_FAILED) | (_BIN_PROBE if probe else 0)
-             | (_BIN_SIZED if sized else 0) | (0 if hardware is None else _BIN_HARDWARE))
-    head = _BIN_HEADER.pack(_BIN_MAGIC, 1, flags, 0, len(names[0]), len(names[1]), len(names[2]),
-                            len(group))
+             | (_BIN_SIZED if sized else 0) | (0 if hardware is None else _BIN_HARDWARE)
+             | (0 if instance is None else _BIN_INSTANCE))
+    head = _BIN_HEADER.pack(_BIN_MAGIC, 1, flags, 0, *map(len, names), len(group))
     parts = [head, *names]
     size = len(head) + sum(len(n) for n in names)
     parts.append(b"\0" * (-size % 8))
@@ -105,9 +108,11 @@ def encode_binary(series: SeriesKey, group: Sequence[Sample], *, ok: bool, probe
     return b"".join(parts)
 
 
-def encode_batches(series: SeriesKey, samples: Sequence[Sample],
+def encode_batches(series: SeriesKey, samples: Sequence[Sample], instance: str | None = None,
                    fmt: WireFormat = "json") -> list[tuple[bytes, list[Sample]]]:
     """Encode samples of one series as 1–4 batch messages, one per (ok, probe) group.
+
+    ``instance``: the sending process's id (a new one tells tailguard the node restarted).
 
     Returns ``(value, samples_in_that_message)`` pairs; samples keep their
     order within each group. ``fmt``: ``"json"`` (the JSON batch form) or
@@ -125,11 +130,14 @@ def encode_batches(series: SeriesKey, samples: Sequence[Sample],
     out: list[tuple[bytes, list[Sample]]] = []
     for (ok, probe), group in groups.items():
         if fmt == "binary":
-            out.append((encode_binary(series, group, ok=ok, probe=probe), group))
+            out.append((encode_binary(series, group, ok=ok, probe=probe, instance=instance),
+                        group))
             continue
         doc: dict[str, object] = {"node_id": node_id, "model": model}
         if hardware is not None:
             doc["hardware"] = hardware
+        if instance is not None:
+            doc["instance"] = instance
         if not ok:
             doc["ok"] = False
         if probe:
@@ -139,12 +147,14 @@ def encode_batches(series: SeriesKey, samples: Sequence[Sample],
     return out
 
 
-def encode_heartbeat(series: SeriesKey, ts: float) -> bytes:
+def encode_heartbeat(series: SeriesKey, ts: float, instance: str | None = None) -> bytes:
     """Encode one heartbeat of ``series`` at event time ``ts``."""
     node_id, model, hardware = series
     doc: dict[str, object] = {"type": "heartbeat", "node_id": node_id, "model": model}
     if hardware is not None:
         doc["hardware"] = hardware
+    if instance is not None:
+        doc["instance"] = instance
     doc["ts"] = ts
     return orjson.dumps(doc)
 

@@ -47,6 +47,7 @@ from typing import Any, Protocol
 from app.lb import BackendsError, RoutingSource, RuntimeApiError
 from app.lb.maps import load_pairs
 from app.lb.source import add_routing_args, open_routing, run_main, settings_from_args, stop_on_signals
+from app.settings import redact_url
 
 log = logging.getLogger(__name__)
 
@@ -372,7 +373,8 @@ async def _run(args: argparse.Namespace) -> int:
             return 1 if result.errors else 0
         stop = stop_on_signals()
         print(f"tailguard haproxy-sync: {api.address}: {', '.join(f'{m}→{b}' for m, b in backend_map.items())}; "
-              f"routing from {settings.redis_url} prefix {settings.key_prefix!r}", file=sys.stderr, flush=True)
+              f"routing from {redact_url(settings.redis_url)} prefix {settings.key_prefix!r}",
+              file=sys.stderr, flush=True)
         await sync.run(stop)
     return 0
 

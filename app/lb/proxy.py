@@ -68,7 +68,7 @@ from app.lb import BackendsError, RoutingSource
 from app.lb.balance import MAX_PROBE_SHARE, Balancer, Pick
 from app.lb.maps import load_pairs
 from app.lb.source import add_routing_args, open_routing, run_main, settings_from_args, stop_on_signals
-from app.settings import Settings
+from app.settings import Settings, redact_url
 
 log = logging.getLogger(__name__)
 
@@ -175,10 +175,13 @@ async def failure_reporter(stack: contextlib.AsyncExitStack, settings: Settings)
     topic through a :class:`~app.emitter.LatencyEmitter` whose lifetime is ``stack``'s. It sends
     no heartbeats on a node's behalf: a dead node must not look alive."""
     from app.emitter import LatencyEmitter
+    from app.security import check_kafka, kafka_client_options
 
+    await check_kafka(settings)   # a refused login or certificate stops the start, in one line
     emitter = await stack.enter_async_context(LatencyEmitter(
         settings.kafka_bootstrap, topic=settings.topics.latency_events,
-        heartbeat_interval_s=FAILURE_HEARTBEAT_S))
+        heartbeat_interval_s=FAILURE_HEARTBEAT_S,
+        producer_options=kafka_client_options(settings)))
 
     def report(node_id: str, model: str, latency_us: float, probe: bool) -> None:
         emitter.record(node_id, model, latency_us, ok=False, probe=probe)
@@ -393,7 +396,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="tailguard proxy",
         description="Reference HTTP load balancer: round-robin over each model's tailguard routing set.",
     )
-    p.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT to listen on (default 127.0.0.1:8080)")
+    p.add_argument("--listen", default=None,
+                   help="HOST:PORT to listen on (default TAILGUARD_PROXY_LISTEN, 127.0.0.1:8080)")
     p.add_argument("--backends", required=True,
                    help="node_id=http://host:port,… or a file of such lines (every node the proxy may reach)")
     p.add_argument("--model-header", default=None,
@@ -412,8 +416,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def listen_address(args: argparse.Namespace) -> tuple[str, int]:
+    """``--listen``, else ``TAILGUARD_PROXY_LISTEN`` (loopback by default)."""
+    return parse_listen(args.listen or settings_from_args(args).proxy_listen)
+
+
 async def _run(args: argparse.Namespace) -> int:
-    host, port = parse_listen(args.listen)
+    host, port = listen_address(args)
     backends = parse_backends(args.backends)
     balancer = Balancer(backends, probe_share=args.probe_share)
     stop = stop_on_signals()
@@ -424,7 +433,7 @@ async def _run(args: argparse.Namespace) -> int:
                       report_failure=report)
         bound = await stack.enter_async_context(serve(proxy, host, port))
         print(f"tailguard proxy: listening on http://{host}:{bound} → {len(backends)} backends, "
-              f"routing from {settings.redis_url} prefix {settings.key_prefix!r}"
+              f"routing from {redact_url(settings.redis_url)} prefix {settings.key_prefix!r}"
               + (f"; failures reported to {settings.kafka_bootstrap}" if report else ""),
               file=sys.stderr, flush=True)
         await stop.wait()

@@ -4,7 +4,9 @@
 :class:`app.routing.reader.RoutingTable` (with the fail-fast Redis client of
 :mod:`app.routing.client`) from ``TAILGUARD_REDIS_URL`` / ``TAILGUARD_KEY_PREFIX``
 or the ``--redis-url`` / ``--key-prefix`` flags that :func:`add_routing_args`
-adds to both load-balancer commands.
+adds to both load-balancer commands. It first PINGs Redis once
+(:func:`app.security.check_redis`): a refused login or certificate stops the
+command with one line naming the setting.
 
 :class:`SafeSource` wraps any :class:`~app.lb.RoutingSource` so that a read
 error becomes "unknown" (an empty set, no quarantine) and is logged at most
@@ -146,12 +148,14 @@ async def open_routing(
     whenever a model's routing set or quarantine changes. ``follow=False``
     starts no pub/sub or polling (one-shot reads, e.g. ``haproxy-sync --once``).
     """
-    from app.routing.client import connect
+    from app.routing.client import connect_for
     from app.routing.reader import RoutingTable
+    from app.security import check_redis
 
     if not poll_interval_s > 0:
         raise ValueError(f"--poll-interval-s must be > 0, got {poll_interval_s!r}")
-    client = connect(settings.redis_url)
+    await check_redis(settings)   # a refused login or certificate stops the start, in one line
+    client = connect_for(settings)
     try:
         table = RoutingTable(client, settings.key_prefix, poll_interval_s=poll_interval_s, on_change=on_change)
         if not follow:

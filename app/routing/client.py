@@ -5,17 +5,27 @@ caller for many seconds when Redis is down. tailguard's writer and reader have
 their own retry loops, so the client here fails fast: short timeouts and one
 immediate retry (enough to replace a pooled connection that a Redis restart
 closed).
+
+:func:`connect_for` builds it from the settings, with the credentials and TLS
+options of :func:`app.security.redis_client_options` (``rediss://``, ACL user).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from app.settings import Settings
 
-def connect(url: str, *, timeout_s: float = 2.0) -> aioredis.Redis:
-    """A client for ``url`` (``TAILGUARD_REDIS_URL``) that fails within about ``2 × timeout_s``."""
+
+def connect(url: str, *, timeout_s: float = 2.0, **options: Any) -> aioredis.Redis:
+    """A client for ``url`` (``TAILGUARD_REDIS_URL``) that fails within about ``2 × timeout_s``.
+
+    ``options`` go to ``Redis.from_url`` (credentials, ``ssl_*``).
+    """
     if not timeout_s > 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
     return aioredis.Redis.from_url(
@@ -24,4 +34,12 @@ def connect(url: str, *, timeout_s: float = 2.0) -> aioredis.Redis:
         socket_timeout=timeout_s,
         retry=Retry(NoBackoff(), 1),
         decode_responses=False,
+        **options,
     )
+
+
+def connect_for(settings: Settings, *, timeout_s: float = 2.0) -> aioredis.Redis:
+    """:func:`connect` to ``settings.redis_url`` with its credentials and TLS settings."""
+    from app.security import redis_client_options
+
+    return connect(settings.redis_url, timeout_s=timeout_s, **redis_client_options(settings))

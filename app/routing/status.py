@@ -21,15 +21,15 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
-from urllib.parse import urlparse, urlunparse
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from app.core.types import p99_p50_ratio
-from app.routing.client import connect
+from app.routing.client import connect_for
 from app.routing.keys import Keys
-from app.settings import load
+from app.security import check_redis
+from app.settings import load, redact_url
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,14 +157,6 @@ def format_table(statuses: list[ModelStatus], now_s: float) -> str:
     return "\n\n".join(blocks)
 
 
-def _redacted(url: str) -> str:
-    u = urlparse(url)
-    if u.password is None:
-        return url
-    netloc = u.netloc.replace(f":{u.password}@", ":***@", 1)
-    return urlunparse(u._replace(netloc=netloc))
-
-
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="tailguard status",
@@ -180,12 +172,13 @@ def _parser() -> argparse.ArgumentParser:
 async def _run(args: argparse.Namespace, out: TextIO, err: TextIO,
                clock: Callable[[], float]) -> int:
     settings = load()
-    client = connect(settings.redis_url)
+    await check_redis(settings)
+    client = connect_for(settings)
     try:
         statuses = await read_status(client, settings.key_prefix, args.model)
     except (RedisError, OSError, TimeoutError) as e:
         print(
-            f"tailguard status: cannot reach Redis at {_redacted(settings.redis_url)} "
+            f"tailguard status: cannot reach Redis at {redact_url(settings.redis_url)} "
             f"({type(e).__name__}: {e}). Start it (scripts/redis) or point TAILGUARD_REDIS_URL "
             "at the Redis that tailguard writes to.",
             file=err,

@@ -33,6 +33,19 @@ Guarantees
   restart that lost the data, the next write recreates every key (the
   script compares with what is there, so the version is bumped and
   published again).
+* **One model's bad keys never block the others.** A ``ResponseError``
+  (or any other Redis error that is not about the connection) on one
+  model's keys — e.g. ``WRONGTYPE`` because someone wrote a string to
+  ``P:routing:<model>``, or an ACL that forbids a key — is that model's
+  problem: it is counted (:meth:`WriterMetrics.model_rejected`), logged
+  (first time, then every power of two), kept pending and retried with its
+  OWN exponential back-off, while every other model is written in the same
+  round. Only connection errors and timeouts (Redis itself is away) end a
+  round and back off the whole writer.
+* **ACL.** Under a Redis ACL (7.0+) the script first checks with
+  ``redis.acl_check_cmd`` that the user may run every command it may call on
+  these keys and the channel, and refuses with ``NOPERM`` before writing
+  anything otherwise: Redis does not roll back a script that fails half way.
 * **NOSCRIPT.** The script is run by SHA (``EVALSHA``); redis-py's
   ``AsyncScript`` reloads it with ``SCRIPT LOAD`` when a restarted server
   answers ``NOSCRIPT`` (checked by the integration tests).
@@ -53,7 +66,9 @@ from types import TracebackType
 from typing import Any, Protocol, Self
 
 import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from app.core.types import ModelTick
 from app.routing.keys import DEFAULT_PREFIX, Keys, status_json
@@ -61,10 +76,14 @@ from app.routing.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
-# Redis errors that mean "try again later": connection trouble, timeouts, a
-# server still loading its data. Script errors (bad arguments) are RedisError too;
-# they are counted and retried the same way, and logged with their message.
-_TRANSIENT: tuple[type[BaseException], ...] = (RedisError, OSError, TimeoutError)
+# Errors that mean "Redis is away": connection trouble, timeouts, a server still
+# loading its data (BusyLoadingError is a ConnectionError). They end a round and
+# back off the whole writer: the next model would fail the same way.
+_CONNECTION: tuple[type[BaseException], ...] = (
+    RedisConnectionError, RedisTimeoutError, OSError, TimeoutError)
+# Any other Redis error (ResponseError: WRONGTYPE, NOPERM, a script error) is
+# about one model's keys: that model backs off, the round goes on.
+_MODEL: tuple[type[BaseException], ...] = (RedisError,)
 
 APPLY_LUA = r"""
 -- tailguard: write one model's routing verdict atomically.
@@ -88,6 +107,24 @@ local first_q = 6 + n_routing
 local first_s = first_q + 2 * n_quarantine
 if #ARGV ~= first_s - 1 + 2 * n_status then
   return redis.error_reply('ERR tailguard: argument count does not match the counts')
+end
+
+-- Under a Redis ACL, check every command first: Redis does not roll back a script that fails
+-- half way, so a missing permission (say +publish) would leave a half-written model.
+if redis.acl_check_cmd then
+  local checks = {
+    {'EXISTS', version_key}, {'GET', version_key}, {'SET', version_key, '0'}, {'INCR', version_key},
+    {'SCARD', routing_key}, {'SISMEMBER', routing_key, 'n'}, {'DEL', routing_key},
+    {'SADD', routing_key, 'n'}, {'ZCARD', quarantine_key}, {'ZSCORE', quarantine_key, 'n'},
+    {'DEL', quarantine_key}, {'ZADD', quarantine_key, '0', 'n'}, {'DEL', nodes_key},
+    {'HSET', nodes_key, 'n', 'v'}, {'SADD', models_key, 'm'}, {'TIME'}, {'PUBLISH', channel, 'm'},
+  }
+  for _, c in ipairs(checks) do
+    if not redis.acl_check_cmd(unpack(c)) then
+      return redis.error_reply('NOPERM tailguard: this ACL user may not run ' .. c[1] ..
+        (c[2] and (' on ' .. c[2]) or '') .. '; nothing was written (see docs/production.md)')
+    end
+  end
 end
 
 local CHUNK = 512  -- even, so (score, member) and (field, value) pairs never split
@@ -161,7 +198,11 @@ return {routing_changed and 1 or 0, quarantine_changed and 1 or 0, version}
 class WriterMetrics(Protocol):
     """What the writer reports; the service maps these onto Prometheus counters."""
 
-    def write_failed(self, model: str, error: BaseException) -> None: ...
+    def write_failed(self, model: str, error: BaseException) -> None:
+        """Every failed attempt to write ``model`` (connection or model error)."""
+
+    def model_rejected(self, model: str, error: BaseException) -> None:
+        """The subset of failures that Redis refused for this model's keys alone."""
 
     def empty_refused(self, model: str) -> None: ...
 
@@ -172,6 +213,9 @@ class NullWriterMetrics:
     """Reports nothing."""
 
     def write_failed(self, model: str, error: BaseException) -> None:
+        pass
+
+    def model_rejected(self, model: str, error: BaseException) -> None:
         pass
 
     def empty_refused(self, model: str) -> None:
@@ -261,8 +305,10 @@ class RoutingWriter:
         self._script = redis.register_script(APPLY_LUA)
         self._pending: dict[str, ModelTick] = {}
         self._lock = asyncio.Lock()
-        self._failures = 0          # consecutive failed attempts
+        self._failures = 0          # consecutive failed attempts (connection errors)
         self._retry_at = 0.0        # monotonic time before which apply() does not try
+        # Per-model back-off after a model error: model -> (consecutive failures, retry at).
+        self._model_backoff: dict[str, tuple[int, float]] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.last_results: dict[str, WriteResult] = {}
@@ -276,8 +322,13 @@ class RoutingWriter:
 
     @property
     def failing(self) -> bool:
-        """True while the last attempt to write failed."""
+        """True while the last attempt to write failed for want of a connection."""
         return self._failures > 0
+
+    @property
+    def rejected(self) -> frozenset[str]:
+        """Models whose last write Redis refused (their keys are in a bad state)."""
+        return frozenset(self._model_backoff)
 
     async def apply(self, tick: ModelTick) -> bool:
         """Write ``tick``'s verdict. True when Redis now holds it (written or already equal).
@@ -301,8 +352,11 @@ class RoutingWriter:
         return tick.model not in self._pending
 
     async def flush(self) -> bool:
-        """Try now to write every pending verdict; True when nothing is pending afterwards."""
-        return await self._flush(force=True)
+        """Try now to write every pending verdict, ignoring every back-off.
+
+        True when nothing is pending afterwards.
+        """
+        return await self._flush(force=True, models_too=True)
 
     async def __aenter__(self) -> Self:
         self._task = asyncio.create_task(self._retry_loop(), name="tailguard-routing-writer-retry")
@@ -321,7 +375,7 @@ class RoutingWriter:
         task, self._task = self._task, None
         if task is not None:
             await cancel_and_wait([task])
-        if self._pending and not await self._flush(force=True):
+        if self._pending and not await self._flush(force=True, models_too=True):
             log.error(
                 "closing with unwritten routing verdicts for models %s: Redis keeps the last "
                 "written sets",
@@ -336,7 +390,20 @@ class RoutingWriter:
     def _in_backoff(self) -> bool:
         return self._failures > 0 and self._monotonic() < self._retry_at
 
-    async def _flush(self, *, force: bool) -> bool:
+    def _model_due_at(self, model: str) -> float:
+        return self._model_backoff.get(model, (0, 0.0))[1]
+
+    def _next_attempt_at(self) -> float:
+        """Monotonic time of the next attempt worth making for what is pending."""
+        first_model = min((self._model_due_at(m) for m in self._pending), default=0.0)
+        return max(self._retry_at if self._failures else 0.0, first_model)
+
+    async def _flush(self, *, force: bool, models_too: bool = False) -> bool:
+        """One round over the pending models.
+
+        ``force`` ignores the writer's back-off (connection errors),
+        ``models_too`` also each model's own back-off (model errors).
+        """
         if not self._pending:
             return True
         if not force and self._in_backoff():
@@ -346,15 +413,22 @@ class RoutingWriter:
             if not force and self._in_backoff():
                 self._wake.set()
                 return False
+            now = self._monotonic()
             for model in list(self._pending):
                 tick = self._pending.get(model)
                 if tick is None:
                     continue
+                if not models_too and self._model_due_at(model) > now:
+                    self._wake.set()
+                    continue
                 try:
                     result = await self._write(tick)
-                except _TRANSIENT as e:
+                except _CONNECTION as e:
                     self._record_failure(model, e)
                     return False
+                except _MODEL as e:
+                    self._record_model_failure(model, e)
+                    continue
                 if self._pending.get(model) is tick:
                     del self._pending[model]
                 self._record_success(result)
@@ -374,11 +448,33 @@ class RoutingWriter:
             )
         self._wake.set()
 
+    def _record_model_failure(self, model: str, error: BaseException) -> None:
+        failures = self._model_backoff.get(model, (0, 0.0))[0] + 1
+        delay_s = min(self._retry_max_s, self._retry_initial_s * 2.0 ** (failures - 1))
+        self._model_backoff[model] = (failures, self._monotonic() + delay_s)
+        self._metrics.write_failed(model, error)
+        self._metrics.model_rejected(model, error)
+        if failures & (failures - 1) == 0:
+            k = self.keys
+            log.error(
+                "Redis refused the routing write of model %r (%s: %s); attempt %d, retrying this "
+                "model in %.2fs, other models are still written. Check the type and ACL of its "
+                "keys (%s is a SET, %s a string counter, %s a ZSET, %s a HASH); load balancers "
+                "keep its last written set",
+                model, type(error).__name__, error, failures, delay_s,
+                k.routing(model), k.version(model), k.quarantine(model), k.nodes(model),
+            )
+        self._wake.set()
+
     def _record_success(self, result: WriteResult) -> None:
         if self._failures:
             log.info("Redis writes recovered after %d failed attempt(s)", self._failures)
         self._failures = 0
         self._retry_at = 0.0
+        model_failures = self._model_backoff.pop(result.model, (0, 0.0))[0]
+        if model_failures:
+            log.info("Redis accepts the routing of model %r again after %d refused attempt(s)",
+                     result.model, model_failures)
         self.last_results[result.model] = result
         self._metrics.written(result.model, changed=result.changed, version=result.version)
         if result.changed:
@@ -407,7 +503,7 @@ class RoutingWriter:
             await self._wake.wait()
             self._wake.clear()
             while self._pending:
-                delay_s = self._retry_at - self._monotonic()
+                delay_s = self._next_attempt_at() - self._monotonic()
                 if delay_s > 0:
                     await self._sleep(delay_s)
                 try:

@@ -319,11 +319,14 @@ def _run_fleet_cli(args: argparse.Namespace) -> int:
     if not args.time_scale > 0:
         raise SimError(f"--time-scale must be > 0, got {args.time_scale}")
     duration = args.duration_s if args.duration_s is not None else s.duration_s / args.time_scale
-    asyncio.run(_serve(s, args, bootstrap, topic, duration))
+    from app.security import kafka_client_options
+
+    asyncio.run(_serve(s, args, bootstrap, topic, duration, kafka_client_options(cfg)))
     return 0
 
 
-async def _serve(s: Scenario, args: argparse.Namespace, bootstrap: str, topic: str, duration_s: float) -> None:
+async def _serve(s: Scenario, args: argparse.Namespace, bootstrap: str, topic: str, duration_s: float,
+                 kafka_options: dict[str, Any] | None = None) -> None:
     from app.emitter.emitter import LatencyEmitter
 
     backends: dict[str, str] = {}
@@ -343,7 +346,8 @@ async def _serve(s: Scenario, args: argparse.Namespace, bootstrap: str, topic: s
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
-    async with LatencyEmitter(bootstrap, topic=topic, heartbeat_interval_s=args.heartbeat_interval_s) as em:
+    async with LatencyEmitter(bootstrap, topic=topic, heartbeat_interval_s=args.heartbeat_interval_s,
+                              producer_options=kafka_options) as em:
         async with Fleet(s, em, base_port=args.base_port, host=args.host, time_scale=args.time_scale,
                          seed=args.seed, on_listen=on_listen) as fleet:
             print(f"tailguard simulate fleet: {s.name}: {len(s.nodes)} nodes from {args.host}:{args.base_port}, "

@@ -9,6 +9,7 @@ no I/O.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,8 @@ class Outcome:
     #: (node, model) -> seconds after the start when it first came back after its ejection
     readmitted_at_s: Mapping[tuple[str, str], float]
     fleet_events: int
+    #: (node, model) -> seconds after the start when it first left routing as gone (silent)
+    gone_at_s: Mapping[tuple[str, str], float] = dataclasses.field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -33,15 +36,23 @@ class Outcome:
 def check(scenario: Scenario, records: Iterable[Mapping[str, Any]]) -> Outcome:
     ejected: dict[tuple[str, str], float] = {}
     readmitted: dict[tuple[str, str], float] = {}
+    gone: dict[tuple[str, str], float] = {}
     fleet = 0
+    kinds: set[str] = set()
     for rec in records:
         if rec.get("type") == "fleet":
             fleet += 1
+            kinds.add(str(rec.get("kind")))
             continue
         if "routed" not in rec or "node_id" not in rec:
             continue
         key = (str(rec["node_id"]), str(rec["model"]))
         t = float(rec["ts"]) - scenario.epoch_s
+        if rec["routed"] is False and rec.get("reason") == "silent":
+            gone.setdefault(key, t)
+            continue
+        if rec.get("reason") == "forgotten":      # dropped after a long silence: out already
+            continue
         if rec["routed"] is False and key not in ejected:
             ejected[key] = t
         elif rec["routed"] is True and key in ejected and key not in readmitted:
@@ -68,7 +79,21 @@ def check(scenario: Scenario, records: Iterable[Mapping[str, Any]]) -> Outcome:
             elif back - e.end_s > e.readmit_within_s:
                 problems.append(f"{name} was re-admitted {back - e.end_s:.1f} s after its fault ended; "
                                 f"expected within {e.readmit_within_s:g} s")
+    expected_gone = {(g.node_id, g.model): g for g in scenario.expect.gone}
+    for key, g in expected_gone.items():
+        name = f"{key[0]}/{key[1]}"
+        at = gone.get(key)
+        if at is None:
+            problems.append(f"{name} stopped reporting at {g.at_s:g} s but never left routing as gone "
+                            f"(expected within {g.within_s:g} s)")
+        elif not 0 <= at - g.at_s <= g.within_s:
+            problems.append(f"{name} left routing as gone {at - g.at_s:.1f} s after it stopped reporting; "
+                            f"expected within {g.within_s:g} s")
     if scenario.expect.others_stay:
+        for key, t in sorted(gone.items()):
+            if key not in expected_gone:
+                problems.append(f"{key[0]}/{key[1]} left routing as gone at {t:.1f} s "
+                                "but the scenario expects it to stay")
         for key, t in sorted(ejected.items()):
             if key not in expected:
                 problems.append(f"{key[0]}/{key[1]} was taken out of routing at {t:.1f} s "
@@ -77,4 +102,8 @@ def check(scenario: Scenario, records: Iterable[Mapping[str, Any]]) -> Outcome:
         problems.append("no fleet-level event was reported; the scenario expects one")
     if scenario.expect.fleet_event is False and fleet > 0:
         problems.append(f"{fleet} fleet-level event(s) were reported; the scenario expects none")
-    return Outcome(tuple(problems), ejected, readmitted, fleet)
+    for kind in scenario.expect.fleet_kinds:
+        if kind not in kinds:
+            problems.append(f"no {kind!r} fleet event was reported; the scenario expects one "
+                            f"(reported: {', '.join(sorted(kinds)) or 'none'})")
+    return Outcome(tuple(problems), ejected, readmitted, fleet, gone)

@@ -17,6 +17,7 @@ Format (all times are seconds since the scenario's start)::
     emit_tokens = false              # events carry input_tokens/output_tokens
     emit_ttft = false                # events carry ttft_us (needs emit_tokens)
     emit_hardware = true
+    emit_instance = false            # events carry "instance" (new after each restart fault)
 
     [[models]]
     name = "llama-3-70b"
@@ -37,13 +38,16 @@ Format (all times are seconds since the scenario's start)::
     hardware = "A100"
     [nodes.override.gpu-node-03]     # per node: hardware, models, rate_per_s, join_s,
     join_s = 300                     # speed, ttft_factor, tpot_factor, warmup_s,
-    warmup_s = 90                    # warmup_factor
+    warmup_s = 90                    # warmup_factor, leave_s (stops for good: scale-down)
     warmup_factor = 8
 
     [[faults]]
     node = "gpu-node-03"             # or nodes = [...], or "*" for every node
     model = "llama-3-70b"            # optional: default every model of the node
     kind = "tail"                    # slowdown | tail | spikes | tpot | ttft | errors | traffic
+                                     # | silence (no event, no heartbeat in [onset_s, end_s))
+                                     # | restart (silent until end_s, then warm-up: factor
+                                     #   (6) decaying over warmup_s (90); a new instance)
     onset_s = 300
     end_s = 480                      # optional: recovery
     factor = 6
@@ -57,6 +61,10 @@ Format (all times are seconds since the scenario's start)::
     model = "llama-3-70b"            # optional when the fleet serves one model
     within_s = 120                   # out of routing within this long after onset
     readmit_within_s = 300           # optional: back in routing this long after the fault ends
+    [[expect.gone]]                  # a node that stops reporting (leave_s, silence fault)
+    node = "gpu-node-05"             # is out of routing, reason silent, within_s after
+    within_s = 150                   # at_s (default: its leave_s or silence onset)
+    # fleet_kinds = ["telemetry_lost"] under [expect]: each kind must be reported
 
     [detector]                       # optional detector overrides for replaying it
     tick_interval_s = 30
@@ -77,6 +85,7 @@ import numpy as np
 from app.sim.latency import (
     HARDWARE_SPEED,
     LLM,
+    BoolArray,
     Errors,
     FloatArray,
     IntArray,
@@ -92,7 +101,7 @@ from app.sim.latency import (
 #: Event time of t = 0 in generated traces (2025-12-02T13:33:20Z).
 EPOCH_S = 1_764_680_000.0
 
-FAULT_KINDS = ("slowdown", "tail", "spikes", "tpot", "ttft", "errors", "traffic")
+FAULT_KINDS = ("slowdown", "tail", "spikes", "tpot", "ttft", "errors", "traffic", "silence", "restart")
 MODEL_KINDS = ("lognormal", "llm")
 TRACES = ("conv", "code")
 
@@ -144,6 +153,7 @@ class NodeSpec:
     tpot_factor: float = 1.0
     warmup_s: float = 0.0
     warmup_factor: float = 1.0
+    leave_s: float | None = None      # stops serving and reporting for good (scale-down)
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +168,7 @@ class FaultSpec:
     period_s: float = 0.0
     spike_s: float = 0.0
     rate_factor: float = 1.0
+    warmup_s: float = 0.0
 
     def applies(self, node_id: str, model: str) -> bool:
         return node_id in self.nodes and (self.models is None or model in self.models)
@@ -174,10 +185,23 @@ class EjectExpectation:
 
 
 @dataclass(frozen=True, slots=True)
+class GoneExpectation:
+    """``node_id``/``model`` stops reporting at ``at_s`` and is out of routing (reason
+    ``silent``) within ``within_s``."""
+
+    node_id: str
+    model: str
+    at_s: float
+    within_s: float
+
+
+@dataclass(frozen=True, slots=True)
 class Expect:
     eject: tuple[EjectExpectation, ...] = ()
     others_stay: bool = True
     fleet_event: bool | None = None
+    gone: tuple[GoneExpectation, ...] = ()
+    fleet_kinds: tuple[str, ...] = ()         # each of these fleet-event kinds is reported
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +218,7 @@ class Scenario:
     emit_tokens: bool = False
     emit_ttft: bool = False
     emit_hardware: bool = True
+    emit_instance: bool = False
     probe_rate_per_s: float = 0.0
     expect: Expect = field(default_factory=Expect)
     detector: Mapping[str, str] = field(default_factory=dict)
@@ -222,6 +247,27 @@ class Scenario:
         if node.rate_per_s is not None:
             return node.rate_per_s
         return model.rate_per_s if model.rate_per_s is not None else self.rate_per_s
+
+    def reporting(self, node_id: str, model: str, t_s: FloatArray) -> BoolArray:
+        """Whether the node sends anything (events, heartbeats) at each time offset: not after
+        its ``leave_s``, not during its ``silence``/``restart`` faults."""
+        node = self.node(node_id)
+        on = np.ones(t_s.shape[0], dtype=np.bool_)
+        if node.leave_s is not None:
+            on &= t_s < node.leave_s
+        for f in self.faults:
+            if f.kind in ("silence", "restart") and f.applies(node_id, model):
+                off = t_s >= f.onset_s
+                if f.end_s is not None:
+                    off &= t_s < f.end_s
+                on &= ~off
+        return on
+
+    def instance_of(self, node_id: str, model: str, t_s: float) -> str:
+        """The node's process id at ``t_s``: a new one after each ``restart`` fault."""
+        k = sum(1 for f in self.faults if f.kind == "restart" and f.applies(node_id, model)
+                and f.end_s is not None and f.end_s <= t_s)
+        return f"{node_id}.{k}"
 
     def rate_factor(self, node_id: str, model: str, t_s: FloatArray) -> FloatArray:
         """Traffic multiplier at each time offset (``traffic`` faults)."""
@@ -257,6 +303,11 @@ class Scenario:
             effects.append(Warmup(node.join_s, node.warmup_s, node.warmup_factor))
         for f in self.faults:
             if not f.applies(node_id, model):
+                continue
+            if f.kind == "restart" and f.end_s is not None and f.warmup_s > 0 and f.factor > 1:
+                effects.append(Warmup(f.end_s, f.warmup_s, f.factor))
+                continue
+            if f.kind in ("silence", "restart"):
                 continue
             if f.kind in ("slowdown", "tpot", "ttft") or (f.kind == "traffic" and f.factor != 1.0):
                 ch = "latency" if f.kind in ("slowdown", "traffic") else f.kind
@@ -401,6 +452,7 @@ def _parse(r: _Reader, default_name: str) -> Scenario:
     emit_tokens = r.boolean("emit_tokens", False)
     emit_ttft = r.boolean("emit_ttft", False)
     emit_hardware = r.boolean("emit_hardware", True)
+    emit_instance = r.boolean("emit_instance", False)
     if emit_ttft and not emit_tokens:
         raise r.fail("emit_ttft", True, "false unless emit_tokens = true (ttft_us is only useful with token counts)")
 
@@ -415,7 +467,7 @@ def _parse(r: _Reader, default_name: str) -> Scenario:
     faults = _faults(r, models, nodes, node_ids)
     if (emit_tokens or emit_ttft) and not any(m.kind == "llm" for m in models):
         raise r.fail("emit_tokens", emit_tokens, "false unless a model has kind = \"llm\"")
-    expect = _expect(r, models, node_ids, faults)
+    expect = _expect(r, models, nodes, faults)
     det: dict[str, str] = {}
     d = r.sub("detector")
     if d is not None:
@@ -424,10 +476,11 @@ def _parse(r: _Reader, default_name: str) -> Scenario:
                 raise d.fail(k, v, "a number or string (a detector setting, see `tailguard settings`)")
             det[k] = str(v)
     r.done(("name", "description", "duration_s", "seed", "rate_per_s", "probe_rate_per_s", "emit_tokens", "emit_ttft",
-            "emit_hardware", "models", "hardware", "nodes", "faults", "expect", "detector"))
+            "emit_hardware", "emit_instance", "models", "hardware", "nodes", "faults", "expect", "detector"))
     return Scenario(name=name, source=r.file, duration_s=duration_s, seed=seed, rate_per_s=rate,
                     models=models, nodes=nodes, faults=faults, hardware_speed=hardware,
                     emit_tokens=emit_tokens, emit_ttft=emit_ttft, emit_hardware=emit_hardware,
+                    emit_instance=emit_instance,
                     probe_rate_per_s=probe_rate, expect=expect, detector=det, description=description)
 
 
@@ -459,7 +512,7 @@ def _models(r: _Reader) -> tuple[ModelSpec, ...]:
 
 
 _NODE_KEYS = ("hardware", "models", "rate_per_s", "join_s", "speed", "ttft_factor", "tpot_factor",
-              "warmup_s", "warmup_factor")
+              "warmup_s", "warmup_factor", "leave_s")
 
 
 def _node_fields(t: _Reader, base: dict[str, Any], model_names: tuple[str, ...],
@@ -479,7 +532,7 @@ def _node_fields(t: _Reader, base: dict[str, Any], model_names: tuple[str, ...],
     num: dict[str, tuple[float | None, float | None, bool]] = {
         "rate_per_s": (0, 100_000, True), "join_s": (0, None, False), "speed": (0, 1000, True),
         "ttft_factor": (0, 1000, True), "tpot_factor": (0, 1000, True), "warmup_s": (0, 86_400, False),
-        "warmup_factor": (1, 1000, False)}
+        "warmup_factor": (1, 1000, False), "leave_s": (0, None, True)}
     for k, (lo, hi, lo_open) in num.items():
         if t.has(k):
             out[k] = t.number(k, lo=lo, hi=hi, lo_open=lo_open)
@@ -514,12 +567,19 @@ def _nodes(r: _Reader, models: tuple[ModelSpec, ...], hardware: Mapping[str, flo
             overrides[node_id] = _node_fields(sub, defaults, model_names, hardware)
             sub.done(_NODE_KEYS)
     t.done(("count", "ids", "prefix", "override", *_NODE_KEYS))
-    return tuple(NodeSpec(node_id=i, **overrides.get(i, defaults)) for i in ids)
+    out = tuple(NodeSpec(node_id=i, **overrides.get(i, defaults)) for i in ids)
+    for n in out:
+        if n.leave_s is not None and n.leave_s <= n.join_s:
+            where = o.sub(n.node_id) if o is not None and n.node_id in overrides else t
+            assert where is not None
+            raise where.fail("leave_s", n.leave_s, f"a time after join_s ({n.join_s:g})")
+    return out
 
 
 _FAULT_PARAMS: dict[str, tuple[str, ...]] = {
     "slowdown": ("factor",), "tpot": ("factor",), "ttft": ("factor",), "tail": ("factor", "share"),
     "spikes": ("factor", "period_s", "spike_s"), "errors": ("share",), "traffic": (),
+    "silence": (), "restart": (),
 }
 
 
@@ -557,6 +617,12 @@ def _faults(r: _Reader, models: tuple[ModelSpec, ...], nodes: tuple[NodeSpec, ..
             kw["rate_factor"] = t.number("rate_factor", 1.0, lo=0, lo_open=True, hi=1000)
             kw["factor"] = t.number("factor", 1.0, lo=0, lo_open=True, hi=1e6)
             params = ("rate_factor", "factor")
+        if kind == "restart":
+            if end is None:
+                raise t.fail("end_s", _MISSING, "a time: when the restarted node reports again")
+            kw["factor"] = t.number("factor", 6.0, lo=1, hi=1000)       # its warm-up: ×factor,
+            kw["warmup_s"] = t.number("warmup_s", 90.0, lo=0, hi=86_400)  # decaying over warmup_s
+            params = ("factor", "warmup_s")
         if kind == "spikes" and not kw["spike_s"] < kw["period_s"]:
             raise t.fail("spike_s", kw["spike_s"], f"less than period_s ({kw['period_s']})")
         if kind in ("tpot", "ttft"):
@@ -573,8 +639,21 @@ def _node_models(nodes: tuple[NodeSpec, ...], node_id: str) -> tuple[str, ...]:
     return next(n.models for n in nodes if n.node_id == node_id)
 
 
-def _expect(r: _Reader, models: tuple[ModelSpec, ...], node_ids: tuple[str, ...],
+def _pair(t: _Reader, node_ids: tuple[str, ...], model_names: tuple[str, ...]) -> tuple[str, str]:
+    """An expectation's ``node`` and ``model`` (optional when the fleet serves one model)."""
+    node = t.string("node")
+    if node not in node_ids:
+        raise t.fail("node", node, "a node id of this fleet: " + ", ".join(node_ids))
+    if t.has("model"):
+        return node, t.string("model", choices=model_names)
+    if len(model_names) == 1:
+        return node, model_names[0]
+    raise t.fail("model", _MISSING, "a model name (the fleet serves several): " + ", ".join(model_names))
+
+
+def _expect(r: _Reader, models: tuple[ModelSpec, ...], nodes: tuple[NodeSpec, ...],
             faults: tuple[FaultSpec, ...]) -> Expect:
+    node_ids = tuple(n.node_id for n in nodes)
     t = r.sub("expect")
     if t is None:
         return Expect()
@@ -585,16 +664,8 @@ def _expect(r: _Reader, models: tuple[ModelSpec, ...], node_ids: tuple[str, ...]
         raise t.fail("fleet_event", fleet_event, "true or false")
     ejects: list[EjectExpectation] = []
     for e in t.tables("eject"):
-        node = e.string("node")
-        if node not in node_ids:
-            raise e.fail("node", node, "a node id of this fleet: " + ", ".join(node_ids))
-        if e.has("model"):
-            model = e.string("model", choices=model_names)
-        elif len(model_names) == 1:
-            model = model_names[0]
-        else:
-            raise e.fail("model", _MISSING, "a model name (the fleet serves several): " + ", ".join(model_names))
-        mine = [f for f in faults if f.applies(node, model) and f.kind != "traffic"]
+        node, model = _pair(e, node_ids, model_names)
+        mine = [f for f in faults if f.applies(node, model) and f.kind not in ("traffic", "silence", "restart")]
         if not mine and not e.has("onset_s"):
             raise e.fail("onset_s", _MISSING, f"a time: no [[faults]] entry names {node}/{model}")
         onset = e.number("onset_s", min(f.onset_s for f in mine) if mine else 0.0, lo=0)
@@ -606,6 +677,18 @@ def _expect(r: _Reader, models: tuple[ModelSpec, ...], node_ids: tuple[str, ...]
         ejects.append(EjectExpectation(node, model, onset, e.number("within_s", lo=0, lo_open=True),
                                        end, readmit))
         e.done(("node", "model", "onset_s", "within_s", "readmit_within_s"))
-    t.done(("others_stay", "fleet_event", "eject"))
-    return Expect(tuple(ejects), others_stay, fleet_event)
+    gone: list[GoneExpectation] = []
+    for g in t.tables("gone"):
+        node, model = _pair(g, node_ids, model_names)
+        leave = next((n.leave_s for n in nodes if n.node_id == node), None)
+        silences = [f.onset_s for f in faults if f.kind == "silence" and f.applies(node, model)]
+        default_at = leave if leave is not None else (min(silences) if silences else _MISSING)
+        if default_at is _MISSING and not g.has("at_s"):
+            raise g.fail("at_s", _MISSING, f"a time: {node} has no leave_s and no silence fault")
+        gone.append(GoneExpectation(node, model, g.number("at_s", default_at, lo=0),
+                                    g.number("within_s", lo=0, lo_open=True)))
+        g.done(("node", "model", "at_s", "within_s"))
+    kinds = t.strings("fleet_kinds", ())
+    t.done(("others_stay", "fleet_event", "eject", "gone", "fleet_kinds"))
+    return Expect(tuple(ejects), others_stay, fleet_event, tuple(gone), tuple(kinds))
 

@@ -83,19 +83,22 @@ def generate(scenario: Scenario, seed: int | None = None) -> Trace:
     for i, j, node, model in scenario.streams():
         rng = node_rng(seed, i, j)
         peak = scenario.max_rate_factor(node.node_id, model.name)
-        t = arrivals(rng, scenario.rate_of(node, model) * peak, node.join_s, scenario.duration_s)
+        end_s = scenario.duration_s if node.leave_s is None else min(node.leave_s, scenario.duration_s)
+        t = arrivals(rng, scenario.rate_of(node, model) * peak, node.join_s, end_s)
         if peak != 1.0:
             keep = rng.random(t.shape[0]) < scenario.rate_factor(node.node_id, model.name, t) / peak
             t = t[keep]
         probe = np.zeros(t.shape[0], dtype=np.bool_)
         if scenario.probe_rate_per_s > 0:
-            tp = arrivals(rng, scenario.probe_rate_per_s, node.join_s, scenario.duration_s)
+            tp = arrivals(rng, scenario.probe_rate_per_s, node.join_s, end_s)
             t = np.concatenate([t, tp])
             probe = np.concatenate([probe, np.ones(tp.shape[0], dtype=np.bool_)])
         d = scenario.latency(node.node_id, model.name).sample(rng, t)
         done = t + d.latency_us / 1e6
         order = np.argsort(done, kind="stable")
         order = order[done[order] < scenario.duration_s]
+        # A node that left or is silent sends nothing: what completes then is never reported.
+        order = order[scenario.reporting(node.node_id, model.name, done[order])]
 
         def pick(a: np.ndarray | None, order: np.ndarray = order) -> np.ndarray | None:
             return None if a is None else a[order]
@@ -106,9 +109,20 @@ def generate(scenario: Scenario, seed: int | None = None) -> Trace:
     return Trace(scenario, seed, tuple(streams))
 
 
-def _head(s: Stream, scenario: Scenario) -> str:
+def _head(s: Stream, scenario: Scenario, t_s: float | None = None) -> str:
+    """The series fields of a line; with ``emit_instance``, the instance at ``t_s``."""
     hw = f', "hardware": {json.dumps(s.hardware)}' if scenario.emit_hardware else ""
-    return f'"node_id": {json.dumps(s.node_id)}, "model": {json.dumps(s.model)}{hw}'
+    inst = ""
+    if scenario.emit_instance:
+        inst = f', "instance": {json.dumps(scenario.instance_of(s.node_id, s.model, t_s or 0.0))}'
+    return f'"node_id": {json.dumps(s.node_id)}, "model": {json.dumps(s.model)}{hw}{inst}'
+
+
+def _heads(s: Stream, scenario: Scenario, t_s: list[float]) -> list[str]:
+    """``_head`` per line: the same string unless instances change along the stream."""
+    if not scenario.emit_instance:
+        return [_head(s, scenario)] * len(t_s)
+    return [_head(s, scenario, t) for t in t_s]
 
 
 def _heartbeats(trace: Trace, every_s: float) -> tuple[list[float], list[str]]:
@@ -118,15 +132,29 @@ def _heartbeats(trace: Trace, every_s: float) -> tuple[list[float], list[str]]:
     if every_s <= 0:
         return ts, lines
     for s in trace.streams:
-        head = _head(s, sc)
-        for t in np.arange(s.start_s, sc.duration_s, every_s).tolist():
+        beats = np.arange(s.start_s, sc.duration_s, every_s)
+        beats = beats[sc.reporting(s.node_id, s.model, beats)].tolist()
+        for t, head in zip(beats, _heads(s, sc, beats), strict=True):
             ts.append(t)
             lines.append(f'{{"type": "heartbeat", {head}, "ts": {sc.epoch_s + t:.6f}}}')
     return ts, lines
 
 
 def _single_lines(s: Stream, scenario: Scenario) -> list[str]:
-    head = _head(s, scenario)
+    if not scenario.emit_instance or not len(s):
+        return _single_lines_one(s, scenario)
+    # One run of lines per process life (instances change at the end of each restart fault).
+    ends = sorted(f.end_s for f in scenario.faults if f.kind == "restart" and f.end_s is not None
+                  and f.applies(s.node_id, s.model))
+    life = np.searchsorted(np.asarray(ends, dtype=np.float64), s.t_s, side="right")
+    out: list[str] = []
+    for k in np.unique(life).tolist():
+        out += _single_lines_one(s.take(np.flatnonzero(life == k)), scenario)
+    return out
+
+
+def _single_lines_one(s: Stream, scenario: Scenario) -> list[str]:
+    head = _head(s, scenario, float(s.t_s[0]) if len(s) else None)
     ts = (s.t_s + scenario.epoch_s).tolist()
     lat = np.rint(s.latency_us).astype(np.int64).tolist()
     ok = np.where(s.probe, np.where(s.ok, "true, \"probe\": true", "false, \"probe\": true"),
@@ -147,7 +175,6 @@ def _single_lines(s: Stream, scenario: Scenario) -> list[str]:
 def _batch_lines(s: Stream, scenario: Scenario, batch_s: float) -> tuple[list[float], list[str]]:
     """One batch event per ``batch_s`` of completion time for the ordinary requests; failed
     and probe requests as single events."""
-    head = _head(s, scenario)
     ts_out: list[float] = []
     lines: list[str] = []
     plain = s.ok & ~s.probe
@@ -175,6 +202,7 @@ def _batch_lines(s: Stream, scenario: Scenario, batch_s: float) -> tuple[list[fl
             else:
                 parts.append(f"[{ts_all[k]:.6f}, {lat[k]}]")
         ts_out.append(float(s.t_s[chunk[-1]]))
+        head = _head(s, scenario, float(s.t_s[chunk[0]]))
         lines.append(f'{{{head}, "samples": [{", ".join(parts)}]}}')
     ts_out += rest.t_s.tolist()
     lines += _single_lines(rest, scenario)

@@ -71,6 +71,7 @@ from mode import Service
 
 from app.core.errors import BadEvent
 from app.core.types import WindowSummary
+from app.security import kafka_client_options
 from app.settings import Settings
 from app.streaming.deadletter import DeadLetter
 from app.streaming.metrics import WorkerMetrics
@@ -206,6 +207,7 @@ class IngestService(Service):
             fetch_max_bytes=16 << 20,
             session_timeout_ms=10_000,
             heartbeat_interval_ms=3_000,
+            **kafka_client_options(self.settings),
         )
         c.subscribe(list(dict.fromkeys([self.topic, self.diagnostics_topic])),
                     listener=_Listener(self))

@@ -58,6 +58,10 @@ class WorkerMetrics:
         self.redis_write_failures = Counter("tailguard_redis_write_failures", "failed writes "
                                             "of a routing verdict to Redis (retried)",
                                             ["model"], registry=r)
+        self.redis_model_rejections = Counter("tailguard_redis_model_rejections", "routing "
+                                              "writes Redis refused for one model's keys "
+                                              "(e.g. WRONGTYPE): that model backs off, the "
+                                              "others are written", ["model"], registry=r)
         self.table_write_failures = Counter("tailguard_table_write_failures", "failed "
                                             "writes of stage-2 state or hints to their "
                                             "changelog tables (retried next tick)", registry=r)
@@ -75,6 +79,9 @@ class WorkerMetrics:
     # --- WriterMetrics (app.routing.writer) ---------------------------------
     def write_failed(self, model: str, error: BaseException) -> None:
         self.redis_write_failures.labels(model=model).inc()
+
+    def model_rejected(self, model: str, error: BaseException) -> None:
+        self.redis_model_rejections.labels(model=model).inc()
 
     def empty_refused(self, model: str) -> None:
         self.routing_empty_refused.labels(model=model).inc()
@@ -102,8 +109,11 @@ class WorkerMetrics:
                 self.nodes.remove(model, str(state))
         self.set_cluster_latency(model, None, None)
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
-        """Start the HTTP endpoint on ``port`` (no-op for 0 or when already serving)."""
+    def serve(self, port: int, addr: str = "127.0.0.1") -> None:
+        """Start the HTTP endpoint on ``addr:port`` (no-op for port 0 or when already serving).
+
+        Loopback by default (``TAILGUARD_METRICS_HOST``): exposing it is a choice.
+        """
         if port == 0 or self._server is not None:
             return
         self._server, self._thread = start_http_server(port, addr=addr, registry=self.registry)

@@ -23,7 +23,9 @@ stage-2 tick               ``tick_interval_s`` after each stage-1 tick + min(T/2
                            evaluates every model whose ``node-window-stats`` partition this
                            worker owns (``FleetEvaluator``), writes its state to the
                            ``health`` table, publishes transitions / fleet events /
-                           diagnostics requests, then writes the routing verdict to Redis.
+                           diagnostics requests, then writes the routing verdict to Redis,
+                           then offers the retired nodes to the replace hook (replace.py,
+                           when TAILGUARD_REPLACE_COMMAND or _WEBHOOK_URL is set).
 ``health`` Table           model → ``FleetEvaluator.snapshot_model``; changelog-backed
                            (``use_partitioner=True``: written from the timer), co-partitioned
                            with ``node-window-stats`` (same raw key bytes, same partitioner).
@@ -62,10 +64,12 @@ from app.core.errors import BadEvent
 from app.core.evaluate import FleetEvaluator
 from app.core.types import HealthState, ModelTick, WindowSummary
 from app.core.window import WindowStore
+from app.security import faust_broker_credentials
 from app.settings import Settings
 from app.streaming.deadletter import DeadLetter
 from app.streaming.ingest import IngestService, next_boundary, sleep_until
 from app.streaming.metrics import WorkerMetrics
+from app.streaming.replace import ReplaceHook, build_hook
 from app.streaming.stage1 import Stage1
 from app.streaming.stage2 import ModelOutput, Stage2, StageHints, decode_hints, state_key
 from app.streaming.wire import (
@@ -127,6 +131,7 @@ class Runtime:
     stage2_tick: Callable[[], Awaitable[list[ModelOutput]]] | None = None
     gauged_models: set[str] = field(default_factory=set)
     unpublished: list[ModelOutput] = field(default_factory=list)
+    replace_hook: ReplaceHook | None = None
 
 
 class _ByModel(Protocol):
@@ -186,6 +191,7 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
     app = faust.App(
         settings.app_id,
         broker=[f"kafka://{h.strip()}" for h in settings.kafka_bootstrap.split(",")],
+        broker_credentials=faust_broker_credentials(settings),
         store="memory://",
         autodiscover=False,
         datadir=data_dir_for(settings),
@@ -194,7 +200,7 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
         value_serializer="raw",
         web_enabled=settings.web_port != 0,
         web_port=settings.web_port or 6066,
-        web_bind="127.0.0.1",
+        web_bind=settings.web_host,
         consumer_auto_offset_reset="earliest",
         broker_session_timeout=10.0,
         broker_heartbeat_interval=3.0,
@@ -207,6 +213,7 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
     fleet = app.topic(topics.fleet_events, partitions=n_parts)
     diag_req = app.topic(topics.diagnostics_requests, partitions=n_parts)
     dlq = app.topic(topics.dead_letter, partitions=n_parts)
+    replacements = app.topic(topics.replacements, partitions=n_parts)
     state_table = app.Table("health", partitions=n_parts, use_partitioner=True,
                             key_type=bytes)
     hints_table = app.GlobalTable("judge_since", partitions=n_parts, use_partitioner=True,
@@ -218,16 +225,16 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
     owns_writer = writer is None
     redis_client: Any = None
     if writer is None:
-        from app.routing.client import connect
+        from app.routing.client import connect_for
         from app.routing.writer import RoutingWriter
 
-        redis_client = connect(settings.redis_url)
+        redis_client = connect_for(settings)
         writer = RoutingWriter(redis_client, settings.key_prefix, metrics=metrics)
     routing: RoutingSink = writer
     rt = Runtime(settings, metrics, stage1, stage2, evaluator, writer)
     setattr(app, _RUNTIME_ATTR, rt)
     changelogs = [t.changelog_topic.get_topic_name() for t in (state_table, hints_table)]
-    written = [t.get_topic_name() for t in (stats, health, fleet, diag_req, dlq)] + changelogs
+    written = [t.get_topic_name() for t in (stats, health, fleet, diag_req, dlq, replacements)] + changelogs
 
     tracked: list[Any] = []    # the aiokafka producer already tracking ``written``
 
@@ -242,6 +249,13 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
 
     sink = _FaustSink(stats, dlq, track_written_metadata)
 
+    async def publish_replacement(event: dict[str, Any]) -> None:
+        await track_written_metadata()
+        await (await replacements.send(key=event["node_id"].encode(), value=dumps(event)))
+
+    hook, hook_redis = build_hook(settings, publish_replacement, clock)
+    rt.replace_hook = hook
+
     def hints() -> StageHints:
         return decode_hints(list(hints_table.items()))
 
@@ -255,12 +269,15 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
         """Metrics endpoint and the owned Redis writer's retry task."""
 
         async def on_start(self) -> None:
-            metrics.serve(settings.metrics_port)
+            metrics.serve(settings.metrics_port, settings.metrics_host)
             enter = getattr(writer, "__aenter__", None)
             if owns_writer and enter is not None:
                 await enter()
 
         async def on_stop(self) -> None:
+            if hook is not None:
+                await hook.aclose()
+                await hook_redis.aclose()
             if owns_writer:
                 close = getattr(writer, "aclose", None)
                 if close is not None:
@@ -326,6 +343,8 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
         rt.unpublished = pending
         await publish(pending)
         rt.unpublished = []
+        if hook is not None:   # level-triggered: every retired status, every tick (replace.py)
+            hook.offer(s for o in outputs for s in o.tick.statuses)
         return outputs
 
     async def publish(outputs: list[ModelOutput]) -> None:
@@ -366,6 +385,11 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
                 raise
             except Exception:
                 log.exception("stage-2 tick failed; what was not published is retried next tick")
+
+    @app.task  # type: ignore[untyped-decorator]
+    async def replace_loop() -> None:
+        if hook is not None:
+            await hook.run()
 
     rt.stage2_tick = stage2_tick
     return app

@@ -18,7 +18,9 @@ Guarantees:
   value; values written by older versions (a bare ``{node: since_ts}``) still
   decode. Before a model is first evaluated after an (re)assignment, its
   state is restored from ``state``, so a restarted or replacement worker
-  resumes quarantines instead of starting from unknown.
+  resumes quarantines instead of starting from unknown. A stored state the
+  evaluator refuses (another snapshot version, malformed) is logged and
+  counted in ``refused_states``, and the model starts fresh.
 * **A failed table write loses nothing.** When writing ``state`` or
   ``hints`` raises (a changelog topic whose metadata the producer lost), the
   error is logged and counted in ``write_failures``, the model's verdict is
@@ -104,6 +106,8 @@ class EvaluatorLike(Protocol):
 
     def restore_model(self, model: str, snapshot: dict[str, Any]) -> Any: ...
 
+    def forget_model(self, model: str) -> None: ...
+
 
 def state_key(model: str) -> bytes:
     """Key of a model in the state table and on ``node-window-stats`` (raw UTF-8)."""
@@ -141,6 +145,7 @@ class Stage2:
         self._restored: set[str] = set()
         self._written: dict[str, Any] = {}
         self.write_failures = 0
+        self.refused_states = 0     # stored model states that could not be restored
         self._cluster: dict[str, dict[str, ClusterDigest]] = {}
 
     # --- input ---------------------------------------------------------------
@@ -239,8 +244,15 @@ class Stage2:
         if model not in self._restored:
             snap = self.state.get(key)
             if snap is not None:
-                ev.restore_model(model, snap)
-                self._written[model] = snap
+                try:
+                    ev.restore_model(model, snap)
+                except ValueError as e:   # another version or malformed: overwritten this tick
+                    self.refused_states += 1
+                    ev.forget_model(model)
+                    log.warning("the stored state of model %r cannot be restored (%s); "
+                                "the model starts fresh", model, e)
+                else:
+                    self._written[model] = snap
             self._restored.add(model)
         diag: list[Transition] = []
         for d in self._diagnostics.pop(model, ()):

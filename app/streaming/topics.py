@@ -18,6 +18,7 @@ import logging
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
+from app.security import kafka_client_options
 from app.settings import Settings
 from app.streaming.errors import TopicSetupError
 
@@ -31,7 +32,8 @@ def topic_names(settings: Settings) -> list[str]:
 async def ensure_topics(settings: Settings, *, timeout_s: float = 30.0) -> list[str]:
     """Create the missing topics; return the names created."""
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap,
-                                request_timeout_ms=int(timeout_s * 1000))
+                                request_timeout_ms=int(timeout_s * 1000),
+                                **kafka_client_options(settings))
     try:
         await asyncio.wait_for(admin.start(), timeout_s)
     except (KafkaError, OSError, TimeoutError) as e:

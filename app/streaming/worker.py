@@ -2,8 +2,10 @@
 
 Reads the settings once (``TAILGUARD_*``), creates the missing topics, builds
 the app with :func:`app.streaming.service.create_app` and runs faust's
-:class:`faust.Worker` until SIGINT/SIGTERM. Exit code 0 on a clean stop, 2 on
-a bad setting (named in the message), 1 when the broker cannot be reached or
+:class:`faust.Worker` until SIGINT/SIGTERM. Before that it connects once to
+Redis and to Kafka (:func:`app.security.check_redis`, :func:`~app.security.check_kafka`).
+Exit code 0 on a clean stop, 2 on a bad setting or a login or certificate that
+Redis or Kafka refuses (one line naming the setting), 1 when the broker cannot be reached or
 a Kafka compression codec cannot be decoded here (``cramjam`` missing).
 """
 
@@ -15,6 +17,7 @@ import logging
 import sys
 
 from app import settings as settings_mod
+from app.security import check_kafka, check_redis
 from app.streaming.errors import StreamingError
 from app.streaming.topics import ensure_topics
 
@@ -52,6 +55,10 @@ def main(argv: list[str]) -> int:
         return 1
     loop = asyncio.new_event_loop()
     try:
+        # A refused login or certificate stops the start with one line naming the setting
+        # (AccessRefused, a SettingError: exit 2); an unreachable server is handled below.
+        loop.run_until_complete(check_redis(settings))
+        loop.run_until_complete(check_kafka(settings))
         created = loop.run_until_complete(ensure_topics(settings))
     except StreamingError as e:
         print(f"tailguard worker: {e}", file=sys.stderr)

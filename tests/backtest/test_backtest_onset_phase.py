@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from app.core.replay_cli import main
+from app.replay_cli import main
 from app.sim import outcome, tracegen
 from app.sim import scenario as sc
 

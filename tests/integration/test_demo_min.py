@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import redis
 
-from app import demo_min
+from app.demo import minimal as demo_min
 
 pytestmark = pytest.mark.integration
 

@@ -1,37 +1,23 @@
 """The emitter against the real broker: every recorded sample arrives, decodable, with the right key.
 
 Uses the Kafka that ``scripts/up`` started (``kafka_bootstrap`` fails, never
-skips, when it is unreachable) and a topic of its own per test, created with
-aiokafka's admin client and deleted afterwards.
+skips, when it is unreachable) and a topic of its own per test (the ``topic``
+fixture of tests/integration/conftest.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 import pytest
 from aiokafka import AIOKafkaConsumer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from app.core.events import Heartbeat, SampleBatch, decode
 from app.emitter import LatencyEmitter, SyncEmitter
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-async def topic(kafka_bootstrap: str, unique_name: Callable[[str], str]) -> AsyncIterator[str]:
-    name = unique_name("latency")
-    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(name, num_partitions=4, replication_factor=1)])
-        yield name
-        await admin.delete_topics([name])
-    finally:
-        await admin.close()
 
 
 Message = tuple[bytes, bytes, int]   # key, value, partition

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import redis
 import redis.asyncio as aioredis
+from prometheus_client import CollectorRegistry
 
 from app.core.types import HealthState, ModelTick, NodeStatus
 from app.routing import status
@@ -29,6 +30,7 @@ from app.routing.errors import RoutingUnavailable
 from app.routing.keys import Keys
 from app.routing.reader import RoutingTable
 from app.routing.writer import RoutingWriter
+from app.streaming.metrics import WorkerMetrics
 
 pytestmark = pytest.mark.integration
 
@@ -229,6 +231,9 @@ async def test_empty_routing_is_refused_and_the_last_set_stays(
         def write_failed(self, model: str, error: BaseException) -> None:
             raise AssertionError(f"unexpected failure {error!r}")
 
+        def model_rejected(self, model: str, error: BaseException) -> None:
+            raise AssertionError(f"unexpected model error {error!r}")
+
         def empty_refused(self, model: str) -> None:
             refused.append(model)
 
@@ -249,6 +254,38 @@ async def test_empty_routing_is_refused_and_the_last_set_stays(
                               k.nodes(MODEL), k.models],
                         args=[k.channel, MODEL, 0, 0, 0])
     assert _text_set(await client.smembers(k.routing(MODEL))) == {"a", "b"}
+
+
+async def test_a_poisoned_model_is_counted_and_backs_off_while_the_other_is_written(
+    client: aioredis.Redis, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    k, good, bad = Keys(prefix), "good-model", "bad-model"
+    assert await RoutingWriter(client, prefix).apply(tick({"b1"}, model=bad))
+    await client.set(k.routing(bad), "someone wrote a string here")      # WRONGTYPE for SCARD
+    metrics = WorkerMetrics(CollectorRegistry())
+
+    def rejections() -> float | None:
+        return metrics.registry.get_sample_value(
+            "tailguard_redis_model_rejections_total", {"model": bad})
+
+    async with RoutingWriter(client, prefix, metrics=metrics, retry_initial_s=0.05,
+                             retry_max_s=0.2) as w:
+        assert not await w.apply(tick({"b1", "b2"}, model=bad))
+        assert await w.apply(tick({"g1", "g2"}, model=good))
+        assert _text_set(await client.smembers(k.routing(good))) == {"g1", "g2"}
+        assert w.pending == {bad} and w.rejected == {bad} and not w.failing
+        assert rejections() == 1.0
+        assert "WRONGTYPE" in caplog.text and k.routing(bad) in caplog.text
+        await wait_for(lambda: (rejections() or 0) >= 3, "the poisoned model is retried")
+        # The good model keeps being written while the bad one is in back-off.
+        assert await w.apply(tick({"g1"}, model=good))
+        assert _text_set(await client.smembers(k.routing(good))) == {"g1"}
+        assert await client.get(k.routing(bad)) == b"someone wrote a string here"
+        await client.delete(k.routing(bad))                                # an operator repairs it
+        await wait_for(lambda: not w.pending, "the repaired model is written")
+    assert _text_set(await client.smembers(k.routing(bad))) == {"b1", "b2"}
+    assert metrics.registry.get_sample_value(
+        "tailguard_redis_model_rejections_total", {"model": good}) is None
 
 
 async def test_thousands_of_nodes_fit_in_one_script_call(
@@ -425,6 +462,9 @@ async def test_redis_stopped_and_restarted_catches_up_and_never_empties(
     class Metrics:
         def write_failed(self, model: str, error: BaseException) -> None:
             failures.append(type(error).__name__)
+
+        def model_rejected(self, model: str, error: BaseException) -> None:
+            raise AssertionError(f"unexpected model error {error!r}")
 
         def empty_refused(self, model: str) -> None:
             raise AssertionError("nothing here is empty")

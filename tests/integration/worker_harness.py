@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 NODES = ["n0", "n1", "n2", "n3", "slow"]
 HEALTHY = {"n0", "n1", "n2", "n3"}
 TOPIC_FIELDS = ("latency_events", "window_stats", "health_changes", "fleet_events",
-                "diagnostics_requests", "diagnostics_results", "dead_letter")
+                "diagnostics_requests", "diagnostics_results", "dead_letter", "replacements")
 
 
 def free_port() -> int:

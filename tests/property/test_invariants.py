@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from app.core.config import DetectorSettings
 from app.core.evaluate import FleetEvaluator
-from app.core.replay_cli import replay
+from app.core.replay import replay
 from app.core.types import WindowSummary
 
 T0 = 1_000_000.0
@@ -160,3 +160,66 @@ def test_the_same_trace_always_gives_the_same_output(events: list[tuple[int, flo
     assert sa.events + sum(sa.bad.values()) == len(events) and set(sa.bad) <= {"future_ts"}
     _, sc = replay(lines, s.replace(max_future_skew_s=1e6), [].append)
     assert sc.events == len(events)
+
+
+# ---- a fleet that changes: nodes vanish, come back, new ids join ------------------------------
+
+# per node per tick: None = sends nothing (its summary keeps its last-seen time), else a cell
+live_cell = st.one_of(st.none(), cell, cell)
+
+
+@st.composite
+def living_traces(draw: st.DrawFn) -> list[list[tuple[float, float, int] | None]]:
+    n = draw(st.integers(2, 10))
+    rows = draw(st.lists(st.lists(live_cell, min_size=n, max_size=n), min_size=1, max_size=24))
+    # Most nodes leave for good at some tick (scale-down, preemption), some never do.
+    leave = draw(st.lists(st.integers(2, 40), min_size=n, max_size=n))
+    return [[None if k >= leave[i] else c for i, c in enumerate(row)] for k, row in enumerate(rows)]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(living_traces(), detector_settings, st.sampled_from([60.0, 120.0]),
+       st.integers(0, 8))
+def test_guards_hold_over_live_nodes_when_the_node_set_changes(
+        ticks: list[list[tuple[float, float, int] | None]], st_: DetectorSettings,
+        silent_after_s: float, join_from: int) -> None:
+    """Gone nodes are out of routing and in no count; the cap is over the nodes present;
+    ejections never exceed it; a model with a node present never has an empty routing set."""
+    st_ = st_.replace(silent_after_s=silent_after_s, restart_gap_s=min(15.0, silent_after_s / 2))
+    ev = FleetEvaluator(st_)
+    n = len(ticks[0])
+    names = [f"n{i}" for i in range(n)]
+    seen: dict[str, float] = {}
+    known: set[str] = set()
+    for k, row in enumerate(ticks):
+        now = T0 + 30.0 * k
+        sums = []
+        for i, c in enumerate(row):
+            name = names[i]
+            if i >= n - join_from and k < 3:      # late joiners: unknown before tick 3
+                continue
+            if c is not None:
+                seen[name] = now
+            if name not in seen:
+                continue
+            mult, ratio, samples = c if c is not None else (1.0, 2.0, 500)
+            p50 = 100.0 * mult * (1.0 + 1e-3 * i) if samples else None
+            p99 = None if p50 is None else p50 * ratio
+            sums.append(WindowSummary(node_id=name, model="m", tick_ts=now, signal="latency",
+                                      samples=samples, p50=p50, p99=p99, latency_p50_us=p50,
+                                      latency_p99_us=p99, first_seen_ts=0.0, last_seen_ts=seen[name]))
+        known |= {s.node_id for s in sums}
+        mt = ev.evaluate("m", sums, now)
+        after = ev.snapshot_model("m")["pairs"]
+        present = {n_ for n_, p in after.items() if p["state"] not in ("gone", "unknown")}
+        gone = {n_ for n_, p in after.items() if p["state"] == "gone"}
+        assert not gone & mt.routing
+        assert mt.routing <= present
+        if present:
+            assert mt.routing, "routing set of a model with nodes present is empty"
+        cap = math.floor(st_.max_ejected_fraction * len(present) + 1e-9)
+        if any(t.to_state == "unhealthy" and not t.routed for t in mt.transitions):
+            out_now = sum(1 for n_ in present if n_ not in mt.routing)
+            assert out_now <= cap, (out_now, cap)
+        assert {t.node_id for t in mt.transitions if t.routed} <= mt.routing
+        assert set(after) <= known

@@ -24,7 +24,7 @@ import numpy as np
 
 from app.core.config import DetectorSettings
 from app.core.detector import Detector
-from app.core.replay_cli import ReplayStats, replay
+from app.core.replay import ReplayStats, replay
 
 T0 = 1_764_680_000.0          # a tick boundary (multiple of 30 s)
 Z99 = 2.3263478740408408      # standard normal 99th percentile

@@ -3,7 +3,7 @@
 The traces come from ``scenarios/llm_*.toml`` (request sizes drawn from the
 shipped Azure conversation / code traces, latency = TTFT + TPOT × decode
 steps, see ``app.sim.latency``) and run through
-:func:`app.core.replay_cli.replay` with default detector settings:
+:func:`app.core.replay.replay` with default detector settings:
 
 - a healthy fleet (conversation, code), with token fields and TTFT, with
   token fields only, and with neither: no node leaves routing;
@@ -26,7 +26,7 @@ import pytest
 
 from app.core.config import DetectorSettings
 from app.core.detector import Detector
-from app.core.replay_cli import replay
+from app.core.replay import replay
 from app.core.types import TickResult
 from app.sim import outcome, tracegen
 from app.sim import scenario as sc

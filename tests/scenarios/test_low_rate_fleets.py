@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from app.core.config import DetectorSettings
-from app.core.replay_cli import replay
+from app.core.replay import replay
 from app.sim import outcome, tracegen
 from app.sim import scenario as sc
 

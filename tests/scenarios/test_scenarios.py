@@ -214,7 +214,7 @@ def test_same_trace_same_output_and_bad_lines_counted() -> None:
     lines = sc.lines()
     lines[100:100] = [b"not json", b'{"node_id": "x", "model": "m", "latency_us": -1, "ts": 1}', b""]
     out: list[str] = []
-    from app.core.replay_cli import replay
+    from app.core.replay import replay
 
     _, stats = replay(lines, sc.detector_settings(), out.append)
     assert stats.bad == {"bad_json": 1, "bad_latency": 1}

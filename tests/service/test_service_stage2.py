@@ -169,6 +169,40 @@ def test_without_state_a_fresh_worker_would_start_over() -> None:
     assert "slow" in outs[0].tick.routing
 
 
+@pytest.mark.parametrize("stored", [
+    "version-1",                 # the unversioned per-model state written before version 2
+    {"version": 99},             # a newer format
+    {"version": 2, "pairs": {}},  # incomplete
+    "not a dict",
+])
+def test_a_refused_stored_state_is_logged_and_the_model_starts_fresh(
+        stored: Any, caplog: pytest.LogCaptureFixture) -> None:
+    state: dict[bytes, Any] = {}
+    s2 = Stage2(FleetEvaluator(SETTINGS), state, stale_after_s=1.5 * T)
+    run_ticks(s2, "m", 1000.0, 4)
+    assert states(s2, "m")["slow"] is HealthState.QUARANTINED
+    if stored == "version-1":
+        stored = dict(state[state_key("m")])
+        del stored["version"]
+    fresh = Stage2(FleetEvaluator(SETTINGS), {state_key("m"): stored}, stale_after_s=1.5 * T)
+    outs = run_ticks(fresh, "m", 1010.0, 1)
+    assert "slow" in outs[0].tick.routing                   # started over, as without state
+    assert fresh.refused_states == 1
+    assert "cannot be restored" in caplog.text and "'m'" in caplog.text
+    # The fresh state replaced the refused one in the table.
+    assert fresh.state[state_key("m")] == fresh.evaluator.snapshot_model("m")
+
+
+def test_a_refused_state_drops_what_the_worker_held_of_the_model() -> None:
+    s2 = Stage2(FleetEvaluator(SETTINGS), {}, stale_after_s=1.5 * T)
+    run_ticks(s2, "m", 1000.0, 4)
+    assert states(s2, "m")["slow"] is HealthState.QUARANTINED
+    s2.state[state_key("m")] = {"version": 1}
+    s2.on_assignment_changed()                  # the model comes back after a rebalance
+    outs = run_ticks(s2, "m", 1010.0, 1)
+    assert "slow" in outs[0].tick.routing
+
+
 def test_models_not_owned_are_not_evaluated_and_their_input_dropped() -> None:
     s2 = Stage2(FleetEvaluator(SETTINGS), {}, stale_after_s=1.5 * T)
     feed(s2, "mine", 1000.0)

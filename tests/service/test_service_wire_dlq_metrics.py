@@ -129,6 +129,7 @@ def _free_port() -> int:
 def test_metrics_on_a_fresh_registry_and_endpoint() -> None:
     m = WorkerMetrics(CollectorRegistry())
     m.write_failed("llama", ConnectionError("down"))
+    m.model_rejected("mistral", ValueError("WRONGTYPE"))
     m.set_node_states("llama", {HealthState.HEALTHY: 3, HealthState.QUARANTINED: 1})
     m.tick_seconds.observe(0.003)
     m.set_cluster_latency("llama", 812.5, 2048.0)
@@ -141,6 +142,7 @@ def test_metrics_on_a_fresh_registry_and_endpoint() -> None:
     finally:
         m.close()
     assert 'tailguard_redis_write_failures_total{model="llama"} 1.0' in body
+    assert 'tailguard_redis_model_rejections_total{model="mistral"} 1.0' in body
     assert 'tailguard_nodes{model="llama",state="quarantined"} 1.0' in body
     assert 'tailguard_nodes{model="llama",state="retired"} 0.0' in body
     assert "tailguard_evaluation_seconds_count 1.0" in body

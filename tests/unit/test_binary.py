@@ -46,16 +46,17 @@ GROUPS = [
 
 
 @pytest.mark.parametrize("group", GROUPS)
-@pytest.mark.parametrize("hardware", ["A100", None, "ünïcode-GPU"])
-def test_binary_and_json_batches_decode_to_the_same_samples(group: list[Sample],
-                                                            hardware: str | None) -> None:
+@pytest.mark.parametrize(("hardware", "instance"), [("A100", "pid-1"), (None, None),
+                                                    ("ünïcode-GPU", None), (None, "i")])
+def test_binary_and_json_batches_decode_to_the_same_samples(
+        group: list[Sample], hardware: str | None, instance: str | None) -> None:
     series = (SERIES[0], SERIES[1], hardware)
-    [(raw_b, _)] = encode_batches(series, group, "binary")
-    [(raw_j, _)] = encode_batches(series, group, "json")
+    [(raw_b, _)] = encode_batches(series, group, instance, fmt="binary")
+    [(raw_j, _)] = encode_batches(series, group, instance, fmt="json")
     assert binary.is_binary(raw_b) and not binary.is_binary(raw_j)
     ev_b, ev_j = decode(raw_b), decode(raw_j)
     assert isinstance(ev_b, SampleBatch) and isinstance(ev_j, SampleBatch)
-    assert fields(ev_b) == fields(ev_j)
+    assert fields(ev_b) == fields(ev_j) and ev_b.instance == ev_j.instance == instance
     assert len(raw_b) < len(raw_j) or len(group) < 3
 
 
@@ -66,18 +67,22 @@ def test_the_emitter_and_the_core_write_the_same_bytes(group: list[Sample]) -> N
 
     def col(i: int) -> np.ndarray:
         return np.array([math.nan if s[i] is None else s[i] for s in group], dtype=np.float64)
-    core = binary.encode(SERIES[0], SERIES[1], SERIES[2], col(2), col(3), ok=ok, probe=probe,
-                         input_tokens=col(4) if sized else None,
-                         output_tokens=col(5) if sized else None, ttft_us=col(6) if sized else None)
-    assert encode_binary(SERIES, group, ok=ok, probe=probe) == core
+    for instance in (None, "pid-7"):
+        core = binary.encode(SERIES[0], SERIES[1], SERIES[2], col(2), col(3), ok=ok, probe=probe,
+                             input_tokens=col(4) if sized else None,
+                             output_tokens=col(5) if sized else None,
+                             ttft_us=col(6) if sized else None, instance=instance)
+        assert encode_binary(SERIES, group, ok=ok, probe=probe, instance=instance) == core
 
 
 def test_the_layout_is_the_documented_one() -> None:
     raw = encode_binary(("n", "m", None), [sample(2.0, 3.0)], ok=True, probe=False)
     assert raw[:4] == b"\xf5TG\x01" and raw[4] == 0 and raw[5] == 0
-    assert struct.unpack_from("<HHHI", raw, 6) == (1, 1, 0, 1)
-    assert raw[16:18] == b"nm" and raw[18:24] == b"\0" * 6
+    assert struct.unpack_from("<HHHHI", raw, 6) == (1, 1, 0, 0, 1)
+    assert raw[18:20] == b"nm" and raw[20:24] == b"\0" * 4
     assert struct.unpack_from("<2d", raw, 24) == (2.0, 3.0) and len(raw) == 40
+    raw = encode_binary(("n", "m", "h"), [sample(2.0, 3.0)], ok=False, probe=True, instance="i")
+    assert raw[4] == 0x01 | 0x02 | 0x08 | 0x10 and raw[18:22] == b"nmhi" and len(raw) == 40
 
 
 def _bin(**kw: Any) -> bytes:
@@ -86,14 +91,15 @@ def _bin(**kw: Any) -> bytes:
 
 GOOD = _bin()
 BAD_BINARY = [
-    (GOOD[:10], "shorter than the 16-byte header"),
+    (GOOD[:10], "shorter than the 18-byte header"),
     (GOOD[:-1], "where the header announces"),
     (GOOD + b"\0" * 8, "where the header announces"),
     (GOOD[:3] + b"\x02" + GOOD[4:], "version 2 is not supported"),
     (GOOD[:4] + b"\x40" + GOOD[4 + 1:], "unknown flag bits"),
     (GOOD[:5] + b"\x01" + GOOD[6:], "reserved byte"),
-    (GOOD[:16] + b"\xff" + GOOD[17:], "node_id is not UTF-8"),
+    (GOOD[:18] + b"\xff" + GOOD[19:], "node_id is not UTF-8"),
     (GOOD[:10] + b"\x01\x00" + GOOD[12:], "hardware length without the hardware flag"),
+    (GOOD[:12] + b"\x01\x00" + GOOD[14:], "instance length without the instance flag"),
 ]
 
 
@@ -179,29 +185,6 @@ def test_the_typed_json_path_gives_what_the_general_path_gives(
     assert via_acc == ([general] if isinstance(general, dict) else general)
 
 
-def test_consecutive_batches_of_a_series_come_out_as_one_in_order() -> None:
-    acc = Accumulator(now_s=T + 10)
-    acc.add(_bin())
-    acc.add(orjson.dumps({"node_id": "n", "model": "m", "samples": [[T + 2, 7], [T, -1]]}))
-    acc.add(binary.encode("n", "m", None, np.array([T + 3]), np.array([8.0]),
-                          output_tokens=np.array([4.0])))
-    acc.add(binary.encode("other", "m", None, np.array([T]), np.array([1.0])))
-    acc.add(orjson.dumps({"type": "heartbeat", "node_id": "n", "model": "m", "ts": T + 4}))
-    acc.add(_bin(probe=True))
-    out = acc.drain()
-    got = [(type(e).__name__, e.node_id, e.ts.tolist() if isinstance(e, SampleBatch) else e.ts)
-           for e in out]
-    assert got == [("SampleBatch", "n", [T, T + 1, T + 2, T + 3]), ("SampleBatch", "other", [T]),
-                   ("Heartbeat", "n", T + 4), ("SampleBatch", "n", [T, T + 1])]
-    merged = out[0]
-    assert isinstance(merged, SampleBatch)
-    assert merged.latency_us.tolist() == [5.0, 6.0, 7.0, 8.0] and merged.rejected == 1
-    assert merged.output_tokens is not None and merged.output_tokens.tolist()[3] == 4.0
-    assert all(math.isnan(v) for v in merged.output_tokens.tolist()[:3])
-    assert merged.input_tokens is None and not merged.probe.any()
-    assert isinstance(out[3], SampleBatch) and out[3].probe.all()
-
-
 SINGLES: list[Any] = [
     {"node_id": "n", "model": "m", "latency_us": 5, "ts": T},
     {"node_id": "n", "model": "m", "latency_us": 5.5, "ts": T, "hardware": "A10", "ok": False},
@@ -230,6 +213,9 @@ SINGLES: list[Any] = [
     {"node_id": "n", "model": "m", "latency_us": 5, "ts": T, "type": "heartbeat"},
     {"node_id": "n", "model": "m", "latency_us": 5, "ts": T, "type": "other"},
     {"node_id": "n", "model": "m", "latency_us": 5, "ts": T, "sam\u0070les": [[T, 5]]},
+    {"node_id": "n", "model": "m", "latency_us": 5, "ts": T, "instance": "pid-2"},
+    {"node_id": "n", "model": "m", "latency_us": 5, "ts": T, "instance": "i" * 257},
+    {"node_id": "n", "model": "m", "latency_us": 5, "ts": T, "instance": 7},
     [1, 2],
 ]
 

@@ -1,6 +1,8 @@
 """docker-compose.yml and the Dockerfile agree with the code.
 
-No Docker engine runs here, so the files are checked by structure: the
+No Docker engine runs here. scripts/test validates the files with compose-go, the
+Compose Specification's loader (scripts/compose-check: schema, merge of
+docker-compose.secure.yml, interpolation); here they are checked by structure: the
 services and their images, host ports bound to 127.0.0.1 only, every
 ``TAILGUARD_*`` variable a container gets is one the code knows (a typo there
 would stop the worker at start), and the image installs the package and runs
@@ -19,7 +21,7 @@ import pytest
 import yaml
 
 from app import cli
-from app.settings import env_names, load
+from app.settings import env_names, load, secret_file_names
 from app.sim import scenario
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -191,3 +193,39 @@ def test_dockerfile_installs_the_package_and_runs_the_worker_by_default() -> Non
 def test_dockerignore_keeps_local_state_out_of_the_image() -> None:
     ignored = set((ROOT / ".dockerignore").read_text(encoding="utf-8").split())
     assert {".git", ".venv"} <= ignored
+
+
+# --- docker-compose.secure.yml: the worker against a secured Kafka and Redis ---------------
+
+
+class _ComposeLoader(yaml.SafeLoader):
+    """SafeLoader that knows Compose's ``!reset`` tag (an override that clears a value)."""
+
+
+_ComposeLoader.add_constructor("!reset", lambda loader, node: None)
+
+
+def test_secure_override_gives_the_worker_valid_security_settings(
+    services: dict[str, dict[str, Any]], tmp_path: Path
+) -> None:
+    secure = yaml.load((ROOT / "docker-compose.secure.yml").read_text(encoding="utf-8"), Loader=_ComposeLoader)
+    worker = secure["services"]["worker"]
+    env = environment(services["worker"]) | environment(worker)
+    env = {k: re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", v) for k, v in env.items()}   # the defaults
+    known = set(env_names()) | set(secret_file_names())
+    assert {k for k in env if k.startswith("TAILGUARD_")} <= known
+    # Every secret comes from a file Compose mounts under /run/secrets, itself from ./secrets/.
+    mounted = {f"/run/secrets/{name}": secure["secrets"][name]["file"] for name in worker["secrets"]}
+    files = {k: v for k, v in env.items() if k.endswith("_FILE") or k.endswith("_CAFILE")}
+    assert files and set(files.values()) <= set(mounted)
+    assert all(f.startswith("./secrets/") for f in mounted.values())
+    assert not any("PASSWORD" in k and not k.endswith("_FILE") for k in env), "a secret in the environment"
+    for k, v in files.items():          # the container's files, stood in for here
+        (tmp_path / Path(v).name).write_text("-----BEGIN CERTIFICATE-----\n" if "CAFILE" in k else "pw\n")
+        env[k] = str(tmp_path / Path(v).name)
+    s = load(env)
+    assert (s.kafka_security_protocol, s.kafka_sasl_mechanism) == ("SASL_SSL", "SCRAM-SHA-512")
+    assert s.redis_url.startswith("rediss://") and s.redis_password.reveal() == "pw"
+    assert worker["depends_on"] is None      # no local kafka/redis service to wait for
+    gitignore = (ROOT / ".gitignore").read_text(encoding="utf-8").split()
+    assert "secrets/" in gitignore and "secrets" in (ROOT / ".dockerignore").read_text(encoding="utf-8").split()

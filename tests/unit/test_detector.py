@@ -155,8 +155,10 @@ def test_forgetting_is_off_with_zero_and_survives_snapshots() -> None:
     assert ("n2", "m") in det.store
     snap = det.snapshot()
     assert snap["evaluator"]["models"]["m"]["retired_seen"] == {"n2": T0 + 275.0}
-    # An older snapshot (no retired_seen) counts silence from the retirement.
-    del snap["evaluator"]["models"]["m"]["retired_seen"]
     again = Detector(S)
     again.restore(json.loads(json.dumps(snap)))
     assert again.evaluator.snapshot()["models"]["m"]["retired_seen"] == {"n2": T0 + 275.0}
+    # An incomplete snapshot (no retired_seen) is refused, naming the field: no guessed defaults.
+    del snap["evaluator"]["models"]["m"]["retired_seen"]
+    with pytest.raises(ValueError, match="retired_seen"):
+        Detector(S).restore(json.loads(json.dumps(snap)))

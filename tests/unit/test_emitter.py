@@ -306,7 +306,7 @@ async def test_heartbeats_start_at_once_and_repeat_every_interval() -> None:
         mono.t += 50
         em._wake.set()
         await until_idle(em)
-    assert fake.events() == [Heartbeat("new-node", "llama", "A10", 1_764_680_000.0)] * 2
+    assert fake.events() == [Heartbeat("new-node", "llama", "A10", 1_764_680_000.0, em.instance)] * 2
     assert {k for _, k, _ in fake.messages} == {b"new-node|llama"}
     assert em.stats.heartbeats_sent == 2
 
@@ -352,3 +352,27 @@ def test_record_rejects_programming_errors(kwargs: dict[str, Any], culprit: str)
 def test_bad_options_fail_at_construction_naming_the_option(kwargs: dict[str, Any], culprit: str) -> None:
     with pytest.raises(ValueError, match=culprit):
         LatencyEmitter("127.0.0.1:9092", **kwargs)
+
+
+async def test_every_message_carries_the_process_instance_and_each_emitter_has_its_own() -> None:
+    fake = FakeProducer()
+    em, _ = make(fake, linger_s=0.0, wire_format="json")
+    other, _ = make(FakeProducer())
+    assert em.instance and other.instance and em.instance != other.instance
+    async with em:
+        em.heartbeat("n1", "llama")
+        em.record("n1", "llama", 9000, ts=1_764_680_000.0)
+        await fake.wait_for(lambda: len(fake.messages) == 2)
+    assert {orjson.loads(v)["instance"] for _, _, v in fake.messages} == {em.instance}
+    assert {e.instance for e in fake.events()} == {em.instance}
+
+
+async def test_binary_batches_carry_the_process_instance() -> None:
+    fake = FakeProducer()
+    em, _ = make(fake, linger_s=0.0)                 # binary batches: the default
+    async with em:
+        em.record("n1", "llama", 9000, ts=1_764_680_000.0)
+        await fake.wait_for(lambda: len(fake.messages) == 1)
+    [(_, _, value)] = fake.messages
+    assert value[:3] == b"\xf5TG"
+    assert [e.instance for e in fake.events()] == [em.instance]

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from app.core.config import DetectorSettings
-from app.core.evaluate import FleetEvaluator, median
+from app.core.evaluate import FleetEvaluator
+from app.core.peers import median
 from app.core.types import HealthState as H
 from app.core.types import ModelTick, Reason, WindowSummary
 
@@ -76,6 +77,16 @@ def test_steady_fleet_emits_nothing_after_first_tick() -> None:
     assert all(not t.fleet_events for t in ticks)
 
 
+def test_two_nodes_without_own_history_get_no_relative_p50_verdict() -> None:
+    # Below min_peers the P50 reference is each node's own baseline (app.core.own_history),
+    # which needs own_history.MIN_TICKS normal windows first: before that, no verdict.
+    ev = FleetEvaluator(S)
+    run(ev, 1, fleet(2))
+    ticks = run(ev, 2, fleet(2, n00=(300.0, 2.0)), t0=T0 + 30)
+    assert [t for tick in ticks for t in tick.transitions] == []
+    assert ticks[-1].routing == set(fleet(2))
+
+
 @pytest.mark.parametrize(
     ("name", "n", "bad", "reason", "ejected"),
     [
@@ -84,7 +95,6 @@ def test_steady_fleet_emits_nothing_after_first_tick() -> None:
         ("uniform 3x slowdown", 6, (300.0, 2.0), Reason.RELATIVE_P50, True),
         ("1.9x slower: inside the factor", 6, (190.0, 2.0), None, False),
         ("2 nodes: absolute tail rule alone", 2, (100.0, 4.0), Reason.P99_P50_RATIO, True),
-        ("2 nodes: no relative p50 below min_peers", 2, (300.0, 2.0), None, False),
     ],
 )
 def test_single_node_rules(name: str, n: int, bad: tuple[float, float], reason: Reason | None,
@@ -690,6 +700,23 @@ def test_shift_on_a_heavy_tailed_model(n03: tuple[float, float, float], fleet_ra
         assert trans == []
 
 
+@pytest.mark.parametrize(("settings", "flagged"), [
+    ({}, True),
+    ({"relative_p99_factor": 3.0}, False),        # 2.5x the peers' P99 is within 3x
+    ({"relative_p50_factor": 3.0}, True),         # the P50 factor does not govern the P99 rule
+])
+def test_relative_p99_factor_governs_the_p99_rule_alone(settings: dict[str, float],
+                                                         flagged: bool) -> None:
+    ev = FleetEvaluator(S.replace(**settings))
+    run(ev, 1, fleet(6, ratio=1.1))
+    ticks = run(ev, 3, fleet(6, ratio=1.1, n02=(100.0, 2.75)), t0=T0 + 30)
+    reasons = [t.reason for tk in ticks for t in tk.transitions]
+    assert reasons == (["relative_p99", "relative_p99"] if flagged else [])
+    if flagged:
+        factor = settings.get("relative_p99_factor", 2.0)
+        assert ticks[0].transitions[0].detail == f"p99 275.0 > {factor:g} x peers' 110.0"
+
+
 def _with_failures(k: int, shares: Mapping[str, float], n: int = 6, per_tick: int = 600,
                    judged: Mapping[str, int] | None = None) -> list[WindowSummary]:
     """Tick ``k`` of ``n`` nodes that each take ``per_tick`` requests a tick; node ``x`` fails
@@ -737,6 +764,24 @@ def test_error_share_within_the_limits_keeps_the_node(shares: dict[str, float],
     ticks = _error_run(shares, **settings)
     assert all(len(t.routing) == 6 for t in ticks)
     assert not [t for tk in ticks for t in tk.transitions if t.reason == "error_rate"]
+
+
+@pytest.mark.parametrize(("settings", "leaves"), [
+    ({}, True),                                    # 30% > 2 x the peers' 12%
+    ({"error_share_peer_factor": 3.0}, False),     # not 3 x
+    ({"relative_p50_factor": 3.0}, True),          # the P50 factor does not govern error shares
+])
+def test_error_share_peer_factor_governs_the_error_rule_alone(settings: dict[str, float],
+                                                                leaves: bool) -> None:
+    ticks = _error_run({f"n{i:02d}": 0.12 for i in range(6)} | {"n03": 0.3}, **settings)
+    assert ("n03" not in ticks[3].routing) is leaves
+    details = [t.detail for tk in ticks for t in tk.transitions if t.reason == "error_rate"]
+    if leaves:
+        factor = settings.get("error_share_peer_factor", 2.0)
+        assert details[0] == ("180 of 600 requests since the last tick failed "
+                              f"(30.0% > 10% and > {factor:g} x peers' 12.0%)")
+    else:
+        assert details == []
 
 
 def test_a_fleet_failing_at_once_ejects_nobody_and_is_reported() -> None:

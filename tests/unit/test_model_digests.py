@@ -26,8 +26,8 @@ from app.core.quantiles import (
     digest_quantiles,
     merge_digests,
 )
-from app.core.replay_cli import main
 from app.core.window import WindowStore
+from app.replay_cli import main
 
 S = DetectorSettings()
 T0 = 1_764_680_010.0           # a multiple of 30

@@ -10,10 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.core import replay_cli
+from app import replay_cli
+from app.core import replay as core_replay
 from app.core.config import DetectorSettings
-from app.core.replay_cli import main, replay
+from app.core.replay import replay
 from app.core.types import HealthState, NodeStatus
+from app.replay_cli import main
 
 T0 = 1_764_680_000.0   # 20 s past a multiple of 30 (1764679980)
 
@@ -33,7 +35,7 @@ def lines(nodes: int = 5, seconds: float = 600.0, rate: float = 20.0, *, slow: s
     return out
 
 
-def run(ls: list[bytes], **settings: object) -> tuple[list[dict[str, object]], replay_cli.ReplayStats]:
+def run(ls: list[bytes], **settings: object) -> tuple[list[dict[str, object]], core_replay.ReplayStats]:
     out: list[str] = []
     _, stats = replay(ls, DetectorSettings().replace(**settings), out.append)
     return [json.loads(x) for x in out], stats
@@ -202,7 +204,7 @@ def test_empty_file_is_fine(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 
 def test_progress_lines_on_request(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(replay_cli, "PROGRESS_EVERY_LINES", 1000)
+    monkeypatch.setattr(core_replay, "PROGRESS_EVERY_LINES", 1000)
     f = tmp_path / "t.jsonl"
     f.write_bytes(b"\n".join(lines(nodes=2, seconds=100)))
     assert main([str(f), "--progress"]) == 0
@@ -212,7 +214,7 @@ def test_progress_lines_on_request(tmp_path: Path, capsys: pytest.CaptureFixture
 def test_cli_dispatch_knows_replay() -> None:
     from app.cli import COMMANDS
 
-    assert COMMANDS["replay"][0] == "app.core.replay_cli"
+    assert COMMANDS["replay"][0] == "app.replay_cli"
 
 
 def test_main_reads_a_gzip_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -61,8 +61,8 @@ def test_json_marks_set_membership() -> None:
 
 
 def test_redacts_password() -> None:
-    assert status._redacted("redis://u:secret@h:1/0") == "redis://u:***@h:1/0"
-    assert status._redacted("redis://h:1/0") == "redis://h:1/0"
+    assert status.redact_url("redis://u:secret@h:1/0") == "redis://u:***@h:1/0"
+    assert status.redact_url("redis://h:1/0") == "redis://h:1/0"
 
 
 def test_unreachable_redis_exits_1_naming_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:

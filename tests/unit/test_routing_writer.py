@@ -16,7 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
+from redis.exceptions import NoPermissionError, ReadOnlyError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from app.core.types import HealthState, ModelTick, NodeStatus
 from app.routing.writer import RoutingWriter
@@ -30,6 +31,7 @@ class FakeScript:
         self.written: list[tuple[str, list[str]]] = []   # (model, routing) of successful runs
         self.down = False
         self.error: BaseException = RedisConnectionError("Connection refused")
+        self.poisoned: dict[str, BaseException] = {}   # model -> error its keys answer
         self.version = 0
 
     async def __call__(self, keys: Sequence[str], args: Sequence[Any]) -> list[int]:
@@ -37,6 +39,8 @@ class FakeScript:
         await asyncio.sleep(0)
         if self.down:
             raise self.error
+        if str(args[1]) in self.poisoned:
+            raise self.poisoned[str(args[1])]
         n = int(args[2])
         self.version += 1
         self.written.append((str(args[1]), [str(a) for a in args[5:5 + n]]))
@@ -67,11 +71,15 @@ class FakeClock:
 class Recorder:
     def __init__(self) -> None:
         self.failed: list[str] = []
+        self.rejected: list[str] = []
         self.refused: list[str] = []
         self.ok: list[tuple[str, bool, int]] = []
 
     def write_failed(self, model: str, error: BaseException) -> None:
         self.failed.append(model)
+
+    def model_rejected(self, model: str, error: BaseException) -> None:
+        self.rejected.append(model)
 
     def empty_refused(self, model: str) -> None:
         self.refused.append(model)
@@ -158,12 +166,78 @@ async def test_backoff_doubles_up_to_the_cap() -> None:
 
 
 @pytest.mark.parametrize("error", [TimeoutError("slow"), OSError("unreachable"),
+                                   RedisTimeoutError("Timeout reading from socket"),
                                    ResponseError("WRONGTYPE Operation against a key")])
 async def test_every_redis_failure_is_kept_pending_not_raised(error: BaseException) -> None:
     w, script, _, rec = make()
     script.down, script.error = True, error
     assert not await w.apply(tick("m", {"a"}))
     assert w.pending == {"m"} and rec.failed == ["m"]
+
+
+WRONGTYPE = ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value")
+
+
+@pytest.mark.parametrize("error", [WRONGTYPE, NoPermissionError("NOPERM no permissions"),
+                                   ReadOnlyError("READONLY You can't write against a replica")])
+async def test_a_model_error_backs_off_that_model_and_writes_the_others(
+    error: BaseException, caplog: pytest.LogCaptureFixture
+) -> None:
+    w, script, clock, rec = make(retry_initial_s=1.0, retry_max_s=4.0)
+    script.poisoned["bad"] = error
+    for m in ("a", "bad", "c"):
+        w._pending[m] = tick(m, {"n1"})
+    assert not await w.flush()
+    assert sorted(m for m, _ in script.written) == ["a", "c"]
+    assert w.pending == {"bad"} and w.rejected == {"bad"} and not w.failing
+    assert rec.rejected == ["bad"] and rec.failed == ["bad"]
+    assert [r.levelname for r in caplog.records if "'bad'" in r.message] == ["ERROR"]
+    assert "tg:routing:bad" in caplog.text and "other models are still written" in caplog.text
+    # The poisoned model is in its own back-off; other models are written at once.
+    calls = len(script.calls)
+    assert await w.apply(tick("d", {"n1"}))
+    assert len(script.calls) == calls + 1 and w.pending == {"bad"}
+    assert not await w.apply(tick("bad", {"n2"}))         # newer verdict kept, no attempt yet
+    assert len(script.calls) == calls + 1
+    clock.t += 1.0
+    assert await w.apply(tick("e", {"n1"}))               # "bad" is due: tried, refused again
+    assert rec.rejected == ["bad", "bad"] and w._model_backoff["bad"][1] == clock.t + 2.0
+    # Someone repairs the key: the latest verdict is written, the back-off forgotten.
+    del script.poisoned["bad"]
+    clock.t += 2.0
+    assert await w.flush()
+    assert script.written[-1] == ("bad", ["n2"]) and w.rejected == frozenset()
+
+
+async def test_a_connection_error_ends_the_round() -> None:
+    w, script, _, rec = make()
+    script.down = True
+    for m in ("a", "b", "c"):
+        w._pending[m] = tick(m, {"n1"})
+    assert not await w.flush()
+    assert len(script.calls) == 1 and rec.failed == ["a"] and rec.rejected == []
+    assert w.failing and w.rejected == frozenset() and w.pending == {"a", "b", "c"}
+
+
+async def test_background_task_retries_a_rejected_model_on_its_own_schedule() -> None:
+    w, script, clock, rec = make(retry_initial_s=1.0, retry_max_s=2.0)
+    script.poisoned["bad"] = WRONGTYPE
+    async with w:
+        assert not await w.apply(tick("bad", {"n1"}))
+        assert await w.apply(tick("good", {"n1"}))
+        for _ in range(50):
+            await asyncio.sleep(0)
+        tries = [keys for keys, _ in script.calls if keys[0] == "tg:routing:bad"]
+        assert len(tries) > 3 and not w.failing            # retried, capped back-off, no spin
+        assert clock.t - 1000.0 >= 2.0 * (len(tries) - 2)
+        del script.poisoned["bad"]
+        for _ in range(50):
+            if not w.pending:
+                break
+            await asyncio.sleep(0)
+        assert w.pending == frozenset()
+    bad_calls = [keys for keys, _ in script.calls if keys[0] == "tg:routing:bad"]
+    assert script.written[-1] == ("bad", ["n1"]) and len(rec.rejected) == len(bad_calls) - 1
 
 
 async def test_background_task_catches_up_when_redis_returns() -> None:

@@ -19,7 +19,7 @@ import pytest
 from app import cli
 from app import settings as settings_mod
 from app.core.config import DetectorSettings, SettingError, field_names
-from app.settings import Settings, load
+from app.settings import Secret, Settings, load
 
 # A valid, non-default value for every variable, and the value it must parse to.
 SERVICE_VALUES: dict[str, tuple[str, Any]] = {
@@ -32,6 +32,40 @@ SERVICE_VALUES: dict[str, tuple[str, Any]] = {
     "TAILGUARD_WEB_PORT": ("7066", 7066),
     "TAILGUARD_DATA_DIR": ("/var/lib/tailguard", "/var/lib/tailguard"),
     "TAILGUARD_LOG_LEVEL": ("debug", "debug"),
+    "TAILGUARD_METRICS_HOST": ("0.0.0.0", "0.0.0.0"),
+    "TAILGUARD_WEB_HOST": ("::1", "::1"),
+    "TAILGUARD_PROXY_LISTEN": ("[::]:9080", "[::]:9080"),
+    "TAILGUARD_KAFKA_SECURITY_PROTOCOL": ("SSL", "SSL"),
+    "TAILGUARD_KAFKA_SASL_MECHANISM": ("SCRAM-SHA-512", "SCRAM-SHA-512"),
+    "TAILGUARD_KAFKA_SASL_USERNAME": ("tailguard", "tailguard"),
+    "TAILGUARD_KAFKA_SASL_PASSWORD": ("s3cret", Secret("s3cret")),
+    "TAILGUARD_KAFKA_SSL_CAFILE": ("/etc/ca.pem", "/etc/ca.pem"),
+    "TAILGUARD_KAFKA_SSL_CERTFILE": ("/etc/client.pem", "/etc/client.pem"),
+    "TAILGUARD_KAFKA_SSL_KEYFILE": ("/etc/client.key", "/etc/client.key"),
+    "TAILGUARD_KAFKA_SSL_KEY_PASSWORD": ("k3y", Secret("k3y")),
+    "TAILGUARD_KAFKA_SSL_CHECK_HOSTNAME": ("false", False),
+    "TAILGUARD_REDIS_USERNAME": ("tailguard", "tailguard"),
+    "TAILGUARD_REDIS_PASSWORD": ("r3dis", Secret("r3dis")),
+    "TAILGUARD_REDIS_SSL_CAFILE": ("/etc/ca.pem", "/etc/ca.pem"),
+    "TAILGUARD_REDIS_SSL_CERTFILE": ("/etc/client.pem", "/etc/client.pem"),
+    "TAILGUARD_REDIS_SSL_KEYFILE": ("/etc/client.key", "/etc/client.key"),
+    "TAILGUARD_REDIS_SSL_CHECK_HOSTNAME": ("0", False),
+    "TAILGUARD_REPLACE_COMMAND": ('kubectl delete pod "$TAILGUARD_NODE_ID"', 'kubectl delete pod "$TAILGUARD_NODE_ID"'),
+    "TAILGUARD_REPLACE_WEBHOOK_URL": ("https://ops.internal/replace", "https://ops.internal/replace"),
+    "TAILGUARD_REPLACE_TIMEOUT_S": ("120", 120.0),
+    "TAILGUARD_REPLACE_ATTEMPTS": ("5", 5),
+    "TAILGUARD_REPLACE_MAX_AGE_S": ("600.5", 600.5),
+}
+# Variables that are only valid together with others (set alongside, left out of "nothing else moved").
+_TLS = {"TAILGUARD_KAFKA_SECURITY_PROTOCOL": "SSL"}
+_REDIS_TLS = {"TAILGUARD_REDIS_URL": "rediss://127.0.0.1:6380/0"}
+COMPANIONS: dict[str, dict[str, str]] = {
+    "TAILGUARD_KAFKA_SSL_CAFILE": _TLS,
+    "TAILGUARD_KAFKA_SSL_CERTFILE": _TLS,
+    "TAILGUARD_KAFKA_SSL_KEYFILE": _TLS | {"TAILGUARD_KAFKA_SSL_CERTFILE": "/etc/client.pem"},
+    "TAILGUARD_REDIS_SSL_CAFILE": _REDIS_TLS,
+    "TAILGUARD_REDIS_SSL_CERTFILE": _REDIS_TLS,
+    "TAILGUARD_REDIS_SSL_KEYFILE": _REDIS_TLS | {"TAILGUARD_REDIS_SSL_CERTFILE": "/etc/client.pem"},
 }
 DETECTOR_TEXT: dict[str, tuple[str, Any]] = {
     "tick_interval_s": ("2.5", 2.5),
@@ -40,6 +74,8 @@ DETECTOR_TEXT: dict[str, tuple[str, Any]] = {
     "ratio_threshold": ("4", 4.0),
     "confirm_windows": ("5", 5),
     "relative_p50_factor": ("1.5", 1.5),
+    "relative_p99_factor": ("2.5", 2.5),
+    "error_share_peer_factor": ("3", 3.0),
     "min_peers": ("4", 4),
     "max_ejected_fraction": ("0.25", 0.25),
     "warmup_s": ("0", 0.0),
@@ -55,6 +91,9 @@ DETECTOR_TEXT: dict[str, tuple[str, Any]] = {
     "backoff_max_s": ("600", 600.0),
     "retire_after_failed_probes": ("3", 3),
     "forget_after_s": ("0", 0.0),
+    "silent_after_s": ("300", 300.0),
+    "telemetry_loss_fraction": ("0.9", 0.9),
+    "restart_gap_s": ("0", 0.0),
     "max_latency_us": ("1e7", 1e7),
     "max_future_skew_s": ("30", 30.0),
 }
@@ -89,11 +128,12 @@ def test_every_variable_is_parsed(var: str) -> None:
         text = want = f"custom-{key}.v2"
     default = _value_of(Settings(), var)
     assert want != default, "the table must use a non-default value, or the test proves nothing"
-    s = load({var: text})
+    companions = COMPANIONS.get(var, {})
+    s = load({var: text, **companions})
     assert _value_of(s, var) == want
     # ...and nothing else moved.
     for other in settings_mod.env_names():
-        if other != var:
+        if other != var and other not in companions:
             assert _value_of(s, other) == _value_of(Settings(), other), other
 
 
@@ -112,7 +152,7 @@ def test_empty_environment_gives_the_documented_defaults() -> None:
 
 def test_env_names_defaults_are_the_settings_defaults() -> None:
     for var, default_text in settings_mod.env_names().items():
-        assert str(_value_of(Settings(), var)) == default_text, var
+        assert settings_mod.as_text(_value_of(Settings(), var)) == default_text, var
 
 
 def test_settings_are_frozen() -> None:
@@ -143,6 +183,20 @@ BAD: list[tuple[str, str, str]] = [
     ("TAILGUARD_METRICS_PORT", "-1", "0..65535"),
     ("TAILGUARD_WEB_PORT", "80.5", "whole number"),
     ("TAILGUARD_LOG_LEVEL", "verbose", "debug, info, warning or error"),
+    ("TAILGUARD_METRICS_HOST", "", "listen address"),
+    ("TAILGUARD_WEB_HOST", "0.0.0.0 ", "listen address"),
+    ("TAILGUARD_PROXY_LISTEN", "127.0.0.1", "HOST:PORT"),
+    ("TAILGUARD_PROXY_LISTEN", ":8080", "HOST:PORT"),
+    ("TAILGUARD_KAFKA_SECURITY_PROTOCOL", "TLS", "SASL_SSL"),
+    ("TAILGUARD_KAFKA_SASL_MECHANISM", "GSSAPI", "SCRAM-SHA-512"),
+    ("TAILGUARD_KAFKA_SSL_CHECK_HOSTNAME", "maybe", "true or false"),
+    ("TAILGUARD_KAFKA_SSL_CAFILE", "/etc/ca.pem", "uses no TLS"),
+    ("TAILGUARD_REDIS_SSL_CAFILE", "/etc/ca.pem", "rediss://"),
+    ("TAILGUARD_REPLACE_WEBHOOK_URL", "ftp://x/y", "http(s)://"),
+    ("TAILGUARD_REPLACE_TIMEOUT_S", "0.0", "seconds > 0"),
+    ("TAILGUARD_REPLACE_TIMEOUT_S", "soon", "a number"),
+    ("TAILGUARD_REPLACE_MAX_AGE_S", "inf", "seconds > 0"),
+    ("TAILGUARD_REPLACE_ATTEMPTS", "0", "1..100"),
     ("TAILGUARD_TOPIC_LATENCY_EVENTS", "", "Kafka topic name"),
     ("TAILGUARD_TOPIC_HEALTH_CHANGES", "node health", "Kafka topic name"),
     ("TAILGUARD_TOPIC_DEAD_LETTER", "x" * 250, "Kafka topic name"),
@@ -202,8 +256,22 @@ def test_other_variables_are_ignored() -> None:
     assert load({"TAILGUARDX": "1", "KAFKA_BOOTSTRAP": "x", "tailguard_window_size": "abc"}) == Settings()
 
 
+def test_one_replace_action_only() -> None:
+    with pytest.raises(SettingError) as info:
+        load({"TAILGUARD_REPLACE_COMMAND": "true", "TAILGUARD_REPLACE_WEBHOOK_URL": "http://x/"})
+    assert info.value.name == "TAILGUARD_REPLACE_WEBHOOK_URL" and "TAILGUARD_REPLACE_COMMAND" in info.value.allowed
+
+
+def test_hook_environment_variables_are_accepted() -> None:
+    # A replace command or user check that runs `tailguard …` inherits them.
+    assert load({"TAILGUARD_NODE_ID": "n1", "TAILGUARD_MODEL": "m", "TAILGUARD_RETIREMENT_ID": "x"}) == Settings()
+
+
 def test_script_only_variables_are_accepted() -> None:
-    env = {"TAILGUARD_CACHE": "/c", "TAILGUARD_RUN": "/r", "TAILGUARD_VENV": "/v", "TAILGUARD_PYTHON": "python3"}
+    env = {"TAILGUARD_CACHE": "/c", "TAILGUARD_RUN": "/r", "TAILGUARD_VENV": "/v", "TAILGUARD_PYTHON": "python3",
+           "TAILGUARD_KAFKA_PORT": "19092", "TAILGUARD_KAFKA_CONTROLLER_PORT": "19093",
+           "TAILGUARD_KAFKA_SASL_SSL_PORT": "19094", "TAILGUARD_REDIS_PORT": "16379",
+           "TAILGUARD_REDIS_TLS_PORT": "16380"}
     assert load(env) == Settings()
 
 

@@ -16,7 +16,7 @@ What it really does (nothing is staged):
 
 It uses short ticks (5 s of simulated time, not the default 30 s) and
 simulated time runs faster than the wall clock, so the story takes seconds.
-No Kafka here: the full demo (issue 5) runs the worker, a simulated fleet
+No Kafka here: the full demo (``python -m app.demo``) runs the worker, a simulated fleet
 behind a load balancer, and real traffic. Exit status 0 when the slow node
 left the routing set, in the detector and in Redis; 1 otherwise.
 """
@@ -51,7 +51,7 @@ DEMO_DETECTOR = DetectorSettings(
 
 
 def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m app.demo_min", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m app.demo.minimal", description=__doc__.split("\n\n")[0])
     p.add_argument("--slow-node", default="gpu-node-05", choices=NODES)
     p.add_argument("--degrade-at-s", type=float, default=20.0, help="simulated seconds (default 20)")
     p.add_argument("--duration-s", type=float, default=70.0, help="simulated seconds (default 70)")
@@ -115,10 +115,10 @@ async def run(args: argparse.Namespace) -> int:
     writer = None
     redis = None
     if not args.no_redis:
-        from app.routing.client import connect
+        from app.routing.client import connect_for
         from app.routing.writer import RoutingWriter
 
-        redis = connect(service.redis_url)
+        redis = connect_for(service)
         writer = RoutingWriter(redis, prefix)
 
     removed_at: float | None = None

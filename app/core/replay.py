@@ -1,11 +1,10 @@
-"""``tailguard replay FILE|-``: run the detector offline over a JSON-lines trace.
+"""Replay: the detector over a sequence of JSON-lines latency events, in event time.
 
-Usage::
-
-    tailguard replay [--set KEY=VALUE]... [--summary] [--progress] FILE|-
-
-Each input line is one message of the latency-event contract (single event,
-batch or heartbeat; ARCHITECTURE.md). The detector runs in *event time*:
+:func:`replay` is the pure part of ``tailguard replay`` (the command line,
+files and stdin are in :mod:`app.replay_cli`): it reads lines from any
+iterable and hands each output line to ``emit``. Each input line is one
+message of the latency-event contract (single event, batch or heartbeat;
+ARCHITECTURE.md). The detector runs in *event time*:
 
 * tick boundaries are the multiples of ``tick_interval_s`` of event time;
   every boundary from the first event's on is evaluated once, including
@@ -22,7 +21,7 @@ batch or heartbeat; ARCHITECTURE.md). The detector runs in *event time*:
   next event are skipped: they would print nothing. A far-future timestamp
   therefore cannot make the replay run for hours.
 
-stdout: one JSON object per line, in tick order, deterministic for a given
+Output, one JSON object per line, in tick order, deterministic for a given
 trace and settings:
 
 * a health transition: ``{"type": "transition", "event_id", "ts", "node_id",
@@ -37,38 +36,22 @@ trace and settings:
   "detail"}`` with ``kind`` one of ``load_event``, ``load_event_end``,
   ``baseline_shift``, ``baseline_shift_end``.
 
-stderr: bad lines are skipped and counted; a one-line summary (events,
-ticks, transitions, bad lines by reason with the line numbers of the first
-few) is printed at the end; ``--summary`` adds a per-(node, model) table
-and one line per model with its cluster-wide raw-latency P50/P99 at the last
-tick (``model M: cluster P50 … ms, P99 … ms (t-digest over N nodes)``, from
-``Detector.fleet_digests``);
-``--progress`` (default: when stderr is a terminal) prints a line every
-``PROGRESS_EVERY_LINES`` lines. No clock is read anywhere.
-
-Exit codes: 0 — replayed (bad lines do not change it); 1 — the file cannot
-be opened or read (the message names it); 2 — bad command line or a bad
-``--set`` (the message names the setting and what is allowed).
+Bad lines are skipped and counted in :class:`ReplayStats` (by reason, with
+the line numbers of the first few). No clock is read anywhere.
 """
 
 from __future__ import annotations
 
-import argparse
-import gzip
-import io
 import json
 import math
-import sys
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import IO, Any, cast
 
-from app.core.config import DetectorSettings, SettingError, field_names, parse_overrides
+from app.core.config import DetectorSettings
 from app.core.detector import Detector
 from app.core.errors import BadEvent
 from app.core.events import Accumulator, Heartbeat, SampleBatch
-from app.core.quantiles import digest_from_dict, digest_quantiles
 from app.core.types import TickResult
 
 PROGRESS_EVERY_LINES = 100_000
@@ -224,135 +207,3 @@ def replay(lines: Iterable[bytes | str], settings: DetectorSettings,
         stats.transitions += len(res.transitions)
         stats.fleet_events += len(res.fleet_events)
     return det, stats
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="tailguard replay",
-        description="Run the detector offline over a JSON-lines file of latency events, in event "
-                    "time. One JSON line per health transition (and fleet event) on stdout.")
-    p.add_argument("file", metavar="FILE|-", help="JSON-lines trace; - reads standard input")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a detector setting (repeatable): " + ", ".join(field_names()))
-    p.add_argument("--summary", action="store_true",
-                   help="print a final per-(node, model) table to stderr")
-    p.add_argument("--progress", action="store_true", default=None,
-                   help="print progress to stderr (default: when stderr is a terminal)")
-    return p
-
-
-def settings_from(overrides: list[str]) -> DetectorSettings:
-    pairs: dict[str, str] = {}
-    labels: dict[str, str] = {}
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise SettingError("--set", item, "KEY=VALUE with KEY one of: " + ", ".join(field_names()))
-        pairs[key] = value.strip()
-        labels[key] = f"--set {key}"
-    return parse_overrides(pairs, labels=labels)
-
-
-# Unit of each signal's quantiles, and the digits worth printing (app.core.signals).
-_SIGNAL_UNITS: dict[str | None, tuple[str, int]] = {
-    "latency": ("µs", 0), "tpot": ("µs/token", 1), "normalized": ("× expected", 2)}
-
-
-def _status_table(det: Detector) -> str:
-    """``--summary``: the judged signal's quantiles (with units) next to the raw latency's."""
-    statuses = det.statuses()
-    signals = {s.signal for s in statuses}
-    one = next(iter(signals)) if len(signals) == 1 else None
-
-    def unit(signal: str | None) -> str:
-        return _SIGNAL_UNITS.get(signal, ("?", 2))[0]
-
-    head = f" ({unit(one)})" if one is not None else ""
-    rows = [("model", "node", "state", "routed", "since", "reason", "signal", f"signal p50{head}",
-             f"signal p99{head}", "signal p99/p50", "p50 µs", "p99 µs", "p99/p50", "samples")]
-    for s in statuses:
-        digits = _SIGNAL_UNITS.get(s.signal, ("?", 2))[1]
-        label = s.signal or "-"
-        if one is None and s.signal is not None:
-            label += f" ({unit(s.signal)})"
-        rows.append((s.model, s.node_id, str(s.state), "yes" if s.routed else "no",
-                     f"{s.since_ts:.0f}", s.reason, label, _num(s.p50, digits), _num(s.p99, digits),
-                     _num(s.ratio, 2), _num(s.latency_p50_us), _num(s.latency_p99_us),
-                     _num(s.latency_ratio, 2), str(s.samples)))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-                     for r in rows)
-
-
-def fleet_lines(det: Detector) -> list[str]:
-    """``--summary``: each model's cluster-wide raw-latency P50/P99 at the last tick."""
-    out = []
-    for model in sorted(det.routing().keys() | det.fleet_digests.keys()):
-        d = det.fleet_digests.get(model)
-        q = None if d is None else digest_quantiles(digest_from_dict(d), (0.5, 0.99))
-        if d is None or q is None:
-            out.append(f"model {model}: cluster P50 -, P99 - (no judged samples at the last tick)")
-            continue
-        out.append(f"model {model}: cluster P50 {q[0] / 1e3:.2f} ms, P99 {q[1] / 1e3:.2f} ms "
-                   f"(t-digest over {d.get('nodes', 0)} nodes)")
-    return out
-
-
-def _num(v: float | None, digits: int = 0) -> str:
-    return "-" if v is None else f"{v:.{digits}f}"
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
-    try:
-        settings = settings_from(args.overrides)
-    except SettingError as e:
-        print(f"tailguard replay: {e}", file=sys.stderr)
-        return 2
-    name = "standard input" if args.file == "-" else args.file
-    try:
-        stream: IO[bytes] = sys.stdin.buffer if args.file == "-" else open(args.file, "rb")  # noqa: SIM115
-    except OSError as e:
-        print(f"tailguard replay: cannot read {name}: {e.strerror or e}", file=sys.stderr)
-        return 1
-    try:
-        stream = _maybe_gunzip(stream)
-    except OSError as e:
-        print(f"tailguard replay: cannot read {name}: {e.strerror or e}", file=sys.stderr)
-        return 1
-    show_progress = args.progress if args.progress is not None else sys.stderr.isatty()
-    out = sys.stdout
-    write = out.write
-
-    def emit(line: str) -> None:
-        write(line)
-        write("\n")
-
-    def progress(st: ReplayStats) -> None:
-        at = ("" if st.first_ts is None or st.last_ts is None
-              else f", event time +{st.last_ts - st.first_ts:.0f} s")
-        print(f"replay: {st.lines} lines, {st.events} events{at}, {st.ticks} ticks, "
-              f"{st.transitions} transitions", file=sys.stderr)
-
-    try:
-        with stream:
-            det, stats = replay(stream, settings, emit, progress=progress if show_progress else None)
-    except OSError as e:
-        print(f"tailguard replay: cannot read {name}: {e.strerror or e}", file=sys.stderr)
-        return 1
-    out.flush()
-    print(stats.summary(), file=sys.stderr)
-    if args.summary:
-        print(_status_table(det), file=sys.stderr)
-        for line in fleet_lines(det):
-            print(line, file=sys.stderr)
-    return 0
-
-
-def _maybe_gunzip(stream: IO[bytes]) -> IO[bytes]:
-    """A gzip-compressed trace (magic bytes 1f 8b) is decompressed on the fly."""
-    buffered: Any = stream if isinstance(stream, io.BufferedReader) else io.BufferedReader(stream)
-    if buffered.peek(2)[:2] == b"\x1f\x8b":
-        return cast(IO[bytes], gzip.GzipFile(fileobj=buffered, mode="rb"))
-    return cast(IO[bytes], buffered)

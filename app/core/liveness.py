@@ -1,0 +1,193 @@
+"""Liveness of a model's pairs: who is gone, who restarted, whether the telemetry is lost.
+
+Owns :class:`Liveness`, the per-model record of each pair's last sign of life (a sample or
+a heartbeat, event time), and :func:`step`, run once per tick before any rule:
+
+* restart — a routed pair whose stage-1 summary shows a new process ``instance`` or signs
+  of life resuming after a gap (``WindowSummary.instance_ts``/``resumed_ts``) warms up
+  again from then (``restarted``); so does a retired pair back as a new instance. When at
+  least ``load_event_fraction`` of the live pairs resume after a gap in one tick, the gap
+  was the pipeline's: only instance changes count then.
+* gone — a pair with no sign of life for ``silent_after_s`` leaves routing (``silent``);
+  it is no ejection and no peer, and counts in no guard. When it reports again it comes
+  back through warm-up (``returned``; quarantined again if it was out).
+* telemetry lost — when at least ``telemetry_loss_fraction`` of the live pairs are silent
+  at once, nobody goes (fail open) and ``telemetry_lost`` opens an episode that
+  ``telemetry_restored`` closes; a pair silent for ``forget_after_s`` goes all the same.
+* forgotten — a gone pair silent for ``forget_after_s`` is dropped (``forgotten``).
+
+Pure: time is ``now_s``; the same inputs give the same transitions. Rationale: docs/rules.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.core import health
+from app.core.config import DetectorSettings
+from app.core.health import PairState
+from app.core.types import FleetEvent, HealthState, Reason, Transition, WindowSummary
+
+_AWAY = (HealthState.GONE, HealthState.RETIRED)
+_RESTARTABLE = (HealthState.WARMING, HealthState.HEALTHY, HealthState.SUSPECT, HealthState.UNHEALTHY)
+
+
+@dataclass(slots=True)
+class Liveness:
+    """One model's liveness record (plain data: :meth:`to_dict` / :meth:`from_dict`)."""
+
+    seen: dict[str, float] = field(default_factory=dict)       # node -> last sign of life
+    gone_seen: dict[str, float] = field(default_factory=dict)  # gone node -> its seen then
+    restart_ts: dict[str, float] = field(default_factory=dict)  # node -> last restart handled
+    telemetry_lost: bool = False
+
+    def drop(self, node: str) -> None:
+        for d in (self.seen, self.gone_seen, self.restart_ts):
+            d.pop(node, None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"seen": dict(sorted(self.seen.items())), "gone_seen": dict(sorted(self.gone_seen.items())),
+                "restart_ts": dict(sorted(self.restart_ts.items())), "telemetry_lost": self.telemetry_lost}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Liveness:
+        return cls({str(k): float(v) for k, v in d["seen"].items()},
+                   {str(k): float(v) for k, v in d["gone_seen"].items()},
+                   {str(k): float(v) for k, v in d["restart_ts"].items()},
+                   bool(d["telemetry_lost"]))
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    transitions: list[Transition]
+    fleet_events: list[FleetEvent]
+    forgotten: list[str]            # pairs to drop (their transitions are in ``transitions``)
+    telemetry_lost: bool
+
+
+def step(model: str, pairs: MutableMapping[str, PairState], live: Liveness,
+         by_node: Mapping[str, WindowSummary], now_s: float, st: DetectorSettings) -> Step:
+    """Apply restarts, returns, silences and forgetting to ``pairs`` (in place)."""
+    seen = live.seen
+    for node, s in by_node.items():
+        # A summary that does not say when its series was last seen is itself the sign of life.
+        last = s.last_seen_ts if s.last_seen_ts is not None else now_s
+        if last > seen.get(node, -1.0):
+            seen[node] = last
+    transitions: list[Transition] = []
+    for node in sorted(live.gone_seen):
+        p = pairs.get(node)
+        if p is None or p.state is not HealthState.GONE:
+            del live.gone_seen[node]
+        elif seen.get(node, -1.0) > live.gone_seen[node]:
+            del live.gone_seen[node]
+            pairs[node], t = health.come_back(p, seen[node], now_s, st)
+            transitions.append(t)
+    transitions += _restarts(pairs, live, by_node, now_s, st)
+
+    events: list[FleetEvent] = []
+    forgotten: list[str] = []
+    if st.silent_after_s <= 0:
+        return Step(transitions, events, forgotten, False)
+    horizon = now_s - st.silent_after_s
+    forget = st.forget_after_s
+    present = [n for n, p in pairs.items() if p.state not in _AWAY]
+    silent = sorted(n for n in present if seen.get(n, pairs[n].since_ts) < horizon)
+    # Long silent (forget_after_s): gone whatever the others do; it proves no telemetry loss.
+    lasting = {n for n in silent if forget > 0 and seen.get(n, pairs[n].since_ts) < now_s - forget}
+    recent = len(silent) - len(lasting)
+    counted = len(present) - len(lasting)
+    # Telemetry loss needs two nodes to tell it from a death; a lone node is simply never
+    # taken out by silence (the last node of a model is never gone).
+    lost = counted >= 2 and recent > 0 and recent >= st.telemetry_loss_fraction * counted
+    if lost != live.telemetry_lost:
+        live.telemetry_lost = lost
+        events.append(FleetEvent(
+            ts=now_s, model=model, kind="telemetry_lost" if lost else "telemetry_restored",
+            abnormal_nodes=recent, judged_nodes=counted,
+            detail=(f"{recent} of {counted} nodes sent nothing for {st.silent_after_s:g} s: the telemetry "
+                    "is lost, not the nodes; routing stays as it is") if lost else None))
+    go = [n for n in silent if not lost or n in lasting]
+    if not any(pairs[n].routed for n in present if n not in set(go)):
+        # Silence never empties a routing set: the last routed nodes stay (whatever happened).
+        go = [n for n in go if not pairs[n].routed]
+    for node in go:
+        last = seen.get(node, pairs[node].since_ts)
+        pairs[node], t = health.go_silent(pairs[node], now_s, last)
+        live.gone_seen[node] = last
+        transitions.append(t)
+    if forget > 0:
+        for node in sorted(live.gone_seen):
+            last = live.gone_seen[node]
+            if last < now_s - forget:
+                p = pairs.pop(node)
+                live.drop(node)
+                forgotten.append(node)
+                transitions.append(Transition(
+                    ts=now_s, node_id=node, model=model, from_state=HealthState.GONE,
+                    to_state=HealthState.UNKNOWN, routed=False, reason=str(Reason.FORGOTTEN),
+                    hardware=p.hardware, detail=f"no sample or heartbeat for {now_s - last:.0f} s "
+                                                f"(forget_after_s={forget:g})"))
+    return Step(transitions, events, forgotten, lost)
+
+
+def _restarts(pairs: MutableMapping[str, PairState], live: Liveness,
+              by_node: Mapping[str, WindowSummary], now_s: float, st: DetectorSettings) -> list[Transition]:
+    """Routed pairs whose process restarted since the restart last handled: warming again."""
+    by_instance: dict[str, float] = {}
+    by_gap: dict[str, float] = {}
+    for node, s in by_node.items():
+        p = pairs.get(node)
+        if p is None:
+            continue
+        # A restart after the tick (a replay reads ahead to the tick's boundary) waits for its tick.
+        done = max(p.first_seen_ts, p.since_ts if p.state is HealthState.RETIRED else -1.0,
+                   live.restart_ts.get(node, -1.0))
+        if p.state is HealthState.RETIRED:
+            # A retired node back as a new process under its id (a replaced pod, a repaired
+            # host) starts over; its old process, still reporting, does not.
+            if s.instance_ts is not None and done < s.instance_ts <= now_s:
+                by_instance[node] = s.instance_ts
+            continue
+        if p.state not in _RESTARTABLE or not p.routed:
+            continue
+        if s.instance_ts is not None and done < s.instance_ts <= now_s:
+            by_instance[node] = s.instance_ts
+        if s.resumed_ts is not None and done < s.resumed_ts <= now_s:
+            by_gap[node] = s.resumed_ts
+    present = sum(1 for p in pairs.values() if p.state not in _AWAY)
+    if len(by_gap) >= 2 and len(by_gap) >= st.load_event_fraction * present:
+        for node, ts in by_gap.items():     # the pipeline's gap, not restarts: noted, not acted on
+            live.restart_ts[node] = max(ts, live.restart_ts.get(node, -1.0))
+        by_gap = {}
+    out: list[Transition] = []
+    for node in sorted(by_instance.keys() | by_gap.keys()):
+        ts = max(by_instance.get(node, -1.0), by_gap.get(node, -1.0))
+        live.restart_ts[node] = ts
+        new, t = health.restart(pairs[node], ts, now_s, st)
+        pairs[node] = new
+        out.append(t if node in by_instance else _with_detail(t, "signs of life resumed after a gap"))
+    return out
+
+
+def _with_detail(t: Transition, why: str) -> Transition:
+    return dataclasses.replace(t, detail=f"{why}; {t.detail}" if t.detail else why)
+
+
+def waiting(pairs: Mapping[str, PairState], live: Liveness, now_s: float, st: DetectorSettings) -> bool:
+    """True when some pair may still go silent or be forgotten with no new sample at all."""
+    if st.silent_after_s <= 0:
+        return False
+    for node, p in pairs.items():
+        age = now_s - live.seen.get(node, p.since_ts)
+        if age < 0:       # signs of life already read beyond now (a replay reads ahead)
+            continue
+        if p.state is HealthState.GONE:
+            if st.forget_after_s > 0 and age <= st.forget_after_s:
+                return True
+        elif p.state is not HealthState.RETIRED and age <= st.silent_after_s:
+            return True
+    return False

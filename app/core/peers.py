@@ -1,0 +1,225 @@
+"""A model's peers at one tick and the references ("norms") the rules compare against.
+
+Owns :class:`Peer` (a routed, warmed-up pair with judged data), the
+per-tick references built from the peers — :class:`Norms` (fleet and
+per-hardware-class medians of P50 and P99, the tail limit, the fleet's
+movement against its slow baseline) for window and for fresh P50s — and
+:class:`Limits`, one hardware class's references times the relative
+factors, computed once per class per tick.
+
+Guarantees: pure functions of the peers, the settings and the slow baseline
+they are given; nothing here changes state. Below ``min_peers`` peers there
+is no relative reference (``Norms.enough_peers`` is False, ``p50_ref`` and
+``p99_ref`` are None) and the tail limit is ``ratio_threshold``. A class too
+small for its own median is referenced by its slow baseline moved with the
+fleet, once that baseline has :data:`SMALL_CLASS_MIN_TICKS` ticks; until
+then it has no P50 reference.
+
+Rationale: docs/rules.md.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from app.core.config import DetectorSettings
+from app.core.health import PairState
+from app.core.types import HealthState, WindowSummary
+
+# A hardware class with fewer than min_peers peers is judged by P50 against its own baseline
+# (moved with the fleet) once that baseline has this many ticks behind it.
+SMALL_CLASS_MIN_TICKS = 4
+# The tail limit is at least this many robust standard deviations (1.4826 x MAD) of the
+# peers' log P99/P50 above their median (see tail_limit).
+TAIL_NOISE_K = 4.0
+
+
+def median(values: Sequence[float]) -> float:
+    """Median of a non-empty sequence (mean of the middle two when even)."""
+    s = sorted(values)
+    n = len(s)
+    mid = n // 2
+    return s[mid] if n % 2 else (s[mid - 1] + s[mid]) / 2.0
+
+
+def hw_class(hardware: str | None) -> str:
+    """The hardware class a pair is compared within ("" when it reports none)."""
+    return hardware if hardware is not None else ""
+
+
+class Peer(NamedTuple):
+    """A routed, warmed-up pair with judged data: its window's P50 and P99/P50.
+
+    Immutable; a ``NamedTuple`` rather than a frozen dataclass for the reason
+    :class:`~app.core.types.WindowSummary` is one: one per series per tick.
+    """
+
+    node_id: str
+    summary: WindowSummary
+    p50: float
+    ratio: float
+
+
+def peers_of(by_node: Mapping[str, WindowSummary], pairs: Mapping[str, PairState],
+             min_samples: int) -> list[Peer]:
+    """The peers among ``by_node`` (in its order): routed pairs past warm-up with at least
+    ``min_samples`` judged samples and a positive P50."""
+    out: list[Peer] = []
+    for node, s in by_node.items():
+        p = pairs[node]
+        if not p.routed or p.state is HealthState.WARMING:
+            continue
+        if s.samples >= min_samples and s.p50 is not None and s.p99 is not None and s.p50 > 0:
+            out.append(Peer(node, s, s.p50, s.p99 / s.p50))
+    return out
+
+
+def signal_of(peers: Sequence[Peer]) -> str | None:
+    return peers[0].summary.signal if peers else None
+
+
+@dataclass(frozen=True, slots=True)
+class Norms:
+    """The model's reference numbers at one tick."""
+
+    enough_peers: bool
+    fleet_p50: float | None
+    class_p50: dict[str, float]       # classes whose median is trusted
+    multi_class: bool
+    tail_limit: float                 # max(ratio_threshold, fleet_ratio_factor × median ratio)
+    fleet_p99: float | None = None
+    class_p99: dict[str, float] = field(default_factory=dict)
+    movement: float | None = None     # median of P50 / own class baseline over the peers
+    fleet_ratio: float | None = None  # the peers' median P99/P50 (with enough peers)
+
+    def p50_ref(self, hardware: str | None) -> float | None:
+        if not self.enough_peers:
+            return None
+        if self.multi_class:
+            return self.class_p50.get(hw_class(hardware))
+        return self.fleet_p50
+
+    def p99_ref(self, hardware: str | None) -> float | None:
+        if not self.enough_peers:
+            return None
+        if self.multi_class:
+            return self.class_p99.get(hw_class(hardware))
+        return self.fleet_p99
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """One hardware class's references at one tick and the relative rules' denominators
+    (the factor × the reference; 0 when there is none: the rule does not apply)."""
+
+    ref: float | None
+    d50: float
+    ref99: float | None
+    d99: float
+    fresh_ref: float | None
+    dfresh: float
+
+
+def limits(norms: Norms, fresh: Norms | None, hardware: str | None,
+           st: DetectorSettings) -> Limits:
+    ref = norms.p50_ref(hardware)
+    ref99 = norms.p99_ref(hardware)
+    fresh_ref = None if fresh is None else fresh.p50_ref(hardware)
+    f50, f99 = st.relative_p50_factor, st.relative_p99_factor
+    return Limits(ref, f50 * ref if ref is not None and ref > 0 else 0.0,
+                  ref99, f99 * ref99 if ref99 is not None and ref99 > 0 else 0.0,
+                  fresh_ref, f50 * fresh_ref if fresh_ref is not None and fresh_ref > 0 else 0.0)
+
+
+def window_norms(peers: Sequence[Peer], base_p50: Mapping[str, float],
+          base_ticks: Mapping[str, int], st: DetectorSettings) -> Norms:
+    """The window references over ``peers``; ``base_p50``/``base_ticks``: the slow baseline
+    (log P50 and ticks per class)."""
+    if len(peers) < st.min_peers:
+        return Norms(False, median([p.p50 for p in peers]) if peers else None, {}, False,
+                     st.ratio_threshold)
+    fleet_p50 = median([p.p50 for p in peers])
+    ratios = [p.ratio for p in peers]
+    classes: dict[str, list[float]] = {}
+    classes99: dict[str, list[float]] = {}
+    for p in peers:
+        c = hw_class(p.summary.hardware)
+        classes.setdefault(c, []).append(p.p50)
+        classes99.setdefault(c, []).append(p.p50 * p.ratio)
+    multi = len(classes) > 1
+    moved = movement([(p.summary, p.p50) for p in peers], base_p50, st.min_peers)
+    class_p50: dict[str, float] = {}
+    class_p99: dict[str, float] = {}
+    if multi:
+        class_p50 = class_p50_refs(classes, moved, base_p50, base_ticks, st.min_peers)
+        class_p99 = {c: median(v) for c, v in classes99.items() if len(v) >= st.min_peers}
+    return Norms(True, fleet_p50, class_p50, multi, tail_limit(ratios, st),
+                 median([p.p50 * p.ratio for p in peers]), class_p99, moved, median(ratios))
+
+
+def fresh_norms(peers: Sequence[Peer], base_p50: Mapping[str, float],
+                base_ticks: Mapping[str, int], st: DetectorSettings) -> Norms | None:
+    """The reference for fresh P50s: the same choice as for window P50s (fleet median,
+    class median, small class's moved baseline), made over the peers' fresh P50s.
+    ``None`` when fewer than ``min_peers`` peers have one. P50 references only."""
+    min_peers = st.min_peers
+    fresh = [(p.summary, p.summary.fresh_p50) for p in peers
+             if p.summary.fresh_p50 is not None and p.summary.fresh_p50 > 0]
+    if len(fresh) < min_peers:
+        return None
+    classes: dict[str, list[float]] = {}
+    for s, p50 in fresh:
+        classes.setdefault(hw_class(s.hardware), []).append(p50)
+    multi = len(classes) > 1
+    class_p50: dict[str, float] = {}
+    if multi:
+        small = any(len(v) < min_peers for v in classes.values())
+        moved = movement(fresh, base_p50, min_peers) if small else None
+        class_p50 = class_p50_refs(classes, moved, base_p50, base_ticks, min_peers)
+    return Norms(True, median([p50 for _, p50 in fresh]), class_p50, multi, math.inf)
+
+
+def movement(p50s: Sequence[tuple[WindowSummary, float]], base_p50: Mapping[str, float],
+             min_peers: int) -> float | None:
+    """Median over the peers (summary, P50) of P50 / own class baseline (None below
+    min_peers of them)."""
+    rel = [p50 / math.exp(base_p50[c]) for s, p50 in p50s
+           if (c := hw_class(s.hardware)) in base_p50]
+    return median(rel) if len(rel) >= min_peers else None
+
+
+def class_p50_refs(classes: Mapping[str, list[float]], moved: float | None,
+                   base_p50: Mapping[str, float], base_ticks: Mapping[str, int],
+                   min_peers: int) -> dict[str, float]:
+    """Per hardware class, the P50 reference of its pairs: the median of its ``classes``
+    values when it has at least ``min_peers``; else its slow baseline moved by ``moved``,
+    once that baseline has ``SMALL_CLASS_MIN_TICKS`` ticks; else none."""
+    out: dict[str, float] = {}
+    for c, v in classes.items():
+        if len(v) >= min_peers:
+            out[c] = median(v)
+        elif (moved is not None and c in base_p50
+              and base_ticks.get(c, 0) >= SMALL_CLASS_MIN_TICKS):
+            # Too few peers for a class median: the class's own slow baseline, moved
+            # as the whole fleet moved since (so a fleet-wide change cancels out).
+            out[c] = math.exp(base_p50[c]) * moved
+    return out
+
+
+def tail_limit(ratios: Sequence[float], st: DetectorSettings) -> float:
+    """The tail rule's limit on P99/P50 given the peers' ratios.
+
+    ``max(ratio_threshold, fleet_ratio_factor x median, noise limit)``; the noise limit is
+    ``median x exp(TAIL_NOISE_K x 1.4826 x MAD)`` of the log ratios: the spread the peers'
+    own windows show. The P99 of a window of a heavy-tailed workload is a noisy estimate
+    (a few requests set it); among many nodes some healthy one sits far above the median,
+    and at low rates its consecutive windows share most samples, so the excursion lasts.
+    """
+    logs = [math.log(r) for r in ratios]
+    mid = median(logs)
+    mad = median([abs(x - mid) for x in logs])
+    noise = math.exp(mid + TAIL_NOISE_K * 1.4826 * mad)
+    return max(st.ratio_threshold, st.fleet_ratio_factor * median(ratios), noise)

@@ -1,0 +1,240 @@
+"""The per-pair rules of stage 2: one window summary → one :class:`Judgement`.
+
+Owns the verdicts a pair earns against its model's references (see
+:mod:`app.core.peers`): tail (``p99_p50_ratio``), relative P50 of the window
+and of its fresh samples, relative P99, shift (``relative_p50`` on a
+heavy-tailed model), the probe round of a quarantined pair, and the error
+rate of each pair's requests since the last tick. Also the new-evidence
+fraction that keeps a tail verdict on a mostly re-seen window from advancing
+a streak, and the onset-credit and support constants the evaluator applies.
+
+Guarantees: each rule applies only when its reference exists (no peers, no
+verdict by that rule); an abnormal verdict names the most telling rule as
+its reason and carries the largest severity; a normal verdict carries a
+severity only from :data:`ONSET_CREDIT_FRACTION` of the limit up (onset
+credit). Pure: the only state touched is the per-pair counters, sample rates
+and streak clocks passed in.
+
+Rationale: docs/rules.md.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass, field
+
+from app.core import health
+from app.core.config import DetectorSettings
+from app.core.health import Evidence, Judgement, PairState, Verdict
+from app.core.peers import Limits, Norms, limits, median
+from app.core.types import HealthState, Reason, WindowSummary
+
+# Onset credit: a window whose relative severity reached this fraction of the limit counts
+# towards confirmation when the next window is abnormal.
+ONSET_CREDIT_FRACTION = 0.8
+# Tail rules (p99_p50_ratio, relative_p99) judge a routed pair only when its P99 rests on at
+# least this many samples above it: samples >= TAIL_SUPPORT / (1 - 0.99) (capped at window_size).
+TAIL_SUPPORT = 5
+# A tail verdict advances an abnormal streak only when at least this fraction of its window is
+# newer than the window that last advanced it (see new_fraction).
+NEW_EVIDENCE_FRACTION = 0.5
+
+
+def tail_support_samples(st: DetectorSettings) -> int:
+    """Judged samples a window needs before the tail rules judge it."""
+    return min(st.window_size, math.ceil(TAIL_SUPPORT / 0.01))
+
+
+def judged_since(s: WindowSummary) -> float | None:
+    """The cut-off the window store applied to this window (None: the window was not cut)."""
+    since = s.extra.get("judged_since") if s.extra else None
+    return None if since is None else float(since)
+
+
+def p50_over(s: WindowSummary, p50: float, lim: Limits) -> bool:
+    """P50 (of the window or of its fresh samples) beyond the relative limit."""
+    fresh = s.fresh_p50
+    return (lim.d50 > 0 and p50 > lim.d50) or (
+        fresh is not None and lim.dfresh > 0 and fresh > lim.dfresh)
+
+
+def judge(s: WindowSummary, p50: float, ratio: float, samples: int, norms: Norms,
+          st: DetectorSettings, p99: float | None = None, *, tail: bool = True,
+          fresh: Norms | None = None, lim: Limits | None = None) -> Judgement:
+    """One pair's verdict. ``lim``: its class's :class:`Limits` for this tick (computed
+    from ``norms``/``fresh`` when not given)."""
+    if lim is None:
+        lim = limits(norms, fresh, s.hardware, st)
+    f50, f99 = st.relative_p50_factor, st.relative_p99_factor
+    sev_tail = ratio / norms.tail_limit if tail else 0.0
+    sev_p50 = p50 / lim.d50 if lim.d50 > 0 else 0.0
+    # Fresh P50: after an onset it moves a tick before the window's P50 (whose older samples
+    # hold it back).
+    fresh_p50 = s.fresh_p50
+    sev_fresh = fresh_p50 / lim.dfresh if fresh_p50 is not None and lim.dfresh > 0 else 0.0
+    # Relative tail: catches a degrading node while its window still mixes old and new
+    # samples, on signals whose healthy spread is far below ratio_threshold (TPOT).
+    sev_p99 = p50 * ratio / lim.d99 if tail and lim.d99 > 0 else 0.0
+    # Shift: request sizes dilute a per-token slowdown in raw latency; three statistics
+    # agreeing is not noise.
+    sev_shift = 0.0
+    if (st.shift_factor and tail and sev_p50 and sev_p99 and norms.fleet_ratio is not None
+            and norms.fleet_ratio > st.ratio_threshold):
+        # Each statistic as a multiple of its reference (severity × its factor).
+        over = ((sev_p50 * f50, sev_p99 * f99, sev_fresh * f50) if sev_fresh
+                else (sev_p50 * f50, sev_p99 * f99))
+        sev_shift = min(over) / st.shift_factor
+    if (sev_tail <= 1.0 and sev_p50 <= 1.0 and sev_p99 <= 1.0 and sev_fresh <= 1.0
+            and sev_shift <= 1.0):
+        rel = max(sev_p50, sev_p99, sev_fresh, sev_shift)
+        if rel < ONSET_CREDIT_FRACTION:
+            return health.NORMAL
+        return Judgement(Verdict.NORMAL, str(Reason.NORMAL), severity=rel)
+    ref = lim.ref
+    ev = Evidence(signal=s.signal, p50=p50, p99=p99 if p99 is not None else s.p99, ratio=ratio,
+                  samples=samples, peers_p50=ref, latency_p50_us=s.latency_p50_us,
+                  latency_p99_us=s.latency_p99_us, hardware=s.hardware,
+                  fresh_p50=fresh_p50 if sev_fresh else None,
+                  peers_fresh_p50=lim.fresh_ref if sev_fresh else None)
+    # The reason names the most telling rule (a whole-node slowdown is relative_p50 even
+    # though its P99 moved as much); the severity that orders ejections is the largest.
+    sev = max(sev_tail, sev_p50, sev_p99, sev_fresh, sev_shift)
+    if sev_tail > 1.0 and sev_tail >= max(sev_p50, sev_fresh):
+        return Judgement(Verdict.ABNORMAL, str(Reason.P99_P50_RATIO), ev, sev,
+                         f"p99/p50 {ratio:.2f} > limit {norms.tail_limit:.2f}")
+    if sev_p50 > 1.0:
+        return Judgement(Verdict.ABNORMAL, str(Reason.RELATIVE_P50), ev, sev,
+                         f"p50 {p50:.1f} > {f50:g} x peers' {ref:.1f}")
+    if sev_fresh > 1.0:
+        return Judgement(Verdict.ABNORMAL, str(Reason.RELATIVE_P50), ev, sev,
+                         f"p50 of the last {st.tick_interval_s:g} s {fresh_p50:.1f} "
+                         f"({s.fresh_samples} samples) > {f50:g} x peers' "
+                         f"{lim.fresh_ref:.1f}")
+    if sev_p99 > 1.0:
+        return Judgement(Verdict.ABNORMAL, str(Reason.RELATIVE_P99), ev, sev,
+                         f"p99 {p50 * ratio:.1f} > {f99:g} x peers' {lim.ref99:.1f}")
+    fresh_part = (f", p50 of the last {st.tick_interval_s:g} s {fresh_p50:.1f}"
+                  if sev_fresh and fresh_p50 is not None else "")
+    return Judgement(Verdict.ABNORMAL, str(Reason.RELATIVE_P50), ev, sev,
+                     f"p50 {p50:.1f}, p99 {p50 * ratio:.1f}{fresh_part} all > "
+                     f"{st.shift_factor:g} x peers' on a heavy-tailed model (peers' "
+                     f"p99/p50 {norms.fleet_ratio:.1f} > {st.ratio_threshold:g})")
+
+
+def judge_probe(s: WindowSummary, norms: Norms, st: DetectorSettings) -> Judgement:
+    """A quarantined pair's probe round: its samples since the round began, by the same
+    rules against the current peers (no verdict below ``probe_min_samples``)."""
+    need = st.probe_min_samples
+    if s.samples >= need and s.p50 is not None and s.p99 is not None and s.p50 > 0:
+        p50, p99, n = s.p50, s.p99, s.samples
+    elif (judged_since(s) is None and s.probe_samples >= need
+          and s.probe_p50 is not None and s.probe_p99 is not None and s.probe_p50 > 0):
+        # Only for a window cut by no one (stage 1 did not know the round yet): a cut
+        # window's judged samples already hold every probe since the round began, while
+        # probe_* span the whole age bound — probes from before the round (from while the
+        # node was still slow) would fail a round that has no sample of its own yet.
+        p50, p99, n = s.probe_p50, s.probe_p99, s.probe_samples
+    else:
+        return health.NO_VERDICT
+    j = judge(s, p50, p99 / p50, n, norms, st, p99)
+    if j.verdict is Verdict.NORMAL:
+        ev = Evidence(signal=s.signal, p50=p50, p99=p99, ratio=p99 / p50, samples=n,
+                      peers_p50=norms.p50_ref(s.hardware), latency_p50_us=s.latency_p50_us,
+                      latency_p99_us=s.latency_p99_us, hardware=s.hardware)
+        return Judgement(Verdict.NORMAL, str(Reason.NORMAL), ev)
+    return j
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorReport:
+    """The error-rate rule at one tick: abnormal verdicts (reason ``error_rate``) by node,
+    and over the routed, warmed-up pairs with a share this tick: how many are past
+    ``max_error_share``, how many there are, and their median share (None below
+    ``min_peers`` of them)."""
+
+    judgements: dict[str, Judgement] = field(default_factory=dict)
+    failing: int = 0
+    counted: int = 0
+    ref: float | None = None
+
+
+def error_judgements(counts: MutableMapping[str, tuple[int, int]],
+                     by_node: Mapping[str, WindowSummary], pairs: Mapping[str, PairState],
+                     st: DetectorSettings) -> ErrorReport:
+    """The error-rate rule on the failed requests since the last tick; ``counts`` (stage 1's
+    cumulative (requests, failed) per pair) is updated for the next one."""
+    shares: dict[str, tuple[float, int, int]] = {}     # node -> share, requests, failed
+    for node, s in by_node.items():
+        cur = (s.requests_total, s.failed_total)
+        prev = counts.get(node)
+        counts[node] = cur
+        if prev is None:
+            continue
+        n, failed = cur[0] - prev[0], cur[1] - prev[1]
+        # Fewer than min_samples requests, or counters that went back (a new stage 1).
+        if n >= st.min_samples and 0 <= failed <= n:
+            shares[node] = (failed / n, n, failed)
+    limit = st.max_error_share
+    if limit <= 0:
+        return ErrorReport()
+    peers = [sh for node, (sh, _, _) in shares.items()
+             if (p := pairs.get(node)) is not None and p.routed
+             and p.state is not HealthState.WARMING]
+    ref = median(peers) if len(peers) >= st.min_peers else None
+    failing = sum(1 for sh in peers if sh > limit)
+    factor = st.error_share_peer_factor
+    out: dict[str, Judgement] = {}
+    for node, (share, n, failed) in shares.items():
+        if share <= limit or (ref is not None and share <= factor * ref):
+            continue
+        s = by_node[node]
+        ratio = s.p99 / s.p50 if s.p50 and s.p99 is not None else None
+        ev = Evidence(signal=s.signal, p50=s.p50, p99=s.p99, ratio=ratio, samples=s.samples,
+                      latency_p50_us=s.latency_p50_us, latency_p99_us=s.latency_p99_us,
+                      hardware=s.hardware)
+        peers_part = "" if ref is None else f" and > {factor:g} x peers' {ref:.1%}"
+        out[node] = Judgement(Verdict.ABNORMAL, str(Reason.ERROR_RATE), ev, share / limit,
+                              f"{failed} of {n} requests since the last tick failed "
+                              f"({share:.1%} > {limit:.0%}{peers_part})")
+    return ErrorReport(out, failing, len(peers), ref)
+
+
+def new_fraction(rate_per_s: MutableMapping[str, float], advanced_ts: Mapping[str, float],
+                 node: str, s: WindowSummary, now_s: float, st: DetectorSettings) -> float:
+    """The fraction of this window's judged samples newer than the window that last
+    advanced the pair's abnormal streak (1.0 when none did); records the pair's sample rate
+    in ``rate_per_s``.
+
+    The window holds the newest ``window_size`` judged samples no older than its time bound
+    ``lo`` (age bound, cut-off, first sample): it spans ``min(now_s - lo, window_size /
+    rate)``. The rate is at least ``samples / (now_s - lo)``, exactly that when the window
+    is at most half full; fuller (maybe full), the highest rate measured since is kept. A
+    rate that falls while windows stay over half full is over-estimated: more of the window
+    counts as new (the check loosens, never delays more). Arrivals are taken as even.
+    """
+    lo = now_s - st.max_sample_age_s       # the latest of: age bound, cut-off, first sample
+    since = judged_since(s)
+    if since is not None and since > lo:
+        lo = since
+    first = s.first_seen_ts
+    if first is not None and first > lo:
+        lo = first
+    bound_s = now_s - lo
+    samples = s.samples
+    if bound_s <= 0 or samples <= 0:
+        return 1.0
+    rate = samples / bound_s               # at least: every judged sample is within the bound
+    window = st.window_size
+    if 2 * samples > window:
+        # Maybe full (a full ring can count fewer judged samples: failed, probes): the rate
+        # is at least this; keep the higher rate measured before.
+        before = rate_per_s.get(node, 0.0)
+        if before > rate:
+            rate = before
+    rate_per_s[node] = rate
+    last = advanced_ts.get(node)
+    if last is None:
+        return 1.0
+    span_s = min(bound_s, window / rate)
+    return min(1.0, (now_s - last) / span_s)

@@ -1,0 +1,79 @@
+"""The demos: a slow node drags the cluster's P99 up, tailguard takes it out, then lets it back in.
+
+``python -m app.demo`` (or ``./scripts/demo``) runs the real system on
+127.0.0.1 against the Kafka and Redis that ``scripts/up`` started, as child
+processes of its own: ``tailguard worker`` with short ticks; ``tailguard
+simulate fleet``, 8 simulated inference nodes reporting every request through
+the emitter SDK, one of which (``gpu-node-05``) serves every request 3x
+slower for a while; ``tailguard proxy``, the reference load balancer; and
+``tailguard simulate load``, open-loop traffic through the proxy measuring
+the client-side cluster P99. It shows each node's state live, then reports
+the cluster P99 in each phase and draws ``out/demo.png``.
+
+Modules, one job each: :mod:`~app.demo.plan` (the timeline and settings),
+:mod:`~app.demo.stack` (names, environment, child processes, cleanup),
+:mod:`~app.demo.observe` (the live loop over Kafka, Redis and the load
+generator's output), :mod:`~app.demo.story` (observations → phases, pure),
+:mod:`~app.demo.render` (screen and report), :mod:`~app.demo.plot` (PNG),
+``__main__`` (the command line). :mod:`~app.demo.minimal` is the Kafka-free
+demo: the pure detector over generated events, routing sets in Redis
+(``python -m app.demo.minimal``).
+"""
+
+from app.demo.observe import HealthFeed, observe, run_story
+from app.demo.plan import DEMO_PLAN, MODEL, ROOT, RUN_PREFIX, TEST_PLAN, DemoError, Plan, settings_lines
+from app.demo.plot import plot
+from app.demo.render import Screen, compact_line, render_report, render_table
+from app.demo.stack import Child, RunNames, Stack, child_env, running_stack
+from app.demo.story import (
+    HealthChange,
+    Interval,
+    NodeView,
+    Observations,
+    Phase,
+    Snapshot,
+    Story,
+    View,
+    analyze,
+    current_phase,
+    load_run,
+    save_run,
+    story_done,
+)
+
+__all__ = [
+    "DEMO_PLAN",
+    "MODEL",
+    "ROOT",
+    "RUN_PREFIX",
+    "TEST_PLAN",
+    "Child",
+    "DemoError",
+    "HealthChange",
+    "HealthFeed",
+    "Interval",
+    "NodeView",
+    "Observations",
+    "Phase",
+    "Plan",
+    "RunNames",
+    "Screen",
+    "Snapshot",
+    "Stack",
+    "Story",
+    "View",
+    "analyze",
+    "child_env",
+    "compact_line",
+    "current_phase",
+    "load_run",
+    "observe",
+    "plot",
+    "render_report",
+    "render_table",
+    "run_story",
+    "running_stack",
+    "save_run",
+    "settings_lines",
+    "story_done",
+]

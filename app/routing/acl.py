@@ -1,0 +1,40 @@
+"""The minimal Redis ACL of tailguard: which keys, channel and commands it needs.
+
+:func:`acl_rules` returns the rules of an ACL user (``ACL SETUSER <name> on
+>password <rules>``) for a key prefix. ``role="worker"`` is what the worker
+(the routing writer, :mod:`app.routing.writer`) needs; ``role="reader"`` what
+load balancers, ``tailguard proxy``/``probe``/``haproxy-sync`` and
+``tailguard status`` need (:mod:`app.routing.reader`, :mod:`app.routing.status`).
+
+Commands called inside the writer's Lua script are checked against the ACL
+too, so they are listed. ``hello`` is for RESP3 clients; ``client|setinfo``
+(Redis 7.2+, sent by redis-py on connect) may be added, but redis-py ignores
+its refusal. ``scripts/redis`` creates user ``tailguard`` with the worker rules
+for prefix ``tailguard`` (tests/unit/test_redis_acl.py checks they agree), and
+the integration tests run the worker and the proxy as users with exactly
+these rules, so a missing permission fails CI.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from app.routing.keys import Keys
+
+# PING at start (app.security.check_redis); HELLO for RESP3 clients.
+_CONNECTION = ("ping", "hello")
+# The routing reader: polls versions, loads a model in MULTI/EXEC, follows the channel.
+READER_COMMANDS = (
+    *_CONNECTION, "get", "smembers", "zrange", "hgetall", "multi", "exec", "discard", "subscribe", "unsubscribe")
+# The routing writer: EVALSHA of the apply script (SCRIPT LOAD after NOSCRIPT) and what the script calls.
+WORKER_COMMANDS = (
+    *READER_COMMANDS, "evalsha", "eval", "script|load", "exists", "scard", "sismember", "sadd",
+    "zcard", "zscore", "zadd", "hset", "set", "incr", "del", "time", "publish")
+
+
+def acl_rules(prefix: str, role: Literal["worker", "reader"] = "worker") -> str:
+    """The ACL rules (no user name, no password) for ``prefix``: keys ``prefix:*``, its channel."""
+    keys = Keys(prefix)
+    commands = WORKER_COMMANDS if role == "worker" else READER_COMMANDS
+    return " ".join([f"~{prefix}:*", "resetchannels", f"&{keys.channel}", "-@all",
+                     *(f"+{c}" for c in commands)])
