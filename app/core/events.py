@@ -59,6 +59,7 @@ import dataclasses
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any, Final, TypeAlias
 
 import numpy as np
@@ -96,6 +97,7 @@ REASONS: Final = (
 )
 
 _INF: Final = math.inf
+_chain: Final = chain.from_iterable
 _NAN: Final = math.nan
 
 
@@ -445,7 +447,7 @@ def _checked(node: str, model: str, hw: str | None, ok: bool, probe: bool, ts: F
     """
     if sizes is None and first is None and n_total == ts.shape[0] and ts.shape[0] \
             and lat.min() > 0 and lat.max() <= max_lat and ts.min() >= 0 \
-            and ts.max() <= fut_limit and ts.max() < _INF:
+            and (ts_hi := ts.max()) <= fut_limit and ts_hi < _INF:
         # Every sample good (NaN fails a comparison): no masks needed.
         n = ts.shape[0]
         return SampleBatch(node, model, hw, np.ascontiguousarray(ts), np.ascontiguousarray(lat),
@@ -487,7 +489,7 @@ def _checked(node: str, model: str, hw: str | None, ok: bool, probe: bool, ts: F
 def _typed_batch(raw: bytes, fut_limit: float, max_lat: float,
                  now_s: float | None) -> SampleBatch | None:
     """A JSON batch by msgspec (module docstring); None when the general path must decide."""
-    for dec in _TYPED_BATCH:
+    for plain, dec in enumerate(_TYPED_BATCH, 1):    # Plain first, then Sized
         try:
             b = dec(raw)
         except _TYPED_ERRORS:
@@ -498,7 +500,10 @@ def _typed_batch(raw: bytes, fut_limit: float, max_lat: float,
                 and (b.instance is None or len(b.instance) <= MAX_NAME_CHARS)
                 and 0 < len(samples) <= MAX_BATCH_SAMPLES):
             return None
-        arr = np.array(samples, dtype=np.float64).T
+        if plain == 1:    # [ts, latency_us] pairs of floats: 3-4x faster than np.array
+            arr = np.fromiter(_chain(samples), np.float64, 2 * len(samples)).reshape(-1, 2).T
+        else:             # five fields, None for a missing one (NaN in the array)
+            arr = np.array(samples, dtype=np.float64).T
         try:
             return _checked(node, model, hw, b.ok, b.probe, arr[0], arr[1],
                             (arr[2], arr[3], arr[4]) if arr.shape[0] == 5 else None,
