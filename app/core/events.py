@@ -218,6 +218,9 @@ class SampleBatch:
     ttft_us: FloatArray | None = None
     rejected: int = 0
     instance: str | None = None
+    #: Sample counts of the messages this batch joins, in order (empty: one message). A
+    #: window store counts signs of life per message (``WindowStore.observe``).
+    parts: tuple[int, ...] = ()
 
     def __len__(self) -> int:
         return int(self.ts.shape[0])
@@ -657,10 +660,13 @@ class Accumulator:
     ``drain()`` returns everything added since the last drain. Per
     (node_id, model, hardware), the drained events keep arrival order; the
     order *between* series is not kept (it does not matter to a window).
+    Consecutive batch messages of one series and process come out as one
+    batch (samples concatenated in order, message sizes in
+    :attr:`SampleBatch.parts`), so a poll costs one window update per series.
     """
 
     __slots__ = ("_fut_limit", "_groups", "_max_lat", "_now_s", "_out", "_pending", "_plain",
-                 "_settings", "_skew_s")
+                 "_runs", "_settings", "_skew_s")
 
     def __init__(self, *, now_s: float | None = None,
                  settings: DetectorSettings = DEFAULT_SETTINGS) -> None:
@@ -674,7 +680,9 @@ class Accumulator:
         # (cheaper to gather and to turn into arrays). A key is in at most one of the two.
         self._groups: dict[_Group, list[_Row]] = {}
         self._plain: dict[_Group, tuple[list[float], list[float]]] = {}
-        self._out: list[Event] = []
+        # Drained in this order; a list is a run of consecutive batches of one key.
+        self._out: list[Event | list[SampleBatch]] = []
+        self._runs: dict[_Group, list[SampleBatch]] = {}
         self._pending = 0
 
     def __len__(self) -> int:
@@ -768,16 +776,50 @@ class Accumulator:
             self._out.append(_build(key, pending))
         elif plain is not None:
             self._out.append(_build_plain(key, plain))
-        self._out.append(ev)
         self._pending += 1
-        return ev.ts if isinstance(ev, Heartbeat) else float(ev.ts.max())
+        if pending is not None or plain is not None or isinstance(ev, Heartbeat):
+            self._runs.pop(key, None)
+        if isinstance(ev, Heartbeat):
+            self._out.append(ev)
+            return ev.ts
+        run = self._runs.get(key)
+        if run is None:
+            run = self._runs[key] = [ev]
+            self._out.append(run)
+        else:
+            run.append(ev)
+        return float(ev.ts.max())
 
     def drain(self) -> list[Event]:
-        out = self._out
+        out: list[Event] = [_concat(x) if type(x) is list else x  # type: ignore[misc]
+                            for x in self._out]
         out.extend(_build(key, rows) for key, rows in self._groups.items())
         out.extend(_build_plain(key, p) for key, p in self._plain.items())
-        self._out, self._groups, self._plain, self._pending = [], {}, {}, 0
+        self._out, self._groups, self._plain, self._runs, self._pending = [], {}, {}, {}, 0
         return out
+
+
+def _concat(run: list[SampleBatch]) -> SampleBatch:
+    """One batch of a key's consecutive batches: samples in order, message sizes in ``parts``."""
+    if len(run) == 1:
+        return run[0]
+    first = run[0]
+
+    def sizes(get: Callable[[SampleBatch], FloatArray | None]) -> FloatArray | None:
+        cols = [get(b) for b in run]
+        if all(c is None for c in cols):
+            return None
+        return np.concatenate([np.full(len(b), _NAN) if c is None else c
+                               for b, c in zip(run, cols, strict=True)])
+
+    return SampleBatch(
+        first.node_id, first.model, first.hardware,
+        np.concatenate([b.ts for b in run]), np.concatenate([b.latency_us for b in run]),
+        np.concatenate([b.ok for b in run]), np.concatenate([b.probe for b in run]),
+        sizes(lambda b: b.input_tokens), sizes(lambda b: b.output_tokens),
+        sizes(lambda b: b.ttft_us), rejected=sum(b.rejected for b in run),
+        instance=first.instance,
+        parts=tuple(k for b in run for k in (b.parts or (len(b),))))
 
 
 def _build_plain(group: _Group, plain: tuple[list[float], list[float]]) -> SampleBatch:

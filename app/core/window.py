@@ -468,7 +468,16 @@ class WindowStore:
             t_lo = t_hi = float(ts[0])
         else:
             t_lo, t_hi = float(ts.min()), float(ts.max())
-        s.seen(t_lo, t_hi, batch.instance, self.settings.restart_gap_s, n, ts)
+        if batch.parts:     # several messages: signs of life are counted per message
+            lo = 0
+            for k in batch.parts:
+                part = ts[lo:lo + k]
+                p_lo, p_hi = (float(part.min()), float(part.max())) if k > 1 else (
+                    float(part[0]), float(part[0]))
+                s.seen(p_lo, p_hi, batch.instance, self.settings.restart_gap_s, k, part)
+                lo += k
+        else:
+            s.seen(t_lo, t_hi, batch.instance, self.settings.restart_gap_s, n, ts)
         s.requests += n
         ok = batch.ok
         lat = batch.latency_us

@@ -241,3 +241,60 @@ def test_the_typed_single_path_gives_what_the_general_path_gives(
     fast = _acc_outcome(lines)
     monkeypatch.setattr(events, "_TYPED_SINGLE", None)
     assert fast == _acc_outcome(lines)
+
+
+def test_consecutive_batches_of_a_series_come_out_as_one_with_their_message_sizes() -> None:
+    acc = Accumulator(now_s=T + 10)
+    acc.add(_bin())
+    acc.add(orjson.dumps({"node_id": "n", "model": "m", "samples": [[T + 2, 7], [T, -1]]}))
+    acc.add(binary.encode("n", "m", None, np.array([T + 3]), np.array([8.0]),
+                          output_tokens=np.array([4.0])))
+    acc.add(binary.encode("other", "m", None, np.array([T]), np.array([1.0])))
+    acc.add(binary.encode("n", "m", None, np.array([T + 3]), np.array([9.0]), instance="new"))
+    acc.add(orjson.dumps({"type": "heartbeat", "node_id": "n", "model": "m", "ts": T + 4}))
+    acc.add(_bin(probe=True))
+    out = acc.drain()
+    got = [(type(e).__name__, e.node_id, e.instance,
+            e.ts.tolist() if isinstance(e, SampleBatch) else e.ts) for e in out]
+    assert got == [("SampleBatch", "n", None, [T, T + 1, T + 2, T + 3]),
+                   ("SampleBatch", "other", None, [T]), ("SampleBatch", "n", "new", [T + 3]),
+                   ("Heartbeat", "n", None, T + 4), ("SampleBatch", "n", None, [T, T + 1])]
+    merged = out[0]
+    assert isinstance(merged, SampleBatch) and merged.parts == (2, 1, 1)
+    assert merged.latency_us.tolist() == [5.0, 6.0, 7.0, 8.0] and merged.rejected == 1
+    assert merged.output_tokens is not None and merged.output_tokens.tolist()[3] == 4.0
+    assert all(math.isnan(v) for v in merged.output_tokens.tolist()[:3])
+    assert merged.input_tokens is None and not merged.probe.any()
+    assert isinstance(out[4], SampleBatch) and out[4].probe.all() and out[4].parts == ()
+
+
+def test_a_joined_batch_leaves_the_window_store_as_its_messages_one_by_one() -> None:
+    from app.core.config import DetectorSettings
+    from app.core.window import WindowStore
+
+    settings = DetectorSettings(restart_gap_s=5.0, window_size=100, min_samples=1)
+    rng = np.random.default_rng(3)
+    messages = []
+    t = T
+    for i in range(40):          # steady traffic, a long gap, traffic again: a restart
+        t += 60.0 if i == 25 else 0.5
+        n = int(rng.integers(1, 8))
+        ok = bool(i % 7)
+        messages.append(binary.encode("n", "m", "A100", t + np.arange(n) * 0.01,
+                                      rng.lognormal(8, 0.3, n), ok=ok, instance="p1"))
+    one, joined = WindowStore(settings), WindowStore(settings)
+    for raw in messages:
+        ev = decode(raw)
+        assert isinstance(ev, SampleBatch)
+        one.observe(ev)
+    acc = Accumulator()
+    for raw in messages:
+        acc.add(raw)
+    drained = acc.drain()
+    assert len(drained) < len(messages)
+    for ev in drained:
+        assert isinstance(ev, SampleBatch)
+        joined.observe(ev)
+    assert joined.snapshot() == one.snapshot()
+    assert joined.summaries(t + 1) == one.summaries(t + 1)
+    assert one.summaries(t + 1)[0].resumed_ts is not None
