@@ -201,7 +201,7 @@ class FleetEvaluator:
         update_baseline(ms, peers, now_s, st)
         fleet_events = live.fleet_events + [e for e in (load_ev, storm_ev, shift_ev) if e is not None]
 
-        self._judge_probes(ms, by_node, norms, errors, now_s, verdicts.judgements, own_p50)
+        self._judge_probes(ms, by_node, norms, errors, now_s, verdicts.judgements, own_p50, signal)
         candidates = self._step_pairs(ms, verdicts.judgements, now_s, transitions)
         diagnostics: list[DiagnosticsRequest] = []
         if not load and not live.telemetry_lost and candidates:
@@ -300,15 +300,17 @@ class FleetEvaluator:
 
     def _judge_probes(self, ms: ModelState, by_node: dict[str, WindowSummary], norms: Norms,
                       errors: ErrorReport, now_s: float, judgements: dict[str, Judgement],
-                      own_p50: Mapping[str, float] | None) -> None:
+                      own_p50: Mapping[str, float] | None, signal: str | None) -> None:
         """Quarantined pairs whose back-off has passed: judge the probe round (below
-        min_peers, also against the pair's own history)."""
+        min_peers, also against the pair's own history; in the peers' units only)."""
         st = self.settings
         for node, p in ms.pairs.items():
             if p.state is HealthState.QUARANTINED and (p.probe_after_ts is None
                                                        or now_s >= p.probe_after_ts):
                 qs = by_node.get(node)
                 if qs is None:
+                    continue
+                if signal is not None and qs.signal != signal and node not in errors.judgements:
                     continue
                 j = errors.judgements.get(node) or judge_probe(qs, norms, st)
                 ev = j.evidence

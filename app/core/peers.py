@@ -66,14 +66,27 @@ class Peer(NamedTuple):
 def peers_of(by_node: Mapping[str, WindowSummary], pairs: Mapping[str, PairState],
              min_samples: int) -> list[Peer]:
     """The peers among ``by_node`` (in its order): routed pairs past warm-up with at least
-    ``min_samples`` judged samples and a positive P50."""
+    ``min_samples`` judged samples and a positive P50, all in one signal's units.
+
+    Stage-1 workers choose the signal per model from the series they hold; when their
+    choices differ (several workers, a fleet half of which sends token counts), the peers
+    are the summaries of the signal most of them carry (ties: the most judged samples,
+    then the name): a node is never compared with peers in other units, and one in a
+    minority signal is not judged by the relative rules that tick."""
     out: list[Peer] = []
+    signals: dict[str, list[int]] = {}
     for node, s in by_node.items():
         p = pairs[node]
         if not p.routed or p.state is HealthState.WARMING:
             continue
         if s.samples >= min_samples and s.p50 is not None and s.p99 is not None and s.p50 > 0:
             out.append(Peer(node, s, s.p50, s.p99 / s.p50))
+            tally = signals.setdefault(s.signal, [0, 0])
+            tally[0] += 1
+            tally[1] += s.samples
+    if len(signals) > 1:
+        chosen = max(sorted(signals), key=lambda k: (signals[k][0], signals[k][1]))
+        out = [p for p in out if p.summary.signal == chosen]
     return out
 
 
