@@ -44,10 +44,12 @@ from app.core.peers import (
     window_norms,
 )
 from app.core.rules import (
+    FRESH_TAIL_MARGIN,
     NEW_EVIDENCE_FRACTION,
     ErrorReport,
     error_judgements,
     judge,
+    judge_fresh_tail,
     judge_probe,
     new_fraction,
     p50_over,
@@ -155,6 +157,11 @@ class FleetEvaluator:
                 return True
         return False
 
+    def tail_refs(self) -> dict[str, float]:
+        """``{model: threshold}``: stage 1 counts each series' fresh samples above it
+        (``WindowSummary.fresh_over``, judged by :func:`app.core.rules.judge_fresh_tail`)."""
+        return {m: ms.tail_ref for m, ms in self._models.items() if ms.tail_ref is not None}
+
     def judge_since_all(self, now_s: float) -> dict[tuple[str, str], float]:
         out: dict[tuple[str, str], float] = {}
         for m in self._models:
@@ -199,6 +206,9 @@ class FleetEvaluator:
         shift_ev = baseline_shift(model, ms, peers, now_s, verdicts.abnormal, norms.fleet_p50,
                                   norms.movement)
         update_baseline(ms, peers, now_s, st)
+        # Next tick's threshold for stage 1's fresh-tail count (one class: its fleet P99).
+        ms.tail_ref = (norms.fleet_p99 * FRESH_TAIL_MARGIN
+                       if norms.enough_peers and not norms.multi_class and norms.fleet_p99 else None)
         fleet_events = live.fleet_events + [e for e in (load_ev, storm_ev, shift_ev) if e is not None]
 
         self._judge_probes(ms, by_node, norms, errors, now_s, verdicts.judgements, own_p50, signal)
@@ -247,6 +257,9 @@ class FleetEvaluator:
                       fresh=fresh, lim=lim)
             if own_p50 is not None and j.verdict is not Verdict.ABNORMAL:
                 j = judge_own(ms.own, s, p50, ratio, own_p50, st.relative_p50_factor) or j
+            fresh_tail = judge_fresh_tail(s, st) if s.fresh_over else None
+            if fresh_tail is not None and j.verdict is not Verdict.ABNORMAL:
+                j = fresh_tail
             fraction = new_fraction(ms.rate_per_s, ms.advanced_ts, node, s, now_s, st)
             if j.verdict is not Verdict.ABNORMAL and node in errors.judgements:
                 j = errors.judgements[node]   # failed requests since the last tick: new each tick
@@ -254,7 +267,9 @@ class FleetEvaluator:
             if j.verdict is Verdict.ABNORMAL:
                 out.abnormal += 1
                 if j.reason != Reason.ERROR_RATE:
-                    j = self._hold_or_credit(j, p, own_p50 is not None or p50_over(s, p50, lim),
+                    # Fresh-sample and own-history verdicts are new evidence each tick: no hold.
+                    fresh_evidence = own_p50 is not None or fresh_tail is not None
+                    j = self._hold_or_credit(j, p, fresh_evidence or p50_over(s, p50, lim),
                                              fraction, node in ms.advanced_ts,
                                              was_elevated.get(node) if credit else None)
                 out.judgements[node] = j

@@ -91,6 +91,9 @@ SNAPSHOT_VERSION: Final = 1
 _QS: Final = (0.5, 0.99)
 #: Samples per series in a cluster pool or digest (``model_pools``' thinning).
 POOL_SAMPLES_PER_SERIES: Final = 128
+# Fresh samples above the model's tail threshold are counted for series with at most this many
+# fresh samples in a tick (low rates; faster series have the window rules in time).
+FRESH_TAIL_MAX_SAMPLES: Final = 600
 # Signs of life (samples, heartbeats) within restart_gap_s after a gap that confirm a restart.
 RESTART_CONFIRM_SIGNS: Final = 10
 _Q50: Final = (0.5,)
@@ -536,7 +539,8 @@ class WindowStore:
     def summaries(self, now_s: float,
                   judge_since: Mapping[SeriesKey, float] | None = None,
                   *, out_of_fit: Collection[SeriesKey] = (),
-                  digests: bool = False) -> list[WindowSummary]:
+                  digests: bool = False,
+                  tail_refs: Mapping[str, float] | None = None) -> list[WindowSummary]:
         """One summary per known series at event time ``now_s`` (module docstring).
 
         ``judge_since``: ``{key: since_ts}`` cut-offs of judged samples;
@@ -544,6 +548,8 @@ class WindowStore:
 
         ``digests=True`` adds ``extra["digest"]``: a t-digest dict of the judged
         raw latency, mergeable across nodes (opt-in: ~75 µs per series).
+        ``tail_refs``: ``{model: threshold}`` in the model's signal units; series with at most
+        ``FRESH_TAIL_MAX_SAMPLES`` fresh samples get ``fresh_over`` counted against it.
         """
         age_lo = now_s - self.settings.max_sample_age_s
         fresh_lo = now_s - self.settings.tick_interval_s
@@ -581,8 +587,14 @@ class WindowStore:
                 inout_m += np.bincount(m, j_inout[used].sum(axis=1), minlength=nm)
         plans = self._plans(chunks, states, judged_m, tpot_m, out_m, inout_m, unfit_by_chunk)
         results: list[WindowSummary] = []
+        refs = np.full(max(1, nm), np.nan)
+        for name, ref in (tail_refs or {}).items():
+            i = self._models.get(name)
+            if i is not None:
+                refs[i] = ref
         for ch, st in zip(chunks, states, strict=True):
-            results.extend(self._chunk_summaries(ch, st, plans, now_s, age_lo, fresh_lo, digests))
+            results.extend(self._chunk_summaries(ch, st, plans, now_s, age_lo, fresh_lo, digests,
+                                                 refs))
         for s in self._series.values():
             if s.chunk is None:
                 results.append(WindowSummary(
@@ -734,7 +746,8 @@ class WindowStore:
         return vals
 
     def _chunk_summaries(self, ch: _Chunk, st: _Pass1, plans: list[_ModelPlan], now_s: float,
-                         age_lo: float, fresh_lo: float, digests: bool) -> list[WindowSummary]:
+                         age_lo: float, fresh_lo: float, digests: bool,
+                         refs: F64) -> list[WindowSummary]:
         min_fresh = self.settings.min_samples
         used_mask = ch.midx >= 0
         used = np.flatnonzero(used_mask)
@@ -746,6 +759,8 @@ class WindowStore:
         n_probe = np.zeros(ch.rows, dtype=np.int64)
         n_fresh = np.zeros(ch.rows, dtype=np.int64)
         q_fresh = np.full(ch.rows, np.nan)
+        n_over = np.full(ch.rows, -1, dtype=np.int64)
+        thr = refs[np.maximum(ch.midx, 0)]
         probe_q: dict[int, list[float]] = {}
         fast_mask = st.clean & (rows_code == 0) & (not ch.sized)
         fast = np.flatnonzero(fast_mask)
@@ -758,8 +773,10 @@ class WindowStore:
             # The kept lower bound of ts proves a ring wholly fresh; the others are counted.
             aged = fast[ch.ts_lo[fast] <= fresh_lo]
             if aged.size:
-                self._fresh_p50s(aged, _rows(ch.ts, aged) > fresh_lo, _rows(ch.lat, aged),
-                                 n_sig, min_fresh, n_fresh, q_fresh)
+                fresh_aged = _rows(ch.ts, aged) > fresh_lo
+                lat_aged = _rows(ch.lat, aged)
+                self._fresh_p50s(aged, fresh_aged, lat_aged, n_sig, min_fresh, n_fresh, q_fresh)
+                self._fresh_over(aged, fresh_aged, lat_aged, thr, n_fresh, n_over)
         slow = np.flatnonzero(used_mask & ~fast_mask)
         if slow.size:
             judged = st.judged_rows(slow)
@@ -781,6 +798,7 @@ class WindowStore:
             with np.errstate(invalid="ignore"):
                 fresh_mask = sig_mask & (_rows(ch.ts, slow) > fresh_lo)
             self._fresh_p50s(slow, fresh_mask, vals, n_sig, min_fresh, n_fresh, q_fresh)
+            self._fresh_over(slow, fresh_mask, vals, thr, n_fresh, n_over)
             probe_mask = st.probe_rows(slow)
             if valid is not None:
                 probe_mask = probe_mask & valid
@@ -793,7 +811,7 @@ class WindowStore:
         # A window whose judged samples are all fresh has its own P50 as the fresh P50.
         whole = (n_fresh == n_sig) & (n_sig >= min_fresh)
         q_fresh[whole] = q_sig[whole, 0]
-        q_fresh_l, n_fresh_l = q_fresh.tolist(), n_fresh.tolist()
+        q_fresh_l, n_fresh_l, n_over_l = q_fresh.tolist(), n_fresh.tolist(), n_over.tolist()
         q_sig_l, q_lat_l = q_sig.tolist(), q_lat.tolist()
         n_sig_l, n_judged_l, n_probe_l = n_sig.tolist(), st.n_judged.tolist(), n_probe.tolist()
         since_l = st.since_row.tolist() if st.has_since else None
@@ -827,7 +845,8 @@ class WindowStore:
                 _failed_in(s.failed, age_lo, now_s) if s.failed else 0, s.hardware,
                 s.first_seen_ts, s.last_seen_ts, n_probe_l[r], pqs[0], pqs[1], extra,
                 n_fresh_l[r], qf if qf == qf else None, s.requests, s.failures,
-                instance_ts=s.instance_ts, resumed_ts=s.resumed_ts))
+                instance_ts=s.instance_ts, resumed_ts=s.resumed_ts,
+                fresh_over=n_over_l[r] if n_over_l[r] >= 0 else None))
         return out
 
     @staticmethod
@@ -845,6 +864,20 @@ class WindowStore:
             inf_filled = np.array(_rows(vals, sel), dtype=vals.dtype, copy=True)
             np.copyto(inf_filled, vals.dtype.type(np.inf), where=~_rows(fresh, sel))
             q_fresh[rows[sel]] = row_quantiles(inf_filled, nf[sel], _Q50)[:, 0]
+
+    @staticmethod
+    def _fresh_over(rows: I64, fresh: Bools, vals: npt.NDArray[Any], thr: F64, n_fresh: I64,
+                    n_over: I64) -> None:
+        """Into ``n_over``: how many fresh samples of ``rows`` lie above their model's
+        threshold ``thr`` (by row), for rows with one and at most FRESH_TAIL_MAX_SAMPLES
+        fresh samples (a low rate: the only rows the count is kept for, and cheap)."""
+        t = thr[rows]
+        nf = n_fresh[rows]
+        sel = np.flatnonzero(~np.isnan(t) & (nf > 0) & (nf <= FRESH_TAIL_MAX_SAMPLES))
+        if sel.size:
+            with np.errstate(invalid="ignore"):
+                above = _rows(fresh, sel) & (np.abs(_rows(vals, sel)) > t[sel, None])
+            n_over[rows[sel]] = np.count_nonzero(above, axis=1)
 
     # ------------------------------------------------------------ snapshot
 
