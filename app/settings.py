@@ -51,6 +51,8 @@ class Settings:
     log_level: str = "info"
     topics: Topics = field(default_factory=Topics)
     detector: DetectorSettings = field(default_factory=DetectorSettings)
+    # observe: the rules run and publish, the routing set keeps every node (P:mode overrides it)
+    mode: str = "enforce"
 
     def __post_init__(self) -> None:
         if not self.kafka_bootstrap or not all(_is_host_port(h) for h in self.kafka_bootstrap.split(",")):
@@ -73,6 +75,9 @@ class Settings:
             if not _TOPIC_NAME.fullmatch(name) or name in (".", ".."):
                 raise SettingError(f"TAILGUARD_TOPIC_{f.name.upper()}", name,
                                    "a Kafka topic name: 1-249 of letters, digits, '.', '_', '-'")
+        if self.mode not in ("observe", "enforce"):
+            raise SettingError("TAILGUARD_MODE", self.mode,
+                               "observe (publish verdicts, route every node) or enforce")
 
 
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")

@@ -39,7 +39,7 @@ class FakeScript:
             raise self.error
         n = int(args[2])
         self.version += 1
-        self.written.append((str(args[1]), [str(a) for a in args[5:5 + n]]))
+        self.written.append((str(args[1]), [str(a) for a in args[9:9 + n]]))
         return [1, 0, self.version]
 
 
@@ -104,11 +104,13 @@ async def test_apply_sends_one_script_call_with_keys_and_sorted_args() -> None:
     assert len(script.calls) == 1
     keys, args = script.calls[0]
     assert keys == ["tg:routing:m%3A1", "tg:routing:m%3A1:version", "tg:quarantine:m%3A1",
-                    "tg:nodes:m%3A1", "tg:models"]
-    assert args[:5] == ["tg:routing:changes", "m:1", 2, 1, 2]
-    assert args[5:9] == ["a", "b", "1.5", "c"]
-    assert args[9] == "a" and json.loads(args[10])["updated"] == 5.0
-    assert args[11] == "b" and len(args) == 13
+                    "tg:nodes:m%3A1", "tg:models", "tg:routing-shadow:m%3A1",
+                    "tg:history:m%3A1", "tg:events:m%3A1"]
+    # Without extras the shadow set and the history are left alone (-1), no event is pushed.
+    assert args[:9] == ["tg:routing:changes", "m:1", 2, 1, 2, -1, -1, 0, 50]
+    assert args[9:13] == ["a", "b", "1.5", "c"]
+    assert args[13] == "a" and json.loads(args[14])["updated"] == 5.0
+    assert args[15] == "b" and len(args) == 17
     assert w.pending == frozenset() and rec.ok == [("m:1", True, 1)]
     assert w.last_results["m:1"].version == 1
 

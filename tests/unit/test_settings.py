@@ -32,6 +32,7 @@ SERVICE_VALUES: dict[str, tuple[str, Any]] = {
     "TAILGUARD_WEB_PORT": ("7066", 7066),
     "TAILGUARD_DATA_DIR": ("/var/lib/tailguard", "/var/lib/tailguard"),
     "TAILGUARD_LOG_LEVEL": ("debug", "debug"),
+    "TAILGUARD_MODE": ("observe", "observe"),
 }
 DETECTOR_TEXT: dict[str, tuple[str, Any]] = {
     "tick_interval_s": ("2.5", 2.5),
@@ -143,6 +144,7 @@ BAD: list[tuple[str, str, str]] = [
     ("TAILGUARD_METRICS_PORT", "-1", "0..65535"),
     ("TAILGUARD_WEB_PORT", "80.5", "whole number"),
     ("TAILGUARD_LOG_LEVEL", "verbose", "debug, info, warning or error"),
+    ("TAILGUARD_MODE", "shadow", "observe (publish verdicts, route every node) or enforce"),
     ("TAILGUARD_TOPIC_LATENCY_EVENTS", "", "Kafka topic name"),
     ("TAILGUARD_TOPIC_HEALTH_CHANGES", "node health", "Kafka topic name"),
     ("TAILGUARD_TOPIC_DEAD_LETTER", "x" * 250, "Kafka topic name"),
