@@ -29,7 +29,10 @@ Guarantees, per model and tick:
 * **History.** Each node's last ``history_len`` ticks — state, routed (written
   and by the rules), each rule's statistic against its limit
   (:mod:`app.streaming.tickstats`), the abnormal streak, the guards that held
-  it, the next probe time, raw P50/P99 — go to ``P:history:<m>``.
+  it, the next probe time, raw P50/P99 — go to ``P:history:<m>``. Consecutive
+  ticks in which no latency statistic of the node was judged (a quarantined node waiting for
+  its probe round) and nothing else changed share one row, the latest, so the
+  ticks that decided stay visible.
 """
 
 from __future__ import annotations
@@ -224,5 +227,17 @@ class OperatorEdge:
             q = hist.get(node)
             if q is None:
                 q = hist[node] = collections.deque(maxlen=self.history_len)
-            q.append(entry)
+            if q and _idle(entry) and _idle(q[-1]) and _same_place(entry, q[-1]):
+                q[-1] = entry   # nothing judged twice in a row: one row, so the ticks that
+            else:               # decided (before a quarantine) stay in the capped history
+                q.append(entry)
         return hist
+
+
+def _idle(entry: Mapping[str, Any]) -> bool:
+    """No latency statistic of the node itself was judged at this tick."""
+    return all(v[0] is None for k, v in entry["stats"].items() if k != "err")
+
+
+def _same_place(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    return all(a[k] == b[k] for k in ("state", "routed", "rules_routed", "guards", "mode"))

@@ -187,3 +187,18 @@ def test_override_parsing_names_what_is_wrong() -> None:
         parse_override('"n1"', '{"action": "pin"}')
     with pytest.raises(ValueError, match="until must be"):
         parse_override('["n1", "m"]', '{"action": "pin", "until": "soon"}')
+
+
+def test_ticks_with_nothing_judged_share_one_row() -> None:
+    edge = OperatorEdge(SETTINGS, history_len=3)
+    statuses = [status("a"), status("b"), status("c")]
+    judged = tuple(summ(n) for n in "abc")
+    for i in range(2):
+        edge.apply(EdgeInput(tick(statuses), (), judged), NO_OPS, 10.0 + i)
+    out = None
+    for i in range(5):   # c is not judged any more (no summary): one rolling row
+        out = edge.apply(EdgeInput(tick(statuses), (), judged[:2]), NO_OPS, 20.0 + i)
+    assert out is not None and out.extras.history is not None
+    hist = json.loads(out.extras.history["c"])
+    assert [h["ts"] for h in hist] == [10.0, 11.0, 24.0]
+    assert hist[0]["stats"]["p50"][0] == 1000.0 and hist[-1]["stats"] == {}
