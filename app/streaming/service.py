@@ -29,6 +29,8 @@ stage-2 tick               ``tick_interval_s`` after each stage-1 tick + min(T/2
 ``health`` Table           model → ``FleetEvaluator.snapshot_model``; changelog-backed
                            (``use_partitioner=True``: written from the timer), co-partitioned
                            with ``node-window-stats`` (same raw key bytes, same partitioner).
+status page                ``/tailguard/`` on faust's web server (``TAILGUARD_WEB_PORT``), from
+                           Redis (``app.streaming.page``).
 ``judge_since`` GlobalTbl  model → ``{"judge_since": {node: since_ts}, "out_of_fit": [node]}``
                            (stage2.encode_hints): from when samples of quarantined, warming
                            and re-admitted nodes count, and the nodes out of routing that
@@ -313,6 +315,10 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
 
     app.service(_Lifecycle)
     app.service(_Ingest)
+    if settings.web_port != 0:
+        from app.streaming import page
+
+        page.register(app, lambda: redis_client, settings.key_prefix, settings.mode, clock)
 
     @app.agent(stats, name="tailguard-stage2")
     async def stage2_agent(stream: Any) -> None:
