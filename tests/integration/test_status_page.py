@@ -106,7 +106,7 @@ async def test_page_shows_a_slow_node_leave_routing(kafka_bootstrap: str, redis_
         assert await asyncio.to_thread(browser.save_screenshot, str(out / "status-page.png"))
 
         # The JSON behind the page: every model of the Redis, the same routing.
-        with urllib.request.urlopen(url + "status.json", timeout=10) as resp:  # noqa: S310
+        with urllib.request.urlopen(url + "status.json", timeout=10) as resp:
             data = json.loads(resp.read())
         (model,) = data["models"]
         assert model["model"] == "llm" and set(model["routing"]) == set(NODES) - {"slow"}
