@@ -53,6 +53,8 @@ class Settings:
     detector: DetectorSettings = field(default_factory=DetectorSettings)
     # observe: the rules run and publish, the routing set keeps every node (P:mode overrides it)
     mode: str = "enforce"
+    # ticks of per-node rule statistics kept in Redis for `tailguard explain` (0: none)
+    history_ticks: int = 10
 
     def __post_init__(self) -> None:
         if not self.kafka_bootstrap or not all(_is_host_port(h) for h in self.kafka_bootstrap.split(",")):
@@ -75,6 +77,8 @@ class Settings:
             if not _TOPIC_NAME.fullmatch(name) or name in (".", ".."):
                 raise SettingError(f"TAILGUARD_TOPIC_{f.name.upper()}", name,
                                    "a Kafka topic name: 1-249 of letters, digits, '.', '_', '-'")
+        if not 0 <= self.history_ticks <= 100:
+            raise SettingError("TAILGUARD_HISTORY_TICKS", self.history_ticks, "0..100 (0 keeps none)")
         if self.mode not in ("observe", "enforce"):
             raise SettingError("TAILGUARD_MODE", self.mode,
                                "observe (publish verdicts, route every node) or enforce")

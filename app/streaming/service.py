@@ -266,7 +266,7 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
         if operators is None:
             operators = RedisOperators(redis_client, settings.key_prefix)
     routing: RoutingSink = writer
-    edge = OperatorEdge(det, settings.mode)
+    edge = OperatorEdge(det, settings.mode, history_len=settings.history_ticks)
     rt = Runtime(settings, metrics, stage1, stage2, evaluator, writer, edge=edge,
                  operators=operators)
     setattr(app, _RUNTIME_ATTR, rt)

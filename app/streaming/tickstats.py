@@ -55,11 +55,7 @@ class Stat:
         return self.value is not None and self.limit is not None and self.value > self.limit
 
     def to_list(self) -> list[float | None]:
-        return [_round(self.value), _round(self.limit)]
-
-
-def _round(x: float | None) -> float | None:
-    return None if x is None else float(f"{x:.6g}")
+        return [self.value, self.limit]
 
 
 def _ref(values: list[float], settings: DetectorSettings, factor: float) -> float | None:
@@ -107,5 +103,5 @@ def rule_stats(summaries: Iterable[WindowSummary], statuses: Iterable[NodeStatus
 
 
 def stats_dict(stats: Mapping[str, Stat]) -> dict[str, Any]:
-    """``{rule: [value, limit]}`` (rounded to 6 significant digits) for JSON."""
+    """``{rule: [value, limit]}`` for JSON."""
     return {k: v.to_list() for k, v in stats.items()}

@@ -202,3 +202,12 @@ def test_ticks_with_nothing_judged_share_one_row() -> None:
     hist = json.loads(out.extras.history["c"])
     assert [h["ts"] for h in hist] == [10.0, 11.0, 24.0]
     assert hist[0]["stats"]["p50"][0] == 1000.0 and hist[-1]["stats"] == {}
+
+
+def test_history_turned_off_writes_an_empty_history() -> None:
+    out = run(OperatorEdge(SETTINGS, history_len=0), fleet_with_slow())
+    assert out.extras.history == {} and out.tick.routing == {"a", "b", "c"}
+    with pytest.raises(ValueError, match="history_len"):
+        OperatorEdge(SETTINGS, history_len=-1)
+    with pytest.raises(ValueError, match="default_mode"):
+        OperatorEdge(SETTINGS, "shadow")

@@ -33,6 +33,7 @@ SERVICE_VALUES: dict[str, tuple[str, Any]] = {
     "TAILGUARD_DATA_DIR": ("/var/lib/tailguard", "/var/lib/tailguard"),
     "TAILGUARD_LOG_LEVEL": ("debug", "debug"),
     "TAILGUARD_MODE": ("observe", "observe"),
+    "TAILGUARD_HISTORY_TICKS": ("3", 3),
 }
 DETECTOR_TEXT: dict[str, tuple[str, Any]] = {
     "tick_interval_s": ("2.5", 2.5),
@@ -145,6 +146,7 @@ BAD: list[tuple[str, str, str]] = [
     ("TAILGUARD_WEB_PORT", "80.5", "whole number"),
     ("TAILGUARD_LOG_LEVEL", "verbose", "debug, info, warning or error"),
     ("TAILGUARD_MODE", "shadow", "observe (publish verdicts, route every node) or enforce"),
+    ("TAILGUARD_HISTORY_TICKS", "500", "0..100 (0 keeps none)"),
     ("TAILGUARD_TOPIC_LATENCY_EVENTS", "", "Kafka topic name"),
     ("TAILGUARD_TOPIC_HEALTH_CHANGES", "node health", "Kafka topic name"),
     ("TAILGUARD_TOPIC_DEAD_LETTER", "x" * 250, "Kafka topic name"),
