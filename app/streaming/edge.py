@@ -48,7 +48,7 @@ from app.core.config import DetectorSettings
 from app.core.types import HealthState, ModelTick, NodeStatus, Transition, WindowSummary
 from app.routing.operators import OperatorState, Override
 from app.routing.writer import Extras
-from app.streaming.tickstats import Counts, rule_stats, stats_dict
+from app.streaming.tickstats import Counts, rule_stats, sig4, stats_dict
 
 log = logging.getLogger(__name__)
 
@@ -233,7 +233,7 @@ class OperatorEdge:
                 "rules_routed": s.routed, "reason": s.reason, "streak": streaks.get(node, 0),
                 "samples": s.samples, "stats": stats_dict(stats[node]) if node in stats else {},
                 "guards": guards, "probe_after": s.probe_after_ts,
-                "lat": [s.latency_p50_us, s.latency_p99_us], "mode": mode,
+                "lat": [sig4(s.latency_p50_us), sig4(s.latency_p99_us)], "mode": mode,
             }
             q = hist.get(node)
             if q is None:
