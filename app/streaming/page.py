@@ -132,5 +132,3 @@ def register(app: Any, redis: Callable[[], aioredis.Redis | None], key_prefix: s
             return _bytes(self, body.encode(), "application/json", 503)
         return _bytes(self, json.dumps(data, allow_nan=False).encode(), "application/json")
 
-    _ = (tailguard_page, tailguard_status)
-
