@@ -4,14 +4,15 @@ Run: ``python -m bench.bench_edge [--quick]``. One model of 10,000 nodes (2,000
 with ``--quick``), every history full (``TAILGUARD_HISTORY_TICKS`` 10), one
 drain and one pin in force: CPU time of one ``OperatorEdge.apply`` (rule
 statistics, history entries, annotations; ``bench.timing.best``), the same with
-the history turned off, and the bytes of history and annotations the routing
-writer sends to Redis for that tick.
+the history turned off, the memory the edge keeps (tracemalloc) and the bytes of
+history and annotations the routing writer sends to Redis for that tick.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import tracemalloc
 
 from app.core.config import DetectorSettings
 from app.core.types import HealthState, ModelTick, NodeStatus, WindowSummary
@@ -52,8 +53,12 @@ def main() -> None:
         def once(edge: OperatorEdge = edge, now: list[float] = now) -> object:
             now[0] += 30.0
             return edge.apply(EdgeInput(tick, (), summaries), ops, now[0])
+        tracemalloc.start()
         for _ in range(history):
             once()      # fill the history first
+        kept, _peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        row(f"  memory kept by the edge, history {history}", f"{kept / 1e6:.0f} MB")
         t = best(once)
         row(f"edge apply, {n} nodes, history {history}", f"{t * 1000:.0f} ms CPU")
         out = edge.apply(EdgeInput(tick, (), summaries), ops, now[0] + 30.0)

@@ -105,8 +105,9 @@ class OperatorEdge:
         self.default_mode = default_mode
         self.history_len = history_len
         self._announced: dict[str, dict[str, Override]] = {}
-        # Per model and node: the last ticks' entries with their JSON, serialized once.
-        self._history: dict[str, dict[str, collections.deque[tuple[dict[str, Any], str]]]] = {}
+        # Per model and node: the last ticks' entries as JSON (serialized once), each with a
+        # small marker (idle?, where the node was) for folding idle ticks (see _record).
+        self._history: dict[str, dict[str, collections.deque[tuple[tuple[Any, ...], str]]]] = {}
         self._counts: dict[str, Counts] = {}
         self._holding: dict[str, set[str]] = {}
 
@@ -213,7 +214,7 @@ class OperatorEdge:
     def _record(self, model: str, now_s: float, mode: str, statuses: Mapping[str, NodeStatus],
                 stats: Mapping[str, Any], streaks: Mapping[str, int],
                 routing: frozenset[str] | set[str], active: Mapping[str, Override],
-                refused: set[str]) -> dict[str, collections.deque[tuple[dict[str, Any], str]]]:
+                refused: set[str]) -> dict[str, collections.deque[tuple[tuple[Any, ...], str]]]:
         hist = self._history.setdefault(model, {})
         for gone in hist.keys() - statuses.keys():
             del hist[gone]
@@ -238,18 +239,15 @@ class OperatorEdge:
             q = hist.get(node)
             if q is None:
                 q = hist[node] = collections.deque(maxlen=self.history_len)
-            item = (entry, _dumps(entry))
-            if q and _idle(entry) and _idle(q[-1][0]) and _same_place(entry, q[-1][0]):
-                q[-1] = item    # nothing judged twice in a row: one row, so the ticks that
-            else:               # decided (before a quarantine) stay in the capped history
-                q.append(item)
+            marker = (_idle(entry), entry["state"], entry["routed"], entry["rules_routed"],
+                      tuple(guards), mode)
+            if q and marker[0] and q[-1][0] == marker:
+                q[-1] = (marker, _dumps(entry))   # idle twice in the same place: one row, so
+            else:                                 # the ticks that decided (before a
+                q.append((marker, _dumps(entry)))  # quarantine) stay in the capped history
         return hist
 
 
 def _idle(entry: Mapping[str, Any]) -> bool:
     """No latency statistic of the node itself was judged at this tick."""
     return all(v[0] is None for k, v in entry["stats"].items() if k != "err")
-
-
-def _same_place(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-    return all(a[k] == b[k] for k in ("state", "routed", "rules_routed", "guards", "mode"))
