@@ -19,7 +19,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
 from app.core.types import HealthState, ModelTick, NodeStatus
-from app.routing.writer import RoutingWriter
+from app.routing.writer import Extras, RoutingWriter
 
 
 class FakeScript:
@@ -253,3 +253,16 @@ def test_latest_non_empty_verdict_always_wins(steps: list[tuple[str, Any, frozen
         assert last == latest
 
     asyncio.run(run())
+
+
+async def test_events_of_a_superseded_verdict_are_written_with_the_next_one() -> None:
+    w, script, clock, _ = make()
+    script.down = True
+    assert not await w.apply(tick("m", {"a"}), Extras(events=("e1",), history={"a": "[1]"}))
+    assert not await w.apply(tick("m", {"a", "b"}), Extras(events=("e2",), history={"a": "[2]"}))
+    script.down = False
+    clock.t += 60
+    assert await w.flush()
+    _keys, args = script.calls[-1]
+    assert args[5:9] == [-1, 1, 2, 50]            # no shadow, one history field, two events
+    assert args[-4:] == ["a", "[2]", "e1", "e2"]  # the newer history; both ticks' events
