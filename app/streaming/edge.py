@@ -132,9 +132,9 @@ class OperatorEdge:
         pinned = {n for n, o in active.items() if o.action == "pin"}
 
         shadow = (tick.routing - drained) | pinned
-        # Observe keeps every node the core knows routed, except the gone (silent) ones the
-        # core took out: a dead node must not stay routed (a telemetry loss, when the core
-        # fails open, keeps them in tick.routing).
+        # Observe keeps every node the core knows routed, except the gone (silent) ones: a
+        # dead node must not stay routed. (On telemetry loss the core marks nobody gone.) The
+        # core's own set is always kept: observe never routes fewer nodes than enforce.
         gone = {n for n, s in statuses.items() if s.state is HealthState.GONE}
         base = tick.routing if enforced else frozenset(known - gone) | tick.routing
         routing = (base - drained) | pinned

@@ -80,7 +80,7 @@ def test_observe_does_not_keep_gone_nodes_routed() -> None:
     assert observe.tick.routing == {"a", "b", "c", "slow"}
     assert "dead" not in observe.extras.shadow
     assert observe.extras.annotations["dead"]["routed_by_rules"] is False
-    # Telemetry loss: the core fails open and keeps the gone-marked pairs routed; observe follows.
+    # Observe never routes fewer nodes than the core: a gone-marked pair in its set stays.
     lost = ModelTick(model="m", ts=10.0, transitions=(), routing=frozenset({"a", "dead"}),
                      quarantine={}, statuses=(status("a"), gone), fleet_events=())
     assert run(OperatorEdge(SETTINGS, "observe"), lost).tick.routing == {"a", "dead"}
