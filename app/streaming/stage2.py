@@ -32,6 +32,9 @@ Guarantees:
   ``stale_after_s`` are dropped, so a worker that left stops counting.
 * **Only owned models.** A model is evaluated only when ``owns(model)`` says
   this worker holds its partition; buffered input of other models is dropped.
+* **Explainable.** Each :class:`ModelOutput` carries the summaries the
+  verdict was made from and the nodes' abnormal streaks, for the operator
+  edge (:mod:`app.streaming.edge`: mode, overrides, ``tailguard explain``).
 * **Bounded.** At most one pending summary per (node, model) (the newest),
   summaries older than ``stale_after_s`` are ignored, and at most
   ``max_pending_diagnostics`` diagnostics results per model are kept.
@@ -108,6 +111,8 @@ class EvaluatorLike(Protocol):
 
     def forget_model(self, model: str) -> None: ...
 
+    def pair(self, model: str, node_id: str) -> Any: ...
+
 
 def state_key(model: str) -> bytes:
     """Key of a model in the state table and on ``node-window-stats`` (raw UTF-8)."""
@@ -120,6 +125,10 @@ class ModelOutput:
 
     tick: ModelTick
     diagnostics_transitions: tuple[Transition, ...] = ()
+    # What the verdict was made from, for the operator edge (app.streaming.edge): the
+    # summaries judged and each node's abnormal streak after the tick.
+    summaries: tuple[WindowSummary, ...] = ()
+    streaks: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def transitions(self) -> tuple[Transition, ...]:
@@ -264,4 +273,9 @@ class Stage2:
         if self._written.get(model) != snap and self._write(self.state, key, snap, model,
                                                             "state"):
             self._written[model] = snap
-        return ModelOutput(tick, tuple(diag))
+        streaks = {}
+        for st in tick.statuses:
+            p = ev.pair(model, st.node_id)
+            if p is not None and p.abnormal_streak:
+                streaks[st.node_id] = int(p.abnormal_streak)
+        return ModelOutput(tick, tuple(diag), tuple(summaries), streaks)
