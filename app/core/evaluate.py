@@ -157,6 +157,11 @@ class FleetEvaluator:
                 return True
         return False
 
+    def tail_ref(self, model: str) -> float | None:
+        """``model``'s threshold for stage 1's fresh-tail count (see :meth:`tail_refs`)."""
+        ms = self._models.get(model)
+        return None if ms is None else ms.tail_ref
+
     def tail_refs(self) -> dict[str, float]:
         """``{model: threshold}``: stage 1 counts each series' fresh samples above it
         (``WindowSummary.fresh_over``, judged by :func:`app.core.rules.judge_fresh_tail`)."""
@@ -206,8 +211,9 @@ class FleetEvaluator:
         shift_ev = baseline_shift(model, ms, peers, now_s, verdicts.abnormal, norms.fleet_p50,
                                   norms.movement)
         update_baseline(ms, peers, now_s, st)
-        # Next tick's threshold for stage 1's fresh-tail count (one class: its fleet P99).
-        ms.tail_ref = (norms.fleet_p99 * FRESH_TAIL_MARGIN
+        # Next tick's threshold for stage 1's fresh-tail count (one class: its fleet P99), on a
+        # 2-significant-digit grid: it needs no precision, and the hint changes less often.
+        ms.tail_ref = (float(f"{norms.fleet_p99 * FRESH_TAIL_MARGIN:.2g}")
                        if norms.enough_peers and not norms.multi_class and norms.fleet_p99 else None)
         fleet_events = live.fleet_events + [e for e in (load_ev, storm_ev, shift_ev) if e is not None]
 

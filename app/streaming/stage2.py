@@ -64,11 +64,15 @@ class StageHints:
 
     judge_since: dict[SeriesKey, float] = field(default_factory=dict)
     out_of_fit: frozenset[SeriesKey] = frozenset()
+    tail_refs: dict[str, float] = field(default_factory=dict)   # model -> fresh-tail threshold
 
 
-def encode_hints(judge_since: Mapping[str, float], out_of_fit: Iterable[str]) -> dict[str, Any]:
-    """One model's hints table value: ``{"judge_since": {node: ts}, "out_of_fit": [node, …]}``."""
-    return {"judge_since": dict(judge_since), "out_of_fit": sorted(out_of_fit)}
+def encode_hints(judge_since: Mapping[str, float], out_of_fit: Iterable[str],
+                 tail_ref: float | None = None) -> dict[str, Any]:
+    """One model's hints table value: ``{"judge_since": {node: ts}, "out_of_fit": [node, …],
+    "tail_ref": threshold or null}`` (``FleetEvaluator.tail_ref``: stage 1 counts each
+    series' fresh samples above it)."""
+    return {"judge_since": dict(judge_since), "out_of_fit": sorted(out_of_fit), "tail_ref": tail_ref}
 
 
 def decode_hints(items: Iterable[tuple[Any, Any]]) -> StageHints:
@@ -79,10 +83,14 @@ def decode_hints(items: Iterable[tuple[Any, Any]]) -> StageHints:
     """
     since: dict[SeriesKey, float] = {}
     unfit: set[SeriesKey] = set()
+    refs: dict[str, float] = {}
     for key, value in items:
         model = key.decode() if isinstance(key, bytes) else str(key)
         if not isinstance(value, Mapping):
             continue
+        ref = value.get("tail_ref")
+        if isinstance(ref, int | float) and not isinstance(ref, bool) and ref > 0:
+            refs[model] = float(ref)
         js = value.get("judge_since")
         if isinstance(js, Mapping):   # current form (an old-form node's value is a number)
             unfit.update((str(node), model) for node in value.get("out_of_fit") or ())
@@ -90,7 +98,7 @@ def decode_hints(items: Iterable[tuple[Any, Any]]) -> StageHints:
             js = value
         for node, ts in js.items():
             since[(str(node), model)] = float(ts)
-    return StageHints(since, frozenset(unfit))
+    return StageHints(since, frozenset(unfit), refs)
 
 
 class EvaluatorLike(Protocol):
@@ -104,6 +112,8 @@ class EvaluatorLike(Protocol):
     def judge_since(self, model: str, now_s: float) -> dict[tuple[str, str], float]: ...
 
     def out_of_fit(self, model: str) -> set[tuple[str, str]]: ...
+
+    def tail_ref(self, model: str) -> float | None: ...
 
     def snapshot_model(self, model: str) -> dict[str, Any]: ...
 
@@ -216,7 +226,7 @@ class Stage2:
             return
         ev = self.evaluator
         value = encode_hints({node: ts for (node, _m), ts in ev.judge_since(model, at_s).items()},
-                             (node for node, _m in ev.out_of_fit(model)))
+                             (node for node, _m in ev.out_of_fit(model)), ev.tail_ref(model))
         if self._hints_written.get(model) != value and self._write(
                 self.hints, state_key(model), value, model, "hints"):
             self._hints_written[model] = value

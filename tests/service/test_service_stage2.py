@@ -265,3 +265,14 @@ def test_each_model_evaluated_by_exactly_its_owner(owned: set[str]) -> None:
     got1 = {o.tick.model for o in w1.tick(1000.5, lambda m: m in owned)}
     got2 = {o.tick.model for o in w2.tick(1000.5, lambda m: m not in owned)}
     assert got1 == owned and got1.isdisjoint(got2) and got1 | got2 == set(models)
+
+
+def test_hints_carry_the_fresh_tail_threshold() -> None:
+    hints: dict[bytes, Any] = {}
+    s2 = Stage2(FleetEvaluator(SETTINGS), {}, stale_after_s=1.5 * T, hints=hints)
+    run_ticks(s2, "m", 1000.0, 2)
+    got = decode_hints(hints.items()).tail_refs
+    ev = s2.evaluator
+    assert isinstance(ev, FleetEvaluator)
+    assert got == {"m": ev.tail_ref("m")} and got["m"] > 0
+    assert decode_hints([(b"x", encode_hints({}, [], None))]).tail_refs == {}
