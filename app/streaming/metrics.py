@@ -65,6 +65,9 @@ class WorkerMetrics:
                                               "writes Redis refused for one model's keys "
                                               "(e.g. WRONGTYPE): that model backs off, the "
                                               "others are written", ["model"], registry=r)
+        self.summaries_dropped = Counter("tailguard_summaries_dropped", "stage-1 summaries stage 2 "
+                                         "did not evaluate, by reason (superseded by a newer one, "
+                                         "stale, another worker's model)", ["reason"], registry=r)
         self.table_write_failures = Counter("tailguard_table_write_failures", "failed "
                                             "writes of stage-2 state or hints to their "
                                             "changelog tables (retried next tick)", registry=r)

@@ -164,6 +164,7 @@ class Runtime:
     last_assignment: tuple[int, frozenset[int]] | None = None
     stage2_tick: Callable[[], Awaitable[list[ModelOutput]]] | None = None
     gauged_models: set[str] = field(default_factory=set)
+    dropped_reported: dict[str, int] = field(default_factory=dict)   # stage2.dropped exported
     replace_hook: ReplaceHook | None = None
     unpublished: list[EdgeOutput] = field(default_factory=list)
     edge: OperatorEdge | None = None
@@ -380,6 +381,10 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
             hints_for_s=next_boundary(now_s, tick_s))
         metrics.tick_seconds.observe(time.perf_counter() - t0)
         metrics.table_write_failures.inc(stage2.write_failures - failures_before)
+        for reason, count in stage2.dropped.items():
+            if count > rt.dropped_reported.get(reason, 0):
+                metrics.summaries_dropped.labels(reason=reason).inc(count - rt.dropped_reported.get(reason, 0))
+                rt.dropped_reported[reason] = count
         metrics.owned_models.set(len(outputs))
         now_owned = {o.tick.model for o in outputs}
         for gone in rt.gauged_models - now_owned:

@@ -37,7 +37,8 @@ Guarantees:
   edge (:mod:`app.streaming.edge`: mode, overrides, ``tailguard explain``).
 * **Bounded.** At most one pending summary per (node, model) (the newest),
   summaries older than ``stale_after_s`` are ignored, and at most
-  ``max_pending_diagnostics`` diagnostics results per model are kept.
+  ``max_pending_diagnostics`` diagnostics results per model are kept. No
+  summary goes unevaluated without being counted in ``dropped`` by reason.
 """
 
 from __future__ import annotations
@@ -165,6 +166,9 @@ class Stage2:
         self._written: dict[str, Any] = {}
         self.write_failures = 0
         self.refused_states = 0     # stored model states that could not be restored
+        # Summaries never evaluated, by reason: "superseded" (a newer one of the same pair came
+        # first), "stale" (older than stale_after_s at the tick), "not_owned" (another worker's).
+        self.dropped: collections.Counter[str] = collections.Counter()
         self._cluster: dict[str, dict[str, ClusterDigest]] = {}
 
     # --- input ---------------------------------------------------------------
@@ -173,6 +177,8 @@ class Stage2:
         old = nodes.get(s.node_id)
         if old is None or s.tick_ts >= old.tick_ts:
             nodes[s.node_id] = s
+        if old is not None:
+            self.dropped["superseded"] += 1
 
     def on_cluster(self, c: ClusterDigest) -> None:
         sources = self._cluster.setdefault(c.model, {})
@@ -212,7 +218,7 @@ class Stage2:
         out: list[ModelOutput] = []
         for model in sorted(self.known_models()):
             if not owns(model):
-                self._pending.pop(model, None)
+                self.dropped["not_owned"] += len(self._pending.pop(model, {}))
                 self._diagnostics.pop(model, None)
                 self._cluster.pop(model, None)
                 self._restored.discard(model)
@@ -277,7 +283,10 @@ class Stage2:
         for d in self._diagnostics.pop(model, ()):
             diag.extend(ev.apply_diagnostics(model, d.node_id, d.recoverable, now_s))
         horizon = now_s - self.stale_after_s
-        summaries = [s for s in self._pending.pop(model, {}).values() if s.tick_ts >= horizon]
+        pending = self._pending.pop(model, {})
+        summaries = [s for s in pending.values() if s.tick_ts >= horizon]
+        if len(summaries) < len(pending):
+            self.dropped["stale"] += len(pending) - len(summaries)
         tick = self._with_cluster_quantiles(ev.evaluate(model, summaries, now_s), horizon)
         snap = ev.snapshot_model(model)
         if self._written.get(model) != snap and self._write(self.state, key, snap, model,
