@@ -1,6 +1,7 @@
 """The Redis routing writer: one model's verdict → Redis, atomically, idempotently, never empty.
 
-:class:`RoutingWriter` owns the writes of every key in :mod:`app.routing.keys`.
+:class:`RoutingWriter` owns the writes of every key in :mod:`app.routing.keys`. Its length
+is one concept's: the Lua script and the Python that retries, isolates and backs it off.
 
 Guarantees
 ----------
