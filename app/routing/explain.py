@@ -31,6 +31,7 @@ import redis.asyncio as aioredis
 from app.routing.client import call_redis
 from app.routing.keys import Keys
 from app.routing.status import _age, _status_obj, _text
+from app.routing.text import printable
 from app.settings import load
 
 RULES = (("p50", "P50 vs peers"), ("fresh_p50", "fresh P50"), ("p99", "P99 vs peers"),
@@ -137,7 +138,7 @@ def render_explain(items: list[NodeExplain], now_s: float, *, ticks: int = 8) ->
         mode = st.get("mode") or last.get("mode") or "?"
         state = st.get("state", "?")
         since = st.get("since")
-        lines = [f"node {it.node_id!r}  model {it.model!r}  mode {mode}"]
+        lines = [f"node '{printable(it.node_id)}'  model '{printable(it.model)}'  mode {mode}"]
         where = "in routing" if it.in_routing else "out of routing"
         rules = st.get("routed_by_rules", st.get("routed"))
         if isinstance(rules, bool) and rules != it.in_routing:

@@ -29,6 +29,7 @@ import redis.asyncio as aioredis
 from app.core.types import p99_p50_ratio
 from app.routing.client import call_redis
 from app.routing.keys import Keys
+from app.routing.text import printable
 from app.settings import load
 
 
@@ -149,7 +150,7 @@ def format_table(statuses: list[ModelStatus], now_s: float) -> str:
             since = st.get("since")
             probe = ms.quarantine.get(n)
             routed = "yes" if n in ms.routing else "no"
-            reason = str(st.get("reason", "-"))
+            reason = printable(str(st.get("reason", "-")))
             override = st.get("override")
             if isinstance(override, dict) and override.get("action") in ("drain", "pin"):
                 routed += " (drained)" if override["action"] == "drain" else " (pinned)"
@@ -157,7 +158,7 @@ def format_table(statuses: list[ModelStatus], now_s: float) -> str:
             elif st.get("mode") == "observe" and st.get("routed_by_rules") is False:
                 routed += " (observe)"
             rows.append((
-                n,
+                printable(n),
                 str(st.get("state", "?")),
                 routed,
                 _ms(st.get("p50_us")),
@@ -169,7 +170,7 @@ def format_table(statuses: list[ModelStatus], now_s: float) -> str:
                 reason,
             ))
         widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-        title = (f"model {ms.model}  version {ms.version if ms.version is not None else '-'}  "
+        title = (f"model {printable(ms.model)}  version {ms.version if ms.version is not None else '-'}  "
                  f"routed {len(ms.routing)}/{len(rows)}  quarantined {len(ms.quarantine)}")
         modes = {str(st.get("mode")) for st in ms.nodes.values()} & {"observe", "enforce"}
         if modes:
