@@ -10,13 +10,10 @@ Layout (each package owns one thing; see README "Code map"):
 - ``app.emitter``   what inference servers import to publish latency events.
 - ``app.lb``        the reference proxy, HAProxy sync, synthetic probes.
 - ``app.sim``       fleet simulator, scenario traces, load generator.
-<<<<<<< HEAD
 - ``app.demo``      the demo (``python -m app.demo``) and the Kafka-free one.
 - ``app.replay_cli`` ``tailguard replay`` around the pure ``app.core.replay``.
-=======
 - ``app.agent``     ``tailguard diagnose``, the diagnostics agent on each node
                     (imports none of the worker's dependencies).
->>>>>>> diagnose
 - ``app.settings``  the one place that reads the environment.
 - ``app.cli``       the ``tailguard`` command.
 """

@@ -1,7 +1,7 @@
 """The ``tailguard`` command.
 
 Each subcommand lives in the module that owns it and exposes
-``main(argv: list[str]) -> int``; this file only dispatches, so that
+``main(argv: list[str]) -> int`` (or the function named after ``:``); this file only dispatches, so that
 ``tailguard replay`` never imports faust and ``tailguard status`` never
 imports numpy. A :class:`~app.core.config.SettingError` anywhere becomes a
 one-line message naming the setting, and exit code 2.
@@ -24,6 +24,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "probe": ("app.lb.prober", "synthetic probes for quarantined nodes an LB sends nothing"),
     "settings": ("app.settings_cli", "print every TAILGUARD_* setting and its value"),
     "diagnose": ("app.agent.cli", "diagnostics agent for an inference node (GPU checks → verdict)"),
+    "drain": ("app.routing.operators_cli:drain_main", "take a node out of routing (operator)"),
+    "pin": ("app.routing.operators_cli:pin_main", "keep a node in routing whatever the rules say"),
+    "release": ("app.routing.operators_cli:release_main", "end a node's drain or pin"),
+    "mode": ("app.routing.operators_cli:mode_main", "show or set observe/enforce mode"),
+    "explain": ("app.routing.explain", "why a node is where it is: its last ticks' rules"),
 }
 
 
@@ -43,9 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"tailguard: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
         return 2
+    module_name, _, function = COMMANDS[name][0].partition(":")
     try:
-        module = importlib.import_module(COMMANDS[name][0])
-        code: int = module.main(rest)
+        entry = getattr(importlib.import_module(module_name), function or "main")
+        code: int = entry(rest)
     except SettingError as e:
         print(f"tailguard {name}: {e}", file=sys.stderr)
         return 2

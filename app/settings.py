@@ -127,6 +127,10 @@ class Settings:
     replace_max_age_s: float = 3600.0  # older retirements, first seen (hook newly on), are not acted on
     topics: Topics = field(default_factory=Topics)
     detector: DetectorSettings = field(default_factory=DetectorSettings)
+    # observe: the rules run and publish, the routing set keeps every node (P:mode overrides it)
+    mode: str = "enforce"
+    # ticks of per-node rule statistics kept in Redis for `tailguard explain` (0: none)
+    history_ticks: int = 10
 
     def __post_init__(self) -> None:
         if not self.kafka_bootstrap or not all(_is_host_port(h) for h in self.kafka_bootstrap.split(",")):
@@ -170,6 +174,11 @@ class Settings:
             if not _TOPIC_NAME.fullmatch(name) or name in (".", ".."):
                 raise SettingError(f"TAILGUARD_TOPIC_{f.name.upper()}", name,
                                    "a Kafka topic name: 1-249 of letters, digits, '.', '_', '-'")
+        if not 0 <= self.history_ticks <= 100:
+            raise SettingError("TAILGUARD_HISTORY_TICKS", self.history_ticks, "0..100 (0 keeps none)")
+        if self.mode not in ("observe", "enforce"):
+            raise SettingError("TAILGUARD_MODE", self.mode,
+                               "observe (publish verdicts, route every node) or enforce")
 
 
 # Variables tailguard sets for the commands it runs (replace hook, agent user checks).

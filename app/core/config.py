@@ -86,7 +86,7 @@ class DetectorSettings:
     telemetry_loss_fraction: float = field(default=0.75, metadata={"lo": 0.0, "lo_open": True, "hi": 1.0})
     # A series whose signs of life (samples, heartbeats) resume after a gap longer than this
     # (and than 20 of its usual gaps) restarted: it warms up again. 0 = only instance changes.
-    restart_gap_s: float = field(default=15.0, metadata={"lo": 0.0, "hi": 86_400.0})
+    restart_gap_s: float = field(default=10.0, metadata={"lo": 0.0, "hi": 86_400.0})
     # Input validation bounds.
     max_latency_us: float = field(default=3.6e9, metadata={"lo": 1.0, "hi": 1e15})
     max_future_skew_s: float = field(default=300.0, metadata={"lo": 0.0, "hi": 1e9})

@@ -64,7 +64,7 @@ class Detector:
         if forget_s > 0:
             self.store.forget_silent(now_s - forget_s)
         summaries = self.store.summaries(now_s, ev.judge_since_all(now_s),
-                                         out_of_fit=ev.out_of_fit_all())
+                                         out_of_fit=ev.out_of_fit_all(), tail_refs=ev.tail_refs())
         groups = {m: list(g) for m, g in itertools.groupby(summaries, key=lambda s: s.model)}
         models = sorted(groups.keys() | set(ev.models()))
         per_series = self.fleet_digest_per_series

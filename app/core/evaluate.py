@@ -44,10 +44,12 @@ from app.core.peers import (
     window_norms,
 )
 from app.core.rules import (
+    FRESH_TAIL_MARGIN,
     NEW_EVIDENCE_FRACTION,
     ErrorReport,
     error_judgements,
     judge,
+    judge_fresh_tail,
     judge_probe,
     new_fraction,
     p50_over,
@@ -155,6 +157,16 @@ class FleetEvaluator:
                 return True
         return False
 
+    def tail_ref(self, model: str) -> float | None:
+        """``model``'s threshold for stage 1's fresh-tail count (see :meth:`tail_refs`)."""
+        ms = self._models.get(model)
+        return None if ms is None else ms.tail_ref
+
+    def tail_refs(self) -> dict[str, float]:
+        """``{model: threshold}``: stage 1 counts each series' fresh samples above it
+        (``WindowSummary.fresh_over``, judged by :func:`app.core.rules.judge_fresh_tail`)."""
+        return {m: ms.tail_ref for m, ms in self._models.items() if ms.tail_ref is not None}
+
     def judge_since_all(self, now_s: float) -> dict[tuple[str, str], float]:
         out: dict[tuple[str, str], float] = {}
         for m in self._models:
@@ -199,9 +211,13 @@ class FleetEvaluator:
         shift_ev = baseline_shift(model, ms, peers, now_s, verdicts.abnormal, norms.fleet_p50,
                                   norms.movement)
         update_baseline(ms, peers, now_s, st)
+        # Next tick's threshold for stage 1's fresh-tail count (one class: its fleet P99), on a
+        # 2-significant-digit grid: it needs no precision, and the hint changes less often.
+        ms.tail_ref = (float(f"{norms.fleet_p99 * FRESH_TAIL_MARGIN:.2g}")
+                       if norms.enough_peers and not norms.multi_class and norms.fleet_p99 else None)
         fleet_events = live.fleet_events + [e for e in (load_ev, storm_ev, shift_ev) if e is not None]
 
-        self._judge_probes(ms, by_node, norms, errors, now_s, verdicts.judgements, own_p50)
+        self._judge_probes(ms, by_node, norms, errors, now_s, verdicts.judgements, own_p50, signal)
         candidates = self._step_pairs(ms, verdicts.judgements, now_s, transitions)
         diagnostics: list[DiagnosticsRequest] = []
         if not load and not live.telemetry_lost and candidates:
@@ -247,6 +263,9 @@ class FleetEvaluator:
                       fresh=fresh, lim=lim)
             if own_p50 is not None and j.verdict is not Verdict.ABNORMAL:
                 j = judge_own(ms.own, s, p50, ratio, own_p50, st.relative_p50_factor) or j
+            fresh_tail = judge_fresh_tail(s, st) if s.fresh_over else None
+            if fresh_tail is not None and j.verdict is not Verdict.ABNORMAL:
+                j = fresh_tail
             fraction = new_fraction(ms.rate_per_s, ms.advanced_ts, node, s, now_s, st)
             if j.verdict is not Verdict.ABNORMAL and node in errors.judgements:
                 j = errors.judgements[node]   # failed requests since the last tick: new each tick
@@ -254,7 +273,9 @@ class FleetEvaluator:
             if j.verdict is Verdict.ABNORMAL:
                 out.abnormal += 1
                 if j.reason != Reason.ERROR_RATE:
-                    j = self._hold_or_credit(j, p, own_p50 is not None or p50_over(s, p50, lim),
+                    # Fresh-sample and own-history verdicts are new evidence each tick: no hold.
+                    fresh_evidence = own_p50 is not None or fresh_tail is not None
+                    j = self._hold_or_credit(j, p, fresh_evidence or p50_over(s, p50, lim),
                                              fraction, node in ms.advanced_ts,
                                              was_elevated.get(node) if credit else None)
                 out.judgements[node] = j
@@ -300,15 +321,17 @@ class FleetEvaluator:
 
     def _judge_probes(self, ms: ModelState, by_node: dict[str, WindowSummary], norms: Norms,
                       errors: ErrorReport, now_s: float, judgements: dict[str, Judgement],
-                      own_p50: Mapping[str, float] | None) -> None:
+                      own_p50: Mapping[str, float] | None, signal: str | None) -> None:
         """Quarantined pairs whose back-off has passed: judge the probe round (below
-        min_peers, also against the pair's own history)."""
+        min_peers, also against the pair's own history; in the peers' units only)."""
         st = self.settings
         for node, p in ms.pairs.items():
             if p.state is HealthState.QUARANTINED and (p.probe_after_ts is None
                                                        or now_s >= p.probe_after_ts):
                 qs = by_node.get(node)
                 if qs is None:
+                    continue
+                if signal is not None and qs.signal != signal and node not in errors.judgements:
                     continue
                 j = errors.judgements.get(node) or judge_probe(qs, norms, st)
                 ev = j.evidence

@@ -1,7 +1,8 @@
 """Latency events: decode and validate the contract's JSON (ARCHITECTURE.md).
 
-Owns the boundary between untrusted bytes and the detector. Three forms are
-accepted, each decoding to a value this module defines:
+Owns the boundary between untrusted bytes and the detector (one concept: the contract's
+forms and their validation, kept together so no form drifts from the others). Three
+forms are accepted, each decoding to a value this module defines:
 
 * single event ``{"node_id", "model", "latency_us", "ts", …}`` →
   :class:`SampleBatch` of length 1;

@@ -22,6 +22,7 @@ Pure: time is ``now_s``; the same inputs give the same transitions. Rationale: d
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -72,17 +73,27 @@ def step(model: str, pairs: MutableMapping[str, PairState], live: Liveness,
          by_node: Mapping[str, WindowSummary], now_s: float, st: DetectorSettings) -> Step:
     """Apply restarts, returns, silences and forgetting to ``pairs`` (in place)."""
     seen = live.seen
+    get = seen.get
+    horizon = now_s - st.silent_after_s if st.silent_after_s > 0 else -math.inf
+    quiet: list[str] = []                  # silent for silent_after_s (any state, for now)
     for node, s in by_node.items():
         # A summary that does not say when its series was last seen is itself the sign of life.
-        last = s.last_seen_ts if s.last_seen_ts is not None else now_s
-        if last > seen.get(node, -1.0):
-            seen[node] = last
+        last = s.last_seen_ts
+        if last is None:
+            last = now_s
+        prev = get(node)
+        if prev is None or last > prev:
+            seen[node] = prev = last
+        if prev < horizon:
+            quiet.append(node)
+    if len(pairs) > len(by_node):          # pairs whose series stage 1 no longer reports
+        quiet += [n for n in pairs.keys() - by_node.keys() if get(n, pairs[n].since_ts) < horizon]
     transitions: list[Transition] = []
     for node in sorted(live.gone_seen):
         p = pairs.get(node)
         if p is None or p.state is not HealthState.GONE:
             del live.gone_seen[node]
-        elif seen.get(node, -1.0) > live.gone_seen[node]:
+        elif get(node, -1.0) > live.gone_seen[node]:
             del live.gone_seen[node]
             pairs[node], t = health.come_back(p, seen[node], now_s, st)
             transitions.append(t)
@@ -92,30 +103,34 @@ def step(model: str, pairs: MutableMapping[str, PairState], live: Liveness,
     forgotten: list[str] = []
     if st.silent_after_s <= 0:
         return Step(transitions, events, forgotten, False)
-    horizon = now_s - st.silent_after_s
+    silent = sorted(n for n in quiet if pairs[n].state not in _AWAY)
     forget = st.forget_after_s
-    present = [n for n, p in pairs.items() if p.state not in _AWAY]
-    silent = sorted(n for n in present if seen.get(n, pairs[n].since_ts) < horizon)
-    # Long silent (forget_after_s): gone whatever the others do; it proves no telemetry loss.
-    lasting = {n for n in silent if forget > 0 and seen.get(n, pairs[n].since_ts) < now_s - forget}
-    recent = len(silent) - len(lasting)
-    counted = len(present) - len(lasting)
-    # Telemetry loss needs two nodes to tell it from a death; a lone node is simply never
-    # taken out by silence (the last node of a model is never gone).
-    lost = counted >= 2 and recent > 0 and recent >= st.telemetry_loss_fraction * counted
-    if lost != live.telemetry_lost:
-        live.telemetry_lost = lost
-        events.append(FleetEvent(
-            ts=now_s, model=model, kind="telemetry_lost" if lost else "telemetry_restored",
-            abnormal_nodes=recent, judged_nodes=counted,
-            detail=(f"{recent} of {counted} nodes sent nothing for {st.silent_after_s:g} s: the telemetry "
-                    "is lost, not the nodes; routing stays as it is") if lost else None))
-    go = [n for n in silent if not lost or n in lasting]
-    if not any(pairs[n].routed for n in present if n not in set(go)):
-        # Silence never empties a routing set: the last routed nodes stay (whatever happened).
-        go = [n for n in go if not pairs[n].routed]
+    lost = False
+    if silent or live.telemetry_lost:
+        present = [n for n, p in pairs.items() if p.state not in _AWAY]
+        # Long silent (forget_after_s): gone whatever the others do; it proves no telemetry loss.
+        lasting = {n for n in silent if forget > 0 and get(n, pairs[n].since_ts) < now_s - forget}
+        recent = len(silent) - len(lasting)
+        counted = len(present) - len(lasting)
+        # Telemetry loss needs two nodes to tell it from a death; a lone node is simply never
+        # taken out by silence (the last node of a model is never gone).
+        lost = counted >= 2 and recent > 0 and recent >= st.telemetry_loss_fraction * counted
+        if lost != live.telemetry_lost:
+            live.telemetry_lost = lost
+            events.append(FleetEvent(
+                ts=now_s, model=model, kind="telemetry_lost" if lost else "telemetry_restored",
+                abnormal_nodes=recent, judged_nodes=counted,
+                detail=(f"{recent} of {counted} nodes sent nothing for {st.silent_after_s:g} s: the "
+                        "telemetry is lost, not the nodes; routing stays as it is") if lost else None))
+        go = [n for n in silent if not lost or n in lasting]
+        staying = set(present).difference(go)
+        if go and not any(pairs[n].routed for n in staying):
+            # Silence never empties a routing set: the last routed nodes stay (whatever happened).
+            go = [n for n in go if not pairs[n].routed]
+    else:
+        go = []
     for node in go:
-        last = seen.get(node, pairs[node].since_ts)
+        last = get(node, pairs[node].since_ts)
         pairs[node], t = health.go_silent(pairs[node], now_s, last)
         live.gone_seen[node] = last
         transitions.append(t)
@@ -140,6 +155,8 @@ def _restarts(pairs: MutableMapping[str, PairState], live: Liveness,
     by_instance: dict[str, float] = {}
     by_gap: dict[str, float] = {}
     for node, s in by_node.items():
+        if s.instance_ts is None and s.resumed_ts is None:
+            continue                        # most summaries, every tick: never restarted
         p = pairs.get(node)
         if p is None:
             continue
@@ -158,8 +175,8 @@ def _restarts(pairs: MutableMapping[str, PairState], live: Liveness,
             by_instance[node] = s.instance_ts
         if s.resumed_ts is not None and done < s.resumed_ts <= now_s:
             by_gap[node] = s.resumed_ts
-    present = sum(1 for p in pairs.values() if p.state not in _AWAY)
-    if len(by_gap) >= 2 and len(by_gap) >= st.load_event_fraction * present:
+    if len(by_gap) >= 2 and len(by_gap) >= st.load_event_fraction * sum(
+            1 for p in pairs.values() if p.state not in _AWAY):
         for node, ts in by_gap.items():     # the pipeline's gap, not restarts: noted, not acted on
             live.restart_ts[node] = max(ts, live.restart_ts.get(node, -1.0))
         by_gap = {}

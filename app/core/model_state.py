@@ -57,6 +57,9 @@ class ModelState:
     live: Liveness = field(default_factory=Liveness)
     # Per-pair P50 baselines: the reference below min_peers (app.core.own_history).
     own: OwnBaselines = field(default_factory=OwnBaselines)
+    # The threshold stage 1 counts fresh samples above (rules.judge_fresh_tail): the peers'
+    # P99 with a margin, in the signal's units; None without one (few peers, several classes).
+    tail_ref: float | None = None
 
     def forget_pair(self, node: str) -> None:
         """Drop everything kept about ``node``."""
@@ -81,7 +84,7 @@ class ModelState:
                 "rate_per_s": dict(sorted(self.rate_per_s.items())),
                 "retired_seen": dict(sorted(self.retired_seen.items())),
                 "counts": {n: list(c) for n, c in sorted(self.counts.items())},
-                "live": self.live.to_dict(), "own": self.own.to_dict()}
+                "live": self.live.to_dict(), "own": self.own.to_dict(), "tail_ref": self.tail_ref}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelState:
@@ -100,7 +103,8 @@ class ModelState:
                 rate_per_s={str(k): float(v) for k, v in d["rate_per_s"].items()},
                 retired_seen={str(k): float(v) for k, v in d["retired_seen"].items()},
                 counts={str(k): (int(v[0]), int(v[1])) for k, v in d["counts"].items()},
-                live=Liveness.from_dict(d["live"]), own=OwnBaselines.from_dict(d["own"]))
+                live=Liveness.from_dict(d["live"]), own=OwnBaselines.from_dict(d["own"]),
+                tail_ref=None if d["tail_ref"] is None else float(d["tail_ref"]))
         except KeyError as e:
             raise ValueError(f"model state snapshot (version {SNAPSHOT_VERSION}) lacks the "
                              f"field {e.args[0]!r}; cannot restore") from None

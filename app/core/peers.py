@@ -66,14 +66,35 @@ class Peer(NamedTuple):
 def peers_of(by_node: Mapping[str, WindowSummary], pairs: Mapping[str, PairState],
              min_samples: int) -> list[Peer]:
     """The peers among ``by_node`` (in its order): routed pairs past warm-up with at least
-    ``min_samples`` judged samples and a positive P50."""
+    ``min_samples`` judged samples and a positive P50, all in one signal's units.
+
+    Stage-1 workers choose the signal per model from the series they hold; when their
+    choices differ (several workers, a fleet half of which sends token counts), the peers
+    are the summaries of the signal most of them carry (ties: the most judged samples,
+    then the name): a node is never compared with peers in other units, and one in a
+    minority signal is not judged by the relative rules that tick."""
     out: list[Peer] = []
+    first: str | None = None
+    mixed = False
+    warming = HealthState.WARMING
     for node, s in by_node.items():
         p = pairs[node]
-        if not p.routed or p.state is HealthState.WARMING:
+        if not p.routed or p.state is warming:
             continue
         if s.samples >= min_samples and s.p50 is not None and s.p99 is not None and s.p50 > 0:
             out.append(Peer(node, s, s.p50, s.p99 / s.p50))
+            if first is None:
+                first = s.signal
+            elif s.signal != first:
+                mixed = True
+    if mixed:
+        tally: dict[str, list[int]] = {}
+        for peer in out:
+            t = tally.setdefault(peer.summary.signal, [0, 0])
+            t[0] += 1
+            t[1] += peer.summary.samples
+        chosen = max(sorted(tally), key=lambda k: (tally[k][0], tally[k][1]))
+        out = [p for p in out if p.summary.signal == chosen]
     return out
 
 

@@ -39,6 +39,14 @@ TAIL_SUPPORT = 5
 # A tail verdict advances an abnormal streak only when at least this fraction of its window is
 # newer than the window that last advanced it (see new_fraction).
 NEW_EVIDENCE_FRACTION = 0.5
+# Low-rate tails (judge_fresh_tail): stage 1 counts a tick's fresh samples above the peers' P99
+# × FRESH_TAIL_MARGIN; at least FRESH_TAIL_MIN_SAMPLES of them, a share of at least
+# FRESH_TAIL_SHARE, and a binomial tail below FRESH_TAIL_P at the healthy share FRESH_TAIL_P0.
+FRESH_TAIL_MARGIN = 1.5
+FRESH_TAIL_MIN_SAMPLES = 60
+FRESH_TAIL_SHARE = 0.04
+FRESH_TAIL_P0 = 0.01
+FRESH_TAIL_P = 1e-4
 
 
 def tail_support_samples(st: DetectorSettings) -> int:
@@ -120,6 +128,45 @@ def judge(s: WindowSummary, p50: float, ratio: float, samples: int, norms: Norms
                      f"p50 {p50:.1f}, p99 {p50 * ratio:.1f}{fresh_part} all > "
                      f"{st.shift_factor:g} x peers' on a heavy-tailed model (peers' "
                      f"p99/p50 {norms.fleet_ratio:.1f} > {st.ratio_threshold:g})")
+
+
+def binomial_sf(k: int, n: int, p: float) -> float:
+    """P(X >= k) for X ~ Binomial(n, p) (exact; n is a tick's fresh samples, a few hundred)."""
+    if k <= 0:
+        return 1.0
+    if k > n:
+        return 0.0
+    q = 1.0 - p
+    term = math.comb(n, k) * p ** k * q ** (n - k)
+    total = 0.0
+    for i in range(k, n + 1):
+        total += term
+        if term < total * 1e-12:
+            break
+        term *= (n - i) / (i + 1) * p / q
+    return min(1.0, total)
+
+
+def judge_fresh_tail(s: WindowSummary, st: DetectorSettings) -> Judgement | None:
+    """A low-rate node's tail, judged on each tick's fresh samples (disjoint evidence).
+
+    ``s.fresh_over`` of its ``s.fresh_samples`` lay above the model's threshold (the peers'
+    P99 × FRESH_TAIL_MARGIN, from the previous tick). Abnormal (``relative_p99``) when that
+    share is at least FRESH_TAIL_SHARE and a count that high has probability below
+    FRESH_TAIL_P for a node whose share is the peers' (at most 1 % above their P99)."""
+    k, n = s.fresh_over, s.fresh_samples
+    if k is None or n < FRESH_TAIL_MIN_SAMPLES or k < FRESH_TAIL_SHARE * n:
+        return None
+    p_value = binomial_sf(k, n, FRESH_TAIL_P0)
+    if p_value >= FRESH_TAIL_P:
+        return None
+    ratio = s.ratio
+    ev = Evidence(signal=s.signal, p50=s.p50, p99=s.p99, ratio=ratio, samples=s.samples,
+                  latency_p50_us=s.latency_p50_us, latency_p99_us=s.latency_p99_us,
+                  hardware=s.hardware)
+    return Judgement(Verdict.ABNORMAL, str(Reason.RELATIVE_P99), ev, (k / n) / FRESH_TAIL_SHARE,
+                     f"{k} of {n} requests since the last tick above {FRESH_TAIL_MARGIN:g} x the "
+                     f"peers' P99 ({k / n:.1%}; p = {p_value:.1e} for a healthy node)")
 
 
 def judge_probe(s: WindowSummary, norms: Norms, st: DetectorSettings) -> Judgement:

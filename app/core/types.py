@@ -118,6 +118,10 @@ class WindowSummary(NamedTuple):
     # or signs of life resuming after a gap (``resumed_ts``); None when never.
     instance_ts: float | None = None
     resumed_ts: float | None = None
+    # Of the fresh samples, how many lie above the threshold stage 2 handed down for the model
+    # (``tail_refs``: its peers' P99 with a margin); None when there was no threshold or too
+    # many fresh samples for the count to matter (the window rules see those nodes in time).
+    fresh_over: int | None = None
 
     @property
     def ratio(self) -> float | None:
@@ -144,6 +148,9 @@ class WindowSummary(NamedTuple):
         if not _opt_ts(s.instance_ts) or not _opt_ts(s.resumed_ts):
             s = s._replace(instance_ts=s.instance_ts if _opt_ts(s.instance_ts) else None,
                            resumed_ts=s.resumed_ts if _opt_ts(s.resumed_ts) else None)
+        over = s.fresh_over
+        if over is not None and (type(over) is not int or not 0 <= over <= s.fresh_samples):
+            s = s._replace(fresh_over=None)
         req, fail = s.requests_total, s.failed_total
         if not (type(req) is int and type(fail) is int and 0 <= fail <= req):
             s = s._replace(requests_total=0, failed_total=0)

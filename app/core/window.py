@@ -92,6 +92,9 @@ SNAPSHOT_VERSION: Final = 1
 _QS: Final = (0.5, 0.99)
 #: Samples per series in a cluster pool or digest (``model_pools``' thinning).
 POOL_SAMPLES_PER_SERIES: Final = 128
+# Fresh samples above the model's tail threshold are counted for series with at most this many
+# fresh samples in a tick (low rates; faster series have the window rules in time).
+FRESH_TAIL_MAX_SAMPLES: Final = 600
 # Signs of life (samples, heartbeats) within restart_gap_s after a gap that confirm a restart.
 RESTART_CONFIRM_SIGNS: Final = 10
 _Q50: Final = (0.5,)
@@ -547,7 +550,8 @@ class WindowStore:
     def summaries(self, now_s: float,
                   judge_since: Mapping[SeriesKey, float] | None = None,
                   *, out_of_fit: Collection[SeriesKey] = (),
-                  digests: bool = False) -> list[WindowSummary]:
+                  digests: bool = False,
+                  tail_refs: Mapping[str, float] | None = None) -> list[WindowSummary]:
         """One summary per known series at event time ``now_s`` (module docstring).
 
         ``judge_since``: ``{key: since_ts}`` cut-offs of judged samples;
@@ -555,6 +559,8 @@ class WindowStore:
 
         ``digests=True`` adds ``extra["digest"]``: a t-digest dict of the judged
         raw latency, mergeable across nodes (opt-in: ~75 µs per series).
+        ``tail_refs``: ``{model: threshold}`` in the model's signal units; series with at most
+        ``FRESH_TAIL_MAX_SAMPLES`` fresh samples get ``fresh_over`` counted against it.
         """
         age_lo = now_s - self.settings.max_sample_age_s
         fresh_lo = now_s - self.settings.tick_interval_s
@@ -592,8 +598,14 @@ class WindowStore:
                 inout_m += np.bincount(m, j_inout[used].sum(axis=1), minlength=nm)
         plans = self._plans(chunks, states, judged_m, tpot_m, out_m, inout_m, unfit_by_chunk)
         results: list[WindowSummary] = []
+        refs = np.full(max(1, nm), np.nan)
+        for name, ref in (tail_refs or {}).items():
+            i = self._models.get(name)
+            if i is not None:
+                refs[i] = ref
         for ch, st in zip(chunks, states, strict=True):
-            results.extend(self._chunk_summaries(ch, st, plans, now_s, age_lo, fresh_lo, digests))
+            results.extend(self._chunk_summaries(ch, st, plans, now_s, age_lo, fresh_lo, digests,
+                                                 refs))
         for s in self._series.values():
             if s.chunk is None:
                 results.append(WindowSummary(
@@ -748,7 +760,8 @@ class WindowStore:
         return vals
 
     def _chunk_summaries(self, ch: _Chunk, st: _Pass1, plans: list[_ModelPlan], now_s: float,
-                         age_lo: float, fresh_lo: float, digests: bool) -> list[WindowSummary]:
+                         age_lo: float, fresh_lo: float, digests: bool,
+                         refs: F64) -> list[WindowSummary]:
         min_fresh = self.settings.min_samples
         used_mask = ch.midx >= 0
         used = np.flatnonzero(used_mask)
@@ -760,6 +773,8 @@ class WindowStore:
         n_probe = np.zeros(ch.rows, dtype=np.int64)
         n_fresh = np.zeros(ch.rows, dtype=np.int64)
         q_fresh = np.full(ch.rows, np.nan)
+        n_over = np.full(ch.rows, -1, dtype=np.int64)
+        thr = refs[np.maximum(ch.midx, 0)]
         probe_q: dict[int, list[float]] = {}
         fast_mask = st.clean & (rows_code == 0) & (not ch.sized)
         fast = np.flatnonzero(fast_mask)
@@ -772,8 +787,10 @@ class WindowStore:
             # The kept lower bound of ts proves a ring wholly fresh; the others are counted.
             aged = fast[ch.ts_lo[fast] <= fresh_lo]
             if aged.size:
-                self._fresh_p50s(aged, _rows(ch.ts, aged) > fresh_lo, _rows(ch.lat, aged),
-                                 n_sig, min_fresh, n_fresh, q_fresh)
+                fresh_aged = _rows(ch.ts, aged) > fresh_lo
+                lat_aged = _rows(ch.lat, aged)
+                self._fresh_p50s(aged, fresh_aged, lat_aged, n_sig, min_fresh, n_fresh, q_fresh)
+                self._fresh_over(aged, fresh_aged, lat_aged, thr, n_fresh, n_over)
         slow = np.flatnonzero(used_mask & ~fast_mask)
         if slow.size:
             judged = st.judged_rows(slow)
@@ -795,6 +812,7 @@ class WindowStore:
             with np.errstate(invalid="ignore"):
                 fresh_mask = sig_mask & (_rows(ch.ts, slow) > fresh_lo)
             self._fresh_p50s(slow, fresh_mask, vals, n_sig, min_fresh, n_fresh, q_fresh)
+            self._fresh_over(slow, fresh_mask, vals, thr, n_fresh, n_over)
             probe_mask = st.probe_rows(slow)
             if valid is not None:
                 probe_mask = probe_mask & valid
@@ -860,6 +878,7 @@ class WindowStore:
             "failed_total": [sr.failures for sr in ser],
             "instance_ts": [sr.instance_ts for sr in ser],
             "resumed_ts": [sr.resumed_ts for sr in ser],
+            "fresh_over": [v if v >= 0 else None for v in n_over[used].tolist()],
         }
         # repeat() columns are endless; every list column has one entry per series.
         return list(map(_make_summary,
@@ -879,6 +898,20 @@ class WindowStore:
             # The rows with +inf over the samples that are not fresh, in one pass.
             inf_filled = np.where(_rows(fresh, sel), _rows(vals, sel), vals.dtype.type(np.inf))
             q_fresh[rows[sel]] = row_quantiles(inf_filled, nf[sel], _Q50)[:, 0]
+
+    @staticmethod
+    def _fresh_over(rows: I64, fresh: Bools, vals: npt.NDArray[Any], thr: F64, n_fresh: I64,
+                    n_over: I64) -> None:
+        """Into ``n_over``: how many fresh samples of ``rows`` lie above their model's
+        threshold ``thr`` (by row), for rows with one and at most FRESH_TAIL_MAX_SAMPLES
+        fresh samples (a low rate: the only rows the count is kept for, and cheap)."""
+        t = thr[rows]
+        nf = n_fresh[rows]
+        sel = np.flatnonzero(~np.isnan(t) & (nf > 0) & (nf <= FRESH_TAIL_MAX_SAMPLES))
+        if sel.size:
+            with np.errstate(invalid="ignore"):
+                above = _rows(fresh, sel) & (np.abs(_rows(vals, sel)) > t[sel, None])
+            n_over[rows[sel]] = np.count_nonzero(above, axis=1)
 
     # ------------------------------------------------------------ snapshot
 

@@ -40,6 +40,7 @@ from app.demo.story import (
     parse_interval,
     story_done,
 )
+from app.routing.explain import explain_text
 from app.routing.status import ModelStatus, read_status
 from app.security import kafka_client_options, redis_client_options
 
@@ -123,6 +124,9 @@ async def observe(stack: Stack, obs: Observations, show: Show) -> float:
                 snap = snapshot_of(statuses, now_s, stack.fleet_t0)
                 if snap is not None:
                     obs.snapshots.append(snap)
+                    if obs.explain is None and plan.slow_node not in snap.routing:
+                        # What an operator would ask at that moment: why is it out?
+                        obs.explain = await explain_text(r, st.key_prefix, plan.slow_node, MODEL)
                 obs.changes = list(feed.changes)
                 show(View(now_s, current_phase(plan, obs, now_s), snap,
                           obs.intervals[-1] if obs.intervals else None, tuple(obs.changes)))
@@ -147,6 +151,8 @@ async def run_story(plan: Plan, *, kafka_bootstrap: str, redis_url: str, run_dir
     obs = Observations()
     async with running_stack(plan, kafka_bootstrap=kafka_bootstrap, redis_url=redis_url, run_dir=run_dir,
                              progress=progress) as stack:
+        obs.page_url = f"http://127.0.0.1:{stack.settings.web_port}/tailguard/"
+        progress(f"status page of the worker: {obs.page_url} (live while the demo runs)")
         progress(f"fleet time 0 = {time.strftime('%H:%M:%S', time.localtime(stack.fleet_t0))}; "
                  f"{plan.slow_node} degrades at t={plan.onset_s:g}s"
                  + ("" if plan.end_s is None else f" and recovers at t={plan.end_s:g}s"))

@@ -138,6 +138,9 @@ def render_report(s: Story) -> str:
                      + (f" (suspect from t={s.suspect_s:.1f}s)" if s.suspect_s is not None else "") + ".")
         lines.append(f"  why: {r.reason}" + (f" — {r.detail}" if r.detail else ""))
         lines.append(f"  health change: {r.describe()}")
+        if s.obs.explain:
+            lines.append(f"  `tailguard explain {plan.slow_node}` when it was out:")
+            lines += ["    " + line for line in s.obs.explain.splitlines()]
     else:
         lines.append(f"removed: {plan.slow_node} was NOT removed before the run ended.")
     if plan.end_s is not None:
@@ -161,5 +164,7 @@ def render_report(s: Story) -> str:
         lines.append(f"WARNING: other nodes left the routing set too: {', '.join(s.others_removed)}")
     if s.errors:
         lines.append(f"client errors: {s.errors}")
+    if s.obs.page_url:
+        lines.append(f"status page (served by the worker while it ran): {s.obs.page_url}")
     lines.append(f"result: {'ok' if s.complete else 'INCOMPLETE (see above)'}")
     return "\n".join(lines)

@@ -110,6 +110,8 @@ class Observations:
     snapshots: list[Snapshot] = field(default_factory=list)
     changes: list[HealthChange] = field(default_factory=list)
     load_start_s: float | None = None
+    page_url: str | None = None        # the worker's status page during the run
+    explain: str | None = None         # `tailguard explain` of the slow node when it was out
 
 
 def parse_interval(line: dict[str, Any], t0: float, interval_s: float) -> Interval:
@@ -247,7 +249,8 @@ def save_run(story: Story, path: Path) -> None:
             "intervals": [dataclasses.asdict(iv) for iv in obs.intervals],
             "snapshots": [{"t_s": sn.t_s, "routing": sorted(sn.routing),
                            "nodes": {n: dataclasses.asdict(v) for n, v in sn.nodes.items()}} for sn in obs.snapshots],
-            "changes": [dataclasses.asdict(c) for c in obs.changes]}
+            "changes": [dataclasses.asdict(c) for c in obs.changes],
+            "page_url": obs.page_url, "explain": obs.explain}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=None, separators=(",", ":")) + "\n", encoding="utf-8")
 
@@ -259,7 +262,8 @@ def load_run(path: Path) -> Story:
         intervals=[Interval(**iv) for iv in d["intervals"]],
         snapshots=[Snapshot(sn["t_s"], {n: NodeView(**v) for n, v in sn["nodes"].items()},
                             frozenset(sn["routing"])) for sn in d["snapshots"]],
-        changes=[HealthChange(**c) for c in d["changes"]], load_start_s=d["load_start_s"])
+        changes=[HealthChange(**c) for c in d["changes"]], load_start_s=d["load_start_s"],
+        page_url=d.get("page_url"), explain=d.get("explain"))
     return analyze(Plan(**d["plan"]), obs, float(d["end_s"]))
 
 

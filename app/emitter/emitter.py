@@ -1,7 +1,8 @@
 """``LatencyEmitter``: publish per-request latencies to Kafka without slowing requests.
 
 What it owns: a bounded in-memory buffer (:class:`~app.emitter.buffer.SeriesBuffer`),
-one background asyncio task (the *flusher*) and one aiokafka producer.
+one background asyncio task (the *flusher*) and one aiokafka producer. Its length is one
+concept's: the flusher's send, retry and back-off states only make sense together.
 Guarantees:
 
 * :meth:`LatencyEmitter.record` never awaits, never does I/O and never waits

@@ -2,9 +2,11 @@
 
 :func:`acl_rules` returns the rules of an ACL user (``ACL SETUSER <name> on
 >password <rules>``) for a key prefix. ``role="worker"`` is what the worker
-(the routing writer, :mod:`app.routing.writer`) needs; ``role="reader"`` what
-load balancers, ``tailguard proxy``/``probe``/``haproxy-sync`` and
-``tailguard status`` need (:mod:`app.routing.reader`, :mod:`app.routing.status`).
+(the routing writer, :mod:`app.routing.writer`, and the operator edge that
+expires overrides) and ``tailguard drain/pin/release/mode`` need;
+``role="reader"`` what load balancers, ``tailguard proxy``/``probe``/
+``haproxy-sync``, ``tailguard status`` and ``tailguard explain`` need
+(:mod:`app.routing.reader`, :mod:`app.routing.status`, :mod:`app.routing.explain`).
 
 Commands called inside the writer's Lua script are checked against the ACL
 too, so they are listed. ``hello`` is for RESP3 clients; ``client|setinfo``
@@ -24,12 +26,18 @@ from app.routing.keys import Keys
 # PING at start (app.security.check_redis); HELLO for RESP3 clients.
 _CONNECTION = ("ping", "hello")
 # The routing reader: polls versions, loads a model in MULTI/EXEC, follows the channel.
+# tailguard explain and the status page: a node's status/history (HGET), its membership in the
+# routing and shadow sets (SISMEMBER, EXISTS), its probe time (ZSCORE), the events LIST.
 READER_COMMANDS = (
-    *_CONNECTION, "get", "smembers", "zrange", "hgetall", "multi", "exec", "discard", "subscribe", "unsubscribe")
+    *_CONNECTION, "get", "smembers", "zrange", "hgetall", "multi", "exec", "discard", "subscribe", "unsubscribe",
+    "hget", "sismember", "exists", "zscore", "lrange")
 # The routing writer: EVALSHA of the apply script (SCRIPT LOAD after NOSCRIPT) and what the script calls.
 WORKER_COMMANDS = (
-    *READER_COMMANDS, "evalsha", "eval", "script|load", "exists", "scard", "sismember", "sadd",
-    "zcard", "zscore", "zadd", "hset", "set", "incr", "del", "time", "publish")
+    *READER_COMMANDS, "evalsha", "eval", "script|load", "scard", "sadd",
+    "zcard", "zadd", "hset", "set", "incr", "del", "time", "publish",
+    # The script's events LIST (P:events:<m>); the worker deletes expired operator overrides
+    # (HGET/HDEL compare-and-delete in P:overrides); drain/pin/release/mode write P:overrides, P:mode.
+    "lpush", "ltrim", "hdel", "hkeys")
 
 
 def acl_rules(prefix: str, role: Literal["worker", "reader"] = "worker") -> str:

@@ -8,17 +8,25 @@ closed).
 
 :func:`connect_for` builds it from the settings, with the credentials and TLS
 options of :func:`app.security.redis_client_options` (``rediss://``, ACL user).
+
+:func:`call_redis` is how the ``tailguard`` commands that read or write Redis
+(status, explain, drain/pin/release/mode) run one step: with the same
+credentials and TLS (:func:`connect_for`, after :func:`app.security.check_redis`
+names a refused login, ACL or certificate), and an unreachable Redis reported
+the same way (password redacted).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TextIO, TypeVar
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
 
-from app.settings import Settings
+from app.settings import Settings, redact_url
 
 
 def connect(url: str, *, timeout_s: float = 2.0, **options: Any) -> aioredis.Redis:
@@ -43,3 +51,29 @@ def connect_for(settings: Settings, *, timeout_s: float = 2.0) -> aioredis.Redis
     from app.security import redis_client_options
 
     return connect(settings.redis_url, timeout_s=timeout_s, **redis_client_options(settings))
+
+
+T = TypeVar("T")
+
+
+async def call_redis(settings: Settings, prog: str, err: TextIO,
+                     body: Callable[[aioredis.Redis], Awaitable[T]]) -> T | None:
+    """Run ``body`` on a client for ``settings`` (:func:`connect_for`); None (after a
+    message naming ``TAILGUARD_REDIS_URL`` on ``err``) when Redis cannot be reached.
+
+    A refused login, ACL or certificate raises :class:`app.security.AccessRefused`
+    (a ``SettingError`` naming the setting) from :func:`app.security.check_redis`.
+    """
+    from app.security import check_redis
+
+    await check_redis(settings)
+    client = connect_for(settings)
+    try:
+        return await body(client)
+    except (RedisError, OSError, TimeoutError) as e:
+        print(f"tailguard {prog}: cannot reach Redis at {redact_url(settings.redis_url)} "
+              f"({type(e).__name__}: {e}). Start it (scripts/redis) or point TAILGUARD_REDIS_URL "
+              "at the Redis that tailguard writes to.", file=err)
+        return None
+    finally:
+        await client.aclose()

@@ -14,6 +14,18 @@ key                                type    content
                                            (s) from which it may be probed / re-admitted
 ``P:nodes:<m>``                    HASH    node id → JSON status (see :func:`status_json`)
 ``P:models``                       SET     every model name ever written (raw, not encoded)
+``P:routing-shadow:<m>``           SET     the routing set the rules and operator overrides
+                                           want (what enforce mode writes to ``P:routing:<m>``;
+                                           in observe mode the real set keeps every node)
+``P:history:<m>``                  HASH    node id → JSON list of its last ticks' rule
+                                           statistics and limits (``tailguard explain``)
+``P:events:<m>``                   LIST    the newest health changes and fleet events of the
+                                           model (JSON, newest first, capped; the status page)
+``P:overrides``                    HASH    operator overrides: field ``["node", "model"|null]``
+                                           (JSON) → JSON ``{action: drain|pin, reason, until,
+                                           by, ts}`` (:mod:`app.routing.operators`)
+``P:mode``                         HASH    ``""`` (every model) or a model name → ``observe``
+                                           or ``enforce``; wins over ``TAILGUARD_MODE``
 channel ``P:routing:changes``      pubsub  ``{"model": <raw name>, "version": <int>}``
 =================================  ======  ==================================================
 
@@ -37,6 +49,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
@@ -99,19 +112,39 @@ class Keys:
     def models(self) -> str:
         return f"{self.prefix}:models"
 
+    def shadow(self, model: str) -> str:
+        return f"{self.prefix}:routing-shadow:{encode_model(model)}"
+
+    def history(self, model: str) -> str:
+        return f"{self.prefix}:history:{encode_model(model)}"
+
+    def events(self, model: str) -> str:
+        return f"{self.prefix}:events:{encode_model(model)}"
+
+    @property
+    def overrides(self) -> str:
+        return f"{self.prefix}:overrides"
+
+    @property
+    def mode(self) -> str:
+        return f"{self.prefix}:mode"
+
     @property
     def channel(self) -> str:
         return f"{self.prefix}:routing:changes"
 
 
-def status_json(status: NodeStatus, *, updated_ts: float) -> str:
+def status_json(status: NodeStatus, *, updated_ts: float,
+                extra: Mapping[str, Any] | None = None) -> str:
     """The JSON stored in ``P:nodes:<m>`` for one node.
 
     Fields: ``state``, ``routed``, ``since`` (Unix s of entering ``state``),
     ``reason``, ``p50_us``/``p99_us`` and ``ratio`` (raw latency: ``p99_us / p50_us``),
     ``signal_p50``/``signal_p99``/``signal_ratio`` (of the judged ``signal``), ``samples``,
     ``hardware``, ``probe_after`` (Unix s, quarantined nodes), ``updated``
-    (Unix s of the write). Missing numbers are ``null``, never 0.
+    (Unix s of the write). Missing numbers are ``null``, never 0. ``extra`` (from the
+    stage-2 edge) adds ``mode``, ``routed_by_rules`` and ``override``
+    (:mod:`app.streaming.edge`).
     """
     def num(x: float | None) -> float | None:
         return x if x is not None and math.isfinite(x) else None
@@ -133,6 +166,8 @@ def status_json(status: NodeStatus, *, updated_ts: float) -> str:
         "probe_after": num(status.probe_after_ts),
         "updated": updated_ts,
     }
+    if extra:
+        d.update(extra)
     return json.dumps(d, separators=(",", ":"), allow_nan=False)
 
 

@@ -6,8 +6,10 @@ version, the routing SET, the quarantine ZSET and the ``P:nodes:<m>`` HASH
 routing SET — what load balancers actually use — not the status JSON's own
 flag. The ``p99/p50`` column is the ratio of the raw latency columns next to it
 (computed from ``p99_us``/``p50_us``, so it is right for statuses written by any
-version). Exit codes: 0 shown, 1 Redis unreachable or ``--model`` unknown, 2 bad
-settings (via ``tailguard``).
+version). A node under an operator override shows it in ``routed`` (``drained``,
+``pinned``) and ``reason`` (who, why, until when); a node kept in routing only
+by observe mode shows ``(observe)``, and the title the model's mode. Exit codes:
+0 shown, 1 Redis unreachable or ``--model`` unknown, 2 bad settings (via ``tailguard``).
 """
 
 from __future__ import annotations
@@ -23,13 +25,12 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
 
 from app.core.types import p99_p50_ratio
-from app.routing.client import connect_for
+from app.routing.client import call_redis
 from app.routing.keys import Keys
-from app.security import check_redis
-from app.settings import load, redact_url
+from app.routing.text import printable
+from app.settings import load
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +126,18 @@ def _age(seconds: float) -> str:
     return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
+def _override_text(o: dict[str, Any], now_s: float) -> str:
+    text = f"{o['action']} by operator"
+    if o.get("by"):
+        text += f" {o['by']}"
+    if o.get("reason"):
+        text += f": {o['reason']}"
+    until = o.get("until")
+    if isinstance(until, int | float) and not isinstance(until, bool):
+        text += f" (ends in {_age(until - now_s)})"
+    return text
+
+
 def format_table(statuses: list[ModelStatus], now_s: float) -> str:
     """The human table: one block per model."""
     header = ("node", "state", "routed", "p50 ms", "p99 ms", "p99/p50", "samples", "since",
@@ -136,21 +149,32 @@ def format_table(statuses: list[ModelStatus], now_s: float) -> str:
             st = ms.nodes.get(n, {})
             since = st.get("since")
             probe = ms.quarantine.get(n)
+            routed = "yes" if n in ms.routing else "no"
+            reason = printable(str(st.get("reason", "-")))
+            override = st.get("override")
+            if isinstance(override, dict) and override.get("action") in ("drain", "pin"):
+                routed += " (drained)" if override["action"] == "drain" else " (pinned)"
+                reason += f"; {_override_text(override, now_s)}"
+            elif st.get("mode") == "observe" and st.get("routed_by_rules") is False:
+                routed += " (observe)"
             rows.append((
-                n,
+                printable(n),
                 str(st.get("state", "?")),
-                "yes" if n in ms.routing else "no",
+                routed,
                 _ms(st.get("p50_us")),
                 _ms(st.get("p99_us")),
                 _raw_ratio(st),
                 _num(st.get("samples"), "d"),
                 _age(now_s - since) if isinstance(since, int | float) else "-",
                 "-" if probe is None else ("now" if probe <= now_s else _age(probe - now_s)),
-                str(st.get("reason", "-")),
+                reason,
             ))
         widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-        title = (f"model {ms.model}  version {ms.version if ms.version is not None else '-'}  "
+        title = (f"model {printable(ms.model)}  version {ms.version if ms.version is not None else '-'}  "
                  f"routed {len(ms.routing)}/{len(rows)}  quarantined {len(ms.quarantine)}")
+        modes = {str(st.get("mode")) for st in ms.nodes.values()} & {"observe", "enforce"}
+        if modes:
+            title += f"  mode {'/'.join(sorted(modes))}"
         lines = [title, "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip()]
         lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
         blocks.append("\n".join(lines))
@@ -172,20 +196,10 @@ def _parser() -> argparse.ArgumentParser:
 async def _run(args: argparse.Namespace, out: TextIO, err: TextIO,
                clock: Callable[[], float]) -> int:
     settings = load()
-    await check_redis(settings)
-    client = connect_for(settings)
-    try:
-        statuses = await read_status(client, settings.key_prefix, args.model)
-    except (RedisError, OSError, TimeoutError) as e:
-        print(
-            f"tailguard status: cannot reach Redis at {redact_url(settings.redis_url)} "
-            f"({type(e).__name__}: {e}). Start it (scripts/redis) or point TAILGUARD_REDIS_URL "
-            "at the Redis that tailguard writes to.",
-            file=err,
-        )
+    statuses = await call_redis(settings, "status", err,
+                                lambda c: read_status(c, settings.key_prefix, args.model))
+    if statuses is None:
         return 1
-    finally:
-        await client.aclose()
     if args.model:
         missing = [s.model for s in statuses if s.version is None and not s.routing and not s.nodes]
         if missing:

@@ -1,6 +1,7 @@
 """The Redis routing writer: one model's verdict → Redis, atomically, idempotently, never empty.
 
-:class:`RoutingWriter` owns the writes of every key in :mod:`app.routing.keys`.
+:class:`RoutingWriter` owns the writes of every key in :mod:`app.routing.keys`. Its length
+is one concept's: the Lua script and the Python that retries, isolates and backs it off.
 
 Guarantees
 ----------
@@ -46,6 +47,11 @@ Guarantees
   ``redis.acl_check_cmd`` that the user may run every command it may call on
   these keys and the channel, and refuses with ``NOPERM`` before writing
   anything otherwise: Redis does not roll back a script that fails half way.
+* **Operator extras in the same step.** :class:`Extras` (the shadow routing
+  set, the per-node tick history and the newest events, from the stage-2
+  edge :mod:`app.streaming.edge`) are written by the same script: a reader
+  sees the shadow set of the same tick as the routing set. Events of a
+  verdict superseded before it was written are carried into the next one.
 * **NOSCRIPT.** The script is run by SHA (``EVALSHA``); redis-py's
   ``AsyncScript`` reloads it with ``SCRIPT LOAD`` when a restarted server
   answers ``NOSCRIPT`` (checked by the integration tests).
@@ -60,8 +66,8 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from types import TracebackType
 from typing import Any, Protocol, Self
 
@@ -87,25 +93,39 @@ _MODEL: tuple[type[BaseException], ...] = (RedisError,)
 
 APPLY_LUA = r"""
 -- tailguard: write one model's routing verdict atomically.
--- KEYS: 1 routing SET, 2 version, 3 quarantine ZSET, 4 nodes HASH, 5 models SET
+-- KEYS: 1 routing SET, 2 version, 3 quarantine ZSET, 4 nodes HASH, 5 models SET,
+--       6 shadow routing SET, 7 history HASH, 8 events LIST
 -- ARGV: 1 channel, 2 model, 3 #routing, 4 #quarantine, 5 #statuses,
---       then the routing members, then (score, node) pairs, then (node, json) pairs.
+--       6 #shadow (-1: leave the shadow set alone), 7 #history (-1: leave it alone),
+--       8 #events, 9 events cap,
+--       then the routing members, then (score, node) pairs, then (node, json) pairs,
+--       then the shadow members, then (node, json) history pairs, then event jsons.
 -- Returns {routing_changed 0|1, quarantine_changed 0|1, version}.
 local routing_key, version_key, quarantine_key, nodes_key, models_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local shadow_key, history_key, events_key = KEYS[6], KEYS[7], KEYS[8]
 local channel, model = ARGV[1], ARGV[2]
 local n_routing = tonumber(ARGV[3])
 local n_quarantine = tonumber(ARGV[4])
 local n_status = tonumber(ARGV[5])
-if n_routing == nil or n_quarantine == nil or n_status == nil then
+local n_shadow = tonumber(ARGV[6])
+local n_history = tonumber(ARGV[7])
+local n_events = tonumber(ARGV[8])
+local events_cap = tonumber(ARGV[9])
+if n_routing == nil or n_quarantine == nil or n_status == nil or n_shadow == nil
+    or n_history == nil or n_events == nil or events_cap == nil then
   return redis.error_reply('ERR tailguard: malformed counts')
 end
 if n_routing < 1 then
   return redis.error_reply('ERR tailguard: refusing to write an empty routing set for ' .. model)
 end
-local first_q = 6 + n_routing
+local first_r = 10
+local first_q = first_r + n_routing
 local first_s = first_q + 2 * n_quarantine
-if #ARGV ~= first_s - 1 + 2 * n_status then
+local first_w = first_s + 2 * n_status
+local first_h = first_w + math.max(n_shadow, 0)
+local first_e = first_h + 2 * math.max(n_history, 0)
+if #ARGV ~= first_e - 1 + n_events then
   return redis.error_reply('ERR tailguard: argument count does not match the counts')
 end
 
@@ -118,6 +138,8 @@ if redis.acl_check_cmd then
     {'SADD', routing_key, 'n'}, {'ZCARD', quarantine_key}, {'ZSCORE', quarantine_key, 'n'},
     {'DEL', quarantine_key}, {'ZADD', quarantine_key, '0', 'n'}, {'DEL', nodes_key},
     {'HSET', nodes_key, 'n', 'v'}, {'SADD', models_key, 'm'}, {'TIME'}, {'PUBLISH', channel, 'm'},
+    {'DEL', shadow_key}, {'SADD', shadow_key, 'n'}, {'DEL', history_key}, {'HSET', history_key, 'n', 'v'},
+    {'LPUSH', events_key, 'e'}, {'LTRIM', events_key, '0', '0'},
   }
   for _, c in ipairs(checks) do
     if not redis.acl_check_cmd(unpack(c)) then
@@ -143,7 +165,7 @@ if not routing_changed then
     routing_changed = true
   else
     -- same size and every wanted (distinct) member present => same set
-    for i = 6, first_q - 1 do
+    for i = first_r, first_q - 1 do
       if redis.call('SISMEMBER', routing_key, ARGV[i]) == 0 then
         routing_changed = true
         break
@@ -165,7 +187,7 @@ end
 
 if routing_changed then
   redis.call('DEL', routing_key)
-  put('SADD', routing_key, 6, first_q - 1)
+  put('SADD', routing_key, first_r, first_q - 1)
 end
 if quarantine_changed then
   redis.call('DEL', quarantine_key)
@@ -173,8 +195,20 @@ if quarantine_changed then
 end
 
 redis.call('DEL', nodes_key)
-put('HSET', nodes_key, first_s, #ARGV)
+put('HSET', nodes_key, first_s, first_w - 1)
 redis.call('SADD', models_key, model)
+if n_shadow >= 0 then
+  redis.call('DEL', shadow_key)
+  put('SADD', shadow_key, first_w, first_h - 1)
+end
+if n_history >= 0 then
+  redis.call('DEL', history_key)
+  put('HSET', history_key, first_h, first_e - 1)
+end
+if n_events > 0 then
+  put('LPUSH', events_key, first_e, #ARGV)
+  redis.call('LTRIM', events_key, 0, events_cap - 1)
+end
 
 local version
 if routing_changed or quarantine_changed then
@@ -223,6 +257,28 @@ class NullWriterMetrics:
 
     def written(self, model: str, *, changed: bool, version: int) -> None:
         pass
+
+
+EVENTS_CAP = 50   # newest health changes / fleet events kept per model (P:events:<m>)
+
+
+@dataclass(frozen=True, slots=True)
+class Extras:
+    """What the stage-2 edge writes next to a verdict (see :mod:`app.routing.keys`).
+
+    ``shadow``: the would-be routing set (None: leave the key alone);
+    ``annotations``: extra fields merged into a node's status JSON;
+    ``history``: node → JSON of its tick history (None: leave the key alone);
+    ``events``: JSON documents pushed onto the model's event list, oldest first.
+    """
+
+    shadow: frozenset[str] | None = None
+    annotations: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    history: Mapping[str, str] | None = None
+    events: tuple[str, ...] = ()
+
+
+NO_EXTRAS = Extras()
 
 
 @dataclass(frozen=True, slots=True)
@@ -303,7 +359,7 @@ class RoutingWriter:
         self._retry_max_s = retry_max_s
         self._write_timeout_s = write_timeout_s
         self._script = redis.register_script(APPLY_LUA)
-        self._pending: dict[str, ModelTick] = {}
+        self._pending: dict[str, tuple[ModelTick, Extras]] = {}
         self._lock = asyncio.Lock()
         self._failures = 0          # consecutive failed attempts (connection errors)
         self._retry_at = 0.0        # monotonic time before which apply() does not try
@@ -330,7 +386,7 @@ class RoutingWriter:
         """Models whose last write Redis refused (their keys are in a bad state)."""
         return frozenset(self._model_backoff)
 
-    async def apply(self, tick: ModelTick) -> bool:
+    async def apply(self, tick: ModelTick, extras: Extras = NO_EXTRAS) -> bool:
         """Write ``tick``'s verdict. True when Redis now holds it (written or already equal).
 
         False when the tick was refused (empty routing set: the last set
@@ -347,7 +403,10 @@ class RoutingWriter:
             )
             self._metrics.empty_refused(tick.model)
             return False
-        self._pending[tick.model] = tick
+        before = self._pending.get(tick.model)
+        if before is not None and before[1].events:   # superseded unwritten: keep its events
+            extras = replace(extras, events=before[1].events + extras.events)
+        self._pending[tick.model] = (tick, extras)
         await self._flush(force=False)
         return tick.model not in self._pending
 
@@ -415,21 +474,21 @@ class RoutingWriter:
                 return False
             now = self._monotonic()
             for model in list(self._pending):
-                tick = self._pending.get(model)
-                if tick is None:
+                item = self._pending.get(model)
+                if item is None:
                     continue
                 if not models_too and self._model_due_at(model) > now:
                     self._wake.set()
                     continue
                 try:
-                    result = await self._write(tick)
+                    result = await self._write(*item)
                 except _CONNECTION as e:
                     self._record_failure(model, e)
                     return False
                 except _MODEL as e:
                     self._record_model_failure(model, e)
                     continue
-                if self._pending.get(model) is tick:
+                if self._pending.get(model) is item:
                     del self._pending[model]
                 self._record_success(result)
             return not self._pending
@@ -459,10 +518,11 @@ class RoutingWriter:
             log.error(
                 "Redis refused the routing write of model %r (%s: %s); attempt %d, retrying this "
                 "model in %.2fs, other models are still written. Check the type and ACL of its "
-                "keys (%s is a SET, %s a string counter, %s a ZSET, %s a HASH); load balancers "
-                "keep its last written set",
+                "keys (%s is a SET, %s a string counter, %s a ZSET, %s a HASH, %s a SET, %s a "
+                "HASH, %s a LIST); load balancers keep its last written set",
                 model, type(error).__name__, error, failures, delay_s,
                 k.routing(model), k.version(model), k.quarantine(model), k.nodes(model),
+                k.shadow(model), k.history(model), k.events(model),
             )
         self._wake.set()
 
@@ -480,19 +540,27 @@ class RoutingWriter:
         if result.changed:
             log.debug("model %r routing version %d", result.model, result.version)
 
-    async def _write(self, tick: ModelTick) -> WriteResult:
+    async def _write(self, tick: ModelTick, extras: Extras) -> WriteResult:
         k, m = self.keys, tick.model
         routing = sorted(tick.routing)
         quarantine = [(repr(float(ts)), node) for node, ts in sorted(tick.quarantine.items())]
         now = self._clock()
-        statuses = {s.node_id: status_json(s, updated_ts=now) for s in tick.statuses}
+        notes = extras.annotations
+        statuses = {s.node_id: status_json(s, updated_ts=now, extra=notes.get(s.node_id))
+                    for s in tick.statuses}
+        shadow = None if extras.shadow is None else sorted(extras.shadow)
+        history = None if extras.history is None else sorted(extras.history.items())
         args: list[str | int] = [
             k.channel, m, len(routing), len(quarantine), len(statuses),
+            -1 if shadow is None else len(shadow), -1 if history is None else len(history),
+            len(extras.events), EVENTS_CAP,
             *routing, *_flat(quarantine), *_flat(sorted(statuses.items())),
+            *(shadow or ()), *_flat(history or ()), *extras.events,
         ]
         async with asyncio.timeout(self._write_timeout_s):
             raw = await self._script(
-                keys=[k.routing(m), k.version(m), k.quarantine(m), k.nodes(m), k.models],
+                keys=[k.routing(m), k.version(m), k.quarantine(m), k.nodes(m), k.models,
+                      k.shadow(m), k.history(m), k.events(m)],
                 args=args,
             )
         routing_changed, quarantine_changed, version = (int(x) for x in raw)

@@ -12,13 +12,16 @@ writer's failures land on the same registry.
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import math
 import threading
+from collections.abc import Iterable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from app.core.types import HealthState
+from app.core.types import HealthState, ModelTick
 
 _TICK_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
@@ -62,6 +65,9 @@ class WorkerMetrics:
                                               "writes Redis refused for one model's keys "
                                               "(e.g. WRONGTYPE): that model backs off, the "
                                               "others are written", ["model"], registry=r)
+        self.summaries_dropped = Counter("tailguard_summaries_dropped", "stage-1 summaries stage 2 "
+                                         "did not evaluate, by reason (superseded by a newer one, "
+                                         "stale, another worker's model)", ["reason"], registry=r)
         self.table_write_failures = Counter("tailguard_table_write_failures", "failed "
                                             "writes of stage-2 state or hints to their "
                                             "changelog tables (retried next tick)", registry=r)
@@ -73,6 +79,30 @@ class WorkerMetrics:
                                   ["topic", "partition"], registry=r)
         self.owned_models = Gauge("tailguard_owned_models", "models whose stage-2 partition "
                                   "this worker owns", registry=r)
+        self.last_tick_ts = Gauge("tailguard_last_tick_timestamp_seconds", "Unix time of "
+                                  "this worker's last stage-2 tick (alert when it stops)",
+                                  registry=r)
+        self.fleet_events = Counter("tailguard_fleet_events", "fleet events published, by "
+                                    "kind (load_event, error_storm, baseline_shift, …_end)",
+                                    ["model", "kind"], registry=r)
+        self.observe_mode = Gauge("tailguard_observe_mode", "1 while the model is in observe "
+                                  "mode (verdicts published, not enforced), else 0",
+                                  ["model"], registry=r)
+        self.overrides = Gauge("tailguard_operator_overrides", "operator overrides in force "
+                               "per model", ["model", "action"], registry=r)
+        self.routed_nodes = Gauge("tailguard_routed_nodes", "nodes in the routing set "
+                                  "written for the model", ["model"], registry=r)
+        self.ejection_cap = Gauge("tailguard_ejection_cap_nodes", "how many of the model's "
+                                  "nodes the rules may take out (max_ejected_fraction)",
+                                  ["model"], registry=r)
+        self.rules_out = Gauge("tailguard_rules_out_nodes", "nodes the rules keep out of "
+                               "routing (ejected, quarantined, retired)", ["model"], registry=r)
+        self.held_by_cap = Gauge("tailguard_held_by_cap_nodes", "confirmed abnormal nodes "
+                                 "kept in routing because the model is at its ejection cap "
+                                 "(or it is the last routed node)", ["model"], registry=r)
+        self.operator_read_failures = Counter("tailguard_operator_read_failures", "failed "
+                                              "reads of operator overrides/modes from Redis "
+                                              "(the last ones read stay in force)", registry=r)
         self._server: Any = None
         self._thread: threading.Thread | None = None
 
@@ -103,7 +133,29 @@ class WorkerMetrics:
             else:
                 self.cluster_latency.labels(model=model, quantile=q).set(v)
 
+    def set_operator_view(self, model: str, mode: str, overrides: Iterable[Any], tick: ModelTick,
+                          *, max_ejected_fraction: float) -> None:
+        """Mode, overrides and the routing/cap gauges of one model after the operator edge."""
+        self.observe_mode.labels(model=model).set(1 if mode == "observe" else 0)
+        actions = collections.Counter(o.action for o in overrides)
+        for action in ("drain", "pin"):
+            self.overrides.labels(model=model, action=action).set(actions.get(action, 0))
+        self.routed_nodes.labels(model=model).set(len(tick.routing))
+        known = [s for s in tick.statuses if s.state is not HealthState.UNKNOWN]
+        self.ejection_cap.labels(model=model).set(
+            math.floor(max_ejected_fraction * len(known) + 1e-9))
+        self.rules_out.labels(model=model).set(sum(1 for s in known if not s.routed))
+        self.held_by_cap.labels(model=model).set(
+            sum(1 for s in known if s.reason == "ejection_cap" and s.routed))
+
     def forget_model(self, model: str) -> None:
+        for g in (self.observe_mode, self.routed_nodes, self.ejection_cap, self.rules_out,
+                  self.held_by_cap):
+            with contextlib.suppress(KeyError):
+                g.remove(model)
+        for action in ("drain", "pin"):
+            with contextlib.suppress(KeyError):
+                self.overrides.remove(model, action)
         for state in HealthState:
             with contextlib.suppress(KeyError):
                 self.nodes.remove(model, str(state))

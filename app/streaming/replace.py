@@ -338,9 +338,9 @@ def build_hook(settings: Settings, publish: Callable[[dict[str, Any]], Awaitable
     action = action_from(settings)
     if action is None:
         return None, None
-    from app.routing.client import connect
+    from app.routing.client import connect_for
 
-    client = connect(settings.redis_url)
+    client = connect_for(settings)   # credentials and TLS, like every other Redis client
     hook = ReplaceHook(action, RedisLedger(client, settings.key_prefix), publish,
                        attempts=settings.replace_attempts, timeout_s=settings.replace_timeout_s,
                        max_age_s=settings.replace_max_age_s, clock=clock,

@@ -24,11 +24,15 @@ stage-2 tick               ``tick_interval_s`` after each stage-1 tick + min(T/2
                            worker owns (``FleetEvaluator``), writes its state to the
                            ``health`` table, publishes transitions / fleet events /
                            diagnostics requests, then writes the routing verdict to Redis,
-                           then offers the retired nodes to the replace hook (replace.py,
-                           when TAILGUARD_REPLACE_COMMAND or _WEBHOOK_URL is set).
+                           after the operator edge (``app.streaming.edge``: observe/enforce
+                           mode, drains and pins read from Redis each tick), then offers
+                           the retired nodes of enforced models to the replace hook
+                           (replace.py, when TAILGUARD_REPLACE_COMMAND or _WEBHOOK_URL is set).
 ``health`` Table           model → ``FleetEvaluator.snapshot_model``; changelog-backed
                            (``use_partitioner=True``: written from the timer), co-partitioned
                            with ``node-window-stats`` (same raw key bytes, same partitioner).
+status page                ``/tailguard/`` on faust's web server (``TAILGUARD_WEB_PORT``), from
+                           Redis (``app.streaming.page``).
 ``judge_since`` GlobalTbl  model → ``{"judge_since": {node: since_ts}, "out_of_fit": [node]}``
                            (stage2.encode_hints): from when samples of quarantined, warming
                            and re-admitted nodes count, and the nodes out of routing that
@@ -64,9 +68,18 @@ from app.core.errors import BadEvent
 from app.core.evaluate import FleetEvaluator
 from app.core.types import HealthState, ModelTick, WindowSummary
 from app.core.window import WindowStore
+from app.routing.keys import Keys
+from app.routing.operators import (
+    OperatorState,
+    Override,
+    delete_if_unchanged,
+    read_operator_state,
+)
+from app.routing.writer import Extras
 from app.security import faust_broker_credentials
 from app.settings import Settings
 from app.streaming.deadletter import DeadLetter
+from app.streaming.edge import EdgeInput, EdgeOutput, OperatorEdge
 from app.streaming.ingest import IngestService, next_boundary, sleep_until
 from app.streaming.metrics import WorkerMetrics
 from app.streaming.replace import ReplaceHook, build_hook
@@ -92,7 +105,28 @@ MAX_UNPUBLISHED_TICKS = 10_000   # model-ticks kept for re-publishing while Kafk
 class RoutingSink(Protocol):
     """Where verdicts go: ``app.routing.writer.RoutingWriter`` or a test fake."""
 
-    async def apply(self, tick: ModelTick) -> bool: ...
+    async def apply(self, tick: ModelTick, extras: Extras = ...) -> bool: ...
+
+
+class OperatorSource(Protocol):
+    """Where operator overrides and modes come from (Redis: :class:`RedisOperators`)."""
+
+    async def read(self) -> OperatorState: ...
+
+    async def delete_expired(self, override: Override) -> None: ...
+
+
+class RedisOperators:
+    """:class:`OperatorSource` on the Redis that holds the routing keys."""
+
+    def __init__(self, redis: Any, key_prefix: str) -> None:
+        self.redis, self.keys = redis, Keys(key_prefix)
+
+    async def read(self) -> OperatorState:
+        return await read_operator_state(self.redis, self.keys)
+
+    async def delete_expired(self, override: Override) -> None:
+        await delete_if_unchanged(self.redis, self.keys, override)
 
 
 def partition_for(key: bytes, partitions: int) -> int:
@@ -130,8 +164,12 @@ class Runtime:
     last_assignment: tuple[int, frozenset[int]] | None = None
     stage2_tick: Callable[[], Awaitable[list[ModelOutput]]] | None = None
     gauged_models: set[str] = field(default_factory=set)
-    unpublished: list[ModelOutput] = field(default_factory=list)
+    dropped_reported: dict[str, int] = field(default_factory=dict)   # stage2.dropped exported
     replace_hook: ReplaceHook | None = None
+    unpublished: list[EdgeOutput] = field(default_factory=list)
+    edge: OperatorEdge | None = None
+    operators: OperatorSource | None = None
+    operator_state: OperatorState = field(default_factory=OperatorState)
 
 
 class _ByModel(Protocol):
@@ -177,11 +215,14 @@ class _FaustSink:
 
 def create_app(settings: Settings, *, writer: RoutingSink | None = None,
                clock: Callable[[], float] = time.time,
-               registry: CollectorRegistry | None = None) -> Any:
+               registry: CollectorRegistry | None = None,
+               operators: OperatorSource | None = None) -> Any:
     """Build the worker's faust app (see the module docstring).
 
     ``writer``: the routing sink; default a :class:`~app.routing.writer.RoutingWriter`
-    on ``settings.redis_url`` whose lifetime is the app's. ``registry``: the
+    on ``settings.redis_url`` whose lifetime is the app's. ``operators``: where
+    overrides and modes are read each tick; default the same Redis as the
+    writer's (none when a ``writer`` is given: no overrides, ``TAILGUARD_MODE``). ``registry``: the
     Prometheus registry (default a fresh one). ``clock``: wall time in seconds.
     """
     det = settings.detector
@@ -230,8 +271,12 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
 
         redis_client = connect_for(settings)
         writer = RoutingWriter(redis_client, settings.key_prefix, metrics=metrics)
+        if operators is None:
+            operators = RedisOperators(redis_client, settings.key_prefix)
     routing: RoutingSink = writer
-    rt = Runtime(settings, metrics, stage1, stage2, evaluator, writer)
+    edge = OperatorEdge(det, settings.mode, history_len=settings.history_ticks)
+    rt = Runtime(settings, metrics, stage1, stage2, evaluator, writer, edge=edge,
+                 operators=operators)
     setattr(app, _RUNTIME_ATTR, rt)
     changelogs = [t.changelog_topic.get_topic_name() for t in (state_table, hints_table)]
     written = [t.get_topic_name() for t in (stats, health, fleet, diag_req, dlq, replacements)] + changelogs
@@ -288,6 +333,10 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
 
     app.service(_Lifecycle)
     app.service(_Ingest)
+    if settings.web_port != 0:
+        from app.streaming import page
+
+        page.register(app, lambda: redis_client, settings.key_prefix, settings.mode, clock)
 
     @app.agent(stats, name="tailguard-stage2")
     async def stage2_agent(stream: Any) -> None:
@@ -332,31 +381,66 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
             hints_for_s=next_boundary(now_s, tick_s))
         metrics.tick_seconds.observe(time.perf_counter() - t0)
         metrics.table_write_failures.inc(stage2.write_failures - failures_before)
+        for reason, count in stage2.dropped.items():
+            if count > rt.dropped_reported.get(reason, 0):
+                metrics.summaries_dropped.labels(reason=reason).inc(count - rt.dropped_reported.get(reason, 0))
+                rt.dropped_reported[reason] = count
         metrics.owned_models.set(len(outputs))
         now_owned = {o.tick.model for o in outputs}
         for gone in rt.gauged_models - now_owned:
             metrics.forget_model(gone)
+            edge.forget_model(gone)
         rt.gauged_models = now_owned
+        metrics.last_tick_ts.set(now_s)
+        edged = await at_the_edge(outputs, now_s)
         # At least once: what a failed publish left behind goes out first at the next tick
         # (consumers drop the repeats by event_id); bounded, the oldest are dropped first.
-        pending = [*rt.unpublished, *outputs][-MAX_UNPUBLISHED_TICKS:]
+        pending = [*rt.unpublished, *edged][-MAX_UNPUBLISHED_TICKS:]
         rt.unpublished = pending
         await publish(pending)
         rt.unpublished = []
         if hook is not None:   # level-triggered: every retired status, every tick (replace.py)
-            hook.offer(s for o in outputs for s in o.tick.statuses)
+            # Observe mode acts on nothing: its models' retired nodes are not replaced.
+            hook.offer(s for d in edged if d.mode == "enforce" for s in d.tick.statuses)
         return outputs
 
-    async def publish(outputs: list[ModelOutput]) -> None:
+    async def at_the_edge(outputs: list[ModelOutput], now_s: float) -> list[EdgeOutput]:
+        """Mode and operator overrides on each verdict (app.streaming.edge)."""
+        if operators is not None and outputs:
+            try:
+                rt.operator_state = await operators.read()
+            except Exception as e:  # Redis down: the last overrides read stay in force
+                metrics.operator_read_failures.inc()
+                log.warning("reading operator overrides failed (%s: %s); keeping the last ones",
+                            type(e).__name__, e)
+        ops = rt.operator_state
+        for bad in ops.bad:
+            log.warning("ignoring an operator setting in Redis: %s", bad)
+        edged = [edge.apply(EdgeInput(o.tick, o.transitions, o.summaries, o.streaks), ops, now_s)
+                 for o in outputs]
+        for done in edged:
+            metrics.set_operator_view(done.tick.model, done.mode, done.overrides.values(),
+                                      done.tick, max_ejected_fraction=det.max_ejected_fraction)
+            for o in done.expired:
+                if operators is not None:
+                    try:
+                        await operators.delete_expired(o)
+                    except Exception:
+                        log.exception("deleting an expired override of %r failed", o.node_id)
+        return edged
+
+    async def publish(outputs: list[EdgeOutput]) -> None:
         futs = []
         for out in outputs:
             tick = out.tick
             key = state_key(tick.model)
-            for t in out.transitions:
-                futs.append(await health.send(key=key, value=dumps(t.to_event())))
-                metrics.transitions.labels(to=str(t.to_state)).inc()
+            for ev in out.health_events:
+                futs.append(await health.send(key=key, value=dumps(ev)))
+                if "operator" not in ev:    # a drain or pin is no state transition
+                    metrics.transitions.labels(to=str(ev["to"])).inc()
             for f in tick.fleet_events:
                 futs.append(await fleet.send(key=key, value=dumps(f.to_event())))
+                metrics.fleet_events.labels(model=tick.model, kind=f.kind).inc()
             for r in tick.diagnostics:
                 futs.append(await diag_req.send(key=r.node_id.encode(),
                                                 value=dumps(r.to_event())))
@@ -370,7 +454,7 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
             await app.producer.flush()
         for out in outputs:
             try:
-                await routing.apply(out.tick)
+                await routing.apply(out.tick, out.extras)
             except Exception:  # a malformed verdict: never stop the other models
                 log.exception("routing write of model %r failed", out.tick.model)
 

@@ -64,7 +64,8 @@ class WindowStoreLike(Protocol):
 
     def summaries(self, now_s: float,
                   judge_since: Mapping[tuple[str, str], float] | None = None,
-                  *, out_of_fit: Collection[tuple[str, str]] = ()) -> list[WindowSummary]: ...
+                  *, out_of_fit: Collection[tuple[str, str]] = (),
+                  tail_refs: Mapping[str, float] | None = None) -> list[WindowSummary]: ...
 
     def model_digests(self, now_s: float) -> dict[str, dict[str, Any]]: ...
 
@@ -171,6 +172,7 @@ class Stage1:
     def summaries(self, now_s: float, owned_partitions: Collection[int] | None = None,
                   judge_since: Mapping[tuple[str, str], float] | None = None,
                   out_of_fit: Collection[tuple[str, str]] = (),
+                  tail_refs: Mapping[str, float] | None = None,
                   ) -> list[WindowSummary]:
         """This tick's summary of every owned series (all series when ``owned_partitions`` is None).
 
@@ -179,9 +181,10 @@ class Stage1:
         (``FleetEvaluator.judge_since``); ``out_of_fit`` the pairs out of
         routing, which do not vote in the fleet-wide ``normalized`` fit
         (``FleetEvaluator.out_of_fit``). The fit is made from every series
-        this store holds, owned or not.
+        this store holds, owned or not. ``tail_refs`` ``{model: threshold}``
+        (``FleetEvaluator.tail_ref``): fresh samples above it are counted.
         """
-        out = self.store.summaries(now_s, judge_since, out_of_fit=out_of_fit)
+        out = self.store.summaries(now_s, judge_since, out_of_fit=out_of_fit, tail_refs=tail_refs)
         if owned_partitions is not None:
             owned = set(owned_partitions)
             part = self._partition_of

@@ -32,9 +32,13 @@ Guarantees:
   ``stale_after_s`` are dropped, so a worker that left stops counting.
 * **Only owned models.** A model is evaluated only when ``owns(model)`` says
   this worker holds its partition; buffered input of other models is dropped.
+* **Explainable.** Each :class:`ModelOutput` carries the summaries the
+  verdict was made from and the nodes' abnormal streaks, for the operator
+  edge (:mod:`app.streaming.edge`: mode, overrides, ``tailguard explain``).
 * **Bounded.** At most one pending summary per (node, model) (the newest),
   summaries older than ``stale_after_s`` are ignored, and at most
-  ``max_pending_diagnostics`` diagnostics results per model are kept.
+  ``max_pending_diagnostics`` diagnostics results per model are kept. No
+  summary goes unevaluated without being counted in ``dropped`` by reason.
 """
 
 from __future__ import annotations
@@ -61,11 +65,15 @@ class StageHints:
 
     judge_since: dict[SeriesKey, float] = field(default_factory=dict)
     out_of_fit: frozenset[SeriesKey] = frozenset()
+    tail_refs: dict[str, float] = field(default_factory=dict)   # model -> fresh-tail threshold
 
 
-def encode_hints(judge_since: Mapping[str, float], out_of_fit: Iterable[str]) -> dict[str, Any]:
-    """One model's hints table value: ``{"judge_since": {node: ts}, "out_of_fit": [node, …]}``."""
-    return {"judge_since": dict(judge_since), "out_of_fit": sorted(out_of_fit)}
+def encode_hints(judge_since: Mapping[str, float], out_of_fit: Iterable[str],
+                 tail_ref: float | None = None) -> dict[str, Any]:
+    """One model's hints table value: ``{"judge_since": {node: ts}, "out_of_fit": [node, …],
+    "tail_ref": threshold or null}`` (``FleetEvaluator.tail_ref``: stage 1 counts each
+    series' fresh samples above it)."""
+    return {"judge_since": dict(judge_since), "out_of_fit": sorted(out_of_fit), "tail_ref": tail_ref}
 
 
 def decode_hints(items: Iterable[tuple[Any, Any]]) -> StageHints:
@@ -76,10 +84,14 @@ def decode_hints(items: Iterable[tuple[Any, Any]]) -> StageHints:
     """
     since: dict[SeriesKey, float] = {}
     unfit: set[SeriesKey] = set()
+    refs: dict[str, float] = {}
     for key, value in items:
         model = key.decode() if isinstance(key, bytes) else str(key)
         if not isinstance(value, Mapping):
             continue
+        ref = value.get("tail_ref")
+        if isinstance(ref, int | float) and not isinstance(ref, bool) and ref > 0:
+            refs[model] = float(ref)
         js = value.get("judge_since")
         if isinstance(js, Mapping):   # current form (an old-form node's value is a number)
             unfit.update((str(node), model) for node in value.get("out_of_fit") or ())
@@ -87,7 +99,7 @@ def decode_hints(items: Iterable[tuple[Any, Any]]) -> StageHints:
             js = value
         for node, ts in js.items():
             since[(str(node), model)] = float(ts)
-    return StageHints(since, frozenset(unfit))
+    return StageHints(since, frozenset(unfit), refs)
 
 
 class EvaluatorLike(Protocol):
@@ -102,11 +114,15 @@ class EvaluatorLike(Protocol):
 
     def out_of_fit(self, model: str) -> set[tuple[str, str]]: ...
 
+    def tail_ref(self, model: str) -> float | None: ...
+
     def snapshot_model(self, model: str) -> dict[str, Any]: ...
 
     def restore_model(self, model: str, snapshot: dict[str, Any]) -> Any: ...
 
     def forget_model(self, model: str) -> None: ...
+
+    def pair(self, model: str, node_id: str) -> Any: ...
 
 
 def state_key(model: str) -> bytes:
@@ -120,6 +136,10 @@ class ModelOutput:
 
     tick: ModelTick
     diagnostics_transitions: tuple[Transition, ...] = ()
+    # What the verdict was made from, for the operator edge (app.streaming.edge): the
+    # summaries judged and each node's abnormal streak after the tick.
+    summaries: tuple[WindowSummary, ...] = ()
+    streaks: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def transitions(self) -> tuple[Transition, ...]:
@@ -146,6 +166,9 @@ class Stage2:
         self._written: dict[str, Any] = {}
         self.write_failures = 0
         self.refused_states = 0     # stored model states that could not be restored
+        # Summaries never evaluated, by reason: "superseded" (a newer one of the same pair came
+        # first), "stale" (older than stale_after_s at the tick), "not_owned" (another worker's).
+        self.dropped: collections.Counter[str] = collections.Counter()
         self._cluster: dict[str, dict[str, ClusterDigest]] = {}
 
     # --- input ---------------------------------------------------------------
@@ -154,6 +177,8 @@ class Stage2:
         old = nodes.get(s.node_id)
         if old is None or s.tick_ts >= old.tick_ts:
             nodes[s.node_id] = s
+        if old is not None:
+            self.dropped["superseded"] += 1
 
     def on_cluster(self, c: ClusterDigest) -> None:
         sources = self._cluster.setdefault(c.model, {})
@@ -193,7 +218,7 @@ class Stage2:
         out: list[ModelOutput] = []
         for model in sorted(self.known_models()):
             if not owns(model):
-                self._pending.pop(model, None)
+                self.dropped["not_owned"] += len(self._pending.pop(model, {}))
                 self._diagnostics.pop(model, None)
                 self._cluster.pop(model, None)
                 self._restored.discard(model)
@@ -207,7 +232,7 @@ class Stage2:
             return
         ev = self.evaluator
         value = encode_hints({node: ts for (node, _m), ts in ev.judge_since(model, at_s).items()},
-                             (node for node, _m in ev.out_of_fit(model)))
+                             (node for node, _m in ev.out_of_fit(model)), ev.tail_ref(model))
         if self._hints_written.get(model) != value and self._write(
                 self.hints, state_key(model), value, model, "hints"):
             self._hints_written[model] = value
@@ -258,10 +283,18 @@ class Stage2:
         for d in self._diagnostics.pop(model, ()):
             diag.extend(ev.apply_diagnostics(model, d.node_id, d.recoverable, now_s))
         horizon = now_s - self.stale_after_s
-        summaries = [s for s in self._pending.pop(model, {}).values() if s.tick_ts >= horizon]
+        pending = self._pending.pop(model, {})
+        summaries = [s for s in pending.values() if s.tick_ts >= horizon]
+        if len(summaries) < len(pending):
+            self.dropped["stale"] += len(pending) - len(summaries)
         tick = self._with_cluster_quantiles(ev.evaluate(model, summaries, now_s), horizon)
         snap = ev.snapshot_model(model)
         if self._written.get(model) != snap and self._write(self.state, key, snap, model,
                                                             "state"):
             self._written[model] = snap
-        return ModelOutput(tick, tuple(diag))
+        streaks = {}
+        for st in tick.statuses:
+            p = ev.pair(model, st.node_id)
+            if p is not None and p.abnormal_streak:
+                streaks[st.node_id] = int(p.abnormal_streak)
+        return ModelOutput(tick, tuple(diag), tuple(summaries), streaks)

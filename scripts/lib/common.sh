@@ -38,7 +38,8 @@ as_root() {
   else die "need root to run: $* (install it yourself, then run this again)"; fi
 }
 
-# apt_install PKG...: install Debian packages that are missing.
+# apt_install PKG...: install Debian packages that are missing (APT_NO_RECOMMENDS=1: without
+# their recommended packages).
 apt_install() {
   local missing=()
   for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
@@ -46,5 +47,7 @@ apt_install() {
   command -v apt-get >/dev/null || die "apt-get not found: install ${missing[*]} by hand"
   say "installing Debian packages: ${missing[*]}"
   as_root apt-get update -qq >/dev/null
-  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "${missing[@]}" >/dev/null
+  local extra=()
+  [ "${APT_NO_RECOMMENDS:-}" = 1 ] && extra+=(--no-install-recommends)
+  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "${extra[@]}" "${missing[@]}" >/dev/null
 }

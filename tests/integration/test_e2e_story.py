@@ -67,3 +67,7 @@ async def test_slow_node_removed_cluster_p99_restored_and_recovered_node_readmit
     # Re-admitted for good: not taken out again on samples from before it recovered.
     assert story.reejected_s is None, report
     assert story.complete, report
+    # The report shows the worker's page and `tailguard explain` of the node while it was out.
+    assert story.obs.page_url is not None and story.obs.page_url in report, report
+    assert story.obs.explain is not None and plan.slow_node in story.obs.explain, report
+    assert f"tailguard explain {plan.slow_node}" in report, report

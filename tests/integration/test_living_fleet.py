@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
-from worker_harness import Worker, WorkerEnv, health_events, read_topic, routing, wait_for
+from worker_harness import Worker, WorkerEnv, health_events, read_topic, routing
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 

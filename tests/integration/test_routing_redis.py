@@ -251,8 +251,9 @@ async def test_empty_routing_is_refused_and_the_last_set_stays(
     # The script refuses an empty set on its own too (a second guard).
     with pytest.raises(redis.ResponseError, match="empty routing set"):
         await w._script(keys=[k.routing(MODEL), k.version(MODEL), k.quarantine(MODEL),
-                              k.nodes(MODEL), k.models],
-                        args=[k.channel, MODEL, 0, 0, 0])
+                              k.nodes(MODEL), k.models, k.shadow(MODEL), k.history(MODEL),
+                              k.events(MODEL)],
+                        args=[k.channel, MODEL, 0, 0, 0, -1, -1, 0, 50])
     assert _text_set(await client.smembers(k.routing(MODEL))) == {"a", "b"}
 
 

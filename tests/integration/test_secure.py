@@ -41,11 +41,11 @@ from pathlib import Path
 import aiohttp
 import pytest
 import redis.asyncio as aioredis
+from acl_users import acl_users
 from worker_harness import HEALTHY, NODES, ROOT, Worker, WorkerEnv, free_port, routing, wait_for
 
 from app.emitter import LatencyEmitter
 from app.lb.testing import echo_backend, spawn
-from app.routing.acl import acl_rules
 from app.security import kafka_client_options
 from app.settings import load
 
@@ -123,27 +123,18 @@ async def acl_user(secure_stack: SecureStack, tmp_path: Path,
     with exactly ``acl_rules(prefix, role)`` (less the commands ``without``), over TLS. Users and
     their keys are deleted afterwards."""
     admin = aioredis.Redis.from_url(secure_stack.redis_url, ssl_ca_certs=str(secure_stack.ca))
-    made: list[tuple[str, str]] = []
-
-    async def make(prefix: str, role: str, without: tuple[str, ...] = ()) -> dict[str, str]:
-        user, password = unique_name(f"acl-{role}"), secrets.token_hex(16)
-        rules = [r for r in acl_rules(prefix, role=role).split() if r.lstrip("+") not in without]
-        await admin.execute_command("ACL", "SETUSER", user, "reset", "on", f">{password}", *rules)
-        made.append((user, prefix))
-        pw_file = tmp_path / f"{user}.password"
-        pw_file.write_text(password + "\n")
-        return {"TAILGUARD_REDIS_URL": secure_stack.redis_url, "TAILGUARD_REDIS_USERNAME": user,
-                "TAILGUARD_REDIS_PASSWORD_FILE": str(pw_file),
-                "TAILGUARD_REDIS_SSL_CAFILE": str(secure_stack.ca)}
-
     try:
-        yield make
+        async with acl_users(admin, unique_name) as make_user:
+            async def make(prefix: str, role: str, without: tuple[str, ...] = ()) -> dict[str, str]:
+                user, password = await make_user(prefix, role, without)
+                pw_file = tmp_path / f"{user}.password"
+                pw_file.write_text(password + "\n")
+                return {"TAILGUARD_REDIS_URL": secure_stack.redis_url, "TAILGUARD_REDIS_USERNAME": user,
+                        "TAILGUARD_REDIS_PASSWORD_FILE": str(pw_file),
+                        "TAILGUARD_REDIS_SSL_CAFILE": str(secure_stack.ca)}
+
+            yield make
     finally:
-        for user, prefix in made:
-            await admin.execute_command("ACL", "DELUSER", user)
-            keys = [k async for k in admin.scan_iter(match=f"{prefix}:*")]
-            if keys:
-                await admin.delete(*keys)
         await admin.aclose()
 
 

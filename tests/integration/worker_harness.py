@@ -223,9 +223,11 @@ async def read_topic(kafka: str, topic: str, timeout_s: float = 10.0) -> list[An
 @contextlib.asynccontextmanager
 async def running_worker(kafka: str, redis_url: str, name: str, tmp_path: Path,
                          precreate: dict[str, int] | None = None,
+                         extra: dict[str, str] | None = None,
                          ) -> AsyncIterator[tuple[WorkerEnv, Any, Worker]]:
-    """A worker on its own topics (``precreate``: topic field → partitions made first)."""
-    env = WorkerEnv(name, kafka, redis_url)
+    """A worker on its own topics (``precreate``: topic field → partitions made first;
+    ``extra``: more TAILGUARD_* variables)."""
+    env = WorkerEnv(name, kafka, redis_url, dict(extra or {}))
     if precreate:
         admin = AIOKafkaAdminClient(bootstrap_servers=kafka)
         await admin.start()
@@ -252,3 +254,9 @@ async def routing(r: Any, prefix: str, model: str) -> set[str]:
 async def health_events(kafka: str, env: WorkerEnv) -> list[dict[str, Any]]:
     recs = await read_topic(kafka, env.topic("health_changes"))
     return [json.loads(r.value) for r in sorted(recs, key=lambda r: (r.timestamp, r.offset))]
+
+
+def tailguard_cli(env: WorkerEnv, *args: str, timeout_s: float = 30.0) -> subprocess.CompletedProcess[str]:
+    """Run ``tailguard ARGS…`` with the test's settings (its Redis key prefix)."""
+    return subprocess.run([sys.executable, "-m", "app.cli", *args], cwd=ROOT, env=env.environ(),
+                          capture_output=True, text=True, timeout=timeout_s, check=False)

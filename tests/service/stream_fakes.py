@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from app.core.types import ModelTick, WindowSummary
+from app.routing.writer import NO_EXTRAS, Extras
 
 
 @dataclass(frozen=True)
@@ -58,8 +59,10 @@ class FakeRouting:
 
     up: bool = True
     applied: list[ModelTick] = field(default_factory=list)
+    extras: list[Extras] = field(default_factory=list)
 
-    async def apply(self, tick: ModelTick) -> bool:
+    async def apply(self, tick: ModelTick, extras: Extras = NO_EXTRAS) -> bool:
         if self.up:
             self.applied.append(tick)
+            self.extras.append(extras)
         return self.up

@@ -199,3 +199,21 @@ async def test_tick_forgets_series_silent_for_forget_after_s() -> None:
     keep = Stage1(WindowStore(DET.replace(forget_after_s=0.0)), DET.replace(forget_after_s=0.0))
     keep.ingest(0, [Rec(batch("gone", "m", [5.0] * 12, NOW - 5000.0))], NOW - 5000.0)
     assert keep.forget_silent(NOW) == 0 and ("gone", "m") in keep.store
+
+
+async def test_tick_counts_fresh_samples_above_the_hinted_tail_threshold() -> None:
+    rng = np.random.default_rng(4)
+    tp0 = TopicPartition(TOPIC, 0)
+    poll = {tp0: [Rec(llm_batch(n, "llm", NOW - 5, rng), offset=i) for i, n in enumerate("abc")]}
+    sink = FakeSink()
+    current = StageHints()
+    svc, _ = make([poll], sink, hints=lambda: current)
+    await svc.poll_once()
+    await svc.tick()
+    assert {s.fresh_over for s in sink.summaries} == {None}
+    current = StageHints(tail_refs={"llm": 1e-9})      # every sample of any signal is above it
+    sink.summaries.clear()
+    await svc.tick()
+    assert {s.node_id: s.fresh_over for s in sink.summaries} == {
+        s.node_id: s.fresh_samples for s in sink.summaries}
+    assert all(s.fresh_samples > 0 for s in sink.summaries)

@@ -13,7 +13,7 @@ from stream_fakes import summary
 from app.core.config import DetectorSettings
 from app.core.evaluate import FleetEvaluator
 from app.core.quantiles import digest_dict_of_sorted
-from app.core.types import HealthState
+from app.core.types import HealthState, WindowSummary
 from app.streaming.stage2 import Stage2, decode_hints, encode_hints, state_key
 from app.streaming.wire import ClusterDigest, DiagnosticsResult
 
@@ -265,3 +265,30 @@ def test_each_model_evaluated_by_exactly_its_owner(owned: set[str]) -> None:
     got1 = {o.tick.model for o in w1.tick(1000.5, lambda m: m in owned)}
     got2 = {o.tick.model for o in w2.tick(1000.5, lambda m: m not in owned)}
     assert got1 == owned and got1.isdisjoint(got2) and got1 | got2 == set(models)
+
+
+def test_hints_carry_the_fresh_tail_threshold() -> None:
+    hints: dict[bytes, Any] = {}
+    s2 = Stage2(FleetEvaluator(SETTINGS), {}, stale_after_s=1.5 * T, hints=hints)
+    run_ticks(s2, "m", 1000.0, 2)
+    got = decode_hints(hints.items()).tail_refs
+    ev = s2.evaluator
+    assert isinstance(ev, FleetEvaluator)
+    assert got == {"m": ev.tail_ref("m")} and got["m"] > 0
+    assert decode_hints([(b"x", encode_hints({}, [], None))]).tail_refs == {}
+
+
+def test_every_summary_not_evaluated_is_counted_by_reason() -> None:
+    s2 = Stage2(FleetEvaluator(SETTINGS), {}, stale_after_s=1.5 * T)
+
+    def summary(node: str, model: str, tick_ts: float) -> WindowSummary:
+        return WindowSummary(node_id=node, model=model, tick_ts=tick_ts, signal="latency",
+                             samples=200, p50=100.0, p99=200.0, latency_p50_us=100.0,
+                             latency_p99_us=200.0, first_seen_ts=0.0)
+    s2.on_summary(summary("a", "m", 1000.0))
+    s2.on_summary(summary("a", "m", 1000.0 + T))          # supersedes the first
+    s2.on_summary(summary("b", "m", 1000.0 - 10 * T))     # stale at the tick
+    s2.on_summary(summary("c", "other", 1000.0 + T))      # another worker's model
+    outs = s2.tick(1000.0 + T, lambda model: model == "m")
+    assert [s.node_id for o in outs for s in o.summaries] == ["a"]
+    assert s2.dropped == {"superseded": 1, "stale": 1, "not_owned": 1}

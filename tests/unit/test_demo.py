@@ -62,6 +62,11 @@ def test_phases_are_cut_at_the_slow_nodes_health_changes() -> None:
     assert "P99    820 ms" in report and "= 2.22x healthy" in report
     assert "left the routing set at t=80.0s, 20.0 s after it slowed down" in report
     assert "re-admitted: at t=130.0s" in report and "result: ok" in report
+    assert "tailguard explain" not in report and "status page" not in report
+    obs.explain, obs.page_url = "gpu-node-05 / llama: quarantined\n  tick 80: p50 3x", "http://127.0.0.1:1/tailguard/"
+    report = demo.render_report(demo.analyze(PLAN, obs, 160.0))
+    assert "`tailguard explain gpu-node-05` when it was out:\n    gpu-node-05 / llama: quarantined" in report
+    assert "status page (served by the worker while it ran): http://127.0.0.1:1/tailguard/" in report
 
 
 @pytest.mark.parametrize(("p99_removed", "complete"), [(370 * 1.19, True), (370 * 1.21, False), (370 * 0.79, False)])

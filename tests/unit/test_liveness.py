@@ -1,5 +1,6 @@
-"""Liveness rules of stage 2 (app.core.liveness through FleetEvaluator): gone, returned,
-restarted, telemetry lost, forgotten, bounded state, and tiny models judged by their own history."""
+"""Stage 2 on a changing fleet (app.core.liveness through FleetEvaluator): gone, returned,
+restarted, telemetry lost, forgotten, bounded state, tiny models judged by their own history,
+and peers from workers that chose different signals."""
 
 from __future__ import annotations
 
@@ -228,3 +229,23 @@ def test_a_retired_node_back_as_a_new_instance_starts_over_its_old_process_does_
     mt = tick(ev, k + 2, fleet(6), instance_ts={"n0": retired_at + 40})
     assert ("n0", "warming", "restarted") in reasons([mt]) and "n0" in mt.routing
     assert ev.snapshot_model("m")["pairs"]["n0"]["ejections"] == 0
+
+
+def test_peers_in_other_units_are_never_compared() -> None:
+    # Two stage-1 workers chose different signals for one model: 5 nodes in tpot (µs/token,
+    # ~30), 2 in latency (µs, ~100,000). The latency ones are not judged against tpot peers.
+    ev = FleetEvaluator(S)
+    for k in range(8):
+        now = T0 + k * TICK
+        sums = [summ(f"t{i}", 30.0, seen=now)._replace(signal="tpot") for i in range(5)]
+        sums += [summ(f"l{i}", 100_000.0, seen=now) for i in range(2)]
+        mt = ev.evaluate("m", sums, now)
+    assert mt.routing == frozenset({"t0", "t1", "t2", "t3", "t4", "l0", "l1"})
+    assert not [t for t in mt.transitions if t.to_state is H.SUSPECT]
+    # A tpot node 3x slower than its tpot peers is still caught.
+    for k in range(8, 14):
+        now = T0 + k * TICK
+        sums = [summ(f"t{i}", 90.0 if i == 0 else 30.0, seen=now)._replace(signal="tpot") for i in range(5)]
+        sums += [summ(f"l{i}", 100_000.0, seen=now) for i in range(2)]
+        mt = ev.evaluate("m", sums, now)
+    assert "t0" not in mt.routing and {"l0", "l1"} <= mt.routing

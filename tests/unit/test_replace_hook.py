@@ -10,12 +10,14 @@ import pytest
 from aiohttp import web
 
 from app.core.types import HealthState, NodeStatus
+from app.settings import Secret, Settings
 from app.streaming.replace import (
     Attempt,
     CommandAction,
     ReplaceHook,
     Retirement,
     WebhookAction,
+    build_hook,
     retirements,
 )
 
@@ -169,3 +171,19 @@ async def test_webhook_action_posts_json_with_an_idempotency_key() -> None:
         assert not refused.ok and "Connect" in refused.detail
     finally:
         await runner.cleanup()
+
+
+async def test_the_hooks_redis_client_has_the_credentials_and_tls_of_the_settings() -> None:
+    async def publish(_: dict[str, Any]) -> None:
+        pass
+
+    s = Settings(redis_url="rediss://127.0.0.1:6380/0", redis_username="tg",
+                 redis_password=Secret("pw"), replace_command="true")
+    hook, client = build_hook(s, publish)
+    try:
+        assert hook is not None
+        kwargs = client.connection_pool.connection_kwargs
+        assert (kwargs["username"], kwargs["password"]) == ("tg", "pw")
+        assert client.connection_pool.connection_class.__name__ == "SSLConnection"
+    finally:
+        await client.aclose()

@@ -20,7 +20,7 @@ from redis.exceptions import NoPermissionError, ReadOnlyError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from app.core.types import HealthState, ModelTick, NodeStatus
-from app.routing.writer import RoutingWriter
+from app.routing.writer import NO_EXTRAS, Extras, RoutingWriter
 
 
 class FakeScript:
@@ -43,7 +43,7 @@ class FakeScript:
             raise self.poisoned[str(args[1])]
         n = int(args[2])
         self.version += 1
-        self.written.append((str(args[1]), [str(a) for a in args[5:5 + n]]))
+        self.written.append((str(args[1]), [str(a) for a in args[9:9 + n]]))
         return [1, 0, self.version]
 
 
@@ -112,11 +112,13 @@ async def test_apply_sends_one_script_call_with_keys_and_sorted_args() -> None:
     assert len(script.calls) == 1
     keys, args = script.calls[0]
     assert keys == ["tg:routing:m%3A1", "tg:routing:m%3A1:version", "tg:quarantine:m%3A1",
-                    "tg:nodes:m%3A1", "tg:models"]
-    assert args[:5] == ["tg:routing:changes", "m:1", 2, 1, 2]
-    assert args[5:9] == ["a", "b", "1.5", "c"]
-    assert args[9] == "a" and json.loads(args[10])["updated"] == 5.0
-    assert args[11] == "b" and len(args) == 13
+                    "tg:nodes:m%3A1", "tg:models", "tg:routing-shadow:m%3A1",
+                    "tg:history:m%3A1", "tg:events:m%3A1"]
+    # Without extras the shadow set and the history are left alone (-1), no event is pushed.
+    assert args[:9] == ["tg:routing:changes", "m:1", 2, 1, 2, -1, -1, 0, 50]
+    assert args[9:13] == ["a", "b", "1.5", "c"]
+    assert args[13] == "a" and json.loads(args[14])["updated"] == 5.0
+    assert args[15] == "b" and len(args) == 17
     assert w.pending == frozenset() and rec.ok == [("m:1", True, 1)]
     assert w.last_results["m:1"].version == 1
 
@@ -186,7 +188,7 @@ async def test_a_model_error_backs_off_that_model_and_writes_the_others(
     w, script, clock, rec = make(retry_initial_s=1.0, retry_max_s=4.0)
     script.poisoned["bad"] = error
     for m in ("a", "bad", "c"):
-        w._pending[m] = tick(m, {"n1"})
+        w._pending[m] = (tick(m, {"n1"}), NO_EXTRAS)
     assert not await w.flush()
     assert sorted(m for m, _ in script.written) == ["a", "c"]
     assert w.pending == {"bad"} and w.rejected == {"bad"} and not w.failing
@@ -213,7 +215,7 @@ async def test_a_connection_error_ends_the_round() -> None:
     w, script, _, rec = make()
     script.down = True
     for m in ("a", "b", "c"):
-        w._pending[m] = tick(m, {"n1"})
+        w._pending[m] = (tick(m, {"n1"}), NO_EXTRAS)
     assert not await w.flush()
     assert len(script.calls) == 1 and rec.failed == ["a"] and rec.rejected == []
     assert w.failing and w.rejected == frozenset() and w.pending == {"a", "b", "c"}
@@ -325,3 +327,16 @@ def test_latest_non_empty_verdict_always_wins(steps: list[tuple[str, Any, frozen
         assert last == latest
 
     asyncio.run(run())
+
+
+async def test_events_of_a_superseded_verdict_are_written_with_the_next_one() -> None:
+    w, script, clock, _ = make()
+    script.down = True
+    assert not await w.apply(tick("m", {"a"}), Extras(events=("e1",), history={"a": "[1]"}))
+    assert not await w.apply(tick("m", {"a", "b"}), Extras(events=("e2",), history={"a": "[2]"}))
+    script.down = False
+    clock.t += 60
+    assert await w.flush()
+    _keys, args = script.calls[-1]
+    assert args[5:9] == [-1, 1, 2, 50]            # no shadow, one history field, two events
+    assert args[-4:] == ["a", "[2]", "e1", "e2"]  # the newer history; both ticks' events

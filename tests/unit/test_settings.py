@@ -55,6 +55,8 @@ SERVICE_VALUES: dict[str, tuple[str, Any]] = {
     "TAILGUARD_REPLACE_TIMEOUT_S": ("120", 120.0),
     "TAILGUARD_REPLACE_ATTEMPTS": ("5", 5),
     "TAILGUARD_REPLACE_MAX_AGE_S": ("600.5", 600.5),
+    "TAILGUARD_MODE": ("observe", "observe"),
+    "TAILGUARD_HISTORY_TICKS": ("3", 3),
 }
 # Variables that are only valid together with others (set alongside, left out of "nothing else moved").
 _TLS = {"TAILGUARD_KAFKA_SECURITY_PROTOCOL": "SSL"}
@@ -197,6 +199,8 @@ BAD: list[tuple[str, str, str]] = [
     ("TAILGUARD_REPLACE_TIMEOUT_S", "soon", "a number"),
     ("TAILGUARD_REPLACE_MAX_AGE_S", "inf", "seconds > 0"),
     ("TAILGUARD_REPLACE_ATTEMPTS", "0", "1..100"),
+    ("TAILGUARD_MODE", "shadow", "observe (publish verdicts, route every node) or enforce"),
+    ("TAILGUARD_HISTORY_TICKS", "500", "0..100 (0 keeps none)"),
     ("TAILGUARD_TOPIC_LATENCY_EVENTS", "", "Kafka topic name"),
     ("TAILGUARD_TOPIC_HEALTH_CHANGES", "node health", "Kafka topic name"),
     ("TAILGUARD_TOPIC_DEAD_LETTER", "x" * 250, "Kafka topic name"),

@@ -11,6 +11,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from app.sim import scenario as sc
+from app.sim import spec
 from app.sim.fleet import NODE_HEADER, PROBE_HEADER, Fleet, SimNode
 from app.sim.latency import RequestSizes
 from app.sim.load import Recorder
@@ -72,7 +73,7 @@ class FakeClock:
 
 @pytest.fixture
 def scenario(monkeypatch: pytest.MonkeyPatch) -> sc.Scenario:
-    monkeypatch.setattr(sc, "request_sizes", lambda t: RequestSizes(t, np.array([[400, 11]], dtype=np.int64)))
+    monkeypatch.setattr(spec, "request_sizes", lambda t: RequestSizes(t, np.array([[400, 11]], dtype=np.int64)))
     return sc.loads(SCEN.replace('duration_s = 600', 'duration_s = 600\nemit_tokens = true\nemit_ttft = true'),
                     source="t.toml")
 

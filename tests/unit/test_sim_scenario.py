@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from app.sim import scenario as sc
+from app.sim import spec
 from app.sim.latency import LLM, Lognormal, Slowdown, TailDegradation, Warmup
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -97,7 +98,7 @@ def test_llm_model_scales_ttft_and_tpot_per_node(monkeypatch: pytest.MonkeyPatch
 
     from app.sim.latency import RequestSizes
 
-    monkeypatch.setattr(sc, "request_sizes", lambda trace: RequestSizes(trace, np.array([[10, 5]])))
+    monkeypatch.setattr(spec, "request_sizes", lambda trace: RequestSizes(trace, np.array([[10, 5]])))
     s = sc.loads("""
 duration_s = 60
 emit_tokens = true

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from app.core.events import Heartbeat, SampleBatch, decode
-from app.sim import cli, outcome, tracegen
+from app.sim import cli, outcome, spec, tracegen
 from app.sim import scenario as sc
 from app.sim.latency import RequestSizes
 
@@ -49,7 +49,7 @@ count = 2
 def fake_sizes(monkeypatch: pytest.MonkeyPatch) -> None:
     rng = np.random.default_rng(0)
     table = np.stack([rng.integers(10, 3000, 2000), rng.integers(2, 500, 2000)], axis=1).astype(np.int64)
-    monkeypatch.setattr(sc, "request_sizes", lambda trace: RequestSizes(trace, table))
+    monkeypatch.setattr(spec, "request_sizes", lambda trace: RequestSizes(trace, table))
 
 
 def render(s: sc.Scenario, **kw: object) -> str:

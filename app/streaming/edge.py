@@ -1,0 +1,258 @@
+"""Stage 2's operator edge: the mode, operator overrides and the explain history.
+
+:class:`OperatorEdge` sits between the core's verdict (one model's
+:class:`~app.core.types.ModelTick`) and what is written and published. The
+core never sees the mode or the overrides: its state, streaks, ejection cap
+and probe rounds are computed exactly as without them.
+
+Guarantees, per model and tick:
+
+* **Mode.** ``enforce``: the routing set written is the core's. ``observe``:
+  every node the core knows (not forgotten) stays in routing, except those the
+  liveness rules made ``gone`` (silent: dead nodes leave the real set in either
+  mode); the core's set is the shadow. Health changes carry ``"enforced": false`` in observe mode.
+  Either way the would-be set (the core's, with the overrides) is written as
+  the shadow set ``P:routing-shadow:<m>``.
+* **Overrides** (:mod:`app.routing.operators`), applied after the mode: a
+  drained node leaves the routing set, a pinned one stays in (if the model
+  knows it) whatever the rules say. The core never ejected a drained node, so
+  it never counts against ``max_ejected_fraction``. A drain that would empty
+  the routing set of a model with nodes is refused (logged, shown as the
+  ``drain_refused`` guard): the set is written without the drains.
+* **Announced once.** A new or changed override publishes one health change
+  (``reason`` ``operator_drain``/``operator_pin``, ``detail`` the operator's
+  text, ``operator`` the override); one that ends (released, or its ``until``
+  passed) publishes ``operator_release``. Expired overrides are returned in
+  :attr:`EdgeOutput.expired` for the caller to delete from Redis. Which
+  overrides were announced is kept in memory: after a restart the active ones
+  are announced again (consumers see a repeat, never a miss, except a release
+  made while no worker ran).
+* **History.** Each node's last ``history_len`` ticks — state, routed (written
+  and by the rules), each rule's statistic against its limit
+  (:mod:`app.streaming.tickstats`), the abnormal streak, the guards that held
+  it, the next probe time, raw P50/P99 — go to ``P:history:<m>``. Consecutive
+  ticks in which no latency statistic of the node was judged (a quarantined node waiting for
+  its probe round) and nothing else changed share one row, the latest, so the
+  ticks that decided stay visible.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from app.core.config import DetectorSettings
+from app.core.types import HealthState, ModelTick, NodeStatus, Transition, WindowSummary
+from app.routing.operators import OperatorState, Override
+from app.routing.writer import Extras
+from app.streaming.tickstats import Counts, rule_stats, sig4, stats_dict
+
+log = logging.getLogger(__name__)
+
+HISTORY_LEN = 10
+OPERATOR_REASONS = {"drain": "operator_drain", "pin": "operator_pin"}
+RELEASE_REASON = "operator_release"
+# Fleet events that hold every node of the model while open (kind → its closing kind).
+HOLDING_EVENTS = {"load_event": "load_event_end", "error_storm": "error_storm_end"}
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeInput:
+    """One model's tick as stage 2 produced it."""
+
+    tick: ModelTick
+    transitions: tuple[Transition, ...]          # diagnostics' and the tick's
+    summaries: tuple[WindowSummary, ...] = ()
+    streaks: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeOutput:
+    """What to publish and write for one model's tick."""
+
+    tick: ModelTick                              # routing = the set to write
+    extras: Extras
+    health_events: tuple[dict[str, Any], ...]    # health-change JSON documents, in order
+    mode: str
+    expired: tuple[Override, ...] = ()
+    overrides: Mapping[str, Override] = field(default_factory=dict)
+
+
+try:
+    import orjson
+
+    def _dumps(obj: Any) -> str:
+        """Compact JSON (orjson: a 10,000-node tick serializes its history in ~0.1 s)."""
+        return orjson.dumps(obj).decode()
+except ImportError:  # pragma: no cover - orjson is a declared dependency
+    def _dumps(obj: Any) -> str:
+        return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+
+
+class OperatorEdge:
+    """Applies mode and overrides to verdicts; keeps what was announced and the history."""
+
+    def __init__(self, settings: DetectorSettings, default_mode: str = "enforce", *,
+                 history_len: int = HISTORY_LEN) -> None:
+        if default_mode not in ("observe", "enforce"):
+            raise ValueError(f"default_mode must be observe or enforce, got {default_mode!r}")
+        if history_len < 0:
+            raise ValueError(f"history_len must be >= 0, got {history_len!r}")
+        self.settings = settings
+        self.default_mode = default_mode
+        self.history_len = history_len
+        self._announced: dict[str, dict[str, Override]] = {}
+        # Per model and node: the last ticks' entries as JSON (serialized once), each with a
+        # small marker (idle?, where the node was) for folding idle ticks (see _record).
+        self._history: dict[str, dict[str, collections.deque[tuple[tuple[Any, ...], str]]]] = {}
+        self._counts: dict[str, Counts] = {}
+        self._holding: dict[str, set[str]] = {}
+
+    def forget_model(self, model: str) -> None:
+        """Another worker owns the model now."""
+        for d in (self._announced, self._history, self._counts, self._holding):
+            d.pop(model, None)
+
+    def apply(self, inp: EdgeInput, ops: OperatorState, now_s: float) -> EdgeOutput:
+        tick = inp.tick
+        model = tick.model
+        mode = ops.mode_of(model, self.default_mode)
+        enforced = mode == "enforce"
+        statuses = {s.node_id: s for s in tick.statuses}
+        known = {n for n, s in statuses.items() if s.state is not HealthState.UNKNOWN}
+        known |= tick.routing
+        active = {n: o for n, o in ops.for_model(model).items() if n in known}
+        expired = tuple(o for o in active.values() if o.expired(now_s))
+        active = {n: o for n, o in active.items() if not o.expired(now_s)}
+        drained = {n for n, o in active.items() if o.action == "drain"}
+        pinned = {n for n, o in active.items() if o.action == "pin"}
+
+        shadow = (tick.routing - drained) | pinned
+        # Observe keeps every node the core knows routed, except the gone (silent) ones: a
+        # dead node must not stay routed. (On telemetry loss the core marks nobody gone.) The
+        # core's own set is always kept: observe never routes fewer nodes than enforce.
+        gone = {n for n, s in statuses.items() if s.state is HealthState.GONE}
+        base = tick.routing if enforced else frozenset(known - gone) | tick.routing
+        routing = (base - drained) | pinned
+        refused: set[str] = set()
+        if not routing and known:
+            refused = drained & base
+            routing = base | pinned
+            log.warning("model %r: refusing drains of %s, they would empty its routing set",
+                        model, sorted(refused))
+        if not shadow and known:
+            shadow = tick.routing | pinned
+
+        events = [self._event(t, enforced) for t in inp.transitions]
+        events += self._announce(model, active, statuses, routing, now_s)
+        for f in tick.fleet_events:
+            holding = self._holding.setdefault(model, set())
+            if f.kind in HOLDING_EVENTS:
+                holding.add(f.kind)
+            for kind, end in HOLDING_EVENTS.items():
+                if f.kind == end:
+                    holding.discard(kind)
+
+        history = {}
+        if self.history_len:
+            stats, counts = rule_stats(inp.summaries, tick.statuses, self.settings,
+                                       self._counts.get(model, {}))
+            self._counts[model] = counts
+            history = self._record(model, now_s, mode, statuses, stats, inp.streaks, routing,
+                                   active, refused)
+        annotations = {n: {"mode": mode, "routed_by_rules": n in tick.routing,
+                           "override": None if n not in active else active[n].to_dict(),
+                           "drain_refused": n in refused}
+                       for n in statuses}
+        page_events = [_dumps(e) for e in events]
+        page_events += [_dumps(f.to_event()) for f in tick.fleet_events]
+        return EdgeOutput(
+            # A node in the written routing set is not quarantined for probers and LBs.
+            tick=replace(tick, routing=frozenset(routing), quarantine={
+                n: ts for n, ts in tick.quarantine.items() if n not in routing}),
+            extras=Extras(shadow=frozenset(shadow), annotations=annotations,
+                          history={n: "[" + ",".join(j for _, j in h) + "]"
+                                   for n, h in history.items()},
+                          events=tuple(page_events)),
+            health_events=tuple(events), mode=mode, expired=expired, overrides=active)
+
+    # --- internals -----------------------------------------------------------
+    @staticmethod
+    def _event(t: Transition, enforced: bool) -> dict[str, Any]:
+        d = t.to_event()
+        d["enforced"] = enforced
+        return d
+
+    def _announce(self, model: str, active: dict[str, Override],
+                  statuses: Mapping[str, NodeStatus], routing: frozenset[str] | set[str],
+                  now_s: float) -> list[dict[str, Any]]:
+        before = self._announced.get(model, {})
+        out: list[dict[str, Any]] = []
+
+        def event(node: str, o: Override, reason: str, detail: str) -> dict[str, Any]:
+            s = statuses.get(node)
+            state = s.state if s is not None else HealthState.UNKNOWN
+            t = Transition(ts=now_s, node_id=node, model=model, from_state=state, to_state=state,
+                           routed=node in routing, reason=reason, detail=detail,
+                           hardware=None if s is None else s.hardware)
+            d = self._event(t, True)
+            d["operator"] = o.to_dict()
+            return d
+
+        for node in sorted(before.keys() - active.keys()):
+            o = before[node]
+            why = (f"{o.action} ended: until {o.until_ts:.0f} passed"
+                   if o.expired(now_s) else f"{o.action} released by an operator")
+            out.append(event(node, o, RELEASE_REASON, why))
+        for node in sorted(active):
+            o = active[node]
+            if before.get(node) != o:
+                text = o.reason or f"{o.action} by an operator"
+                out.append(event(node, o, OPERATOR_REASONS[o.action], text))
+        self._announced[model] = dict(active)
+        return out
+
+    def _record(self, model: str, now_s: float, mode: str, statuses: Mapping[str, NodeStatus],
+                stats: Mapping[str, Any], streaks: Mapping[str, int],
+                routing: frozenset[str] | set[str], active: Mapping[str, Override],
+                refused: set[str]) -> dict[str, collections.deque[tuple[tuple[Any, ...], str]]]:
+        hist = self._history.setdefault(model, {})
+        for gone in hist.keys() - statuses.keys():
+            del hist[gone]
+        holding = sorted(self._holding.get(model, ()))
+        for node, s in statuses.items():
+            guards = list(holding)
+            if s.reason == "ejection_cap":
+                guards.append("ejection_cap")
+            if mode == "observe" and not s.routed and node in routing:
+                guards.append("observe_mode")
+            if node in active:
+                guards.append(OPERATOR_REASONS[active[node].action])
+            if node in refused:
+                guards.append("drain_refused")
+            entry = {
+                "ts": now_s, "state": str(s.state), "routed": node in routing,
+                "rules_routed": s.routed, "reason": s.reason, "streak": streaks.get(node, 0),
+                "samples": s.samples, "stats": stats_dict(stats[node]) if node in stats else {},
+                "guards": guards, "probe_after": s.probe_after_ts,
+                "lat": [sig4(s.latency_p50_us), sig4(s.latency_p99_us)], "mode": mode,
+            }
+            q = hist.get(node)
+            if q is None:
+                q = hist[node] = collections.deque(maxlen=self.history_len)
+            marker = (_idle(entry), entry["state"], entry["routed"], entry["rules_routed"],
+                      tuple(guards), mode)
+            if q and marker[0] and q[-1][0] == marker:
+                q[-1] = (marker, _dumps(entry))   # idle twice in the same place: one row, so
+            else:                                 # the ticks that decided (before a
+                q.append((marker, _dumps(entry)))  # quarantine) stay in the capped history
+        return hist
+
+
+def _idle(entry: Mapping[str, Any]) -> bool:
+    """No latency statistic of the node itself was judged at this tick."""
+    return all(v[0] is None for k, v in entry["stats"].items() if k != "err")

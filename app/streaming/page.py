@@ -1,0 +1,134 @@
+"""The status page, served by the worker's faust web server (``TAILGUARD_WEB_PORT``).
+
+Routes (bound to 127.0.0.1 like the rest of faust's web server):
+
+* ``/tailguard/`` — one self-contained HTML file (``app/streaming/static/status.html``:
+  inline CSS and JS, no build step, nothing from a CDN) that fetches
+  ``status.json`` every few seconds and renders one table per model (node,
+  state, routed, P50/P99/ratio against the peers' medians, since, reason,
+  override), an inline-SVG latency sparkline per node, and the model's newest
+  health changes and fleet events. Every node id, model name and text is put
+  into the page with ``textContent``/``setAttribute`` — never parsed as HTML —
+  so ids holding markup or control characters show as text.
+* ``/tailguard/status.json`` — :func:`page_data`: what Redis holds for every
+  model (:mod:`app.routing.keys`), so any worker shows the whole fleet, not just
+  the models it owns.
+
+The page reads Redis only (what ``tailguard status``/``explain`` read); a
+worker built without a Redis client (tests with an injected writer) answers
+503 on the JSON route.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from importlib import resources
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from app.core.peers import median
+from app.routing.keys import Keys
+from app.routing.operators import read_operator_state
+from app.routing.status import _text, read_status
+
+PAGE_PATH = "/tailguard/"
+DATA_PATH = "/tailguard/status.json"
+EVENTS_SHOWN = 20
+
+
+def page_html() -> str:
+    return resources.files("app.streaming").joinpath("static/status.html").read_text("utf-8")
+
+
+def _num(x: object) -> float | None:
+    return float(x) if isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) else None
+
+
+def _median(values: list[float | None]) -> float | None:
+    got = [v for v in values if v is not None]
+    return median(got) if got else None
+
+
+def _json_list(raw: Any) -> list[Any]:
+    try:
+        got = json.loads(raw)
+    except (ValueError, TypeError):
+        return []
+    return got if isinstance(got, list) else []
+
+
+async def page_data(redis: aioredis.Redis, key_prefix: str, now_s: float,
+                    default_mode: str) -> dict[str, Any]:
+    """Every model's table, sparklines and newest events (see the module docstring)."""
+    keys = Keys(key_prefix)
+    ops = await read_operator_state(redis, keys)
+    models: list[dict[str, Any]] = []
+    for ms in await read_status(redis, key_prefix):
+        m = ms.model
+        async with redis.pipeline(transaction=True) as pipe:
+            pipe.hgetall(keys.history(m))
+            pipe.lrange(keys.events(m), 0, EVENTS_SHOWN - 1)
+            pipe.smembers(keys.shadow(m))
+            raw_hist, raw_events, raw_shadow = await pipe.execute()
+        history = {_text(n): _json_list(v) for n, v in raw_hist.items()}
+        routed = [n for n in ms.all_nodes() if n in ms.routing]
+        peers = {k: _median([_num(ms.nodes.get(n, {}).get(k)) for n in routed])
+                 for k in ("p50_us", "p99_us", "ratio")}
+        nodes = []
+        for n in ms.all_nodes():
+            st = ms.nodes.get(n, {})
+            nodes.append({
+                "node": n, "state": st.get("state", "?"), "routed": n in ms.routing,
+                "routed_by_rules": st.get("routed_by_rules", st.get("routed")),
+                "p50_us": _num(st.get("p50_us")), "p99_us": _num(st.get("p99_us")),
+                "ratio": _num(st.get("ratio")), "since": _num(st.get("since")),
+                "reason": st.get("reason"), "override": st.get("override"),
+                "probe_after": ms.quarantine.get(n),
+                "history": [[h.get("ts"), *(h.get("lat") or [None, None]), h.get("routed")]
+                            for h in history.get(n, []) if isinstance(h, dict)],
+            })
+        events = []
+        for raw in raw_events:
+            try:
+                ev = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(ev, dict):
+                events.append(ev)
+        models.append({"model": m, "version": ms.version,
+                       "mode": ops.mode_of(m, default_mode),
+                       "routing": sorted(ms.routing),
+                       "shadow": sorted(_text(x) for x in raw_shadow),
+                       "peers": peers, "nodes": nodes, "events": events})
+    return {"ts": now_s, "key_prefix": key_prefix, "models": models}
+
+
+def register(app: Any, redis: Callable[[], aioredis.Redis | None], key_prefix: str,
+             default_mode: str, clock: Callable[[], float]) -> None:
+    """Add the page's routes to a faust ``app`` (its web server must be enabled)."""
+    html = page_html().encode("utf-8")
+
+    def _bytes(view: Any, body: bytes, content_type: str, status: int = 200) -> Any:
+        return view.bytes(body, content_type=content_type, status=status,
+                          headers={"Cache-Control": "no-store"})
+
+    @app.page(PAGE_PATH)  # type: ignore[untyped-decorator]
+    async def tailguard_page(self: Any, request: Any) -> Any:
+        return _bytes(self, html, "text/html")
+
+    @app.page(DATA_PATH)  # type: ignore[untyped-decorator]
+    async def tailguard_status(self: Any, request: Any) -> Any:
+        client = redis()
+        if client is None:
+            return _bytes(self, b'{"error": "this worker has no Redis client"}',
+                                "application/json", 503)
+        try:
+            data = await page_data(client, key_prefix, clock(), default_mode)
+        except Exception as e:  # Redis down: the page says so and keeps polling
+            body = json.dumps({"error": f"reading Redis failed: {type(e).__name__}: {e}"})
+            return _bytes(self, body.encode(), "application/json", 503)
+        return _bytes(self, json.dumps(data, allow_nan=False).encode(), "application/json")
+
