@@ -4,7 +4,9 @@
 the most recent ``window_size`` successful samples (probe samples included,
 flagged), with event time, latency and — when the series carries them — the
 request-size fields. It turns them into one
-:class:`~app.core.types.WindowSummary` per series per tick.
+:class:`~app.core.types.WindowSummary` per series per tick. Its length is one concept's:
+the ring layout (tiers of chunked numpy rows) and the vectorised passes over it are only
+correct together, and splitting them would put the layout's invariants in two places.
 
 Guarantees:
 
