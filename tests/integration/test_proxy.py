@@ -26,6 +26,7 @@ import pytest
 import redis.asyncio as aioredis
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from app.core.events import SampleBatch, decode
 from app.lb import RoutingSource
 from app.lb.balance import Balancer
 from app.lb.proxy import Proxy, serve
@@ -208,15 +209,17 @@ async def test_cli_proxy_reports_what_a_dead_node_cannot(
             async with http.post(url + "/v1/chat/completions", json={"model": MODEL}) as resp:
                 assert resp.status == 200          # the dead node's turn is retried on node-a
 
-        async def reported() -> list[dict[str, object]]:
-            return [json.loads(rec.value) for rec in await read_topic(kafka_bootstrap, topic)]
+        async def reported() -> list[object]:
+            # The emitter's wire form (binary batches by default, JSON on request): decoded
+            # the way the worker decodes it.
+            return [decode(rec.value) for rec in await read_topic(kafka_bootstrap, topic)]
         deadline = time.monotonic() + 20
         while not (events := await reported()) and time.monotonic() < deadline:
             await asyncio.sleep(0.25)
-        failed = [e for e in events if e.get("ok") is False]
-        assert failed and {e["node_id"] for e in failed} == {"dead"}, events
-        assert {e["model"] for e in failed} == {MODEL}
-        assert sum(len(e["samples"]) for e in failed) == 3       # every other request met it
+        failed = [e for e in events if isinstance(e, SampleBatch) and not e.ok.any()]
+        assert failed and {e.node_id for e in failed} == {"dead"}, events
+        assert {e.model for e in failed} == {MODEL}
+        assert sum(len(e) for e in failed) == 3       # every other request met it
 
 
 async def test_cli_probe_sends_marked_probes_to_due_quarantined_nodes_only(
