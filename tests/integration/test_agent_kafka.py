@@ -18,9 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from worker_harness import ROOT, read_topic, wait_for
+from worker_harness import ROOT, produce, read_topic, wait_for
 
 sys.path.insert(0, str(ROOT / "tests" / "agent"))
 from gpu_fakes import fake_env
@@ -91,16 +90,6 @@ def alive(procs: dict[str, subprocess.Popen[bytes]], tmp_path: Path) -> None:
 def logs(tmp_path: Path) -> str:
     return "\n".join(f"--- {f.name}\n" + "\n".join(f.read_text(errors="replace").splitlines()[-15:])
                      for f in sorted(tmp_path.glob("agent-*.log")))
-
-
-async def produce(kafka: str, topic: str, msgs: list[tuple[bytes, bytes]]) -> None:
-    p = AIOKafkaProducer(bootstrap_servers=kafka)
-    await p.start()
-    try:
-        for key, value in msgs:
-            await p.send_and_wait(topic, value, key=key)
-    finally:
-        await p.stop()
 
 
 def request(node: str, model: str = "llm", ts: float | None = None, **more: Any) -> tuple[bytes, bytes]:

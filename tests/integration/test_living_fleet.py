@@ -11,23 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
-from worker_harness import Worker, WorkerEnv, health_events, read_topic, routing
+from worker_harness import Worker, WorkerEnv, health_events, kcat_produce_keyed, read_topic, routing
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 
 NODES = [f"n{i}" for i in range(6)]
-
-
-def kcat_produce(kafka: str, topic: str, lines: list[str]) -> None:
-    subprocess.run(["kcat", "-P", "-b", kafka, "-t", topic, "-K", "\t"],
-                   input="\n".join(lines) + "\n", text=True, check=True, timeout=30)
 
 
 def batch(nodes: list[str], slow: set[str]) -> list[str]:
@@ -58,20 +52,20 @@ async def test_scaled_away_nodes_leave_routing_and_a_slow_survivor_is_still_remo
         deadline = time.monotonic() + timeout_s
         while await routing(r, env.name, "emb") != want:
             assert time.monotonic() < deadline, f"{what}\n{worker.tail()}"
-            await asyncio.to_thread(kcat_produce, kafka_bootstrap, topic, batch(nodes, slow))
+            await asyncio.to_thread(kcat_produce_keyed, kafka_bootstrap, topic, batch(nodes, slow))
             await asyncio.sleep(0.5)
 
     try:
         await feed_until(NODES, set(), set(NODES), 40, "all six nodes never routed")
         for _ in range(10):            # a few healthy ticks: every node has a history
-            await asyncio.to_thread(kcat_produce, kafka_bootstrap, topic, batch(NODES, set()))
+            await asyncio.to_thread(kcat_produce_keyed, kafka_bootstrap, topic, batch(NODES, set()))
             await asyncio.sleep(0.5)
         t_stop = time.time()
         await feed_until(["n0", "n1"], set(), {"n0", "n1"}, 40,
                          "the four silent nodes never left routing")
         gone_after_s = time.time() - t_stop
         for _ in range(6):             # the survivors alone for a while: their own baselines
-            await asyncio.to_thread(kcat_produce, kafka_bootstrap, topic, batch(["n0", "n1"], set()))
+            await asyncio.to_thread(kcat_produce_keyed, kafka_bootstrap, topic, batch(["n0", "n1"], set()))
             await asyncio.sleep(0.5)
         await feed_until(["n0", "n1"], {"n0"}, {"n1"}, 60, "the slow survivor never left routing")
 

@@ -9,20 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
-from aiokafka import AIOKafkaProducer
 from worker_harness import (
     NODES,
     Feeder,
     Worker,
     WorkerEnv,
     health_events,
+    kcat_produce_keyed,
+    produce,
     read_topic,
     routing,
     running_worker,
@@ -101,22 +101,6 @@ async def test_failing_node_leaves_routing_by_its_error_rate(
         assert worker.proc.poll() is None, worker.tail()
 
 
-async def produce(kafka: str, topic: str, items: list[tuple[bytes, bytes]]) -> None:
-    p = AIOKafkaProducer(bootstrap_servers=kafka)
-    await p.start()
-    try:
-        for key, value in items:
-            await p.send_and_wait(topic, value, key=key)
-    finally:
-        await p.stop()
-
-
-def kcat_produce(kafka: str, topic: str, lines: list[str]) -> None:
-    # Tab as key delimiter: the key itself is "node|model".
-    subprocess.run(["kcat", "-P", "-b", kafka, "-t", topic, "-K", "\t"],
-                   input="\n".join(lines) + "\n", text=True, check=True, timeout=30)
-
-
 async def test_kcat_events_are_used_and_malformed_ones_dead_lettered(
         kafka_bootstrap: str, redis_url: str, unique_name: Callable[[str], str],
         tmp_path: Path) -> None:
@@ -147,7 +131,7 @@ async def test_kcat_events_are_used_and_malformed_ones_dead_lettered(
             for b in bad:
                 lines.append(f"n0|emb\t{b.replace('%TS%', str(now))}")
                 sent_bad += 1
-            await asyncio.to_thread(kcat_produce, kafka_bootstrap, topic, lines)
+            await asyncio.to_thread(kcat_produce_keyed, kafka_bootstrap, topic, lines)
             await asyncio.sleep(0.5)
 
         async def all_dead() -> list[object]:

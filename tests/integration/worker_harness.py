@@ -260,3 +260,20 @@ def tailguard_cli(env: WorkerEnv, *args: str, timeout_s: float = 30.0) -> subpro
     """Run ``tailguard ARGS…`` with the test's settings (its Redis key prefix)."""
     return subprocess.run([sys.executable, "-m", "app.cli", *args], cwd=ROOT, env=env.environ(),
                           capture_output=True, text=True, timeout=timeout_s, check=False)
+
+
+async def produce(kafka: str, topic: str, items: list[tuple[bytes, bytes]]) -> None:
+    """Send ``(key, value)`` messages to ``topic`` and wait for each to be acknowledged."""
+    p = AIOKafkaProducer(bootstrap_servers=kafka)
+    await p.start()
+    try:
+        for key, value in items:
+            await p.send_and_wait(topic, value, key=key)
+    finally:
+        await p.stop()
+
+
+def kcat_produce_keyed(kafka: str, topic: str, lines: list[str]) -> None:
+    """``kcat -P`` one message per line, ``key<TAB>value`` (the key itself is "node|model")."""
+    subprocess.run(["kcat", "-P", "-b", kafka, "-t", topic, "-K", "\t"],
+                   input="\n".join(lines) + "\n", text=True, check=True, timeout=30)
