@@ -17,11 +17,12 @@ Rationale: docs/rules.md.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from app.core.health import Evidence, Judgement, Verdict
+from app.core.peers import median
 from app.core.types import Reason, WindowSummary
 
 HALF_LIFE_S = 600.0
@@ -65,7 +66,7 @@ class OwnBaselines:
         moved = [p / math.exp(self.log_p50[n]) for n, p in p50s.items() if n != node and self.ready(n)]
         if not moved:
             return None
-        m = _median(moved)
+        m = median(moved)
         return math.exp(self.log_p50[node]) * m, m
 
     def to_dict(self) -> dict[str, Any]:
@@ -97,8 +98,3 @@ def judge_own(base: OwnBaselines, s: WindowSummary, p50: float, ratio: float,
                      f"p50 {p50:.1f} > {factor:g} x its own baseline moved as the other nodes "
                      f"moved (x{moved:.2f}): {r:.1f}")
 
-
-def _median(values: Sequence[float]) -> float:
-    s = sorted(values)
-    n = len(s)
-    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2.0
