@@ -26,6 +26,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from app.core import health, liveness
+from app.core.admission import AdmissionNorms, admission_norms, admitting, judge_admission
 from app.core.baseline import baseline_limits, baseline_shift, follow_signal, update_baseline
 from app.core.config import DetectorSettings
 from app.core.guards import eject_within_cap, error_storm, load_event
@@ -149,7 +150,9 @@ class FleetEvaluator:
         for ms in self._models.values():
             for p in ms.pairs.values():
                 s = p.state
-                if s is HealthState.WARMING or (s is HealthState.UNHEALTHY and not p.routed):
+                if s is HealthState.WARMING and (p.admitted or now_s < health.warmup_end(p, self.settings)):
+                    return True     # past warm-up, a pair awaiting admission waits on samples
+                if s is HealthState.UNHEALTHY and not p.routed:
                     return True
                 if s is HealthState.QUARANTINED and (p.probe_after_ts or 0.0) > now_s:
                     return True
@@ -217,7 +220,9 @@ class FleetEvaluator:
                        if norms.enough_peers and not norms.multi_class and norms.fleet_p99 else None)
         fleet_events = live.fleet_events + [e for e in (load_ev, storm_ev, shift_ev) if e is not None]
 
-        self._judge_probes(ms, by_node, norms, errors, now_s, verdicts.judgements, own_p50, signal)
+        adm = admission_norms(ms, peers, by_node, norms, signal, now_s, st)
+        self._judge_probes(ms, by_node, norms, errors, now_s, verdicts.judgements, own_p50, signal,
+                           adm)
         candidates = self._step_pairs(ms, verdicts.judgements, now_s, transitions)
         diagnostics: list[DiagnosticsRequest] = []
         if not load and not live.telemetry_lost and candidates:
@@ -321,19 +326,24 @@ class FleetEvaluator:
 
     def _judge_probes(self, ms: ModelState, by_node: dict[str, WindowSummary], norms: Norms,
                       errors: ErrorReport, now_s: float, judgements: dict[str, Judgement],
-                      own_p50: Mapping[str, float] | None, signal: str | None) -> None:
+                      own_p50: Mapping[str, float] | None, signal: str | None,
+                      adm_norms: AdmissionNorms) -> None:
         """Quarantined pairs whose back-off has passed: judge the probe round (below
-        min_peers, also against the pair's own history; in the peers' units only)."""
+        min_peers, also against the pair's own history; in the peers' units only). New
+        pairs past warm-up: judge their admission (:mod:`app.core.admission`)."""
         st = self.settings
         for node, p in ms.pairs.items():
-            if p.state is HealthState.QUARANTINED and (p.probe_after_ts is None
-                                                       or now_s >= p.probe_after_ts):
+            new = p.state is HealthState.WARMING and admitting(p, now_s, st)
+            if new or (p.state is HealthState.QUARANTINED and (p.probe_after_ts is None
+                                                               or now_s >= p.probe_after_ts)):
                 qs = by_node.get(node)
                 if qs is None:
                     continue
-                if signal is not None and qs.signal != signal and node not in errors.judgements:
+                if (not new and signal is not None and qs.signal != signal
+                        and node not in errors.judgements):
                     continue
-                j = errors.judgements.get(node) or judge_probe(qs, norms, st)
+                j = errors.judgements.get(node) or (judge_admission(p, qs, adm_norms, now_s, st) if new
+                                                    else judge_probe(qs, norms, st))
                 ev = j.evidence
                 if (own_p50 is not None and j.verdict is Verdict.NORMAL and ev is not None
                         and ev.p50 is not None and ev.ratio is not None):

@@ -5,7 +5,10 @@ Owns three decisions taken per model and tick after the per-pair rules:
 * the ejection guard — at most ``floor(max_ejected_fraction × nodes)`` pairs
   out of routing (unhealthy-ejected, quarantined, retired), worst severity
   first, and never the last routed node; the rest stay unhealthy *and
-  routed* (reason ``ejection_cap``) and leave when room appears;
+  routed* (reason ``ejection_cap``) and leave when room appears. Only
+  admitted pairs count (:mod:`app.core.admission`): a new pair confirmed
+  abnormal before it was ever routed is refused (ejected, never routed)
+  whatever the cap, and counts in neither ``nodes`` nor the pairs out;
 * the load event — at least ``load_event_fraction`` of the peers (and at
   least ``min_peers``) abnormal in one tick: nobody is ejected, no streak
   moves, one ``load_event`` opens the episode (``load_event_end`` closes it);
@@ -36,18 +39,24 @@ def eject_within_cap(model: str, pairs: dict[str, PairState], candidates: list[P
                      diagnostics: list[DiagnosticsRequest]) -> None:
     """Take confirmed-abnormal ``candidates`` out of routing, worst first, within the cap;
     keep the rest in (``ejection_cap``). Appends to ``transitions`` and ``diagnostics``."""
-    # Gone pairs are in no count: the cap is a share of the nodes that are there.
+    # Gone pairs are in no count: the cap is a share of the nodes that are there. Pairs never
+    # admitted are in none either: they were never capacity, and a crowd of ids must not move it.
     gone = HealthState.GONE
-    n_nodes = sum(1 for p in pairs.values() if p.state is not gone)
+    n_nodes = out = 0
+    for p in pairs.values():
+        if p.admitted and p.state is not gone:
+            n_nodes += 1
+            out += not p.routed
     allowed_out = math.floor(st.max_ejected_fraction * n_nodes + 1e-9)
-    out = sum(1 for p in pairs.values() if not p.routed and p.state is not gone)
     routed = n_nodes - out
     candidates.sort(key=lambda p: (-p.severity, p.node_id))
     for p in candidates:
-        if out < allowed_out and routed > 1:
+        refused = not p.admitted     # refused admission: it was never routed, counts nowhere
+        if refused or (out < allowed_out and routed > 1):
             new, t = health.eject(p, now_s, st)
-            out += 1
-            routed -= 1
+            if not refused:
+                out += 1
+                routed -= 1
             diagnostics.append(DiagnosticsRequest(ts=now_s, node_id=p.node_id, model=model,
                                                   reason=new.reason))
         else:

@@ -3,7 +3,7 @@
 Owns :class:`PairState` (a small frozen dataclass) and every rule that moves
 it between the :class:`~app.core.types.HealthState` values::
 
-    unknown ──first_seen──▶ warming ──warmup_done──▶ healthy ◀──normal── suspect
+    unknown ──first_seen──▶ warming (not routed) ──admitted──▶ healthy ◀──normal── suspect
                                                         │  ▲                 │
                                               abnormal  │  │ normal          │ abnormal × confirm_windows
                                                         ▼  │                 ▼
@@ -21,7 +21,14 @@ it between the :class:`~app.core.types.HealthState` values::
 
     any routed or out-of-routing pair ──silent──▶ gone ──returned──▶ warming (was routed)
                                                                       │ or quarantined (was out)
-    warming / healthy / suspect / unhealthy (routed) ──restarted──▶ warming
+    warming / healthy / suspect / unhealthy (routed) ──restarted──▶ warming ──warmup_done──▶ healthy
+
+Admission: a new pair (``admitted`` false) is ``warming`` and out of routing until a window of
+at least ``min_samples`` judged samples after its warm-up looks normal (``admitted``: healthy,
+routed); ``confirm_windows`` abnormal ones refuse it (ejected straight to unhealthy, then probed
+like any ejected pair; passing a probe round admits it). Admission is kept through restarts
+and returns (a known node warms up routed), and lost when the pair is forgotten or a retired
+node comes back as a new instance.
 
 Guarantees:
 
@@ -131,6 +138,7 @@ class PairState:
     fault: str | None = None
     severity: float = 0.0
     evidence: Evidence | None = None
+    admitted: bool = True      # has been routed: a new pair is not until its evidence is normal
 
     def to_dict(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -142,6 +150,10 @@ class PairState:
     def from_dict(cls, d: dict[str, Any]) -> PairState:
         kw = {f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d}
         kw["state"] = HealthState(kw["state"])
+        if "admitted" not in kw:
+            # Snapshots from before admission: every pair was routed but a new one warming.
+            kw["admitted"] = not (kw["state"] is HealthState.WARMING
+                                  and kw.get("reason") == Reason.FIRST_SEEN)
         ev = kw.get("evidence")
         kw["evidence"] = None if ev is None else Evidence.from_dict(ev)
         return cls(**kw)
@@ -182,17 +194,15 @@ def judge_since(state: PairState, now_s: float, settings: DetectorSettings) -> f
 
 def first_seen(node_id: str, model: str, first_seen_ts: float, now_s: float,
                settings: DetectorSettings, hardware: str | None = None) -> tuple[PairState, Transition]:
-    """unknown → warming (or straight to healthy when warm-up is already over)."""
+    """unknown → warming, out of routing until admitted (see :func:`step`)."""
     first = min(first_seen_ts, now_s)
-    done = first + settings.warmup_s <= now_s
-    new = PairState(node_id=node_id, model=model,
-                    state=HealthState.HEALTHY if done else HealthState.WARMING,
-                    since_ts=now_s, first_seen_ts=first, reason=str(Reason.FIRST_SEEN), routed=True,
-                    judge_since_ts=first + settings.warmup_s if done and settings.warmup_s > 0 else None,
-                    hardware=hardware)
-    unknown = dataclasses.replace(new, state=HealthState.UNKNOWN, routed=False)
-    return new, _transition(unknown, new, now_s, None,
-                            detail=f"warm-up until {first + settings.warmup_s:.3f}")
+    new = PairState(node_id=node_id, model=model, state=HealthState.WARMING, since_ts=now_s,
+                    first_seen_ts=first, reason=str(Reason.FIRST_SEEN), routed=False,
+                    hardware=hardware, admitted=False)
+    unknown = dataclasses.replace(new, state=HealthState.UNKNOWN)
+    return new, _transition(unknown, new, now_s, None, detail=(
+        f"warm-up until {first + settings.warmup_s:.3f}; routed once a window of at least "
+        f"{settings.min_samples} judged samples after it looks normal"))
 
 
 def step(state: PairState, j: Judgement, now_s: float,
@@ -206,6 +216,8 @@ def step(state: PairState, j: Judgement, now_s: float,
     if s is HealthState.HEALTHY or s is HealthState.SUSPECT:
         return _step_routed(state, j, now_s, settings)
     if s is HealthState.WARMING:
+        if not state.admitted:
+            return _step_admitting(state, j, now_s, settings)
         if now_s >= warmup_end(state, settings):
             new = dataclasses.replace(state, state=HealthState.HEALTHY, since_ts=now_s,
                                       reason=str(Reason.WARMUP_DONE), abnormal_streak=0,
@@ -227,6 +239,24 @@ def step(state: PairState, j: Judgement, now_s: float,
     if s is HealthState.QUARANTINED:
         return _step_quarantined(state, j, now_s, settings)
     return state, None
+
+
+def _step_admitting(state: PairState, j: Judgement, now_s: float,
+                    settings: DetectorSettings) -> tuple[PairState, Transition | None]:
+    """A new pair past warm-up: a normal window admits it (healthy, routed); abnormal ones
+    build its streak (the fleet guard refuses it at ``confirm_windows``, see :func:`wants_out`)."""
+    if now_s < warmup_end(state, settings) or j.verdict is Verdict.NONE:
+        return state, None
+    if j.verdict is Verdict.ABNORMAL:
+        return _abnormal(state, j, state.abnormal_streak + j.windows), None
+    samples = j.evidence.samples if j.evidence is not None else 0
+    new = dataclasses.replace(state, state=HealthState.HEALTHY, since_ts=now_s,
+                              reason=str(Reason.ADMITTED), routed=True, admitted=True,
+                              abnormal_streak=0, judge_since_ts=warmup_end(state, settings),
+                              fault=None, severity=0.0, evidence=j.evidence or state.evidence)
+    return new, _transition(state, new, now_s, j.evidence, detail=(
+        f"{samples} judged samples since warm-up ended at "
+        f"{warmup_end(state, settings):.3f} look normal"))
 
 
 def _step_routed(state: PairState, j: Judgement, now_s: float,
@@ -267,7 +297,8 @@ def _step_quarantined(state: PairState, j: Judgement, now_s: float,
         return state, None
     if j.verdict is Verdict.NORMAL:
         new = dataclasses.replace(state, state=HealthState.HEALTHY, since_ts=now_s,
-                                  reason=str(Reason.PROBE_PASSED), routed=True, abnormal_streak=0,
+                                  reason=str(Reason.PROBE_PASSED), routed=True, admitted=True,
+                                  abnormal_streak=0,
                                   failed_probe_rounds=0, quarantined_at=None, probe_after_ts=None,
                                   fault=None, severity=0.0, evidence=j.evidence)
         return new, _transition(state, new, now_s, j.evidence,
@@ -291,9 +322,13 @@ def _step_quarantined(state: PairState, j: Judgement, now_s: float,
 
 
 def wants_out(state: PairState, settings: DetectorSettings) -> bool:
-    """Confirmed abnormal and still routed: the fleet guard must eject it or keep it in."""
-    return (state.routed and state.state is not HealthState.WARMING
-            and state.abnormal_streak >= settings.confirm_windows)
+    """Confirmed abnormal and still routed, or a new pair confirmed abnormal after its
+    warm-up: the fleet guard must eject it (refuse it) or keep it in."""
+    if state.abnormal_streak < settings.confirm_windows:
+        return False
+    if state.state is HealthState.WARMING:
+        return not state.admitted
+    return state.routed
 
 
 def eject(state: PairState, now_s: float, settings: DetectorSettings) -> tuple[PairState, Transition]:
@@ -311,7 +346,7 @@ def eject(state: PairState, now_s: float, settings: DetectorSettings) -> tuple[P
                               quarantined_at=now_s, judge_since_ts=probe_after, abnormal_streak=0,
                               probe_after_ts=probe_after)
     detail = (f"abnormal in {state.abnormal_streak} consecutive windows; "
-              f"ejection #{new.ejections}")
+              + (f"ejection #{new.ejections}" if state.admitted else "admission refused"))
     return new, _transition(state, new, now_s, state.evidence, detail=detail)
 
 
@@ -362,7 +397,8 @@ def come_back(state: PairState, seen_ts: float, now_s: float,
               settings: DetectorSettings) -> tuple[PairState, Transition]:
     """A gone pair reports again (sample or heartbeat at ``seen_ts``).
 
-    Back through warm-up (routed, judged from ``seen_ts + warmup_s`` on); a pair that was
+    Back through warm-up (routed if it was admitted, judged from ``seen_ts + warmup_s`` on;
+    see :func:`restart`); a pair that was
     out of routing when it fell silent (quarantined or ejected) is quarantined again and
     probed at once instead — silence never re-admits a slow node.
     """
@@ -377,17 +413,19 @@ def come_back(state: PairState, seen_ts: float, now_s: float,
 
 def restart(state: PairState, restart_ts: float, now_s: float, settings: DetectorSettings,
             reason: str = str(Reason.RESTARTED)) -> tuple[PairState, Transition]:
-    """The node's process started anew at ``restart_ts``: warming again (routed), its
-    warm-up samples never judged; its abnormal streak and fault are dropped. A retired
-    node back as a new process is a new node: its ejection history goes too."""
+    """The node's process started anew at ``restart_ts``: warming again, its warm-up samples
+    never judged; its abnormal streak and fault are dropped. An admitted pair stays routed
+    through it (a rolling restart never empties a fleet); one not admitted yet starts its
+    warm-up over, still out. A retired node back as a new process is a new node: its
+    ejection history and its admission go too."""
     start = min(restart_ts, now_s)
-    done = start + settings.warmup_s <= now_s
     if state.state is HealthState.RETIRED:
         state = dataclasses.replace(state, ejections=0, failed_probe_rounds=0, quarantined_at=None,
-                                    probe_after_ts=None)
+                                    probe_after_ts=None, admitted=False)
+    done = state.admitted and start + settings.warmup_s <= now_s
     new = dataclasses.replace(state, state=HealthState.HEALTHY if done else HealthState.WARMING,
-                              since_ts=now_s, first_seen_ts=start, reason=reason, routed=True,
-                              abnormal_streak=0, fault=None, severity=0.0,
+                              since_ts=now_s, first_seen_ts=start, reason=reason,
+                              routed=state.admitted, abnormal_streak=0, fault=None, severity=0.0,
                               judge_since_ts=start + settings.warmup_s if done and settings.warmup_s > 0
                               else None)
     return new, _transition(state, new, now_s, None,

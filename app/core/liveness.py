@@ -5,12 +5,14 @@ a heartbeat, event time), and :func:`step`, run once per tick before any rule:
 
 * restart — a routed pair whose stage-1 summary shows a new process ``instance`` or signs
   of life resuming after a gap (``WindowSummary.instance_ts``/``resumed_ts``) warms up
-  again from then (``restarted``); so does a retired pair back as a new instance. When at
+  again from then (``restarted``; routed if it was admitted, see :func:`app.core.health.restart`);
+  so does a pair awaiting admission, and a retired pair back as a new instance. When at
   least ``load_event_fraction`` of the live pairs resume after a gap in one tick, the gap
   was the pipeline's: only instance changes count then.
 * gone — a pair with no sign of life for ``silent_after_s`` leaves routing (``silent``);
   it is no ejection and no peer, and counts in no guard. When it reports again it comes
-  back through warm-up (``returned``; quarantined again if it was out).
+  back through warm-up (``returned``; quarantined again if it was out). Pairs never
+  admitted count towards no telemetry loss and go when silent whatever the others do.
 * telemetry lost — when at least ``telemetry_loss_fraction`` of the live pairs are silent
   at once, nobody goes (fail open) and ``telemetry_lost`` opens an episode that
   ``telemetry_restored`` closes; a pair silent for ``forget_after_s`` goes all the same.
@@ -107,10 +109,14 @@ def step(model: str, pairs: MutableMapping[str, PairState], live: Liveness,
     forget = st.forget_after_s
     lost = False
     if silent or live.telemetry_lost:
-        present = [n for n, p in pairs.items() if p.state not in _AWAY]
+        # Pairs never admitted are in no count (a crowd of one-event ids proves no telemetry
+        # loss) and go when silent whatever the others do: they hold no place in routing.
+        present = [n for n, p in pairs.items() if p.state not in _AWAY and p.admitted]
+        new = {n for n in silent if not pairs[n].admitted}
         # Long silent (forget_after_s): gone whatever the others do; it proves no telemetry loss.
-        lasting = {n for n in silent if forget > 0 and get(n, pairs[n].since_ts) < now_s - forget}
-        recent = len(silent) - len(lasting)
+        lasting = {n for n in silent if n not in new and forget > 0
+                   and get(n, pairs[n].since_ts) < now_s - forget}
+        recent = len(silent) - len(lasting) - len(new)
         counted = len(present) - len(lasting)
         # Telemetry loss needs two nodes to tell it from a death; a lone node is simply never
         # taken out by silence (the last node of a model is never gone).
@@ -122,7 +128,7 @@ def step(model: str, pairs: MutableMapping[str, PairState], live: Liveness,
                 abnormal_nodes=recent, judged_nodes=counted,
                 detail=(f"{recent} of {counted} nodes sent nothing for {st.silent_after_s:g} s: the "
                         "telemetry is lost, not the nodes; routing stays as it is") if lost else None))
-        go = [n for n in silent if not lost or n in lasting]
+        go = [n for n in silent if not lost or n in lasting or n in new]
         staying = set(present).difference(go)
         if go and not any(pairs[n].routed for n in staying):
             # Silence never empties a routing set: the last routed nodes stay (whatever happened).
@@ -169,8 +175,8 @@ def _restarts(pairs: MutableMapping[str, PairState], live: Liveness,
             if s.instance_ts is not None and done < s.instance_ts <= now_s:
                 by_instance[node] = s.instance_ts
             continue
-        if p.state not in _RESTARTABLE or not p.routed:
-            continue
+        if p.state not in _RESTARTABLE or not (p.routed or p.state is HealthState.WARMING):
+            continue                        # (a new pair's restart starts its warm-up over)
         if s.instance_ts is not None and done < s.instance_ts <= now_s:
             by_instance[node] = s.instance_ts
         if s.resumed_ts is not None and done < s.resumed_ts <= now_s:

@@ -184,13 +184,19 @@ def judge_probe(s: WindowSummary, norms: Norms, st: DetectorSettings) -> Judgeme
         p50, p99, n = s.probe_p50, s.probe_p99, s.probe_samples
     else:
         return health.NO_VERDICT
-    j = judge(s, p50, p99 / p50, n, norms, st, p99)
-    if j.verdict is Verdict.NORMAL:
-        ev = Evidence(signal=s.signal, p50=p50, p99=p99, ratio=p99 / p50, samples=n,
-                      peers_p50=norms.p50_ref(s.hardware), latency_p50_us=s.latency_p50_us,
-                      latency_p99_us=s.latency_p99_us, hardware=s.hardware)
-        return Judgement(Verdict.NORMAL, str(Reason.NORMAL), ev)
-    return j
+    return normal_with_evidence(judge(s, p50, p99 / p50, n, norms, st, p99), s, p50, p99, n, norms,
+                                str(Reason.NORMAL))
+
+
+def normal_with_evidence(j: Judgement, s: WindowSummary, p50: float, p99: float, n: int,
+                         norms: Norms, reason: str) -> Judgement:
+    """``j``, or when it is normal, a normal verdict with ``reason`` that carries its numbers."""
+    if j.verdict is not Verdict.NORMAL:
+        return j
+    ev = Evidence(signal=s.signal, p50=p50, p99=p99, ratio=p99 / p50, samples=n,
+                  peers_p50=norms.p50_ref(s.hardware), latency_p50_us=s.latency_p50_us,
+                  latency_p99_us=s.latency_p99_us, hardware=s.hardware)
+    return Judgement(Verdict.NORMAL, reason, ev)
 
 
 @dataclass(frozen=True, slots=True)

@@ -65,6 +65,7 @@ class Reason(enum.StrEnum):
     SILENT = "silent"                        # no sample or heartbeat for silent_after_s: gone
     RETURNED = "returned"                    # a gone pair reported again: warming (or probed)
     RESTARTED = "restarted"                  # a new process instance, or back after a gap: warming
+    ADMITTED = "admitted"                    # a new pair's first judged window was normal: routed
 
 
 class WindowSummary(NamedTuple):

@@ -34,14 +34,20 @@ class RoutingSource(Protocol):
 
     ``get`` returns the node ids that may receive traffic for ``model``; an
     empty set means "unknown" to the load balancers (tailguard never empties a
-    model's routing set on purpose). ``quarantined`` maps node id → the Unix
-    time (s) from which it may be probed. Both may raise when nothing is
-    cached and Redis cannot be read; callers treat that as "unknown".
+    model's routing set on purpose, and writes none before a node is admitted).
+    ``quarantined`` maps node id → the Unix time (s) from which it may be
+    probed. ``held_out`` is the nodes tailguard took out (ejected, quarantined,
+    retired, gone, drained): a load balancer with its own server list serves
+    the list minus these, so that nodes tailguard has not judged yet get the
+    traffic that admits them. All may raise when nothing is cached and Redis
+    cannot be read; callers treat that as "unknown".
     """
 
     async def get(self, model: str) -> frozenset[str]: ...
 
     async def quarantined(self, model: str) -> Mapping[str, float]: ...
+
+    async def held_out(self, model: str) -> frozenset[str]: ...
 
 
 class LbError(Exception):

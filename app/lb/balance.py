@@ -1,20 +1,22 @@
-"""Which node gets the next request: round-robin over the routing set, probes, fallback.
+"""Which node gets the next request: round-robin over the backends not held out, probes, fallback.
 
 Pure and synchronous: no I/O, no clock (``now_s`` is a parameter), no
 randomness. One :class:`Balancer` per proxy process, used from one event loop.
 
 Guarantees:
 
-* **Routed only.** While a model's routing set names at least one node with a
-  known backend address, :meth:`Balancer.pick` returns only such nodes, in
-  strict rotation (each of *k* routed nodes gets exactly one of every *k*
-  consecutive picks while the set is unchanged).
-* **Fallback, never refusal.** When the routing set is unknown (``None`` or
-  empty: tailguard never empties a set on purpose, so empty means "not written
-  yet" or "Redis unreachable before anything was cached"), or none of its nodes
-  has a known address, ``pick`` rotates over *every* known backend and marks the
-  pick ``fallback=True``. A load balancer must not refuse traffic because
-  tailguard is down.
+* **Never a held-out node.** While tailguard knows the model (a routing set or a
+  held-out set), :meth:`Balancer.pick` returns only known backends that are not
+  in ``held_out`` (the nodes tailguard took out: ejected, quarantined, retired,
+  gone, drained), in strict rotation (each of *k* such nodes gets exactly one of
+  every *k* consecutive picks while the sets are unchanged). That is the routed
+  nodes and the backends tailguard has not judged yet: a new node gets its share
+  of traffic, which is the evidence that admits it to the routing set.
+* **Fallback, never refusal.** When the model is unknown (no routing set and
+  nothing held out: "not written yet", or "Redis unreachable before anything was
+  cached"), or every known backend is held out, ``pick`` rotates over *every*
+  known backend and marks the pick ``fallback=True``. A load balancer must not
+  refuse traffic because tailguard is down.
 * **Probe share.** :meth:`Balancer.probe_due` is true for exactly
   ``floor(n × probe_share)`` of a model's first *n* requests, evenly spread
   (a deterministic credit counter, not a coin flip). :meth:`Balancer.pick_probe`
@@ -75,12 +77,12 @@ class Balancer:
     def probe_share(self) -> float:
         return self._share
 
-    def _candidates(self, routed: frozenset[str], exclude: frozenset[str]) -> tuple[str, ...]:
-        key = (routed, exclude)
+    def _candidates(self, held_out: frozenset[str], exclude: frozenset[str]) -> tuple[str, ...]:
+        key = (held_out, exclude)
         cands = self._cands.get(key)
         if cands is None:
-            # Sorted, so that the rotation order does not depend on set iteration order.
-            cands = tuple(sorted(n for n in routed if n in self._urls and n not in exclude))
+            # Sorted (self._all), so that the rotation order does not depend on set iteration order.
+            cands = tuple(n for n in self._all if n not in held_out and n not in exclude)
             if len(self._cands) >= _CACHE_LIMIT:
                 self._cands.clear()
             self._cands[key] = cands
@@ -92,10 +94,12 @@ class Balancer:
         routed: frozenset[str] | None,
         *,
         exclude: frozenset[str] = frozenset(),
+        held_out: frozenset[str] = frozenset(),
     ) -> Pick | None:
-        """The next routed node for ``model``; fallback to all known backends; ``None`` if all are excluded."""
+        """The next backend of ``model`` not held out; fallback to all known backends; ``None``
+        if all are excluded."""
         key = model or _NO_MODEL
-        cands = self._candidates(routed, exclude) if routed else ()
+        cands = self._candidates(held_out, exclude) if routed or held_out else ()
         fallback = not cands
         if fallback:
             cands = self._all if not exclude else tuple(n for n in self._all if n not in exclude)

@@ -9,8 +9,11 @@ requests already running on it finish.
 Mapping: ``--backend-map model=backend,…`` names the HAProxy backend that
 serves each model; a node id maps to the server of the same name unless
 ``--server-map node=server,…`` says otherwise. Every server of a mapped
-backend is managed: the routing set is authoritative, so a server whose node
-is not in it goes to ``maint``.
+backend is managed: a server whose node tailguard took out (its held-out set:
+ejected, quarantined, retired, gone, drained) goes to ``maint``, every other
+one to ``ready`` — the routed nodes, and the servers tailguard has not judged
+yet (a new node needs traffic to be admitted to the routing set; HAProxy's own
+configuration and health checks decide about it, as without tailguard).
 
 Guarantees:
 
@@ -20,10 +23,11 @@ Guarantees:
   ``ready`` clears HAProxy's forced maintenance and forced drain; servers
   disabled in the configuration or down by health checks stay as HAProxy has
   them.
-* **Never all servers in maint.** If a model's routing set is empty/unknown,
-  or none of its nodes is a server of the backend, that backend is left
-  exactly as it is (and a warning says why). Otherwise at least one routed
-  server is made ready, so a sync never leaves a backend with no server.
+* **Never all servers in maint.** If a model is unknown (no routing set and
+  nothing held out), or its routing set names nodes none of which is a server
+  of the backend, or every server would be held out, that backend is left
+  exactly as it is (and a warning says why). Otherwise at least one server is
+  made ready, so a sync never leaves a backend with no server.
 * **Converges.** It syncs when the reader reports a change (pub/sub or version
   poll), when a poll of the cached sets finds a difference, and every
   ``--resync-interval-s`` regardless — which repairs an HAProxy restart or a
@@ -127,21 +131,25 @@ def plan_backend(
     servers: Mapping[str, ServerState] | None,
     routed: frozenset[str],
     server_map: Mapping[str, str] | None = None,
+    held_out: frozenset[str] = frozenset(),
 ) -> BackendPlan:
-    """The ``set server`` commands that make ``backend`` match the routing set (pure; see module docstring)."""
+    """The ``set server`` commands that put ``backend``'s held-out servers in maint and the
+    others ready (pure; see module docstring)."""
     if servers is None:
         return BackendPlan(backend, skipped=f"backend {backend!r} does not exist in HAProxy")
-    if not routed:
+    if not routed and not held_out:
         return BackendPlan(backend, skipped="routing set unknown (empty): leaving the backend as it is")
     smap = server_map or {}
-    ready = frozenset(s for s in (smap.get(n, n) for n in routed) if s in servers)
-    if not ready:
+    if routed and not any(smap.get(n, n) in servers for n in routed):
         return BackendPlan(
             backend,
             skipped=f"no node of the routing set ({', '.join(sorted(routed)[:5])}…) is a server of the backend "
             f"(servers: {', '.join(sorted(servers)[:5])}…; see --server-map): leaving it as it is",
         )
-    maint = frozenset(servers) - ready
+    maint = frozenset(s for s in (smap.get(n, n) for n in held_out) if s in servers)
+    ready = frozenset(servers) - maint
+    if not ready:
+        return BackendPlan(backend, skipped="every server of the backend is held out: leaving it as it is")
     commands = [f"set server {backend}/{s} state ready" for s in sorted(ready) if servers[s].forced_maint]
     commands += [f"set server {backend}/{s} state maint" for s in sorted(maint) if not servers[s].forced_maint]
     return BackendPlan(backend, tuple(commands), ready, maint)
@@ -250,18 +258,26 @@ class HaproxySync:
     async def routing_sets(self) -> dict[str, frozenset[str]]:
         return {m: await self._source.get(m) for m in self._backend_map}
 
-    async def sync_once(self, sets: Mapping[str, frozenset[str]] | None = None) -> SyncResult:
-        """Read HAProxy's state once and send the commands that make it match ``sets``.
+    async def held_out_sets(self) -> dict[str, frozenset[str]]:
+        return {m: await self._source.held_out(m) for m in self._backend_map}
+
+    async def sync_once(self, sets: Mapping[str, frozenset[str]] | None = None,
+                        held: Mapping[str, frozenset[str]] | None = None) -> SyncResult:
+        """Read HAProxy's state once and send the commands that make it match ``sets`` (the
+        routing sets) and ``held`` (the held-out sets; both read now when not given).
 
         Raises :class:`RuntimeApiError` when ``show servers state`` fails;
         a refused ``set server`` is recorded in :attr:`SyncResult.errors`.
         """
         if sets is None:
             sets = await self.routing_sets()
+        if held is None:
+            held = await self.held_out_sets()
         state = parse_servers_state(await self._api.command("show servers state"))
         result = SyncResult()
         for model, backend in self._backend_map.items():
-            plan = plan_backend(backend, state.get(backend), sets.get(model, frozenset()), self._server_map)
+            plan = plan_backend(backend, state.get(backend), sets.get(model, frozenset()), self._server_map,
+                                held.get(model, frozenset()))
             if plan.skipped:
                 result.skipped[backend] = plan.skipped
                 if self._last_skipped.get(backend) != plan.skipped:
@@ -283,16 +299,17 @@ class HaproxySync:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Sync on changes and every ``resync_interval_s`` until ``stop`` is set."""
-        applied: dict[str, frozenset[str]] | None = None
+        applied: tuple[dict[str, frozenset[str]], dict[str, frozenset[str]]] | None = None
         next_full_s = float("-inf")
         healthy = True
         while not stop.is_set():
             self._wake.clear()
             sets = await self.routing_sets()
+            held = await self.held_out_sets()
             now_s = self._clock()
-            if sets != applied or now_s >= next_full_s:
+            if (sets, held) != applied or now_s >= next_full_s:
                 try:
-                    await self.sync_once(sets)
+                    await self.sync_once(sets, held)
                 except RuntimeApiError as e:
                     self.failures += 1
                     if healthy:
@@ -302,7 +319,7 @@ class HaproxySync:
                     if not healthy:
                         log.info("haproxy-sync: HAProxy reachable again")
                     healthy = True
-                    applied = dict(sets)     # refused commands are retried at the next full re-sync
+                    applied = (sets, held)   # refused commands are retried at the next full re-sync
                     next_full_s = now_s + self._resync_interval_s
             await _wait_any(stop, self._wake, self._poll_interval_s)
 

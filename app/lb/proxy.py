@@ -8,7 +8,9 @@ For every request the proxy
    (the real one is :class:`app.routing.reader.RoutingTable`, whose cache is
    refreshed by pub/sub and version polling — no Redis round-trip per request);
 3. picks a node with :class:`~app.lb.balance.Balancer`: round-robin over the
-   routed nodes that have a backend address; on a probe slot
+   ``--backends`` that tailguard has not taken out (its held-out set: ejected,
+   quarantined, retired, gone, drained) — the routed nodes, and new nodes
+   tailguard has not judged yet, which need this traffic to be admitted; on a probe slot
    (``--probe-share``, default 2 % of a model's requests) a quarantined node
    whose probe time has come instead, sent with ``X-Tailguard-Probe: 1`` so the
    node's emitter records ``probe: true``. The probe's response is returned to
@@ -261,26 +263,29 @@ class Proxy:
     async def _health(self, _request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
 
-    async def _choose(self, model: str | None, routed: frozenset[str] | None) -> Pick | None:
+    async def _choose(self, model: str | None, routed: frozenset[str] | None,
+                      held: frozenset[str]) -> Pick | None:
         if model is not None and self._balancer.probe_due(model):
             quarantined = await self._source.quarantined(model)
             if quarantined:
                 probe = self._balancer.pick_probe(model, routed, quarantined, self._clock())
                 if probe is not None:
                     return probe
-        return self._balancer.pick(model, routed)
+        return self._balancer.pick(model, routed, held_out=held)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
         model = model_of(request.headers, body, self._model_header)
         st = self.stats
         st.requests += 1
+        held: frozenset[str] = frozenset()
         if model is None:
             st.no_model += 1
             routed = None
         else:
             routed = await self._source.get(model)
-        pick = await self._choose(model, routed)
+            held = await self._source.held_out(model)
+        pick = await self._choose(model, routed, held)
         tried: list[str] = []
         attempts = 0    # failed non-probe attempts: a failed probe does not use up the client's retry
         while pick is not None:
@@ -296,7 +301,7 @@ class Proxy:
                 if attempts >= 2:
                     break
                 st.retries += 1
-                pick = self._balancer.pick(model, routed, exclude=frozenset(tried))
+                pick = self._balancer.pick(model, routed, exclude=frozenset(tried), held_out=held)
         st.bad_gateway += 1
         return web.json_response(
             {"error": "bad_gateway", "detail": "no backend answered", "model": model, "tried": tried}, status=502

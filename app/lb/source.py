@@ -118,6 +118,15 @@ class SafeSource:
             self._failed("quarantine", model, e)
             return {}
 
+    async def held_out(self, model: str) -> frozenset[str]:
+        if not await self._ready(model):
+            return frozenset()
+        try:
+            return await self._inner.held_out(model)
+        except Exception as e:  # as in get()
+            self._failed("held-out set", model, e)
+            return frozenset()
+
 
 def add_routing_args(parser: argparse.ArgumentParser) -> None:
     """``--redis-url``, ``--key-prefix``, ``--poll-interval-s`` (defaults from the environment)."""

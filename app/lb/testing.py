@@ -46,9 +46,11 @@ class StaticSource:
         self,
         routing: Mapping[str, frozenset[str]] | None = None,
         quarantine: Mapping[str, Mapping[str, float]] | None = None,
+        held: Mapping[str, frozenset[str]] | None = None,
     ) -> None:
         self.routing: dict[str, frozenset[str]] = dict(routing or {})
         self.quarantine: dict[str, dict[str, float]] = {m: dict(q) for m, q in (quarantine or {}).items()}
+        self.held: dict[str, frozenset[str]] = dict(held or {})
         self.fail = False
         self.reads = 0
 
@@ -63,6 +65,13 @@ class StaticSource:
         if self.fail:
             raise LbError(f"StaticSource.fail is set (model {model!r})")
         return dict(self.quarantine.get(model, {}))
+
+    async def held_out(self, model: str) -> frozenset[str]:
+        """``held[model]`` and the model's quarantined nodes (as the real reader gives)."""
+        self.reads += 1
+        if self.fail:
+            raise LbError(f"StaticSource.fail is set (model {model!r})")
+        return self.held.get(model, frozenset()) | frozenset(self.quarantine.get(model, {}))
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,16 +143,21 @@ async def write_routing(
     model: str,
     nodes: Iterable[str],
     quarantine: Mapping[str, float] | None = None,
+    held_out: Iterable[str] = (),
 ) -> int:
-    """Replace ``model``'s routing set and quarantine as tailguard would; returns the new version."""
+    """Replace ``model``'s routing set, quarantine and held-out set as tailguard would;
+    returns the new version."""
     keys = Keys(key_prefix)
     nodes = sorted(nodes)
+    held = sorted(held_out)
     async with redis.pipeline(transaction=True) as pipe:
-        pipe.delete(keys.routing(model), keys.quarantine(model))
+        pipe.delete(keys.routing(model), keys.quarantine(model), keys.held_out(model))
         if nodes:
             pipe.sadd(keys.routing(model), *nodes)
         if quarantine:
             pipe.zadd(keys.quarantine(model), dict(quarantine))
+        if held:
+            pipe.sadd(keys.held_out(model), *held)
         pipe.incr(keys.version(model))
         pipe.sadd(keys.models, model)
         results = await pipe.execute()

@@ -6,7 +6,11 @@ Layout (``P`` = the key prefix, default ``tailguard``; ``<m>`` = the encoded mod
 key                                type    content
 =================================  ======  ==================================================
 ``P:routing:<m>``                  SET     node ids that may receive traffic for the model
-``P:routing:<m>:version``          STRING  integer, incremented whenever the routing set or
+                                           (admitted ones; absent until one is admitted)
+``P:held-out:<m>``                 SET     node ids tailguard took out (ejected, quarantined,
+                                           retired, gone, drained): what a load balancer
+                                           with its own server list holds out
+``P:routing:<m>:version``          STRING  integer, incremented whenever the routing set, the held-out set or
                                            the quarantine of the model changes; created at
                                            the server's Unix time in ms, so it never
                                            repeats after a data loss: compare with ``!=``
@@ -49,12 +53,13 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
-from app.core.types import NodeStatus
+from app.core.types import HealthState, NodeStatus
 
 DEFAULT_PREFIX = "tailguard"
 
@@ -104,6 +109,9 @@ class Keys:
 
     def quarantine(self, model: str) -> str:
         return f"{self.prefix}:quarantine:{encode_model(model)}"
+
+    def held_out(self, model: str) -> str:
+        return f"{self.prefix}:held-out:{encode_model(model)}"
 
     def nodes(self, model: str) -> str:
         return f"{self.prefix}:nodes:{encode_model(model)}"
@@ -169,6 +177,15 @@ def status_json(status: NodeStatus, *, updated_ts: float,
     if extra:
         d.update(extra)
     return json.dumps(d, separators=(",", ":"), allow_nan=False)
+
+
+def held_out(statuses: Iterable[NodeStatus], routing: AbstractSet[str]) -> frozenset[str]:
+    """The nodes tailguard took out: known (any state but ``unknown``), not in ``routing``,
+    and not a new node awaiting admission (``warming`` and not routed, judged on the
+    traffic its load balancer's own list gives it)."""
+    return frozenset(s.node_id for s in statuses
+                     if s.node_id not in routing and s.state is not HealthState.UNKNOWN
+                     and not (s.state is HealthState.WARMING and not s.routed))
 
 
 def change_message(model: str, version: int) -> str:

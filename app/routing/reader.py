@@ -7,7 +7,7 @@ the keys of :mod:`app.routing.keys`.
 Guarantees
 ----------
 * **Consistent snapshots.** A model is loaded with one ``MULTI``/``EXEC``
-  (version, routing set, quarantine together); since the writer changes them
+  (version, routing set, quarantine, held-out set together); since the writer changes them
   in one Lua script, every cached view is one the writer wrote.
 * **Fresh.** It refreshes a model when a ``{"model", "version"}`` message
   arrives on ``P:routing:changes`` AND by polling the version keys every
@@ -26,8 +26,14 @@ Guarantees
   read Redis only the first time a model is asked for.
 
 An empty ``frozenset`` from :meth:`RoutingTable.get` / :meth:`RoutingTable.nodes`
-means tailguard has no routing set for that model (yet): the load balancer
-should then use its own full list of backends.
+means tailguard has no routing set for that model (yet: no node admitted): the
+load balancer should then use its own full list of backends.
+
+:meth:`RoutingTable.held_out` is for load balancers with their own server list:
+the nodes tailguard took out (the held-out set, and the quarantine — what a
+writer that predates the held-out set still says). Such a load balancer serves
+its list minus these, so that a new node (not judged yet, not in the routing
+set) gets the traffic that admits it.
 """
 
 from __future__ import annotations
@@ -77,6 +83,7 @@ class ModelRouting:
 
     ``version`` is ``None`` when no routing was ever written for the model
     (then ``nodes`` is empty). ``quarantine`` maps node → probe-after Unix s.
+    ``held_out``: the nodes tailguard took out (see the module docstring).
     ``loaded_ts`` is when it was read (the table's clock).
     """
 
@@ -85,6 +92,7 @@ class ModelRouting:
     nodes: frozenset[str]
     quarantine: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
     loaded_ts: float = 0.0
+    held_out: frozenset[str] = frozenset()
 
 
 OnChange = Callable[[ModelRouting], Any]
@@ -160,6 +168,11 @@ class RoutingTable:
         entry = self._cache.get(model)
         return dict(entry.quarantine) if entry is not None else {}
 
+    def cached_held_out(self, model: str) -> frozenset[str]:
+        """Cached nodes of ``model`` that tailguard took out (see the module docstring)."""
+        entry = self._cache.get(model)
+        return entry.held_out if entry is not None else frozenset()
+
     def probe_candidates(self, model: str, now_s: float) -> frozenset[str]:
         """Quarantined nodes of ``model`` whose probe-after time has come by ``now_s``."""
         entry = self._cache.get(model)
@@ -196,6 +209,10 @@ class RoutingTable:
         nodes once their time has come (see :meth:`probe_candidates`).
         """
         return dict((await self._ensure(model)).quarantine)
+
+    async def held_out(self, model: str) -> frozenset[str]:
+        """Nodes of ``model`` that tailguard took out; loads like :meth:`get`."""
+        return (await self._ensure(model)).held_out
 
     async def _ensure(self, model: str) -> ModelRouting:
         entry = self._cache.get(model)
@@ -281,9 +298,12 @@ class RoutingTable:
                 pipe.get(k.version(model))
                 pipe.smembers(k.routing(model))
                 pipe.zrange(k.quarantine(model), 0, -1, withscores=True)
-                raw_version, raw_nodes, raw_quarantine = await pipe.execute()
+                pipe.smembers(k.held_out(model))
+                raw_version, raw_nodes, raw_quarantine, raw_held = await pipe.execute()
             old = self._cache.get(model)
             nodes = frozenset(_text(n) for n in raw_nodes)
+            quarantine = {_text(n): float(s) for n, s in raw_quarantine}
+            held = frozenset(_text(n) for n in raw_held).union(quarantine)
             if not nodes and old is not None and old.nodes:
                 # Keys gone (restart without persistence, manual delete): keep serving.
                 if model not in self._vanished:
@@ -299,12 +319,14 @@ class RoutingTable:
                 model=model,
                 version=int(raw_version) if raw_version is not None else None,
                 nodes=nodes,
-                quarantine=MappingProxyType({_text(n): float(s) for n, s in raw_quarantine}),
+                quarantine=MappingProxyType(quarantine),
                 loaded_ts=self._clock(),
+                held_out=held,
             )
             self._cache[model] = entry
         self._metrics.refreshed(model, entry.version)
-        if old is None or old.nodes != entry.nodes or dict(old.quarantine) != dict(entry.quarantine):
+        if (old is None or old.nodes != entry.nodes or old.held_out != entry.held_out
+                or dict(old.quarantine) != dict(entry.quarantine)):
             await self._notify(entry)
         return entry
 

@@ -22,9 +22,17 @@ Guarantees
   repeats after Redis lost its data (a reader holding version 1 of the old
   data would otherwise take the new version 1 for the same state).
 * **Never empties routing.** A tick whose routing set is empty is refused
-  (logged, counted through :meth:`WriterMetrics.empty_refused`) and the last
-  written set stays; the script refuses an empty set too, as a second guard.
-  A detector fault must not take a whole model out of service.
+  when the model has a routing set in Redis (logged, counted through
+  :meth:`WriterMetrics.empty_refused`, nothing written): the last written
+  set stays. A detector fault must not take a whole model out of service.
+  A model none of whose nodes has been admitted yet (admission by evidence,
+  :mod:`app.core.admission`) has no routing set: its other keys (statuses,
+  held-out set, version) are written and ``P:routing:<m>`` stays absent,
+  which readers take as "no data: use every backend". The check is in the
+  script, against what Redis holds, so it holds across writer restarts.
+* **Held out.** ``P:held-out:<m>`` is the set of nodes tailguard took out
+  (:func:`app.routing.keys.held_out`, or :attr:`Extras.held_out`); a change
+  of it bumps the version and publishes like a routing change.
 * **Survives Redis outages.** A connection error or timeout never reaches
   the caller: :meth:`RoutingWriter.apply` returns ``False``, the latest
   wanted state of each model is kept (older ones are dropped — only the
@@ -77,7 +85,7 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from app.core.types import ModelTick
-from app.routing.keys import DEFAULT_PREFIX, Keys, status_json
+from app.routing.keys import DEFAULT_PREFIX, Keys, held_out, status_json
 from app.routing.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -94,16 +102,19 @@ _MODEL: tuple[type[BaseException], ...] = (RedisError,)
 APPLY_LUA = r"""
 -- tailguard: write one model's routing verdict atomically.
 -- KEYS: 1 routing SET, 2 version, 3 quarantine ZSET, 4 nodes HASH, 5 models SET,
---       6 shadow routing SET, 7 history HASH, 8 events LIST
+--       6 shadow routing SET, 7 history HASH, 8 events LIST, 9 held-out SET
 -- ARGV: 1 channel, 2 model, 3 #routing, 4 #quarantine, 5 #statuses,
 --       6 #shadow (-1: leave the shadow set alone), 7 #history (-1: leave it alone),
---       8 #events, 9 events cap,
+--       8 #events, 9 events cap, 10 #held-out,
 --       then the routing members, then (score, node) pairs, then (node, json) pairs,
---       then the shadow members, then (node, json) history pairs, then event jsons.
--- Returns {routing_changed 0|1, quarantine_changed 0|1, version}.
+--       then the shadow members, then (node, json) history pairs, then event jsons,
+--       then the held-out members.
+-- An empty routing set is written only for a model that has none yet (no node admitted:
+-- the key stays absent); one that would empty an existing set is refused, nothing written.
+-- Returns {routing_changed 0|1, quarantine_changed 0|1 (or -1: refused), version}.
 local routing_key, version_key, quarantine_key, nodes_key, models_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local shadow_key, history_key, events_key = KEYS[6], KEYS[7], KEYS[8]
+local shadow_key, history_key, events_key, held_key = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local channel, model = ARGV[1], ARGV[2]
 local n_routing = tonumber(ARGV[3])
 local n_quarantine = tonumber(ARGV[4])
@@ -112,20 +123,19 @@ local n_shadow = tonumber(ARGV[6])
 local n_history = tonumber(ARGV[7])
 local n_events = tonumber(ARGV[8])
 local events_cap = tonumber(ARGV[9])
+local n_held = tonumber(ARGV[10])
 if n_routing == nil or n_quarantine == nil or n_status == nil or n_shadow == nil
-    or n_history == nil or n_events == nil or events_cap == nil then
+    or n_history == nil or n_events == nil or events_cap == nil or n_held == nil then
   return redis.error_reply('ERR tailguard: malformed counts')
 end
-if n_routing < 1 then
-  return redis.error_reply('ERR tailguard: refusing to write an empty routing set for ' .. model)
-end
-local first_r = 10
+local first_r = 11
 local first_q = first_r + n_routing
 local first_s = first_q + 2 * n_quarantine
 local first_w = first_s + 2 * n_status
 local first_h = first_w + math.max(n_shadow, 0)
 local first_e = first_h + 2 * math.max(n_history, 0)
-if #ARGV ~= first_e - 1 + n_events then
+local first_o = first_e + n_events
+if #ARGV ~= first_o - 1 + n_held then
   return redis.error_reply('ERR tailguard: argument count does not match the counts')
 end
 
@@ -139,7 +149,8 @@ if redis.acl_check_cmd then
     {'DEL', quarantine_key}, {'ZADD', quarantine_key, '0', 'n'}, {'DEL', nodes_key},
     {'HSET', nodes_key, 'n', 'v'}, {'SADD', models_key, 'm'}, {'TIME'}, {'PUBLISH', channel, 'm'},
     {'DEL', shadow_key}, {'SADD', shadow_key, 'n'}, {'DEL', history_key}, {'HSET', history_key, 'n', 'v'},
-    {'LPUSH', events_key, 'e'}, {'LTRIM', events_key, '0', '0'},
+    {'LPUSH', events_key, 'e'}, {'LTRIM', events_key, '0', '0'}, {'EXISTS', routing_key},
+    {'SCARD', held_key}, {'SISMEMBER', held_key, 'n'}, {'DEL', held_key}, {'SADD', held_key, 'n'},
   }
   for _, c in ipairs(checks) do
     if not redis.acl_check_cmd(unpack(c)) then
@@ -159,20 +170,26 @@ local function put(cmd, key, from, to)
   end
 end
 
-local routing_changed = redis.call('EXISTS', version_key) == 0
-if not routing_changed then
-  if redis.call('SCARD', routing_key) ~= n_routing then
-    routing_changed = true
-  else
-    -- same size and every wanted (distinct) member present => same set
-    for i = first_r, first_q - 1 do
-      if redis.call('SISMEMBER', routing_key, ARGV[i]) == 0 then
-        routing_changed = true
-        break
-      end
+if n_routing < 1 and redis.call('EXISTS', routing_key) == 1 then
+  return {0, -1, 0}   -- never empty a routing set: the last written one stays
+end
+
+-- same size and every wanted (distinct) member present => same set
+local function same_set(key, from, to)
+  if redis.call('SCARD', key) ~= to - from + 1 then
+    return false
+  end
+  for i = from, to do
+    if redis.call('SISMEMBER', key, ARGV[i]) == 0 then
+      return false
     end
   end
+  return true
 end
+
+local routing_changed = redis.call('EXISTS', version_key) == 0
+  or not same_set(routing_key, first_r, first_q - 1)
+local held_changed = not same_set(held_key, first_o, #ARGV)
 
 local quarantine_changed = redis.call('ZCARD', quarantine_key) ~= n_quarantine
 if not quarantine_changed then
@@ -193,6 +210,10 @@ if quarantine_changed then
   redis.call('DEL', quarantine_key)
   put('ZADD', quarantine_key, first_q, first_s - 1)
 end
+if held_changed then
+  redis.call('DEL', held_key)
+  put('SADD', held_key, first_o, #ARGV)
+end
 
 redis.call('DEL', nodes_key)
 put('HSET', nodes_key, first_s, first_w - 1)
@@ -211,7 +232,7 @@ if n_events > 0 then
 end
 
 local version
-if routing_changed or quarantine_changed then
+if routing_changed or quarantine_changed or held_changed then
   if redis.call('EXISTS', version_key) == 0 then
     -- A new (or lost) version key starts at the server's time in ms, so that a version
     -- never repeats after Redis lost its data: readers compare versions with ~=.
@@ -225,7 +246,7 @@ if routing_changed or quarantine_changed then
 else
   version = tonumber(redis.call('GET', version_key))
 end
-return {routing_changed and 1 or 0, quarantine_changed and 1 or 0, version}
+return {routing_changed and 1 or 0, (quarantine_changed or held_changed) and 1 or 0, version}
 """
 
 
@@ -269,13 +290,15 @@ class Extras:
     ``shadow``: the would-be routing set (None: leave the key alone);
     ``annotations``: extra fields merged into a node's status JSON;
     ``history``: node → JSON of its tick history (None: leave the key alone);
-    ``events``: JSON documents pushed onto the model's event list, oldest first.
+    ``events``: JSON documents pushed onto the model's event list, oldest first;
+    ``held_out``: the nodes to hold out (None: :func:`app.routing.keys.held_out` of the tick).
     """
 
     shadow: frozenset[str] | None = None
     annotations: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     history: Mapping[str, str] | None = None
     events: tuple[str, ...] = ()
+    held_out: frozenset[str] | None = None     # None: derived from the tick (keys.held_out)
 
 
 NO_EXTRAS = Extras()
@@ -288,7 +311,9 @@ class WriteResult:
     model: str
     version: int
     routing_changed: bool
-    quarantine_changed: bool
+    quarantine_changed: bool           # the quarantine or the held-out set
+    refused_empty: bool = False        # an empty routing set for a model that has one: nothing written
+    has_routing: bool = True           # a routing set was written (False: none admitted yet)
 
     @property
     def changed(self) -> bool:
@@ -368,6 +393,7 @@ class RoutingWriter:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.last_results: dict[str, WriteResult] = {}
+        self._routed_models: set[str] = set()     # models this writer wrote a routing set for
 
     # -- public API ---------------------------------------------------------
 
@@ -389,26 +415,28 @@ class RoutingWriter:
     async def apply(self, tick: ModelTick, extras: Extras = NO_EXTRAS) -> bool:
         """Write ``tick``'s verdict. True when Redis now holds it (written or already equal).
 
-        False when the tick was refused (empty routing set: the last set
-        stays) or Redis could not be written; in the latter case the verdict
-        is kept and retried, superseded by any newer tick of the same model.
-        Raises ``ValueError`` only for a malformed tick (a programming error).
+        False when the tick was refused (empty routing set for a model that
+        has one: the last set stays) or Redis could not be written; in the
+        latter case the verdict is kept and retried, superseded by any newer
+        tick of the same model. Raises ``ValueError`` only for a malformed
+        tick (a programming error).
         """
         _validate(tick)
-        if not tick.routing:
-            log.warning(
-                "refusing to empty the routing set of model %r (tick ts=%s, %d statuses): "
-                "keeping the last written set",
-                tick.model, tick.ts, len(tick.statuses),
-            )
-            self._metrics.empty_refused(tick.model)
+        if not tick.routing and (tick.model in self._routed_models or any(
+                p[0].routing for p in (self._pending.get(tick.model),) if p is not None)):
+            # Known here to have a set (written, or a verdict waiting): never emptied, never
+            # superseded by an empty one. (The script refuses it too, against what Redis holds.)
+            self._refuse_empty(tick.model)
             return False
         before = self._pending.get(tick.model)
         if before is not None and before[1].events:   # superseded unwritten: keep its events
             extras = replace(extras, events=before[1].events + extras.events)
         self._pending[tick.model] = (tick, extras)
         await self._flush(force=False)
-        return tick.model not in self._pending
+        if tick.model in self._pending:
+            return False
+        last = self.last_results.get(tick.model)
+        return last is None or not last.refused_empty
 
     async def flush(self) -> bool:
         """Try now to write every pending verdict, ignoring every back-off.
@@ -519,12 +547,17 @@ class RoutingWriter:
                 "Redis refused the routing write of model %r (%s: %s); attempt %d, retrying this "
                 "model in %.2fs, other models are still written. Check the type and ACL of its "
                 "keys (%s is a SET, %s a string counter, %s a ZSET, %s a HASH, %s a SET, %s a "
-                "HASH, %s a LIST); load balancers keep its last written set",
+                "HASH, %s a LIST, %s a SET); load balancers keep its last written set",
                 model, type(error).__name__, error, failures, delay_s,
                 k.routing(model), k.version(model), k.quarantine(model), k.nodes(model),
-                k.shadow(model), k.history(model), k.events(model),
+                k.shadow(model), k.history(model), k.events(model), k.held_out(model),
             )
         self._wake.set()
+
+    def _refuse_empty(self, model: str) -> None:
+        log.warning("refusing to empty the routing set of model %r: keeping the last written set",
+                    model)
+        self._metrics.empty_refused(model)
 
     def _record_success(self, result: WriteResult) -> None:
         if self._failures:
@@ -536,6 +569,11 @@ class RoutingWriter:
             log.info("Redis accepts the routing of model %r again after %d refused attempt(s)",
                      result.model, model_failures)
         self.last_results[result.model] = result
+        if result.refused_empty:
+            self._refuse_empty(result.model)
+            return
+        if result.has_routing:
+            self._routed_models.add(result.model)
         self._metrics.written(result.model, changed=result.changed, version=result.version)
         if result.changed:
             log.debug("model %r routing version %d", result.model, result.version)
@@ -550,21 +588,26 @@ class RoutingWriter:
                     for s in tick.statuses}
         shadow = None if extras.shadow is None else sorted(extras.shadow)
         history = None if extras.history is None else sorted(extras.history.items())
+        held = sorted(held_out(tick.statuses, tick.routing) if extras.held_out is None
+                      else extras.held_out)
         args: list[str | int] = [
             k.channel, m, len(routing), len(quarantine), len(statuses),
             -1 if shadow is None else len(shadow), -1 if history is None else len(history),
-            len(extras.events), EVENTS_CAP,
+            len(extras.events), EVENTS_CAP, len(held),
             *routing, *_flat(quarantine), *_flat(sorted(statuses.items())),
-            *(shadow or ()), *_flat(history or ()), *extras.events,
+            *(shadow or ()), *_flat(history or ()), *extras.events, *held,
         ]
         async with asyncio.timeout(self._write_timeout_s):
             raw = await self._script(
                 keys=[k.routing(m), k.version(m), k.quarantine(m), k.nodes(m), k.models,
-                      k.shadow(m), k.history(m), k.events(m)],
+                      k.shadow(m), k.history(m), k.events(m), k.held_out(m)],
                 args=args,
             )
         routing_changed, quarantine_changed, version = (int(x) for x in raw)
-        return WriteResult(m, version, bool(routing_changed), bool(quarantine_changed))
+        if quarantine_changed < 0:
+            return WriteResult(m, version, False, False, refused_empty=True)
+        return WriteResult(m, version, bool(routing_changed), bool(quarantine_changed),
+                           has_routing=bool(routing))
 
     async def _retry_loop(self) -> None:
         while True:

@@ -53,6 +53,8 @@ def check(scenario: Scenario, records: Iterable[Mapping[str, Any]]) -> Outcome:
             continue
         if rec.get("reason") == "forgotten":      # dropped after a long silence: out already
             continue
+        if rec["routed"] is False and rec.get("to") == "warming":   # awaiting admission: never in
+            continue
         if rec["routed"] is False and key not in ejected:
             ejected[key] = t
         elif rec["routed"] is True and key in ejected and key not in readmitted:

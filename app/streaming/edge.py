@@ -10,7 +10,8 @@ Guarantees, per model and tick:
 * **Mode.** ``enforce``: the routing set written is the core's. ``observe``:
   every node the core knows (not forgotten) stays in routing, except those the
   liveness rules made ``gone`` (silent: dead nodes leave the real set in either
-  mode); the core's set is the shadow. Health changes carry ``"enforced": false`` in observe mode.
+  mode) and new ones not admitted yet (admission holds in either mode); the
+  core's set is the shadow. Health changes carry ``"enforced": false`` in observe mode.
   Either way the would-be set (the core's, with the overrides) is written as
   the shadow set ``P:routing-shadow:<m>``.
 * **Overrides** (:mod:`app.routing.operators`), applied after the mode: a
@@ -18,7 +19,9 @@ Guarantees, per model and tick:
   knows it) whatever the rules say. The core never ejected a drained node, so
   it never counts against ``max_ejected_fraction``. A drain that would empty
   the routing set of a model with nodes is refused (logged, shown as the
-  ``drain_refused`` guard): the set is written without the drains.
+  ``drain_refused`` guard): the set is written without the drains. The
+  held-out set (``P:held-out:<m>``) is the core's (:func:`app.routing.keys.held_out`
+  of the set written) plus the drained nodes.
 * **Announced once.** A new or changed override publishes one health change
   (``reason`` ``operator_drain``/``operator_pin``, ``detail`` the operator's
   text, ``operator`` the override); one that ends (released, or its ``until``
@@ -47,6 +50,7 @@ from typing import Any
 
 from app.core.config import DetectorSettings
 from app.core.types import HealthState, ModelTick, NodeStatus, Transition, WindowSummary
+from app.routing.keys import held_out
 from app.routing.operators import OperatorState, Override
 from app.routing.writer import Extras
 from app.streaming.tickstats import Counts, rule_stats, sig4, stats_dict
@@ -135,11 +139,12 @@ class OperatorEdge:
         # Observe keeps every node the core knows routed, except the gone (silent) ones: a
         # dead node must not stay routed. (On telemetry loss the core marks nobody gone.) The
         # core's own set is always kept: observe never routes fewer nodes than enforce.
-        gone = {n for n, s in statuses.items() if s.state is HealthState.GONE}
+        gone = {n for n, s in statuses.items() if s.state is HealthState.GONE
+                or (s.state is HealthState.WARMING and not s.routed)}   # (or not admitted yet)
         base = tick.routing if enforced else frozenset(known - gone) | tick.routing
         routing = (base - drained) | pinned
         refused: set[str] = set()
-        if not routing and known:
+        if not routing and base:
             refused = drained & base
             routing = base | pinned
             log.warning("model %r: refusing drains of %s, they would empty its routing set",
@@ -177,7 +182,8 @@ class OperatorEdge:
             extras=Extras(shadow=frozenset(shadow), annotations=annotations,
                           history={n: "[" + ",".join(j for _, j in h) + "]"
                                    for n, h in history.items()},
-                          events=tuple(page_events)),
+                          events=tuple(page_events),
+                          held_out=held_out(tick.statuses, routing) | (drained - routing)),
             health_events=tuple(events), mode=mode, expired=expired, overrides=active)
 
     # --- internals -----------------------------------------------------------

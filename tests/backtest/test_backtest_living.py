@@ -96,10 +96,12 @@ def replay(trace: Trace, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
 
 
 def out_at(records: list[dict[str, object]]) -> dict[str, tuple[float, str]]:
-    """node -> (seconds after T0, reason) of its first transition out of routing."""
+    """node -> (seconds after T0, reason) of its first transition out of routing (a new node
+    awaiting admission, ``warming`` and not routed, was never in it)."""
     out: dict[str, tuple[float, str]] = {}
     for r in records:
-        if r.get("type") == "transition" and r["routed"] is False and r["reason"] != "forgotten":
+        if (r.get("type") == "transition" and r["routed"] is False and r["reason"] != "forgotten"
+                and r["to"] != "warming"):
             out.setdefault(str(r["node_id"]), (float(r["ts"]) - T0, str(r["reason"])))  # type: ignore[arg-type]
     return out
 

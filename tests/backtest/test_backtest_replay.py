@@ -168,10 +168,12 @@ class Replayed:
     stderr: str
 
     def removed(self) -> dict[tuple[str, str], float]:
-        """(node, model) -> event time of its first transition out of routing."""
+        """(node, model) -> event time of its first transition out of routing (a new node
+        awaiting admission, ``warming`` and not routed, was never in it)."""
         out: dict[tuple[str, str], float] = {}
         for r in self.records:
-            if r.get("type", "transition") == "transition" and r["routed"] is False:
+            if (r.get("type", "transition") == "transition" and r["routed"] is False
+                    and r["to"] != "warming"):
                 out.setdefault((str(r["node_id"]), str(r["model"])), float(r["ts"]))  # type: ignore[arg-type]
         return out
 

@@ -1,7 +1,8 @@
 """Hypothesis invariants of stage 2 (FleetEvaluator) and the replay path.
 
-* never more than floor(max_ejected_fraction × nodes) of a model out of
-  routing, and never an empty routing set;
+* never more than floor(max_ejected_fraction × admitted nodes) of a model's
+  admitted nodes out of routing, and never an empty routing set once a node
+  has been admitted; a pair is routed only once admitted;
 * a uniform fleet ejects nobody, whatever its numbers;
 * relabelling nodes changes nothing but the labels;
 * the same trace always gives the same transitions;
@@ -80,13 +81,20 @@ def test_never_more_than_the_cap_out_and_never_empty(trace: tuple[int, list[Any]
                                                     st_: DetectorSettings) -> None:
     n, ticks = trace
     ev = FleetEvaluator(st_)
-    cap = math.floor(st_.max_ejected_fraction * n + 1e-9)
+    ever_admitted = False
     for k, row in enumerate(ticks):
         mt = ev.evaluate("m", summaries(n, row, [f"n{i}" for i in range(n)], [None] * n),
                          T0 + 30.0 * k)
-        out = n - len(mt.routing)
+        pairs = [ev.pair("m", f"n{i}") for i in range(n)]
+        admitted = [p for p in pairs if p is not None and p.admitted]
+        cap = math.floor(st_.max_ejected_fraction * len(admitted) + 1e-9)
+        out = sum(1 for p in admitted if not p.routed)
         assert out <= cap, (out, cap)
-        assert mt.routing, "routing set of a model with nodes is empty"
+        # Admission by evidence: routed only once admitted (never routed before).
+        assert mt.routing == {p.node_id for p in admitted if p.routed}
+        ever_admitted = ever_admitted or bool(admitted)
+        if ever_admitted:
+            assert mt.routing, "routing set of a model with admitted nodes is empty"
         assert {t.node_id for t in mt.transitions if t.routed} <= mt.routing
 
 
@@ -98,13 +106,15 @@ def test_a_uniform_fleet_ejects_nobody(n: int, ticks: list[tuple[float, float, i
                                        st_: DetectorSettings) -> None:
     ev = FleetEvaluator(st_)
     names = [f"n{i}" for i in range(n)]
+    evidence = False     # a window of min_samples (warm-up long over): everyone admitted together
     for k, (p50, ratio, samples) in enumerate(ticks):
+        evidence = evidence or samples >= st_.min_samples
         sums = [WindowSummary(node_id=name, model="m", tick_ts=0.0, signal="latency",
                               samples=samples, p50=p50, p99=p50 * ratio, latency_p50_us=p50,
                               latency_p99_us=p50 * ratio, first_seen_ts=0.0) for name in names]
         mt = ev.evaluate("m", sums, T0 + 30.0 * k)
         if n >= st_.min_peers:
-            assert len(mt.routing) == n
+            assert len(mt.routing) == (n if evidence else 0)
         assert not mt.diagnostics or n < st_.min_peers
 
 
@@ -183,8 +193,9 @@ def living_traces(draw: st.DrawFn) -> list[list[tuple[float, float, int] | None]
 def test_guards_hold_over_live_nodes_when_the_node_set_changes(
         ticks: list[list[tuple[float, float, int] | None]], st_: DetectorSettings,
         silent_after_s: float, join_from: int) -> None:
-    """Gone nodes are out of routing and in no count; the cap is over the nodes present;
-    ejections never exceed it; a model with a node present never has an empty routing set."""
+    """Gone nodes are out of routing and in no count; the cap is over the admitted nodes
+    present; ejections never exceed it; a model with an admitted node present never has an
+    empty routing set; nodes never admitted are never routed and in no count."""
     st_ = st_.replace(silent_after_s=silent_after_s, restart_gap_s=min(15.0, silent_after_s / 2))
     ev = FleetEvaluator(st_)
     n = len(ticks[0])
@@ -211,12 +222,13 @@ def test_guards_hold_over_live_nodes_when_the_node_set_changes(
         known |= {s.node_id for s in sums}
         mt = ev.evaluate("m", sums, now)
         after = ev.snapshot_model("m")["pairs"]
-        present = {n_ for n_, p in after.items() if p["state"] not in ("gone", "unknown")}
+        present = {n_ for n_, p in after.items()
+                   if p["state"] not in ("gone", "unknown") and p["admitted"]}
         gone = {n_ for n_, p in after.items() if p["state"] == "gone"}
         assert not gone & mt.routing
         assert mt.routing <= present
         if present:
-            assert mt.routing, "routing set of a model with nodes present is empty"
+            assert mt.routing, "routing set of a model with admitted nodes present is empty"
         cap = math.floor(st_.max_ejected_fraction * len(present) + 1e-9)
         if any(t.to_state == "unhealthy" and not t.routed for t in mt.transitions):
             out_now = sum(1 for n_ in present if n_ not in mt.routing)

@@ -154,9 +154,10 @@ class Outcome:
         return [r for r in self.records if r["type"] == "fleet"]
 
     def ejections(self) -> list[dict[str, Any]]:
-        """Transitions that took a pair out of routing."""
+        """Transitions that took a pair out of routing, or refused a new one (``warming`` →
+        ``unhealthy``: confirmed abnormal before it was admitted)."""
         return [t for t in self.transitions if t["routed"] is False and t["from"] in
-                ("healthy", "suspect", "unhealthy") and t["to"] == "unhealthy"]
+                ("healthy", "suspect", "unhealthy", "warming") and t["to"] == "unhealthy"]
 
     def ejected_pairs(self) -> set[tuple[str, str]]:
         return {(t["node_id"], t["model"]) for t in self.ejections()}
@@ -168,13 +169,14 @@ class Outcome:
         return None
 
     def max_out(self, model: str) -> int:
-        """Most pairs of ``model`` simultaneously out of routing, over the replay."""
+        """Most pairs of ``model`` simultaneously out of routing, over the replay (a new pair
+        awaiting admission, ``warming`` and not routed, is not out: it was never in)."""
         routed: dict[str, bool] = {}
         worst = 0
         for t in self.transitions:
             if t["model"] != model:
                 continue
-            routed[t["node_id"]] = bool(t["routed"])
+            routed[t["node_id"]] = bool(t["routed"]) or t["to"] == "warming"
             worst = max(worst, sum(1 for r in routed.values() if not r))
         return worst
 

@@ -49,7 +49,7 @@ def _records(s: sc.Scenario, seed: int) -> list[dict[str, object]]:
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_many_low_rate_raw_latency_nodes_keep_their_noisy_tails(seed: int) -> None:
     s = _low_rate("llm_code_healthy", 600)
-    removed = [r for r in _records(s, seed) if r.get("routed") is False]
+    removed = [r for r in _records(s, seed) if r.get("routed") is False and r.get("to") != "warming"]
     assert removed == []
 
 

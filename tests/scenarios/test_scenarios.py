@@ -46,7 +46,7 @@ def test_steady_fleet_ejects_nobody_and_is_quiet() -> None:
     out = run(Scenario("steady", fleet(8), duration_s=1200, seed=1))
     assert_only_ejected(out, set())
     reasons = {t["reason"] for t in out.transitions}
-    assert reasons == {"first_seen", "warmup_done"}
+    assert reasons == {"first_seen", "admitted"}
     assert out.fleet == []
     assert out.stats.bad == {}
 
@@ -89,7 +89,9 @@ def test_warming_node_joining_is_not_ejected(rate_rps: float) -> None:
     assert_only_ejected(out, set())
     new = [t for t in out.transitions if t["node_id"] == "gpu-new"]
     assert [(t["from"], t["to"]) for t in new] == [("unknown", "warming"), ("warming", "healthy")]
-    assert all(t["routed"] for t in new)
+    # admission by evidence: out of routing until its first judged window after warm-up
+    assert [(t["routed"], t["reason"]) for t in new] == [(False, "first_seen"), (True, "admitted")]
+    assert new[1]["ts"] >= T0 + 400 + 120
 
 
 def test_joining_node_that_stays_slow_is_caught_after_warmup() -> None:
@@ -156,7 +158,7 @@ def test_low_traffic_gives_no_verdict_and_old_samples_age_out() -> None:
     trickle = Node("gpu-drop", start_s=300.0, rate_rps=0.1)
     out = run(Scenario("low", [*quiet, slow_quiet, drop, trickle], duration_s=1500, seed=15))
     assert_only_ejected(out, set())
-    assert {t["reason"] for t in out.transitions} == {"first_seen", "warmup_done"}
+    assert {t["reason"] for t in out.transitions} == {"first_seen", "admitted"}
     status = {s.node_id: s for s in out.detector.statuses()}
     assert status["gpu-drop"].samples < 100 and status["gpu-drop"].state is HealthState.HEALTHY
     assert status["gpu-slow"].samples < 100

@@ -69,7 +69,9 @@ def test_hints_follow_routing_and_are_written_only_on_change() -> None:
 
     s2 = Stage2(FleetEvaluator(SETTINGS), {}, stale_after_s=1.5 * T, hints=Recording())
     run_ticks(s2, "m", 1000.0, 1)
-    assert [decode_hints([(b"m", w)]).out_of_fit for w in writes] == [frozenset()]
+    # the slow node is not admitted at the first tick (3x its fellow new nodes): never routed,
+    # it has no vote in the fit either
+    assert [decode_hints([(b"m", w)]).out_of_fit for w in writes] == [frozenset({("slow", "m")})]
     run_ticks(s2, "m", 1000.0 + T, 3)
     assert decode_hints([(b"m", writes[-1])]).out_of_fit == {("slow", "m")}
     n = len(writes)
@@ -166,7 +168,9 @@ def test_without_state_a_fresh_worker_would_start_over() -> None:
     # The control for the test above: the table is what carries the quarantine.
     s2 = Stage2(FleetEvaluator(SETTINGS), {}, stale_after_s=1.5 * T)
     outs = run_ticks(s2, "m", 1010.0, 1)
-    assert "slow" in outs[0].tick.routing
+    # a new pair again (admission: not routed while its first window is 3x its fellows')
+    assert states(s2, "m")["slow"] is HealthState.WARMING
+    assert "slow" not in outs[0].tick.routing
 
 
 @pytest.mark.parametrize("stored", [
@@ -186,7 +190,8 @@ def test_a_refused_stored_state_is_logged_and_the_model_starts_fresh(
         del stored["version"]
     fresh = Stage2(FleetEvaluator(SETTINGS), {state_key("m"): stored}, stale_after_s=1.5 * T)
     outs = run_ticks(fresh, "m", 1010.0, 1)
-    assert "slow" in outs[0].tick.routing                   # started over, as without state
+    assert states(fresh, "m")["slow"] is HealthState.WARMING    # started over, as without state
+    assert "slow" not in outs[0].tick.routing                   # (a new pair: not admitted yet)
     assert fresh.refused_states == 1
     assert "cannot be restored" in caplog.text and "'m'" in caplog.text
     # The fresh state replaced the refused one in the table.
@@ -200,7 +205,9 @@ def test_a_refused_state_drops_what_the_worker_held_of_the_model() -> None:
     s2.state[state_key("m")] = {"version": 1}
     s2.on_assignment_changed()                  # the model comes back after a rebalance
     outs = run_ticks(s2, "m", 1010.0, 1)
-    assert "slow" in outs[0].tick.routing
+    # a new pair again (admission: not routed while its first window is 3x its fellows')
+    assert states(s2, "m")["slow"] is HealthState.WARMING
+    assert "slow" not in outs[0].tick.routing
 
 
 def test_models_not_owned_are_not_evaluated_and_their_input_dropped() -> None:

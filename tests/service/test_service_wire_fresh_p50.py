@@ -72,8 +72,8 @@ def test_unusable_fresh_values_are_dropped_not_fatal(bad: dict[str, object]) -> 
         assert isinstance(got, WindowSummary)
         assert got == s._replace(fresh_samples=0, fresh_p50=None)
         decoded.append(got)
-    # stage 2 judges such summaries on their windows alone
-    tick = FleetEvaluator(SETTINGS).evaluate("llm", decoded, 60.0)
+    # stage 2 judges such summaries on their windows alone (no warm-up: admitted on them at once)
+    tick = FleetEvaluator(SETTINGS.replace(warmup_s=0.0)).evaluate("llm", decoded, 60.0)
     assert tick.routing == frozenset(s.node_id for s in sums)
 
 

@@ -49,14 +49,29 @@ def test_steady_fleet_then_a_slow_node_is_ejected() -> None:
     assert [d.node_id for d in diag] == ["n3"]
 
 
-def test_heartbeat_only_node_is_routed_before_it_has_traffic() -> None:
+def test_heartbeat_only_node_is_known_but_not_routed_until_its_traffic_is_judged() -> None:
     det = Detector(S)
     feed(det, T0, 6)
     det.observe([Heartbeat("idle", "m", "A100", T0 + 185.0)])
     res = det.evaluate(T0 + 210.0)
-    assert "idle" in res.routing()["m"]
+    assert "idle" not in res.routing()["m"]
     st = {s.node_id: s for s in det.statuses()}
     assert st["idle"].state is HealthState.WARMING and st["idle"].samples == 0
+    assert not st["idle"].routed
+    # It gets traffic (its load balancer's own list), warms up, and a normal window admits it.
+    admitted = []
+    for k in range(10):
+        lo = T0 + 210.0 + 30.0 * k
+        det.observe([batch("idle", lo, lo + 30.0, 100_000.0, seed=500 + k)])
+        det.observe(batch(f"n{i}", lo, lo + 30.0, 100_000.0, seed=97 * k + i) for i in range(5))
+        res = det.evaluate(lo + 30.0)
+        admitted += [t for t in res.transitions if t.node_id == "idle"]  # type: ignore[attr-defined]
+    (t,) = admitted
+    assert (t.to_state, t.reason, t.routed) == (HealthState.HEALTHY, "admitted", True)
+    # warm-up ends at T0+305; the window is cut there and needs min_samples after it
+    assert T0 + 185.0 + S.warmup_s < t.ts <= T0 + 185.0 + S.warmup_s + 60.0
+    assert t.samples >= S.min_samples
+    assert "idle" in res.routing()["m"]
 
 
 def test_quarantined_node_is_judged_on_samples_since_ejection() -> None:
@@ -138,11 +153,11 @@ def test_a_retired_node_is_forgotten_once_silent_and_frees_its_place_under_the_c
     out = [t for t in n4 if not t.routed]
     assert kept and kept[0].ts < gone.ts and kept[0].routed   # the cap held it in …
     assert out and out[0].ts == gone.ts                       # … until n2 left its place
-    # Back under the same id later: a new pair, warming and routed.
+    # Back under the same id later: a new pair, warming, not routed until admitted.
     back = start + 32 * 30.0
     det.observe([Heartbeat("n2", "m", "A100", back + 1.0)])
     (t,) = [t for t in det.evaluate(back + 30.0).transitions if t.node_id == "n2"]
-    assert (t.from_state, t.to_state, t.routed) == (HealthState.UNKNOWN, HealthState.WARMING, True)
+    assert (t.from_state, t.to_state, t.routed) == (HealthState.UNKNOWN, HealthState.WARMING, False)
 
 
 def test_forgetting_is_off_with_zero_and_survives_snapshots() -> None:

@@ -62,12 +62,21 @@ def test_median() -> None:
     assert median([4.0, 1.0, 2.0, 3.0]) == 2.5
 
 
-def test_first_tick_reports_first_seen_and_routes_everyone() -> None:
+def test_first_tick_admits_a_fleet_whose_warm_up_is_over_on_its_evidence() -> None:
     ev = FleetEvaluator(S)
     tick = run(ev, 1, fleet(4))[0]
-    assert [t.reason for t in tick.transitions] == [str(Reason.FIRST_SEEN)] * 4
+    # warm-up long over and 500 judged samples within the age bound after it: admitted at once
+    assert [t.reason for t in tick.transitions] == [str(Reason.FIRST_SEEN)] * 4 + [str(Reason.ADMITTED)] * 4
     assert tick.routing == {"n00", "n01", "n02", "n03"}
-    assert all(t.to_state is H.HEALTHY for t in tick.transitions)   # warm-up long over
+    assert all(t.to_state is H.HEALTHY for t in tick.transitions[4:])
+
+
+def test_first_tick_without_evidence_routes_nobody() -> None:
+    ev = FleetEvaluator(S)
+    tick = run(ev, 1, fleet(4), samples=S.min_samples - 1)[0]
+    assert [t.reason for t in tick.transitions] == [str(Reason.FIRST_SEEN)] * 4
+    assert tick.routing == frozenset() and not any(t.routed for t in tick.transitions)
+    assert set(states(ev).values()) == {H.WARMING}
 
 
 def test_steady_fleet_emits_nothing_after_first_tick() -> None:
@@ -277,22 +286,30 @@ def test_warming_node_is_not_judged_and_joins_peers_after() -> None:
     ev = FleetEvaluator(S)
     run(ev, 1, fleet(5))
     s_new = summ("new", 800.0, 6.0, first_seen=T0 + 30)
-    for k in range(4):     # 120 s of warm-up
+    for k in range(4):     # 120 s of warm-up: not judged, not routed (admission by evidence)
         tick = ev.evaluate("m", [summ(f"n{i:02d}", 100.0) for i in range(5)] + [s_new],
                            T0 + 30 + 30 * k)
-        assert "new" in tick.routing
+        assert "new" not in tick.routing and len(tick.routing) == 5
     assert states(ev)["new"] is H.WARMING
+    # warm-up over: a window that may still hold warm-up samples (not cut yet) is no evidence
     tick = ev.evaluate("m", [summ(f"n{i:02d}", 100.0) for i in range(5)] + [summ("new", 100.0)],
                        T0 + 150)
-    assert [(t.node_id, t.reason) for t in tick.transitions] == [("new", str(Reason.WARMUP_DONE))]
+    assert tick.transitions == () and "new" not in tick.routing
     assert ev.judge_since("m", T0 + 150) == {("new", "m"): T0 + 30 + 120}
+    # the window store cut it at warm-up's end: a normal window admits it
+    cut = summ("new", 100.0)._replace(extra={"judged_since": T0 + 150})
+    tick = ev.evaluate("m", [summ(f"n{i:02d}", 100.0) for i in range(5)] + [cut], T0 + 180)
+    assert [(t.node_id, t.reason, t.routed) for t in tick.transitions] == [
+        ("new", str(Reason.ADMITTED), True)]
+    assert "new" in tick.routing
 
 
-def test_heartbeat_only_node_is_routed() -> None:
+def test_heartbeat_only_node_is_never_routed() -> None:
     ev = FleetEvaluator(S)
-    tick = ev.evaluate("m", [summ("idle", None, samples=0, first_seen=T0)], T0)
-    assert tick.routing == {"idle"}
-    assert tick.statuses[0].state is H.WARMING
+    for k in range(10):
+        tick = ev.evaluate("m", [summ("idle", None, samples=0, first_seen=T0)], T0 + 30 * k)
+        assert tick.routing == frozenset()
+        assert tick.statuses[0].state is H.WARMING and not tick.statuses[0].routed
 
 
 def test_recovery_after_probe_with_backoff() -> None:
@@ -437,7 +454,9 @@ def test_routed_cutoffs_are_always_passed_and_only_unrouted_pairs_leave_the_fit(
 def test_readmitted_node_keeps_its_cutoff_among_warmup_cutoffs() -> None:
     ev = FleetEvaluator(DetectorSettings())                     # age bound 300 s: cut-offs last
     nodes = [f"n{i:02d}" for i in range(5)]
-    ev.evaluate("m", [summ(n, 100.0, first_seen=T0 - 130) for n in nodes], T0)   # warm-up over
+    # warm-up over; the window store has cut the windows at its end: admitted at once
+    ev.evaluate("m", [summ(n, 100.0, first_seen=T0 - 130)._replace(extra={"judged_since": T0 - 10})
+                      for n in nodes], T0)
     run(ev, 3, fleet(5, n00=(300.0, 2.0)), t0=T0 + 30)         # ejected at T0+90
     assert ev.out_of_fit("m") == {("n00", "m")}
     run(ev, 2, fleet(5), t0=T0 + 120)                           # re-admitted at T0+150

@@ -79,10 +79,12 @@ def test_stage2_hands_down_its_fleet_p99_with_the_margin_for_one_class_models() 
     sums = [WindowSummary(node_id=f"n{i}", model="m", tick_ts=0.0, signal="latency", samples=1000,
                           p50=100.0, p99=200.0 + i, latency_p50_us=100.0, latency_p99_us=200.0 + i,
                           first_seen_ts=0.0) for i in range(5)]
-    ev.evaluate("m", sums, 1000.0)
+    ev.evaluate("m", sums, 1000.0)      # admitted (not peers yet: admission comes after the peers)
+    ev.evaluate("m", sums, 1030.0)
     assert ev.tail_refs() == {"m": pytest.approx(202.0 * rules.FRESH_TAIL_MARGIN, rel=0.05)}
     assert ev.tail_ref("m") == ev.tail_refs()["m"] and ev.tail_ref("other") is None
     mixed = [s._replace(hardware="A10" if i % 2 else "A100") for i, s in enumerate(sums)]
     ev2 = FleetEvaluator(S)
     ev2.evaluate("m", mixed, 1000.0)
+    ev2.evaluate("m", mixed, 1030.0)
     assert ev2.tail_refs() == {}

@@ -179,11 +179,14 @@ def test_diagnostics(start: PairState, recoverable: bool, to: H, reason: str | N
 
 @pytest.mark.parametrize(
     ("first", "now", "state", "routed"),
-    [(100.0, 100.0, H.WARMING, True), (0.0, 120.0, H.HEALTHY, True), (150.0, 100.0, H.WARMING, True)],
+    # Admission by evidence: a new pair is never routed at first sight, even past its warm-up.
+    [(100.0, 100.0, H.WARMING, False), (0.0, 120.0, H.WARMING, False),
+     (150.0, 100.0, H.WARMING, False)],
 )
 def test_first_seen(first: float, now: float, state: H, routed: bool) -> None:
     p, t = health.first_seen("n", "m", first, now, S, "A10")
-    assert p.state is state and p.routed is routed
+    assert p.state is state and p.routed is routed and not p.admitted
+    assert t.routed is routed
     assert t.from_state is H.UNKNOWN and t.to_state is state and t.reason == str(Reason.FIRST_SEEN)
     assert p.first_seen_ts <= now
 

@@ -1,4 +1,8 @@
-"""Balancer: round-robin over the routing set, probe share, fallback, retry exclusion."""
+"""Balancer: round-robin over the backends not held out, probe share, fallback, retry exclusion.
+
+Not routed and not held out is a node tailguard has not judged yet (admission by evidence):
+it gets its share. The tests that check "routed only" hold the other nodes out, as tailguard
+does for nodes it took out."""
 
 from __future__ import annotations
 
@@ -15,10 +19,14 @@ URLS = {f"n{i}": f"http://127.0.0.1:{9000 + i}" for i in range(5)}
 node_ids = st.sampled_from([*sorted(URLS), "ghost-1", "ghost-2"])
 
 
+def held_but(routed: frozenset[str]) -> frozenset[str]:
+    return frozenset(URLS) - routed
+
+
 def test_round_robin_visits_each_routed_node_once_per_cycle() -> None:
     b = Balancer(URLS, probe_share=0.0)
     routed = frozenset({"n1", "n3", "n4"})
-    picks = [b.pick("m", routed) for _ in range(9)]
+    picks = [b.pick("m", routed, held_out=held_but(routed)) for _ in range(9)]
     assert [p.node_id for p in picks if p] == ["n1", "n3", "n4"] * 3
     assert all(p is not None and not p.fallback and not p.probe for p in picks)
     assert picks[0] == Pick("n1", URLS["n1"])
@@ -27,14 +35,30 @@ def test_round_robin_visits_each_routed_node_once_per_cycle() -> None:
 def test_rotation_is_per_model() -> None:
     b = Balancer(URLS, probe_share=0.0)
     routed = frozenset({"n0", "n1"})
-    assert [b.pick("a", routed).node_id for _ in range(2)] == ["n0", "n1"]  # type: ignore[union-attr]
-    assert b.pick("b", routed).node_id == "n0"  # type: ignore[union-attr]
+    held = held_but(routed)
+    assert [b.pick("a", routed, held_out=held).node_id for _ in range(2)] == ["n0", "n1"]  # type: ignore[union-attr]
+    assert b.pick("b", routed, held_out=held).node_id == "n0"  # type: ignore[union-attr]
 
 
-@pytest.mark.parametrize("routed", [None, frozenset(), frozenset({"ghost"})])
-def test_unknown_routing_set_falls_back_to_all_known_backends(routed: frozenset[str] | None) -> None:
+def test_a_backend_neither_routed_nor_held_out_gets_its_share() -> None:
+    # n4 is new: tailguard has not judged it (not routed, not held out); n2 was taken out
     b = Balancer(URLS, probe_share=0.0)
-    picks = [b.pick("m", routed) for _ in range(len(URLS))]
+    routed = frozenset({"n0", "n1", "n3"})
+    picks = [b.pick("m", routed, held_out=frozenset({"n2"})) for _ in range(8)]
+    assert [p.node_id for p in picks if p] == ["n0", "n1", "n3", "n4"] * 2
+    assert all(p is not None and not p.fallback for p in picks)
+    # a model with no routing set yet (nobody admitted) but a node held out: not fallback
+    picks = [b.pick("new", frozenset(), held_out=frozenset({"n2"})) for _ in range(4)]
+    assert [p.node_id for p in picks if p] == ["n0", "n1", "n3", "n4"]
+    assert all(p is not None and not p.fallback for p in picks)
+
+
+@pytest.mark.parametrize(("routed", "held"), [(None, frozenset()), (frozenset(), frozenset()),
+                                              (frozenset({"ghost"}), frozenset(URLS))])
+def test_unknown_routing_set_falls_back_to_all_known_backends(routed: frozenset[str] | None,
+                                                              held: frozenset[str]) -> None:
+    b = Balancer(URLS, probe_share=0.0)
+    picks = [b.pick("m", routed, held_out=held) for _ in range(len(URLS))]
     assert sorted(p.node_id for p in picks if p) == sorted(URLS)
     assert all(p is not None and p.fallback for p in picks)
 
@@ -49,9 +73,9 @@ def test_exclude_retries_elsewhere_and_falls_back_when_routed_set_is_exhausted()
     b = Balancer(URLS, probe_share=0.0)
     routed = frozenset({"n2", "n3"})
     for _ in range(4):
-        p = b.pick("m", routed, exclude=frozenset({"n2"}))
+        p = b.pick("m", routed, exclude=frozenset({"n2"}), held_out=held_but(routed))
         assert p is not None and p.node_id == "n3" and not p.fallback
-    p = b.pick("m", frozenset({"n2"}), exclude=frozenset({"n2"}))
+    p = b.pick("m", frozenset({"n2"}), exclude=frozenset({"n2"}), held_out=held_but(frozenset({"n2"})))
     assert p is not None and p.fallback and p.node_id != "n2"
     assert b.pick("m", None, exclude=frozenset(URLS)) is None
 
@@ -91,14 +115,15 @@ def test_no_backends_is_rejected() -> None:
         Balancer({})
 
 
-@given(routed=st.frozensets(node_ids), exclude=st.frozensets(node_ids), n=st.integers(1, 40))
-def test_pick_never_returns_excluded_or_unrouted_unless_fallback(
-    routed: frozenset[str], exclude: frozenset[str], n: int
+@given(routed=st.frozensets(node_ids), held=st.frozensets(node_ids), exclude=st.frozensets(node_ids),
+       n=st.integers(1, 40))
+def test_pick_never_returns_excluded_or_held_out_unless_fallback(
+    routed: frozenset[str], held: frozenset[str], exclude: frozenset[str], n: int
 ) -> None:
     b = Balancer(URLS, probe_share=0.0)
-    usable = {x for x in routed if x in URLS} - exclude
+    usable = set(URLS) - held - exclude if routed or held else set()
     for _ in range(n):
-        p = b.pick("m", routed, exclude=exclude)
+        p = b.pick("m", routed, exclude=exclude, held_out=held)
         if p is None:
             assert set(URLS) <= exclude
             continue
@@ -111,7 +136,9 @@ def test_pick_never_returns_excluded_or_unrouted_unless_fallback(
 @given(routed=st.frozensets(st.sampled_from(sorted(URLS)), min_size=1), cycles=st.integers(1, 5))
 def test_round_robin_is_exactly_fair_over_whole_cycles(routed: frozenset[str], cycles: int) -> None:
     b = Balancer(URLS, probe_share=0.0)
-    counts = Counter(b.pick("m", routed).node_id for _ in range(cycles * len(routed)))  # type: ignore[union-attr]
+    held = held_but(routed)
+    counts = Counter(b.pick("m", routed, held_out=held).node_id  # type: ignore[union-attr]
+                     for _ in range(cycles * len(routed)))
     assert counts == dict.fromkeys(routed, cycles)
 
 

@@ -100,14 +100,27 @@ def test_parse_empty_state_is_no_backends() -> None:
 
 def test_plan_sends_only_changes() -> None:
     servers = {"a": st_("a"), "b": st_("b"), "c": st_("c", FMAINT), "d": st_("d", FMAINT)}
-    plan = plan_backend("be", servers, frozenset({"a", "c"}))
+    plan = plan_backend("be", servers, frozenset({"a", "c"}), held_out=frozenset({"b", "d"}))
     assert plan.commands == ("set server be/c state ready", "set server be/b state maint")
     assert plan.ready == {"a", "c"} and plan.maint == {"b", "d"} and plan.skipped is None
 
 
+def test_plan_makes_servers_not_judged_yet_ready() -> None:
+    # d is new to tailguard (not routed, not held out): ready, so that it gets the traffic
+    # that admits it; b was taken out
+    servers = {"a": st_("a"), "b": st_("b"), "c": st_("c", FMAINT), "d": st_("d", FMAINT)}
+    plan = plan_backend("be", servers, frozenset({"a", "c"}), held_out=frozenset({"b"}))
+    assert plan.commands == ("set server be/c state ready", "set server be/d state ready",
+                             "set server be/b state maint")
+    # a model with no routing set yet (nobody admitted) and one node held out (gone)
+    plan = plan_backend("be", servers, frozenset(), held_out=frozenset({"b"}))
+    assert plan.ready == {"a", "c", "d"} and plan.maint == {"b"} and plan.skipped is None
+
+
 def test_plan_uses_server_map_and_ignores_unknown_nodes() -> None:
     servers = {"srv1": st_("srv1", FMAINT), "srv2": st_("srv2")}
-    plan = plan_backend("be", servers, frozenset({"gpu-1", "ghost"}), {"gpu-1": "srv1", "gpu-2": "srv2"})
+    plan = plan_backend("be", servers, frozenset({"gpu-1", "ghost"}), {"gpu-1": "srv1", "gpu-2": "srv2"},
+                        held_out=frozenset({"gpu-2", "ghost-2"}))
     assert plan.commands == ("set server be/srv1 state ready", "set server be/srv2 state maint")
 
 
@@ -117,12 +130,14 @@ def test_plan_uses_server_map_and_ignores_unknown_nodes() -> None:
         (None, frozenset({"a"}), "does not exist"),
         ({"a": st_("a")}, frozenset(), "unknown"),
         ({"a": st_("a"), "b": st_("b")}, frozenset({"x", "y"}), "no node of the routing set"),
+        ({"a": st_("a"), "b": st_("b")}, frozenset({"a"}), "every server"),
     ],
 )
 def test_plan_leaves_backend_alone_when_it_would_empty_it(
     servers: dict[str, ServerState] | None, routed: frozenset[str], reason: str
 ) -> None:
-    plan = plan_backend("be", servers, routed)
+    held = frozenset({"a", "b"}) if reason == "every server" else frozenset()
+    plan = plan_backend("be", servers, routed, held_out=held)
     assert plan.commands == () and plan.skipped is not None and reason in plan.skipped
 
 
@@ -130,7 +145,8 @@ def test_config_disabled_server_is_not_forced_back() -> None:
     # `disabled` in the config (CMAINT) without forced maint: a routed one needs no command, an unrouted one gets maint.
     servers = {"a": st_("a", CMAINT, OP_STOPPED), "b": st_("b")}
     assert plan_backend("be", servers, frozenset({"a", "b"})).commands == ()
-    assert plan_backend("be", servers, frozenset({"b"})).commands == ("set server be/a state maint",)
+    assert plan_backend("be", servers, frozenset({"b"}), held_out=frozenset({"a"})).commands == (
+        "set server be/a state maint",)
 
 
 names = st.sampled_from(["s1", "s2", "s3", "s4", "s5"])
@@ -139,18 +155,23 @@ names = st.sampled_from(["s1", "s2", "s3", "s4", "s5"])
 @given(
     admin=st.dictionaries(names, st.sampled_from([0, FMAINT, FDRAIN, FMAINT | FDRAIN, CMAINT]), min_size=1),
     routed=st.frozensets(st.sampled_from(["s1", "s2", "s3", "s4", "s5", "ghost"])),
+    held=st.frozensets(st.sampled_from(["s1", "s2", "s3", "s4", "s5", "ghost"])),
 )
-async def test_plan_invariants_never_all_maint_and_idempotent(admin: dict[str, int], routed: frozenset[str]) -> None:
+async def test_plan_invariants_never_all_maint_and_idempotent(admin: dict[str, int], routed: frozenset[str],
+                                                              held: frozenset[str]) -> None:
+    routed = routed - held          # tailguard never holds out a routed node
     fake = FakeHaproxy({"be": admin})
     state = parse_servers_state(await fake.command("show servers state"))
-    plan = plan_backend("be", state["be"], routed)
+    plan = plan_backend("be", state["be"], routed, held_out=held)
     for cmd in plan.commands:
         assert await fake.command(cmd) == "\n"
-    usable = routed & set(admin)
+    known = bool(routed or held) and (not routed or bool(routed & set(admin)))
+    usable = set(admin) - held if known else set()
     if usable:
         assert fake.serving("be") == usable
         # Applying the plan converges: a second plan has nothing left to do.
-        again = plan_backend("be", parse_servers_state(await fake.command("show servers state"))["be"], routed)
+        again = plan_backend("be", parse_servers_state(await fake.command("show servers state"))["be"], routed,
+                             held_out=held)
         assert again.commands == ()
     else:
         assert plan.commands == () and fake.admin["be"] == admin
@@ -165,6 +186,7 @@ async def test_sync_once_follows_routing_changes_across_backends() -> None:
     assert r.sent == ["set server be_bge/e2 state ready"] and not r.errors and not r.skipped
 
     source.routing["llama"] = frozenset({"a", "c"})
+    source.held["llama"] = frozenset({"b"})
     r = await sync.sync_once()
     assert r.sent == ["set server be_llama/b state maint"]
     assert fake.serving("be_llama") == {"a", "c"}
@@ -174,6 +196,7 @@ async def test_sync_once_follows_routing_changes_across_backends() -> None:
     assert fake.commands == ["show servers state"]          # one read, no writes when nothing changed
 
     source.routing["llama"] = frozenset()                    # unknown: leave as is
+    source.held["llama"] = frozenset()
     r = await sync.sync_once()
     assert r.sent == [] and "be_llama" in r.skipped and fake.serving("be_llama") == {"a", "c"}
 
@@ -184,7 +207,7 @@ async def test_sync_once_follows_routing_changes_across_backends() -> None:
 
 async def test_sync_repairs_a_restarted_haproxy() -> None:
     fake = FakeHaproxy({"be": {"a": 0, "b": 0}})
-    sync = HaproxySync(fake, StaticSource({"m": frozenset({"a"})}), {"m": "be"})
+    sync = HaproxySync(fake, StaticSource({"m": frozenset({"a"})}, held={"m": frozenset({"b"})}), {"m": "be"})
     await sync.sync_once()
     fake.admin["be"]["b"] = 0                                # restart: config state again
     assert (await sync.sync_once()).sent == ["set server be/b state maint"]
@@ -195,7 +218,8 @@ async def test_refused_commands_are_reported_not_raised() -> None:
         async def command(self, line: str) -> str:
             return "Permission denied\n\n" if line.startswith("set ") else await super().command(line)
 
-    sync = HaproxySync(Denying({"be": {"a": 0, "b": 0}}), StaticSource({"m": frozenset({"a"})}), {"m": "be"})
+    sync = HaproxySync(Denying({"be": {"a": 0, "b": 0}}),
+                       StaticSource({"m": frozenset({"a"})}, held={"m": frozenset({"b"})}), {"m": "be"})
     r = await sync.sync_once()
     assert r.sent == [] and len(r.errors) == 1 and "level admin" in r.errors[0]
 
@@ -209,6 +233,7 @@ async def test_run_syncs_on_wake_and_stops() -> None:
     while sync.syncs < 1:
         await asyncio.sleep(0)
     source.routing["m"] = frozenset({"a"})
+    source.held["m"] = frozenset({"b"})
     sync.notify()
     while sync.commands_sent < 1:
         await asyncio.sleep(0)

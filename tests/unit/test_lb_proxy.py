@@ -33,6 +33,13 @@ class Fleet:
     def __init__(self, backends: dict[str, EchoBackend], proxy: Proxy, url: str, source: StaticSource,
                  http: aiohttp.ClientSession) -> None:
         self.backends, self.proxy, self.url, self.source, self.http = backends, proxy, url, source, http
+        self.all_nodes: frozenset[str] = frozenset(backends)
+
+    def route(self, model: str, nodes: set[str]) -> None:
+        """Route ``nodes`` and hold out every other backend, as tailguard does for the nodes it
+        took out (a backend neither routed nor held out would get traffic: not judged yet)."""
+        self.source.routing[model] = frozenset(nodes)
+        self.source.held[model] = self.all_nodes - frozenset(nodes)
 
     async def send(self, n: int, *, model: str | None = MODEL, headers: dict[str, str] | None = None) -> list[str]:
         """Send n requests; the node ids that answered, in order."""
@@ -57,7 +64,9 @@ async def make_fleet(stack: AsyncExitStack, names: list[str], *, probe_share: fl
                   report_failure=report_failure)
     port = await stack.enter_async_context(serve(proxy, "127.0.0.1", 0))
     http = await stack.enter_async_context(aiohttp.ClientSession())
-    return Fleet(backends, proxy, f"http://127.0.0.1:{port}", source, http)
+    fleet = Fleet(backends, proxy, f"http://127.0.0.1:{port}", source, http)
+    fleet.all_nodes = frozenset(urls)
+    return fleet
 
 
 @pytest.fixture
@@ -66,9 +75,16 @@ async def stack() -> AsyncIterator[AsyncExitStack]:
         yield s
 
 
+async def test_a_backend_tailguard_has_not_judged_gets_its_share(stack: AsyncExitStack) -> None:
+    f = await make_fleet(stack, ["a", "b", "c", "new"])
+    f.source.routing[MODEL] = frozenset({"a", "c"})
+    f.source.held[MODEL] = frozenset({"b"})           # taken out; "new" is neither
+    assert await f.send(6) == ["a", "c", "new"] * 2
+
+
 async def test_round_robin_over_routed_nodes_only(stack: AsyncExitStack) -> None:
     f = await make_fleet(stack, ["a", "b", "c"])
-    f.source.routing[MODEL] = frozenset({"a", "c"})
+    f.route(MODEL, {"a", "c"})
     assert await f.send(6) == ["a", "c"] * 3
     assert f.backends["b"].seen == []
     seen = f.backends["a"].seen[0]
@@ -80,11 +96,11 @@ async def test_round_robin_over_routed_nodes_only(stack: AsyncExitStack) -> None
 
 async def test_routing_change_takes_effect_on_the_next_request(stack: AsyncExitStack) -> None:
     f = await make_fleet(stack, ["a", "b", "c"])
-    f.source.routing[MODEL] = frozenset({"a", "b", "c"})
+    f.route(MODEL, {"a", "b", "c"})
     assert Counter(await f.send(6)) == {"a": 2, "b": 2, "c": 2}
-    f.source.routing[MODEL] = frozenset({"a", "c"})
+    f.route(MODEL, {"a", "c"})
     assert "b" not in await f.send(6)
-    f.source.routing[MODEL] = frozenset({"a", "b", "c"})
+    f.route(MODEL, {"a", "b", "c"})
     assert Counter(await f.send(3)) == {"a": 1, "b": 1, "c": 1}
 
 
@@ -101,15 +117,15 @@ async def test_unknown_set_or_dead_source_falls_back_to_all_backends(stack: Asyn
 async def test_model_header_wins_over_body(stack: AsyncExitStack) -> None:
     f = await make_fleet(stack, ["a", "b"])
     f.proxy._model_header = "X-Model"
-    f.source.routing["other"] = frozenset({"b"})
-    f.source.routing[MODEL] = frozenset({"a"})
+    f.route("other", {"b"})
+    f.route(MODEL, {"a"})
     assert await f.send(2, headers={"X-Model": "other"}) == ["b", "b"]
     assert await f.send(1) == ["a"]
 
 
 async def test_probe_share_sends_marked_probes_to_due_quarantined_nodes(stack: AsyncExitStack) -> None:
     f = await make_fleet(stack, ["a", "b", "c", "d"], probe_share=0.25)
-    f.source.routing[MODEL] = frozenset({"a", "b"})
+    f.route(MODEL, {"a", "b"})
     f.source.quarantine[MODEL] = {"c": 999.0, "d": 5000.0}   # clock is 1000: c is due, d is not yet
     nodes = await f.send(20)
     assert Counter(nodes) == {"a": 8, "b": 7, "c": 5}
@@ -121,14 +137,14 @@ async def test_probe_share_sends_marked_probes_to_due_quarantined_nodes(stack: A
 
 async def test_client_cannot_forge_probe_header(stack: AsyncExitStack) -> None:
     f = await make_fleet(stack, ["a"])
-    f.source.routing[MODEL] = frozenset({"a"})
+    f.route(MODEL, {"a"})
     await f.send(2, headers={"X-Tailguard-Probe": "1"})
     assert f.backends["a"].probes == 0
 
 
 async def test_failed_backend_is_retried_once_elsewhere(stack: AsyncExitStack) -> None:
     f = await make_fleet(stack, ["a", "b"], extra={"dead": closed_port_url()})
-    f.source.routing[MODEL] = frozenset({"a", "dead"})
+    f.route(MODEL, {"a", "dead"})
     nodes = await f.send(4)
     assert nodes == ["a", "a", "a", "a"]
     stats = f.proxy.stats.to_dict()
@@ -143,7 +159,7 @@ async def test_unanswered_attempts_are_reported_for_the_node_answers_are_not(
                          report_failure=lambda *a: reported.append(a))
     f.backends["q"].status = 500      # a probe answered 500: the node reports that itself
     f.backends["err"].status = 503
-    f.source.routing[MODEL] = frozenset({"a", "dead"})
+    f.route(MODEL, {"a", "dead"})
     f.source.quarantine[MODEL] = {"q": 0.0}
     assert set(await f.send(4)) == {"a"}
     dead_failures = f.proxy.stats.nodes["dead"].failures
@@ -151,7 +167,7 @@ async def test_unanswered_attempts_are_reported_for_the_node_answers_are_not(
     assert [(n, m, probe) for n, m, _, probe in reported] == [("dead", MODEL, False)] * dead_failures
     assert all(0 < lat < 2e6 for _, _, lat, _ in reported)    # µs: a refused connect is fast
     n_reported = len(reported)
-    f.source.routing[MODEL] = frozenset({"err"})
+    f.route(MODEL, {"err"})
     async with f.http.post(f.url + "/v1/chat", json={"model": MODEL}) as r:
         assert r.status == 503
     async with f.http.post(f.url + "/v1/chat", json={"prompt": "no model"}) as r:
@@ -171,7 +187,7 @@ async def test_502_when_both_attempts_fail(stack: AsyncExitStack) -> None:
 async def test_failing_probe_is_retried_on_a_routed_node(stack: AsyncExitStack) -> None:
     f = await make_fleet(stack, ["a", "q"], probe_share=0.5)
     f.backends["q"].status = 500
-    f.source.routing[MODEL] = frozenset({"a"})
+    f.route(MODEL, {"a"})
     f.source.quarantine[MODEL] = {"q": 0.0}
     assert await f.send(4) == ["a"] * 4
     assert f.backends["q"].probes == 2
@@ -196,7 +212,7 @@ async def test_streamed_response_passes_through_intact(stack: AsyncExitStack) ->
 
 async def test_stats_and_health_endpoints(stack: AsyncExitStack) -> None:
     f = await make_fleet(stack, ["a", "b"])
-    f.source.routing[MODEL] = frozenset({"b"})
+    f.route(MODEL, {"b"})
     await f.send(3)
     async with f.http.get(f.url + "/_tailguard/stats") as r:
         stats = await r.json()
@@ -208,7 +224,7 @@ async def test_stats_and_health_endpoints(stack: AsyncExitStack) -> None:
 
 async def test_concurrent_requests_share_one_routing_read(stack: AsyncExitStack) -> None:
     f = await make_fleet(stack, ["a", "b"])
-    f.source.routing[MODEL] = frozenset({"a", "b"})
+    f.route(MODEL, {"a", "b"})
     await asyncio.gather(*(f.send(5) for _ in range(4)))
     assert sum(len(b.seen) for b in f.backends.values()) == 20
     assert Counter(n for b in f.backends.values() for n in [b.node_id] * len(b.seen)) == {"a": 10, "b": 10}

@@ -225,10 +225,12 @@ def test_a_retired_node_back_as_a_new_instance_starts_over_its_old_process_does_
     # the old process still reports after a gap: retired it stays
     mt = tick(ev, k + 1, fleet(6), resumed_ts={"n0": retired_at + 10})
     assert states(ev)["n0"] is H.RETIRED and "n0" not in mt.routing
-    # a new process under the same id (a replaced pod): a new node, warming and routed
+    # a new process under the same id (a replaced pod): a new node, warming, and like any new
+    # node not routed until admitted by its evidence
     mt = tick(ev, k + 2, fleet(6), instance_ts={"n0": retired_at + 40})
-    assert ("n0", "warming", "restarted") in reasons([mt]) and "n0" in mt.routing
+    assert ("n0", "warming", "restarted") in reasons([mt]) and "n0" not in mt.routing
     assert ev.snapshot_model("m")["pairs"]["n0"]["ejections"] == 0
+    assert ev.snapshot_model("m")["pairs"]["n0"]["admitted"] is False
 
 
 def test_peers_in_other_units_are_never_compared() -> None:

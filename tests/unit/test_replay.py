@@ -47,14 +47,16 @@ def test_ticks_are_at_multiples_of_the_interval_including_empty_ones() -> None:
     recs, stats = run(ls)
     # boundaries 1764680010 … 1764680190 (7 crossed), then the final one after the last event
     assert stats.ticks == 8
-    assert [r["ts"] for r in recs] == [T0 + 10, T0 + 130]
-    assert [(r["from"], r["to"]) for r in recs] == [("unknown", "warming"), ("warming", "healthy")]
+    # heartbeats are no evidence: the node stays warming, out of routing (admission by evidence)
+    assert [r["ts"] for r in recs] == [T0 + 10]
+    assert [(r["from"], r["to"], r["routed"]) for r in recs] == [("unknown", "warming", False)]
 
 
 def test_output_keys_and_types() -> None:
     recs, stats = run(lines(slow="n2"))
     assert stats.events == 5 * 12_000 and not stats.bad
-    out = [r for r in recs if r["type"] == "transition" and r["routed"] is False]
+    out = [r for r in recs if r["type"] == "transition" and r["routed"] is False
+           and r["to"] != "warming"]
     assert out and out[0]["node_id"] == "n2"
     for r in recs:
         assert {"ts", "node_id", "model", "from", "to", "routed", "reason", "event_id"} <= r.keys()
@@ -170,7 +172,9 @@ def test_set_overrides_change_the_detector(tmp_path: Path, capsys: pytest.Captur
     assert main([str(f), "--set", "tick_interval_s=10", "--set", "warmup_s=0"]) == 0
     out, _ = capsys.readouterr()
     recs = [json.loads(x) for x in out.splitlines()]
-    assert recs[0]["ts"] == T0 + 10 and recs[0]["to"] == "healthy"
+    assert recs[0]["ts"] == T0 + 10 and recs[0]["to"] == "warming"
+    admitted = [r for r in recs if r["node_id"] == recs[0]["node_id"] and r["to"] == "healthy"]
+    assert admitted[0]["ts"] == T0 + 10 and admitted[0]["reason"] == "admitted"
 
 
 @pytest.mark.parametrize(

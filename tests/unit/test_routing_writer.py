@@ -42,8 +42,11 @@ class FakeScript:
         if str(args[1]) in self.poisoned:
             raise self.poisoned[str(args[1])]
         n = int(args[2])
+        model = str(args[1])
+        if n == 0 and any(m == model and r for m, r in self.written):
+            return [0, -1, self.version]          # as the script: never empty an existing set
         self.version += 1
-        self.written.append((str(args[1]), [str(a) for a in args[9:9 + n]]))
+        self.written.append((model, [str(a) for a in args[10:10 + n]]))
         return [1, 0, self.version]
 
 
@@ -113,20 +116,45 @@ async def test_apply_sends_one_script_call_with_keys_and_sorted_args() -> None:
     keys, args = script.calls[0]
     assert keys == ["tg:routing:m%3A1", "tg:routing:m%3A1:version", "tg:quarantine:m%3A1",
                     "tg:nodes:m%3A1", "tg:models", "tg:routing-shadow:m%3A1",
-                    "tg:history:m%3A1", "tg:events:m%3A1"]
-    # Without extras the shadow set and the history are left alone (-1), no event is pushed.
-    assert args[:9] == ["tg:routing:changes", "m:1", 2, 1, 2, -1, -1, 0, 50]
-    assert args[9:13] == ["a", "b", "1.5", "c"]
-    assert args[13] == "a" and json.loads(args[14])["updated"] == 5.0
-    assert args[15] == "b" and len(args) == 17
+                    "tg:history:m%3A1", "tg:events:m%3A1", "tg:held-out:m%3A1"]
+    # Without extras the shadow set and the history are left alone (-1), no event is pushed;
+    # the held-out set is derived from the statuses (nobody here).
+    assert args[:10] == ["tg:routing:changes", "m:1", 2, 1, 2, -1, -1, 0, 50, 0]
+    assert args[10:14] == ["a", "b", "1.5", "c"]
+    assert args[14] == "a" and json.loads(args[15])["updated"] == 5.0
+    assert args[16] == "b" and len(args) == 18
     assert w.pending == frozenset() and rec.ok == [("m:1", True, 1)]
     assert w.last_results["m:1"].version == 1
 
 
 async def test_empty_routing_is_refused_and_counted() -> None:
     w, script, _, rec = make()
+    assert await w.apply(tick("m", {"a"}))
     assert not await w.apply(tick("m", set()))
-    assert script.calls == [] and rec.refused == ["m"] and w.pending == frozenset()
+    assert len(script.calls) == 1 and rec.refused == ["m"] and w.pending == frozenset()
+
+
+async def test_empty_routing_refused_by_the_script_is_counted_and_not_retried() -> None:
+    # another writer (a restarted worker) wrote the set: the script refuses, the writer counts it
+    w, script, _, rec = make()
+    script.written.append(("m", ["a"]))
+    assert not await w.apply(tick("m", set()))
+    assert len(script.calls) == 1 and rec.refused == ["m"] and w.pending == frozenset()
+    assert w.last_results["m"].refused_empty
+
+
+async def test_a_model_with_no_admitted_node_is_written_without_a_routing_set() -> None:
+    w, script, _, rec = make()
+    new = NodeStatus(node_id="new", model="m", state=HealthState.WARMING, routed=False, since_ts=0.0,
+                     reason="first_seen")
+    gone = NodeStatus(node_id="old", model="m", state=HealthState.GONE, routed=False, since_ts=0.0,
+                      reason="silent")
+    assert await w.apply(ModelTick(model="m", ts=0.0, transitions=(), routing=frozenset(), quarantine={},
+                                   statuses=(new, gone)))
+    (_keys, args), = script.calls
+    assert args[2] == 0 and args[4] == 2 and rec.refused == []
+    assert args[9] == 1 and args[-1] == "old"      # held out: the gone node, not the new one
+    assert script.written == [("m", [])]
 
 
 async def test_empty_routing_never_replaces_a_pending_verdict() -> None:
@@ -322,8 +350,13 @@ def test_latest_non_empty_verdict_always_wins(steps: list[tuple[str, Any, frozen
                 clock.t += 100
         script.down = False
         assert await w.flush()
-        assert all(routing for _, routing in script.written), "an empty set was written"
-        last = {m: r for m, r in script.written}
+        # Empty only for a model with no set yet (nobody admitted): never over a written one.
+        has_set: set[str] = set()
+        for m, routing in script.written:
+            assert routing or m not in has_set, "an empty set replaced a written one"
+            if routing:
+                has_set.add(m)
+        last = {m: r for m, r in script.written if r}
         assert last == latest
 
     asyncio.run(run())

@@ -1,0 +1,100 @@
+"""Admission by evidence: the verdict that lets a new (node, model) pair into routing.
+
+A pair tailguard has never routed (``PairState.admitted`` false: first seen, or a retired node
+back as a new instance) is ``warming`` and out of routing. Once its warm-up is over it is
+judged here at every tick, like a probe round: on its judged samples since warm-up ended
+(the window store cuts the rest, see :func:`app.core.health.judge_since`), by the same rules
+against the current peers, of which it is not one. :func:`judge_admission` gives no verdict
+below ``min_samples`` such samples, nor on a window that may still hold warm-up samples
+(neither cut by the store at warm-up's end nor bounded by ``max_sample_age_s`` after it).
+While the model has fewer than ``min_peers`` peers (a cold start: a new model, or a worker
+that lost its state) the pairs awaiting admission are judged against each
+other and the peers together (:func:`admission_norms`), so a fleet whose healthy tail is heavy
+is not refused by the absolute ratio rule. The state machine (:mod:`app.core.health`) admits
+the pair on a normal verdict and the fleet guard refuses it after ``confirm_windows``
+abnormal ones; until then it counts in no guard and is in no peer set.
+
+Guarantees: pure (no clock, no I/O); a pair without ``min_samples`` judged samples after its
+warm-up is never admitted, so an id that sent one event never enters a routing set.
+Rationale: docs/rules.md (Admission).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from app.core import health
+from app.core.config import DetectorSettings
+from app.core.health import Judgement, PairState
+from app.core.model_state import ModelState
+from app.core.peers import Norms, Peer, window_norms
+from app.core.rules import judge, judged_since, normal_with_evidence, tail_support_samples
+from app.core.types import HealthState, Reason, WindowSummary
+
+
+def admitting(p: PairState, now_s: float, st: DetectorSettings) -> bool:
+    """A pair awaiting admission whose warm-up is over: to be judged this tick."""
+    return (p.state is HealthState.WARMING and not p.admitted
+            and now_s >= health.warmup_end(p, st))
+
+
+def _judgeable(p: PairState, s: WindowSummary, now_s: float, st: DetectorSettings) -> bool:
+    """At least ``min_samples`` judged samples, none of them from warm-up."""
+    if s.samples < st.min_samples or s.p50 is None or s.p99 is None or s.p50 <= 0:
+        return False
+    if st.warmup_s > 0:
+        # The oldest sample the window may hold: its cut-off, or the age bound.
+        since = judged_since(s)
+        lo = now_s - st.max_sample_age_s
+        if since is not None and since > lo:
+            lo = since
+        if lo < health.warmup_end(p, st) - 1e-6:
+            return False
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionNorms:
+    """What admission judges against this tick: ``norms``, in the units of ``signal`` (a
+    window in other units is judged by the absolute rules alone, as with no peers)."""
+
+    norms: Norms
+    signal: str | None
+
+
+def admission_norms(ms: ModelState, peers: Sequence[Peer], by_node: Mapping[str, WindowSummary],
+                    norms: Norms, signal: str | None, now_s: float,
+                    st: DetectorSettings) -> AdmissionNorms:
+    """The references admission judges against: the peers' (``norms``), or below
+    ``min_peers`` peers those of the peers and the judgeable new pairs together (in the
+    peers' signal, or without peers the one most new pairs carry)."""
+    if norms.enough_peers:
+        return AdmissionNorms(norms, signal)
+    extra = [Peer(node, s, s.p50, s.p99 / s.p50) for node, p in ms.pairs.items()
+             if p.state is HealthState.WARMING and admitting(p, now_s, st)
+             and (s := by_node.get(node)) is not None and _judgeable(p, s, now_s, st)
+             and s.p50 is not None and s.p99 is not None]
+    if signal is None and extra:
+        tally = Counter(x.summary.signal for x in extra)
+        signal = max(sorted(tally), key=lambda k: tally[k])
+    extra = [x for x in extra if x.summary.signal == signal]
+    if not extra:
+        return AdmissionNorms(norms, signal)
+    return AdmissionNorms(window_norms([*peers, *extra], ms.baseline_p50, ms.baseline_ticks, st),
+                          signal)
+
+
+def judge_admission(p: PairState, s: WindowSummary, ref: AdmissionNorms, now_s: float,
+                    st: DetectorSettings) -> Judgement:
+    """The verdict on ``s``, the window of pair ``p`` awaiting admission (see module docstring)."""
+    if not _judgeable(p, s, now_s, st):
+        return health.NO_VERDICT
+    assert s.p50 is not None and s.p99 is not None
+    p50, p99, n = s.p50, s.p99, s.samples
+    norms = (ref.norms if ref.signal is None or s.signal == ref.signal
+             else Norms(False, None, {}, False, st.ratio_threshold))
+    # Tail rules only on a window whose P99 rests on enough samples, as for the peers.
+    j = judge(s, p50, p99 / p50, n, norms, st, p99, tail=n >= tail_support_samples(st))
+    return normal_with_evidence(j, s, p50, p99, n, norms, str(Reason.ADMITTED))
