@@ -398,7 +398,8 @@ class FleetEvaluator:
         transitions = [t if t.routed == (t.node_id in routing)
                        else dataclasses.replace(t, routed=t.node_id in routing)
                        for t in transitions]
-        away = (HealthState.RETIRED, HealthState.GONE)
+        # Out of routing and present, not a new pair awaiting admission (warming): probe-able.
+        away = (HealthState.RETIRED, HealthState.GONE, HealthState.WARMING)
         quarantine = {n: (p.probe_after_ts if p.probe_after_ts is not None else now_s)
                       for n, p in pairs.items() if not p.routed and p.state not in away}
         for t in transitions:

@@ -139,7 +139,7 @@ async def test_cli_proxy_follows_the_routing_set(redis_url: str, unique_name: Ca
     async with AsyncExitStack() as stack:
         r = await stack.enter_async_context(scratch_redis(redis_url, prefix))
         backends = {n: await stack.enter_async_context(echo_backend(n)) for n in NODES}
-        await write_routing(r, prefix, MODEL, ["node-a", "node-b"])
+        await write_routing(r, prefix, MODEL, ["node-a", "node-b"], held_out=["node-c"])
         spec = ",".join(f"{n}={b.url}" for n, b in backends.items())
         proc = await spawn(
             stack, sys.executable, "-m", "app.cli", "proxy", "--listen", "127.0.0.1:0", "--backends", spec,
@@ -165,7 +165,7 @@ async def test_cli_proxy_follows_the_routing_set(redis_url: str, unique_name: Ca
             return set(await spread(6)) == nodes
 
         await eventually(lambda: routed_only({"node-a", "node-b"}), what="proxy routes to node-a, node-b")
-        await write_routing(r, prefix, MODEL, ["node-c"])
+        await write_routing(r, prefix, MODEL, ["node-c"], held_out=["node-a", "node-b"])
         await eventually(lambda: routed_only({"node-c"}), what="proxy routes to node-c only")
         async with http.get(url + "/_tailguard/stats") as resp:
             stats = await resp.json()

@@ -77,6 +77,7 @@ def test_first_tick_without_evidence_routes_nobody() -> None:
     assert [t.reason for t in tick.transitions] == [str(Reason.FIRST_SEEN)] * 4
     assert tick.routing == frozenset() and not any(t.routed for t in tick.transitions)
     assert set(states(ev).values()) == {H.WARMING}
+    assert tick.quarantine == {}          # not taken out, not probed: awaiting admission
 
 
 def test_steady_fleet_emits_nothing_after_first_tick() -> None:
