@@ -13,11 +13,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
@@ -25,14 +26,23 @@ from typing import Any
 import aiohttp
 import pytest
 from test_haproxy import BACKEND, start_haproxy, start_sync
-from worker_harness import Feeder, health_events, kcat_produce_keyed, routing, running_worker, wait_for
+from worker_harness import (
+    Feeder,
+    Worker,
+    WorkerEnv,
+    health_events,
+    kcat_produce_keyed,
+    routing,
+    running_worker,
+    wait_for,
+)
 
 from app.emitter import LatencyEmitter
 from app.lb.balance import Balancer
 from app.lb.haproxy import SocketRuntimeApi, parse_servers_state
 from app.lb.proxy import Proxy, serve
 from app.lb.source import open_routing
-from app.lb.testing import echo_backend
+from app.lb.testing import EchoBackend, echo_backend
 from app.settings import Settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -129,15 +139,23 @@ async def admitted_behind(send: Callable[[], Awaitable[str]], kafka: str, topic:
     return traffic
 
 
-async def test_a_new_node_behind_haproxy_gets_traffic_and_is_admitted(
-        kafka_bootstrap: str, redis_url: str, unique_name: Callable[[str], str], tmp_path: Path) -> None:
-    name = unique_name("admit-haproxy")
-    async with running_worker(kafka_bootstrap, redis_url, name, tmp_path, extra=EXTRA) as (env, r, worker), \
-            Feeder(kafka_bootstrap, env.topic("latency_events"), {MODEL: OLD}), AsyncExitStack() as stack:
+@contextlib.asynccontextmanager
+async def routed_fleet(kafka: str, redis_url: str, name: str, tmp_path: Path,
+                       ) -> AsyncIterator[tuple[WorkerEnv, Any, Worker, AsyncExitStack, dict[str, EchoBackend]]]:
+    """A worker whose OLD nodes (fed directly) are routed, and echo backends for OLD and NEW."""
+    async with running_worker(kafka, redis_url, name, tmp_path, extra=EXTRA) as (env, r, worker), \
+            Feeder(kafka, env.topic("latency_events"), {MODEL: OLD}), AsyncExitStack() as stack:
         await wait_for(lambda: _has(routing(r, name, MODEL), set(OLD)), 60, "the fed nodes routed",
                        worker.tail)
         assert NEW not in await routing(r, name, MODEL)
         backends = {n: await stack.enter_async_context(echo_backend(n)) for n in [*OLD, NEW]}
+        yield env, r, worker, stack, backends
+
+
+async def test_a_new_node_behind_haproxy_gets_traffic_and_is_admitted(
+        kafka_bootstrap: str, redis_url: str, unique_name: Callable[[str], str], tmp_path: Path) -> None:
+    name = unique_name("admit-haproxy")
+    async with routed_fleet(kafka_bootstrap, redis_url, name, tmp_path) as (env, r, worker, stack, backends):
         sock, port = await start_haproxy(stack, tmp_path, backends)
         api = SocketRuntimeApi(sock, timeout_s=2.0)
         # The operator's hand put NEW in maint; sync makes it ready: tailguard never took it out.
@@ -164,11 +182,7 @@ async def test_a_new_node_behind_haproxy_gets_traffic_and_is_admitted(
 async def test_a_new_node_behind_the_proxy_gets_traffic_and_is_admitted(
         kafka_bootstrap: str, redis_url: str, unique_name: Callable[[str], str], tmp_path: Path) -> None:
     name = unique_name("admit-proxy")
-    async with running_worker(kafka_bootstrap, redis_url, name, tmp_path, extra=EXTRA) as (env, r, worker), \
-            Feeder(kafka_bootstrap, env.topic("latency_events"), {MODEL: OLD}), AsyncExitStack() as stack:
-        await wait_for(lambda: _has(routing(r, name, MODEL), set(OLD)), 60, "the fed nodes routed",
-                       worker.tail)
-        backends = {n: await stack.enter_async_context(echo_backend(n)) for n in [*OLD, NEW]}
+    async with routed_fleet(kafka_bootstrap, redis_url, name, tmp_path) as (env, r, worker, stack, backends):
         source = await stack.enter_async_context(
             open_routing(Settings(redis_url=redis_url, key_prefix=name), poll_interval_s=0.2))
         proxy = Proxy(source, Balancer({n: b.url for n, b in backends.items()}, probe_share=0.0))

@@ -248,13 +248,42 @@ async def test_empty_routing_is_refused_and_the_last_set_stays(
     assert _text_set(await client.smembers(k.routing(MODEL))) == {"a", "b"}
     assert await client.get(k.version(MODEL)) == v1
     assert await client.exists(k.quarantine(MODEL)) == 0
-    # The script refuses an empty set on its own too (a second guard).
-    with pytest.raises(redis.ResponseError, match="empty routing set"):
-        await w._script(keys=[k.routing(MODEL), k.version(MODEL), k.quarantine(MODEL),
-                              k.nodes(MODEL), k.models, k.shadow(MODEL), k.history(MODEL),
-                              k.events(MODEL)],
-                        args=[k.channel, MODEL, 0, 0, 0, -1, -1, 0, 50])
+    # The script refuses to empty an existing set on its own too (a second guard, against what
+    # Redis holds: another writer's set), writing nothing.
+    got = await w._script(keys=[k.routing(MODEL), k.version(MODEL), k.quarantine(MODEL),
+                                k.nodes(MODEL), k.models, k.shadow(MODEL), k.history(MODEL),
+                                k.events(MODEL), k.held_out(MODEL)],
+                          args=[k.channel, MODEL, 0, 0, 0, -1, -1, 0, 50, 0])
+    assert [int(x) for x in got][:2] == [0, -1]
     assert _text_set(await client.smembers(k.routing(MODEL))) == {"a", "b"}
+    assert await client.get(k.version(MODEL)) == v1
+
+
+async def test_a_model_with_no_admitted_node_has_no_routing_set_until_one_is_admitted(
+    client: aioredis.Redis, prefix: str
+) -> None:
+    k = Keys(prefix)
+    w = RoutingWriter(client, prefix)
+    new = NodeStatus(node_id="new", model=MODEL, state=HealthState.WARMING, routed=False, since_ts=1.0,
+                     reason="first_seen")
+    gone = NodeStatus(node_id="old", model=MODEL, state=HealthState.GONE, routed=False, since_ts=1.0,
+                      reason="silent")
+    waiting = ModelTick(model=MODEL, ts=1.0, transitions=(), routing=frozenset(), quarantine={},
+                        statuses=(new, gone))
+    assert await w.apply(waiting)
+    assert await client.exists(k.routing(MODEL)) == 0               # never written empty
+    assert set((await client.hgetall(k.nodes(MODEL))).keys()) == {b"new", b"old"}
+    assert _text_set(await client.smembers(k.held_out(MODEL))) == {"old"}   # not the new one
+    v1 = await client.get(k.version(MODEL))
+    assert v1 is not None
+    assert await w.apply(waiting)                                   # the same: nothing changes
+    assert await client.get(k.version(MODEL)) == v1
+    admitted = NodeStatus(node_id="new", model=MODEL, state=HealthState.HEALTHY, routed=True,
+                          since_ts=2.0, reason="admitted")
+    assert await w.apply(ModelTick(model=MODEL, ts=2.0, transitions=(), routing=frozenset({"new"}),
+                                   quarantine={}, statuses=(admitted, gone)))
+    assert _text_set(await client.smembers(k.routing(MODEL))) == {"new"}
+    assert await client.get(k.version(MODEL)) != v1
 
 
 async def test_a_poisoned_model_is_counted_and_backs_off_while_the_other_is_written(
