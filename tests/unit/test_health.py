@@ -206,3 +206,78 @@ def test_judge_since_by_state() -> None:
 def test_pair_state_round_trips_through_plain_data() -> None:
     p = quarantined(evidence=EV, fault="p99_p50_ratio", severity=2.0, hardware="A10")
     assert PairState.from_dict(p.to_dict()) == p
+
+
+# ---- admission by evidence --------------------------------------------------------------------
+
+def new_pair(**kw: object) -> PairState:
+    """A pair first seen at 0 (warm-up until 120), not admitted: warming, not routed."""
+    p, _ = health.first_seen("n1", "m", 0.0, 0.0, S)
+    return dataclasses.replace(p, **kw)  # type: ignore[arg-type]
+
+
+ADMIT = Judgement(Verdict.NORMAL, str(Reason.ADMITTED), EV)
+
+
+@pytest.mark.parametrize(
+    ("judgement", "now", "to", "routed", "reason", "streak"),
+    [
+        (ADMIT, 119.0, H.WARMING, False, None, 0),           # warm-up not over: not judged
+        (NONE, 200.0, H.WARMING, False, None, 0),            # too few samples: stays out
+        (ADMIT, 200.0, H.HEALTHY, True, str(Reason.ADMITTED), 0),
+        (ABN, 200.0, H.WARMING, False, None, 1),             # abnormal: streak, still out
+    ],
+)
+def test_a_new_pair_is_routed_only_on_a_normal_verdict_after_warm_up(
+        judgement: Judgement, now: float, to: H, routed: bool, reason: str | None, streak: int) -> None:
+    new, t = health.step(new_pair(), judgement, now, S)
+    assert (new.state, new.routed, new.abnormal_streak) == (to, routed, streak)
+    assert (t.reason if t else None) == reason
+    assert new.admitted is routed
+    if t is not None:
+        assert t.routed and new.judge_since_ts == 120.0      # judged from warm-up's end on
+
+
+def test_a_new_pair_abnormal_in_confirm_windows_is_refused_not_kept_in() -> None:
+    p = new_pair(abnormal_streak=S.confirm_windows - 1)
+    new, t = health.step(p, ABN, 200.0, S)
+    assert t is None and health.wants_out(new, S)       # the guard refuses it (whatever the cap)
+    out, t2 = health.eject(new, 200.0, S)
+    assert (out.state, out.routed, out.admitted) == (H.UNHEALTHY, False, False)
+    assert t2.detail is not None and "admission refused" in t2.detail
+    q, _ = health.step(out, NONE, 230.0, S)
+    assert q.state is H.QUARANTINED and not q.admitted
+    passed, t3 = health.step(q, NOR, (q.probe_after_ts or 0.0) + 1.0, S)
+    assert (passed.state, passed.routed, passed.admitted) == (H.HEALTHY, True, True)
+    assert t3 is not None and t3.reason == str(Reason.PROBE_PASSED)
+
+
+def test_restarts_and_returns_keep_admission_and_a_new_pair_stays_out() -> None:
+    admitted = pair(judge_since_ts=120.0)
+    w, t = health.restart(admitted, 500.0, 510.0, S)
+    assert (w.state, w.routed, t.reason) == (H.WARMING, True, str(Reason.RESTARTED))
+    assert health.step(w, NONE, 620.0, S)[0].state is H.HEALTHY     # warm-up over: routed on
+    waiting, _ = health.restart(new_pair(), 500.0, 510.0, S)
+    assert (waiting.state, waiting.routed, waiting.first_seen_ts) == (H.WARMING, False, 500.0)
+    gone, _ = health.go_silent(admitted, 600.0, 470.0)
+    back, t = health.come_back(gone, 700.0, 701.0, S)
+    assert (back.state, back.routed, t.reason) == (H.WARMING, True, str(Reason.RETURNED))
+    gone_new, _ = health.go_silent(new_pair(), 600.0, 10.0)
+    back_new, _ = health.come_back(gone_new, 700.0, 701.0, S)
+    assert (back_new.state, back_new.routed, back_new.admitted) == (H.WARMING, False, False)
+    retired = pair(H.RETIRED, routed=False, ejections=2)
+    again, _ = health.restart(retired, 900.0, 901.0, S)
+    assert (again.state, again.routed, again.admitted, again.ejections) == (H.WARMING, False, False, 0)
+
+
+def test_snapshots_without_admission_restore_every_pair_admitted_but_the_new_ones() -> None:
+    old = pair().to_dict()
+    del old["admitted"]
+    assert PairState.from_dict(old).admitted
+    new = dataclasses.replace(pair(H.WARMING), reason=str(Reason.FIRST_SEEN)).to_dict()
+    del new["admitted"]
+    assert not PairState.from_dict(new).admitted
+    restarted = dataclasses.replace(pair(H.WARMING), reason=str(Reason.RESTARTED)).to_dict()
+    del restarted["admitted"]
+    assert PairState.from_dict(restarted).admitted
+    assert PairState.from_dict(new_pair().to_dict()) == new_pair()
