@@ -52,14 +52,19 @@ async def test_slow_node_leaves_routing_and_health_change_is_published(
         events = await health_events(kafka_bootstrap, env)
         slow = [e for e in events if e["node_id"] == "slow"]
         path = [(e["from"], e["to"]) for e in slow]
-        assert ("suspect", "unhealthy") in path and ("unhealthy", "quarantined") in path, path
+        # Slow from its first window: refused admission (never routed), then quarantined.
+        assert ("warming", "unhealthy") in path and ("unhealthy", "quarantined") in path, path
+        assert "admission refused" in str(next(e for e in slow if e["to"] == "unhealthy")["detail"])
         unhealthy = next(e for e in slow if e["to"] == "unhealthy")
         assert unhealthy["routed"] is False and unhealthy["model"] == "llm"
         # 3× slower at every quantile: a relative rule (P50 or, in newer cores, P99) fires.
         assert str(unhealthy["reason"]).startswith("relative_p"), unhealthy
         assert unhealthy["p50_us"] > 2 * unhealthy["peers_p50"]
         assert unhealthy["samples"] >= 50 and len(unhealthy["event_id"]) == 32
-        assert not [e for e in events if e["node_id"] != "slow" and e["routed"] is False]
+        # Nobody else ever left routing (a first_seen while awaiting admission is not routed yet).
+        assert not [e for e in events if e["node_id"] != "slow" and e["routed"] is False
+                    and e["to"] != "warming"]
+        assert {e["node_id"] for e in events if e["reason"] == "admitted"} == {"n0", "n1", "n2", "n3"}
         # A diagnostics request was published for the node that became unhealthy, keyed by node.
         reqs = await read_topic(kafka_bootstrap, env.topic("diagnostics_requests"))
         assert [(rec.key, json.loads(rec.value)["node_id"]) for rec in reqs] == [(b"slow", "slow")]

@@ -244,3 +244,23 @@ def test_history_turned_off_writes_an_empty_history() -> None:
         OperatorEdge(SETTINGS, history_len=-1)
     with pytest.raises(ValueError, match="default_mode"):
         OperatorEdge(SETTINGS, "shadow")
+
+
+def test_new_nodes_stay_out_in_either_mode_and_drained_ones_are_held_out() -> None:
+    t = tick([status("a"), status("b"), status("c"),
+              status("slow", Q, routed=False, reason="quarantine", p50=5000.0, probe_after=99.0),
+              status("new", HealthState.WARMING, routed=False, reason="first_seen")])
+    enforce = run(OperatorEdge(SETTINGS), t)
+    assert enforce.tick.routing == {"a", "b", "c"} and enforce.extras.held_out == {"slow"}
+    observe = run(OperatorEdge(SETTINGS, "observe"), t)
+    assert observe.tick.routing == {"a", "b", "c", "slow"}   # admission holds in observe mode
+    assert observe.extras.held_out == frozenset()             # "new" is not taken out: not judged
+    drained = run(OperatorEdge(SETTINGS), t, OperatorState(overrides=[drain("b"), drain("new")]))
+    assert drained.tick.routing == {"a", "c"} and drained.extras.held_out == {"slow", "b", "new"}
+
+
+def test_a_model_with_only_new_nodes_refuses_no_drain_and_writes_no_routing() -> None:
+    t = tick([status("new", HealthState.WARMING, routed=False, reason="first_seen")])
+    out = run(OperatorEdge(SETTINGS), t, OperatorState(overrides=[drain("new")]))
+    assert out.tick.routing == frozenset() and out.extras.held_out == {"new"}
+    assert out.extras.annotations["new"]["drain_refused"] is False
