@@ -35,7 +35,7 @@ class HealthState(enum.StrEnum):
     """Per-(node, model) health. ``routed`` says whether LBs may use it."""
 
     UNKNOWN = "unknown"          # never seen
-    WARMING = "warming"          # first warmup_s after first seen: judged leniently, routed
+    WARMING = "warming"          # first warmup_s after first seen (or a restart); routed once admitted
     HEALTHY = "healthy"          # routed
     SUSPECT = "suspect"          # abnormal in < confirm_windows consecutive windows; routed
     UNHEALTHY = "unhealthy"      # confirmed; out of routing unless a fleet guard keeps it in

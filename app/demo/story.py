@@ -87,6 +87,11 @@ class HealthChange:
                    float(ratio) if isinstance(ratio, int | float) else None,
                    ms("peers_p50") if ev.get("signal") in (None, "latency") else None, ev.get("detail"))
 
+    @property
+    def left_routing(self) -> bool:
+        """Out of routing after it (a new node awaiting admission, warming, was never in it)."""
+        return not self.routed and self.to_state != "warming"
+
     def describe(self) -> str:
         nums = []
         if self.p50_ms is not None:
@@ -236,7 +241,7 @@ def analyze(plan: Plan, obs: Observations, end_s: float) -> Story:
                      reejected_s if reejected_s is not None else end_s)
     failed = tuple(c for c in slow if removed_s is not None and c.t_s > removed_s and c.reason == "probe_failed"
                    and (readmitted_s is None or c.t_s < readmitted_s))
-    others = tuple(sorted({c.node_id for c in obs.changes if c.node_id != plan.slow_node and not c.routed}))
+    others = tuple(sorted({c.node_id for c in obs.changes if c.node_id != plan.slow_node and c.left_routing}))
     return Story(plan, healthy, degraded, removed, back, suspect, removed_s, removal, probe_after,
                  readmitted_s, readmission, reejected_s, failed, others, sum(iv.errors for iv in obs.intervals), obs,
                  end_s)

@@ -146,3 +146,11 @@ def test_a_saved_run_replots_to_the_same_story(tmp_path: Path) -> None:
     assert again.obs.snapshots == story.obs.snapshots and again.obs.changes == story.obs.changes
     demo.plot(again, tmp_path / "run.png")
     assert (tmp_path / "run.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_new_nodes_awaiting_admission_did_not_leave_routing() -> None:
+    # Every node's first_seen is "warming, not routed" (admission by evidence): not a removal.
+    firsts = [change(5.0, f"gpu-node-0{i}", "unknown", "warming", False, "first_seen") for i in range(1, 9)]
+    obs = observations({"healthy": 370, "degraded": 820, "removed": 380, "back": 372}, [*firsts, *STORY_CHANGES])
+    s = demo.analyze(PLAN, obs, 160.0)
+    assert s.others_removed == () and s.complete
