@@ -124,8 +124,11 @@ async def observe(stack: Stack, obs: Observations, show: Show) -> float:
                 snap = snapshot_of(statuses, now_s, stack.fleet_t0)
                 if snap is not None:
                     obs.snapshots.append(snap)
-                    if obs.explain is None and plan.slow_node not in snap.routing:
-                        # What an operator would ask at that moment: why is it out?
+                    view = snap.nodes.get(plan.slow_node)
+                    if (obs.explain is None and view is not None and view.state != "warming"
+                            and plan.slow_node not in snap.routing):
+                        # What an operator would ask at that moment: why is it out? (Not while it
+                        # is new, awaiting admission: it was never in.)
                         obs.explain = await explain_text(r, st.key_prefix, plan.slow_node, MODEL)
                 obs.changes = list(feed.changes)
                 show(View(now_s, current_phase(plan, obs, now_s), snap,
