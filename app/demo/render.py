@@ -47,6 +47,13 @@ def render_table(plan: Plan, view: View) -> list[str]:
     return out
 
 
+def _out(state: str, routed: bool) -> str:
+    """The mark of a node not in the routing set: taken out, or new and not admitted yet."""
+    if routed:
+        return ""
+    return " (not admitted yet)" if state == "warming" else " (out)"
+
+
 def compact_line(plan: Plan, view: View) -> str:
     """One line per refresh when stdout is not a terminal: nodes grouped by state, the slow node in full."""
     snap = view.snapshot
@@ -57,14 +64,14 @@ def compact_line(plan: Plan, view: View) -> str:
     groups: dict[str, list[NodeView]] = {}
     for n, v in sorted(snap.nodes.items()):
         if n != plan.slow_node:
-            groups.setdefault(v.state + ("" if n in snap.routing else " (out)"), []).append(v)
+            groups.setdefault(v.state + _out(v.state, n in snap.routing), []).append(v)
     for state, views in groups.items():
         p50s = [v.p50_ms for v in views if v.p50_ms is not None]
         rng = f" (P50 {min(p50s):.0f}-{max(p50s):.0f} ms)" if p50s else ""
         parts.append(f"{len(views)} {state}{rng}")
     slow = snap.nodes.get(plan.slow_node)
     if slow is not None:
-        parts.append(f"{plan.slow_node}: {slow.state}{'' if plan.slow_node in snap.routing else ' (out)'} "
+        parts.append(f"{plan.slow_node}: {slow.state}{_out(slow.state, plan.slow_node in snap.routing)} "
                      f"P50 {_f(slow.p50_ms)} P99 {_f(slow.p99_ms)} ms ratio {_f(slow.ratio, '.2f')}")
     return " | ".join(parts)
 
