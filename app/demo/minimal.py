@@ -122,6 +122,7 @@ async def run(args: argparse.Namespace) -> int:
         writer = RoutingWriter(redis, prefix)
 
     removed_at: float | None = None
+    admitted = False      # a new node is out of routing until admitted: removal is leaving it after
     last: TickResult | None = None
     try:
         t = 0.0
@@ -134,7 +135,9 @@ async def run(args: argparse.Namespace) -> int:
                 print(render(tick, t, slow) + "\n")
                 if writer is not None and not await writer.apply(tick):
                     print(f"  (Redis write for {tick.model} did not go through: see the log above)")
-            if removed_at is None and args.slow_node not in last.routing().get(MODEL, frozenset(NODES)):
+            routed_now = args.slow_node in last.routing().get(MODEL, frozenset())
+            admitted = admitted or routed_now
+            if removed_at is None and admitted and not routed_now:
                 removed_at = t
             if args.pause_s > 0:
                 await asyncio.sleep(args.pause_s)
