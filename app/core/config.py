@@ -90,6 +90,10 @@ class DetectorSettings:
     # Input validation bounds.
     max_latency_us: float = field(default=3.6e9, metadata={"lo": 1.0, "hi": 1e15})
     max_future_skew_s: float = field(default=300.0, metadata={"lo": 0.0, "hi": 1e9})
+    # Floods: new (node, model) pairs stage 1 admits to its windows per model per tick; the
+    # samples and heartbeats of further new pairs are dropped (counted, logged once per tick).
+    # A pair over the limit is admitted at a later tick when it reports again. 0 = no limit.
+    max_new_pairs_per_tick: int = field(default=1000, metadata={"lo": 0, "hi": 100_000_000})
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

@@ -57,7 +57,11 @@ Guarantees:
   ~12 KB per latency-only series at window_size 1000. Rings live in slabs of
   tiers of growing capacity (16, 128, 1024, … capped at window_size), so a
   10-sample series holds a 16-slot ring; a series moves up a tier when it
-  outgrows its ring. Summaries compute over whole slabs at once.
+  outgrows its ring. Summaries compute over whole slabs at once. After many
+  series are forgotten (:meth:`WindowStore.forget_silent` of a flood's ids,
+  :meth:`WindowStore.compact`), tiers whose slabs hold more than 4× the rings
+  in use are repacked into slabs sized for what is left and the series map is
+  rebuilt, so the memory is given back rather than kept as empty rows.
 """
 
 from __future__ import annotations
@@ -162,6 +166,22 @@ class _Chunk:
         self.series[row] = None
         self.free.append(row)
         self.used -= 1
+
+    def take_rows(self, src: _Chunk, rows: I64, at: int) -> None:
+        """Move ``src``'s rings ``rows`` (same tier) to this slab's rows ``at``, ``at + 1``, …,
+        which must be unused; ``src`` is left as it was (the caller drops it)."""
+        to = slice(at, at + rows.size)
+        for dst_col, src_col in zip(self.columns(), src.columns(), strict=True):
+            dst_col[to] = src_col[rows]
+        for name in ("head", "fill", "midx", "ts_lo", "ts_hi", "lat_lo"):
+            getattr(self, name)[to] = getattr(src, name)[rows]
+        for i, r in enumerate(rows.tolist(), start=at):
+            s = src.series[r]
+            assert s is not None
+            self.series[i] = s
+            s.chunk, s.row = self, i
+        self.used += rows.size
+        self.free = [r for r in self.free if not at <= r < at + rows.size]
 
 
 class _Series:
@@ -394,13 +414,57 @@ class WindowStore:
         """Drop every series whose last sample or heartbeat (event time) is before ``before_s``.
 
         Bounds the store when node ids churn (replaced hosts, autoscaled pods): a series
-        that came back would start over as new. Returns the forgotten keys (sorted).
+        that came back would start over as new. When at least as many series were dropped
+        as are left (a flood's ids forgotten), the store is compacted (:meth:`compact`).
+        Returns the forgotten keys (sorted).
         """
         gone = sorted(k for k, s in self._series.items()
                       if s.last_seen_ts is not None and s.last_seen_ts < before_s)
         for node, model in gone:
             self.forget(node, model)
+        if gone and len(gone) >= len(self._series):
+            self.compact()
         return gone
+
+    def compact(self) -> int:
+        """Give back the memory of forgotten series; returns how many slabs were freed.
+
+        Every tier whose slabs have more than 4× as many rows as rings in use is repacked
+        into new slabs sized for the rings left (a flood leaves thousands of rows of a
+        small tier behind, a few still used), and the series map is rebuilt (a dict keeps
+        its largest table). Windows, and so summaries, are unchanged. Cost: one copy of
+        the rings moved; nothing when there is nothing to give back.
+        """
+        freed = 0
+        for key, chunks in self._tiers.items():
+            used = sum(ch.used for ch in chunks)
+            if sum(ch.rows for ch in chunks) <= 4 * max(used, _MIN_CHUNK_ROWS):
+                continue
+            cap, sized = key
+            new: list[_Chunk] = []
+            dst: _Chunk | None = None
+            at = 0
+            left = used
+            for ch in chunks:
+                rows = np.flatnonzero(ch.midx >= 0)
+                while rows.size:
+                    if dst is None or at == dst.rows:
+                        dst = _Chunk(cap, min(self._max_rows(cap, sized),
+                                              max(_MIN_CHUNK_ROWS, left)), sized)
+                        new.append(dst)
+                        at = 0
+                    k = min(rows.size, dst.rows - at)
+                    dst.take_rows(ch, rows[:k], at)
+                    at, left, rows = at + k, left - k, rows[k:]
+            freed += len(chunks) - len(new)
+            self._tiers[key] = new
+        self._series = dict(self._series)
+        return freed
+
+    @staticmethod
+    def _max_rows(cap: int, sized: bool) -> int:
+        slot_bytes = 8 + 4 + (12 if sized else 0)
+        return max(_MIN_CHUNK_ROWS, _CHUNK_BYTES // (cap * slot_bytes))
 
     def _release(self, ch: _Chunk, row: int) -> None:
         ch.release(row)
@@ -413,8 +477,7 @@ class WindowStore:
             if ch.free:
                 break
         else:
-            slot_bytes = 8 + 4 + (12 if sized else 0)
-            max_rows = max(_MIN_CHUNK_ROWS, _CHUNK_BYTES // (cap * slot_bytes))
+            max_rows = self._max_rows(cap, sized)
             rows = min(max_rows, max(_MIN_CHUNK_ROWS, 2 * (chunks[-1].rows if chunks else 2)))
             ch = _Chunk(cap, rows, sized)
             chunks.append(ch)

@@ -32,6 +32,12 @@ Guarantees:
   Each tick also sends, per model, this worker's cluster digest
   (``Stage1.cluster_digests``, tagged with ``source``: unique per process),
   from which stage 2 gets the cluster-wide P50/P99.
+* **Known series first, on time.** Summaries are sent oldest-admitted series
+  first (``Stage1.summaries``), in slices; what is not sent within
+  :data:`SEND_BUDGET_FRACTION` of the tick interval is dropped and counted
+  (``tailguard_summaries_dropped_total{reason="send_deadline"}``, one log
+  line), so a flood's new series can neither delay the known ones' summaries
+  nor make the next tick late.
 * Consumer lag per owned partition is exported (``tailguard_consumer_lag``).
 * **Any producer.** Record batches compressed with gzip, snappy, lz4 or zstd
   (kcat/librdkafka, the Java producer) are decoded (snappy/lz4/zstd need
@@ -87,6 +93,10 @@ LAG_INTERVAL_S = 2.0
 # How old the consumer's topic metadata may get: partitions added to latency-events are
 # consumed at most this long after they appear (aiokafka's default is 5 minutes).
 METADATA_MAX_AGE_MS = 10_000
+# Summaries are sent in slices of this many; those left when SEND_BUDGET_FRACTION of the tick
+# interval has passed since the tick began are dropped (counted): the next tick stays on time.
+SEND_SLICE = 2000
+SEND_BUDGET_FRACTION = 0.5
 # How long the salvage of an undecodable record waits for one partition's fetch.
 SALVAGE_FETCH_MS = 1000
 # What aiokafka raises from getmany() when a fetched record batch cannot be decoded:
@@ -406,17 +416,29 @@ class IngestService(Service):
 
         Returns how many summaries.
         """
+        t0 = time.monotonic()
         hints = self.hints() if self.hints is not None else StageHints()
         now_s = self.clock()
         self.stage1.forget_silent(now_s)
         summaries = self.stage1.summaries(now_s, self.owned_partitions(), hints.judge_since,
                                           hints.out_of_fit, hints.tail_refs)
-        if summaries:
-            await self.sink.send_summaries(summaries)
         digests = self.stage1.cluster_digests(now_s, self.source)
         if digests:
             await self.sink.send_cluster(digests)
-        return len(summaries)
+        deadline = t0 + SEND_BUDGET_FRACTION * self.settings.detector.tick_interval_s
+        sent = 0
+        while sent < len(summaries) and (sent == 0 or time.monotonic() < deadline):
+            await self.sink.send_summaries(summaries[sent:sent + SEND_SLICE])
+            sent = min(len(summaries), sent + SEND_SLICE)
+        if sent < len(summaries):
+            late = len(summaries) - sent
+            self.metrics.summaries_dropped.labels(reason="send_deadline").inc(late)
+            log.warning("stage 1 sent %d of this tick's %d summaries within %.0f%% of the tick"
+                        " interval; the %d of the most recently admitted series were dropped"
+                        " (a flood of new node ids, or more series than one worker can send"
+                        " per tick: add workers or raise TAILGUARD_TICK_INTERVAL_S)", sent,
+                        len(summaries), 100 * SEND_BUDGET_FRACTION, late)
+        return sent
 
     @Service.task
     async def _ticker(self) -> None:

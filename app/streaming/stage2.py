@@ -167,7 +167,8 @@ class Stage2:
         self.write_failures = 0
         self.refused_states = 0     # stored model states that could not be restored
         # Summaries never evaluated, by reason: "superseded" (a newer one of the same pair came
-        # first), "stale" (older than stale_after_s at the tick), "not_owned" (another worker's).
+        # first), "stale" (older than stale_after_s at the tick), "not_owned" (another worker's),
+        # "forgotten" (of a pair the evaluator dropped or did not take: silent past forget_after_s).
         self.dropped: collections.Counter[str] = collections.Counter()
         self._cluster: dict[str, dict[str, ClusterDigest]] = {}
 
@@ -288,6 +289,9 @@ class Stage2:
         if len(summaries) < len(pending):
             self.dropped["stale"] += len(pending) - len(summaries)
         tick = self._with_cluster_quantiles(ev.evaluate(model, summaries, now_s), horizon)
+        forgotten = sum(1 for s in summaries if ev.pair(model, s.node_id) is None)
+        if forgotten:
+            self.dropped["forgotten"] += forgotten
         snap = ev.snapshot_model(model)
         if self._written.get(model) != snap and self._write(self.state, key, snap, model,
                                                             "state"):

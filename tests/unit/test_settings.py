@@ -98,6 +98,7 @@ DETECTOR_TEXT: dict[str, tuple[str, Any]] = {
     "restart_gap_s": ("0", 0.0),
     "max_latency_us": ("1e7", 1e7),
     "max_future_skew_s": ("30", 30.0),
+    "max_new_pairs_per_tick": ("50", 50),
 }
 
 
