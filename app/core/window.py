@@ -382,6 +382,11 @@ class WindowStore:
     def series_count(self) -> int:
         return len(self._series)
 
+    def nbytes(self) -> int:
+        """Bytes held by the window slabs (every row, used or free)."""
+        return sum(col.nbytes for tier in self._tiers.values() for ch in tier
+                   for col in ch.columns())
+
     def keys(self) -> Iterator[SeriesKey]:
         return iter(self._series)
 
@@ -427,7 +432,7 @@ class WindowStore:
         return gone
 
     def compact(self) -> int:
-        """Give back the memory of forgotten series; returns how many slabs were freed.
+        """Give back the memory of forgotten series; returns how many ring rows were freed.
 
         Every tier whose slabs have more than 4× as many rows as rings in use is repacked
         into new slabs sized for the rings left (a flood leaves thousands of rows of a
@@ -456,7 +461,7 @@ class WindowStore:
                     k = min(rows.size, dst.rows - at)
                     dst.take_rows(ch, rows[:k], at)
                     at, left, rows = at + k, left - k, rows[k:]
-            freed += len(chunks) - len(new)
+            freed += sum(ch.rows for ch in chunks) - sum(ch.rows for ch in new)
             self._tiers[key] = new
         self._series = dict(self._series)
         return freed
