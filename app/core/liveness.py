@@ -14,6 +14,8 @@ a heartbeat, event time), and :func:`step`, run once per tick before any rule:
 * telemetry lost — when at least ``telemetry_loss_fraction`` of the live pairs are silent
   at once, nobody goes (fail open) and ``telemetry_lost`` opens an episode that
   ``telemetry_restored`` closes; a pair silent for ``forget_after_s`` goes all the same.
+  Warming pairs are not counted: a flood of one-event node ids is thousands of warming
+  pairs that all fall silent together, and must not freeze the model's ejections.
 * forgotten — a gone pair silent for ``forget_after_s`` is dropped (``forgotten``).
 
 Pure: time is ``now_s``; the same inputs give the same transitions. Rationale: docs/rules.md.
@@ -33,6 +35,7 @@ from app.core.health import PairState
 from app.core.types import FleetEvent, HealthState, Reason, Transition, WindowSummary
 
 _AWAY = (HealthState.GONE, HealthState.RETIRED)
+_WARMING = HealthState.WARMING
 _RESTARTABLE = (HealthState.WARMING, HealthState.HEALTHY, HealthState.SUSPECT, HealthState.UNHEALTHY)
 
 
@@ -110,8 +113,9 @@ def step(model: str, pairs: MutableMapping[str, PairState], live: Liveness,
         present = [n for n, p in pairs.items() if p.state not in _AWAY]
         # Long silent (forget_after_s): gone whatever the others do; it proves no telemetry loss.
         lasting = {n for n in silent if forget > 0 and get(n, pairs[n].since_ts) < now_s - forget}
-        recent = len(silent) - len(lasting)
-        counted = len(present) - len(lasting)
+        # Warming pairs prove nothing either way (a flood of new ids is all warming).
+        recent = sum(1 for n in silent if n not in lasting and pairs[n].state is not _WARMING)
+        counted = sum(1 for n in present if n not in lasting and pairs[n].state is not _WARMING)
         # Telemetry loss needs two nodes to tell it from a death; a lone node is simply never
         # taken out by silence (the last node of a model is never gone).
         lost = counted >= 2 and recent > 0 and recent >= st.telemetry_loss_fraction * counted

@@ -47,8 +47,6 @@ Guarantees:
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import logging
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, Protocol
@@ -58,29 +56,11 @@ from app.core.errors import BadEvent
 from app.core.events import Accumulator, Heartbeat, SampleBatch
 from app.core.types import WindowSummary
 from app.streaming.deadletter import DeadLetter, RecordLike
+from app.streaming.memory import GIVE_BACK_MIN, give_back
 from app.streaming.metrics import WorkerMetrics
 from app.streaming.wire import ClusterDigest
 
 log = logging.getLogger(__name__)
-
-_LIBC: Any = None
-
-
-def trim_heap() -> None:
-    """Return freed heap memory to the system (glibc ``malloc_trim``; elsewhere nothing).
-
-    glibc keeps freed blocks, also those of large numpy arrays once its mmap threshold has
-    grown, for reuse; after a flood's windows are forgotten they would stay in the RSS.
-    """
-    global _LIBC
-    if _LIBC is None:
-        try:
-            _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-            _LIBC.malloc_trim.argtypes = [ctypes.c_size_t]
-        except (OSError, AttributeError):
-            _LIBC = False
-    if _LIBC:
-        _LIBC.malloc_trim(0)
 
 # How often at most stage 1 warns about samples that arrive too old to be judged.
 LATE_LOG_INTERVAL_S = 60.0
@@ -236,13 +216,14 @@ class Stage1:
     def _compact(self, gone: int, *, store: bool) -> None:
         """After ``gone`` series were dropped: when they were at least as many as are left,
         rebuild the per-series map (a dict keeps its largest table), compact the store if
-        ``store`` and give the freed heap back to the system (:func:`trim_heap`)."""
+        ``store``, and when they were many give the memory back to the system."""
         if not gone or gone < len(self._partition_of):
             return
         self._partition_of = dict(self._partition_of)    # keeps the admission order
         if store:
             self.store.compact()
-        trim_heap()
+        if gone >= GIVE_BACK_MIN:
+            give_back()
 
     def forget_silent(self, now_s: float) -> int:
         """Drop the windows of series silent for ``forget_after_s`` (0: never); how many."""
