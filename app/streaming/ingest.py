@@ -37,7 +37,11 @@ Guarantees:
   :data:`SEND_BUDGET_FRACTION` of the tick interval is dropped and counted
   (``tailguard_summaries_dropped_total{reason="send_deadline"}``, one log
   line), so a flood's new series can neither delay the known ones' summaries
-  nor make the next tick late.
+  nor make the next tick late. Polls and ticks take turns (one lock, fair):
+  a tick waits for at most the poll in progress, and polls wait while a tick
+  sends — each of a tick's sends is an await, and with a busy poll loop
+  between every two of them (a flood being read) a tick's summaries went out
+  at a few thousand per second, seconds late.
 * Consumer lag per owned partition is exported (``tailguard_consumer_lag``).
 * **Any producer.** Record batches compressed with gzip, snappy, lz4 or zstd
   (kcat/librdkafka, the Java producer) are decoded (snappy/lz4/zstd need
@@ -95,7 +99,7 @@ LAG_INTERVAL_S = 2.0
 METADATA_MAX_AGE_MS = 10_000
 # Summaries are sent in slices of this many; those left when SEND_BUDGET_FRACTION of the tick
 # interval has passed since the tick began are dropped (counted): the next tick stays on time.
-SEND_SLICE = 2000
+SEND_SLICE = 250
 SEND_BUDGET_FRACTION = 0.5
 # How long the salvage of an undecodable record waits for one partition's fetch.
 SALVAGE_FETCH_MS = 1000
@@ -199,6 +203,7 @@ class IngestService(Service):
         self._committed: dict[Any, int] = {}
         self._last_commit = 0.0
         self._last_lag = 0.0
+        self._turn = asyncio.Lock()     # polls and ticks take turns (module docstring)
 
     @property
     def group_id(self) -> str:
@@ -404,19 +409,25 @@ class IngestService(Service):
     async def _consume(self) -> None:
         while not self.should_stop:
             try:
-                await self.poll_once()
+                async with self._turn:
+                    await self.poll_once()
             except asyncio.CancelledError:
                 raise
             except Exception:  # never let one poll kill ingestion; the error is logged
                 log.exception("stage-1 poll failed; retrying in 1 s")
                 await asyncio.sleep(1.0)
 
-    async def tick(self) -> int:
-        """Send one summary per owned series, then the cluster digests, to stage 2.
+    async def tick(self, due_s: float | None = None) -> int:
+        """Send the cluster digests, then one summary per owned series, to stage 2.
 
-        Returns how many summaries.
+        ``due_s``: the tick's boundary (clock time; default now): what is not sent by
+        ``due_s + SEND_BUDGET_FRACTION × tick_interval_s`` is dropped (module docstring),
+        so a tick that started late still ends in time for the next. Returns how many
+        summaries were sent.
         """
         t0 = time.monotonic()
+        if due_s is not None:
+            t0 -= max(0.0, self.clock() - due_s)
         hints = self.hints() if self.hints is not None else StageHints()
         now_s = self.clock()
         self.stage1.forget_silent(now_s)
@@ -444,9 +455,11 @@ class IngestService(Service):
     async def _ticker(self) -> None:
         interval = self.settings.detector.tick_interval_s
         while not self.should_stop:
-            await sleep_until(next_boundary(self.clock(), interval), self.clock)
+            due_s = next_boundary(self.clock(), interval)
+            await sleep_until(due_s, self.clock)
             try:
-                await self.tick()
+                async with self._turn:
+                    await self.tick(due_s)
             except asyncio.CancelledError:
                 raise
             except Exception:
