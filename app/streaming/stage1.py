@@ -35,7 +35,9 @@ Guarantees:
   samples and heartbeats of further new pairs are dropped, counted
   (``tailguard_samples_dropped_total{reason="new_pair_limit"}``) and logged
   once per tick, not dead-lettered one by one (a pair refused now is admitted
-  at a later tick when it reports again). :meth:`Stage1.summaries` lists the
+  at a later tick when it reports again). Once a model's budget is used up, a
+  record keyed ``node|model`` of a new pair of it is dropped before its value
+  is decoded (counted as one). :meth:`Stage1.summaries` lists the
   series oldest-admitted first, so the known series' summaries are sent
   before those of a flood's new ones.
 * Memory is bounded by the number of series (the window store's bound) plus
@@ -105,14 +107,20 @@ class Stage1:
         # model -> [messages (samples or heartbeats) dropped, samples among them].
         self._admitted: dict[str, int] = {}
         self._refused: dict[str, list[int]] = {}
+        self._full: set[bytes] = set()      # models (UTF-8) whose budget is used up this tick
 
     def ingest(self, partition: int, records: Sequence[RecordLike], now_s: float) -> list[DeadLetter]:
         """Decode ``records`` (all from ``partition``) into the windows; return the bad ones."""
         acc = Accumulator(now_s=now_s, settings=self.settings)
         dead: list[DeadLetter] = []
         add = acc.add
+        full = self._full
+        skipped = 0
         for rec in records:
             raw = rec.value
+            if full and rec.key is not None and self._over_limit(rec.key):
+                skipped += 1
+                continue
             if not raw:
                 dead.append(DeadLetter.of(rec, "empty_message", "message has no value (tombstone)"
                                           if raw is None else "message value is empty"))
@@ -134,6 +142,7 @@ class Stage1:
                 n_new = admitted.get(ev.model, 0)
                 if n_new >= limit:
                     refused += self._refuse(ev)
+                    self._full.add(ev.model.encode())
                     continue
                 admitted[ev.model] = n_new + 1
             if isinstance(ev, Heartbeat):
@@ -150,8 +159,8 @@ class Stage1:
         self._note_late(late, samples, now_s)
         m = self.metrics
         if m is not None:
-            if refused:
-                m.samples_dropped.labels(reason="new_pair_limit").inc(refused)
+            if refused or skipped:
+                m.samples_dropped.labels(reason="new_pair_limit").inc(refused + skipped)
             m.events_in.inc(len(records))
             m.samples_in.inc(samples)
             if rejected:
@@ -161,6 +170,24 @@ class Stage1:
             for d in dead:
                 m.bad_events.labels(topic=d.topic, reason=d.reason).inc()
         return dead
+
+    def _over_limit(self, key: bytes) -> bool:
+        """Whether a record keyed ``node|model`` (the recommended key) is of a new pair of a
+        model whose new-pair budget is used up this tick: then it is dropped (and counted as
+        one) without decoding its value, so a flood costs little more than reading it."""
+        node, sep, model = key.partition(b"|")
+        if not sep or model not in self._full:
+            return False
+        try:
+            pair = (node.decode(), model.decode())
+        except UnicodeDecodeError:
+            return False
+        if pair in self._partition_of:
+            return False
+        r = self._refused[pair[1]]
+        r[0] += 1
+        r[1] += 1
+        return True
 
     def _refuse(self, ev: Heartbeat | SampleBatch) -> int:
         """Drop ``ev`` of a new pair over the limit; how many samples (a heartbeat: 1)."""
@@ -186,6 +213,7 @@ class Stage1:
                 model, self._admitted.get(model, 0), messages, samples)
         self._admitted = {}
         self._refused = {}
+        self._full = set()
 
     def _note_late(self, late: int, samples: int, now_s: float) -> None:
         self._late += late

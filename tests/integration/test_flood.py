@@ -150,8 +150,9 @@ async def test_a_flood_of_new_ids_does_not_blind_detection_and_memory_comes_back
               f"{t_out - t_flood:.1f} s after; {len(flood_seen)} flood ids summarized, {dropped:.0f}"
               f" events dropped at admission; RSS {rss_before:.0f} -> {rss_after:.0f} MB")
     print(report)
-    # Detection was not blinded: out within the usual time (a few ticks; ~8 s without a flood).
-    assert t_out - t_flood < 30, report
+    # Detection was not blinded: out within the usual time. Measured 2026-12-03 on the 2-core
+    # machine: 4.1 s without a flood (FLOOD_TEST_IDS=0), 7.7 s with it; bound: a few ticks more.
+    assert t_out - t_flood < 16, report
     # Every tick from just before the flood to the end has a summary of every real node (a
     # tick starts when the poll in progress is done: its time is a little after the boundary).
     for node in REAL:

@@ -182,3 +182,22 @@ def test_stage2_counts_summaries_of_pairs_it_forgets() -> None:
     (out,) = s2.tick(1000.5, lambda m: True)
     assert {st.node_id for st in out.tick.statuses} == {"n0", "n1", "n2", "n3"}
     assert s2.dropped == {"forgotten": 1, "stale": 1}
+
+
+def test_once_the_budget_is_used_up_keyed_records_of_new_pairs_are_not_decoded() -> None:
+    s1, m = make()
+    s1.ingest(0, real(), NOW)
+    s1.ingest(0, flood(0, 60), NOW)     # 6 real + 44 flood admitted: the budget is used up
+    undecodable = b"{not json"
+    recs = [Rec(undecodable, key=b"flood-999999|m"),          # new pair of a full model
+            Rec(undecodable, key=b"real-0|m"),                # a known pair: decoded
+            Rec(undecodable, key=b"other|m2"),                # another model: decoded
+            Rec(undecodable, key=b"\xff|m"),                  # not UTF-8: decoded
+            Rec(undecodable, key=b"no-bar")]                  # not node|model: decoded
+    dead = s1.ingest(0, recs, NOW)
+    assert [d.key for d in dead] == [b"real-0|m", b"other|m2", b"\xff|m", b"no-bar"]
+    assert value(m, "tailguard_samples_dropped_total", reason="new_pair_limit") == 16 + 1
+    s1.summaries(NOW + 2)                           # a new tick: the budget is back
+    s1.ingest(0, [Rec(single("flood-999999", "m", 5.0, NOW + 1), key=b"flood-999999|m")],
+              NOW + 2)
+    assert ("flood-999999", "m") in s1.store      # type: ignore[operator]
