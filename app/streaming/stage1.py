@@ -57,6 +57,7 @@ from app.core.config import DetectorSettings
 from app.core.errors import BadEvent
 from app.core.events import Accumulator, Heartbeat, SampleBatch
 from app.core.types import WindowSummary
+from app.streaming import memory
 from app.streaming.deadletter import DeadLetter, RecordLike
 from app.streaming.memory import GIVE_BACK_MIN, give_back
 from app.streaming.metrics import WorkerMetrics
@@ -293,6 +294,7 @@ class Stage1:
         if self.metrics is not None:
             self.metrics.series_tracked.set(self.store.series_count())
             self.metrics.summaries_out.inc(len(out))
+        memory.after_tick()
         return out
 
     def cluster_digests(self, now_s: float, source: str) -> list[ClusterDigest]:

@@ -276,6 +276,7 @@ class Stage2:
         peak = max(self._peak_pairs.get(model, 0), pairs)
         if 2 * pairs <= peak and peak - pairs >= GIVE_BACK_MIN:
             self.evaluator.restore_model(model, snap)
+            self._written.pop(model, None)      # the large last-written state: written anew
             give_back()
             peak = pairs
         self._peak_pairs[model] = peak
