@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import time
 from dataclasses import dataclass
@@ -91,6 +92,7 @@ def main() -> None:
     ap.add_argument("--ids", type=int, default=None)
     ap.add_argument("--limit", type=int, default=0)
     a = ap.parse_args()
+    logging.getLogger("app.streaming.stage1").setLevel(logging.ERROR)   # one line per tick
     n_ids = a.ids or (20_000 if a.quick else 200_000)
     f = Fleet(a.limit)
     for _ in range(30):

@@ -123,7 +123,8 @@ async def test_a_flood_of_new_ids_does_not_blind_detection_and_memory_comes_back
                     stdin=f, check=True, timeout=120)
             produced_s = time.monotonic() - t0
             t_out = await until(lambda s: SLOW not in s, 60, "the slow node never left routing")
-            assert await routed() == set(REAL) - {SLOW}
+            # (Flood ids in the routing set are checked at the end.)
+            assert {n for n in await routed() if not n.startswith("flood-")} == set(REAL) - {SLOW}
 
             # The flood's series are forgotten (forget_after_s) and memory is given back.
             deadline = time.monotonic() + 90
