@@ -10,8 +10,9 @@ then the real nodes go on until the flood's ids are past ``forget_after_s`` and 
 stage has forgotten them. Printed: the worker's RSS (``/proc/self/statm``) before,
 at the peak and after, the ratio after / before (target: <= 1.5), the series and
 pairs held at each point, and the stage-1 tick's CPU time at the peak.
-``--limit`` is ``max_new_pairs_per_tick`` (default 0 = no limit, the worst case for
-memory: every id gets a window).
+``--limit`` is ``max_new_pairs_per_tick`` (default: the setting's default, 1000; ``0`` =
+no limit, the worst case for memory: every id gets a window and a stage-2 pair — 200,000
+of them take ~10 minutes here).
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--ids", type=int, default=None)
-    ap.add_argument("--limit", type=int, default=0)
+    ap.add_argument("--limit", type=int, default=DetectorSettings().max_new_pairs_per_tick)
     a = ap.parse_args()
     logging.getLogger("app.streaming.stage1").setLevel(logging.ERROR)   # one line per tick
     n_ids = a.ids or (20_000 if a.quick else 200_000)
