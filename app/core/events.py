@@ -38,12 +38,11 @@ Guarantees:
   sample).
 * JSON: ``orjson`` when installed (≈5× faster than the standard library),
   else ``json``; both reject ``NaN``/``Infinity`` literals identically. A
-  batch of well-formed samples is decoded by ``msgspec`` (when installed)
-  straight into typed tuples and one numpy array, without a Python loop per
-  sample, and :meth:`Accumulator.add` decodes a well-formed single event by
-  ``msgspec`` into a typed struct whose types and static bounds are checked
-  in C; anything they do not take falls back to the general path, so the
-  result (values, drops, errors) is the same either way (tested).
+  batch of well-formed samples, and in :meth:`Accumulator.add` a well-formed
+  single event, are decoded by the msgspec fast paths of
+  :mod:`app.core.events_fast`; anything they do not take falls back to the
+  general path here, so the result (values, drops, errors) is the same either
+  way (tested).
 * Binary batches (bytes starting with ``0xF5 'T' 'G'``, layout in
   :mod:`app.core.binary` and docs/contracts-binary.md) are the batch form
   without JSON: the columns are read as numpy views of the message and then
@@ -60,15 +59,15 @@ import dataclasses
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import chain
 from typing import Any, Final, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
 
-from app.core import binary
+from app.core import binary, events_fast
 from app.core.config import DetectorSettings
 from app.core.errors import BadEvent
+from app.core.events_fast import FastDecoder, Group, Row
 
 FloatArray: TypeAlias = npt.NDArray[np.float64]
 BoolArray: TypeAlias = npt.NDArray[np.bool_]
@@ -98,7 +97,6 @@ REASONS: Final = (
 )
 
 _INF: Final = math.inf
-_chain: Final = chain.from_iterable
 _NAN: Final = math.nan
 
 
@@ -125,75 +123,7 @@ def _fast_loads() -> Callable[[bytes | str], Any]:
 _loads: Callable[[bytes | str], Any] = _fast_loads()
 
 
-def _typed_batch_decoders() -> tuple[tuple[Callable[[bytes], Any], ...],
-                                     tuple[type[BaseException], ...]]:
-    """msgspec decoders of a batch whose samples are all ``[ts, latency_us]`` or all
-    five-field samples, and what they raise; none when msgspec is missing (the
-    general path then does it all)."""
-    try:
-        import msgspec
-    except ImportError:  # pragma: no cover - msgspec is a declared dependency
-        return (), ()
-
-    class Plain(msgspec.Struct):
-        node_id: str
-        model: str
-        samples: list[tuple[float, float]]
-        hardware: str | None = None
-        instance: str | None = None
-        ok: bool = True
-        probe: bool = False
-
-    class Sized(msgspec.Struct):
-        node_id: str
-        model: str
-        samples: list[tuple[float, float, float | None, float | None, float | None]]
-        hardware: str | None = None
-        instance: str | None = None
-        ok: bool = True
-        probe: bool = False
-
-    return (tuple(msgspec.json.Decoder(t).decode for t in (Plain, Sized)),
-            (msgspec.MsgspecError, ValueError, TypeError, RecursionError))
-
-
-_TYPED_BATCH, _TYPED_ERRORS = _typed_batch_decoders()
-
-
-def _typed_single_decoder() -> Callable[[bytes], Any] | None:
-    """msgspec decoder of a single event whose fields have their contract's types (the
-    replay hot loop); None when msgspec is missing. A message it refuses, or whose
-    values it cannot vouch for, goes to the general path."""
-    try:
-        import msgspec
-    except ImportError:  # pragma: no cover - msgspec is a declared dependency
-        return None
-
-    from typing import Annotated, Literal
-
-    meta = msgspec.Meta
-    name = Annotated[str, meta(min_length=1, max_length=MAX_NAME_CHARS)]
-    tokens = Annotated[int, meta(ge=0, le=MAX_TOKENS)] | None
-    # Types and static bounds are checked by msgspec (in C); what depends on the
-    # settings or on other fields (max_latency_us, the future-ts limit, ttft <= latency)
-    # is left to the caller. Unknown keys are ignored, as by the general path.
-    single = msgspec.defstruct("Single", [
-        ("node_id", name), ("model", name),
-        # Optional here so that a batch decodes (samples set) rather than raising: cheaper.
-        ("latency_us", Annotated[float, meta(gt=0)] | None, None),
-        ("ts", Annotated[float, meta(ge=0)] | None, None),
-        ("hardware", Annotated[str, meta(max_length=MAX_NAME_CHARS)] | None, None),
-        ("instance", Annotated[str, meta(max_length=MAX_NAME_CHARS)] | None, None),
-        ("ok", bool, True), ("probe", bool, False),
-        ("input_tokens", tokens, None), ("output_tokens", tokens, None),
-        ("ttft_us", Annotated[float, meta(ge=0)] | None, None),
-        ("type", Literal["single"] | msgspec.UnsetType, msgspec.UNSET),   # null: general path
-        ("samples", msgspec.Raw | None, None),  # present: a batch (skipped over, not decoded)
-    ], gc=False)
-    return msgspec.json.Decoder(single).decode
-
-
-_TYPED_SINGLE: Final = _typed_single_decoder()
+_FAST: FastDecoder | None = events_fast.build(MAX_NAME_CHARS, MAX_TOKENS, MAX_BATCH_SAMPLES)
 _MAGIC: Final = binary.MAGIC
 
 
@@ -248,10 +178,8 @@ class Heartbeat:
 
 Event: TypeAlias = SampleBatch | Heartbeat
 
-# One validated single event: (ts, latency_us, ok, probe, input_tokens, output_tokens, ttft_us).
-_Row: TypeAlias = tuple[float, float, bool, bool, float, float, float]
-# The series and process a single event belongs to: (node_id, model, hardware, instance).
-_Group: TypeAlias = tuple[str, str, str | None, str | None]
+_Row: TypeAlias = Row        # one validated single event (app.core.events_fast)
+_Group: TypeAlias = Group    # its series and process: (node_id, model, hardware, instance)
 
 
 # Event time is seconds since the epoch; 1e11 s is the year 5138. A larger ts is
@@ -490,32 +418,20 @@ def _checked(node: str, model: str, hw: str | None, ok: bool, probe: bool, ts: F
                        rejected=rejected, instance=instance)
 
 
-def _typed_batch(raw: bytes, fut_limit: float, max_lat: float,
+def _typed_batch(fast: FastDecoder, raw: bytes, fut_limit: float, max_lat: float,
                  now_s: float | None) -> SampleBatch | None:
     """A JSON batch by msgspec (module docstring); None when the general path must decide."""
-    for plain, dec in enumerate(_TYPED_BATCH, 1):    # Plain first, then Sized
-        try:
-            b = dec(raw)
-        except _TYPED_ERRORS:
-            continue
-        node, model, hw, samples = b.node_id, b.model, b.hardware, b.samples
-        if not (0 < len(node) <= MAX_NAME_CHARS and 0 < len(model) <= MAX_NAME_CHARS
-                and (hw is None or len(hw) <= MAX_NAME_CHARS)
-                and (b.instance is None or len(b.instance) <= MAX_NAME_CHARS)
-                and 0 < len(samples) <= MAX_BATCH_SAMPLES):
-            return None
-        if plain == 1:    # [ts, latency_us] pairs of floats: 3-4x faster than np.array
-            arr = np.fromiter(_chain(samples), np.float64, 2 * len(samples)).reshape(-1, 2).T
-        else:             # five fields, None for a missing one (NaN in the array)
-            arr = np.array(samples, dtype=np.float64).T
-        try:
-            return _checked(node, model, hw, b.ok, b.probe, arr[0], arr[1],
-                            (arr[2], arr[3], arr[4]) if arr.shape[0] == 5 else None,
-                            len(samples), None, samples.__getitem__, fut_limit, max_lat, now_s,
-                            b.instance)
-        except BadEvent:    # no good sample: the general path words the error from the JSON
-            return None
-    return None
+    got = fast.batch(raw)
+    if got is None:
+        return None
+    b, arr = got
+    try:
+        return _checked(b.node_id, b.model, b.hardware, b.ok, b.probe, arr[0], arr[1],
+                        (arr[2], arr[3], arr[4]) if arr.shape[0] == 5 else None,
+                        len(b.samples), None, b.samples.__getitem__, fut_limit, max_lat, now_s,
+                        b.instance)
+    except BadEvent:    # no good sample: the general path words the error from the JSON
+        return None
 
 
 def _binary_batch(raw: bytes, fut_limit: float, max_lat: float,
@@ -648,8 +564,8 @@ def _bytes_batch(raw: bytes, fut_limit: float, max_lat: float,
     """A binary batch, or a JSON batch by the typed fast path; None for the general path."""
     if raw[:3] == _MAGIC:
         return _binary_batch(raw, fut_limit, max_lat, now_s)
-    if _TYPED_BATCH and b'"samples"' in raw:
-        return _typed_batch(raw, fut_limit, max_lat, now_s)
+    if _FAST is not None and b'"samples"' in raw:
+        return _typed_batch(_FAST, raw, fut_limit, max_lat, now_s)
     return None
 
 
@@ -699,10 +615,10 @@ class Accumulator:
         if type(raw) is bytes:
             # Single events first (the replay hot loop): the typed decoder refuses a batch
             # after skipping over its samples, cheaper than searching every line for them.
-            if _TYPED_SINGLE is not None and raw[:3] != _MAGIC:
-                ts = self._add_typed_single(raw)
-                if ts is not None:
-                    return ts
+            if _FAST is not None and raw[:3] != _MAGIC:
+                got = _FAST.single(raw, self._fut_limit, self._max_lat)
+                if got is not None:
+                    return self._add_single(*got)
             ev = _bytes_batch(raw, self._fut_limit, self._max_lat, self._now_s)
             if ev is not None:
                 return self._add_event(ev)
@@ -717,40 +633,20 @@ class Accumulator:
             return row[0]
         return self.add_obj(obj)
 
-    def _add_typed_single(self, raw: bytes) -> float | None:
-        """:meth:`add` of a single event decoded by msgspec; None (nothing added) when the
-        general path must decide — it then gives the same result or error as for any line."""
-        try:
-            e = _TYPED_SINGLE(raw)  # type: ignore[misc]
-        except _TYPED_ERRORS:
-            return None
-        if e.samples is not None or e.latency_us is None or e.ts is None:
-            return None
-        ts: float = e.ts
-        lat = e.latency_us
-        if lat > self._max_lat or ts > self._fut_limit:
-            return None
-        inp, out, ttft = e.input_tokens, e.output_tokens, e.ttft_us
-        key = (e.node_id, e.model, e.hardware, e.instance)
-        if inp is None and out is None and ttft is None:
-            if e.ok and not e.probe:
-                plain = self._plain.get(key)
-                if plain is not None:
-                    plain[0].append(ts)
-                    plain[1].append(lat)
-                elif key in self._groups:
-                    self._groups[key].append((ts, lat, True, False, _NAN, _NAN, _NAN))
-                else:
-                    self._plain[key] = ([ts], [lat])
-                self._pending += 1
-                return ts
-            row: _Row = (ts, lat, e.ok, e.probe, _NAN, _NAN, _NAN)
+    def _add_single(self, key: _Group, row: _Row | None, ts: float, lat: float) -> float:
+        """Add a single event decoded by the fast path (``row`` None: a plain sample)."""
+        if row is None:
+            plain = self._plain.get(key)
+            if plain is not None:
+                plain[0].append(ts)
+                plain[1].append(lat)
+            elif key in self._groups:
+                self._groups[key].append((ts, lat, True, False, _NAN, _NAN, _NAN))
+            else:
+                self._plain[key] = ([ts], [lat])
+            self._pending += 1
         else:
-            if ttft is not None and ttft > lat:
-                return None
-            row = (ts, lat, e.ok, e.probe, _NAN if inp is None else float(inp),
-                   _NAN if out is None else float(out), _NAN if ttft is None else ttft)
-        self._append_row(key, row)
+            self._append_row(key, row)
         return ts
 
     def _append_row(self, key: _Group, row: _Row) -> None:
