@@ -64,16 +64,16 @@ from typing import Any, Final, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
-from app.core import binary, events_fast
+from app.core import binary, events_fast, ids
 from app.core.config import DetectorSettings
 from app.core.errors import BadEvent
 from app.core.events_fast import FastDecoder, Group, Row
+from app.core.ids import MAX_NAME_CHARS, Allowlist, IdRule
 
 FloatArray: TypeAlias = npt.NDArray[np.float64]
 BoolArray: TypeAlias = npt.NDArray[np.bool_]
 
 DEFAULT_SETTINGS: Final = DetectorSettings()
-MAX_NAME_CHARS: Final = 256
 MAX_TOKENS: Final = 10_000_000
 MAX_BATCH_SAMPLES: Final = 100_000
 
@@ -83,7 +83,10 @@ REASONS: Final = (
     "unknown_form",   # an object with an unknown "type"
     "missing_field",  # a required field is absent or null
     "empty_field",    # node_id/model is ""
-    "too_long",       # a name above 256 chars, or a batch above MAX_BATCH_SAMPLES samples
+    "too_long",       # hardware/instance above 256 chars, or a batch above MAX_BATCH_SAMPLES samples
+    "bad_node_id",    # node_id breaks the id rule (app.core.ids; TAILGUARD_ID_PATTERN)
+    "bad_model",      # model breaks the id rule
+    "not_allowlisted",  # node_id not on the allowlist (Accumulator(allow=…), the worker's edge)
     "bad_type",       # node_id/model/hardware not a string, ok/probe not a bool
     "bad_latency",    # latency_us not a finite number in (0, max_latency_us]
     "bad_ts",         # ts not a finite number >= 0
@@ -194,9 +197,9 @@ def _future_limit(now_s: float | None, settings: DetectorSettings) -> float:
 
 # ---------------------------------------------------------------- field checks
 
-def _name(d: Mapping[str, Any], key: str) -> str:
+def _name(d: Mapping[str, Any], key: str, rule: IdRule) -> str:
     v = d.get(key)
-    if type(v) is str and 0 < len(v) <= MAX_NAME_CHARS:
+    if type(v) is str and rule.ok(v):
         return v
     if v is None:
         raise BadEvent("missing_field", f"{key} is required (a non-empty string)", field=key)
@@ -204,8 +207,7 @@ def _name(d: Mapping[str, Any], key: str) -> str:
         raise BadEvent("bad_type", f"{key} must be a string, got {type(v).__name__}", field=key)
     if not v:
         raise BadEvent("empty_field", f"{key} must be a non-empty string", field=key)
-    raise BadEvent("too_long", f"{key} has {len(v)} chars; at most {MAX_NAME_CHARS} allowed",
-                   field=key)
+    raise rule.error(key, v)
 
 
 def _hardware(d: Mapping[str, Any], key: str = "hardware") -> str | None:
@@ -266,13 +268,13 @@ def _tokens(d: Mapping[str, Any], key: str) -> float:
 
 
 def _single(d: Mapping[str, Any], fut_limit: float, max_lat: float,
-            now_s: float | None) -> tuple[_Group, _Row]:
+            now_s: float | None, rule: IdRule) -> tuple[_Group, _Row]:
     node = d.get("node_id")
-    if type(node) is not str or not 0 < len(node) <= MAX_NAME_CHARS:
-        node = _name(d, "node_id")
+    if type(node) is not str or not rule.ok(node):
+        node = _name(d, "node_id", rule)
     model = d.get("model")
-    if type(model) is not str or not 0 < len(model) <= MAX_NAME_CHARS:
-        model = _name(d, "model")
+    if type(model) is not str or not rule.ok(model):
+        model = _name(d, "model", rule)
     lat = d.get("latency_us")
     if (type(lat) is not float and type(lat) is not int) or not 0 < lat <= max_lat:
         raise _latency_error(lat, max_lat)
@@ -322,9 +324,9 @@ _NONE3: Final = [None, None, None]
 
 
 def _batch(d: Mapping[str, Any], fut_limit: float, max_lat: float,
-           now_s: float | None) -> SampleBatch:
-    node = _name(d, "node_id")
-    model = _name(d, "model")
+           now_s: float | None, rule: IdRule) -> SampleBatch:
+    node = _name(d, "node_id", rule)
+    model = _name(d, "model", rule)
     hw = _hardware(d)
     ok = _flag(d, "ok", True)
     probe = _flag(d, "probe", False)
@@ -419,12 +421,14 @@ def _checked(node: str, model: str, hw: str | None, ok: bool, probe: bool, ts: F
 
 
 def _typed_batch(fast: FastDecoder, raw: bytes, fut_limit: float, max_lat: float,
-                 now_s: float | None) -> SampleBatch | None:
+                 now_s: float | None, rule: IdRule) -> SampleBatch | None:
     """A JSON batch by msgspec (module docstring); None when the general path must decide."""
     got = fast.batch(raw)
     if got is None:
         return None
     b, arr = got
+    if not (rule.ok(b.node_id) and rule.ok(b.model)):
+        return None
     try:
         return _checked(b.node_id, b.model, b.hardware, b.ok, b.probe, arr[0], arr[1],
                         (arr[2], arr[3], arr[4]) if arr.shape[0] == 5 else None,
@@ -435,11 +439,11 @@ def _typed_batch(fast: FastDecoder, raw: bytes, fut_limit: float, max_lat: float
 
 
 def _binary_batch(raw: bytes, fut_limit: float, max_lat: float,
-                  now_s: float | None) -> SampleBatch:
+                  now_s: float | None, rule: IdRule) -> SampleBatch:
     b = binary.parse(raw)
     for key, v in (("node_id", b.node_id), ("model", b.model)):
-        if not 0 < len(v) <= MAX_NAME_CHARS:
-            _name({key: v}, key)
+        if not rule.ok(v):
+            _name({key: v}, key, rule)
     for key, opt in (("hardware", b.hardware), ("instance", b.instance)):
         if opt is not None and len(opt) > MAX_NAME_CHARS:
             _hardware({key: opt}, key)
@@ -496,9 +500,10 @@ def _sample_error(row: Sequence[Any], i: int, lat_ok: bool, ts_ok: bool, tok_ok:
     return BadEvent(e.reason, where + str(e), field="samples")
 
 
-def _heartbeat(d: Mapping[str, Any], fut_limit: float, now_s: float | None) -> Heartbeat:
-    node = _name(d, "node_id")
-    model = _name(d, "model")
+def _heartbeat(d: Mapping[str, Any], fut_limit: float, now_s: float | None,
+               rule: IdRule) -> Heartbeat:
+    node = _name(d, "node_id", rule)
+    model = _name(d, "model", rule)
     hw = _hardware(d)
     ts: Any = d.get("ts")
     if not _is_num(ts) or not 0 <= ts <= fut_limit or ts == _INF:
@@ -526,14 +531,15 @@ def parse_event(obj: Any, *, now_s: float | None = None,
     if not isinstance(obj, Mapping):
         raise BadEvent("not_object", f"an event must be a JSON object, got {type(obj).__name__}")
     fut_limit = _future_limit(now_s, settings)
+    rule = ids.rule(settings.id_pattern)
     if "samples" in obj:
-        return _batch(obj, fut_limit, settings.max_latency_us, now_s)
+        return _batch(obj, fut_limit, settings.max_latency_us, now_s, rule)
     kind = obj.get("type")
     if kind is None or kind == "single":
-        group, row = _single(obj, fut_limit, settings.max_latency_us, now_s)
+        group, row = _single(obj, fut_limit, settings.max_latency_us, now_s, rule)
         return _one(row, group)
     if kind == "heartbeat":
-        return _heartbeat(obj, fut_limit, now_s)
+        return _heartbeat(obj, fut_limit, now_s, rule)
     if kind == "batch":
         raise BadEvent("missing_field", "a batch needs samples: [[ts, latency_us], …]",
                        field="samples")
@@ -553,19 +559,20 @@ def decode(raw: bytes | str, *, now_s: float | None = None,
            settings: DetectorSettings = DEFAULT_SETTINGS) -> Event:
     """Decode and validate one message (any of the three JSON forms, or a binary batch)."""
     if type(raw) is bytes:
-        ev = _bytes_batch(raw, _future_limit(now_s, settings), settings.max_latency_us, now_s)
+        ev = _bytes_batch(raw, _future_limit(now_s, settings), settings.max_latency_us, now_s,
+                          ids.rule(settings.id_pattern))
         if ev is not None:
             return ev
     return parse_event(loads(raw), now_s=now_s, settings=settings)
 
 
 def _bytes_batch(raw: bytes, fut_limit: float, max_lat: float,
-                 now_s: float | None) -> SampleBatch | None:
+                 now_s: float | None, rule: IdRule) -> SampleBatch | None:
     """A binary batch, or a JSON batch by the typed fast path; None for the general path."""
     if raw[:3] == _MAGIC:
-        return _binary_batch(raw, fut_limit, max_lat, now_s)
+        return _binary_batch(raw, fut_limit, max_lat, now_s, rule)
     if _FAST is not None and b'"samples"' in raw:
-        return _typed_batch(_FAST, raw, fut_limit, max_lat, now_s)
+        return _typed_batch(_FAST, raw, fut_limit, max_lat, now_s, rule)
     return None
 
 
@@ -580,14 +587,22 @@ class Accumulator:
     Consecutive batch messages of one series and process come out as one
     batch (samples concatenated in order, message sizes in
     :attr:`SampleBatch.parts`), so a poll costs one window update per series.
+
+    Node ids and models must meet the id rule of ``settings.id_pattern``
+    (:mod:`app.core.ids`; checked once per new series in a drain, not per event). With
+    ``allow``, an otherwise valid message of a node id not on the allowlist raises
+    ``BadEvent("not_allowlisted")``.
     """
 
-    __slots__ = ("_fut_limit", "_groups", "_max_lat", "_now_s", "_out", "_pending", "_plain",
-                 "_runs", "_settings", "_skew_s")
+    __slots__ = ("_allow", "_fut_limit", "_groups", "_ids", "_max_lat", "_now_s", "_out",
+                 "_pending", "_plain", "_runs", "_settings", "_skew_s")
 
     def __init__(self, *, now_s: float | None = None,
-                 settings: DetectorSettings = DEFAULT_SETTINGS) -> None:
+                 settings: DetectorSettings = DEFAULT_SETTINGS,
+                 allow: Allowlist | None = None) -> None:
         self._settings = settings
+        self._ids = ids.rule(settings.id_pattern)
+        self._allow = allow
         self._now_s = now_s
         self._fut_limit = _future_limit(now_s, settings)
         self._max_lat = settings.max_latency_us
@@ -617,9 +632,10 @@ class Accumulator:
             # after skipping over its samples, cheaper than searching every line for them.
             if _FAST is not None and raw[:3] != _MAGIC:
                 got = _FAST.single(raw, self._fut_limit, self._max_lat)
-                if got is not None:
+                if got is not None and (got[0] in self._plain or got[0] in self._groups
+                                        or self._new_series(got[0])):
                     return self._add_single(*got)
-            ev = _bytes_batch(raw, self._fut_limit, self._max_lat, self._now_s)
+            ev = _bytes_batch(raw, self._fut_limit, self._max_lat, self._now_s, self._ids)
             if ev is not None:
                 return self._add_event(ev)
         try:
@@ -628,10 +644,26 @@ class Accumulator:
             raise BadEvent("bad_json", f"not valid JSON: {e}"[:200]) from None
         # add_obj's single-event path, inlined: this is the replay hot loop.
         if type(obj) is dict and "samples" not in obj and "type" not in obj:
-            key, row = _single(obj, self._fut_limit, self._max_lat, self._now_s)
+            key, row = _single(obj, self._fut_limit, self._max_lat, self._now_s, self._ids)
+            if self._allow is not None:
+                self._check_allowed(key[0])
             self._append_row(key, row)
             return row[0]
         return self.add_obj(obj)
+
+    def _new_series(self, key: _Group) -> bool:
+        """The fast path's first event of a series in this drain: True when its ids meet the
+        rule and the allowlist; False (the general path decides) when they break the rule."""
+        if not (self._ids.ok(key[0]) and self._ids.ok(key[1])):
+            return False
+        if self._allow is not None:
+            self._check_allowed(key[0])
+        return True
+
+    def _check_allowed(self, node_id: str) -> None:
+        allow = self._allow
+        if allow is not None and not allow.allows(node_id):
+            raise allow.error(node_id)
 
     def _add_single(self, key: _Group, row: _Row | None, ts: float, lat: float) -> float:
         """Add a single event decoded by the fast path (``row`` None: a plain sample)."""
@@ -660,12 +692,16 @@ class Accumulator:
 
     def add_obj(self, obj: Any) -> float:
         if type(obj) is dict and "samples" not in obj and obj.get("type", "single") == "single":
-            key, row = _single(obj, self._fut_limit, self._max_lat, self._now_s)
+            key, row = _single(obj, self._fut_limit, self._max_lat, self._now_s, self._ids)
+            if self._allow is not None:
+                self._check_allowed(key[0])
             self._append_row(key, row)
             return row[0]
         return self._add_event(parse_event(obj, now_s=self._now_s, settings=self._settings))
 
     def _add_event(self, ev: Event) -> float:
+        if self._allow is not None:
+            self._check_allowed(ev.node_id)
         key = (ev.node_id, ev.model, ev.hardware, ev.instance)
         pending = self._groups.pop(key, None)
         plain = self._plain.pop(key, None)

@@ -128,7 +128,7 @@ def test_binary_samples_are_validated_like_json_ones() -> None:
     assert e.value.reason == "empty_field"
     with pytest.raises(BadEvent) as e:
         decode(binary.encode("n", "m" * 257, None, np.array([T]), np.array([1.0])))
-    assert e.value.reason == "too_long"
+    assert e.value.reason == "bad_model"
     with pytest.raises(BadEvent) as e:
         decode(binary.encode("n", "m", None, np.zeros(0), np.zeros(0)))
     assert e.value.reason == "empty_batch"
