@@ -631,10 +631,18 @@ class Accumulator:
             # Single events first (the replay hot loop): the typed decoder refuses a batch
             # after skipping over its samples, cheaper than searching every line for them.
             if _FAST is not None and raw[:3] != _MAGIC:
-                got = _FAST.single(raw, self._fut_limit, self._max_lat)
-                if got is not None and (got[0] in self._plain or got[0] in self._groups
-                                        or self._new_series(got[0])):
-                    return self._add_single(*got)
+                e = _FAST.single(raw, self._fut_limit, self._max_lat)
+                if e is not None:
+                    key = (e.node_id, e.model, e.hardware, e.instance)
+                    plain = self._plain.get(key)
+                    if plain is not None and e.ok and not e.probe and e.input_tokens is None \
+                            and e.output_tokens is None and e.ttft_us is None:   # the hot loop
+                        plain[0].append(e.ts)
+                        plain[1].append(e.latency_us)
+                        self._pending += 1
+                        return e.ts  # type: ignore[no-any-return]
+                    if plain is not None or key in self._groups or self._new_series(key):
+                        return self._add_single(key, e)
             ev = _bytes_batch(raw, self._fut_limit, self._max_lat, self._now_s, self._ids)
             if ev is not None:
                 return self._add_event(ev)
@@ -665,21 +673,16 @@ class Accumulator:
         if allow is not None and not allow.allows(node_id):
             raise allow.error(node_id)
 
-    def _add_single(self, key: _Group, row: _Row | None, ts: float, lat: float) -> float:
-        """Add a single event decoded by the fast path (``row`` None: a plain sample)."""
-        if row is None:
-            plain = self._plain.get(key)
-            if plain is not None:
-                plain[0].append(ts)
-                plain[1].append(lat)
-            elif key in self._groups:
-                self._groups[key].append((ts, lat, True, False, _NAN, _NAN, _NAN))
-            else:
-                self._plain[key] = ([ts], [lat])
+    def _add_single(self, key: _Group, e: Any) -> float:
+        """Add a single event decoded by the fast path (``e``: its struct) to a known series,
+        or to a new one whose ids were checked."""
+        assert _FAST is not None
+        if _FAST.is_plain(e) and key not in self._groups:
+            self._plain[key] = ([e.ts], [e.latency_us])
             self._pending += 1
         else:
-            self._append_row(key, row)
-        return ts
+            self._append_row(key, _FAST.row(e))
+        return float(e.ts)
 
     def _append_row(self, key: _Group, row: _Row) -> None:
         group = self._groups.get(key)

@@ -54,30 +54,33 @@ class FastDecoder:
         self._batch = _batch_decoders(msgspec)
         self._single = _single_decoder(msgspec, max_name_chars, max_tokens)
 
-    def single(self, raw: bytes, fut_limit: float, max_lat: float,
-               ) -> tuple[Group, Row | None, float, float] | None:
-        """A single event: ``(group, row, ts, latency_us)``, ``row`` None for a plain sample
-        (ok, not a probe, no size field); None when the general path must decide."""
+    def single(self, raw: bytes, fut_limit: float, max_lat: float) -> Any:
+        """A single event as a struct with the contract's fields (``node_id, model,
+        hardware, instance, ts, latency_us, ok, probe, input_tokens, output_tokens,
+        ttft_us``; None for an absent optional one), every value valid; None when the
+        general path must decide. (A struct, not a tuple: the hot loop reads a few fields.)"""
         try:
             e = self._single(raw)
         except self._errors:
             return None
-        if e.samples is not None or e.latency_us is None or e.ts is None:
+        lat = e.latency_us
+        if e.samples is not None or lat is None or e.ts is None or lat > max_lat \
+                or e.ts > fut_limit or (e.ttft_us is not None and e.ttft_us > lat):
             return None
-        ts: float = e.ts
-        lat: float = e.latency_us
-        if lat > max_lat or ts > fut_limit:
-            return None
+        return e
+
+    @staticmethod
+    def is_plain(e: Any) -> bool:
+        """The struct of :meth:`single` is an ok, non-probe sample without size fields."""
+        return bool(e.ok and not e.probe and e.input_tokens is None and e.output_tokens is None
+                    and e.ttft_us is None)
+
+    @staticmethod
+    def row(e: Any) -> Row:
+        """The row of the struct of :meth:`single` (NaN for an absent size field)."""
         inp, out, ttft = e.input_tokens, e.output_tokens, e.ttft_us
-        key = (e.node_id, e.model, e.hardware, e.instance)
-        if inp is None and out is None and ttft is None:
-            if e.ok and not e.probe:
-                return key, None, ts, lat
-            return key, (ts, lat, e.ok, e.probe, _NAN, _NAN, _NAN), ts, lat
-        if ttft is not None and ttft > lat:
-            return None
-        return key, (ts, lat, e.ok, e.probe, _NAN if inp is None else float(inp),
-                     _NAN if out is None else float(out), _NAN if ttft is None else ttft), ts, lat
+        return (e.ts, e.latency_us, e.ok, e.probe, _NAN if inp is None else float(inp),
+                _NAN if out is None else float(out), _NAN if ttft is None else ttft)
 
     def batch(self, raw: bytes) -> tuple[Any, FloatArray] | None:
         """A JSON batch: ``(header, columns)``; the header has ``node_id, model, hardware,

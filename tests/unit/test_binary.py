@@ -306,10 +306,11 @@ def test_the_fast_paths_take_the_well_formed_shapes() -> None:
     assert fast is not None
     single = orjson.dumps({"node_id": "n", "model": "m", "latency_us": 5.0, "ts": T})
     got = fast.single(single, T + 10, 1e9)
-    assert got is not None and got[0] == ("n", "m", None, None) and got[1:] == (None, T, 5.0)
+    assert got is not None and (got.node_id, got.model, got.ts, got.latency_us) == ("n", "m", T, 5.0)
+    assert fast.is_plain(got)
     sized = orjson.dumps({"node_id": "n", "model": "m", "latency_us": 5.0, "ts": T, "probe": True})
     probe = fast.single(sized, T + 10, 1e9)
-    assert probe is not None and probe[1] is not None and probe[1][:4] == (T, 5.0, True, True)
+    assert probe is not None and not fast.is_plain(probe) and fast.row(probe)[:4] == (T, 5.0, True, True)
     for samples in ([[T, 5.0], [T + 1, 6.0]], [[T, 5.0, 1, None, 2.0]]):
         b = fast.batch(orjson.dumps({"node_id": "n", "model": "m", "samples": samples}))
         assert b is not None and b[1].shape == (len(samples[0]), len(samples))
