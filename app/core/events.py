@@ -30,6 +30,9 @@ Guarantees:
   token counts are integers in [0, 10⁷]; ``0 <= ttft_us <= latency_us``.
   ``true``/``false`` are never accepted as numbers. ``null`` in an optional
   field means "absent". Unknown keys (``request_id`` …) are ignored.
+* ``node_id`` and ``model`` meet the id rule of ``settings.id_pattern``
+  (:mod:`app.core.ids`: by default 1-128 printable ASCII characters but ``|``) in
+  every form, or the message is refused (``bad_node_id``, ``bad_model``).
 * Batch policy: a batch whose header (node_id, model, hardware, flags,
   ``samples`` container) is bad is rejected whole. Otherwise bad samples are
   dropped and counted in :attr:`SampleBatch.rejected`, the good ones kept, so
