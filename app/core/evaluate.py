@@ -444,7 +444,7 @@ class FleetEvaluator:
             transitions.append(Transition(
                 ts=now_s, node_id=node, model=model, from_state=HealthState.RETIRED,
                 to_state=HealthState.UNKNOWN, routed=False, reason=str(Reason.FORGOTTEN),
-                hardware=p.hardware, detail=(
+                hardware=p.hardware, from_since_ts=p.since_ts, detail=(
                     f"retired at {p.since_ts:.0f}, no sample or heartbeat for {now_s - last:.0f} s "
                     f"(forget_after_s={self.settings.forget_after_s:g})")))
 

@@ -148,7 +148,8 @@ def step(model: str, pairs: MutableMapping[str, PairState], live: Liveness,
                 transitions.append(Transition(
                     ts=now_s, node_id=node, model=model, from_state=HealthState.GONE,
                     to_state=HealthState.UNKNOWN, routed=False, reason=str(Reason.FORGOTTEN),
-                    hardware=p.hardware, detail=f"no sample or heartbeat for {now_s - last:.0f} s "
+                    hardware=p.hardware, from_since_ts=p.since_ts,
+                    detail=f"no sample or heartbeat for {now_s - last:.0f} s "
                                                 f"(forget_after_s={forget:g})"))
     return Step(transitions, events, forgotten, lost)
 

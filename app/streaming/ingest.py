@@ -59,6 +59,10 @@ Guarantees:
   one by one, steps record by record through the failing one, dead-letters
   the offset it cannot decode (reason ``undecodable``, no key or value) and
   moves past it; the good records around it are used.
+* **Allowlist** (optional, ``allowlist``: a loader, :mod:`app.streaming.allowlist`).
+  Nothing is consumed before it is first read; it is read again every
+  ``allowlist_refresh_s`` (a failed read keeps the last list) and handed to
+  :attr:`Stage1.allowlist`, whose decoder dead-letters node ids not on it.
 """
 
 from __future__ import annotations
@@ -80,6 +84,7 @@ from aiokafka.errors import CorruptRecordException, UnsupportedCodecError
 from mode import Service
 
 from app.core.errors import BadEvent
+from app.core.ids import Allowlist
 from app.core.types import WindowSummary
 from app.security import kafka_client_options
 from app.settings import Settings
@@ -185,8 +190,10 @@ class IngestService(Service):
                  metrics: WorkerMetrics, clock: Callable[[], float] = time.time,
                  hints: Callable[[], StageHints] | None = None,
                  max_poll_records: int = MAX_POLL_RECORDS, source: str | None = None,
+                 allowlist: Callable[[], Awaitable[Allowlist]] | None = None,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.load_allowlist = allowlist
         self.source = source or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.settings = settings
         self.topic = settings.topics.latency_events
@@ -210,6 +217,11 @@ class IngestService(Service):
         return f"{self.settings.app_id}-stage1"
 
     async def on_start(self) -> None:
+        if self.load_allowlist is not None:   # nothing is consumed before the first list
+            delay_s = 0.5
+            while not await self._refresh_allowlist():
+                await asyncio.sleep(delay_s)
+                delay_s = min(delay_s * 2, 10.0)
         c = AIOKafkaConsumer(
             bootstrap_servers=self.settings.kafka_bootstrap,
             group_id=self.group_id,
@@ -228,6 +240,34 @@ class IngestService(Service):
                     listener=_Listener(self))
         await c.start()
         self._consumer = c
+
+    async def _refresh_allowlist(self) -> bool:
+        """Read the allowlist again; on failure keep the last one (a warning). True when read."""
+        assert self.load_allowlist is not None
+        try:
+            new = await self.load_allowlist()
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            log.warning("cannot read the node-id allowlist (%s); %s", e,
+                        "keeping the last one" if self.stage1.allowlist is not None
+                        else "not consuming until it can be read")
+            return False
+        old = self.stage1.allowlist
+        if old is None or old.ids != new.ids:
+            log.info("node-id allowlist: %d ids%s%s", len(new.ids),
+                     f" (+{len(new.ids - old.ids)} -{len(old.ids - new.ids)})" if old else "",
+                     ", and the pattern" if new.pattern else "")
+        self.stage1.allowlist = new
+        return True
+
+    @Service.task
+    async def _allowlist_refresher(self) -> None:
+        if self.load_allowlist is None:
+            return
+        while not self.should_stop:
+            await asyncio.sleep(self.settings.allowlist_refresh_s)
+            await self._refresh_allowlist()
 
     async def on_stop(self) -> None:
         c, self._consumer = self._consumer, None

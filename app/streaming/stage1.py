@@ -8,7 +8,8 @@ Guarantees:
 * Every record either reaches the windows or comes back as a
   :class:`~app.streaming.deadletter.DeadLetter` (bad JSON, bad fields, empty
   value or tombstone: ``empty_message``; an unexpected parser error:
-  ``internal_error``); a bad record never stops the others of its poll. Keys
+  ``internal_error``; with :attr:`Stage1.allowlist` set, a node id not on it:
+  ``not_allowlisted``); a bad record never stops the others of its poll. Keys
   and headers are not read here (any key, or none, is fine).
 * Single events of one series in one poll become one vectorized window
   update (``app.core.events.Accumulator``), so the cost per event is the JSON
@@ -56,6 +57,7 @@ from typing import Any, Protocol
 from app.core.config import DetectorSettings
 from app.core.errors import BadEvent
 from app.core.events import Accumulator, Heartbeat, SampleBatch
+from app.core.ids import Allowlist
 from app.core.types import WindowSummary
 from app.streaming import memory
 from app.streaming.deadletter import DeadLetter, RecordLike
@@ -104,6 +106,8 @@ class Stage1:
         self._late = self._late_of = 0             # since the last warning: late, all samples
         self._late_newest_ts = 0.0
         self._late_logged_s = -LATE_LOG_INTERVAL_S
+        #: Registered node ids (set by the ingest edge when an allowlist is configured).
+        self.allowlist: Allowlist | None = None
         # New pairs admitted per model since the last tick, and what was dropped over the limit:
         # model -> [messages (samples or heartbeats) dropped, samples among them].
         self._admitted: dict[str, int] = {}
@@ -112,7 +116,7 @@ class Stage1:
 
     def ingest(self, partition: int, records: Sequence[RecordLike], now_s: float) -> list[DeadLetter]:
         """Decode ``records`` (all from ``partition``) into the windows; return the bad ones."""
-        acc = Accumulator(now_s=now_s, settings=self.settings)
+        acc = Accumulator(now_s=now_s, settings=self.settings, allow=self.allowlist)
         dead: list[DeadLetter] = []
         add = acc.add
         full = self._full
