@@ -169,6 +169,10 @@ async def test_the_tick_sends_known_series_first_and_drops_what_misses_its_budge
     assert [s.node_id for s in sink.summaries[:6]] == [f"real-{i}" for i in range(6)]
     assert metrics.registry.get_sample_value(
         "tailguard_summaries_dropped_total", {"reason": "send_deadline"}) == 1006 - 400
+    # A tick that starts 0.8 s after its boundary has 0.2 s left: one slice goes out.
+    sink.summaries.clear()
+    assert await svc.tick(due_s=NOW + 2 - 0.8) == 100
+    assert [s.node_id for s in sink.summaries[:6]] == [f"real-{i}" for i in range(6)]
 
 
 def test_stage2_counts_summaries_of_pairs_it_forgets() -> None:
