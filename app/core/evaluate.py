@@ -23,10 +23,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterable, Mapping
-from itertools import repeat
 from typing import Any
-
-import numpy as np
 
 from app.core import health, liveness
 from app.core.baseline import baseline_limits, baseline_shift, follow_signal, update_baseline
@@ -56,8 +53,6 @@ from app.core.rules import (
     judge_probe,
     new_fraction,
     p50_over,
-    quiet_mask,
-    record_rates,
     tail_support_samples,
 )
 from app.core.types import (
@@ -260,13 +255,7 @@ class FleetEvaluator:
         was_elevated = ms.elevated
         tail_samples = tail_support_samples(st)
         class_limits: dict[str | None, Limits] = {}
-        quiet: Iterable[bool] = repeat(False)
-        if own_p50 is None and peers:
-            quiet, out.abnormal = self._quiet_peers(ms, peers, norms, fresh, errors, now_s,
-                                                    class_limits, base_p50, base_ratio)
-        for (node, s, p50, ratio), calm in zip(peers, quiet, strict=False):
-            if calm:
-                continue
+        for node, s, p50, ratio in peers:
             lim = class_limits.get(s.hardware)
             if lim is None:
                 lim = class_limits[s.hardware] = limits(norms, fresh, s.hardware, st)
@@ -299,44 +288,6 @@ class FleetEvaluator:
             if ratio > base_ratio or p50 > base_p50.get(hw_class(s.hardware), math.inf):
                 out.abnormal += 1
         return out
-
-    def _quiet_peers(self, ms: ModelState, peers: list[Peer], norms: Norms, fresh: Norms | None,
-                     errors: ErrorReport, now_s: float, class_limits: dict[str | None, Limits],
-                     base_p50: Mapping[str, float], base_ratio: float) -> tuple[list[bool], int]:
-        """The peers :meth:`_judge_peers` need not visit one by one, in one vectorized pass:
-        healthy, no streak, no fresh-tail count, no error verdict, and normal by every rule
-        with no onset severity (:func:`~app.core.rules.quiet_mask`) — they get no judgement
-        and no onset credit. Records every peer's sample rate (``record_rates``) and returns
-        the flags and how many quiet peers are off the slow baseline (load-event count)."""
-        st = self.settings
-        nodes, summ, p50s, ratios = zip(*peers, strict=True)
-        hws = [s.hardware for s in summ]
-        for h in set(hws):
-            class_limits[h] = limits(norms, fresh, h, st)
-        if len(class_limits) == 1:
-            lim = class_limits[hws[0]]
-            d50: Any = lim.d50
-            d99: Any = lim.d99
-            dfresh: Any = lim.dfresh
-            base: Any = base_p50.get(hw_class(hws[0]), math.inf)
-        else:
-            d50 = np.array([class_limits[h].d50 for h in hws])
-            d99 = np.array([class_limits[h].d99 for h in hws])
-            dfresh = np.array([class_limits[h].dfresh for h in hws])
-            base = np.array([base_p50.get(hw_class(h), math.inf) for h in hws])
-        p50 = np.array(p50s)
-        ratio = np.array(ratios)
-        samples = np.fromiter((s.samples for s in summ), np.int64, len(summ))
-        fresh_p50 = np.array([np.nan if (f := s.fresh_p50) is None else f for s in summ])
-        normal = quiet_mask(p50, ratio, samples, fresh_p50, d50, d99, dfresh, norms, st)
-        pairs, errs, healthy = ms.pairs, errors.judgements, HealthState.HEALTHY
-        calm = np.array([(p := pairs[node]).state is healthy and not p.abnormal_streak
-                         and not s.fresh_over and node not in errs
-                         for node, s in zip(nodes, summ, strict=True)])
-        quiet = normal & calm
-        record_rates(ms.rate_per_s, nodes, summ, now_s, st)
-        off = quiet & ((ratio > base_ratio) | (p50 > base))
-        return quiet.tolist(), int(np.count_nonzero(off))
 
     @staticmethod
     def _hold_or_credit(j: Judgement, p: PairState, p50_verdict: bool, fraction: float,

@@ -21,22 +21,14 @@ Rationale: docs/rules.md.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
-from itertools import compress
-from typing import Any, TypeAlias
-
-import numpy as np
-import numpy.typing as npt
 
 from app.core import health
 from app.core.config import DetectorSettings
 from app.core.health import Evidence, Judgement, PairState, Verdict
 from app.core.peers import Limits, Norms, limits, median
 from app.core.types import HealthState, Reason, WindowSummary
-
-F64: TypeAlias = npt.NDArray[np.float64]
-Bools: TypeAlias = npt.NDArray[np.bool_]
 
 # Onset credit: a window whose relative severity reached this fraction of the limit counts
 # towards confirmation when the next window is abnormal.
@@ -136,36 +128,6 @@ def judge(s: WindowSummary, p50: float, ratio: float, samples: int, norms: Norms
                      f"p50 {p50:.1f}, p99 {p50 * ratio:.1f}{fresh_part} all > "
                      f"{st.shift_factor:g} x peers' on a heavy-tailed model (peers' "
                      f"p99/p50 {norms.fleet_ratio:.1f} > {st.ratio_threshold:g})")
-
-
-def quiet_mask(p50: F64, ratio: F64, samples: npt.NDArray[np.int64], fresh_p50: F64,
-               d50: Any, d99: Any, dfresh: Any, norms: Norms, st: DetectorSettings) -> Bools:
-    """Element-wise over a model's peers: True where :func:`judge` (``tail`` from
-    :func:`tail_support_samples`) returns ``health.NORMAL`` — every rule within its limit
-    and no severity from :data:`ONSET_CREDIT_FRACTION` of it up.
-
-    The same IEEE double operations as :func:`judge`, so exactly its answer for those peers;
-    a NaN anywhere gives False (the caller lets :func:`judge` decide). ``d50``/``d99``/
-    ``dfresh``: each peer's class :class:`Limits` denominators (scalars or arrays; 0: the
-    rule is off); ``fresh_p50`` NaN where the summary has none. One pass per model instead
-    of one call per peer.
-    """
-    tail = samples >= tail_support_samples(st)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        sev_tail = np.where(tail, ratio / norms.tail_limit, 0.0)
-        sev_p50 = np.where(np.greater(d50, 0), p50 / d50, 0.0)
-        sev_fresh = np.where(~np.isnan(fresh_p50) & np.greater(dfresh, 0), fresh_p50 / dfresh, 0.0)
-        sev_p99 = np.where(tail & np.greater(d99, 0), p50 * ratio / d99, 0.0)
-        rel = np.maximum(np.maximum(sev_p50, sev_p99), sev_fresh)
-        if (st.shift_factor and norms.fleet_ratio is not None
-                and norms.fleet_ratio > st.ratio_threshold):
-            f50, f99 = st.relative_p50_factor, st.relative_p99_factor
-            over = np.minimum(sev_p50 * f50, sev_p99 * f99)
-            over = np.where(sev_fresh != 0, np.minimum(over, sev_fresh * f50), over)
-            on = tail & (sev_p50 != 0) & (sev_p99 != 0)
-            rel = np.maximum(rel, np.where(on, over / st.shift_factor, 0.0))
-        out: Bools = (sev_tail <= 1.0) & (rel < ONSET_CREDIT_FRACTION)
-    return out
 
 
 def binomial_sf(k: int, n: int, p: float) -> float:
@@ -323,23 +285,3 @@ def new_fraction(rate_per_s: MutableMapping[str, float], advanced_ts: Mapping[st
         return 1.0
     span_s = min(bound_s, window / rate)
     return min(1.0, (now_s - last) / span_s)
-
-
-def record_rates(rate_per_s: MutableMapping[str, float], nodes: Sequence[str],
-                 summaries: Sequence[WindowSummary], now_s: float, st: DetectorSettings) -> None:
-    """:func:`new_fraction`'s record of the sample rate, for many pairs in one pass (the
-    same arithmetic; calling :func:`new_fraction` afterwards records the same rate again)."""
-    n = len(nodes)
-    samples = np.fromiter((s.samples for s in summaries), np.int64, n)
-    first = np.array([np.nan if (f := s.first_seen_ts) is None else f for s in summaries])
-    since = np.array([np.nan if (j := judged_since(s)) is None else j for s in summaries])
-    lo = np.full(n, now_s - st.max_sample_age_s)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        lo = np.where(since > lo, since, lo)          # NaN compares False: no cut-off
-        lo = np.where(first > lo, first, lo)
-        bound_s = now_s - lo
-        rate = samples / bound_s
-    before = np.array([rate_per_s.get(node, 0.0) for node in nodes])
-    rate = np.where((2 * samples > st.window_size) & (before > rate), before, rate)
-    kept = ((bound_s > 0) & (samples > 0)).tolist()
-    rate_per_s.update(zip(compress(nodes, kept), compress(rate.tolist(), kept), strict=True))
