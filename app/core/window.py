@@ -793,7 +793,8 @@ class WindowStore:
                 aged = fast[at]
                 fresh_aged = _rows(ch.ts, aged) > fresh_lo
                 lat_aged = _rows(ch.lat, aged)
-                self._fresh_p50s(aged, fresh_aged, lat_aged, n_sig, min_fresh, n_fresh, q_fresh)
+                self._fresh_p50s(aged, fresh_aged, lat_aged, n_sig, min_fresh, n_fresh, q_fresh,
+                                 nonnegative=True)     # clean rows: every latency > 0
                 # srt's rows are sorted (as halves when wide, see sort_rows): each row's
                 # largest sample is the last of a half. Below the threshold it counts none.
                 h = ch.cap // 2 if ch.cap > SPLIT_WIDTH else ch.cap
@@ -894,18 +895,20 @@ class WindowStore:
 
     @staticmethod
     def _fresh_p50s(rows: I64, fresh: Bools, vals: npt.NDArray[Any], n_sig: I64, min_fresh: int,
-                    n_fresh: I64, q_fresh: F64) -> None:
+                    n_fresh: I64, q_fresh: F64, *, nonnegative: bool = False) -> None:
         """Count the fresh samples of ``rows`` (mask ``fresh``, values ``vals``, both one row
         per entry of ``rows``) into ``n_fresh``; their P50 into ``q_fresh`` for the rows with
         at least ``min_fresh`` of them but not all their judged samples (the caller fills
-        those in from the window's own P50)."""
+        those in from the window's own P50). ``nonnegative``: no value of ``vals`` is
+        negative (``row_quantiles`` need not check)."""
         nf = np.count_nonzero(fresh, axis=1)
         n_fresh[rows] = nf
         sel = np.flatnonzero((nf >= min_fresh) & (nf < n_sig[rows]))
         if sel.size:
             # The rows with +inf over the samples that are not fresh, in one pass.
             inf_filled = np.where(_rows(fresh, sel), _rows(vals, sel), vals.dtype.type(np.inf))
-            q_fresh[rows[sel]] = row_quantiles(inf_filled, nf[sel], _Q50)[:, 0]
+            q_fresh[rows[sel]] = row_quantiles(inf_filled, nf[sel], _Q50,
+                                               nonnegative=nonnegative)[:, 0]
 
     @staticmethod
     def _fresh_over(rows: I64, fresh: Bools, vals: npt.NDArray[Any], thr: F64, n_fresh: I64,
