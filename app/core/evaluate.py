@@ -360,11 +360,10 @@ class FleetEvaluator:
         candidates: list[PairState] = []
         healthy, retired = HealthState.HEALTHY, HealthState.RETIRED
         confirm = st.confirm_windows
-        for node in sorted(pairs):
+        moving = [node for node, p in pairs.items()
+                  if not ((p.state is healthy and node not in judgements) or p.state is retired)]
+        for node in sorted(moving):
             p = pairs[node]
-            state = p.state
-            if (state is healthy and node not in judgements) or state is retired:
-                continue
             new, tr = health.step(p, judgements.get(node, health.NO_VERDICT), now_s, st)
             if new.abnormal_streak > p.abnormal_streak:
                 ms.advanced_ts[node] = now_s

@@ -79,6 +79,7 @@ from app.core import signals as sig
 from app.core.config import DetectorSettings
 from app.core.events import Heartbeat, SampleBatch
 from app.core.quantiles import (
+    SPLIT_WIDTH,
     digest_dict_of_sorted,
     digest_of,
     digest_to_dict,
@@ -855,12 +856,18 @@ class WindowStore:
             n_sig[fast] = ch.cap
             n_fresh[fast] = ch.cap
             # The kept lower bound of ts proves a ring wholly fresh; the others are counted.
-            aged = fast[ch.ts_lo[fast] <= fresh_lo]
-            if aged.size:
+            at = np.flatnonzero(ch.ts_lo[fast] <= fresh_lo)
+            if at.size:
+                aged = fast[at]
                 fresh_aged = _rows(ch.ts, aged) > fresh_lo
                 lat_aged = _rows(ch.lat, aged)
-                self._fresh_p50s(aged, fresh_aged, lat_aged, n_sig, min_fresh, n_fresh, q_fresh)
-                self._fresh_over(aged, fresh_aged, lat_aged, thr, n_fresh, n_over)
+                self._fresh_p50s(aged, fresh_aged, lat_aged, n_sig, min_fresh, n_fresh, q_fresh,
+                                 nonnegative=True)     # clean rows: every latency > 0
+                # srt's rows are sorted (as halves when wide, see sort_rows): each row's
+                # largest sample is the last of a half. Below the threshold it counts none.
+                h = ch.cap // 2 if ch.cap > SPLIT_WIDTH else ch.cap
+                row_max = np.maximum(srt[at, h - 1], srt[at, -1])
+                self._fresh_over(aged, fresh_aged, lat_aged, thr, n_fresh, n_over, row_max)
         slow = np.flatnonzero(used_mask & ~fast_mask)
         if slow.size:
             judged = st.judged_rows(slow)
@@ -956,28 +963,35 @@ class WindowStore:
 
     @staticmethod
     def _fresh_p50s(rows: I64, fresh: Bools, vals: npt.NDArray[Any], n_sig: I64, min_fresh: int,
-                    n_fresh: I64, q_fresh: F64) -> None:
+                    n_fresh: I64, q_fresh: F64, *, nonnegative: bool = False) -> None:
         """Count the fresh samples of ``rows`` (mask ``fresh``, values ``vals``, both one row
         per entry of ``rows``) into ``n_fresh``; their P50 into ``q_fresh`` for the rows with
         at least ``min_fresh`` of them but not all their judged samples (the caller fills
-        those in from the window's own P50)."""
+        those in from the window's own P50). ``nonnegative``: no value of ``vals`` is
+        negative (``row_quantiles`` need not check)."""
         nf = np.count_nonzero(fresh, axis=1)
         n_fresh[rows] = nf
         sel = np.flatnonzero((nf >= min_fresh) & (nf < n_sig[rows]))
         if sel.size:
             # The rows with +inf over the samples that are not fresh, in one pass.
             inf_filled = np.where(_rows(fresh, sel), _rows(vals, sel), vals.dtype.type(np.inf))
-            q_fresh[rows[sel]] = row_quantiles(inf_filled, nf[sel], _Q50)[:, 0]
+            q_fresh[rows[sel]] = row_quantiles(inf_filled, nf[sel], _Q50,
+                                               nonnegative=nonnegative)[:, 0]
 
     @staticmethod
     def _fresh_over(rows: I64, fresh: Bools, vals: npt.NDArray[Any], thr: F64, n_fresh: I64,
-                    n_over: I64) -> None:
+                    n_over: I64, row_max: F32 | None = None) -> None:
         """Into ``n_over``: how many fresh samples of ``rows`` lie above their model's
         threshold ``thr`` (by row), for rows with one and at most FRESH_TAIL_MAX_SAMPLES
-        fresh samples (a low rate: the only rows the count is kept for, and cheap)."""
+        fresh samples (a low rate: the only rows the count is kept for, and cheap).
+        ``row_max``: each row's largest value when known (a row below its threshold is
+        counted 0 without a look at its samples)."""
         t = thr[rows]
         nf = n_fresh[rows]
         sel = np.flatnonzero(~np.isnan(t) & (nf > 0) & (nf <= FRESH_TAIL_MAX_SAMPLES))
+        if row_max is not None and sel.size:
+            n_over[rows[sel]] = 0
+            sel = sel[row_max[sel] > t[sel]]
         if sel.size:
             with np.errstate(invalid="ignore"):
                 above = _rows(fresh, sel) & (np.abs(_rows(vals, sel)) > t[sel, None])
