@@ -34,6 +34,7 @@ from app.core.config import DetectorSettings, SettingError, field_names, parse_o
 from app.core.detector import Detector
 from app.core.quantiles import digest_from_dict, digest_quantiles
 from app.core.replay import ReplayStats, replay
+from app.text import printable
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -86,7 +87,7 @@ def _status_table(det: Detector) -> str:
         label = s.signal or "-"
         if one is None and s.signal is not None:
             label += f" ({unit(s.signal)})"
-        rows.append((s.model, s.node_id, str(s.state), "yes" if s.routed else "no",
+        rows.append((printable(s.model), printable(s.node_id), str(s.state), "yes" if s.routed else "no",
                      f"{s.since_ts:.0f}", s.reason, label, _num(s.p50, digits), _num(s.p99, digits),
                      _num(s.ratio, 2), _num(s.latency_p50_us), _num(s.latency_p99_us),
                      _num(s.latency_ratio, 2), str(s.samples)))

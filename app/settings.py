@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
 
-from app.core.config import DetectorSettings, SettingError, field_names, parse_overrides
+from app.core.config import DetectorSettings, SettingError, check_regex, field_names, parse_overrides
 
 PREFIX = "TAILGUARD_"
 
@@ -131,6 +131,12 @@ class Settings:
     mode: str = "enforce"
     # ticks of per-node rule statistics kept in Redis for `tailguard explain` (0: none)
     history_ticks: int = 10
+    # Allowlist of node ids (docs/operating.md#allowlist): off while the three sources are
+    # empty; on, events of other node ids are dead-lettered (reason not_allowlisted).
+    allowlist_redis_key: str = ""     # a Redis SET of node ids (on TAILGUARD_REDIS_URL)
+    allowlist_file: str = ""          # a file of node ids, one a line, # comments
+    allowlist_pattern: str = ""       # node ids matching this regular expression (whole)
+    allowlist_refresh_s: float = 30.0  # how often the set and the file are read again
 
     def __post_init__(self) -> None:
         if not self.kafka_bootstrap or not all(_is_host_port(h) for h in self.kafka_bootstrap.split(",")):
@@ -179,6 +185,11 @@ class Settings:
         if self.mode not in ("observe", "enforce"):
             raise SettingError("TAILGUARD_MODE", self.mode,
                                "observe (publish verdicts, route every node) or enforce")
+        _check_allowlist(self)
+
+    @property
+    def allowlist_on(self) -> bool:
+        return bool(self.allowlist_redis_key or self.allowlist_file or self.allowlist_pattern)
 
 
 # Variables tailguard sets for the commands it runs (replace hook, agent user checks).
@@ -222,6 +233,17 @@ def _check_security(s: Settings) -> None:
     if s.redis_username and u.username:
         raise SettingError("TAILGUARD_REDIS_USERNAME", s.redis_username, "empty when "
                            "TAILGUARD_REDIS_URL holds a user name already (give it in one place)")
+
+
+def _check_allowlist(s: Settings) -> None:
+    if s.allowlist_pattern:
+        check_regex("TAILGUARD_ALLOWLIST_PATTERN", s.allowlist_pattern, "node ids")
+    if s.allowlist_redis_key and any(c.isspace() for c in s.allowlist_redis_key):
+        raise SettingError("TAILGUARD_ALLOWLIST_REDIS_KEY", s.allowlist_redis_key,
+                           "a Redis key without spaces, e.g. tailguard:allowlist")
+    if not 1.0 <= s.allowlist_refresh_s <= 3600.0:
+        raise SettingError("TAILGUARD_ALLOWLIST_REFRESH_S", s.allowlist_refresh_s,
+                           "a number of seconds in [1, 3600]")
 
 
 def _is_host_port(text: str) -> bool:

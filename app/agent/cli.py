@@ -13,11 +13,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import logging
 import signal
 import sys
 import time
 
+from app import text
 from app.agent.checks import Suite
 from app.agent.config import AgentConfigError, load_config
 from app.agent.runner import Agent, Request, build_result
@@ -74,8 +74,8 @@ async def _serve(agent: Agent) -> int:
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s")
+    text.basic_config(level=args.log_level.upper(),
+                      format="[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s")
     try:
         cfg = load_config(args.config, args.node, kafka_bootstrap=args.bootstrap, group_id=args.group)
     except AgentConfigError as e:

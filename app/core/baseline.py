@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 from app.core.config import DetectorSettings
 from app.core.model_state import ModelState
-from app.core.peers import Peer, hw_class, median, signal_of
+from app.core.peers import Peer, classes_of, hw_class, median, signal_of
 from app.core.types import FleetEvent
 
 BASELINE_HALF_LIFE_S = 600.0
@@ -89,10 +89,13 @@ def update_baseline(ms: ModelState, peers: Sequence[Peer], now_s: float,
     alpha = 1.0 - 0.5 ** (dt / BASELINE_HALF_LIFE_S)
     ms.baseline_ts = now_s
     classes: dict[str, list[float]] = {}
-    ratios: list[float] = []
-    for p in peers:
-        classes.setdefault(hw_class(p.summary.hardware), []).append(p.p50)
-        ratios.append(p.ratio)
+    ratios = [p.ratio for p in peers]
+    one = classes_of(peers)
+    if len(one) == 1:
+        classes[one.pop()] = [p.p50 for p in peers]
+    else:
+        for p in peers:
+            classes.setdefault(hw_class(p.summary.hardware), []).append(p.p50)
     for c, values in classes.items():
         cur = math.log(median(values))
         old = ms.baseline_p50.get(c)

@@ -10,6 +10,7 @@ for ``KEY=VALUE`` pairs, both through :func:`parse_overrides`.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -90,6 +91,13 @@ class DetectorSettings:
     # Input validation bounds.
     max_latency_us: float = field(default=3.6e9, metadata={"lo": 1.0, "hi": 1e15})
     max_future_skew_s: float = field(default=300.0, metadata={"lo": 0.0, "hi": 1e9})
+    # Node ids and model names must match this regular expression (whole); "" = the default
+    # rule of app.core.ids: 1-128 characters of printable ASCII 0x21-0x7E except '|'.
+    id_pattern: str = ""
+    # Floods: new (node, model) pairs stage 1 admits to its windows per model per tick; the
+    # samples and heartbeats of further new pairs are dropped (counted, logged once per tick).
+    # A pair over the limit is admitted at a later tick when it reports again. 0 = no limit.
+    max_new_pairs_per_tick: int = field(default=1000, metadata={"lo": 0, "hi": 100_000_000})
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -101,6 +109,8 @@ class DetectorSettings:
         if 0.0 < self.silent_after_s <= self.restart_gap_s:
             raise SettingError("silent_after_s", self.silent_after_s,
                                f"0 (off) or more than restart_gap_s ({self.restart_gap_s})")
+        if self.id_pattern:
+            check_regex("id_pattern", self.id_pattern, "ids")
         if self.backoff_max_s < self.backoff_initial_s:
             raise SettingError("backoff_max_s", self.backoff_max_s, f">= backoff_initial_s ({self.backoff_initial_s})")
 
@@ -113,6 +123,14 @@ class DetectorSettings:
 
     def replace(self, **changes: Any) -> DetectorSettings:
         return dataclasses.replace(self, **changes)
+
+
+def check_regex(name: str, pattern: str, what: str) -> None:
+    """Raise :class:`SettingError` naming ``name`` unless ``pattern`` is a regular expression."""
+    try:
+        re.compile(pattern)
+    except (re.error, RecursionError, OverflowError) as e:
+        raise SettingError(name, pattern, f"a Python regular expression for whole {what} ({e})") from None
 
 
 def _parse_mapping(text: str) -> dict[str, str]:

@@ -370,11 +370,10 @@ class FleetEvaluator:
         candidates: list[PairState] = []
         healthy, retired = HealthState.HEALTHY, HealthState.RETIRED
         confirm = st.confirm_windows
-        for node in sorted(pairs):
+        moving = [node for node, p in pairs.items()
+                  if not ((p.state is healthy and node not in judgements) or p.state is retired)]
+        for node in sorted(moving):
             p = pairs[node]
-            state = p.state
-            if (state is healthy and node not in judgements) or state is retired:
-                continue
             new, tr = health.step(p, judgements.get(node, health.NO_VERDICT), now_s, st)
             if new.abnormal_streak > p.abnormal_streak:
                 ms.advanced_ts[node] = now_s
@@ -455,7 +454,7 @@ class FleetEvaluator:
             transitions.append(Transition(
                 ts=now_s, node_id=node, model=model, from_state=HealthState.RETIRED,
                 to_state=HealthState.UNKNOWN, routed=False, reason=str(Reason.FORGOTTEN),
-                hardware=p.hardware, detail=(
+                hardware=p.hardware, from_since_ts=p.since_ts, detail=(
                     f"retired at {p.since_ts:.0f}, no sample or heartbeat for {now_s - last:.0f} s "
                     f"(forget_after_s={self.settings.forget_after_s:g})")))
 

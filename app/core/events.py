@@ -30,6 +30,9 @@ Guarantees:
   token counts are integers in [0, 10⁷]; ``0 <= ttft_us <= latency_us``.
   ``true``/``false`` are never accepted as numbers. ``null`` in an optional
   field means "absent". Unknown keys (``request_id`` …) are ignored.
+* ``node_id`` and ``model`` meet the id rule of ``settings.id_pattern``
+  (:mod:`app.core.ids`: by default 1-128 printable ASCII characters but ``|``) in
+  every form, or the message is refused (``bad_node_id``, ``bad_model``).
 * Batch policy: a batch whose header (node_id, model, hardware, flags,
   ``samples`` container) is bad is rejected whole. Otherwise bad samples are
   dropped and counted in :attr:`SampleBatch.rejected`, the good ones kept, so
@@ -38,12 +41,11 @@ Guarantees:
   sample).
 * JSON: ``orjson`` when installed (≈5× faster than the standard library),
   else ``json``; both reject ``NaN``/``Infinity`` literals identically. A
-  batch of well-formed samples is decoded by ``msgspec`` (when installed)
-  straight into typed tuples and one numpy array, without a Python loop per
-  sample, and :meth:`Accumulator.add` decodes a well-formed single event by
-  ``msgspec`` into a typed struct whose types and static bounds are checked
-  in C; anything they do not take falls back to the general path, so the
-  result (values, drops, errors) is the same either way (tested).
+  batch of well-formed samples, and in :meth:`Accumulator.add` a well-formed
+  single event, are decoded by the msgspec fast paths of
+  :mod:`app.core.events_fast`; anything they do not take falls back to the
+  general path here, so the result (values, drops, errors) is the same either
+  way (tested).
 * Binary batches (bytes starting with ``0xF5 'T' 'G'``, layout in
   :mod:`app.core.binary` and docs/contracts-binary.md) are the batch form
   without JSON: the columns are read as numpy views of the message and then
@@ -60,21 +62,21 @@ import dataclasses
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import chain
 from typing import Any, Final, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
 
-from app.core import binary
+from app.core import binary, events_fast, ids
 from app.core.config import DetectorSettings
 from app.core.errors import BadEvent
+from app.core.events_fast import FastDecoder, Group, Row
+from app.core.ids import MAX_NAME_CHARS, Allowlist, IdRule
 
 FloatArray: TypeAlias = npt.NDArray[np.float64]
 BoolArray: TypeAlias = npt.NDArray[np.bool_]
 
 DEFAULT_SETTINGS: Final = DetectorSettings()
-MAX_NAME_CHARS: Final = 256
 MAX_TOKENS: Final = 10_000_000
 MAX_BATCH_SAMPLES: Final = 100_000
 
@@ -84,7 +86,10 @@ REASONS: Final = (
     "unknown_form",   # an object with an unknown "type"
     "missing_field",  # a required field is absent or null
     "empty_field",    # node_id/model is ""
-    "too_long",       # a name above 256 chars, or a batch above MAX_BATCH_SAMPLES samples
+    "too_long",       # hardware/instance above 256 chars, or a batch above MAX_BATCH_SAMPLES samples
+    "bad_node_id",    # node_id breaks the id rule (app.core.ids; TAILGUARD_ID_PATTERN)
+    "bad_model",      # model breaks the id rule
+    "not_allowlisted",  # node_id not on the allowlist (Accumulator(allow=…), the worker's edge)
     "bad_type",       # node_id/model/hardware not a string, ok/probe not a bool
     "bad_latency",    # latency_us not a finite number in (0, max_latency_us]
     "bad_ts",         # ts not a finite number >= 0
@@ -98,7 +103,6 @@ REASONS: Final = (
 )
 
 _INF: Final = math.inf
-_chain: Final = chain.from_iterable
 _NAN: Final = math.nan
 
 
@@ -125,75 +129,7 @@ def _fast_loads() -> Callable[[bytes | str], Any]:
 _loads: Callable[[bytes | str], Any] = _fast_loads()
 
 
-def _typed_batch_decoders() -> tuple[tuple[Callable[[bytes], Any], ...],
-                                     tuple[type[BaseException], ...]]:
-    """msgspec decoders of a batch whose samples are all ``[ts, latency_us]`` or all
-    five-field samples, and what they raise; none when msgspec is missing (the
-    general path then does it all)."""
-    try:
-        import msgspec
-    except ImportError:  # pragma: no cover - msgspec is a declared dependency
-        return (), ()
-
-    class Plain(msgspec.Struct):
-        node_id: str
-        model: str
-        samples: list[tuple[float, float]]
-        hardware: str | None = None
-        instance: str | None = None
-        ok: bool = True
-        probe: bool = False
-
-    class Sized(msgspec.Struct):
-        node_id: str
-        model: str
-        samples: list[tuple[float, float, float | None, float | None, float | None]]
-        hardware: str | None = None
-        instance: str | None = None
-        ok: bool = True
-        probe: bool = False
-
-    return (tuple(msgspec.json.Decoder(t).decode for t in (Plain, Sized)),
-            (msgspec.MsgspecError, ValueError, TypeError, RecursionError))
-
-
-_TYPED_BATCH, _TYPED_ERRORS = _typed_batch_decoders()
-
-
-def _typed_single_decoder() -> Callable[[bytes], Any] | None:
-    """msgspec decoder of a single event whose fields have their contract's types (the
-    replay hot loop); None when msgspec is missing. A message it refuses, or whose
-    values it cannot vouch for, goes to the general path."""
-    try:
-        import msgspec
-    except ImportError:  # pragma: no cover - msgspec is a declared dependency
-        return None
-
-    from typing import Annotated, Literal
-
-    meta = msgspec.Meta
-    name = Annotated[str, meta(min_length=1, max_length=MAX_NAME_CHARS)]
-    tokens = Annotated[int, meta(ge=0, le=MAX_TOKENS)] | None
-    # Types and static bounds are checked by msgspec (in C); what depends on the
-    # settings or on other fields (max_latency_us, the future-ts limit, ttft <= latency)
-    # is left to the caller. Unknown keys are ignored, as by the general path.
-    single = msgspec.defstruct("Single", [
-        ("node_id", name), ("model", name),
-        # Optional here so that a batch decodes (samples set) rather than raising: cheaper.
-        ("latency_us", Annotated[float, meta(gt=0)] | None, None),
-        ("ts", Annotated[float, meta(ge=0)] | None, None),
-        ("hardware", Annotated[str, meta(max_length=MAX_NAME_CHARS)] | None, None),
-        ("instance", Annotated[str, meta(max_length=MAX_NAME_CHARS)] | None, None),
-        ("ok", bool, True), ("probe", bool, False),
-        ("input_tokens", tokens, None), ("output_tokens", tokens, None),
-        ("ttft_us", Annotated[float, meta(ge=0)] | None, None),
-        ("type", Literal["single"] | msgspec.UnsetType, msgspec.UNSET),   # null: general path
-        ("samples", msgspec.Raw | None, None),  # present: a batch (skipped over, not decoded)
-    ], gc=False)
-    return msgspec.json.Decoder(single).decode
-
-
-_TYPED_SINGLE: Final = _typed_single_decoder()
+_FAST: FastDecoder | None = events_fast.build(MAX_NAME_CHARS, MAX_TOKENS, MAX_BATCH_SAMPLES)
 _MAGIC: Final = binary.MAGIC
 
 
@@ -248,10 +184,8 @@ class Heartbeat:
 
 Event: TypeAlias = SampleBatch | Heartbeat
 
-# One validated single event: (ts, latency_us, ok, probe, input_tokens, output_tokens, ttft_us).
-_Row: TypeAlias = tuple[float, float, bool, bool, float, float, float]
-# The series and process a single event belongs to: (node_id, model, hardware, instance).
-_Group: TypeAlias = tuple[str, str, str | None, str | None]
+_Row: TypeAlias = Row        # one validated single event (app.core.events_fast)
+_Group: TypeAlias = Group    # its series and process: (node_id, model, hardware, instance)
 
 
 # Event time is seconds since the epoch; 1e11 s is the year 5138. A larger ts is
@@ -266,9 +200,9 @@ def _future_limit(now_s: float | None, settings: DetectorSettings) -> float:
 
 # ---------------------------------------------------------------- field checks
 
-def _name(d: Mapping[str, Any], key: str) -> str:
+def _name(d: Mapping[str, Any], key: str, rule: IdRule) -> str:
     v = d.get(key)
-    if type(v) is str and 0 < len(v) <= MAX_NAME_CHARS:
+    if type(v) is str and rule.ok(v):
         return v
     if v is None:
         raise BadEvent("missing_field", f"{key} is required (a non-empty string)", field=key)
@@ -276,8 +210,7 @@ def _name(d: Mapping[str, Any], key: str) -> str:
         raise BadEvent("bad_type", f"{key} must be a string, got {type(v).__name__}", field=key)
     if not v:
         raise BadEvent("empty_field", f"{key} must be a non-empty string", field=key)
-    raise BadEvent("too_long", f"{key} has {len(v)} chars; at most {MAX_NAME_CHARS} allowed",
-                   field=key)
+    raise rule.error(key, v)
 
 
 def _hardware(d: Mapping[str, Any], key: str = "hardware") -> str | None:
@@ -338,13 +271,13 @@ def _tokens(d: Mapping[str, Any], key: str) -> float:
 
 
 def _single(d: Mapping[str, Any], fut_limit: float, max_lat: float,
-            now_s: float | None) -> tuple[_Group, _Row]:
+            now_s: float | None, rule: IdRule) -> tuple[_Group, _Row]:
     node = d.get("node_id")
-    if type(node) is not str or not 0 < len(node) <= MAX_NAME_CHARS:
-        node = _name(d, "node_id")
+    if type(node) is not str or not rule.ok(node):
+        node = _name(d, "node_id", rule)
     model = d.get("model")
-    if type(model) is not str or not 0 < len(model) <= MAX_NAME_CHARS:
-        model = _name(d, "model")
+    if type(model) is not str or not rule.ok(model):
+        model = _name(d, "model", rule)
     lat = d.get("latency_us")
     if (type(lat) is not float and type(lat) is not int) or not 0 < lat <= max_lat:
         raise _latency_error(lat, max_lat)
@@ -394,9 +327,9 @@ _NONE3: Final = [None, None, None]
 
 
 def _batch(d: Mapping[str, Any], fut_limit: float, max_lat: float,
-           now_s: float | None) -> SampleBatch:
-    node = _name(d, "node_id")
-    model = _name(d, "model")
+           now_s: float | None, rule: IdRule) -> SampleBatch:
+    node = _name(d, "node_id", rule)
+    model = _name(d, "model", rule)
     hw = _hardware(d)
     ok = _flag(d, "ok", True)
     probe = _flag(d, "probe", False)
@@ -490,40 +423,30 @@ def _checked(node: str, model: str, hw: str | None, ok: bool, probe: bool, ts: F
                        rejected=rejected, instance=instance)
 
 
-def _typed_batch(raw: bytes, fut_limit: float, max_lat: float,
-                 now_s: float | None) -> SampleBatch | None:
+def _typed_batch(fast: FastDecoder, raw: bytes, fut_limit: float, max_lat: float,
+                 now_s: float | None, rule: IdRule) -> SampleBatch | None:
     """A JSON batch by msgspec (module docstring); None when the general path must decide."""
-    for plain, dec in enumerate(_TYPED_BATCH, 1):    # Plain first, then Sized
-        try:
-            b = dec(raw)
-        except _TYPED_ERRORS:
-            continue
-        node, model, hw, samples = b.node_id, b.model, b.hardware, b.samples
-        if not (0 < len(node) <= MAX_NAME_CHARS and 0 < len(model) <= MAX_NAME_CHARS
-                and (hw is None or len(hw) <= MAX_NAME_CHARS)
-                and (b.instance is None or len(b.instance) <= MAX_NAME_CHARS)
-                and 0 < len(samples) <= MAX_BATCH_SAMPLES):
-            return None
-        if plain == 1:    # [ts, latency_us] pairs of floats: 3-4x faster than np.array
-            arr = np.fromiter(_chain(samples), np.float64, 2 * len(samples)).reshape(-1, 2).T
-        else:             # five fields, None for a missing one (NaN in the array)
-            arr = np.array(samples, dtype=np.float64).T
-        try:
-            return _checked(node, model, hw, b.ok, b.probe, arr[0], arr[1],
-                            (arr[2], arr[3], arr[4]) if arr.shape[0] == 5 else None,
-                            len(samples), None, samples.__getitem__, fut_limit, max_lat, now_s,
-                            b.instance)
-        except BadEvent:    # no good sample: the general path words the error from the JSON
-            return None
-    return None
+    got = fast.batch(raw)
+    if got is None:
+        return None
+    b, arr = got
+    if not (rule.ok(b.node_id) and rule.ok(b.model)):
+        return None
+    try:
+        return _checked(b.node_id, b.model, b.hardware, b.ok, b.probe, arr[0], arr[1],
+                        (arr[2], arr[3], arr[4]) if arr.shape[0] == 5 else None,
+                        len(b.samples), None, b.samples.__getitem__, fut_limit, max_lat, now_s,
+                        b.instance)
+    except BadEvent:    # no good sample: the general path words the error from the JSON
+        return None
 
 
 def _binary_batch(raw: bytes, fut_limit: float, max_lat: float,
-                  now_s: float | None) -> SampleBatch:
+                  now_s: float | None, rule: IdRule) -> SampleBatch:
     b = binary.parse(raw)
     for key, v in (("node_id", b.node_id), ("model", b.model)):
-        if not 0 < len(v) <= MAX_NAME_CHARS:
-            _name({key: v}, key)
+        if not rule.ok(v):
+            _name({key: v}, key, rule)
     for key, opt in (("hardware", b.hardware), ("instance", b.instance)):
         if opt is not None and len(opt) > MAX_NAME_CHARS:
             _hardware({key: opt}, key)
@@ -580,9 +503,10 @@ def _sample_error(row: Sequence[Any], i: int, lat_ok: bool, ts_ok: bool, tok_ok:
     return BadEvent(e.reason, where + str(e), field="samples")
 
 
-def _heartbeat(d: Mapping[str, Any], fut_limit: float, now_s: float | None) -> Heartbeat:
-    node = _name(d, "node_id")
-    model = _name(d, "model")
+def _heartbeat(d: Mapping[str, Any], fut_limit: float, now_s: float | None,
+               rule: IdRule) -> Heartbeat:
+    node = _name(d, "node_id", rule)
+    model = _name(d, "model", rule)
     hw = _hardware(d)
     ts: Any = d.get("ts")
     if not _is_num(ts) or not 0 <= ts <= fut_limit or ts == _INF:
@@ -610,14 +534,15 @@ def parse_event(obj: Any, *, now_s: float | None = None,
     if not isinstance(obj, Mapping):
         raise BadEvent("not_object", f"an event must be a JSON object, got {type(obj).__name__}")
     fut_limit = _future_limit(now_s, settings)
+    rule = ids.rule(settings.id_pattern)
     if "samples" in obj:
-        return _batch(obj, fut_limit, settings.max_latency_us, now_s)
+        return _batch(obj, fut_limit, settings.max_latency_us, now_s, rule)
     kind = obj.get("type")
     if kind is None or kind == "single":
-        group, row = _single(obj, fut_limit, settings.max_latency_us, now_s)
+        group, row = _single(obj, fut_limit, settings.max_latency_us, now_s, rule)
         return _one(row, group)
     if kind == "heartbeat":
-        return _heartbeat(obj, fut_limit, now_s)
+        return _heartbeat(obj, fut_limit, now_s, rule)
     if kind == "batch":
         raise BadEvent("missing_field", "a batch needs samples: [[ts, latency_us], …]",
                        field="samples")
@@ -637,19 +562,20 @@ def decode(raw: bytes | str, *, now_s: float | None = None,
            settings: DetectorSettings = DEFAULT_SETTINGS) -> Event:
     """Decode and validate one message (any of the three JSON forms, or a binary batch)."""
     if type(raw) is bytes:
-        ev = _bytes_batch(raw, _future_limit(now_s, settings), settings.max_latency_us, now_s)
+        ev = _bytes_batch(raw, _future_limit(now_s, settings), settings.max_latency_us, now_s,
+                          ids.rule(settings.id_pattern))
         if ev is not None:
             return ev
     return parse_event(loads(raw), now_s=now_s, settings=settings)
 
 
 def _bytes_batch(raw: bytes, fut_limit: float, max_lat: float,
-                 now_s: float | None) -> SampleBatch | None:
+                 now_s: float | None, rule: IdRule) -> SampleBatch | None:
     """A binary batch, or a JSON batch by the typed fast path; None for the general path."""
     if raw[:3] == _MAGIC:
-        return _binary_batch(raw, fut_limit, max_lat, now_s)
-    if _TYPED_BATCH and b'"samples"' in raw:
-        return _typed_batch(raw, fut_limit, max_lat, now_s)
+        return _binary_batch(raw, fut_limit, max_lat, now_s, rule)
+    if _FAST is not None and b'"samples"' in raw:
+        return _typed_batch(_FAST, raw, fut_limit, max_lat, now_s, rule)
     return None
 
 
@@ -664,14 +590,22 @@ class Accumulator:
     Consecutive batch messages of one series and process come out as one
     batch (samples concatenated in order, message sizes in
     :attr:`SampleBatch.parts`), so a poll costs one window update per series.
+
+    Node ids and models must meet the id rule of ``settings.id_pattern``
+    (:mod:`app.core.ids`; checked once per new series in a drain, not per event). With
+    ``allow``, an otherwise valid message of a node id not on the allowlist raises
+    ``BadEvent("not_allowlisted")``.
     """
 
-    __slots__ = ("_fut_limit", "_groups", "_max_lat", "_now_s", "_out", "_pending", "_plain",
-                 "_runs", "_settings", "_skew_s")
+    __slots__ = ("_allow", "_fut_limit", "_groups", "_ids", "_max_lat", "_now_s", "_out",
+                 "_pending", "_plain", "_runs", "_settings", "_skew_s")
 
     def __init__(self, *, now_s: float | None = None,
-                 settings: DetectorSettings = DEFAULT_SETTINGS) -> None:
+                 settings: DetectorSettings = DEFAULT_SETTINGS,
+                 allow: Allowlist | None = None) -> None:
         self._settings = settings
+        self._ids = ids.rule(settings.id_pattern)
+        self._allow = allow
         self._now_s = now_s
         self._fut_limit = _future_limit(now_s, settings)
         self._max_lat = settings.max_latency_us
@@ -699,11 +633,20 @@ class Accumulator:
         if type(raw) is bytes:
             # Single events first (the replay hot loop): the typed decoder refuses a batch
             # after skipping over its samples, cheaper than searching every line for them.
-            if _TYPED_SINGLE is not None and raw[:3] != _MAGIC:
-                ts = self._add_typed_single(raw)
-                if ts is not None:
-                    return ts
-            ev = _bytes_batch(raw, self._fut_limit, self._max_lat, self._now_s)
+            if _FAST is not None and raw[:3] != _MAGIC:
+                e = _FAST.single(raw, self._fut_limit, self._max_lat)
+                if e is not None:
+                    key = (e.node_id, e.model, e.hardware, e.instance)
+                    plain = self._plain.get(key)
+                    if plain is not None and e.ok and not e.probe and e.input_tokens is None \
+                            and e.output_tokens is None and e.ttft_us is None:   # the hot loop
+                        plain[0].append(e.ts)
+                        plain[1].append(e.latency_us)
+                        self._pending += 1
+                        return e.ts  # type: ignore[no-any-return]
+                    if plain is not None or key in self._groups or self._new_series(key):
+                        return self._add_single(key, e)
+            ev = _bytes_batch(raw, self._fut_limit, self._max_lat, self._now_s, self._ids)
             if ev is not None:
                 return self._add_event(ev)
         try:
@@ -712,46 +655,37 @@ class Accumulator:
             raise BadEvent("bad_json", f"not valid JSON: {e}"[:200]) from None
         # add_obj's single-event path, inlined: this is the replay hot loop.
         if type(obj) is dict and "samples" not in obj and "type" not in obj:
-            key, row = _single(obj, self._fut_limit, self._max_lat, self._now_s)
+            key, row = _single(obj, self._fut_limit, self._max_lat, self._now_s, self._ids)
+            if self._allow is not None:
+                self._check_allowed(key[0])
             self._append_row(key, row)
             return row[0]
         return self.add_obj(obj)
 
-    def _add_typed_single(self, raw: bytes) -> float | None:
-        """:meth:`add` of a single event decoded by msgspec; None (nothing added) when the
-        general path must decide — it then gives the same result or error as for any line."""
-        try:
-            e = _TYPED_SINGLE(raw)  # type: ignore[misc]
-        except _TYPED_ERRORS:
-            return None
-        if e.samples is not None or e.latency_us is None or e.ts is None:
-            return None
-        ts: float = e.ts
-        lat = e.latency_us
-        if lat > self._max_lat or ts > self._fut_limit:
-            return None
-        inp, out, ttft = e.input_tokens, e.output_tokens, e.ttft_us
-        key = (e.node_id, e.model, e.hardware, e.instance)
-        if inp is None and out is None and ttft is None:
-            if e.ok and not e.probe:
-                plain = self._plain.get(key)
-                if plain is not None:
-                    plain[0].append(ts)
-                    plain[1].append(lat)
-                elif key in self._groups:
-                    self._groups[key].append((ts, lat, True, False, _NAN, _NAN, _NAN))
-                else:
-                    self._plain[key] = ([ts], [lat])
-                self._pending += 1
-                return ts
-            row: _Row = (ts, lat, e.ok, e.probe, _NAN, _NAN, _NAN)
+    def _new_series(self, key: _Group) -> bool:
+        """The fast path's first event of a series in this drain: True when its ids meet the
+        rule and the allowlist; False (the general path decides) when they break the rule."""
+        if not (self._ids.ok(key[0]) and self._ids.ok(key[1])):
+            return False
+        if self._allow is not None:
+            self._check_allowed(key[0])
+        return True
+
+    def _check_allowed(self, node_id: str) -> None:
+        allow = self._allow
+        if allow is not None and not allow.allows(node_id):
+            raise allow.error(node_id)
+
+    def _add_single(self, key: _Group, e: Any) -> float:
+        """Add a single event decoded by the fast path (``e``: its struct) to a known series,
+        or to a new one whose ids were checked."""
+        assert _FAST is not None
+        if _FAST.is_plain(e) and key not in self._groups:
+            self._plain[key] = ([e.ts], [e.latency_us])
+            self._pending += 1
         else:
-            if ttft is not None and ttft > lat:
-                return None
-            row = (ts, lat, e.ok, e.probe, _NAN if inp is None else float(inp),
-                   _NAN if out is None else float(out), _NAN if ttft is None else ttft)
-        self._append_row(key, row)
-        return ts
+            self._append_row(key, _FAST.row(e))
+        return float(e.ts)
 
     def _append_row(self, key: _Group, row: _Row) -> None:
         group = self._groups.get(key)
@@ -764,12 +698,16 @@ class Accumulator:
 
     def add_obj(self, obj: Any) -> float:
         if type(obj) is dict and "samples" not in obj and obj.get("type", "single") == "single":
-            key, row = _single(obj, self._fut_limit, self._max_lat, self._now_s)
+            key, row = _single(obj, self._fut_limit, self._max_lat, self._now_s, self._ids)
+            if self._allow is not None:
+                self._check_allowed(key[0])
             self._append_row(key, row)
             return row[0]
         return self._add_event(parse_event(obj, now_s=self._now_s, settings=self._settings))
 
     def _add_event(self, ev: Event) -> float:
+        if self._allow is not None:
+            self._check_allowed(ev.node_id)
         key = (ev.node_id, ev.model, ev.hardware, ev.instance)
         pending = self._groups.pop(key, None)
         plain = self._plain.pop(key, None)

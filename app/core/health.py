@@ -199,7 +199,7 @@ def first_seen(node_id: str, model: str, first_seen_ts: float, now_s: float,
     new = PairState(node_id=node_id, model=model, state=HealthState.WARMING, since_ts=now_s,
                     first_seen_ts=first, reason=str(Reason.FIRST_SEEN), routed=False,
                     hardware=hardware, admitted=False)
-    unknown = dataclasses.replace(new, state=HealthState.UNKNOWN)
+    unknown = dataclasses.replace(new, state=HealthState.UNKNOWN, since_ts=first)
     return new, _transition(unknown, new, now_s, None, detail=(
         f"warm-up until {first + settings.warmup_s:.3f}; routed once a window of at least "
         f"{settings.min_samples} judged samples after it looks normal"))
@@ -437,10 +437,11 @@ def _transition(old: PairState, new: PairState, now_s: float, ev: Evidence | Non
     if ev is None:
         return Transition(ts=now_s, node_id=new.node_id, model=new.model, from_state=old.state,
                           to_state=new.state, routed=new.routed, reason=new.reason,
-                          hardware=new.hardware, detail=detail)
+                          hardware=new.hardware, detail=detail, from_since_ts=old.since_ts)
     return Transition(ts=now_s, node_id=new.node_id, model=new.model, from_state=old.state,
                       to_state=new.state, routed=new.routed, reason=new.reason, signal=ev.signal,
                       p50=ev.p50, p99=ev.p99, ratio=ev.ratio, samples=ev.samples,
                       peers_p50=ev.peers_p50, latency_p50_us=ev.latency_p50_us,
                       latency_p99_us=ev.latency_p99_us, hardware=ev.hardware or new.hardware,
-                      fresh_p50=ev.fresh_p50, peers_fresh_p50=ev.peers_fresh_p50, detail=detail)
+                      fresh_p50=ev.fresh_p50, peers_fresh_p50=ev.peers_fresh_p50, detail=detail,
+                      from_since_ts=old.since_ts)

@@ -16,6 +16,8 @@ a heartbeat, event time), and :func:`step`, run once per tick before any rule:
 * telemetry lost — when at least ``telemetry_loss_fraction`` of the live pairs are silent
   at once, nobody goes (fail open) and ``telemetry_lost`` opens an episode that
   ``telemetry_restored`` closes; a pair silent for ``forget_after_s`` goes all the same.
+  Warming pairs are not counted: a flood of one-event node ids is thousands of warming
+  pairs that all fall silent together, and must not freeze the model's ejections.
 * forgotten — a gone pair silent for ``forget_after_s`` is dropped (``forgotten``).
 
 Pure: time is ``now_s``; the same inputs give the same transitions. Rationale: docs/rules.md.
@@ -35,6 +37,7 @@ from app.core.health import PairState
 from app.core.types import FleetEvent, HealthState, Reason, Transition, WindowSummary
 
 _AWAY = (HealthState.GONE, HealthState.RETIRED)
+_WARMING = HealthState.WARMING
 _RESTARTABLE = (HealthState.WARMING, HealthState.HEALTHY, HealthState.SUSPECT, HealthState.UNHEALTHY)
 
 
@@ -116,8 +119,11 @@ def step(model: str, pairs: MutableMapping[str, PairState], live: Liveness,
         # Long silent (forget_after_s): gone whatever the others do; it proves no telemetry loss.
         lasting = {n for n in silent if n not in new and forget > 0
                    and get(n, pairs[n].since_ts) < now_s - forget}
-        recent = len(silent) - len(lasting) - len(new)
-        counted = len(present) - len(lasting)
+        # Warming pairs prove nothing either way (a flood of new ids is all warming; an admitted
+        # node warming after a restart is not counted either).
+        recent = sum(1 for n in silent
+                     if n not in lasting and n not in new and pairs[n].state is not _WARMING)
+        counted = sum(1 for n in present if n not in lasting and pairs[n].state is not _WARMING)
         # Telemetry loss needs two nodes to tell it from a death; a lone node is simply never
         # taken out by silence (the last node of a model is never gone).
         lost = counted >= 2 and recent > 0 and recent >= st.telemetry_loss_fraction * counted
@@ -150,7 +156,8 @@ def step(model: str, pairs: MutableMapping[str, PairState], live: Liveness,
                 transitions.append(Transition(
                     ts=now_s, node_id=node, model=model, from_state=HealthState.GONE,
                     to_state=HealthState.UNKNOWN, routed=False, reason=str(Reason.FORGOTTEN),
-                    hardware=p.hardware, detail=f"no sample or heartbeat for {now_s - last:.0f} s "
+                    hardware=p.hardware, from_since_ts=p.since_ts,
+                    detail=f"no sample or heartbeat for {now_s - last:.0f} s "
                                                 f"(forget_after_s={forget:g})"))
     return Step(transitions, events, forgotten, lost)
 

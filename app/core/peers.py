@@ -77,12 +77,14 @@ def peers_of(by_node: Mapping[str, WindowSummary], pairs: Mapping[str, PairState
     first: str | None = None
     mixed = False
     warming = HealthState.WARMING
+    new = tuple.__new__              # Peer(...) without NamedTuple's Python-level __new__
     for node, s in by_node.items():
         p = pairs[node]
         if not p.routed or p.state is warming:
             continue
-        if s.samples >= min_samples and s.p50 is not None and s.p99 is not None and s.p50 > 0:
-            out.append(Peer(node, s, s.p50, s.p99 / s.p50))
+        p50, p99 = s.p50, s.p99
+        if s.samples >= min_samples and p50 is not None and p99 is not None and p50 > 0:
+            out.append(new(Peer, (node, s, p50, p99 / p50)))
             if first is None:
                 first = s.signal
             elif s.signal != first:
@@ -162,23 +164,30 @@ def window_norms(peers: Sequence[Peer], base_p50: Mapping[str, float],
     if len(peers) < st.min_peers:
         return Norms(False, median([p.p50 for p in peers]) if peers else None, {}, False,
                      st.ratio_threshold)
-    fleet_p50 = median([p.p50 for p in peers])
+    p50s = [p.p50 for p in peers]
     ratios = [p.ratio for p in peers]
-    classes: dict[str, list[float]] = {}
-    classes99: dict[str, list[float]] = {}
-    for p in peers:
-        c = hw_class(p.summary.hardware)
-        classes.setdefault(c, []).append(p.p50)
-        classes99.setdefault(c, []).append(p.p50 * p.ratio)
-    multi = len(classes) > 1
+    p99s = [a * r for a, r in zip(p50s, ratios, strict=True)]
+    fleet_p50 = median(p50s)
+    multi = len(classes_of(peers)) > 1
     moved = movement([(p.summary, p.p50) for p in peers], base_p50, st.min_peers)
     class_p50: dict[str, float] = {}
     class_p99: dict[str, float] = {}
     if multi:
+        classes: dict[str, list[float]] = {}
+        classes99: dict[str, list[float]] = {}
+        for p, p99 in zip(peers, p99s, strict=True):
+            c = hw_class(p.summary.hardware)
+            classes.setdefault(c, []).append(p.p50)
+            classes99.setdefault(c, []).append(p99)
         class_p50 = class_p50_refs(classes, moved, base_p50, base_ticks, st.min_peers)
         class_p99 = {c: median(v) for c, v in classes99.items() if len(v) >= st.min_peers}
     return Norms(True, fleet_p50, class_p50, multi, tail_limit(ratios, st),
-                 median([p.p50 * p.ratio for p in peers]), class_p99, moved, median(ratios))
+                 median(p99s), class_p99, moved, median(ratios))
+
+
+def classes_of(peers: Sequence[Peer]) -> set[str]:
+    """The hardware classes among ``peers``."""
+    return {hw_class(h) for h in {p.summary.hardware for p in peers}}
 
 
 def fresh_norms(peers: Sequence[Peer], base_p50: Mapping[str, float],
@@ -187,16 +196,15 @@ def fresh_norms(peers: Sequence[Peer], base_p50: Mapping[str, float],
     class median, small class's moved baseline), made over the peers' fresh P50s.
     ``None`` when fewer than ``min_peers`` peers have one. P50 references only."""
     min_peers = st.min_peers
-    fresh = [(p.summary, p.summary.fresh_p50) for p in peers
-             if p.summary.fresh_p50 is not None and p.summary.fresh_p50 > 0]
+    fresh = [(s, f) for p in peers if (f := (s := p.summary).fresh_p50) is not None and f > 0]
     if len(fresh) < min_peers:
         return None
-    classes: dict[str, list[float]] = {}
-    for s, p50 in fresh:
-        classes.setdefault(hw_class(s.hardware), []).append(p50)
-    multi = len(classes) > 1
+    multi = len({hw_class(h) for h in {s.hardware for s, _ in fresh}}) > 1
     class_p50: dict[str, float] = {}
     if multi:
+        classes: dict[str, list[float]] = {}
+        for s, p50 in fresh:
+            classes.setdefault(hw_class(s.hardware), []).append(p50)
         small = any(len(v) < min_peers for v in classes.values())
         moved = movement(fresh, base_p50, min_peers) if small else None
         class_p50 = class_p50_refs(classes, moved, base_p50, base_ticks, min_peers)
@@ -207,8 +215,10 @@ def movement(p50s: Sequence[tuple[WindowSummary, float]], base_p50: Mapping[str,
              min_peers: int) -> float | None:
     """Median over the peers (summary, P50) of P50 / own class baseline (None below
     min_peers of them)."""
-    rel = [p50 / math.exp(base_p50[c]) for s, p50 in p50s
-           if (c := hw_class(s.hardware)) in base_p50]
+    # exp() once per hardware value, not per peer (the same numbers).
+    scale = {h: math.exp(base_p50[c]) if (c := hw_class(h)) in base_p50 else None
+             for h in {s.hardware for s, _ in p50s}}
+    rel = [p50 / e for s, p50 in p50s if (e := scale[s.hardware]) is not None]
     return median(rel) if len(rel) >= min_peers else None
 
 

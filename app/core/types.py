@@ -163,8 +163,11 @@ class Transition:
     """One state change of one (node, model), with the numbers behind it.
 
     Serialized by :meth:`to_event` into the contract's health-change JSON.
-    ``event_id`` is a pure function of (model, node, from, to, ts), so the same
-    transition always carries the same id. ``p50``/``p99``/``ratio`` are of
+    ``event_id`` is a pure function of (model, node, from, to, from_since_ts):
+    a pair leaves the state it entered at ``from_since_ts`` once, so the same
+    change derived twice — by a new stage-2 owner that restored a state older
+    than the last published change — carries the same id (``ts`` when
+    ``from_since_ts`` is unknown). ``p50``/``p99``/``ratio`` are of
     ``signal``; ``latency_p50_us``/``latency_p99_us`` are raw latency.
     """
 
@@ -187,6 +190,7 @@ class Transition:
     detail: str | None = None
     fresh_p50: float | None = None
     peers_fresh_p50: float | None = None
+    from_since_ts: float | None = None
 
     @property
     def latency_ratio(self) -> float | None:
@@ -195,7 +199,8 @@ class Transition:
 
     @property
     def event_id(self) -> str:
-        key = f"{self.model}\x1f{self.node_id}\x1f{self.from_state}\x1f{self.to_state}\x1f{self.ts!r}"
+        at = self.ts if self.from_since_ts is None else self.from_since_ts
+        key = f"{self.model}\x1f{self.node_id}\x1f{self.from_state}\x1f{self.to_state}\x1f{at!r}"
         return hashlib.sha256(key.encode()).hexdigest()[:32]
 
     def to_event(self) -> dict[str, Any]:

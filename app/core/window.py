@@ -57,7 +57,11 @@ Guarantees:
   ~12 KB per latency-only series at window_size 1000. Rings live in slabs of
   tiers of growing capacity (16, 128, 1024, … capped at window_size), so a
   10-sample series holds a 16-slot ring; a series moves up a tier when it
-  outgrows its ring. Summaries compute over whole slabs at once.
+  outgrows its ring. Summaries compute over whole slabs at once. After many
+  series are forgotten (:meth:`WindowStore.forget_silent` of a flood's ids,
+  :meth:`WindowStore.compact`), tiers whose slabs hold more than 4× the rings
+  in use are repacked into slabs sized for what is left and the series map is
+  rebuilt, so the memory is given back rather than kept as empty rows.
 """
 
 from __future__ import annotations
@@ -75,6 +79,7 @@ from app.core import signals as sig
 from app.core.config import DetectorSettings
 from app.core.events import Heartbeat, SampleBatch
 from app.core.quantiles import (
+    SPLIT_WIDTH,
     digest_dict_of_sorted,
     digest_of,
     digest_to_dict,
@@ -162,6 +167,22 @@ class _Chunk:
         self.series[row] = None
         self.free.append(row)
         self.used -= 1
+
+    def take_rows(self, src: _Chunk, rows: I64, at: int) -> None:
+        """Move ``src``'s rings ``rows`` (same tier) to this slab's rows ``at``, ``at + 1``, …,
+        which must be unused; ``src`` is left as it was (the caller drops it)."""
+        to = slice(at, at + rows.size)
+        for dst_col, src_col in zip(self.columns(), src.columns(), strict=True):
+            dst_col[to] = src_col[rows]
+        for name in ("head", "fill", "midx", "ts_lo", "ts_hi", "lat_lo"):
+            getattr(self, name)[to] = getattr(src, name)[rows]
+        for i, r in enumerate(rows.tolist(), start=at):
+            s = src.series[r]
+            assert s is not None
+            self.series[i] = s
+            s.chunk, s.row = self, i
+        self.used += rows.size
+        self.free = [r for r in self.free if not at <= r < at + rows.size]
 
 
 class _Series:
@@ -362,6 +383,11 @@ class WindowStore:
     def series_count(self) -> int:
         return len(self._series)
 
+    def nbytes(self) -> int:
+        """Bytes held by the window slabs (every row, used or free)."""
+        return sum(col.nbytes for tier in self._tiers.values() for ch in tier
+                   for col in ch.columns())
+
     def keys(self) -> Iterator[SeriesKey]:
         return iter(self._series)
 
@@ -394,13 +420,57 @@ class WindowStore:
         """Drop every series whose last sample or heartbeat (event time) is before ``before_s``.
 
         Bounds the store when node ids churn (replaced hosts, autoscaled pods): a series
-        that came back would start over as new. Returns the forgotten keys (sorted).
+        that came back would start over as new. When at least as many series were dropped
+        as are left (a flood's ids forgotten), the store is compacted (:meth:`compact`).
+        Returns the forgotten keys (sorted).
         """
         gone = sorted(k for k, s in self._series.items()
                       if s.last_seen_ts is not None and s.last_seen_ts < before_s)
         for node, model in gone:
             self.forget(node, model)
+        if gone and len(gone) >= len(self._series):
+            self.compact()
         return gone
+
+    def compact(self) -> int:
+        """Give back the memory of forgotten series; returns how many ring rows were freed.
+
+        Every tier whose slabs have more than 4× as many rows as rings in use is repacked
+        into new slabs sized for the rings left (a flood leaves thousands of rows of a
+        small tier behind, a few still used), and the series map is rebuilt (a dict keeps
+        its largest table). Windows, and so summaries, are unchanged. Cost: one copy of
+        the rings moved; nothing when there is nothing to give back.
+        """
+        freed = 0
+        for key, chunks in self._tiers.items():
+            used = sum(ch.used for ch in chunks)
+            if sum(ch.rows for ch in chunks) <= 4 * max(used, _MIN_CHUNK_ROWS):
+                continue
+            cap, sized = key
+            new: list[_Chunk] = []
+            dst: _Chunk | None = None
+            at = 0
+            left = used
+            for ch in chunks:
+                rows = np.flatnonzero(ch.midx >= 0)
+                while rows.size:
+                    if dst is None or at == dst.rows:
+                        dst = _Chunk(cap, min(self._max_rows(cap, sized),
+                                              max(_MIN_CHUNK_ROWS, left)), sized)
+                        new.append(dst)
+                        at = 0
+                    k = min(rows.size, dst.rows - at)
+                    dst.take_rows(ch, rows[:k], at)
+                    at, left, rows = at + k, left - k, rows[k:]
+            freed += sum(ch.rows for ch in chunks) - sum(ch.rows for ch in new)
+            self._tiers[key] = new
+        self._series = dict(self._series)
+        return freed
+
+    @staticmethod
+    def _max_rows(cap: int, sized: bool) -> int:
+        slot_bytes = 8 + 4 + (12 if sized else 0)
+        return max(_MIN_CHUNK_ROWS, _CHUNK_BYTES // (cap * slot_bytes))
 
     def _release(self, ch: _Chunk, row: int) -> None:
         ch.release(row)
@@ -413,8 +483,7 @@ class WindowStore:
             if ch.free:
                 break
         else:
-            slot_bytes = 8 + 4 + (12 if sized else 0)
-            max_rows = max(_MIN_CHUNK_ROWS, _CHUNK_BYTES // (cap * slot_bytes))
+            max_rows = self._max_rows(cap, sized)
             rows = min(max_rows, max(_MIN_CHUNK_ROWS, 2 * (chunks[-1].rows if chunks else 2)))
             ch = _Chunk(cap, rows, sized)
             chunks.append(ch)
@@ -787,12 +856,18 @@ class WindowStore:
             n_sig[fast] = ch.cap
             n_fresh[fast] = ch.cap
             # The kept lower bound of ts proves a ring wholly fresh; the others are counted.
-            aged = fast[ch.ts_lo[fast] <= fresh_lo]
-            if aged.size:
+            at = np.flatnonzero(ch.ts_lo[fast] <= fresh_lo)
+            if at.size:
+                aged = fast[at]
                 fresh_aged = _rows(ch.ts, aged) > fresh_lo
                 lat_aged = _rows(ch.lat, aged)
-                self._fresh_p50s(aged, fresh_aged, lat_aged, n_sig, min_fresh, n_fresh, q_fresh)
-                self._fresh_over(aged, fresh_aged, lat_aged, thr, n_fresh, n_over)
+                self._fresh_p50s(aged, fresh_aged, lat_aged, n_sig, min_fresh, n_fresh, q_fresh,
+                                 nonnegative=True)     # clean rows: every latency > 0
+                # srt's rows are sorted (as halves when wide, see sort_rows): each row's
+                # largest sample is the last of a half. Below the threshold it counts none.
+                h = ch.cap // 2 if ch.cap > SPLIT_WIDTH else ch.cap
+                row_max = np.maximum(srt[at, h - 1], srt[at, -1])
+                self._fresh_over(aged, fresh_aged, lat_aged, thr, n_fresh, n_over, row_max)
         slow = np.flatnonzero(used_mask & ~fast_mask)
         if slow.size:
             judged = st.judged_rows(slow)
@@ -888,28 +963,35 @@ class WindowStore:
 
     @staticmethod
     def _fresh_p50s(rows: I64, fresh: Bools, vals: npt.NDArray[Any], n_sig: I64, min_fresh: int,
-                    n_fresh: I64, q_fresh: F64) -> None:
+                    n_fresh: I64, q_fresh: F64, *, nonnegative: bool = False) -> None:
         """Count the fresh samples of ``rows`` (mask ``fresh``, values ``vals``, both one row
         per entry of ``rows``) into ``n_fresh``; their P50 into ``q_fresh`` for the rows with
         at least ``min_fresh`` of them but not all their judged samples (the caller fills
-        those in from the window's own P50)."""
+        those in from the window's own P50). ``nonnegative``: no value of ``vals`` is
+        negative (``row_quantiles`` need not check)."""
         nf = np.count_nonzero(fresh, axis=1)
         n_fresh[rows] = nf
         sel = np.flatnonzero((nf >= min_fresh) & (nf < n_sig[rows]))
         if sel.size:
             # The rows with +inf over the samples that are not fresh, in one pass.
             inf_filled = np.where(_rows(fresh, sel), _rows(vals, sel), vals.dtype.type(np.inf))
-            q_fresh[rows[sel]] = row_quantiles(inf_filled, nf[sel], _Q50)[:, 0]
+            q_fresh[rows[sel]] = row_quantiles(inf_filled, nf[sel], _Q50,
+                                               nonnegative=nonnegative)[:, 0]
 
     @staticmethod
     def _fresh_over(rows: I64, fresh: Bools, vals: npt.NDArray[Any], thr: F64, n_fresh: I64,
-                    n_over: I64) -> None:
+                    n_over: I64, row_max: F32 | None = None) -> None:
         """Into ``n_over``: how many fresh samples of ``rows`` lie above their model's
         threshold ``thr`` (by row), for rows with one and at most FRESH_TAIL_MAX_SAMPLES
-        fresh samples (a low rate: the only rows the count is kept for, and cheap)."""
+        fresh samples (a low rate: the only rows the count is kept for, and cheap).
+        ``row_max``: each row's largest value when known (a row below its threshold is
+        counted 0 without a look at its samples)."""
         t = thr[rows]
         nf = n_fresh[rows]
         sel = np.flatnonzero(~np.isnan(t) & (nf > 0) & (nf <= FRESH_TAIL_MAX_SAMPLES))
+        if row_max is not None and sel.size:
+            n_over[rows[sel]] = 0
+            sel = sel[row_max[sel] > t[sel]]
         if sel.size:
             with np.errstate(invalid="ignore"):
                 above = _rows(fresh, sel) & (np.abs(_rows(vals, sel)) > t[sel, None])

@@ -19,6 +19,7 @@ from typing import TextIO
 
 from app.demo.plan import MODEL, Plan
 from app.demo.story import NodeView, Phase, Story, View
+from app.text import printable
 
 
 def _f(x: float | None, fmt: str = ".0f") -> str:
@@ -168,7 +169,7 @@ def render_report(s: Story) -> str:
     if s.reejected_s is not None:
         lines.append(f"WARNING: {plan.slow_node} was removed again at t={s.reejected_s:.1f}s, after it had recovered")
     if s.others_removed:
-        lines.append(f"WARNING: other nodes left the routing set too: {', '.join(s.others_removed)}")
+        lines.append(f"WARNING: other nodes left the routing set too: {', '.join(map(printable, s.others_removed))}")
     if s.errors:
         lines.append(f"client errors: {s.errors}")
     if s.obs.page_url:

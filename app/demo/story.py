@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from app.demo.plan import Plan
+from app.text import printable
 
 # --------------------------------------------------------------------------- observations
 
@@ -103,8 +104,8 @@ class HealthChange:
         if self.ratio is not None:
             nums.append(f"P99/P50 {self.ratio:.2f}")
         tail = f" [{', '.join(nums)}]" if nums else ""
-        return (f"t={self.t_s:6.1f}s  {self.node_id}: {self.from_state} -> {self.to_state}"
-                f" ({self.reason}{'' if self.routed else ', out of routing'}){tail}")
+        return (f"t={self.t_s:6.1f}s  {printable(self.node_id)}: {self.from_state} -> {self.to_state}"
+                f" ({printable(self.reason)}{'' if self.routed else ', out of routing'}){tail}")
 
 
 @dataclass

@@ -31,6 +31,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
+from app import text
 from app.lb import LbError, RoutingSource
 from app.settings import Settings, load
 
@@ -211,7 +212,7 @@ def run_main(
 ) -> int:
     """Parse ``argv``, set up logging and run ``run(args)``; bad input → one line on stderr, exit 2."""
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    text.basic_config(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return asyncio.run(run(args))
     except (LbError, ValueError) as e:

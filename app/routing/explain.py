@@ -31,8 +31,8 @@ import redis.asyncio as aioredis
 from app.routing.client import call_redis
 from app.routing.keys import Keys
 from app.routing.status import _age, _status_obj, _text
-from app.routing.text import printable
 from app.settings import load
+from app.text import printable
 
 RULES = (("p50", "P50 vs peers"), ("fresh_p50", "fresh P50"), ("p99", "P99 vs peers"),
          ("ratio", "P99/P50"), ("err", "error share"))

@@ -39,6 +39,7 @@ from app.routing.operators import (
     set_override,
 )
 from app.settings import Settings, load
+from app.text import printable
 
 
 def _ttl(text: str) -> float:
@@ -154,6 +155,6 @@ def mode_main(argv: list[str], *, out: TextIO | None = None, err: TextIO | None 
         print(f"every model: {every}", file=o)
         for model, mode in sorted(state.modes.items()):
             if model:
-                print(f"model {model}: {mode}", file=o)
+                print(f"model {printable(model)}: {mode}", file=o)
         return 0
     return asyncio.run(_with_redis(settings, e, "mode", body))

@@ -29,8 +29,8 @@ import redis.asyncio as aioredis
 from app.core.types import p99_p50_ratio
 from app.routing.client import call_redis
 from app.routing.keys import Keys
-from app.routing.text import printable
 from app.settings import load
+from app.text import printable
 
 
 @dataclass(frozen=True, slots=True)

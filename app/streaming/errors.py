@@ -3,7 +3,8 @@
 ::
 
     StreamingError          base of everything app.streaming raises on purpose
-    └── TopicSetupError     a topic could not be created or has the wrong shape
+    ├── TopicSetupError     a topic could not be created or has the wrong shape
+    └── AllowlistError      a configured node-id allowlist source cannot be read
 
 Bad arguments raise the built-in ``ValueError``/``TypeError``. Bad *input
 messages* never raise out of the service: they are counted, logged with their
@@ -27,3 +28,7 @@ class TopicSetupError(StreamingError):
             "broker allows topic creation (or create the topic yourself with "
             "TAILGUARD_TOPIC_PARTITIONS partitions)"
         )
+
+
+class AllowlistError(StreamingError):
+    """A configured allowlist source cannot be read; the message names the setting."""

@@ -32,6 +32,16 @@ Guarantees:
   Each tick also sends, per model, this worker's cluster digest
   (``Stage1.cluster_digests``, tagged with ``source``: unique per process),
   from which stage 2 gets the cluster-wide P50/P99.
+* **Known series first, on time.** Summaries are sent oldest-admitted series
+  first (``Stage1.summaries``), in slices; what is not sent within
+  :data:`SEND_BUDGET_FRACTION` of the tick interval is dropped and counted
+  (``tailguard_summaries_dropped_total{reason="send_deadline"}``, one log
+  line), so a flood's new series can neither delay the known ones' summaries
+  nor make the next tick late. Polls and ticks take turns (one lock, fair):
+  a tick waits for at most the poll in progress, and polls wait while a tick
+  sends — each of a tick's sends is an await, and with a busy poll loop
+  between every two of them (a flood being read) a tick's summaries went out
+  at a few thousand per second, seconds late.
 * Consumer lag per owned partition is exported (``tailguard_consumer_lag``).
 * **Any producer.** Record batches compressed with gzip, snappy, lz4 or zstd
   (kcat/librdkafka, the Java producer) are decoded (snappy/lz4/zstd need
@@ -49,6 +59,10 @@ Guarantees:
   one by one, steps record by record through the failing one, dead-letters
   the offset it cannot decode (reason ``undecodable``, no key or value) and
   moves past it; the good records around it are used.
+* **Allowlist** (optional, ``allowlist``: a loader, :mod:`app.streaming.allowlist`).
+  Nothing is consumed before it is first read; it is read again every
+  ``allowlist_refresh_s`` (a failed read keeps the last list) and handed to
+  :attr:`Stage1.allowlist`, whose decoder dead-letters node ids not on it.
 """
 
 from __future__ import annotations
@@ -70,6 +84,7 @@ from aiokafka.errors import CorruptRecordException, UnsupportedCodecError
 from mode import Service
 
 from app.core.errors import BadEvent
+from app.core.ids import Allowlist
 from app.core.types import WindowSummary
 from app.security import kafka_client_options
 from app.settings import Settings
@@ -87,6 +102,10 @@ LAG_INTERVAL_S = 2.0
 # How old the consumer's topic metadata may get: partitions added to latency-events are
 # consumed at most this long after they appear (aiokafka's default is 5 minutes).
 METADATA_MAX_AGE_MS = 10_000
+# Summaries are sent in slices of this many; those left when SEND_BUDGET_FRACTION of the tick
+# interval has passed since the tick began are dropped (counted): the next tick stays on time.
+SEND_SLICE = 250
+SEND_BUDGET_FRACTION = 0.5
 # How long the salvage of an undecodable record waits for one partition's fetch.
 SALVAGE_FETCH_MS = 1000
 # What aiokafka raises from getmany() when a fetched record batch cannot be decoded:
@@ -171,8 +190,10 @@ class IngestService(Service):
                  metrics: WorkerMetrics, clock: Callable[[], float] = time.time,
                  hints: Callable[[], StageHints] | None = None,
                  max_poll_records: int = MAX_POLL_RECORDS, source: str | None = None,
+                 allowlist: Callable[[], Awaitable[Allowlist]] | None = None,
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.load_allowlist = allowlist
         self.source = source or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.settings = settings
         self.topic = settings.topics.latency_events
@@ -189,12 +210,18 @@ class IngestService(Service):
         self._committed: dict[Any, int] = {}
         self._last_commit = 0.0
         self._last_lag = 0.0
+        self._turn = asyncio.Lock()     # polls and ticks take turns (module docstring)
 
     @property
     def group_id(self) -> str:
         return f"{self.settings.app_id}-stage1"
 
     async def on_start(self) -> None:
+        if self.load_allowlist is not None:   # nothing is consumed before the first list
+            delay_s = 0.5
+            while not await self._refresh_allowlist():
+                await asyncio.sleep(delay_s)
+                delay_s = min(delay_s * 2, 10.0)
         c = AIOKafkaConsumer(
             bootstrap_servers=self.settings.kafka_bootstrap,
             group_id=self.group_id,
@@ -213,6 +240,34 @@ class IngestService(Service):
                     listener=_Listener(self))
         await c.start()
         self._consumer = c
+
+    async def _refresh_allowlist(self) -> bool:
+        """Read the allowlist again; on failure keep the last one (a warning). True when read."""
+        assert self.load_allowlist is not None
+        try:
+            new = await self.load_allowlist()
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            log.warning("cannot read the node-id allowlist (%s); %s", e,
+                        "keeping the last one" if self.stage1.allowlist is not None
+                        else "not consuming until it can be read")
+            return False
+        old = self.stage1.allowlist
+        if old is None or old.ids != new.ids:
+            log.info("node-id allowlist: %d ids%s%s", len(new.ids),
+                     f" (+{len(new.ids - old.ids)} -{len(old.ids - new.ids)})" if old else "",
+                     ", and the pattern" if new.pattern else "")
+        self.stage1.allowlist = new
+        return True
+
+    @Service.task
+    async def _allowlist_refresher(self) -> None:
+        if self.load_allowlist is None:
+            return
+        while not self.should_stop:
+            await asyncio.sleep(self.settings.allowlist_refresh_s)
+            await self._refresh_allowlist()
 
     async def on_stop(self) -> None:
         c, self._consumer = self._consumer, None
@@ -394,37 +449,57 @@ class IngestService(Service):
     async def _consume(self) -> None:
         while not self.should_stop:
             try:
-                await self.poll_once()
+                async with self._turn:
+                    await self.poll_once()
             except asyncio.CancelledError:
                 raise
             except Exception:  # never let one poll kill ingestion; the error is logged
                 log.exception("stage-1 poll failed; retrying in 1 s")
                 await asyncio.sleep(1.0)
 
-    async def tick(self) -> int:
-        """Send one summary per owned series, then the cluster digests, to stage 2.
+    async def tick(self, due_s: float | None = None) -> int:
+        """Send the cluster digests, then one summary per owned series, to stage 2.
 
-        Returns how many summaries.
+        ``due_s``: the tick's boundary (clock time; default now): what is not sent by
+        ``due_s + SEND_BUDGET_FRACTION × tick_interval_s`` is dropped (module docstring),
+        so a tick that started late still ends in time for the next. Returns how many
+        summaries were sent.
         """
+        t0 = time.monotonic()
+        if due_s is not None:
+            t0 -= max(0.0, self.clock() - due_s)
         hints = self.hints() if self.hints is not None else StageHints()
         now_s = self.clock()
         self.stage1.forget_silent(now_s)
         summaries = self.stage1.summaries(now_s, self.owned_partitions(), hints.judge_since,
                                           hints.out_of_fit, hints.tail_refs)
-        if summaries:
-            await self.sink.send_summaries(summaries)
         digests = self.stage1.cluster_digests(now_s, self.source)
         if digests:
             await self.sink.send_cluster(digests)
-        return len(summaries)
+        deadline = t0 + SEND_BUDGET_FRACTION * self.settings.detector.tick_interval_s
+        sent = 0
+        while sent < len(summaries) and (sent == 0 or time.monotonic() < deadline):
+            await self.sink.send_summaries(summaries[sent:sent + SEND_SLICE])
+            sent = min(len(summaries), sent + SEND_SLICE)
+        if sent < len(summaries):
+            late = len(summaries) - sent
+            self.metrics.summaries_dropped.labels(reason="send_deadline").inc(late)
+            log.warning("stage 1 sent %d of this tick's %d summaries within %.0f%% of the tick"
+                        " interval; the %d of the most recently admitted series were dropped"
+                        " (a flood of new node ids, or more series than one worker can send"
+                        " per tick: add workers or raise TAILGUARD_TICK_INTERVAL_S)", sent,
+                        len(summaries), 100 * SEND_BUDGET_FRACTION, late)
+        return sent
 
     @Service.task
     async def _ticker(self) -> None:
         interval = self.settings.detector.tick_interval_s
         while not self.should_stop:
-            await sleep_until(next_boundary(self.clock(), interval), self.clock)
+            due_s = next_boundary(self.clock(), interval)
+            await sleep_until(due_s, self.clock)
             try:
-                await self.tick()
+                async with self._turn:
+                    await self.tick(due_s)
             except asyncio.CancelledError:
                 raise
             except Exception:

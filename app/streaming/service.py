@@ -66,6 +66,7 @@ from prometheus_client import CollectorRegistry
 
 from app.core.errors import BadEvent
 from app.core.evaluate import FleetEvaluator
+from app.core.ids import Allowlist
 from app.core.types import HealthState, ModelTick, WindowSummary
 from app.core.window import WindowStore
 from app.routing.keys import Keys
@@ -78,6 +79,7 @@ from app.routing.operators import (
 from app.routing.writer import Extras
 from app.security import faust_broker_credentials
 from app.settings import Settings
+from app.streaming import allowlist
 from app.streaming.deadletter import DeadLetter
 from app.streaming.edge import EdgeInput, EdgeOutput, OperatorEdge
 from app.streaming.ingest import IngestService, next_boundary, sleep_until
@@ -304,10 +306,21 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
     def hints() -> StageHints:
         return decode_hints(list(hints_table.items()))
 
+    allow_redis: Any = None
+    load_allowlist: Callable[[], Awaitable[Allowlist]] | None = None
+    if settings.allowlist_on:
+        if settings.allowlist_redis_key:
+            from app.routing.client import connect_for
+
+            allow_redis = connect_for(settings)
+
+        async def load_allowlist() -> Allowlist:
+            return await allowlist.load(settings, allow_redis)
+
     class _Ingest(IngestService):
         def __init__(self, **kwargs: Any) -> None:
             super().__init__(settings=settings, stage1=stage1, sink=sink, metrics=metrics,
-                             clock=clock, hints=hints, **kwargs)
+                             clock=clock, hints=hints, allowlist=load_allowlist, **kwargs)
             rt.ingest = self
 
     class _Lifecycle(Service):
@@ -329,6 +342,8 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
                     await close()
                 if redis_client is not None:
                     await redis_client.aclose()
+            if allow_redis is not None:
+                await allow_redis.aclose()
             metrics.close()
 
     app.service(_Lifecycle)

@@ -8,7 +8,8 @@ Guarantees:
 * Every record either reaches the windows or comes back as a
   :class:`~app.streaming.deadletter.DeadLetter` (bad JSON, bad fields, empty
   value or tombstone: ``empty_message``; an unexpected parser error:
-  ``internal_error``); a bad record never stops the others of its poll. Keys
+  ``internal_error``; with :attr:`Stage1.allowlist` set, a node id not on it:
+  ``not_allowlisted``); a bad record never stops the others of its poll. Keys
   and headers are not read here (any key, or none, is fine).
 * Single events of one series in one poll become one vectorized window
   update (``app.core.events.Accumulator``), so the cost per event is the JSON
@@ -30,9 +31,21 @@ Guarantees:
   per :data:`LATE_LOG_INTERVAL_S`, logged with what to check — a producer
   clock or ``ts`` unit that is off, or a backlog read after downtime, would
   otherwise leave the service silently blind.
+* **Floods cannot blind detection.** At most ``max_new_pairs_per_tick`` new
+  (node, model) pairs per model enter the windows between two ticks; the
+  samples and heartbeats of further new pairs are dropped, counted
+  (``tailguard_samples_dropped_total{reason="new_pair_limit"}``) and logged
+  once per tick, not dead-lettered one by one (a pair refused now is admitted
+  at a later tick when it reports again). Once a model's budget is used up, a
+  record keyed ``node|model`` of a new pair of it is dropped before its value
+  is decoded (counted as one). :meth:`Stage1.summaries` lists the
+  series oldest-admitted first, so the known series' summaries are sent
+  before those of a flood's new ones.
 * Memory is bounded by the number of series (the window store's bound) plus
   one small entry per series here; a series silent (no sample, no heartbeat)
-  for ``forget_after_s`` is dropped (:meth:`Stage1.forget_silent`).
+  for ``forget_after_s`` is dropped (:meth:`Stage1.forget_silent`), and after
+  a large drop the store and this module's per-series map are compacted, so
+  a flood's memory is given back (docs/operating.md, "Floods").
 """
 
 from __future__ import annotations
@@ -44,8 +57,11 @@ from typing import Any, Protocol
 from app.core.config import DetectorSettings
 from app.core.errors import BadEvent
 from app.core.events import Accumulator, Heartbeat, SampleBatch
+from app.core.ids import Allowlist
 from app.core.types import WindowSummary
+from app.streaming import memory
 from app.streaming.deadletter import DeadLetter, RecordLike
+from app.streaming.memory import GIVE_BACK_MIN, give_back
 from app.streaming.metrics import WorkerMetrics
 from app.streaming.wire import ClusterDigest
 
@@ -75,6 +91,8 @@ class WindowStoreLike(Protocol):
 
     def forget_silent(self, before_s: float) -> list[tuple[str, str]]: ...
 
+    def compact(self) -> int: ...
+
 
 class Stage1:
     """Windows of the series this worker owns (see the module docstring)."""
@@ -88,14 +106,26 @@ class Stage1:
         self._late = self._late_of = 0             # since the last warning: late, all samples
         self._late_newest_ts = 0.0
         self._late_logged_s = -LATE_LOG_INTERVAL_S
+        #: Registered node ids (set by the ingest edge when an allowlist is configured).
+        self.allowlist: Allowlist | None = None
+        # New pairs admitted per model since the last tick, and what was dropped over the limit:
+        # model -> [messages (samples or heartbeats) dropped, samples among them].
+        self._admitted: dict[str, int] = {}
+        self._refused: dict[str, list[int]] = {}
+        self._full: set[bytes] = set()      # models (UTF-8) whose budget is used up this tick
 
     def ingest(self, partition: int, records: Sequence[RecordLike], now_s: float) -> list[DeadLetter]:
         """Decode ``records`` (all from ``partition``) into the windows; return the bad ones."""
-        acc = Accumulator(now_s=now_s, settings=self.settings)
+        acc = Accumulator(now_s=now_s, settings=self.settings, allow=self.allowlist)
         dead: list[DeadLetter] = []
         add = acc.add
+        full = self._full
+        skipped = 0
         for rec in records:
             raw = rec.value
+            if full and rec.key is not None and self._over_limit(rec.key):
+                skipped += 1
+                continue
             if not raw:
                 dead.append(DeadLetter.of(rec, "empty_message", "message has no value (tombstone)"
                                           if raw is None else "message value is empty"))
@@ -106,10 +136,20 @@ class Stage1:
                 dead.append(DeadLetter.of(rec, e.reason, str(e)))
             except Exception as e:  # a parser bug must not drop the rest of the poll
                 dead.append(DeadLetter.of(rec, "internal_error", f"{type(e).__name__}: {e}"[:300]))
-        samples = rejected = late = 0
+        samples = rejected = late = refused = 0
         late_before = now_s - self.settings.max_sample_age_s
         part = self._partition_of
+        limit = self.settings.max_new_pairs_per_tick
+        admitted = self._admitted
         for ev in acc.drain():
+            key = (ev.node_id, ev.model)
+            if limit and key not in part:
+                n_new = admitted.get(ev.model, 0)
+                if n_new >= limit:
+                    refused += self._refuse(ev)
+                    self._full.add(ev.model.encode())
+                    continue
+                admitted[ev.model] = n_new + 1
             if isinstance(ev, Heartbeat):
                 self.store.observe_heartbeat(ev)
             else:
@@ -120,10 +160,12 @@ class Stage1:
                     old = ev.ts[ev.ts < late_before]
                     late += old.size
                     self._late_newest_ts = max(self._late_newest_ts, float(old.max()))
-            part[(ev.node_id, ev.model)] = partition
+            part[key] = partition
         self._note_late(late, samples, now_s)
         m = self.metrics
         if m is not None:
+            if refused or skipped:
+                m.samples_dropped.labels(reason="new_pair_limit").inc(refused + skipped)
             m.events_in.inc(len(records))
             m.samples_in.inc(samples)
             if rejected:
@@ -133,6 +175,50 @@ class Stage1:
             for d in dead:
                 m.bad_events.labels(topic=d.topic, reason=d.reason).inc()
         return dead
+
+    def _over_limit(self, key: bytes) -> bool:
+        """Whether a record keyed ``node|model`` (the recommended key) is of a new pair of a
+        model whose new-pair budget is used up this tick: then it is dropped (and counted as
+        one) without decoding its value, so a flood costs little more than reading it."""
+        node, sep, model = key.partition(b"|")
+        if not sep or model not in self._full:
+            return False
+        try:
+            pair = (node.decode(), model.decode())
+        except UnicodeDecodeError:
+            return False
+        if pair in self._partition_of:
+            return False
+        r = self._refused[pair[1]]
+        r[0] += 1
+        r[1] += 1
+        return True
+
+    def _refuse(self, ev: Heartbeat | SampleBatch) -> int:
+        """Drop ``ev`` of a new pair over the limit; how many samples (a heartbeat: 1)."""
+        n = 1 if isinstance(ev, Heartbeat) else len(ev)
+        r = self._refused.get(ev.model)
+        if r is None:
+            self._refused[ev.model] = [1, n]
+        else:
+            r[0] += 1
+            r[1] += n
+        return n
+
+    def _end_admission_tick(self) -> None:
+        """A new tick: every model may admit ``max_new_pairs_per_tick`` new pairs again; one
+        warning per model that hit the limit since the last tick."""
+        for model, (messages, samples) in sorted(self._refused.items()):
+            log.warning(
+                "model %r: %d new (node, model) pairs were admitted since the last tick, the"
+                " limit (max_new_pairs_per_tick); %d more messages (%d samples or heartbeats) of"
+                " further new pairs were dropped. A flood of node ids, or a fleet larger than the"
+                " limit starting at once (it is admitted over the next ticks). Raise"
+                " TAILGUARD_MAX_NEW_PAIRS_PER_TICK if the ids are real.",
+                model, self._admitted.get(model, 0), messages, samples)
+        self._admitted = {}
+        self._refused = {}
+        self._full = set()
 
     def _note_late(self, late: int, samples: int, now_s: float) -> None:
         self._late += late
@@ -157,7 +243,20 @@ class Stage1:
         for node, model in keys:
             self.store.forget(node, model)
             del self._partition_of[(node, model)]
+        self._compact(len(keys), store=True)
         return len(keys)
+
+    def _compact(self, gone: int, *, store: bool) -> None:
+        """After ``gone`` series were dropped: when they were at least as many as are left,
+        rebuild the per-series map (a dict keeps its largest table), compact the store if
+        ``store``, and when they were many give the memory back to the system."""
+        if not gone or gone < len(self._partition_of):
+            return
+        self._partition_of = dict(self._partition_of)    # keeps the admission order
+        if store:
+            self.store.compact()
+        if gone >= GIVE_BACK_MIN:
+            give_back()
 
     def forget_silent(self, now_s: float) -> int:
         """Drop the windows of series silent for ``forget_after_s`` (0: never); how many."""
@@ -167,6 +266,7 @@ class Stage1:
         gone = self.store.forget_silent(now_s - after_s)
         for key in gone:
             self._partition_of.pop(key, None)
+        self._compact(len(gone), store=False)   # WindowStore.forget_silent compacted itself
         return len(gone)
 
     def summaries(self, now_s: float, owned_partitions: Collection[int] | None = None,
@@ -174,7 +274,8 @@ class Stage1:
                   out_of_fit: Collection[tuple[str, str]] = (),
                   tail_refs: Mapping[str, float] | None = None,
                   ) -> list[WindowSummary]:
-        """This tick's summary of every owned series (all series when ``owned_partitions`` is None).
+        """This tick's summary of every owned series (all series when ``owned_partitions`` is None),
+        oldest-admitted series first; starts a new admission tick (``max_new_pairs_per_tick``).
 
         Stage 2's hints (``app.streaming.stage2.StageHints``): ``judge_since``
         ``{(node, model): ts}`` cut-offs of judged samples
@@ -184,14 +285,20 @@ class Stage1:
         this store holds, owned or not. ``tail_refs`` ``{model: threshold}``
         (``FleetEvaluator.tail_ref``): fresh samples above it are counted.
         """
+        self._end_admission_tick()
         out = self.store.summaries(now_s, judge_since, out_of_fit=out_of_fit, tail_refs=tail_refs)
+        part = self._partition_of
         if owned_partitions is not None:
             owned = set(owned_partitions)
-            part = self._partition_of
             out = [s for s in out if part.get((s.node_id, s.model), -1) in owned]
+        # Known series first: a flood's new pairs were admitted last (dicts keep insertion order).
+        rank = {key: i for i, key in enumerate(part)}
+        last = len(rank)
+        out.sort(key=lambda s: rank.get((s.node_id, s.model), last))
         if self.metrics is not None:
             self.metrics.series_tracked.set(self.store.series_count())
             self.metrics.summaries_out.inc(len(out))
+        memory.after_tick()
         return out
 
     def cluster_digests(self, now_s: float, source: str) -> list[ClusterDigest]:

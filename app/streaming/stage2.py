@@ -39,6 +39,10 @@ Guarantees:
   summaries older than ``stale_after_s`` are ignored, and at most
   ``max_pending_diagnostics`` diagnostics results per model are kept. No
   summary goes unevaluated without being counted in ``dropped`` by reason.
+  When a model's pairs fall to half their peak or less, at least
+  ``GIVE_BACK_MIN`` fewer (a flood's ids forgotten), its state is rebuilt
+  from its own snapshot (the evaluator's dicts keep their largest tables
+  otherwise) and the memory is given back (:mod:`app.streaming.memory`).
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ from typing import Any, Protocol, TypeAlias
 from app.core.detector import FLEET_QUANTILES
 from app.core.quantiles import digest_quantiles, merge_digests
 from app.core.types import ModelTick, Transition, WindowSummary
+from app.streaming.memory import GIVE_BACK_MIN, give_back
 from app.streaming.wire import ClusterDigest, DiagnosticsResult
 
 SeriesKey: TypeAlias = tuple[str, str]
@@ -167,9 +172,11 @@ class Stage2:
         self.write_failures = 0
         self.refused_states = 0     # stored model states that could not be restored
         # Summaries never evaluated, by reason: "superseded" (a newer one of the same pair came
-        # first), "stale" (older than stale_after_s at the tick), "not_owned" (another worker's).
+        # first), "stale" (older than stale_after_s at the tick), "not_owned" (another worker's),
+        # "forgotten" (of a pair the evaluator dropped or did not take: silent past forget_after_s).
         self.dropped: collections.Counter[str] = collections.Counter()
         self._cluster: dict[str, dict[str, ClusterDigest]] = {}
+        self._peak_pairs: dict[str, int] = {}    # per model, since its state was last rebuilt
 
     # --- input ---------------------------------------------------------------
     def on_summary(self, s: WindowSummary) -> None:
@@ -263,6 +270,17 @@ class Stage2:
             return tick
         return replace(tick, fleet_latency_p50_us=q[0], fleet_latency_p99_us=q[1])
 
+    def _compact(self, model: str, pairs: int, snap: dict[str, Any]) -> None:
+        """After a model lost most of its pairs at once, rebuild its state from ``snap`` (the
+        same state, in dicts sized for what is left) and give the memory back."""
+        peak = max(self._peak_pairs.get(model, 0), pairs)
+        if 2 * pairs <= peak and peak - pairs >= GIVE_BACK_MIN:
+            self.evaluator.restore_model(model, snap)
+            self._written.pop(model, None)      # the large last-written state: written anew
+            give_back()
+            peak = pairs
+        self._peak_pairs[model] = peak
+
     def _evaluate(self, model: str, now_s: float) -> ModelOutput:
         ev = self.evaluator
         key = state_key(model)
@@ -288,7 +306,11 @@ class Stage2:
         if len(summaries) < len(pending):
             self.dropped["stale"] += len(pending) - len(summaries)
         tick = self._with_cluster_quantiles(ev.evaluate(model, summaries, now_s), horizon)
+        forgotten = sum(1 for s in summaries if ev.pair(model, s.node_id) is None)
+        if forgotten:
+            self.dropped["forgotten"] += forgotten
         snap = ev.snapshot_model(model)
+        self._compact(model, len(tick.statuses), snap)
         if self._written.get(model) != snap and self._write(self.state, key, snap, model,
                                                             "state"):
             self._written[model] = snap

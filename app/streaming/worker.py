@@ -3,10 +3,12 @@
 Reads the settings once (``TAILGUARD_*``), creates the missing topics, builds
 the app with :func:`app.streaming.service.create_app` and runs faust's
 :class:`faust.Worker` until SIGINT/SIGTERM. Before that it connects once to
-Redis and to Kafka (:func:`app.security.check_redis`, :func:`~app.security.check_kafka`).
+Redis and to Kafka (:func:`app.security.check_redis`, :func:`~app.security.check_kafka`)
+and reads the node-id allowlist when one is configured (:func:`app.streaming.allowlist.check`).
 Exit code 0 on a clean stop, 2 on a bad setting or a login or certificate that
-Redis or Kafka refuses (one line naming the setting), 1 when the broker cannot be reached or
-a Kafka compression codec cannot be decoded here (``cramjam`` missing).
+Redis or Kafka refuses (one line naming the setting), 1 when the broker cannot be reached,
+an allowlist source cannot be read, or a Kafka compression codec cannot be decoded here
+(``cramjam`` missing).
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ import logging
 import sys
 
 from app import settings as settings_mod
+from app import text
 from app.security import check_kafka, check_redis
+from app.streaming import allowlist
 from app.streaming.errors import StreamingError
 from app.streaming.topics import ensure_topics
 
@@ -44,8 +48,8 @@ def main(argv: list[str]) -> int:
         detector = parse_overrides(pairs, settings.detector,
                                    labels={k: f"--set {k}" for k in pairs})
         settings = settings_mod.load(detector=detector)
-    logging.basicConfig(level=settings.log_level.upper(),
-                        format="[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s")
+    text.basic_config(level=settings.log_level.upper(),
+                      format="[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s")
     from app.streaming.ingest import missing_codecs
 
     if missing := missing_codecs():
@@ -59,6 +63,7 @@ def main(argv: list[str]) -> int:
         # (AccessRefused, a SettingError: exit 2); an unreachable server is handled below.
         loop.run_until_complete(check_redis(settings))
         loop.run_until_complete(check_kafka(settings))
+        loop.run_until_complete(allowlist.check(settings))   # a source it cannot read: exit 1
         created = loop.run_until_complete(ensure_topics(settings))
     except StreamingError as e:
         print(f"tailguard worker: {e}", file=sys.stderr)

@@ -133,12 +133,14 @@ async def test_two_workers_publish_each_transition_once(
         codes = [w.stop() for w in workers]
         await r.aclose()
     events = await health_events(kafka_bootstrap, env)
-    by_id = collections.Counter(e["event_id"] for e in events)
-    by_change = collections.Counter((e["model"], e["node_id"], e["from"], e["to"]) for e in events)
-    assert max(by_id.values()) == 1, [k for k, n in by_id.items() if n > 1]
-    assert max(by_change.values()) == 1, [k for k, n in by_change.items() if n > 1]
+    # Publishing is at least once (a stage-2 handover may repeat the changes of the tick whose
+    # state write did not land); consumers drop repeats by event_id, so: one id per change.
+    ids: dict[tuple[str, str, str, str], set[str]] = collections.defaultdict(set)
+    for e in events:
+        ids[(e["model"], e["node_id"], e["from"], e["to"])].add(e["event_id"])
+    assert all(len(v) == 1 for v in ids.values()), {k: v for k, v in ids.items() if len(v) > 1}
     for m in models:
-        assert by_change[(m, "slow", "unhealthy", "quarantined")] == 1
+        assert len(ids[(m, "slow", "unhealthy", "quarantined")]) == 1
     # Both workers did stage-2 work: each owned some node-window-stats partitions.
     owned = []
     for w in workers:

@@ -128,7 +128,7 @@ def test_binary_samples_are_validated_like_json_ones() -> None:
     assert e.value.reason == "empty_field"
     with pytest.raises(BadEvent) as e:
         decode(binary.encode("n", "m" * 257, None, np.array([T]), np.array([1.0])))
-    assert e.value.reason == "too_long"
+    assert e.value.reason == "bad_model"
     with pytest.raises(BadEvent) as e:
         decode(binary.encode("n", "m", None, np.zeros(0), np.zeros(0)))
     assert e.value.reason == "empty_batch"
@@ -171,7 +171,7 @@ def _outcome(raw: bytes) -> Any:
 def test_the_typed_json_path_gives_what_the_general_path_gives(
         doc: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     raw = orjson.dumps(doc)
-    assert events._TYPED_BATCH, "msgspec is a declared dependency"
+    assert events._FAST is not None, "msgspec is a declared dependency"
     fast = _outcome(raw)
     acc = Accumulator(now_s=T + 10)
     try:
@@ -179,7 +179,7 @@ def test_the_typed_json_path_gives_what_the_general_path_gives(
         via_acc: Any = [fields(e) for e in acc.drain() if isinstance(e, SampleBatch)]
     except BadEvent as e:
         via_acc = (e.reason, str(e))
-    monkeypatch.setattr(events, "_TYPED_BATCH", ())
+    monkeypatch.setattr(events, "_FAST", None)
     general = _outcome(raw)
     assert fast == general
     assert via_acc == ([general] if isinstance(general, dict) else general)
@@ -237,9 +237,9 @@ def test_the_typed_single_path_gives_what_the_general_path_gives(
         doc: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     plain = orjson.dumps({"node_id": "n", "model": "m", "latency_us": 1, "ts": T - 1})
     lines = [plain, orjson.dumps(doc), plain]     # around a plain series' pending samples
-    assert events._TYPED_SINGLE is not None, "msgspec is a declared dependency"
+    assert events._FAST is not None, "msgspec is a declared dependency"
     fast = _acc_outcome(lines)
-    monkeypatch.setattr(events, "_TYPED_SINGLE", None)
+    monkeypatch.setattr(events, "_FAST", None)
     assert fast == _acc_outcome(lines)
 
 
@@ -298,3 +298,20 @@ def test_a_joined_batch_leaves_the_window_store_as_its_messages_one_by_one() -> 
     assert joined.snapshot() == one.snapshot()
     assert joined.summaries(t + 1) == one.summaries(t + 1)
     assert one.summaries(t + 1)[0].resumed_ts is not None
+
+
+def test_the_fast_paths_take_the_well_formed_shapes() -> None:
+    """The comparisons above mean something only if the fast paths are taken."""
+    fast = events._FAST
+    assert fast is not None
+    single = orjson.dumps({"node_id": "n", "model": "m", "latency_us": 5.0, "ts": T})
+    got = fast.single(single, T + 10, 1e9)
+    assert got is not None and (got.node_id, got.model, got.ts, got.latency_us) == ("n", "m", T, 5.0)
+    assert fast.is_plain(got)
+    sized = orjson.dumps({"node_id": "n", "model": "m", "latency_us": 5.0, "ts": T, "probe": True})
+    probe = fast.single(sized, T + 10, 1e9)
+    assert probe is not None and not fast.is_plain(probe) and fast.row(probe)[:4] == (T, 5.0, True, True)
+    for samples in ([[T, 5.0], [T + 1, 6.0]], [[T, 5.0, 1, None, 2.0]]):
+        b = fast.batch(orjson.dumps({"node_id": "n", "model": "m", "samples": samples}))
+        assert b is not None and b[1].shape == (len(samples[0]), len(samples))
+    assert fast.single(b"[1, 2]", T, 1e9) is None and fast.batch(b'{"samples": 3}') is None

@@ -150,7 +150,7 @@ def samples_st(draw: st.DrawFn) -> Sample:
 def test_any_checked_sample_round_trips_through_the_decoder(samples: list[Sample], hw: str | None) -> None:
     for s in samples:
         assert sample_values(s[3], s[2], s[4], s[5], s[6]) == (s[3], s[2], s[4], s[5], s[6])
-    series: SeriesKey = ("n-ü|1", "model/ä", hw)
+    series: SeriesKey = ("gpu-node-01:8000", "meta-llama/Llama-3.1-8B-Instruct", hw)  # unicode: hw
     got = []
     for ev in decoded(series, samples):
         assert (ev.node_id, ev.model, ev.hardware) == series

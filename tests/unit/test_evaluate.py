@@ -400,6 +400,29 @@ def test_snapshot_restore_gives_the_same_future() -> None:
         c.restore({"version": 99})
 
 
+def test_a_new_owner_from_a_stale_snapshot_repeats_changes_with_the_same_event_id() -> None:
+    # Stage-2 handover: owner A published a tick's changes but its state write did not land;
+    # owner B restores the snapshot before that tick and derives the same changes at its own
+    # tick time. Consumers drop repeats by event_id, so each change keeps its id.
+    slow = fleet(6, n00=(100.0, 6.0))
+    a = FleetEvaluator(S)
+    run(a, 1, fleet(6))
+    seen: list[tuple[str, H, H]] = []
+    for k in range(6):
+        t = T0 + 30 * (k + 1)
+        stale = a.snapshot_model("m")
+        (ta,) = run(a, 1, slow, t0=t)
+        b = FleetEvaluator(S)
+        b.restore_model("m", stale)
+        (tb,) = run(b, 1, slow, t0=t + 7.5)          # B ticks on its own clock
+        change = [(x.node_id, x.from_state, x.to_state) for x in ta.transitions]
+        assert change == [(x.node_id, x.from_state, x.to_state) for x in tb.transitions]
+        assert [x.event_id for x in ta.transitions] == [x.event_id for x in tb.transitions]
+        assert all(x.ts != y.ts for x, y in zip(ta.transitions, tb.transitions, strict=True))
+        seen += change
+    assert ("n00", H.HEALTHY, H.SUSPECT) in seen and ("n00", H.SUSPECT, H.UNHEALTHY) in seen
+
+
 def test_models_are_independent() -> None:
     ev = FleetEvaluator(S)
     for k in range(5):

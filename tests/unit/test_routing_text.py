@@ -1,11 +1,11 @@
-"""Names from the wire are printed safely (app.routing.text) by `tailguard status`."""
+"""Names from the wire are printed safely (app.text) by `tailguard status` and in logs."""
 
 from __future__ import annotations
 
 import pytest
 
 from app.routing.status import ModelStatus, format_table
-from app.routing.text import printable
+from app.text import printable
 
 
 @pytest.mark.parametrize(("raw", "shown"), [
@@ -27,3 +27,23 @@ def test_status_table_never_prints_a_raw_control_character() -> None:
     table = format_table([ms], 10.0)
     assert "\x1b" not in table and "\x07" not in table
     assert "evil\\x1b]0;pwned\\x07" in table and "m\\x1b[2J" in table
+
+
+def test_log_messages_with_control_characters_are_written_escaped() -> None:
+    import io
+    import logging
+
+    from app.text import PrintableMessages
+
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.addFilter(PrintableMessages())
+    log = logging.getLogger("tailguard.test.printable")
+    log.addHandler(handler)
+    log.propagate = False
+    try:
+        log.warning("replacing %s/%s", "evil\x1b[2J\nFAKE LINE", "m")
+        log.warning("plain %s", "gpu-node-05")
+    finally:
+        log.removeHandler(handler)
+    assert out.getvalue() == "replacing evil\\x1b[2J\\x0aFAKE LINE/m\nplain gpu-node-05\n"

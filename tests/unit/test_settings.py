@@ -57,6 +57,10 @@ SERVICE_VALUES: dict[str, tuple[str, Any]] = {
     "TAILGUARD_REPLACE_MAX_AGE_S": ("600.5", 600.5),
     "TAILGUARD_MODE": ("observe", "observe"),
     "TAILGUARD_HISTORY_TICKS": ("3", 3),
+    "TAILGUARD_ALLOWLIST_REDIS_KEY": ("site:nodes", "site:nodes"),
+    "TAILGUARD_ALLOWLIST_FILE": ("/etc/tailguard/nodes.txt", "/etc/tailguard/nodes.txt"),
+    "TAILGUARD_ALLOWLIST_PATTERN": ("gpu-[0-9]+", "gpu-[0-9]+"),
+    "TAILGUARD_ALLOWLIST_REFRESH_S": ("5", 5.0),
 }
 # Variables that are only valid together with others (set alongside, left out of "nothing else moved").
 _TLS = {"TAILGUARD_KAFKA_SECURITY_PROTOCOL": "SSL"}
@@ -98,6 +102,8 @@ DETECTOR_TEXT: dict[str, tuple[str, Any]] = {
     "restart_gap_s": ("0", 0.0),
     "max_latency_us": ("1e7", 1e7),
     "max_future_skew_s": ("30", 30.0),
+    "id_pattern": ("[a-z0-9.-]{1,63}", "[a-z0-9.-]{1,63}"),
+    "max_new_pairs_per_tick": ("50", 50),
 }
 
 
@@ -201,6 +207,10 @@ BAD: list[tuple[str, str, str]] = [
     ("TAILGUARD_REPLACE_ATTEMPTS", "0", "1..100"),
     ("TAILGUARD_MODE", "shadow", "observe (publish verdicts, route every node) or enforce"),
     ("TAILGUARD_HISTORY_TICKS", "500", "0..100 (0 keeps none)"),
+    ("TAILGUARD_ALLOWLIST_PATTERN", "gpu-(", "regular expression"),
+    ("TAILGUARD_ALLOWLIST_REDIS_KEY", "site nodes", "without spaces"),
+    ("TAILGUARD_ALLOWLIST_REFRESH_S", "0.5", "[1, 3600]"),
+    ("TAILGUARD_ID_PATTERN", "[a-z", "regular expression"),
     ("TAILGUARD_TOPIC_LATENCY_EVENTS", "", "Kafka topic name"),
     ("TAILGUARD_TOPIC_HEALTH_CHANGES", "node health", "Kafka topic name"),
     ("TAILGUARD_TOPIC_DEAD_LETTER", "x" * 250, "Kafka topic name"),

@@ -50,3 +50,12 @@ def test_ratio_consistent_with_p50_us_p99_us(p50: float | None, p99: float | Non
 @pytest.mark.parametrize(("p50", "p99"), [(0.0, 5.0), (-1.0, 5.0), (math.nan, 5.0), (5.0, math.inf)])
 def test_no_ratio_from_unusable_numbers(p50: float, p99: float) -> None:
     assert p99_p50_ratio(p50, p99) is None
+
+
+def test_event_id_names_the_change_not_the_tick_that_derived_it() -> None:
+    first = transition(ts=1000.0, from_since_ts=940.0)
+    assert transition(ts=1030.0, from_since_ts=940.0).event_id == first.event_id
+    assert transition(ts=1000.0, from_since_ts=970.0).event_id != first.event_id
+    assert transition(ts=1000.0, from_since_ts=940.0, to_state=HealthState.HEALTHY).event_id != first.event_id
+    # without the state's start, the tick time names it (operator announcements)
+    assert transition(ts=1000.0).event_id != transition(ts=1030.0).event_id

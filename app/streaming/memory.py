@@ -1,0 +1,60 @@
+"""Giving memory back to the system after a flood's series are forgotten.
+
+A flood of node ids leaves, once its series are forgotten, freed memory that the
+process keeps: cyclic garbage (a window's series and its slab refer to each other)
+until the collector's next full pass, and freed heap blocks that glibc keeps for
+reuse (also those of large numpy arrays, once its mmap threshold has grown).
+:func:`give_back` collects and trims, so the worker's RSS returns to about its
+pre-flood level (docs/operating.md, "Floods"). Stage 1 and stage 2 call it after
+they dropped at least :data:`GIVE_BACK_MIN` series or pairs at once and compacted
+their own maps; elsewhere than glibc the trim is skipped. What still refers to the
+dropped data then (the last tick's summaries, the operator edge's history) lets go
+within a few ticks, so the next :data:`GIVE_BACK_TICKS` ticks (:func:`after_tick`,
+called by stage 1's tick) give back again. The heap is the process's: the state
+here is too.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import gc
+from typing import Any, Final
+
+#: Fewer series or pairs dropped at once are not worth a full collection.
+GIVE_BACK_MIN: Final = 1000
+#: Ticks after a give-back that give back again.
+GIVE_BACK_TICKS: Final = 5
+
+_again = 0          # ticks left that give back again
+
+_LIBC: Any = None
+
+
+def give_back() -> None:
+    """Collect cyclic garbage and return freed heap to the system (glibc ``malloc_trim``),
+    now and at the next :data:`GIVE_BACK_TICKS` ticks."""
+    global _again
+    _again = GIVE_BACK_TICKS
+    _collect_and_trim()
+
+
+def after_tick() -> None:
+    """Give back again if a give-back was asked for within the last ticks."""
+    global _again
+    if _again > 0:
+        _again -= 1
+        _collect_and_trim()
+
+
+def _collect_and_trim() -> None:
+    global _LIBC
+    gc.collect()
+    if _LIBC is None:
+        try:
+            _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            _LIBC.malloc_trim.argtypes = [ctypes.c_size_t]
+        except (OSError, AttributeError):
+            _LIBC = False
+    if _LIBC:
+        _LIBC.malloc_trim(0)

@@ -1,0 +1,181 @@
+"""A cardinality flood through the real worker: kcat, real Kafka and Redis.
+
+Six real nodes of one model report (the harness's Feeder, 100 samples/s each). Then
+``FLOOD_IDS`` distinct node ids send one event each for the same model (kcat from a
+file), and one real node turns 3x slow at the same moment. Held: the real nodes get a
+summary at every stage-1 tick (read back from ``node-window-stats``); the slow node
+leaves routing within the usual time; no flood id is ever in the routing set; the flood
+is admitted at most ``max_new_pairs_per_tick`` pairs per tick, the rest counted
+(``tailguard_samples_dropped_total{reason="new_pair_limit"}``); once the flood's series
+are forgotten the worker's RSS is within 1.5x of its pre-flood level.
+
+Flood ids stay out of routing here because they go silent (``silent_after_s`` 6 s)
+before their warm-up (12 s) ends; admission by evidence (issue 16 item 1) keeps them
+out whatever the timing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import os
+import subprocess
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+from prometheus_client.parser import text_string_to_metric_families
+from worker_harness import Feeder, Worker, WorkerEnv, free_port, read_topic, routing
+
+from app.core import health
+from app.core.config import DetectorSettings
+from app.core.types import WindowSummary
+from app.streaming.wire import decode_stage2
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+MODEL = "llama"
+REAL = [f"real-{i}" for i in range(6)]
+SLOW = "real-5"
+FLOOD_IDS = 200_000
+TICK_S = 2.0
+LIMIT = 1000                       # the default of max_new_pairs_per_tick
+FLOOD_IDS = int(os.environ.get("FLOOD_TEST_IDS", FLOOD_IDS))   # 0: the usual time, no flood
+# Whether this code base routes a new pair while it warms up (before issue 16 item 1).
+WARMING_IS_ROUTED = health.first_seen("n", "m", 0.0, 0.0, DetectorSettings(warmup_s=60.0))[0].routed
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for pid {pid}")
+
+
+def metric(port: int, name: str, **labels: str) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return float(s.value)
+    return 0.0
+
+
+def flood_file(path: Path, n: int) -> Path:
+    now = time.time()
+    with path.open("w") as f:
+        for i in range(n):
+            node = f"flood-{i:06d}"
+            ev = json.dumps({"node_id": node, "model": MODEL, "ts": now, "latency_us": 900.0})
+            f.write(f"{node}|{MODEL}\t{ev}\n")
+    return path
+
+
+async def test_a_flood_of_new_ids_does_not_blind_detection_and_memory_comes_back(
+        kafka_bootstrap: str, redis_url: str, unique_name: Callable[[str], str],
+        tmp_path: Path) -> None:
+    metrics_port = free_port()
+    env = WorkerEnv(unique_name("flood"), kafka_bootstrap, redis_url, extra={
+        "TAILGUARD_TICK_INTERVAL_S": str(TICK_S), "TAILGUARD_WARMUP_S": "12",
+        "TAILGUARD_SILENT_AFTER_S": "6", "TAILGUARD_RESTART_GAP_S": "2",
+        "TAILGUARD_FORGET_AFTER_S": "20", "TAILGUARD_WINDOW_SIZE": "200",
+        "TAILGUARD_METRICS_PORT": str(metrics_port),
+        "TAILGUARD_MAX_NEW_PAIRS_PER_TICK": str(LIMIT)})
+    topic = env.topic("latency_events")
+    await env.create_topics()
+    r = aioredis.Redis.from_url(redis_url)
+    worker = Worker(env.environ(), tmp_path / "worker.log")
+    ever_routed: set[str] = set()
+
+    async def routed() -> set[str]:
+        now = await routing(r, env.name, MODEL)
+        ever_routed.update(now)
+        return now
+
+    async def until(pred: Callable[[set[str]], bool], timeout_s: float, what: str) -> float:
+        deadline = time.monotonic() + timeout_s
+        while not pred(await routed()):
+            feeder.check()
+            assert time.monotonic() < deadline, f"{what}\n{worker.tail()}"
+            await asyncio.sleep(0.25)
+        return time.time()
+
+    try:
+        async with Feeder(kafka_bootstrap, topic, {MODEL: REAL}) as feeder:
+            await until(lambda s: s == set(REAL), 60, "the real nodes were never routed")
+            for _ in range(12):                    # steady state before the flood
+                await routed()
+                await asyncio.sleep(0.5)
+            rss_before = rss_mb(worker.proc.pid)
+
+            path = await asyncio.to_thread(flood_file, tmp_path / "flood.txt", FLOOD_IDS)
+            t_flood = time.time()
+            feeder.slow.add((SLOW, MODEL))
+            t0 = time.monotonic()
+            with path.open("rb") as f:
+                await asyncio.to_thread(subprocess.run, [
+                    "kcat", "-P", "-b", kafka_bootstrap, "-t", topic, "-K", "\t", "-z", "lz4"],
+                    stdin=f, check=True, timeout=120)
+            produced_s = time.monotonic() - t0
+            t_out = await until(lambda s: SLOW not in s, 60, "the slow node never left routing")
+            # (Flood ids in the routing set are checked at the end.)
+            assert {n for n in await routed() if not n.startswith("flood-")} == set(REAL) - {SLOW}
+
+            # The flood's series are forgotten (forget_after_s) and memory is given back.
+            deadline = time.monotonic() + 90
+            while metric(metrics_port, "tailguard_series_tracked") > len(REAL):
+                assert time.monotonic() < deadline, worker.tail()
+                await routed()
+                await asyncio.sleep(0.5)
+            for _ in range(3 * int(TICK_S / 0.5)):      # a few more ticks (stage 2 forgets too)
+                await routed()
+                await asyncio.sleep(0.5)
+            rss_after = rss_mb(worker.proc.pid)
+            t_end = time.time()
+            dropped = metric(metrics_port, "tailguard_samples_dropped_total",
+                             reason="new_pair_limit")
+        assert worker.proc.poll() is None, worker.tail()
+    finally:
+        worker.stop()
+        await r.aclose()
+
+    summaries = [m for rec in await read_topic(kafka_bootstrap, env.topic("window_stats"), 60)
+                 if isinstance(m := decode_stage2(rec.value), WindowSummary)]
+    flood_seen = {s.node_id for s in summaries if s.node_id.startswith("flood-")}
+    report = (f"flood of {FLOOD_IDS} ids produced in {produced_s:.1f} s; slow node out "
+              f"{t_out - t_flood:.1f} s after; {len(flood_seen)} flood ids summarized, {dropped:.0f}"
+              f" events dropped at admission; RSS {rss_before:.0f} -> {rss_after:.0f} MB")
+    print(report)
+    # Detection was not blinded: out within the usual time. Measured 2026-12-03 on the 2-core
+    # machine: 4.1 s without a flood (FLOOD_TEST_IDS=0), 7.7 s with it; bound: a few ticks more.
+    assert t_out - t_flood < 16, report
+    # Every tick from just before the flood to the end has a summary of every real node (a
+    # tick starts when the poll in progress is done: its time is a little after the boundary).
+    for node in REAL:
+        ticks = sorted({s.tick_ts for s in summaries
+                        if s.node_id == node and t_flood - 2 * TICK_S <= s.tick_ts <= t_end - TICK_S})
+        gaps = [round(b - a, 3) for a, b in itertools.pairwise(ticks)]
+        assert len(ticks) >= (t_end - t_flood) / TICK_S - 1, (node, gaps)
+        assert max(gaps) < 1.5 * TICK_S, (node, gaps)
+        # ... judged on samples (the slow node, once suspect, on the samples since: maybe none).
+        assert node == SLOW or all(s.samples > 0 for s in summaries
+                                   if s.node_id == node and s.tick_ts >= t_flood), node
+    # Admission was limited and the rest counted, not dead-lettered.
+    admitted = FLOOD_IDS - dropped
+    assert len(flood_seen) <= admitted <= LIMIT * ((t_end - t_flood) / TICK_S + 1), report
+    assert not await read_topic(kafka_bootstrap, env.topic("dead_letter"))
+    assert rss_after <= 1.5 * rss_before, report
+    # Flood ids are never routed: admission by evidence (issue 16 item 1). Where that is not
+    # in yet, a new pair is routed as soon as it is warming, and this check is an expected
+    # failure; as soon as warming pairs are not routed it is enforced.
+    flood_routed = {n for n in ever_routed if n.startswith("flood-")}
+    assert ever_routed - flood_routed <= set(REAL)
+    if flood_routed and WARMING_IS_ROUTED:
+        pytest.xfail(f"{len(flood_routed)} flood ids were routed while warming: needs admission"
+                     " by evidence (issue 16 item 1)")
+    assert not flood_routed, report
