@@ -25,6 +25,10 @@ Guarantees:
   ``hints`` raises (a changelog topic whose metadata the producer lost), the
   error is logged and counted in ``write_failures``, the model's verdict is
   still returned for publishing, and the write is retried at the next tick.
+  A value above ``max_value_bytes`` (JSON; Kafka refuses a message above the
+  producer's ``max_request_size``, 1 MB, and faust's producer would crash the
+  worker) is not written: counted in ``write_failures`` and ``oversized``,
+  logged once until it fits again.
 * **Cluster-wide P50/P99.** Each stage-1 worker's latest
   :class:`~app.streaming.wire.ClusterDigest` of a model (``on_cluster``) is
   merged at the model's tick into ``ModelTick.fleet_latency_p50_us``/``_p99_us``
@@ -53,11 +57,17 @@ from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeAlias
 
+import orjson
+
 from app.core.detector import FLEET_QUANTILES
 from app.core.quantiles import digest_quantiles, merge_digests
 from app.core.types import ModelTick, Transition, WindowSummary
 from app.streaming.memory import GIVE_BACK_MIN, give_back
 from app.streaming.wire import ClusterDigest, DiagnosticsResult
+
+#: The largest table value written (JSON bytes): under the 1 MB ``max_request_size`` of the
+#: producer, with room for the key and the record's framing.
+MAX_VALUE_BYTES = 900_000
 
 SeriesKey: TypeAlias = tuple[str, str]
 
@@ -156,7 +166,8 @@ class Stage2:
 
     def __init__(self, evaluator: EvaluatorLike, state: MutableMapping[bytes, Any], *,
                  stale_after_s: float, hints: MutableMapping[bytes, Any] | None = None,
-                 max_pending_diagnostics: int = 10_000) -> None:
+                 max_pending_diagnostics: int = 10_000,
+                 max_value_bytes: int = MAX_VALUE_BYTES) -> None:
         if not stale_after_s > 0:
             raise ValueError(f"stale_after_s must be > 0, got {stale_after_s!r}")
         self.evaluator = evaluator
@@ -170,6 +181,9 @@ class Stage2:
         self._restored: set[str] = set()
         self._written: dict[str, Any] = {}
         self.write_failures = 0
+        self.max_value_bytes = max_value_bytes
+        self.oversized = 0          # writes refused for size (in write_failures too)
+        self._oversized_logged: set[tuple[str, str]] = set()
         self.refused_states = 0     # stored model states that could not be restored
         # Summaries never evaluated, by reason: "superseded" (a newer one of the same pair came
         # first), "stale" (older than stale_after_s at the tick), "not_owned" (another worker's),
@@ -246,6 +260,19 @@ class Stage2:
 
     def _write(self, table: MutableMapping[Any, Any], key: bytes, value: Any, model: str,
                what: str) -> bool:
+        size = len(orjson.dumps(value, default=str))
+        if size > self.max_value_bytes:
+            self.write_failures += 1
+            self.oversized += 1
+            if (model, what) not in self._oversized_logged:
+                self._oversized_logged.add((model, what))
+                log.error("the %s of model %r is %d bytes as JSON, above the %d bytes a Kafka message "
+                          "may carry here: not written (a new stage-2 owner would start from an older "
+                          "one) until it fits; it grows with the model's pairs (a flood of node ids, "
+                          "or a model of thousands of nodes: split it)", what, model, size,
+                          self.max_value_bytes)
+            return False
+        self._oversized_logged.discard((model, what))
         try:
             table[key] = value
         except Exception:  # retried next tick: the caller keeps its last-written marker

@@ -106,6 +106,18 @@ def test_failed_table_writes_lose_no_verdict_and_are_retried_next_tick() -> None
     assert decode_hints(hints.items()).out_of_fit == {("slow", "m")}
 
 
+def test_a_table_value_too_large_for_kafka_is_not_written_and_the_worker_goes_on() -> None:
+    # faust's producer crashes the worker on a message above max_request_size: never send one
+    state: dict[bytes, Any] = {}
+    s2 = Stage2(FleetEvaluator(SETTINGS), state, stale_after_s=1.5 * T, max_value_bytes=200)
+    outs = run_ticks(s2, "m", 1000.0, 4)
+    assert "slow" not in outs[-1].tick.routing          # verdicts go on
+    assert not state and s2.oversized >= 4 and s2.write_failures == s2.oversized
+    s2.max_value_bytes = 1_000_000
+    run_ticks(s2, "m", 1000.0 + 4 * T, 1)               # fits again: written
+    assert state[state_key("m")] == s2.evaluator.snapshot_model("m")
+
+
 def _share(source: str, tick_ts: float, values: np.ndarray) -> ClusterDigest:
     return ClusterDigest("m", tick_ts, source, 3, digest_dict_of_sorted(np.sort(values)))
 
