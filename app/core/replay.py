@@ -168,11 +168,11 @@ def replay(lines: Iterable[bytes | str], settings: DetectorSettings,
     add = acc.add
     lineno = 0
     for lineno, raw in enumerate(lines, 1):
-        if not raw.strip():
-            continue
         try:
             ts = add(raw)
         except BadEvent as e:
+            if not raw.strip():        # a blank line is no event (and never decodes)
+                continue
             if e.reason == "future_ts" and k is not None:
                 held.append((lineno, raw, e))
                 if len(held) >= JUMP_CONFIRM_LINES:
@@ -188,7 +188,10 @@ def replay(lines: Iterable[bytes | str], settings: DetectorSettings,
             for held_lineno, _, held_err in held:
                 bad(held_lineno, held_err)
             held.clear()
-        accepted(ts)
+        if ts <= seen_max and k is not None and ts < k * interval:
+            stats.events += 1          # accepted(ts) of an event inside the current tick
+        else:
+            accepted(ts)
         if progress is not None and lineno % PROGRESS_EVERY_LINES == 0:
             stats.lines, stats.last_ts = lineno, seen_max
             progress(stats)

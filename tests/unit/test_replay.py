@@ -105,6 +105,16 @@ def test_a_far_future_timestamp_does_not_run_forever() -> None:
     assert not stats.bad
 
 
+def test_blank_lines_between_the_lines_of_a_jump_neither_count_nor_break_it() -> None:
+    ls = lines(nodes=3, seconds=60)
+    for i in range(3):
+        ls += [b"\n", b" \t ", json.dumps({"node_id": "n0", "model": "m", "latency_us": 9.0,
+                                           "ts": T0 + 3e9 + i}).encode()]
+    _recs, stats = run(ls + [b""])
+    assert stats.last_ts == T0 + 3e9 + 2 and stats.events == 3 * 60 * 20 + 3
+    assert not stats.bad
+
+
 def test_one_skewed_timestamp_is_rejected_and_does_not_blind_the_replay() -> None:
     clean = lines(nodes=6, seconds=600, slow="n1", onset=200.0, seed=7)
     skewed = list(clean)
