@@ -110,7 +110,7 @@ def test_blank_lines_between_the_lines_of_a_jump_neither_count_nor_break_it() ->
     for i in range(3):
         ls += [b"\n", b" \t ", json.dumps({"node_id": "n0", "model": "m", "latency_us": 9.0,
                                            "ts": T0 + 3e9 + i}).encode()]
-    _recs, stats = run(ls + [b""])
+    _recs, stats = run([*ls, b""])
     assert stats.last_ts == T0 + 3e9 + 2 and stats.events == 3 * 60 * 20 + 3
     assert not stats.bad
 
