@@ -1,15 +1,11 @@
 """Stage-1 ingestion: an aiokafka consumer run as a faust (mode) Service in the worker.
 
-Why not a faust agent: faust hands every message from its consumer thread to
-the agent one by one. ``python -m bench.bench_streaming --quick`` on the
-2-core development machine (real broker, single-event form, same decode and
-window code): a faust agent over ``stream.take(2000)`` did ~9,000 events/s,
-this aiokafka ``getmany()`` path ~100,000/s (the target is 10,000 single
-events/s per worker); with 100-sample batch messages 260k vs 530k samples/s.
-So stage 1 reads ``latency-events`` with its own consumer group
-(``<app_id>-stage1``), in bulk, and hands each poll to
-:class:`~app.streaming.stage1.Stage1`. Stage 2 (state, evaluation) stays in
-faust agents and changelog-backed tables.
+Stage 1 reads ``latency-events`` with its own consumer group
+(``<app_id>-stage1``), in bulk (``getmany()``), and hands each poll to
+:class:`~app.streaming.stage1.Stage1`; stage 2 (state, evaluation) stays in
+faust agents and changelog-backed tables. A faust agent hands every message
+over from its consumer thread one by one, which is far slower
+(docs/performance.md, "Streaming worker").
 
 Guarantees:
 
@@ -37,11 +33,9 @@ Guarantees:
   :data:`SEND_BUDGET_FRACTION` of the tick interval is dropped and counted
   (``tailguard_summaries_dropped_total{reason="send_deadline"}``, one log
   line), so a flood's new series can neither delay the known ones' summaries
-  nor make the next tick late. Polls and ticks take turns (one lock, fair):
-  a tick waits for at most the poll in progress, and polls wait while a tick
-  sends — each of a tick's sends is an await, and with a busy poll loop
-  between every two of them (a flood being read) a tick's summaries went out
-  at a few thousand per second, seconds late.
+  nor make the next tick late. Polls and ticks take turns (one fair lock): a
+  tick waits for at most the poll in progress, and polls wait while a tick
+  sends (docs/operating.md#floods says why).
 * Consumer lag per owned partition is exported (``tailguard_consumer_lag``).
 * **Any producer.** Record batches compressed with gzip, snappy, lz4 or zstd
   (kcat/librdkafka, the Java producer) are decoded (snappy/lz4/zstd need
