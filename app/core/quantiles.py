@@ -232,29 +232,27 @@ def select_two_runs(keys: U32, split: I64, k: I64) -> tuple[F64, F64]:
     flat = keys.reshape(-1)
     k = np.asarray(k, dtype=np.int64).reshape(rows, -1)
     m1 = np.asarray(split, dtype=np.int64).reshape(rows, 1)
-    m2 = width - m1
     row_a = (np.arange(rows, dtype=np.int64) * width)[:, None]
-    row_b = row_a + m1
-    last_a = row_a + np.maximum(m1 - 1, 0)
-    last_b = row_a + (width - 1)
-    lo = np.maximum(0, k + 1 - m2)
+    b_k = row_a + m1 + k                    # flat index of the second run's entry k - i is b_k - i
+    lo = np.maximum(0, k + 1 - (width - m1))
     hi = np.minimum(k + 1, m1)
-    # Invariant as in select_in_halves; settled rows (lo == hi) read clamped indices.
+    # The answer is in [lo, hi] and the predicate holds at hi. While lo < hi, mid < m1 and
+    # 0 <= k - mid < width - m1. A settled row (lo >= hi) reads clamped indices, and whatever
+    # it reads, hi stays where it is (lo may pass it by one): hi is the answer.
     for _ in range(int((hi - lo).max(initial=0)).bit_length()):
         mid = (lo + hi) >> 1
-        b_at = flat[np.minimum(row_b + np.maximum(k - mid, 0), last_b)] & _VALUE_BITS
-        p = b_at < flat[np.minimum(row_a + mid, last_a)] & _VALUE_BITS
+        p = flat.take(b_k - mid, mode="clip") & _VALUE_BITS < flat.take(row_a + mid, mode="clip")
         hi = np.where(p, mid, hi)
-        lo = np.where(p, lo, np.minimum(mid + 1, hi))
-    i, j = lo, k + 1 - lo                             # taken from each run
+        lo = np.where(p, lo, mid + 1)
+    i, j = hi, k + 1 - hi                   # taken from each run
+    a_at = row_a + i
+    b_at = b_k - i + 1                      # the second run's entry j
     none = np.uint32(0)                     # below every value (they are >= +0.0)
-    a_prev = np.where(i > 0, flat[np.minimum(row_a + np.maximum(i - 1, 0), last_a)] & _VALUE_BITS, none)
-    b_prev = np.where(j > 0, flat[np.minimum(row_b + np.maximum(j - 1, 0), last_b)] & _VALUE_BITS,
-                      none)
-    a_next = np.where(i < m1, flat[np.minimum(row_a + i, last_a)] & _VALUE_BITS, _NO_VALUE)
-    b_next = np.where(j < m2, flat[np.minimum(row_b + j, last_b)] & _VALUE_BITS, _NO_VALUE)
-    kth = np.maximum(a_prev, b_prev)
-    nxt = np.where(k + 1 < width, np.minimum(a_next, b_next), kth)
+    kth = np.maximum(np.where(i > 0, flat.take(a_at - 1, mode="clip"), none),
+                     np.where(j > 0, flat.take(b_at - 1, mode="clip") & _VALUE_BITS, none))
+    nxt = np.minimum(np.where(i < m1, flat.take(a_at, mode="clip"), _NO_VALUE),
+                     np.where(j < width - m1, flat.take(b_at, mode="clip") & _VALUE_BITS, _NO_VALUE))
+    nxt = np.where(k + 1 < width, nxt, kth)
     return kth.view(np.float32).astype(np.float64), nxt.view(np.float32).astype(np.float64)
 
 
@@ -294,15 +292,15 @@ def count_at_most(matrix: npt.NDArray[Any], stop: I64, v: npt.ArrayLike) -> I64:
     flat = matrix.reshape(-1)
     at = np.arange(rows, dtype=np.int64) * width
     lo = np.zeros(rows, dtype=np.int64)
-    hi = np.asarray(stop, dtype=np.int64).copy()
-    # The answer is in [lo, hi]: entries below lo are <= v, entries from hi on are not.
+    hi = np.asarray(stop, dtype=np.int64)
+    # Entries below lo are <= v, entries from hi on are not. A settled row (lo >= hi) reads
+    # clamped indices, and hi stays where it is whatever it reads: hi is the answer.
     for _ in range(int(hi.max(initial=0)).bit_length()):
         mid = (lo + hi) >> 1
-        le = flat[at + np.minimum(mid, width - 1)] <= v
-        open_ = lo < hi
-        lo = np.where(open_ & le, mid + 1, lo)
-        hi = np.where(open_ & ~le, mid, hi)
-    return lo
+        le = flat.take(at + mid, mode="clip") <= v
+        lo = np.where(le, mid + 1, lo)
+        hi = np.where(le, hi, mid)
+    return hi
 
 
 def row_quantiles(matrix: FloatArray, counts: npt.NDArray[np.int64],

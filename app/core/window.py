@@ -394,8 +394,23 @@ def _fast_block(items: Sequence[tuple[_Chunk, _Stats]], n: int, cap: int, fresh_
         o += f.size
 
 
-_summary_order: Final = operator.attrgetter("model", "node_id")
 _make_summary: Final = WindowSummary._make
+_node_id_of: Final = operator.attrgetter("node_id")
+_model_of: Final = operator.attrgetter("model")
+_hardware_of: Final = operator.attrgetter("hardware")
+_first_seen_of: Final = operator.attrgetter("first_seen_ts")
+_last_seen_of: Final = operator.attrgetter("last_seen_ts")
+_requests_of: Final = operator.attrgetter("requests")
+_failures_of: Final = operator.attrgetter("failures")
+_instance_ts_of: Final = operator.attrgetter("instance_ts")
+_resumed_ts_of: Final = operator.attrgetter("resumed_ts")
+
+
+def _optional(values: npt.NDArray[Any], none: Bools) -> list[Any]:
+    """``values`` as Python numbers, ``None`` where ``none``."""
+    out = values.astype(object)
+    out[none] = None
+    return list(out.tolist())
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -739,8 +754,8 @@ class WindowStore:
         stats = [self._chunk_stats(ch, st, plans, fresh_lo, refs)
                  for ch, st in zip(chunks, states, strict=True)]
         self._fast_stats(list(zip(chunks, stats, strict=True)), fresh_lo, refs)
-        for ch, st, cs in zip(chunks, states, stats, strict=True):
-            results.extend(self._chunk_summaries(ch, st, cs, plans, now_s, age_lo, digests))
+        results.extend(self._build(list(zip(chunks, states, stats, strict=True)), plans, now_s,
+                                   age_lo, digests))
         for s in self._series.values():
             if s.chunk is None:
                 results.append(WindowSummary(
@@ -751,7 +766,9 @@ class WindowStore:
                     last_seen_ts=s.last_seen_ts, extra={}, requests_total=s.requests,
                     failed_total=s.failures, instance_ts=s.instance_ts,
                     resumed_ts=s.resumed_ts))
-        results.sort(key=_summary_order)
+        # By (model, node_id): two stable sorts on one string each need no key tuples.
+        results.sort(key=_node_id_of)
+        results.sort(key=_model_of)
         return results
 
     def model_pools(self, now_s: float, *, per_series: int = POOL_SAMPLES_PER_SERIES,
@@ -969,67 +986,100 @@ class WindowStore:
                 _fast_block(items[:take], n, cap, fresh_lo, refs, min_fresh)
                 items = items[take:]
 
-    def _chunk_summaries(self, ch: _Chunk, st: _Pass1, cs: _Stats, plans: list[_ModelPlan],
-                         now_s: float, age_lo: float, digests: bool) -> list[WindowSummary]:
+    def _build(self, parts: Sequence[tuple[_Chunk, _Pass1, _Stats]], plans: list[_ModelPlan],
+               now_s: float, age_lo: float, digests: bool) -> list[WindowSummary]:
+        """The summaries of every used row of ``parts``' chunks, in chunk order.
+
+        Built by field name, one column per field for all chunks at once, then one tuple per
+        series: cheaper than a keyword call of WindowSummary's fields, and the numeric
+        columns need no per-series Python loop (``_optional``)."""
+        if not parts:
+            return []
         min_fresh = self.settings.min_samples
-        used = np.flatnonzero(ch.midx >= 0)
-        n_sig, q_sig, q_fresh, probe_q = cs.n_sig, cs.q_sig, cs.q_fresh, cs.probe_q
+        used = [np.flatnonzero(ch.midx >= 0) for ch, _, _ in parts]
+        at = np.cumsum([0] + [u.size for u in used]).tolist()     # each chunk's first index
+
+        def cat(arrs: Iterable[npt.NDArray[Any]]) -> npt.NDArray[Any]:
+            return np.concatenate([x[u] for x, u in zip(arrs, used, strict=True)])
+
+        ser: list[_Series] = []
+        for (ch, _, _), u in zip(parts, used, strict=True):
+            ser.extend(sr for r in u.tolist() if (sr := ch.series[r]) is not None)
+        assert len(ser) == at[-1]
+        n_sig = cat(cs.n_sig for _, _, cs in parts)
+        n_judged = cat(st.n_judged for _, st, _ in parts)
+        q_sig = cat(cs.q_sig for _, _, cs in parts)
+        q_lat = cat(cs.q_lat for _, _, cs in parts)
+        n_fresh = cat(cs.n_fresh for _, _, cs in parts)
+        q_fresh = cat(cs.q_fresh for _, _, cs in parts)
         # A window whose judged samples are all fresh has its own P50 as the fresh P50.
-        whole = (cs.n_fresh == n_sig) & (n_sig >= min_fresh)
+        whole = (n_fresh == n_sig) & (n_sig >= min_fresh)
         q_fresh[whole] = q_sig[whole, 0]
-        # Built by field name, one column per field, then one tuple per series: cheaper than
-        # a keyword call of WindowSummary's fields, and most fields need no per-series loop.
-        rows = used.tolist()
-        ser: list[_Series] = [sr for r in rows if (sr := ch.series[r]) is not None]
-        assert len(ser) == len(rows)
-        n_sig_u, n_judged_u = n_sig[used], st.n_judged[used]
-        ns_l, nj_l = n_sig_u.tolist(), n_judged_u.tolist()
-        q_sig_l, q_lat_l = q_sig[used].tolist(), cs.q_lat[used].tolist()
-        extras: list[dict[str, Any]] = [{} for _ in rows]
-        if st.has_since:
-            for i, since in enumerate(st.since_row[used].tolist()):
-                if since == since:
-                    extras[i]["judged_since"] = since
-        for i in np.flatnonzero(n_judged_u != n_sig_u).tolist():
-            extras[i]["judged_samples"] = nj_l[i]
+        no_sig, no_lat = n_sig == 0, n_judged == 0
+        # The series without extras share one empty dict (``extra`` is a read-only Mapping):
+        # one allocation per series fewer, and fewer collections of the garbage collector.
+        none: dict[str, Any] = {}
+        extras: list[dict[str, Any]] = [none] * len(ser)
+
+        def extra(i: int) -> dict[str, Any]:
+            d = extras[i]
+            if d is none:
+                d = extras[i] = {}
+            return d
+
+        if any(st.has_since for _, st, _ in parts):
+            since = cat(st.since_row for _, st, _ in parts)
+            for i in np.flatnonzero(~np.isnan(since)).tolist():
+                extra(i)["judged_since"] = float(since[i])
+        for i, nj in zip(np.flatnonzero(n_judged != n_sig).tolist(),
+                         n_judged[n_judged != n_sig].tolist(), strict=True):
+            extra(i)["judged_samples"] = nj
         fit_extra = {i: p.fit.to_dict() for i, p in enumerate(plans) if p.fit is not None}
         if fit_extra:
             for i, sr in enumerate(ser):
                 fx = fit_extra.get(sr.midx)
                 if fx is not None:
-                    extras[i]["fleet_fit"] = fx
+                    extra(i)["fleet_fit"] = fx
         if digests:
-            judged = st.judged_mask()
-            for i, r in enumerate(rows):
-                if nj_l[i]:
-                    extras[i]["digest"] = digest_to_dict(digest_of(np.abs(ch.lat[r][judged[r]])))
-        probe_qs = [probe_q.get(r, _NONE2) for r in rows] if probe_q else None
-        signal_of = [p.signal for p in plans]
+            for (ch, st, _), u, first in zip(parts, used, at[:-1], strict=True):
+                judged = st.judged_mask()
+                for i, r in enumerate(u.tolist(), start=first):
+                    if judged[r].any():
+                        extra(i)["digest"] = digest_to_dict(digest_of(np.abs(ch.lat[r][judged[r]])))
+        probe_p50: Iterable[float | None] = repeat(None)
+        probe_p99: Iterable[float | None] = repeat(None)
+        if any(cs.probe_q for _, _, cs in parts):
+            pq: list[tuple[float | None, float | None]] = [_NONE2] * len(ser)
+            for (_, _, cs), u, first in zip(parts, used, at[:-1], strict=True):
+                for r, q in cs.probe_q.items():
+                    pq[first + int(np.searchsorted(u, r))] = (q[0], q[1])
+            probe_p50, probe_p99 = [q[0] for q in pq], [q[1] for q in pq]
+        signal_of = np.array([p.signal for p in plans], dtype=object)
         cols: dict[str, Iterable[Any]] = {
-            "node_id": [sr.node_id for sr in ser],
-            "model": [sr.model for sr in ser],
+            "node_id": list(map(_node_id_of, ser)),
+            "model": list(map(_model_of, ser)),
             "tick_ts": repeat(now_s),
-            "signal": [signal_of[sr.midx] for sr in ser],
-            "samples": ns_l,
-            "p50": [q[0] if n else None for q, n in zip(q_sig_l, ns_l, strict=True)],
-            "p99": [q[1] if n else None for q, n in zip(q_sig_l, ns_l, strict=True)],
-            "latency_p50_us": [q[0] if n else None for q, n in zip(q_lat_l, nj_l, strict=True)],
-            "latency_p99_us": [q[1] if n else None for q, n in zip(q_lat_l, nj_l, strict=True)],
+            "signal": signal_of[cat(ch.midx for ch, _, _ in parts)].tolist(),
+            "samples": n_sig.tolist(),
+            "p50": _optional(q_sig[:, 0], no_sig),
+            "p99": _optional(q_sig[:, 1], no_sig),
+            "latency_p50_us": _optional(q_lat[:, 0], no_lat),
+            "latency_p99_us": _optional(q_lat[:, 1], no_lat),
             "failed": [_failed_in(sr.failed, age_lo, now_s) if sr.failed else 0 for sr in ser],
-            "hardware": [sr.hardware for sr in ser],
-            "first_seen_ts": [sr.first_seen_ts for sr in ser],
-            "last_seen_ts": [sr.last_seen_ts for sr in ser],
-            "probe_samples": cs.n_probe[used].tolist(),
-            "probe_p50": repeat(None) if probe_qs is None else [q[0] for q in probe_qs],
-            "probe_p99": repeat(None) if probe_qs is None else [q[1] for q in probe_qs],
+            "hardware": list(map(_hardware_of, ser)),
+            "first_seen_ts": list(map(_first_seen_of, ser)),
+            "last_seen_ts": list(map(_last_seen_of, ser)),
+            "probe_samples": cat(cs.n_probe for _, _, cs in parts).tolist(),
+            "probe_p50": probe_p50,
+            "probe_p99": probe_p99,
             "extra": extras,
-            "fresh_samples": cs.n_fresh[used].tolist(),
-            "fresh_p50": [q if q == q else None for q in q_fresh[used].tolist()],
-            "requests_total": [sr.requests for sr in ser],
-            "failed_total": [sr.failures for sr in ser],
-            "instance_ts": [sr.instance_ts for sr in ser],
-            "resumed_ts": [sr.resumed_ts for sr in ser],
-            "fresh_over": [v if v >= 0 else None for v in cs.n_over[used].tolist()],
+            "fresh_samples": n_fresh.tolist(),
+            "fresh_p50": _optional(q_fresh, np.isnan(q_fresh)),
+            "requests_total": list(map(_requests_of, ser)),
+            "failed_total": list(map(_failures_of, ser)),
+            "instance_ts": list(map(_instance_ts_of, ser)),
+            "resumed_ts": list(map(_resumed_ts_of, ser)),
+            "fresh_over": _optional(n_over := cat(cs.n_over for _, _, cs in parts), n_over < 0),
         }
         # repeat() columns are endless; every list column has one entry per series.
         return list(map(_make_summary,
