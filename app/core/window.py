@@ -119,7 +119,7 @@ _MIN_CHUNK_ROWS: Final = 4
 _SIG_CODE: Final = {sig.LATENCY: 0, sig.TPOT: 1, sig.NORMALIZED: 2}
 _FIT_SLOTS: Final = 256
 # Sort keys of a tier's fast rows are built and sorted in blocks of at most this many bytes.
-_FAST_BLOCK_BYTES: Final = 8 << 20
+_FAST_BLOCK_BYTES: Final = 4 << 20
 _NONE2: Final[tuple[None, None]] = (None, None)
 
 
@@ -986,10 +986,10 @@ class WindowStore:
         One sort per row serves both the window and its fresh samples: the keys are the
         latency bits with the run flag on the samples that are not fresh
         (:func:`~app.core.quantiles.to_run_keys`), so a sorted row is ``[fresh ascending |
-        older ascending]``. The fresh count is where the runs meet, the fresh P50 and the
-        largest fresh sample are read by index, the window's P50/P99 selected across both
-        runs (:func:`~app.core.quantiles.select_two_runs`) and ``fresh_over`` counted by a
-        binary search of the fresh run.
+        older ascending]``. The fresh count is where the runs meet, the
+        window's P50/P99 selected across both runs
+        (:func:`~app.core.quantiles.select_two_runs`), the fresh P50 read by index and
+        ``fresh_over`` counted by a binary search of the fresh run.
         """
         by_cap: dict[int, list[tuple[_Chunk, _Stats]]] = {}
         for ch, cs in work:
