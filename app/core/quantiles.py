@@ -225,8 +225,9 @@ def select_two_runs(keys: U32, split: I64, k: I64) -> tuple[F64, F64]:
     of a key's bits with :data:`RUN_FLAG` cleared. Returns, per row and column of ``k``
     (``[rows, nq]``, ``0 <= k < width``), the ``k``-th and ``(k + 1)``-th smallest value
     (0-based) of the whole row as float64; the second repeats the first when ``k`` is the
-    last rank. The same vectorized binary search as :func:`select_in_halves`; reads are
-    clamped into the row, so an empty run is never read.
+    last rank. The same vectorized binary search as :func:`select_in_halves`, all rows at
+    once; an empty run is never compared (rows whose search has ended read clamped
+    indices, and what they read is not used).
     """
     rows, width = int(keys.shape[0]), int(keys.shape[1])
     flat = keys.reshape(-1)
@@ -241,7 +242,7 @@ def select_two_runs(keys: U32, split: I64, k: I64) -> tuple[F64, F64]:
     # it reads, hi stays where it is (lo may pass it by one): hi is the answer.
     for _ in range(int((hi - lo).max(initial=0)).bit_length()):
         mid = (lo + hi) >> 1
-        p = flat.take(b_k - mid, mode="clip") & _VALUE_BITS < flat.take(row_a + mid, mode="clip")
+        p = (flat.take(b_k - mid, mode="clip") & _VALUE_BITS) < flat.take(row_a + mid, mode="clip")
         hi = np.where(p, mid, hi)
         lo = np.where(p, lo, mid + 1)
     i, j = hi, k + 1 - hi                   # taken from each run
