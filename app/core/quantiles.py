@@ -10,10 +10,13 @@ Guarantees:
   two halves and the needed ranks are selected across both sorted halves
   (:func:`select_in_halves`, a vectorized binary search per row): the
   order statistics are exactly those of a full sort, so results are
-  identical, and numpy's SIMD sort is far faster per element on short rows:
-  10,000 rows of 1000 float32 sort in ~51 ms whole, ~8 ms as 20,000 half-rows;
-  ``WindowStore.summaries`` at 10,000 full 1000-sample windows takes 65.5 ms
-  vs 106.0 ms sorting whole rows (CPU time, ``python -m bench.bench_core_stage1``).
+  identical, and numpy's SIMD sort is faster per element on short rows.
+* Two sets of values in one row, one sort: :func:`to_run_keys` flags the
+  second set in the float32 sign bit, so a sorted row is two ascending runs
+  with a split point per row; :func:`select_two_runs` /
+  :func:`two_run_quantiles` select the whole row's ranks across them and
+  :func:`prefix_quantiles` reads the first run's by index, bit for bit
+  what sorting each set apart gives (tests/unit/test_quantiles.py).
 * The t-digest wrapper (``fastdigest``, Rust) gives P50 within 1 % and P99
   within 2 % relative error of the exact value on 1000+ samples of lognormal
   and bimodal data at ``DIGEST_CENTROIDS`` (tests/unit/test_quantiles.py),
@@ -54,6 +57,13 @@ def _ranks(n: npt.NDArray[np.int64], q: float) -> tuple[npt.NDArray[np.int64],
     lo = np.floor(pos).astype(np.int64)
     hi = np.minimum(lo + 1, np.maximum(n - 1, 0))
     return lo, hi, pos - lo
+
+
+def _fixed_ranks(n: int, qs: Sequence[float]) -> tuple[I64, I64, F64]:
+    """:func:`_ranks` of ``n`` values at each of ``qs``, as arrays over ``qs``."""
+    ranks = [_ranks(np.array([n], dtype=np.int64), q) for q in qs]
+    return (np.array([r[0][0] for r in ranks], dtype=np.int64),
+            np.array([r[1][0] for r in ranks], dtype=np.int64), np.array([r[2][0] for r in ranks]))
 
 
 def exact_quantiles(values: FloatArray, qs: Sequence[float]) -> list[float] | None:
@@ -189,6 +199,111 @@ def select_in_halves(matrix: FloatArray, h: int, k: I64) -> tuple[F64, F64]:
     return kth, nxt
 
 
+U32: TypeAlias = npt.NDArray[np.uint32]
+#: Bit 31 of a non-negative float32's bits (its sign bit, always 0): :func:`to_run_keys`
+#: sets it on the entries of a row's second run.
+RUN_FLAG: Final = np.uint32(1 << 31)
+_VALUE_BITS: Final = np.uint32((1 << 31) - 1)
+_NO_VALUE: Final = np.uint32(0xFFFF_FFFF)
+
+
+def to_run_keys(keys: U32, values: npt.NDArray[np.float32]) -> None:
+    """Turn ``keys`` (1 where an entry of ``values`` belongs to its row's second run, else
+    0; same shape) into sort keys in place: the bits of the non-negative float32 ``values``
+    with :data:`RUN_FLAG` set on second-run entries. Sorting a row of keys (as uint32)
+    orders it ``[first run ascending | second run ascending]``: non-negative IEEE floats,
+    +inf included, order like their bits, and the flag puts every second-run key last."""
+    np.left_shift(keys, 31, out=keys)
+    np.bitwise_or(keys, values.view(np.uint32), out=keys)
+
+
+def select_two_runs(keys: U32, split: I64, k: I64) -> tuple[F64, F64]:
+    """:func:`select_in_halves` with a split point per row, on sort keys (:func:`to_run_keys`).
+
+    Row ``r`` of the C-contiguous uint32 ``keys`` holds two runs, ``keys[r, :split[r]]``
+    and ``keys[r, split[r]:]`` (either may be empty), each ascending in value: the float32
+    of a key's bits with :data:`RUN_FLAG` cleared. Returns, per row and column of ``k``
+    (``[rows, nq]``, ``0 <= k < width``), the ``k``-th and ``(k + 1)``-th smallest value
+    (0-based) of the whole row as float64; the second repeats the first when ``k`` is the
+    last rank. The same vectorized binary search as :func:`select_in_halves`, all rows at
+    once; an empty run is never compared (rows whose search has ended read clamped
+    indices, and what they read is not used).
+    """
+    rows, width = int(keys.shape[0]), int(keys.shape[1])
+    flat = keys.reshape(-1)
+    k = np.asarray(k, dtype=np.int64).reshape(rows, -1)
+    m1 = np.asarray(split, dtype=np.int64).reshape(rows, 1)
+    row_a = (np.arange(rows, dtype=np.int64) * width)[:, None]
+    b_k = row_a + m1 + k                    # flat index of the second run's entry k - i is b_k - i
+    lo = np.maximum(0, k + 1 - (width - m1))
+    hi = np.minimum(k + 1, m1)
+    # The answer is in [lo, hi] and the predicate holds at hi. While lo < hi, mid < m1 and
+    # 0 <= k - mid < width - m1. A settled row (lo >= hi) reads clamped indices, and whatever
+    # it reads, hi stays where it is (lo may pass it by one): hi is the answer.
+    for _ in range(int((hi - lo).max(initial=0)).bit_length()):
+        mid = (lo + hi) >> 1
+        p = (flat.take(b_k - mid, mode="clip") & _VALUE_BITS) < flat.take(row_a + mid, mode="clip")
+        hi = np.where(p, mid, hi)
+        lo = np.where(p, lo, mid + 1)
+    i, j = hi, k + 1 - hi                   # taken from each run
+    a_at = row_a + i
+    b_at = b_k - i + 1                      # the second run's entry j
+    none = np.uint32(0)                     # below every value (they are >= +0.0)
+    kth = np.maximum(np.where(i > 0, flat.take(a_at - 1, mode="clip"), none),
+                     np.where(j > 0, flat.take(b_at - 1, mode="clip") & _VALUE_BITS, none))
+    nxt = np.minimum(np.where(i < m1, flat.take(a_at, mode="clip"), _NO_VALUE),
+                     np.where(j < width - m1, flat.take(b_at, mode="clip") & _VALUE_BITS, _NO_VALUE))
+    nxt = np.where(k + 1 < width, nxt, kth)
+    return kth.view(np.float32).astype(np.float64), nxt.view(np.float32).astype(np.float64)
+
+
+def two_run_quantiles(keys: U32, split: I64, qs: Sequence[float]) -> F64:
+    """``numpy.quantile`` at ``qs`` of every whole row of ``keys`` (two runs split at
+    ``split``, see :func:`select_two_runs`); ``[rows, len(qs)]``."""
+    rows, n = int(keys.shape[0]), int(keys.shape[1])
+    lo, hi, f = _fixed_ranks(n, qs)
+    vlo, vnext = select_two_runs(keys, split, np.broadcast_to(lo, (rows, lo.size)))
+    vhi = np.where(hi > lo, vnext, vlo)
+    with np.errstate(invalid="ignore"):             # +inf - +inf: NaN, as in numpy
+        out: F64 = vlo + (vhi - vlo) * f
+    return out
+
+
+def prefix_quantiles(matrix: FloatArray, counts: I64, q: float) -> F64:
+    """``numpy.quantile(matrix[r, :counts[r]], q)`` of each row of a C-contiguous ``matrix``
+    whose rows start with their ``counts[r]`` values ascending (NaN where ``counts == 0``).
+    The two ranks are read by index."""
+    rows, width = int(matrix.shape[0]), int(matrix.shape[1])
+    counts = np.asarray(counts, dtype=np.int64)
+    lo, hi, f = _ranks(counts, q)
+    flat = matrix.reshape(-1)
+    at = np.arange(rows, dtype=np.int64) * width
+    vlo = flat[at + lo].astype(np.float64)
+    vhi = flat[at + hi].astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        out: F64 = np.where(counts > 0, vlo + (vhi - vlo) * f, np.nan)
+    return out
+
+
+def count_at_most(matrix: npt.NDArray[Any], stop: I64, v: npt.ArrayLike) -> I64:
+    """Per row ``r`` of a C-contiguous ``matrix`` whose ``matrix[r, :stop[r]]`` is ascending:
+    how many of those entries are ``<= v[r]`` (``np.searchsorted(..., side="right")`` row by
+    row, as one vectorized binary search; a NaN ``v`` counts none)."""
+    rows, width = int(matrix.shape[0]), int(matrix.shape[1])
+    flat = matrix.reshape(-1)
+    at = np.arange(rows, dtype=np.int64) * width
+    lo = np.zeros(rows, dtype=np.int64)
+    hi = np.asarray(stop, dtype=np.int64)
+    # Entries below lo are <= v, entries from hi on are not. A settled row (lo >= hi) reads
+    # clamped indices, and hi stays where it is whatever it reads: hi is the answer.
+    for _ in range(int(hi.max(initial=0)).bit_length()):
+        mid = (lo + hi) >> 1
+        le = flat.take(at + mid, mode="clip") <= v
+        lo = np.where(le, mid + 1, lo)
+        hi = np.where(le, hi, mid)
+    return hi
+
+
 def row_quantiles(matrix: FloatArray, counts: npt.NDArray[np.int64],
                   qs: Sequence[float], *, nonnegative: bool = False) -> F64:
     """Quantiles of each row's ``counts[r]`` smallest entries.
@@ -235,10 +350,7 @@ def sorted_row_quantiles(matrix: npt.NDArray[np.float32], qs: Sequence[float]) -
     """``numpy.quantile(row, qs)`` of every row of a full, non-negative float32 ``matrix``
     (no padding); ``matrix`` is sorted in place (as halves when wide, see :func:`sort_rows`)."""
     rows, n = int(matrix.shape[0]), int(matrix.shape[1])
-    ranks = [_ranks(np.array([n], dtype=np.int64), q) for q in qs]
-    lo = np.array([r[0][0] for r in ranks], dtype=np.int64)
-    hi = np.array([r[1][0] for r in ranks], dtype=np.int64)
-    f = np.array([r[2][0] for r in ranks])
+    lo, hi, f = _fixed_ranks(n, qs)
     h = sort_rows(matrix)
     if h < n:
         vlo, vnext = select_in_halves(matrix, h, np.broadcast_to(lo, (rows, lo.size)))

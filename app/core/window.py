@@ -31,10 +31,9 @@ Guarantees:
   ``latency_p99_us`` over all judged samples' raw latency. Quantiles are
   exact (numpy selection, linear interpolation like ``numpy.quantile``) at
   any ``window_size``, also above 100,000 samples: the store keeps every
-  sample anyway, and selecting ranks in a stored row (sort of float32
-  halves, or ``np.partition``, ~O(n)) costs less CPU than building a
-  t-digest of it (fastdigest ~100 ns per value), so a sketch there would
-  only lose accuracy. t-digests are used where a *mergeable* summary is
+  sample anyway, and selecting ranks in a stored row (a sort, or
+  ``np.partition``) costs less CPU than building a t-digest of it, so a
+  sketch there would only lose accuracy. t-digests are used where a *mergeable* summary is
   needed: :meth:`WindowStore.model_digests` (cluster-wide P50/P99 per
   model) and ``summaries(digests=True)``.
 * ``fresh_samples``/``fresh_p50``: the judged samples (with a value of the
@@ -57,7 +56,9 @@ Guarantees:
   ~12 KB per latency-only series at window_size 1000. Rings live in slabs of
   tiers of growing capacity (16, 128, 1024, … capped at window_size), so a
   10-sample series holds a 16-slot ring; a series moves up a tier when it
-  outgrows its ring. Summaries compute over whole slabs at once. After many
+  outgrows its ring. Summaries compute over whole slabs at once, and over the
+  steady-state rings of a whole tier (full, every sample judged, raw latency)
+  together, one sort per ring for both the window and its fresh samples. After many
   series are forgotten (:meth:`WindowStore.forget_silent` of a flood's ids,
   :meth:`WindowStore.compact`), tiers whose slabs hold more than 4× the rings
   in use are repacked into slabs sized for what is left and the series map is
@@ -66,8 +67,10 @@ Guarantees:
 
 from __future__ import annotations
 
+import gc
 import operator
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import repeat
 from typing import Any, Final, TypeAlias
@@ -79,13 +82,17 @@ from app.core import signals as sig
 from app.core.config import DetectorSettings
 from app.core.events import Heartbeat, SampleBatch
 from app.core.quantiles import (
-    SPLIT_WIDTH,
+    RUN_FLAG,
+    U32,
+    count_at_most,
     digest_dict_of_sorted,
     digest_of,
     digest_to_dict,
     exact_quantiles,
+    prefix_quantiles,
     row_quantiles,
-    sorted_row_quantiles,
+    to_run_keys,
+    two_run_quantiles,
 )
 from app.core.types import WindowSummary
 
@@ -111,6 +118,8 @@ _CHUNK_BYTES: Final = 4 << 20
 _MIN_CHUNK_ROWS: Final = 4
 _SIG_CODE: Final = {sig.LATENCY: 0, sig.TPOT: 1, sig.NORMALIZED: 2}
 _FIT_SLOTS: Final = 256
+# Sort keys of a tier's fast rows are built and sorted in blocks of at most this many bytes.
+_FAST_BLOCK_BYTES: Final = 4 << 20
 _NONE2: Final[tuple[None, None]] = (None, None)
 
 
@@ -332,8 +341,97 @@ def _rows(arr: npt.NDArray[Any], rows: I64) -> npt.NDArray[Any]:
     return arr if rows.size == arr.shape[0] else arr[rows]
 
 
+class _Stats:
+    """One chunk's per-row results at one tick (``q_*`` ``[rows, 2]`` P50/P99, NaN = none;
+    ``n_over`` -1 = not counted), and its fast rows (``WindowStore._fast_stats``)."""
+
+    __slots__ = ("fast", "n_fresh", "n_over", "n_probe", "n_sig", "probe_q", "q_fresh", "q_lat",
+                 "q_sig")
+
+    def __init__(self, rows: int) -> None:
+        self.q_sig: F64 = np.full((rows, 2), np.nan)
+        self.q_lat: F64 = np.full((rows, 2), np.nan)
+        self.n_sig: I64 = np.zeros(rows, dtype=np.int64)
+        self.n_probe: I64 = np.zeros(rows, dtype=np.int64)
+        self.n_fresh: I64 = np.zeros(rows, dtype=np.int64)
+        self.q_fresh: F64 = np.full(rows, np.nan)
+        self.n_over: I64 = np.full(rows, -1, dtype=np.int64)
+        self.probe_q: dict[int, list[float]] = {}
+        self.fast: I64 = np.zeros(0, dtype=np.int64)
+
+
+def _fast_block(items: Sequence[tuple[_Chunk, _Stats]], n: int, cap: int, fresh_lo: float,
+                refs: F64, min_fresh: int) -> None:
+    """``WindowStore._fast_stats`` for the fast rows of ``items`` (``n`` rows of ``cap`` slots,
+    every slot judged) as one matrix of sort keys."""
+    keys: U32 = np.empty((n, cap), dtype=np.uint32)
+    o = 0
+    for ch, cs in items:
+        f = cs.fast
+        part = keys[o:o + f.size]
+        if (ch.ts_lo[f] > fresh_lo).all():      # the kept bound proves every sample fresh
+            part[...] = 0
+        else:
+            np.less_equal(_rows(ch.ts, f), fresh_lo, out=part)      # 1: not fresh
+        to_run_keys(part, _rows(ch.lat, f))
+        o += f.size
+    keys.sort(axis=1)
+    nf = count_at_most(keys, np.full(n, cap, dtype=np.int64), np.uint32(RUN_FLAG - 1))
+    q = two_run_quantiles(keys, nf, _QS)
+    q_f = prefix_quantiles(keys.view(np.float32), nf, 0.5)
+    midx = np.concatenate([ch.midx[cs.fast] for ch, cs in items])
+    t = refs[midx]
+    tail = ~np.isnan(t) & (nf > 0) & (nf <= FRESH_TAIL_MAX_SAMPLES)
+    over = np.where(tail, nf - count_at_most(keys.view(np.float32), np.where(tail, nf, 0), t), -1)
+    f_ok = (nf >= min_fresh) & (nf < cap)
+    o = 0
+    for _, cs in items:
+        f = cs.fast
+        sl = slice(o, o + f.size)
+        cs.q_sig[f] = cs.q_lat[f] = q[sl]
+        cs.n_sig[f] = cap
+        cs.n_fresh[f] = nf[sl]
+        cs.q_fresh[f] = np.where(f_ok[sl], q_f[sl], np.nan)
+        cs.n_over[f] = over[sl]
+        o += f.size
+
+
 _summary_order: Final = operator.attrgetter("model", "node_id")
 _make_summary: Final = WindowSummary._make
+_node_id_of: Final = operator.attrgetter("node_id")
+_model_of: Final = operator.attrgetter("model")
+_hardware_of: Final = operator.attrgetter("hardware")
+_first_seen_of: Final = operator.attrgetter("first_seen_ts")
+_last_seen_of: Final = operator.attrgetter("last_seen_ts")
+_requests_of: Final = operator.attrgetter("requests")
+_failures_of: Final = operator.attrgetter("failures")
+_instance_ts_of: Final = operator.attrgetter("instance_ts")
+_resumed_ts_of: Final = operator.attrgetter("resumed_ts")
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector while one tuple per series is made.
+
+    Every allocation of a container counts towards the collector's next pass, and a
+    tick makes tens of thousands (summaries and their sort keys, none of them in a
+    cycle): paused, the collector runs once after the batch instead of many times
+    during it, and its older generations, whose passes cost most, far less often.
+    """
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _optional(values: npt.NDArray[Any], none: Bools) -> list[Any]:
+    """``values`` as Python numbers, ``None`` where ``none``."""
+    out = values.astype(object)
+    out[none] = None
+    return list(out.tolist())
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -629,7 +727,7 @@ class WindowStore:
         ``out_of_fit``: series left out of the fleet-wide ``normalized`` fit.
 
         ``digests=True`` adds ``extra["digest"]``: a t-digest dict of the judged
-        raw latency, mergeable across nodes (opt-in: ~75 µs per series).
+        raw latency, mergeable across nodes (opt-in: it costs more than the rest).
         ``tail_refs``: ``{model: threshold}`` in the model's signal units; series with at most
         ``FRESH_TAIL_MAX_SAMPLES`` fresh samples get ``fresh_over`` counted against it.
         """
@@ -674,20 +772,24 @@ class WindowStore:
             i = self._models.get(name)
             if i is not None:
                 refs[i] = ref
-        for ch, st in zip(chunks, states, strict=True):
-            results.extend(self._chunk_summaries(ch, st, plans, now_s, age_lo, fresh_lo, digests,
-                                                 refs))
-        for s in self._series.values():
-            if s.chunk is None:
-                results.append(WindowSummary(
-                    node_id=s.node_id, model=s.model, tick_ts=now_s, signal=plans[s.midx].signal,
-                    samples=0, p50=None, p99=None, latency_p50_us=None, latency_p99_us=None,
-                    failed=_failed_in(s.failed, age_lo, now_s) if s.failed else 0,
-                    hardware=s.hardware, first_seen_ts=s.first_seen_ts,
-                    last_seen_ts=s.last_seen_ts, extra={}, requests_total=s.requests,
-                    failed_total=s.failures, instance_ts=s.instance_ts,
-                    resumed_ts=s.resumed_ts))
-        results.sort(key=_summary_order)
+        stats = [self._chunk_stats(ch, st, plans, fresh_lo, refs)
+                 for ch, st in zip(chunks, states, strict=True)]
+        self._fast_stats(list(zip(chunks, stats, strict=True)), fresh_lo, refs)
+        with _collector_paused():
+            results.extend(self._build(list(zip(chunks, states, stats, strict=True)), plans,
+                                       now_s, age_lo, digests))
+            for s in self._series.values():
+                if s.chunk is None:
+                    results.append(WindowSummary(
+                        node_id=s.node_id, model=s.model, tick_ts=now_s,
+                        signal=plans[s.midx].signal, samples=0, p50=None, p99=None,
+                        latency_p50_us=None, latency_p99_us=None,
+                        failed=_failed_in(s.failed, age_lo, now_s) if s.failed else 0,
+                        hardware=s.hardware, first_seen_ts=s.first_seen_ts,
+                        last_seen_ts=s.last_seen_ts, extra={}, requests_total=s.requests,
+                        failed_total=s.failures, instance_ts=s.instance_ts,
+                        resumed_ts=s.resumed_ts))
+            results.sort(key=_summary_order)
         return results
 
     def model_pools(self, now_s: float, *, per_series: int = POOL_SAMPLES_PER_SERIES,
@@ -830,132 +932,175 @@ class WindowStore:
                 vals[r] = sig.normalized(absl[r], ch.out[rows[r]], inp, plan.fit)
         return vals
 
-    def _chunk_summaries(self, ch: _Chunk, st: _Pass1, plans: list[_ModelPlan], now_s: float,
-                         age_lo: float, fresh_lo: float, digests: bool,
-                         refs: F64) -> list[WindowSummary]:
-        min_fresh = self.settings.min_samples
+    def _chunk_stats(self, ch: _Chunk, st: _Pass1, plans: list[_ModelPlan], fresh_lo: float,
+                     refs: F64) -> _Stats:
+        """Quantiles and counts of ``ch``'s rows that need masks (the slow path); the fast
+        rows (clean, raw latency, not sized) are only listed, for :func:`_fast_stats`."""
+        cs = _Stats(ch.rows)
         used_mask = ch.midx >= 0
-        used = np.flatnonzero(used_mask)
         codes = np.array([p.code for p in plans], dtype=np.int64)
         rows_code = np.where(used_mask, codes[np.maximum(ch.midx, 0)], 0)
-        q_sig = np.full((ch.rows, 2), np.nan)
-        q_lat = np.full((ch.rows, 2), np.nan)
-        n_sig = np.zeros(ch.rows, dtype=np.int64)
-        n_probe = np.zeros(ch.rows, dtype=np.int64)
-        n_fresh = np.zeros(ch.rows, dtype=np.int64)
-        q_fresh = np.full(ch.rows, np.nan)
-        n_over = np.full(ch.rows, -1, dtype=np.int64)
-        thr = refs[np.maximum(ch.midx, 0)]
-        probe_q: dict[int, list[float]] = {}
         fast_mask = st.clean & (rows_code == 0) & (not ch.sized)
-        fast = np.flatnonzero(fast_mask)
-        if fast.size:
-            # Steady state: every slot judged, raw latency, no probes: sort, read ranks.
-            srt = ch.lat.copy() if fast.size == ch.rows else ch.lat[fast]
-            q_sig[fast] = q_lat[fast] = sorted_row_quantiles(srt, _QS)
-            n_sig[fast] = ch.cap
-            n_fresh[fast] = ch.cap
-            # The kept lower bound of ts proves a ring wholly fresh; the others are counted.
-            at = np.flatnonzero(ch.ts_lo[fast] <= fresh_lo)
-            if at.size:
-                aged = fast[at]
-                fresh_aged = _rows(ch.ts, aged) > fresh_lo
-                lat_aged = _rows(ch.lat, aged)
-                self._fresh_p50s(aged, fresh_aged, lat_aged, n_sig, min_fresh, n_fresh, q_fresh,
-                                 nonnegative=True)     # clean rows: every latency > 0
-                # srt's rows are sorted (as halves when wide, see sort_rows): each row's
-                # largest sample is the last of a half. Below the threshold it counts none.
-                h = ch.cap // 2 if ch.cap > SPLIT_WIDTH else ch.cap
-                row_max = np.maximum(srt[at, h - 1], srt[at, -1])
-                self._fresh_over(aged, fresh_aged, lat_aged, thr, n_fresh, n_over, row_max)
+        cs.fast = np.flatnonzero(fast_mask)
         slow = np.flatnonzero(used_mask & ~fast_mask)
-        if slow.size:
-            judged = st.judged_rows(slow)
-            code = rows_code[slow]
-            vals = self._values(ch, slow, code, plans)
-            raw = not ch.sized and not code.any()
-            # Raw latency is NaN only in empty slots, which are never judged.
-            valid = None if raw else ~np.isnan(vals)
-            sig_mask = judged if valid is None else judged & valid
-            ns = st.n_judged[slow] if raw else sig_mask.sum(axis=1)
-            n_sig[slow] = ns
-            q_sig[slow] = row_quantiles(np.where(sig_mask, vals, np.float32(np.inf)), ns, _QS)
-            if raw:
-                q_lat[slow] = q_sig[slow]
-            else:
-                q_lat[slow] = row_quantiles(
-                    np.where(judged, np.abs(_rows(ch.lat, slow)), np.float32(np.inf)),
-                    st.n_judged[slow], _QS)
-            with np.errstate(invalid="ignore"):
-                fresh_mask = sig_mask & (_rows(ch.ts, slow) > fresh_lo)
-            self._fresh_p50s(slow, fresh_mask, vals, n_sig, min_fresh, n_fresh, q_fresh)
-            self._fresh_over(slow, fresh_mask, vals, thr, n_fresh, n_over)
-            probe_mask = st.probe_rows(slow)
-            if valid is not None:
-                probe_mask = probe_mask & valid
-            npr = probe_mask.sum(axis=1)
-            n_probe[slow] = npr
-            for i in np.flatnonzero(npr).tolist():
-                pq = exact_quantiles(vals[i][probe_mask[i]], _QS)
-                if pq is not None:
-                    probe_q[int(slow[i])] = pq
+        if slow.size == 0:
+            return cs
+        min_fresh = self.settings.min_samples
+        judged = st.judged_rows(slow)
+        code = rows_code[slow]
+        vals = self._values(ch, slow, code, plans)
+        raw = not ch.sized and not code.any()
+        # Raw latency is NaN only in empty slots, which are never judged.
+        valid = None if raw else ~np.isnan(vals)
+        sig_mask = judged if valid is None else judged & valid
+        ns = st.n_judged[slow] if raw else sig_mask.sum(axis=1)
+        cs.n_sig[slow] = ns
+        cs.q_sig[slow] = row_quantiles(np.where(sig_mask, vals, np.float32(np.inf)), ns, _QS)
+        if raw:
+            cs.q_lat[slow] = cs.q_sig[slow]
+        else:
+            cs.q_lat[slow] = row_quantiles(
+                np.where(judged, np.abs(_rows(ch.lat, slow)), np.float32(np.inf)),
+                st.n_judged[slow], _QS)
+        with np.errstate(invalid="ignore"):
+            fresh_mask = sig_mask & (_rows(ch.ts, slow) > fresh_lo)
+        self._fresh_p50s(slow, fresh_mask, vals, cs.n_sig, min_fresh, cs.n_fresh, cs.q_fresh)
+        self._fresh_over(slow, fresh_mask, vals, refs[np.maximum(ch.midx, 0)], cs.n_fresh,
+                         cs.n_over)
+        probe_mask = st.probe_rows(slow)
+        if valid is not None:
+            probe_mask = probe_mask & valid
+        npr = probe_mask.sum(axis=1)
+        cs.n_probe[slow] = npr
+        for i in np.flatnonzero(npr).tolist():
+            pq = exact_quantiles(vals[i][probe_mask[i]], _QS)
+            if pq is not None:
+                cs.probe_q[int(slow[i])] = pq
+        return cs
+
+    def _fast_stats(self, work: Sequence[tuple[_Chunk, _Stats]], fresh_lo: float,
+                    refs: F64) -> None:
+        """Fill in the fast rows (clean: every slot judged, raw latency, no probe) of every
+        chunk, a tier's rows together in blocks of up to ``_FAST_BLOCK_BYTES`` of keys.
+
+        One sort per row serves both the window and its fresh samples: the keys are the
+        latency bits with the run flag on the samples that are not fresh
+        (:func:`~app.core.quantiles.to_run_keys`), so a sorted row is ``[fresh ascending |
+        older ascending]``. The fresh count is where the runs meet, the
+        window's P50/P99 selected across both runs
+        (:func:`~app.core.quantiles.select_two_runs`), the fresh P50 read by index and
+        ``fresh_over`` counted by a binary search of the fresh run.
+        """
+        by_cap: dict[int, list[tuple[_Chunk, _Stats]]] = {}
+        for ch, cs in work:
+            if cs.fast.size:
+                by_cap.setdefault(ch.cap, []).append((ch, cs))
+        min_fresh = self.settings.min_samples
+        for cap, items in by_cap.items():
+            block_rows = max(_MIN_CHUNK_ROWS, _FAST_BLOCK_BYTES // (4 * cap))
+            while items:
+                n = 0
+                take = 0
+                while take < len(items) and (take == 0 or n + items[take][1].fast.size <= block_rows):
+                    n += items[take][1].fast.size
+                    take += 1
+                _fast_block(items[:take], n, cap, fresh_lo, refs, min_fresh)
+                items = items[take:]
+
+    def _build(self, parts: Sequence[tuple[_Chunk, _Pass1, _Stats]], plans: list[_ModelPlan],
+               now_s: float, age_lo: float, digests: bool) -> list[WindowSummary]:
+        """The summaries of every used row of ``parts``' chunks, in chunk order.
+
+        Built by field name, one column per field for all chunks at once, then one tuple per
+        series: cheaper than a keyword call of WindowSummary's fields, and the numeric
+        columns need no per-series Python loop (``_optional``)."""
+        if not parts:
+            return []
+        min_fresh = self.settings.min_samples
+        used = [np.flatnonzero(ch.midx >= 0) for ch, _, _ in parts]
+        at = np.cumsum([0] + [u.size for u in used]).tolist()     # each chunk's first index
+
+        def cat(arrs: Iterable[npt.NDArray[Any]]) -> npt.NDArray[Any]:
+            return np.concatenate([x[u] for x, u in zip(arrs, used, strict=True)])
+
+        ser: list[_Series] = []
+        for (ch, _, _), u in zip(parts, used, strict=True):
+            ser.extend(sr for r in u.tolist() if (sr := ch.series[r]) is not None)
+        assert len(ser) == at[-1]
+        n_sig = cat(cs.n_sig for _, _, cs in parts)
+        n_judged = cat(st.n_judged for _, st, _ in parts)
+        q_sig = cat(cs.q_sig for _, _, cs in parts)
+        q_lat = cat(cs.q_lat for _, _, cs in parts)
+        n_fresh = cat(cs.n_fresh for _, _, cs in parts)
+        q_fresh = cat(cs.q_fresh for _, _, cs in parts)
         # A window whose judged samples are all fresh has its own P50 as the fresh P50.
         whole = (n_fresh == n_sig) & (n_sig >= min_fresh)
         q_fresh[whole] = q_sig[whole, 0]
-        # Built by field name, one column per field, then one tuple per series: a keyword
-        # call of WindowSummary's 21 fields costs ~2 µs more per series than this (20 ms
-        # per tick at 10,000 series), and this needs no per-series loop for most fields.
-        rows = used.tolist()
-        ser: list[_Series] = [sr for r in rows if (sr := ch.series[r]) is not None]
-        assert len(ser) == len(rows)
-        n_sig_u, n_judged_u = n_sig[used], st.n_judged[used]
-        ns_l, nj_l = n_sig_u.tolist(), n_judged_u.tolist()
-        q_sig_l, q_lat_l = q_sig[used].tolist(), q_lat[used].tolist()
-        extras: list[dict[str, Any]] = [{} for _ in rows]
-        if st.has_since:
-            for i, since in enumerate(st.since_row[used].tolist()):
-                if since == since:
-                    extras[i]["judged_since"] = since
-        for i in np.flatnonzero(n_judged_u != n_sig_u).tolist():
-            extras[i]["judged_samples"] = nj_l[i]
+        no_sig, no_lat = n_sig == 0, n_judged == 0
+        # The series without extras share one empty dict (``extra`` is a read-only Mapping):
+        # one allocation per series fewer, and fewer collections of the garbage collector.
+        none: dict[str, Any] = {}
+        extras: list[dict[str, Any]] = [none] * len(ser)
+
+        def extra(i: int) -> dict[str, Any]:
+            d = extras[i]
+            if d is none:
+                d = extras[i] = {}
+            return d
+
+        if any(st.has_since for _, st, _ in parts):
+            since = cat(st.since_row for _, st, _ in parts)
+            for i in np.flatnonzero(~np.isnan(since)).tolist():
+                extra(i)["judged_since"] = float(since[i])
+        for i, nj in zip(np.flatnonzero(n_judged != n_sig).tolist(),
+                         n_judged[n_judged != n_sig].tolist(), strict=True):
+            extra(i)["judged_samples"] = nj
         fit_extra = {i: p.fit.to_dict() for i, p in enumerate(plans) if p.fit is not None}
         if fit_extra:
             for i, sr in enumerate(ser):
                 fx = fit_extra.get(sr.midx)
                 if fx is not None:
-                    extras[i]["fleet_fit"] = fx
+                    extra(i)["fleet_fit"] = fx
         if digests:
-            judged = st.judged_mask()
-            for i, r in enumerate(rows):
-                if nj_l[i]:
-                    extras[i]["digest"] = digest_to_dict(digest_of(np.abs(ch.lat[r][judged[r]])))
-        probe_qs = [probe_q.get(r, _NONE2) for r in rows] if probe_q else None
-        signal_of = [p.signal for p in plans]
+            for (ch, st, _), u, first in zip(parts, used, at[:-1], strict=True):
+                judged = st.judged_mask()
+                for i, r in enumerate(u.tolist(), start=first):
+                    if judged[r].any():
+                        extra(i)["digest"] = digest_to_dict(digest_of(np.abs(ch.lat[r][judged[r]])))
+        probe_p50: Iterable[float | None] = repeat(None)
+        probe_p99: Iterable[float | None] = repeat(None)
+        if any(cs.probe_q for _, _, cs in parts):
+            pq: list[tuple[float | None, float | None]] = [_NONE2] * len(ser)
+            for (_, _, cs), u, first in zip(parts, used, at[:-1], strict=True):
+                for r, q in cs.probe_q.items():
+                    pq[first + int(np.searchsorted(u, r))] = (q[0], q[1])
+            probe_p50, probe_p99 = [q[0] for q in pq], [q[1] for q in pq]
+        signal_of = np.array([p.signal for p in plans], dtype=object)
         cols: dict[str, Iterable[Any]] = {
-            "node_id": [sr.node_id for sr in ser],
-            "model": [sr.model for sr in ser],
+            "node_id": list(map(_node_id_of, ser)),
+            "model": list(map(_model_of, ser)),
             "tick_ts": repeat(now_s),
-            "signal": [signal_of[sr.midx] for sr in ser],
-            "samples": ns_l,
-            "p50": [q[0] if n else None for q, n in zip(q_sig_l, ns_l, strict=True)],
-            "p99": [q[1] if n else None for q, n in zip(q_sig_l, ns_l, strict=True)],
-            "latency_p50_us": [q[0] if n else None for q, n in zip(q_lat_l, nj_l, strict=True)],
-            "latency_p99_us": [q[1] if n else None for q, n in zip(q_lat_l, nj_l, strict=True)],
+            "signal": signal_of[cat(ch.midx for ch, _, _ in parts)].tolist(),
+            "samples": n_sig.tolist(),
+            "p50": _optional(q_sig[:, 0], no_sig),
+            "p99": _optional(q_sig[:, 1], no_sig),
+            "latency_p50_us": _optional(q_lat[:, 0], no_lat),
+            "latency_p99_us": _optional(q_lat[:, 1], no_lat),
             "failed": [_failed_in(sr.failed, age_lo, now_s) if sr.failed else 0 for sr in ser],
-            "hardware": [sr.hardware for sr in ser],
-            "first_seen_ts": [sr.first_seen_ts for sr in ser],
-            "last_seen_ts": [sr.last_seen_ts for sr in ser],
-            "probe_samples": n_probe[used].tolist(),
-            "probe_p50": repeat(None) if probe_qs is None else [q[0] for q in probe_qs],
-            "probe_p99": repeat(None) if probe_qs is None else [q[1] for q in probe_qs],
+            "hardware": list(map(_hardware_of, ser)),
+            "first_seen_ts": list(map(_first_seen_of, ser)),
+            "last_seen_ts": list(map(_last_seen_of, ser)),
+            "probe_samples": cat(cs.n_probe for _, _, cs in parts).tolist(),
+            "probe_p50": probe_p50,
+            "probe_p99": probe_p99,
             "extra": extras,
-            "fresh_samples": n_fresh[used].tolist(),
-            "fresh_p50": [q if q == q else None for q in q_fresh[used].tolist()],
-            "requests_total": [sr.requests for sr in ser],
-            "failed_total": [sr.failures for sr in ser],
-            "instance_ts": [sr.instance_ts for sr in ser],
-            "resumed_ts": [sr.resumed_ts for sr in ser],
-            "fresh_over": [v if v >= 0 else None for v in n_over[used].tolist()],
+            "fresh_samples": n_fresh.tolist(),
+            "fresh_p50": _optional(q_fresh, np.isnan(q_fresh)),
+            "requests_total": list(map(_requests_of, ser)),
+            "failed_total": list(map(_failures_of, ser)),
+            "instance_ts": list(map(_instance_ts_of, ser)),
+            "resumed_ts": list(map(_resumed_ts_of, ser)),
+            "fresh_over": _optional(n_over := cat(cs.n_over for _, _, cs in parts), n_over < 0),
         }
         # repeat() columns are endless; every list column has one entry per series.
         return list(map(_make_summary,
@@ -963,35 +1108,28 @@ class WindowStore:
 
     @staticmethod
     def _fresh_p50s(rows: I64, fresh: Bools, vals: npt.NDArray[Any], n_sig: I64, min_fresh: int,
-                    n_fresh: I64, q_fresh: F64, *, nonnegative: bool = False) -> None:
+                    n_fresh: I64, q_fresh: F64) -> None:
         """Count the fresh samples of ``rows`` (mask ``fresh``, values ``vals``, both one row
         per entry of ``rows``) into ``n_fresh``; their P50 into ``q_fresh`` for the rows with
         at least ``min_fresh`` of them but not all their judged samples (the caller fills
-        those in from the window's own P50). ``nonnegative``: no value of ``vals`` is
-        negative (``row_quantiles`` need not check)."""
+        those in from the window's own P50)."""
         nf = np.count_nonzero(fresh, axis=1)
         n_fresh[rows] = nf
         sel = np.flatnonzero((nf >= min_fresh) & (nf < n_sig[rows]))
         if sel.size:
             # The rows with +inf over the samples that are not fresh, in one pass.
             inf_filled = np.where(_rows(fresh, sel), _rows(vals, sel), vals.dtype.type(np.inf))
-            q_fresh[rows[sel]] = row_quantiles(inf_filled, nf[sel], _Q50,
-                                               nonnegative=nonnegative)[:, 0]
+            q_fresh[rows[sel]] = row_quantiles(inf_filled, nf[sel], _Q50)[:, 0]
 
     @staticmethod
     def _fresh_over(rows: I64, fresh: Bools, vals: npt.NDArray[Any], thr: F64, n_fresh: I64,
-                    n_over: I64, row_max: F32 | None = None) -> None:
+                    n_over: I64) -> None:
         """Into ``n_over``: how many fresh samples of ``rows`` lie above their model's
         threshold ``thr`` (by row), for rows with one and at most FRESH_TAIL_MAX_SAMPLES
-        fresh samples (a low rate: the only rows the count is kept for, and cheap).
-        ``row_max``: each row's largest value when known (a row below its threshold is
-        counted 0 without a look at its samples)."""
+        fresh samples (a low rate: the only rows the count is kept for, and cheap)."""
         t = thr[rows]
         nf = n_fresh[rows]
         sel = np.flatnonzero(~np.isnan(t) & (nf > 0) & (nf <= FRESH_TAIL_MAX_SAMPLES))
-        if row_max is not None and sel.size:
-            n_over[rows[sel]] = 0
-            sel = sel[row_max[sel] > t[sel]]
         if sel.size:
             with np.errstate(invalid="ignore"):
                 above = _rows(fresh, sel) & (np.abs(_rows(vals, sel)) > t[sel, None])

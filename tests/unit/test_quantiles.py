@@ -10,7 +10,9 @@ from hypothesis.extra import numpy as hnp
 
 from app.core.quantiles import (
     BRACKET_MIN,
+    RUN_FLAG,
     SPLIT_WIDTH,
+    count_at_most,
     digest_from_dict,
     digest_of,
     digest_quantiles,
@@ -18,10 +20,14 @@ from app.core.quantiles import (
     exact_quantiles,
     merge_digests,
     order_statistics,
+    prefix_quantiles,
     quantiles,
     row_quantiles,
     select_in_halves,
+    select_two_runs,
     sorted_row_quantiles,
+    to_run_keys,
+    two_run_quantiles,
 )
 
 QS = (0.5, 0.99)
@@ -143,6 +149,98 @@ def test_wide_rows_equal_numpy_quantile(seed: int, rows: int, width: int, ties: 
     full = np.ascontiguousarray(m[:1, :width])
     np.testing.assert_allclose(sorted_row_quantiles(full.copy(), qs)[0],
                                np.quantile(full[0].astype(np.float64), qs), rtol=1e-12)
+
+
+# ---- one sort for two runs: flagged keys, a split point per row
+
+def _run_keys(values: np.ndarray, second: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted keys of ``values`` with ``second`` marking the second run; the split per row."""
+    keys = second.astype(np.uint32)
+    to_run_keys(keys, values)
+    keys.sort(axis=1)
+    return keys, np.count_nonzero(~second, axis=1).astype(np.int64)
+
+
+def _rows_with_runs(rng: np.random.Generator, rows: int, width: int, ties: int,
+                    pad: int) -> tuple[np.ndarray, np.ndarray]:
+    """Values (``pad`` trailing +inf per row, as callers pad) and a second-run mask with
+    first runs of every size: none, all, and random."""
+    v = _values(rng, (rows, width), ties)
+    if pad:
+        v[:, width - pad:] = np.inf
+    second = rng.uniform(size=(rows, width)) < rng.uniform(size=(rows, 1))
+    second[0] = False                   # no second run
+    if rows > 1:
+        second[1] = True                # no first run
+    return v, second
+
+
+@settings(max_examples=300, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), rows=st.integers(1, 6), width=st.integers(1, 80),
+       ties=st.sampled_from([0, 1, 2, 5]), pad=st.integers(0, 3))
+def test_select_two_runs_is_the_merged_order(seed: int, rows: int, width: int, ties: int,
+                                             pad: int) -> None:
+    rng = np.random.default_rng(seed)
+    v, second = _rows_with_runs(rng, rows, width, ties, min(pad, width))
+    keys, split = _run_keys(v, second)
+    # Sorted keys: the first run, ascending, then the second (flagged), ascending.
+    r = np.arange(rows)[:, None]
+    first_part = np.arange(width)[None, :] < split[:, None]
+    assert np.array_equal(keys < RUN_FLAG, first_part)
+    k = rng.integers(0, width, (rows, 3))
+    k[0, 0], k[-1, -1] = 0, width - 1                    # both ends
+    kth, nxt = select_two_runs(keys, split, k)
+    merged = np.sort(v, axis=1).astype(np.float64)
+    assert np.array_equal(kth, merged[r, k])
+    assert np.array_equal(nxt, merged[r, np.minimum(k + 1, width - 1)])
+
+
+@settings(max_examples=100, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), rows=st.integers(1, 6), width=st.integers(1, 1200),
+       ties=st.sampled_from([0, 1, 3, 50]), pad=st.integers(0, 3),
+       qs=st.lists(st.floats(0, 1), min_size=1, max_size=3))
+def test_two_run_quantiles_equal_numpy(seed: int, rows: int, width: int, ties: int, pad: int,
+                                       qs: list[float]) -> None:
+    rng = np.random.default_rng(seed)
+    v, second = _rows_with_runs(rng, rows, width, ties, min(pad, width))
+    keys, split = _run_keys(v, second)
+    with np.errstate(invalid="ignore"):         # +inf - +inf, when padded
+        got = two_run_quantiles(keys, split, qs)
+        # Bit for bit what sorting the rows gives (the window's quantiles before the runs).
+        np.testing.assert_array_equal(got, sorted_row_quantiles(v.copy(), qs))
+        # numpy interpolates between +inf and a number differently; finite rows only.
+        finite_rows = np.isfinite(v).all(axis=1)
+        expect = np.array([np.quantile(row.astype(np.float64), qs) for row in v[finite_rows]])
+        np.testing.assert_allclose(got[finite_rows], expect.reshape(-1, len(qs)), rtol=1e-12)
+        # The first run's own quantile, read by index (NaN when it is empty), bit for bit
+        # what row_quantiles gives with +inf over the second run (the fresh P50 before).
+        q = qs[0]
+        first = prefix_quantiles(keys.view(np.float32), split, q)
+        masked = np.where(second, np.float32(np.inf), v)
+        np.testing.assert_array_equal(first, row_quantiles(masked, split, [q])[:, 0])
+    for i in range(rows):
+        own = v[i][~second[i]].astype(np.float64)
+        if own.size and np.isfinite(own).all():
+            np.testing.assert_allclose(first[i], np.quantile(own, q), rtol=1e-12)
+        elif not own.size:
+            assert np.isnan(first[i])
+
+
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), rows=st.integers(1, 6), width=st.integers(1, 60),
+       ties=st.sampled_from([0, 1, 3]))
+def test_count_at_most_is_searchsorted_right(seed: int, rows: int, width: int, ties: int) -> None:
+    rng = np.random.default_rng(seed)
+    m = np.sort(_values(rng, (rows, width), ties), axis=1)
+    stop = rng.integers(0, width + 1, rows)
+    # Thresholds on, between and beyond the values, in float64 like the callers' (and NaN).
+    v = np.where(rng.uniform(size=rows) < 0.5, m[np.arange(rows), rng.integers(0, width, rows)],
+                 rng.lognormal(10, 1.5, rows)).astype(np.float64)
+    v[0] = np.nan
+    got = count_at_most(m, stop, v)
+    expect = [0 if np.isnan(v[i]) else int(np.searchsorted(m[i, :stop[i]], v[i], side="right"))
+              for i in range(rows)]
+    assert got.tolist() == expect
 
 
 def lognormal(n: int, seed: int) -> np.ndarray:
