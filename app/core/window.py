@@ -66,6 +66,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import itertools
 import operator
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -85,6 +86,7 @@ from app.core.quantiles import (
     digest_to_dict,
     exact_quantiles,
     row_quantiles,
+    segment_quantiles,
     sorted_row_quantiles,
 )
 from app.core.types import WindowSummary
@@ -340,15 +342,21 @@ _make_summary: Final = WindowSummary._make
 class ModelPool:
     """One model's cluster-wide latency pool (:meth:`WindowStore.model_pools`).
 
-    ``values``: raw latency in µs, float32, unsorted, not empty; ``nodes``: the series
-    that gave samples.
+    ``values``: raw latency in µs, float32, unsorted, not empty (a view into one buffer
+    shared by the call's pools; ``model_pools(qs=...)`` reorders it when selecting);
+    ``nodes``: the series that gave samples; ``qs``/``at_qs``: quantiles computed with
+    the pool (``model_pools(qs=...)``), which :meth:`quantiles` answers without selecting.
     """
 
     values: F32
     nodes: int
+    qs: tuple[float, ...] = ()
+    at_qs: tuple[float, ...] = ()
 
     def quantiles(self, qs: Sequence[float]) -> list[float]:
         """Exact ``numpy.quantile`` of the pool at ``qs`` (selection, no sort)."""
+        if self.qs and tuple(qs) == self.qs:
+            return list(self.at_qs)
         q = exact_quantiles(self.values, qs)
         assert q is not None                    # a pool is never empty
         return q
@@ -358,6 +366,58 @@ class ModelPool:
         d = digest_dict_of_sorted(np.sort(self.values))
         d["nodes"] = self.nodes
         return d
+
+
+def _pool_pieces(ch: _Chunk, want: Bools, stride: int, age_lo: float, now_s: float,
+                 pieces: list[tuple[int, F32]]) -> I64 | None:
+    """Append to ``pieces`` ``(model index, values)`` of chunk ``ch``'s kept pool samples
+    (:meth:`WindowStore.model_pools`), each a view or a small copy, not yet in the pool;
+    returns the model index of every series that gave samples (None: none)."""
+    rows = np.flatnonzero(want[ch.midx])
+    if rows.size == 0:
+        return None
+    midx = ch.midx[rows]
+    # Rings whose kept bounds prove every slot judged need no mask (see _Chunk).
+    proven = ((_rows(ch.fill, rows) == ch.cap) & (_rows(ch.ts_lo, rows) > age_lo)
+              & (_rows(ch.ts_hi, rows) <= now_s) & (_rows(ch.lat_lo, rows) > 0))
+    if rows.size > 1 and bool((midx[1:] < midx[:-1]).any()):
+        by_model = np.argsort(midx, kind="stable")    # kept values come out grouped
+        rows, midx, proven = rows[by_model], midx[by_model], proven[by_model]
+    lat = ch.lat[:, ::stride]                         # stride first: copy 1/stride
+    prow, pm = (rows, midx) if proven.all() else (rows[proven], midx[proven])
+    gave = [pm]
+    if prow.size:
+        runs = np.flatnonzero((np.diff(prow) != 1) | (np.diff(pm) != 0)) + 1
+        if runs.size * 16 < prow.size:
+            # Long runs of adjacent rings of one model: each is one strided slice, copied
+            # straight into the pool later.
+            r, m = prow.tolist(), pm.tolist()
+            for a, b in itertools.pairwise([0, *runs.tolist(), prow.size]):
+                pieces.append((m[a], lat[r[a]:r[a] + b - a]))
+        else:
+            _model_runs(pm, lat[prow].ravel(), np.full(pm.size, lat.shape[1]), pieces)
+    if prow.size < rows.size:
+        other = ~proven
+        urow, um = rows[other], midx[other]
+        sub, ts = lat[urow], ch.ts[:, ::stride][urow]
+        with np.errstate(invalid="ignore"):
+            kept = (sub > 0) & (ts > age_lo) & (ts <= now_s)
+        n_kept = kept.sum(axis=1)
+        _model_runs(um, sub[kept], n_kept, pieces)
+        gave.append(um[n_kept > 0])
+    return gave[0] if len(gave) == 1 else np.concatenate(gave)
+
+
+def _model_runs(midx: I64, flat: F32, n_kept: I64, pieces: list[tuple[int, F32]]) -> None:
+    """Append ``flat``'s runs of one model (rows grouped by ``midx``, ``n_kept`` values each)."""
+    ends = np.cumsum(n_kept)
+    cut = np.flatnonzero(np.diff(midx)).tolist()
+    lo = 0
+    for i in [*cut, midx.size - 1]:
+        hi = int(ends[i])
+        if hi > lo:
+            pieces.append((int(midx[i]), flat[lo:hi]))
+        lo = hi
 
 
 class WindowStore:
@@ -691,7 +751,8 @@ class WindowStore:
         return results
 
     def model_pools(self, now_s: float, *, per_series: int = POOL_SAMPLES_PER_SERIES,
-                    models: Collection[str] | None = None) -> dict[str, ModelPool]:
+                    models: Collection[str] | None = None,
+                    qs: Sequence[float] = ()) -> dict[str, ModelPool]:
         """Per model, the cluster-wide pool of raw latency at ``now_s`` (unsorted float32).
 
         The pool is every series' judged samples (``ok``, non-probe, event time in
@@ -700,8 +761,10 @@ class WindowStore:
         judged sample is kept at the same rate, so the pool is an even thinning of the
         fleet's samples (a busy node weighs as its traffic, as in the exact pooled quantile)
         and a series gives at most ``per_series`` samples. Models without a kept sample are
-        left out; ``models`` restricts the answer. Cost: one strided copy of every ring
-        (~1.5 ms per 1,000 series at ``per_series=128``).
+        left out; ``models`` restricts the answer. ``qs``: also compute every pool's exact
+        quantiles there (``ModelPool.at_qs``; :func:`segment_quantiles`, all pools at once).
+        Cost: one strided copy of every ring, straight into one buffer holding every pool
+        (``_pool_pieces``), at 10,000 series bound by reading the rings' memory.
         """
         if per_series < 1:
             raise ValueError(f"per_series must be >= 1, got {per_series}")
@@ -713,42 +776,29 @@ class WindowStore:
             want[:] = False
             want[[self._models[m] for m in models if m in self._models]] = True
         want[nm] = False                        # free rows have midx -1: they read want[-1]
-        pieces: dict[int, list[F32]] = {}
+        pieces: list[tuple[int, F32]] = []
         nodes = np.zeros(nm, dtype=np.int64)
         for tier in self._tiers.values():
             for ch in tier:
-                if not ch.used:
-                    continue
-                rows = np.flatnonzero(want[ch.midx])
-                if rows.size == 0:
-                    continue
-                midx = ch.midx[rows]
-                by_model = np.argsort(midx, kind="stable")    # kept values come out grouped
-                rows, midx = rows[by_model], midx[by_model]
-                lat = ch.lat[:, ::stride][rows]               # stride first: copy 1/stride
-                # Rings whose kept bounds prove every slot judged need no mask (see _Chunk).
-                proven = ((ch.fill[rows] == ch.cap) & (ch.ts_lo[rows] > age_lo)
-                          & (ch.ts_hi[rows] <= now_s) & (ch.lat_lo[rows] > 0))
-                if proven.all():
-                    n_kept = np.full(rows.size, lat.shape[1], dtype=np.int64)
-                    flat = lat.ravel()
-                else:
-                    kept = np.ones(lat.shape, dtype=bool)
-                    other = np.flatnonzero(~proven)
-                    ts = ch.ts[:, ::stride][rows[other]]
-                    with np.errstate(invalid="ignore"):
-                        kept[other] = (lat[other] > 0) & (ts > age_lo) & (ts <= now_s)
-                    n_kept = kept.sum(axis=1)
-                    flat = lat[kept]
-                nodes += np.bincount(midx[n_kept > 0], minlength=nm)
-                per_model = np.bincount(midx, weights=n_kept, minlength=nm).astype(np.int64)
-                lo = 0
-                for i in np.flatnonzero(per_model).tolist():
-                    hi = lo + int(per_model[i])
-                    pieces.setdefault(i, []).append(flat[lo:hi])
-                    lo = hi
-        return {self._model_names[i]: ModelPool(np.concatenate(pieces[i]), int(nodes[i]))
-                for i in sorted(pieces)}
+                if ch.used:
+                    gave = _pool_pieces(ch, want, stride, age_lo, now_s, pieces)
+                    if gave is not None:
+                        nodes += np.bincount(gave, minlength=nm)
+        sizes = [0] * nm
+        for m, piece in pieces:
+            sizes[m] += piece.size
+        totals = np.array(sizes, dtype=np.int64)
+        pool = np.empty(int(totals.sum()), dtype=np.float32)
+        starts = np.cumsum(totals) - totals
+        at = starts.tolist()
+        for m, piece in pieces:
+            lo = at[m]
+            at[m] = lo + piece.size
+            pool[lo:at[m]].reshape(piece.shape)[...] = piece
+        qs = tuple(qs)
+        at_qs = segment_quantiles(pool, totals, qs).tolist() if qs else [()] * nm
+        return {self._model_names[i]: ModelPool(pool[lo:lo + n], int(nodes[i]), qs, tuple(at_qs[i]))
+                for i, (lo, n) in enumerate(zip(starts.tolist(), sizes, strict=True)) if n}
 
     def model_digests(self, now_s: float, *, per_series: int = POOL_SAMPLES_PER_SERIES,
                       models: Collection[str] | None = None) -> dict[str, dict[str, Any]]:
