@@ -66,7 +66,6 @@ Guarantees:
 
 from __future__ import annotations
 
-import itertools
 import operator
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -368,56 +367,99 @@ class ModelPool:
         return d
 
 
-def _pool_pieces(ch: _Chunk, want: Bools, stride: int, age_lo: float, now_s: float,
-                 pieces: list[tuple[int, F32]]) -> I64 | None:
-    """Append to ``pieces`` ``(model index, values)`` of chunk ``ch``'s kept pool samples
-    (:meth:`WindowStore.model_pools`), each a view or a small copy, not yet in the pool;
-    returns the model index of every series that gave samples (None: none)."""
-    rows = np.flatnonzero(want[ch.midx])
-    if rows.size == 0:
-        return None
-    midx = ch.midx[rows]
-    # Rings whose kept bounds prove every slot judged need no mask (see _Chunk).
-    proven = ((_rows(ch.fill, rows) == ch.cap) & (_rows(ch.ts_lo, rows) > age_lo)
-              & (_rows(ch.ts_hi, rows) <= now_s) & (_rows(ch.lat_lo, rows) > 0))
+# A piece of a pool: (model index, number of values, the values: a view or a small copy).
+_Piece: TypeAlias = tuple[int, int, F32]
+
+
+def _pool_pieces(chunks: list[_Chunk], want: Bools, stride: int, age_lo: float,
+                 now_s: float) -> tuple[list[_Piece], I64]:
+    """The kept pool samples of ``chunks`` (:meth:`WindowStore.model_pools`) as pieces
+    (``_Piece``), not yet in the pool, and the model index of every series that gave
+    samples.
+
+    The rings of all slabs are checked in one pass. A ring whose kept bounds prove every
+    slot judged (see ``_Chunk``) needs no mask, and a run of such rings of one model side
+    by side in a slab is one piece: a view of their strided slots, copied once, straight
+    into the pool. Slabs whose proven rings lie scattered (runs of < 16 rings on average)
+    and the other rings are gathered per slab, grouped by model and, when masked, compacted
+    at once (``np.compress`` while the slab's copy is in cache).
+    """
+    cat = np.concatenate
+    sizes = [ch.rows for ch in chunks]
+    slab = np.repeat(np.arange(len(chunks)), sizes)
+    local = np.arange(slab.size) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    midx = cat([ch.midx for ch in chunks])
+    sel = want[midx]
+    proven = (sel & (cat([ch.fill for ch in chunks]) == np.repeat([ch.cap for ch in chunks], sizes))
+              & (cat([ch.ts_lo for ch in chunks]) > age_lo)
+              & (cat([ch.ts_hi for ch in chunks]) <= now_s) & (cat([ch.lat_lo for ch in chunks]) > 0))
+    lats = [ch.lat[:, ::stride] for ch in chunks]     # stride first: copy 1/stride
+    pieces: list[_Piece] = []
+    gave: list[I64] = []
+    for rows, masked in ((np.flatnonzero(proven), False), (np.flatnonzero(sel & ~proven), True)):
+        if rows.size == 0:
+            continue
+        m, where = midx[rows], slab[rows]
+        per_slab = np.bincount(where, minlength=len(chunks))
+        scattered = per_slab > 0
+        if not masked:
+            # Runs of adjacent rings of one model in one slab: key steps by exactly 1 inside
+            # a run (by 2 from one slab's last row to the next slab's first).
+            key = m * (2 * slab.size + 2) + rows + where
+            head = cat(([0], np.flatnonzero(key[1:] - key[:-1] != 1) + 1))
+            scattered &= np.bincount(where[head], minlength=len(chunks)) * 16 >= per_slab
+            run_slab = where[head].tolist()
+            spread = scattered.tolist()
+            for s, r, mi, n in zip(run_slab, local[rows[head]].tolist(), m[head].tolist(),
+                                   np.diff(np.append(head, rows.size)).tolist(), strict=True):
+                if not spread[s]:
+                    pieces.append((mi, n * lats[s].shape[1], lats[s][r:r + n]))
+            gave.append(m)
+        ends = np.cumsum(per_slab)
+        for s in np.flatnonzero(scattered).tolist():
+            lo, hi = int(ends[s] - per_slab[s]), int(ends[s])
+            given = _slab_pieces(chunks[s], lats[s], stride, local[rows[lo:hi]], m[lo:hi],
+                                 age_lo, now_s, masked, pieces)
+            if masked:
+                gave.append(given)
+    return pieces, (cat(gave) if gave else np.zeros(0, dtype=np.int64))
+
+
+def _slab_pieces(ch: _Chunk, lat: F32, stride: int, rows: I64, midx: I64, age_lo: float,
+                 now_s: float, masked: bool, pieces: list[_Piece]) -> I64:
+    """Append the kept samples of slab ``ch``'s rings ``rows`` (``lat``: its strided
+    slots), one piece per model; ``masked``: keep only judged slots, else all. Returns
+    the model index of each ring that gave samples."""
+    whole = rows.size == ch.rows                    # every row (rows are ascending)
     if rows.size > 1 and bool((midx[1:] < midx[:-1]).any()):
-        by_model = np.argsort(midx, kind="stable")    # kept values come out grouped
-        rows, midx, proven = rows[by_model], midx[by_model], proven[by_model]
-    lat = ch.lat[:, ::stride]                         # stride first: copy 1/stride
-    prow, pm = (rows, midx) if proven.all() else (rows[proven], midx[proven])
-    gave = [pm]
-    if prow.size:
-        runs = np.flatnonzero((np.diff(prow) != 1) | (np.diff(pm) != 0)) + 1
-        if runs.size * 16 < prow.size:
-            # Long runs of adjacent rings of one model: each is one strided slice, copied
-            # straight into the pool later.
-            r, m = prow.tolist(), pm.tolist()
-            for a, b in itertools.pairwise([0, *runs.tolist(), prow.size]):
-                pieces.append((m[a], lat[r[a]:r[a] + b - a]))
-        else:
-            _model_runs(pm, lat[prow].ravel(), np.full(pm.size, lat.shape[1]), pieces)
-    if prow.size < rows.size:
-        other = ~proven
-        urow, um = rows[other], midx[other]
-        sub, ts = lat[urow], ch.ts[:, ::stride][urow]
+        by_model = np.argsort(midx, kind="stable")
+        rows, midx, whole = rows[by_model], midx[by_model], False
+    sub = np.ascontiguousarray(lat) if whole else lat[rows]
+    kept: Bools | None = None
+    if masked:
+        # Judged: ok (lat > 0), in time. NaN (empty slot) fails every test; a test the
+        # rings' kept bounds pass for every row is left out (see _Chunk).
+        tsv = ch.ts[:, ::stride]
+        ts = tsv if whole else tsv[rows]
         with np.errstate(invalid="ignore"):
-            kept = (sub > 0) & (ts > age_lo) & (ts <= now_s)
+            kept = ts > age_lo
+            if bool((ch.ts_hi[rows] > now_s).any()):
+                kept &= ts <= now_s
+            if not bool((ch.lat_lo[rows] > 0).all()):
+                kept &= sub > 0
         n_kept = kept.sum(axis=1)
-        _model_runs(um, sub[kept], n_kept, pieces)
-        gave.append(um[n_kept > 0])
-    return gave[0] if len(gave) == 1 else np.concatenate(gave)
-
-
-def _model_runs(midx: I64, flat: F32, n_kept: I64, pieces: list[tuple[int, F32]]) -> None:
-    """Append ``flat``'s runs of one model (rows grouped by ``midx``, ``n_kept`` values each)."""
-    ends = np.cumsum(n_kept)
-    cut = np.flatnonzero(np.diff(midx)).tolist()
+    else:
+        n_kept = np.full(rows.size, sub.shape[1])
+    ends = np.cumsum(n_kept).tolist()
+    flat = sub.reshape(-1) if kept is None else np.compress(kept.reshape(-1), sub.reshape(-1))
     lo = 0
-    for i in [*cut, midx.size - 1]:
-        hi = int(ends[i])
+    for i in [*np.flatnonzero(midx[1:] != midx[:-1]).tolist(), midx.size - 1]:
+        hi = ends[i]
         if hi > lo:
-            pieces.append((int(midx[i]), flat[lo:hi]))
+            pieces.append((int(midx[i]), hi - lo, flat[lo:hi]))
         lo = hi
+    given: I64 = midx[n_kept > 0]
+    return given
 
 
 class WindowStore:
@@ -776,25 +818,21 @@ class WindowStore:
             want[:] = False
             want[[self._models[m] for m in models if m in self._models]] = True
         want[nm] = False                        # free rows have midx -1: they read want[-1]
-        pieces: list[tuple[int, F32]] = []
-        nodes = np.zeros(nm, dtype=np.int64)
-        for tier in self._tiers.values():
-            for ch in tier:
-                if ch.used:
-                    gave = _pool_pieces(ch, want, stride, age_lo, now_s, pieces)
-                    if gave is not None:
-                        nodes += np.bincount(gave, minlength=nm)
+        chunks = [ch for tier in self._tiers.values() for ch in tier if ch.used]
+        pieces, gave = (_pool_pieces(chunks, want, stride, age_lo, now_s) if chunks
+                        else ([], np.zeros(0, dtype=np.int64)))
+        nodes = np.bincount(gave, minlength=nm)
         sizes = [0] * nm
-        for m, piece in pieces:
-            sizes[m] += piece.size
+        for m, n, _ in pieces:
+            sizes[m] += n
         totals = np.array(sizes, dtype=np.int64)
         pool = np.empty(int(totals.sum()), dtype=np.float32)
         starts = np.cumsum(totals) - totals
         at = starts.tolist()
-        for m, piece in pieces:
+        for m, n, values in pieces:
             lo = at[m]
-            at[m] = lo + piece.size
-            pool[lo:at[m]].reshape(piece.shape)[...] = piece
+            at[m] = lo + n
+            pool[lo:lo + n].reshape(values.shape)[...] = values
         qs = tuple(qs)
         at_qs = segment_quantiles(pool, totals, qs).tolist() if qs else [()] * nm
         return {self._model_names[i]: ModelPool(pool[lo:lo + n], int(nodes[i]), qs, tuple(at_qs[i]))

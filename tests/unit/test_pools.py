@@ -165,3 +165,24 @@ def test_model_pools_other_strides() -> None:
             {m: v.tolist() for m, (v, _) in want.items()}
         for m, pool in pools.items():
             assert pool.quantiles((0.5, 0.99, 1.0)) == exact_quantiles(want[m][0], (0.5, 0.99, 1.0))
+
+
+@pytest.mark.parametrize("now_s", [NOW, NOW + S.max_sample_age_s - 60])  # clean / partly stale
+@pytest.mark.parametrize("interleave", [True, False])
+def test_model_pools_of_whole_slabs(now_s: float, interleave: bool) -> None:
+    """Every slab full: of rings of alternating models (gathered and regrouped by model)
+    or of long runs of one model; at ``now_s`` every ring clean or holding stale samples."""
+    rng = np.random.default_rng(9)
+    store = WindowStore(S)
+    models = (("fast", 1e4), ("slow", 1e6))
+    plan = [(i, m) for i in range(64) for m in models] if interleave else \
+        [(i, m) for m in models for i in range(64)]
+    for i, (model, scale) in plan:
+        store.observe(_batch(f"n{i}", model, scale * np.exp(rng.normal(0, 0.3, 1000))))
+    want = _reference_pools(store, now_s)
+    pools = store.model_pools(now_s, qs=QS)
+    assert {m: np.sort(p.values).tolist() for m, p in pools.items()} == \
+        {m: v.tolist() for m, (v, _) in want.items()}
+    assert {m: p.nodes for m, p in pools.items()} == {"fast": 64, "slow": 64}
+    for m, pool in pools.items():
+        assert pool.quantiles(QS) == exact_quantiles(want[m][0], QS)
