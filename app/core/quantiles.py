@@ -352,7 +352,7 @@ def segment_quantiles(values: npt.NDArray[np.float32], counts: I64,
         block = bits[start:start + (j - i) * n].reshape(j - i, n)
         start += (j - i) * n
         ns = np.array([n], dtype=np.int64)
-        done = 0                   # ranks below this are in place, the rest lie right of them
+        done = 0           # every value in columns >= done is >= every value left of them
         vlo = vhi = block[:, 0]
         lo_prev = -1
         for c in order:
