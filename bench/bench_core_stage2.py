@@ -36,7 +36,7 @@ import tracemalloc
 import numpy as np
 
 from app.core.config import DetectorSettings
-from app.core.detector import Detector
+from app.core.detector import FLEET_QUANTILES, Detector
 from app.core.errors import BadEvent
 from app.core.evaluate import FleetEvaluator
 from app.core.events import Heartbeat, SampleBatch, decode
@@ -267,8 +267,9 @@ def bench_facade(quick: bool) -> None:
         det.store.summaries(now[0], det.evaluator.judge_since_all(now[0]))
 
     def fleet_quantiles() -> None:          # what the tick does: pools, exact P50/P99
-        for pool in det.store.model_pools(now[0], per_series=det.fleet_digest_per_series).values():
-            pool.quantiles((0.5, 0.99))
+        for pool in det.store.model_pools(now[0], per_series=det.fleet_digest_per_series,
+                                          qs=FLEET_QUANTILES).values():
+            pool.quantiles(FLEET_QUANTILES)
 
     def digests_only() -> None:             # on demand: the pools as mergeable digests
         det.store.model_digests(now[0], per_series=det.fleet_digest_per_series)

@@ -68,7 +68,8 @@ class Detector:
         groups = {m: list(g) for m, g in itertools.groupby(summaries, key=lambda s: s.model)}
         models = sorted(groups.keys() | set(ev.models()))
         per_series = self.fleet_digest_per_series
-        self._pools = (self.store.model_pools(now_s, per_series=per_series, models=groups.keys())
+        self._pools = (self.store.model_pools(now_s, per_series=per_series, models=groups.keys(),
+                                              qs=FLEET_QUANTILES)
                        if per_series > 0 else {})
         self._digests = None
         ticks = tuple(self._with_fleet_quantiles(
