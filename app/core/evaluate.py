@@ -36,8 +36,8 @@ from app.core.own_history import judge_own
 from app.core.peers import (
     Limits,
     Norms,
-    Peer,
     PeerNorms,
+    PeerRow,
     PeerSet,
     gather_peers,
     hw_class,
@@ -195,15 +195,14 @@ class FleetEvaluator:
             by_node.pop(node, None)
             ms.forget_pair(node)
 
-        ps = gather_peers(by_node, ms.pairs, st.min_samples)
-        peers = ps.peers
+        peers = gather_peers(by_node, ms.pairs, st.min_samples)
         errors = error_judgements(ms.counts, by_node, ms.pairs, st)
         follow_signal(ms, peers)   # a baseline is in the units of its signal
         pn = norms_of(peers, ms.baseline_p50, ms.baseline_ticks, st)
         norms = pn.window
         # Too few peers for a median: each pair's P50 against its own history (own_history).
-        own_p50 = {p.node_id: p.p50 for p in peers} if not norms.enough_peers else None
-        verdicts = self._judge_peers(ms, ps, pn, errors, now_s, own_p50)
+        own_p50 = dict(zip(peers.nodes, peers.p50s, strict=True)) if not norms.enough_peers else None
+        verdicts = self._judge_peers(ms, peers, pn, errors, now_s, own_p50)
         if errors.judgements:
             self._judge_thin_failing(ms, peers, errors, verdicts)
 
@@ -263,7 +262,6 @@ class FleetEvaluator:
         with no severity, whatever ``judge`` would add: only its sample rate is recorded;
         the others go through every rule (:meth:`_judge_peer`)."""
         st = self.settings
-        peers = ps.peers
         norms, fresh = pn.window, pn.fresh
         out = _Verdicts({}, {}, 0)
         base_p50, base_ratio = baseline_limits(ms, st)
@@ -272,7 +270,7 @@ class FleetEvaluator:
         normal = health.NORMAL
         if own_p50 is None and len(pn.top) == 1:     # one class (top: see PeerNorms)
             ((c, top),) = pn.top.items()
-            lim = limits(norms, fresh, peers[0].summary.hardware, st)
+            lim = limits(norms, fresh, ps.summaries[0].hardware, st)
             if quiet_below(*top, norms, lim, st):
                 self._judge_quiet_class(ms, ps, pn, lim, top[:2], errs, now_s,
                                         base_p50.get(c, math.inf), base_ratio, out)
@@ -281,9 +279,9 @@ class FleetEvaluator:
         # baseline's P50 limit.
         by_hw: dict[str | None, tuple[Limits, bool, float]] = {}
         unsettled = set(ps.unsettled)
-        quiet: list[Peer] = []
+        quiet: list[PeerRow] = []
         abnormal = 0
-        for peer in peers:
+        for peer in ps.rows():
             node, s, p50, ratio = peer
             hw = by_hw.get(s.hardware)
             if hw is None:
@@ -306,7 +304,7 @@ class FleetEvaluator:
             # Abnormal against the slow baseline: counts towards a load event only.
             if ratio > base_ratio or p50 > base_p50_c:
                 abnormal += 1
-        record_rates(ms.rate_per_s, quiet, now_s, st)
+        record_rates(ms.rate_per_s, (p[:2] for p in quiet), now_s, st)
         out.abnormal = abnormal
         return out
 
@@ -316,19 +314,21 @@ class FleetEvaluator:
         """:meth:`_judge_peers` for one class whose largest values are quiet: every peer is
         normal by the latency rules; only those with a fresh-tail count or failed requests
         have more to judge. ``top``: the class's largest P50 and P99/P50."""
-        peers = ps.peers
         more = set(ps.fresh_over)
         if errs:
-            more.update(n for n, _, _, _ in peers if n in errs)
-        quiet = peers
+            more.update(n for n in ps.nodes if n in errs)
+        quiet: list[PeerRow] = []
         if more:
-            quiet = []
-            for peer in peers:
+            for peer in ps.rows():
                 if peer[0] in more:
                     out.abnormal += self._judge_peer(ms, peer, pn.window, pn.fresh, lim, errs,
                                                      now_s, None, base_p50, base_ratio, out)
                 else:
                     quiet.append(peer)
+            record_rates(ms.rate_per_s, (p[:2] for p in quiet), now_s, self.settings)
+        else:
+            record_rates(ms.rate_per_s, zip(ps.nodes, ps.summaries, strict=True), now_s,
+                         self.settings)
         normal = health.NORMAL
         for node in ps.unsettled:
             if node not in more:
@@ -336,11 +336,10 @@ class FleetEvaluator:
         top_p50, top_ratio = top
         if top_ratio > base_ratio or top_p50 > base_p50:
             # Abnormal against the slow baseline: counts towards a load event only.
-            out.abnormal += sum(1 for _, _, p50, ratio in quiet
+            out.abnormal += sum(1 for _, _, p50, ratio in (quiet if more else ps.rows())
                                 if ratio > base_ratio or p50 > base_p50)
-        record_rates(ms.rate_per_s, quiet, now_s, st=self.settings)
 
-    def _judge_peer(self, ms: ModelState, peer: Peer, norms: Norms, fresh: Norms | None,
+    def _judge_peer(self, ms: ModelState, peer: PeerRow, norms: Norms, fresh: Norms | None,
                     lim: Limits, errs: Mapping[str, Judgement], now_s: float,
                     own_p50: Mapping[str, float] | None, base_p50: float, base_ratio: float,
                     out: _Verdicts) -> int:
@@ -394,12 +393,12 @@ class FleetEvaluator:
         return j
 
     @staticmethod
-    def _judge_thin_failing(ms: ModelState, peers: list[Peer], errors: ErrorReport,
+    def _judge_thin_failing(ms: ModelState, peers: PeerSet, errors: ErrorReport,
                             verdicts: _Verdicts) -> None:
         """A routed pair with too few judged samples to be a peer may still be failing fast
         (not counted towards a load event, whose denominator is the peers; the ejection cap
         still bounds how many leave)."""
-        judged = {node for node, _, _, _ in peers}
+        judged = set(peers.nodes)
         for node, j in errors.judgements.items():
             p = ms.pairs[node]
             if node not in judged and p.routed and p.state is not HealthState.WARMING:
@@ -432,10 +431,10 @@ class FleetEvaluator:
                                   st.relative_p50_factor) or j
                 judgements[node] = j
 
-    def _update_own(self, ms: ModelState, peers: list[Peer], judgements: Mapping[str, Judgement],
+    def _update_own(self, ms: ModelState, peers: PeerSet, judgements: Mapping[str, Judgement],
                     now_s: float) -> None:
         """Fold healthy pairs' normal windows into their own P50 baselines."""
-        for node, _, p50, _ in peers:
+        for node, p50 in zip(peers.nodes, peers.p50s, strict=True):
             p = ms.pairs[node]
             j = judgements.get(node)
             if (p.state is HealthState.HEALTHY and not p.abnormal_streak

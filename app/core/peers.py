@@ -20,11 +20,12 @@ Rationale: docs/rules.md.
 
 from __future__ import annotations
 
+import itertools
 import math
 import operator
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, overload
 
 from app.core.config import DetectorSettings
 from app.core.health import PairState
@@ -68,14 +69,55 @@ class Peer(NamedTuple):
     ratio: float
 
 
-class PeerSet(NamedTuple):
-    """The peers of one tick (:func:`gather_peers`) and two lists of their nodes, gathered in
-    the same pass: the peers whose pair is not healthy or has an abnormal streak (a normal
-    verdict moves them), and those with a fresh-tail count (``WindowSummary.fresh_over``)."""
+# A peer as a plain tuple (what Peer holds, without making one).
+PeerRow = tuple[str, WindowSummary, float, float]
 
-    peers: list[Peer]
-    unsettled: list[str]
-    fresh_over: list[str]
+
+class PeerSet(Sequence[Peer]):
+    """The peers of one tick (:func:`gather_peers`), kept as columns: a sequence of
+    :class:`Peer` made on first use (most ticks need only the columns; a ``Peer`` per
+    pair per tick costs more than all the rules of a quiet one). Also the peers whose pair
+    is not healthy or has an abnormal streak (``unsettled``: a normal verdict moves them)
+    and those with a fresh-tail count (``fresh_over``: ``WindowSummary.fresh_over``).
+    Read-only once built."""
+
+    __slots__ = ("_peers", "fresh_over", "nodes", "p50s", "ratios", "summaries", "unsettled")
+
+    def __init__(self, nodes: list[str], summaries: list[WindowSummary], p50s: list[float],
+                 ratios: list[float], unsettled: list[str], fresh_over: list[str]) -> None:
+        self.nodes = nodes
+        self.summaries = summaries
+        self.p50s = p50s
+        self.ratios = ratios
+        self.unsettled = unsettled
+        self.fresh_over = fresh_over
+        self._peers: list[Peer] | None = None
+
+    @property
+    def peers(self) -> list[Peer]:
+        if self._peers is None:
+            # Peer(...) without NamedTuple's Python-level __new__.
+            self._peers = list(map(tuple.__new__, itertools.repeat(Peer), self.rows()))
+        return self._peers
+
+    def rows(self) -> Iterator[PeerRow]:
+        """The peers as plain ``(node, summary, p50, ratio)`` tuples (no ``Peer`` made)."""
+        return zip(self.nodes, self.summaries, self.p50s, self.ratios, strict=True)
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    @overload
+    def __getitem__(self, i: int) -> Peer: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Peer]: ...
+    def __getitem__(self, i: int | slice) -> Peer | list[Peer]:
+        if self._peers is None and isinstance(i, int):     # one peer: make only that one
+            return Peer(self.nodes[i], self.summaries[i], self.p50s[i], self.ratios[i])
+        return self.peers[i]
+
+    def __iter__(self) -> Iterator[Peer]:
+        return iter(self.peers)
 
 
 def peers_of(by_node: Mapping[str, WindowSummary], pairs: Mapping[str, PairState],
@@ -93,15 +135,16 @@ def peers_of(by_node: Mapping[str, WindowSummary], pairs: Mapping[str, PairState
 
 def gather_peers(by_node: Mapping[str, WindowSummary], pairs: Mapping[str, PairState],
                  min_samples: int) -> PeerSet:
-    """:func:`peers_of` with the :class:`PeerSet` lists."""
-    out: list[Peer] = []
+    """:func:`peers_of` with the :class:`PeerSet` columns and lists."""
+    nodes: list[str] = []
+    sums: list[WindowSummary] = []
+    p50s: list[float] = []
+    ratios: list[float] = []
     unsettled: list[str] = []
     over: list[str] = []
-    append = out.append
     first: str | None = None
     mixed = False
     warming, healthy = HealthState.WARMING, HealthState.HEALTHY
-    new = tuple.__new__              # Peer(...) without NamedTuple's Python-level __new__
     for node, s in by_node.items():
         p = pairs[node]
         state = p.state
@@ -109,7 +152,10 @@ def gather_peers(by_node: Mapping[str, WindowSummary], pairs: Mapping[str, PairS
             continue
         p50, p99 = s.p50, s.p99
         if s.samples >= min_samples and p50 is not None and p99 is not None and p50 > 0:
-            append(new(Peer, (node, s, p50, p99 / p50)))
+            nodes.append(node)
+            sums.append(s)
+            p50s.append(p50)
+            ratios.append(p99 / p50)
             if state is not healthy or p.abnormal_streak:
                 unsettled.append(node)
             if s.fresh_over:
@@ -120,16 +166,17 @@ def gather_peers(by_node: Mapping[str, WindowSummary], pairs: Mapping[str, PairS
                 mixed = True
     if mixed:
         tally: dict[str, list[int]] = {}
-        for peer in out:
-            t = tally.setdefault(peer.summary.signal, [0, 0])
+        for s in sums:
+            t = tally.setdefault(s.signal, [0, 0])
             t[0] += 1
-            t[1] += peer.summary.samples
+            t[1] += s.samples
         chosen = max(sorted(tally), key=lambda k: (tally[k][0], tally[k][1]))
-        out = [p for p in out if p.summary.signal == chosen]
-        kept = {p.node_id for p in out}
-        unsettled = [n for n in unsettled if n in kept]
-        over = [n for n in over if n in kept]
-    return PeerSet(out, unsettled, over)
+        keep = [s.signal == chosen for s in sums]
+        kept = set(itertools.compress(nodes, keep))
+        return PeerSet(list(itertools.compress(nodes, keep)), list(itertools.compress(sums, keep)),
+                       list(itertools.compress(p50s, keep)), list(itertools.compress(ratios, keep)),
+                       [n for n in unsettled if n in kept], [n for n in over if n in kept])
+    return PeerSet(nodes, sums, p50s, ratios, unsettled, over)
 
 
 def signal_of(peers: Sequence[Peer]) -> str | None:
@@ -263,14 +310,14 @@ _HARDWARE = operator.attrgetter("hardware")
 _FRESH_P50 = operator.attrgetter("fresh_p50")
 
 
-def norms_of(peers: Sequence[Peer], base_p50: Mapping[str, float],
-             base_ticks: Mapping[str, int], st: DetectorSettings) -> PeerNorms:
+def norms_of(ps: PeerSet, base_p50: Mapping[str, float], base_ticks: Mapping[str, int],
+             st: DetectorSettings) -> PeerNorms:
     """:func:`window_norms` and :func:`fresh_norms` over ``peers``, the medians the slow
     baseline folds in (:func:`app.core.baseline.fold_baseline`) and each class's largest
     values; the same numbers as those functions, with each list sorted once."""
+    peers, sums, p50s, ratios = ps, ps.summaries, ps.p50s, ps.ratios
     if not peers:
         return PeerNorms(window_norms(peers, base_p50, base_ticks, st), None, {}, None)
-    _, sums, p50s, ratios = zip(*peers, strict=True)
     hardware = set(map(_HARDWARE, sums))
     total = sum(p50s) + sum(ratios)
     if (len(hardware) > 1 and len({hw_class(h) for h in hardware}) > 1) or not math.isfinite(total):

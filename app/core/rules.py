@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from app.core import health
 from app.core.config import DetectorSettings
 from app.core.health import Evidence, Judgement, PairState, Verdict
-from app.core.peers import Limits, Norms, Peer, limits, median
+from app.core.peers import Limits, Norms, limits, median
 from app.core.types import HealthState, Reason, WindowSummary
 
 # Onset credit: a window whose relative severity reached this fraction of the limit counts
@@ -318,22 +318,28 @@ def new_fraction(rate_per_s: MutableMapping[str, float], advanced_ts: Mapping[st
     return min(1.0, (now_s - last) / span_s)
 
 
-def record_rates(rate_per_s: MutableMapping[str, float], peers: Iterable[Peer], now_s: float,
+def record_rates(rate_per_s: MutableMapping[str, float],
+                 windows: Iterable[tuple[str, WindowSummary]], now_s: float,
                  st: DetectorSettings) -> None:
-    """Record each peer's sample rate in ``rate_per_s`` as :func:`new_fraction` does (the
-    same arithmetic), for pairs whose new-evidence fraction is not needed this tick."""
+    """Record the sample rate of each ``(node, summary)`` in ``rate_per_s`` as
+    :func:`new_fraction` does (the same arithmetic), for pairs whose new-evidence fraction
+    is not needed this tick."""
     lo0 = now_s - st.max_sample_age_s
+    bound0_s = now_s - lo0                 # a window bounded by the age bound alone (most)
     window = st.window_size
     get = rate_per_s.get
-    for node, s, _, _ in peers:
-        lo = lo0
-        extra = s.extra
-        if extra and (since := extra.get("judged_since")) is not None and float(since) > lo:
-            lo = float(since)
+    for node, s in windows:
         first = s.first_seen_ts
-        if first is not None and first > lo:
-            lo = first
-        bound_s = now_s - lo
+        if s.extra or (first is not None and first > lo0):
+            lo = lo0
+            since = judged_since(s)
+            if since is not None and since > lo:
+                lo = since
+            if first is not None and first > lo:
+                lo = first
+            bound_s = now_s - lo
+        else:
+            bound_s = bound0_s
         samples = s.samples
         if bound_s <= 0 or samples <= 0:
             continue
