@@ -268,7 +268,7 @@ class FleetEvaluator:
         errs = errors.judgements
         judgements = out.judgements
         normal = health.NORMAL
-        if own_p50 is None and len(pn.top) == 1:     # one class (top: see PeerNorms)
+        if own_p50 is None and len(pn.class_p50) == 1 and pn.top:    # one class, top known
             ((c, top),) = pn.top.items()
             lim = limits(norms, fresh, ps.summaries[0].hardware, st)
             if quiet_below(*top, norms, lim, st):

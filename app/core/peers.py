@@ -145,6 +145,7 @@ def gather_peers(by_node: Mapping[str, WindowSummary], pairs: Mapping[str, PairS
     first: str | None = None
     mixed = False
     warming, healthy = HealthState.WARMING, HealthState.HEALTHY
+    add_node, add_summary, add_p50, add_ratio = nodes.append, sums.append, p50s.append, ratios.append
     for node, s in by_node.items():
         p = pairs[node]
         state = p.state
@@ -152,10 +153,10 @@ def gather_peers(by_node: Mapping[str, WindowSummary], pairs: Mapping[str, PairS
             continue
         p50, p99 = s.p50, s.p99
         if s.samples >= min_samples and p50 is not None and p99 is not None and p50 > 0:
-            nodes.append(node)
-            sums.append(s)
-            p50s.append(p50)
-            ratios.append(p99 / p50)
+            add_node(node)
+            add_summary(s)
+            add_p50(p50)
+            add_ratio(p99 / p50)
             if state is not healthy or p.abnormal_streak:
                 unsettled.append(node)
             if s.fresh_over:
@@ -321,17 +322,24 @@ def norms_of(ps: PeerSet, base_p50: Mapping[str, float], base_ticks: Mapping[str
     hardware = set(map(_HARDWARE, sums))
     total = sum(p50s) + sum(ratios)
     if (len(hardware) > 1 and len({hw_class(h) for h in hardware}) > 1) or not math.isfinite(total):
-        return _norms_by_class(peers, base_p50, base_ticks, st)
+        return _norms_by_class(ps, base_p50, base_ticks, st)
     c = hw_class(next(iter(hardware)))
     min_peers = st.min_peers
     sp = sorted(p50s)
     sr = sorted(ratios)
     fleet_p50, median_ratio = median_sorted(sp), median_sorted(sr)
-    fp = [f for f in map(_FRESH_P50, sums) if f is not None]
-    top_fresh = max(fp) if fp else None
-    finite_fresh = top_fresh is None or math.isfinite(sum(fp))
-    fp = [f for f in fp if f > 0]
-    fresh = Norms(True, median(fp), {}, False, math.inf) if len(fp) >= min_peers else None
+    fp = list(map(_FRESH_P50, sums))
+    top_fresh = None
+    fresh = None
+    if fp.count(None) < len(fp):          # some peer has a fresh P50 (count: by identity)
+        fp = [f for f in fp if f is not None]
+        top_fresh = max(fp)
+        finite_fresh = math.isfinite(sum(fp))
+        fp = [f for f in fp if f > 0]
+        if len(fp) >= min_peers:
+            fresh = Norms(True, median(fp), {}, False, math.inf)
+    else:
+        finite_fresh = True
     if len(peers) < min_peers:
         top = max(map(operator.mul, p50s, ratios))
         return PeerNorms(Norms(False, fleet_p50, {}, False, st.ratio_threshold), fresh,
@@ -352,15 +360,24 @@ def norms_of(ps: PeerSet, base_p50: Mapping[str, float], base_ticks: Mapping[str
                      {c: (sp[-1], sr[-1], p99s[-1], top_fresh)} if finite_fresh else {})
 
 
-def _norms_by_class(peers: Sequence[Peer], base_p50: Mapping[str, float],
+def _norms_by_class(ps: PeerSet, base_p50: Mapping[str, float],
                     base_ticks: Mapping[str, int], st: DetectorSettings) -> PeerNorms:
     """:func:`norms_of` for peers of several classes (or with a value not finite)."""
-    window = window_norms(peers, base_p50, base_ticks, st)
-    classes: dict[str, list[float]] = {}
-    for p in peers:
-        classes.setdefault(hw_class(p.summary.hardware), []).append(p.p50)
-    return PeerNorms(window, fresh_norms(peers, base_p50, base_ticks, st),
-                     {c: median(v) for c, v in classes.items()}, median([p.ratio for p in peers]))
+    peers = ps.peers
+    classes: dict[str, list[PeerRow]] = {}
+    for row in ps.rows():
+        classes.setdefault(hw_class(row[1].hardware), []).append(row)
+    top: dict[str, tuple[float, float, float, float | None]] = {}
+    for c, rows in classes.items():
+        _, sums, p50s, ratios = zip(*rows, strict=True)
+        fp = [f for f in map(_FRESH_P50, sums) if f is not None]
+        if math.isfinite(sum(p50s) + sum(ratios) + sum(fp)):
+            top[c] = (max(p50s), max(ratios), max(map(operator.mul, p50s, ratios)),
+                      max(fp) if fp else None)
+    return PeerNorms(window_norms(peers, base_p50, base_ticks, st),
+                     fresh_norms(peers, base_p50, base_ticks, st),
+                     {c: median([p50 for _, _, p50, _ in rows]) for c, rows in classes.items()},
+                     median(ps.ratios), top)
 
 
 def movement(p50s: Sequence[tuple[WindowSummary, float]], base_p50: Mapping[str, float],

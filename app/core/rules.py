@@ -326,7 +326,7 @@ def record_rates(rate_per_s: MutableMapping[str, float],
     is not needed this tick."""
     lo0 = now_s - st.max_sample_age_s
     bound0_s = now_s - lo0                 # a window bounded by the age bound alone (most)
-    window = st.window_size
+    half = st.window_size / 2              # 2 x samples > window_size, for an int window_size
     get = rate_per_s.get
     for node, s in windows:
         first = s.first_seen_ts
@@ -344,7 +344,7 @@ def record_rates(rate_per_s: MutableMapping[str, float],
         if bound_s <= 0 or samples <= 0:
             continue
         rate = samples / bound_s
-        if 2 * samples > window:
+        if samples > half:
             before = get(node, 0.0)
             if before > rate:
                 rate = before
