@@ -181,6 +181,8 @@ def gather_peers(by_node: Mapping[str, WindowSummary], pairs: Mapping[str, PairS
 
 
 def signal_of(peers: Sequence[Peer]) -> str | None:
+    if isinstance(peers, PeerSet):       # no Peer made
+        return peers.summaries[0].signal if peers.summaries else None
     return peers[0].summary.signal if peers else None
 
 
