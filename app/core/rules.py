@@ -344,8 +344,6 @@ def record_rates(rate_per_s: MutableMapping[str, float],
         if bound_s <= 0 or samples <= 0:
             continue
         rate = samples / bound_s
-        if samples > half:
-            before = get(node, 0.0)
-            if before > rate:
-                rate = before
+        if samples > half and get(node, 0.0) >= rate:
+            continue                       # the rate kept is the one recorded (or equal)
         rate_per_s[node] = rate
