@@ -19,7 +19,7 @@ Rationale: docs/rules.md.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from app.core.config import DetectorSettings
 from app.core.model_state import ModelState
@@ -85,22 +85,29 @@ def update_baseline(ms: ModelState, peers: Sequence[Peer], now_s: float,
     """Move the baseline towards this tick's class medians and median ratio."""
     if not peers:
         return
-    dt = st.tick_interval_s if ms.baseline_ts is None else max(0.0, now_s - ms.baseline_ts)
-    alpha = 1.0 - 0.5 ** (dt / BASELINE_HALF_LIFE_S)
-    ms.baseline_ts = now_s
     classes: dict[str, list[float]] = {}
-    ratios = [p.ratio for p in peers]
     one = classes_of(peers)
     if len(one) == 1:
         classes[one.pop()] = [p.p50 for p in peers]
     else:
         for p in peers:
             classes.setdefault(hw_class(p.summary.hardware), []).append(p.p50)
-    for c, values in classes.items():
-        cur = math.log(median(values))
+    fold_baseline(ms, {c: median(v) for c, v in classes.items()},
+                  median([p.ratio for p in peers]), now_s, st)
+
+
+def fold_baseline(ms: ModelState, class_p50: Mapping[str, float], ratio: float, now_s: float,
+                  st: DetectorSettings) -> None:
+    """:func:`update_baseline` given the peers' medians: P50 per class (``class_p50``) and
+    P99/P50 (``ratio``), as :class:`~app.core.peers.PeerNorms` holds them."""
+    dt = st.tick_interval_s if ms.baseline_ts is None else max(0.0, now_s - ms.baseline_ts)
+    alpha = 1.0 - 0.5 ** (dt / BASELINE_HALF_LIFE_S)
+    ms.baseline_ts = now_s
+    for c, med in class_p50.items():
+        cur = math.log(med)
         old = ms.baseline_p50.get(c)
         ms.baseline_p50[c] = cur if old is None else old + alpha * (cur - old)
         ms.baseline_ticks[c] = ms.baseline_ticks.get(c, 0) + 1
-    cur_r = math.log(median(ratios))
+    cur_r = math.log(ratio)
     ms.baseline_ratio = cur_r if ms.baseline_ratio is None else (
         ms.baseline_ratio + alpha * (cur_r - ms.baseline_ratio))

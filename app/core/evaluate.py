@@ -27,7 +27,7 @@ from typing import Any
 
 from app.core import health, liveness
 from app.core.admission import AdmissionNorms, admission_norms, admitting, judge_admission
-from app.core.baseline import baseline_limits, baseline_shift, follow_signal, update_baseline
+from app.core.baseline import baseline_limits, baseline_shift, fold_baseline, follow_signal
 from app.core.config import DetectorSettings
 from app.core.guards import eject_within_cap, error_storm, load_event
 from app.core.health import Judgement, PairState, Verdict
@@ -36,13 +36,14 @@ from app.core.own_history import judge_own
 from app.core.peers import (
     Limits,
     Norms,
-    Peer,
-    fresh_norms,
+    PeerNorms,
+    PeerRow,
+    PeerSet,
+    gather_peers,
     hw_class,
     limits,
-    peers_of,
+    norms_of,
     signal_of,
-    window_norms,
 )
 from app.core.rules import (
     FRESH_TAIL_MARGIN,
@@ -54,6 +55,8 @@ from app.core.rules import (
     judge_probe,
     new_fraction,
     p50_over,
+    quiet_below,
+    record_rates,
     tail_support_samples,
 )
 from app.core.types import (
@@ -192,15 +195,16 @@ class FleetEvaluator:
             by_node.pop(node, None)
             ms.forget_pair(node)
 
-        peers = peers_of(by_node, ms.pairs, st.min_samples)
+        peers = gather_peers(by_node, ms.pairs, st.min_samples)
         errors = error_judgements(ms.counts, by_node, ms.pairs, st)
         follow_signal(ms, peers)   # a baseline is in the units of its signal
-        norms = window_norms(peers, ms.baseline_p50, ms.baseline_ticks, st)
-        fresh = fresh_norms(peers, ms.baseline_p50, ms.baseline_ticks, st)
+        pn = norms_of(peers, ms.baseline_p50, ms.baseline_ticks, st)
+        norms = pn.window
         # Too few peers for a median: each pair's P50 against its own history (own_history).
-        own_p50 = {p.node_id: p.p50 for p in peers} if not norms.enough_peers else None
-        verdicts = self._judge_peers(ms, peers, norms, fresh, errors, now_s, own_p50)
-        self._judge_thin_failing(ms, peers, errors, verdicts)
+        own_p50 = dict(zip(peers.nodes, peers.p50s, strict=True)) if not norms.enough_peers else None
+        verdicts = self._judge_peers(ms, peers, pn, errors, now_s, own_p50)
+        if errors.judgements:
+            self._judge_thin_failing(ms, peers, errors, verdicts)
 
         signal = signal_of(peers)
         load, load_ev = load_event(model, ms, verdicts.abnormal, len(peers), now_s,
@@ -213,7 +217,8 @@ class FleetEvaluator:
         storm_ev = error_storm(model, ms, errors, now_s, signal, st)
         shift_ev = baseline_shift(model, ms, peers, now_s, verdicts.abnormal, norms.fleet_p50,
                                   norms.movement)
-        update_baseline(ms, peers, now_s, st)
+        if pn.ratio is not None:
+            fold_baseline(ms, pn.class_p50, pn.ratio, now_s, st)
         # Next tick's threshold for stage 1's fresh-tail count (one class: its fleet P99), on a
         # 2-significant-digit grid: it needs no precision, and the hint changes less often.
         ms.tail_ref = (float(f"{norms.fleet_p99 * FRESH_TAIL_MARGIN:.2g}")
@@ -247,52 +252,127 @@ class FleetEvaluator:
             pairs[node] = p
             transitions.append(t)
 
-    def _judge_peers(self, ms: ModelState, peers: list[Peer], norms: Norms,
-                     fresh: Norms | None, errors: ErrorReport, now_s: float,
-                     own_p50: Mapping[str, float] | None) -> _Verdicts:
+    def _judge_peers(self, ms: ModelState, ps: PeerSet, pn: PeerNorms, errors: ErrorReport,
+                     now_s: float, own_p50: Mapping[str, float] | None) -> _Verdicts:
         """Every peer by the rules (below min_peers: its own history; error rate when the
-        latency rules find nothing), with the new-evidence hold and onset credit applied."""
+        latency rules find nothing), with the new-evidence hold and onset credit applied.
+
+        A peer that :func:`~app.core.rules.quiet_below` clears (its class's largest values,
+        else its own) with no fresh-tail count and no failed requests to judge is normal
+        with no severity, whatever ``judge`` would add: only its sample rate is recorded;
+        the others go through every rule (:meth:`_judge_peer`)."""
         st = self.settings
-        pairs = ms.pairs
+        norms, fresh = pn.window, pn.fresh
         out = _Verdicts({}, {}, 0)
         base_p50, base_ratio = baseline_limits(ms, st)
-        credit = st.confirm_windows >= 3
-        was_elevated = ms.elevated
-        tail_samples = tail_support_samples(st)
-        class_limits: dict[str | None, Limits] = {}
-        for node, s, p50, ratio in peers:
-            lim = class_limits.get(s.hardware)
-            if lim is None:
-                lim = class_limits[s.hardware] = limits(norms, fresh, s.hardware, st)
-            j = judge(s, p50, ratio, s.samples, norms, st, tail=s.samples >= tail_samples,
-                      fresh=fresh, lim=lim)
-            if own_p50 is not None and j.verdict is not Verdict.ABNORMAL:
-                j = judge_own(ms.own, s, p50, ratio, own_p50, st.relative_p50_factor) or j
-            fresh_tail = judge_fresh_tail(s, st) if s.fresh_over else None
-            if fresh_tail is not None and j.verdict is not Verdict.ABNORMAL:
-                j = fresh_tail
-            fraction = new_fraction(ms.rate_per_s, ms.advanced_ts, node, s, now_s, st)
-            if j.verdict is not Verdict.ABNORMAL and node in errors.judgements:
-                j = errors.judgements[node]   # failed requests since the last tick: new each tick
-            p = pairs[node]
-            if j.verdict is Verdict.ABNORMAL:
-                out.abnormal += 1
-                if j.reason != Reason.ERROR_RATE:
-                    # Fresh-sample and own-history verdicts are new evidence each tick: no hold.
-                    fresh_evidence = own_p50 is not None or fresh_tail is not None
-                    j = self._hold_or_credit(j, p, fresh_evidence or p50_over(s, p50, lim),
-                                             fraction, node in ms.advanced_ts,
-                                             was_elevated.get(node) if credit else None)
-                out.judgements[node] = j
+        errs = errors.judgements
+        judgements = out.judgements
+        normal = health.NORMAL
+        if own_p50 is None and len(pn.class_p50) == 1 and pn.top:    # one class, top known
+            ((c, top),) = pn.top.items()
+            lim = limits(norms, fresh, ps.summaries[0].hardware, st)
+            if quiet_below(*top, norms, lim, st):
+                self._judge_quiet_class(ms, ps, pn, lim, top[:2], errs, now_s,
+                                        base_p50.get(c, math.inf), base_ratio, out)
+                return out
+        # Per hardware value: its class's limits, whether all its class is quiet, the slow
+        # baseline's P50 limit.
+        by_hw: dict[str | None, tuple[Limits, bool, float]] = {}
+        unsettled = set(ps.unsettled)
+        quiet: list[PeerRow] = []
+        abnormal = 0
+        for peer in ps.rows():
+            node, s, p50, ratio = peer
+            hw = by_hw.get(s.hardware)
+            if hw is None:
+                c = hw_class(s.hardware)
+                lim = limits(norms, fresh, s.hardware, st)
+                c_top = pn.top.get(c)
+                hw = by_hw[s.hardware] = (lim, c_top is not None
+                                          and quiet_below(*c_top, norms, lim, st),
+                                          base_p50.get(c, math.inf))
+            lim, all_quiet, base_p50_c = hw
+            if (own_p50 is not None or s.fresh_over or node in errs
+                    or not (all_quiet or quiet_below(p50, ratio, p50 * ratio, s.fresh_p50, norms,
+                                                     lim, st))):
+                abnormal += self._judge_peer(ms, peer, norms, fresh, lim, errs, now_s, own_p50,
+                                             base_p50_c, base_ratio, out)
                 continue
-            if j.severity:
-                out.elevated[node] = j.severity
-            if p.state is not HealthState.HEALTHY or p.abnormal_streak:
-                out.judgements[node] = j
+            quiet.append(peer)
+            if node in unsettled:
+                judgements[node] = normal
             # Abnormal against the slow baseline: counts towards a load event only.
-            if ratio > base_ratio or p50 > base_p50.get(hw_class(s.hardware), math.inf):
-                out.abnormal += 1
+            if ratio > base_ratio or p50 > base_p50_c:
+                abnormal += 1
+        record_rates(ms.rate_per_s, (p[:2] for p in quiet), now_s, st)
+        out.abnormal = abnormal
         return out
+
+    def _judge_quiet_class(self, ms: ModelState, ps: PeerSet, pn: PeerNorms, lim: Limits,
+                           top: tuple[float, float], errs: Mapping[str, Judgement], now_s: float,
+                           base_p50: float, base_ratio: float, out: _Verdicts) -> None:
+        """:meth:`_judge_peers` for one class whose largest values are quiet: every peer is
+        normal by the latency rules; only those with a fresh-tail count or failed requests
+        have more to judge. ``top``: the class's largest P50 and P99/P50."""
+        more = set(ps.fresh_over)
+        if errs:
+            more.update(n for n in ps.nodes if n in errs)
+        quiet: list[PeerRow] = []
+        if more:
+            for peer in ps.rows():
+                if peer[0] in more:
+                    out.abnormal += self._judge_peer(ms, peer, pn.window, pn.fresh, lim, errs,
+                                                     now_s, None, base_p50, base_ratio, out)
+                else:
+                    quiet.append(peer)
+            record_rates(ms.rate_per_s, (p[:2] for p in quiet), now_s, self.settings)
+        else:
+            record_rates(ms.rate_per_s, zip(ps.nodes, ps.summaries, strict=True), now_s,
+                         self.settings)
+        normal = health.NORMAL
+        for node in ps.unsettled:
+            if node not in more:
+                out.judgements[node] = normal
+        top_p50, top_ratio = top
+        if top_ratio > base_ratio or top_p50 > base_p50:
+            # Abnormal against the slow baseline: counts towards a load event only.
+            out.abnormal += sum(1 for _, _, p50, ratio in (quiet if more else ps.rows())
+                                if ratio > base_ratio or p50 > base_p50)
+
+    def _judge_peer(self, ms: ModelState, peer: PeerRow, norms: Norms, fresh: Norms | None,
+                    lim: Limits, errs: Mapping[str, Judgement], now_s: float,
+                    own_p50: Mapping[str, float] | None, base_p50: float, base_ratio: float,
+                    out: _Verdicts) -> int:
+        """One peer by every rule into ``out``; 1 when it counts towards a load event."""
+        st = self.settings
+        node, s, p50, ratio = peer
+        j = judge(s, p50, ratio, s.samples, norms, st, tail=s.samples >= tail_support_samples(st),
+                  fresh=fresh, lim=lim)
+        if own_p50 is not None and j.verdict is not Verdict.ABNORMAL:
+            j = judge_own(ms.own, s, p50, ratio, own_p50, st.relative_p50_factor) or j
+        fresh_tail = judge_fresh_tail(s, st) if s.fresh_over else None
+        if fresh_tail is not None and j.verdict is not Verdict.ABNORMAL:
+            j = fresh_tail
+        fraction = new_fraction(ms.rate_per_s, ms.advanced_ts, node, s, now_s, st)
+        if j.verdict is not Verdict.ABNORMAL and node in errs:
+            j = errs[node]   # failed requests since the last tick: new each tick
+        p = ms.pairs[node]
+        if j.verdict is Verdict.ABNORMAL:
+            if j.reason != Reason.ERROR_RATE:
+                # Fresh-sample and own-history verdicts are new evidence each tick: no hold.
+                fresh_evidence = own_p50 is not None or fresh_tail is not None
+                credit = st.confirm_windows >= 3
+                j = self._hold_or_credit(j, p, fresh_evidence or p50_over(s, p50, lim),
+                                         fraction, node in ms.advanced_ts,
+                                         ms.elevated.get(node) if credit else None)
+            out.judgements[node] = j
+            return 1
+        if j.severity:
+            out.elevated[node] = j.severity
+        if p.state is not HealthState.HEALTHY or p.abnormal_streak:
+            out.judgements[node] = j
+        # Abnormal against the slow baseline: counts towards a load event only.
+        return 1 if ratio > base_ratio or p50 > base_p50 else 0
 
     @staticmethod
     def _hold_or_credit(j: Judgement, p: PairState, p50_verdict: bool, fraction: float,
@@ -313,12 +393,12 @@ class FleetEvaluator:
         return j
 
     @staticmethod
-    def _judge_thin_failing(ms: ModelState, peers: list[Peer], errors: ErrorReport,
+    def _judge_thin_failing(ms: ModelState, peers: PeerSet, errors: ErrorReport,
                             verdicts: _Verdicts) -> None:
         """A routed pair with too few judged samples to be a peer may still be failing fast
         (not counted towards a load event, whose denominator is the peers; the ejection cap
         still bounds how many leave)."""
-        judged = {node for node, _, _, _ in peers}
+        judged = set(peers.nodes)
         for node, j in errors.judgements.items():
             p = ms.pairs[node]
             if node not in judged and p.routed and p.state is not HealthState.WARMING:
@@ -351,10 +431,10 @@ class FleetEvaluator:
                                   st.relative_p50_factor) or j
                 judgements[node] = j
 
-    def _update_own(self, ms: ModelState, peers: list[Peer], judgements: Mapping[str, Judgement],
+    def _update_own(self, ms: ModelState, peers: PeerSet, judgements: Mapping[str, Judgement],
                     now_s: float) -> None:
         """Fold healthy pairs' normal windows into their own P50 baselines."""
-        for node, _, p50, _ in peers:
+        for node, p50 in zip(peers.nodes, peers.p50s, strict=True):
             p = ms.pairs[node]
             j = judgements.get(node)
             if (p.state is HealthState.HEALTHY and not p.abnormal_streak

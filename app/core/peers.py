@@ -20,10 +20,12 @@ Rationale: docs/rules.md.
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Mapping, Sequence
+import operator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, overload
 
 from app.core.config import DetectorSettings
 from app.core.health import PairState
@@ -39,7 +41,11 @@ TAIL_NOISE_K = 4.0
 
 def median(values: Sequence[float]) -> float:
     """Median of a non-empty sequence (mean of the middle two when even)."""
-    s = sorted(values)
+    return median_sorted(sorted(values))
+
+
+def median_sorted(s: Sequence[float]) -> float:
+    """:func:`median` of a non-empty sequence already sorted."""
     n = len(s)
     mid = n // 2
     return s[mid] if n % 2 else (s[mid - 1] + s[mid]) / 2.0
@@ -63,6 +69,57 @@ class Peer(NamedTuple):
     ratio: float
 
 
+# A peer as a plain tuple (what Peer holds, without making one).
+PeerRow = tuple[str, WindowSummary, float, float]
+
+
+class PeerSet(Sequence[Peer]):
+    """The peers of one tick (:func:`gather_peers`), kept as columns: a sequence of
+    :class:`Peer` made on first use (most ticks need only the columns; a ``Peer`` per
+    pair per tick costs more than all the rules of a quiet one). Also the peers whose pair
+    is not healthy or has an abnormal streak (``unsettled``: a normal verdict moves them)
+    and those with a fresh-tail count (``fresh_over``: ``WindowSummary.fresh_over``).
+    Read-only once built."""
+
+    __slots__ = ("_peers", "fresh_over", "nodes", "p50s", "ratios", "summaries", "unsettled")
+
+    def __init__(self, nodes: list[str], summaries: list[WindowSummary], p50s: list[float],
+                 ratios: list[float], unsettled: list[str], fresh_over: list[str]) -> None:
+        self.nodes = nodes
+        self.summaries = summaries
+        self.p50s = p50s
+        self.ratios = ratios
+        self.unsettled = unsettled
+        self.fresh_over = fresh_over
+        self._peers: list[Peer] | None = None
+
+    @property
+    def peers(self) -> list[Peer]:
+        if self._peers is None:
+            # Peer(...) without NamedTuple's Python-level __new__.
+            self._peers = list(map(tuple.__new__, itertools.repeat(Peer), self.rows()))
+        return self._peers
+
+    def rows(self) -> Iterator[PeerRow]:
+        """The peers as plain ``(node, summary, p50, ratio)`` tuples (no ``Peer`` made)."""
+        return zip(self.nodes, self.summaries, self.p50s, self.ratios, strict=True)
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    @overload
+    def __getitem__(self, i: int) -> Peer: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Peer]: ...
+    def __getitem__(self, i: int | slice) -> Peer | list[Peer]:
+        if self._peers is None and isinstance(i, int):     # one peer: make only that one
+            return Peer(self.nodes[i], self.summaries[i], self.p50s[i], self.ratios[i])
+        return self.peers[i]
+
+    def __iter__(self) -> Iterator[Peer]:
+        return iter(self.peers)
+
+
 def peers_of(by_node: Mapping[str, WindowSummary], pairs: Mapping[str, PairState],
              min_samples: int) -> list[Peer]:
     """The peers among ``by_node`` (in its order): routed pairs past warm-up with at least
@@ -73,34 +130,59 @@ def peers_of(by_node: Mapping[str, WindowSummary], pairs: Mapping[str, PairState
     are the summaries of the signal most of them carry (ties: the most judged samples,
     then the name): a node is never compared with peers in other units, and one in a
     minority signal is not judged by the relative rules that tick."""
-    out: list[Peer] = []
+    return gather_peers(by_node, pairs, min_samples).peers
+
+
+def gather_peers(by_node: Mapping[str, WindowSummary], pairs: Mapping[str, PairState],
+                 min_samples: int) -> PeerSet:
+    """:func:`peers_of` with the :class:`PeerSet` columns and lists."""
+    nodes: list[str] = []
+    sums: list[WindowSummary] = []
+    p50s: list[float] = []
+    ratios: list[float] = []
+    unsettled: list[str] = []
+    over: list[str] = []
     first: str | None = None
     mixed = False
-    warming = HealthState.WARMING
-    new = tuple.__new__              # Peer(...) without NamedTuple's Python-level __new__
+    warming, healthy = HealthState.WARMING, HealthState.HEALTHY
+    add_node, add_summary, add_p50, add_ratio = nodes.append, sums.append, p50s.append, ratios.append
     for node, s in by_node.items():
         p = pairs[node]
-        if not p.routed or p.state is warming:
+        state = p.state
+        if not p.routed or state is warming:
             continue
         p50, p99 = s.p50, s.p99
         if s.samples >= min_samples and p50 is not None and p99 is not None and p50 > 0:
-            out.append(new(Peer, (node, s, p50, p99 / p50)))
+            add_node(node)
+            add_summary(s)
+            add_p50(p50)
+            add_ratio(p99 / p50)
+            if state is not healthy or p.abnormal_streak:
+                unsettled.append(node)
+            if s.fresh_over:
+                over.append(node)
             if first is None:
                 first = s.signal
             elif s.signal != first:
                 mixed = True
     if mixed:
         tally: dict[str, list[int]] = {}
-        for peer in out:
-            t = tally.setdefault(peer.summary.signal, [0, 0])
+        for s in sums:
+            t = tally.setdefault(s.signal, [0, 0])
             t[0] += 1
-            t[1] += peer.summary.samples
+            t[1] += s.samples
         chosen = max(sorted(tally), key=lambda k: (tally[k][0], tally[k][1]))
-        out = [p for p in out if p.summary.signal == chosen]
-    return out
+        keep = [s.signal == chosen for s in sums]
+        kept = set(itertools.compress(nodes, keep))
+        return PeerSet(list(itertools.compress(nodes, keep)), list(itertools.compress(sums, keep)),
+                       list(itertools.compress(p50s, keep)), list(itertools.compress(ratios, keep)),
+                       [n for n in unsettled if n in kept], [n for n in over if n in kept])
+    return PeerSet(nodes, sums, p50s, ratios, unsettled, over)
 
 
 def signal_of(peers: Sequence[Peer]) -> str | None:
+    if isinstance(peers, PeerSet):       # no Peer made
+        return peers.summaries[0].signal if peers.summaries else None
     return peers[0].summary.signal if peers else None
 
 
@@ -211,6 +293,95 @@ def fresh_norms(peers: Sequence[Peer], base_p50: Mapping[str, float],
     return Norms(True, median([p50 for _, p50 in fresh]), class_p50, multi, math.inf)
 
 
+@dataclass(frozen=True, slots=True)
+class PeerNorms:
+    """Everything one tick takes from the peers' numbers, computed together
+    (:func:`norms_of`): each list sorted once, shared by the norms, the slow baseline and
+    the quiet check of the rules (:func:`app.core.rules.quiet_below`)."""
+
+    window: Norms                    # as window_norms
+    fresh: Norms | None              # as fresh_norms
+    class_p50: dict[str, float]      # every class's median P50, in order of first peer
+    ratio: float | None              # the peers' median P99/P50 (None without peers)
+    # The largest P50, P99/P50, P50 x P99/P50 and fresh P50 (None: none is fresh) of one
+    # class's peers; no entry when some value is not finite (the rules judge those one by one).
+    top: dict[str, tuple[float, float, float, float | None]] = field(default_factory=dict)
+
+
+_SUMMARY = operator.itemgetter(1)
+_HARDWARE = operator.attrgetter("hardware")
+_FRESH_P50 = operator.attrgetter("fresh_p50")
+
+
+def norms_of(ps: PeerSet, base_p50: Mapping[str, float], base_ticks: Mapping[str, int],
+             st: DetectorSettings) -> PeerNorms:
+    """:func:`window_norms` and :func:`fresh_norms` over ``peers``, the medians the slow
+    baseline folds in (:func:`app.core.baseline.fold_baseline`) and each class's largest
+    values; the same numbers as those functions, with each list sorted once."""
+    peers, sums, p50s, ratios = ps, ps.summaries, ps.p50s, ps.ratios
+    if not peers:
+        return PeerNorms(window_norms(peers, base_p50, base_ticks, st), None, {}, None)
+    hardware = set(map(_HARDWARE, sums))
+    total = sum(p50s) + sum(ratios)
+    if (len(hardware) > 1 and len({hw_class(h) for h in hardware}) > 1) or not math.isfinite(total):
+        return _norms_by_class(ps, base_p50, base_ticks, st)
+    c = hw_class(next(iter(hardware)))
+    min_peers = st.min_peers
+    sp = sorted(p50s)
+    sr = sorted(ratios)
+    fleet_p50, median_ratio = median_sorted(sp), median_sorted(sr)
+    fp = list(map(_FRESH_P50, sums))
+    top_fresh = None
+    fresh = None
+    if fp.count(None) < len(fp):          # some peer has a fresh P50 (count: by identity)
+        fp = [f for f in fp if f is not None]
+        top_fresh = max(fp)
+        finite_fresh = math.isfinite(sum(fp))
+        fp = [f for f in fp if f > 0]
+        if len(fp) >= min_peers:
+            fresh = Norms(True, median(fp), {}, False, math.inf)
+    else:
+        finite_fresh = True
+    if len(peers) < min_peers:
+        top = max(map(operator.mul, p50s, ratios))
+        return PeerNorms(Norms(False, fleet_p50, {}, False, st.ratio_threshold), fresh,
+                         {c: fleet_p50}, median_ratio,
+                         {c: (sp[-1], sr[-1], top, top_fresh)} if finite_fresh else {})
+    p99s = sorted(map(operator.mul, p50s, ratios))
+    moved = None
+    if c in base_p50:
+        # P50 / baseline in P50 order is sorted too (division by a positive number keeps the
+        # order): movement's median needs only the middle P50s.
+        e = math.exp(base_p50[c])
+        n = len(sp)
+        mid = n // 2
+        moved = sp[mid] / e if n % 2 else (sp[mid - 1] / e + sp[mid] / e) / 2.0
+    return PeerNorms(Norms(True, fleet_p50, {}, False, tail_limit_sorted(sr, median_ratio, st),
+                           median_sorted(p99s), {}, moved, median_ratio),
+                     fresh, {c: fleet_p50}, median_ratio,
+                     {c: (sp[-1], sr[-1], p99s[-1], top_fresh)} if finite_fresh else {})
+
+
+def _norms_by_class(ps: PeerSet, base_p50: Mapping[str, float],
+                    base_ticks: Mapping[str, int], st: DetectorSettings) -> PeerNorms:
+    """:func:`norms_of` for peers of several classes (or with a value not finite)."""
+    peers = ps.peers
+    classes: dict[str, list[PeerRow]] = {}
+    for row in ps.rows():
+        classes.setdefault(hw_class(row[1].hardware), []).append(row)
+    top: dict[str, tuple[float, float, float, float | None]] = {}
+    for c, rows in classes.items():
+        _, sums, p50s, ratios = zip(*rows, strict=True)
+        fp = [f for f in map(_FRESH_P50, sums) if f is not None]
+        if math.isfinite(sum(p50s) + sum(ratios) + sum(fp)):
+            top[c] = (max(p50s), max(ratios), max(map(operator.mul, p50s, ratios)),
+                      max(fp) if fp else None)
+    return PeerNorms(window_norms(peers, base_p50, base_ticks, st),
+                     fresh_norms(peers, base_p50, base_ticks, st),
+                     {c: median([p50 for _, _, p50, _ in rows]) for c, rows in classes.items()},
+                     median(ps.ratios), top)
+
+
 def movement(p50s: Sequence[tuple[WindowSummary, float]], base_p50: Mapping[str, float],
              min_peers: int) -> float | None:
     """Median over the peers (summary, P50) of P50 / own class baseline (None below
@@ -249,8 +420,16 @@ def tail_limit(ratios: Sequence[float], st: DetectorSettings) -> float:
     (a few requests set it); among many nodes some healthy one sits far above the median,
     and at low rates its consecutive windows share most samples, so the excursion lasts.
     """
-    logs = [math.log(r) for r in ratios]
-    mid = median(logs)
-    mad = median([abs(x - mid) for x in logs])
+    s = sorted(ratios)
+    return tail_limit_sorted(s, median_sorted(s), st)
+
+
+def tail_limit_sorted(ratios: Sequence[float], median_ratio: float, st: DetectorSettings) -> float:
+    """:func:`tail_limit` of ratios already sorted, ``median_ratio`` their median."""
+    logs = list(map(math.log, ratios))
+    logs.sort()                     # sorted already unless log is not monotonic: a linear check
+    mid = median_sorted(logs)
+    # |log - mid| over sorted logs falls, then rises: two runs, which sort merges in one pass.
+    mad = median_sorted(sorted(map(abs, map(mid.__rsub__, logs))))
     noise = math.exp(mid + TAIL_NOISE_K * 1.4826 * mad)
-    return max(st.ratio_threshold, st.fleet_ratio_factor * median(ratios), noise)
+    return max(st.ratio_threshold, st.fleet_ratio_factor * median_ratio, noise)

@@ -21,7 +21,7 @@ Rationale: docs/rules.md.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 
 from app.core import health
@@ -128,6 +128,31 @@ def judge(s: WindowSummary, p50: float, ratio: float, samples: int, norms: Norms
                      f"p50 {p50:.1f}, p99 {p50 * ratio:.1f}{fresh_part} all > "
                      f"{st.shift_factor:g} x peers' on a heavy-tailed model (peers' "
                      f"p99/p50 {norms.fleet_ratio:.1f} > {st.ratio_threshold:g})")
+
+
+def quiet_below(p50: float, ratio: float, p99: float, fresh_p50: float | None, norms: Norms,
+                lim: Limits, st: DetectorSettings) -> bool:
+    """True only when :func:`judge` gives :data:`health.NORMAL` (normal, no onset severity)
+    to every pair of ``lim``'s class whose P50, P99/P50, P50 x P99/P50 (``p99``) and fresh
+    P50 are at most these, tail judged or not.
+
+    ``judge``'s severities in the same operations: each is a value divided (or multiplied)
+    by a positive number, which keeps the order, so the class's largest values bound every
+    pair's; called with one pair's own values it is that pair's check. A NaN is never quiet.
+    """
+    onset = ONSET_CREDIT_FRACTION
+    d50, d99, dfresh = lim.d50, lim.d99, lim.dfresh
+    sev_p50 = p50 / d50 if d50 > 0 else 0.0
+    sev_p99 = p99 / d99 if d99 > 0 else 0.0
+    sev_fresh = fresh_p50 / dfresh if fresh_p50 is not None and dfresh > 0 else 0.0
+    if not (ratio / norms.tail_limit <= 1.0 and sev_p50 < onset and sev_p99 < onset
+            and sev_fresh < onset):
+        return False
+    if st.shift_factor and norms.fleet_ratio is not None and norms.fleet_ratio > st.ratio_threshold:
+        # judge's shift severity is the least of (at least) these two, over shift_factor.
+        return (min(sev_p50 * st.relative_p50_factor, sev_p99 * st.relative_p99_factor)
+                / st.shift_factor < onset)
+    return True
 
 
 def binomial_sf(k: int, n: int, p: float) -> float:
@@ -291,3 +316,34 @@ def new_fraction(rate_per_s: MutableMapping[str, float], advanced_ts: Mapping[st
         return 1.0
     span_s = min(bound_s, window / rate)
     return min(1.0, (now_s - last) / span_s)
+
+
+def record_rates(rate_per_s: MutableMapping[str, float],
+                 windows: Iterable[tuple[str, WindowSummary]], now_s: float,
+                 st: DetectorSettings) -> None:
+    """Record the sample rate of each ``(node, summary)`` in ``rate_per_s`` as
+    :func:`new_fraction` does (the same arithmetic), for pairs whose new-evidence fraction
+    is not needed this tick."""
+    lo0 = now_s - st.max_sample_age_s
+    bound0_s = now_s - lo0                 # a window bounded by the age bound alone (most)
+    half = st.window_size / 2              # 2 x samples > window_size, for an int window_size
+    get = rate_per_s.get
+    for node, s in windows:
+        first = s.first_seen_ts
+        if s.extra or (first is not None and first > lo0):
+            lo = lo0
+            since = judged_since(s)
+            if since is not None and since > lo:
+                lo = since
+            if first is not None and first > lo:
+                lo = first
+            bound_s = now_s - lo
+        else:
+            bound_s = bound0_s
+        samples = s.samples
+        if bound_s <= 0 or samples <= 0:
+            continue
+        rate = samples / bound_s
+        if samples > half and get(node, 0.0) >= rate:
+            continue                       # the rate kept is the one recorded (or equal)
+        rate_per_s[node] = rate

@@ -1,0 +1,131 @@
+"""Stage 2's fast paths decide exactly as the rules they stand in for.
+
+* :func:`app.core.peers.norms_of` gives the numbers of ``window_norms``, ``fresh_norms``
+  and the slow baseline's medians (``update_baseline``), bit for bit;
+* :func:`app.core.rules.quiet_below` clears a class only when ``judge`` finds every one of
+  its peers normal with no onset severity, and clears one pair only when ``judge`` does;
+* :func:`app.core.rules.record_rates` records the rates ``new_fraction`` records.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from app.core import health
+from app.core.baseline import fold_baseline, update_baseline
+from app.core.config import DetectorSettings
+from app.core.health import PairState
+from app.core.model_state import ModelState
+from app.core.peers import (
+    Peer,
+    fresh_norms,
+    gather_peers,
+    limits,
+    norms_of,
+    window_norms,
+)
+from app.core.rules import judge, new_fraction, quiet_below, record_rates
+from app.core.types import HealthState, WindowSummary
+
+NOW = 1_000_000.0
+
+p50_values = st.one_of(st.floats(1.0, 1e6), st.sampled_from([100.0, 100.0, 200.0, 1e-3]))
+ratio_values = st.one_of(st.floats(1.0, 20.0), st.sampled_from([2.0, 2.0, 3.0, 4.5]))
+fresh_values = st.one_of(st.none(), st.floats(-1.0, 1e6), st.sampled_from([100.0, 0.0]))
+hardware_values = st.sampled_from([None, "", "A100", "A100", "H100"])
+
+
+@st.composite
+def windows(draw: st.DrawFn) -> list[WindowSummary]:
+    n = draw(st.integers(1, 40))
+    out = []
+    for i in range(n):
+        p50 = draw(p50_values)
+        extra = draw(st.sampled_from([{}, {}, {"judged_since": NOW - 30.0},
+                                      {"judged_since": NOW - 1000.0}]))
+        out.append(WindowSummary(
+            node_id=f"n{i:02d}", model="m", tick_ts=NOW, signal="latency",
+            samples=draw(st.sampled_from([100, 300, 499, 500, 501, 1000])), p50=p50,
+            p99=p50 * draw(ratio_values), latency_p50_us=p50, latency_p99_us=p50,
+            hardware=draw(hardware_values),
+            first_seen_ts=draw(st.sampled_from([None, 0.0, NOW - 100.0, NOW - 299.0, NOW])),
+            extra=extra, fresh_p50=draw(fresh_values)))
+    return out
+
+
+def _pairs(ws: list[WindowSummary]) -> dict[str, PairState]:
+    return {s.node_id: PairState(s.node_id, "m", HealthState.HEALTHY, 0.0, 0.0, "normal", True)
+            for s in ws}
+
+
+def _state(base_classes: list[str]) -> ModelState:
+    ms = ModelState()
+    for i, c in enumerate(base_classes):
+        ms.baseline_p50[c] = math.log(50.0 + 40.0 * i)
+        ms.baseline_ticks[c] = 3 + i
+    return ms
+
+
+@settings(max_examples=150, deadline=None)
+@given(windows(), st.sampled_from([[], [""], ["A100"], ["A100", "H100", ""]]),
+       st.integers(2, 5))
+def test_norms_of_matches_the_rules_functions(ws: list[WindowSummary], base: list[str],
+                                              min_peers: int) -> None:
+    st_ = DetectorSettings(min_peers=min_peers, min_samples=100)
+    ms = _state(base)
+    ps = gather_peers({s.node_id: s for s in ws}, _pairs(ws), st_.min_samples)
+    peers = list(ps)
+    pn = norms_of(ps, ms.baseline_p50, ms.baseline_ticks, st_)
+    assert repr(pn.window) == repr(window_norms(peers, ms.baseline_p50, ms.baseline_ticks, st_))
+    assert repr(pn.fresh) == repr(fresh_norms(peers, ms.baseline_p50, ms.baseline_ticks, st_))
+    a, b = copy.deepcopy(ms), copy.deepcopy(ms)
+    update_baseline(a, peers, NOW, st_)
+    assert pn.ratio is not None
+    fold_baseline(b, pn.class_p50, pn.ratio, NOW, st_)
+    assert repr(a.to_dict()) == repr(b.to_dict())
+
+
+@settings(max_examples=150, deadline=None)
+@given(windows(), st.sampled_from([0.0, 1.5, 3.0]), st.floats(1.5, 4.0))
+def test_quiet_below_only_when_judge_is_quiet(ws: list[WindowSummary], shift: float,
+                                              threshold: float) -> None:
+    st_ = DetectorSettings(min_peers=2, min_samples=100, shift_factor=shift,
+                           ratio_threshold=threshold)
+    ps = gather_peers({s.node_id: s for s in ws}, _pairs(ws), st_.min_samples)
+    pn = norms_of(ps, {}, {}, st_)
+    norms = pn.window
+    for peer in ps:
+        s = peer.summary
+        lim = limits(norms, pn.fresh, s.hardware, st_)
+        j = judge(s, peer.p50, peer.ratio, s.samples, norms, st_, tail=s.samples >= 500,
+                  fresh=pn.fresh, lim=lim)
+        if quiet_below(peer.p50, peer.ratio, peer.p50 * peer.ratio, s.fresh_p50, norms, lim, st_):
+            assert j is health.NORMAL
+        for c, top in pn.top.items():
+            if c == (s.hardware or "") and quiet_below(*top, norms, lim, st_):
+                assert j is health.NORMAL
+
+
+@settings(max_examples=150, deadline=None)
+@given(windows(), st.sampled_from([{}, {"n00": 50.0, "n01": 0.5}]))
+def test_record_rates_records_what_new_fraction_records(ws: list[WindowSummary],
+                                                        before: dict[str, float]) -> None:
+    st_ = DetectorSettings()
+    a, b = dict(before), dict(before)
+    for s in ws:
+        new_fraction(a, {}, s.node_id, s, NOW, st_)
+    record_rates(b, ((s.node_id, s) for s in ws), NOW, st_)
+    assert repr(sorted(a.items())) == repr(sorted(b.items()))
+
+
+def test_peer_set_is_the_peers() -> None:
+    s = WindowSummary(node_id="a", model="m", tick_ts=NOW, signal="latency", samples=200,
+                      p50=10.0, p99=30.0, latency_p50_us=10.0, latency_p99_us=30.0)
+    ps = gather_peers({"a": s}, _pairs([s]), 100)
+    assert ps[0] == Peer("a", s, 10.0, 3.0)
+    assert list(ps) == [Peer("a", s, 10.0, 3.0)] and len(ps) == 1
+    assert ps[0:1] == [Peer("a", s, 10.0, 3.0)]
