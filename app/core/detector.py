@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import operator
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -33,6 +34,7 @@ from app.core.window import POOL_SAMPLES_PER_SERIES, ModelPool, WindowStore
 
 SNAPSHOT_VERSION = 1
 FLEET_QUANTILES = (0.5, 0.99)
+_MODEL = operator.attrgetter("model")
 
 
 class Detector:
@@ -65,7 +67,7 @@ class Detector:
             self.store.forget_silent(now_s - forget_s)
         summaries = self.store.summaries(now_s, ev.judge_since_all(now_s),
                                          out_of_fit=ev.out_of_fit_all(), tail_refs=ev.tail_refs())
-        groups = {m: list(g) for m, g in itertools.groupby(summaries, key=lambda s: s.model)}
+        groups = {m: list(g) for m, g in itertools.groupby(summaries, key=_MODEL)}
         models = sorted(groups.keys() | set(ev.models()))
         per_series = self.fleet_digest_per_series
         self._pools = (self.store.model_pools(now_s, per_series=per_series, models=groups.keys())
