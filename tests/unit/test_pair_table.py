@@ -80,3 +80,21 @@ def test_restored_and_copied_tables_keep_their_indexes() -> None:
     plain = ModelState(pairs={"a": _pair(rng, "a")})    # type: ignore[arg-type]
     assert isinstance(plain.pairs, PairTable)
     _check(plain.pairs, 0.0)
+
+
+def test_statuses_built_without_init_equal_the_dataclass_ones() -> None:
+    import pytest
+
+    from app.core.evaluate import _new_status
+    from app.core.types import NodeStatus
+
+    args = dict(node_id="n", model="m", state=HealthState.QUARANTINED, routed=False, since_ts=3.0,
+                reason="probe_failed", p50=1.5, p99=7.0, ratio=7.0 / 1.5, samples=120,
+                latency_p50_us=1.5, latency_p99_us=7.0, signal="latency", hardware="A100",
+                probe_after_ts=90.0)
+    fast, slow = _new_status(**args), NodeStatus(**args)  # type: ignore[arg-type]
+    assert type(fast) is NodeStatus
+    assert fast == slow and repr(fast) == repr(slow) and hash(fast) == hash(slow)
+    assert fast.to_dict() == slow.to_dict()
+    with pytest.raises(AttributeError):
+        fast.routed = True  # type: ignore[misc]
