@@ -21,7 +21,7 @@ Rationale: docs/rules.md.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 
 from app.core import health
@@ -210,7 +210,7 @@ class ErrorReport:
     judgements: dict[str, Judgement] = field(default_factory=dict)
     failing: int = 0
     counted: int = 0
-    peer_shares: Sequence[float] | None = None
+    peer_shares: list[float] | None = None
 
     @property
     def ref(self) -> float | None:
