@@ -1,4 +1,5 @@
-"""PairTable (ModelState.pairs): its indexes always equal what a scan of the pairs gives."""
+"""Stage 2 bookkeeping: PairTable (ModelState.pairs) indexes equal what a scan of the pairs gives;
+statuses and the façade's grouping by model equal the plain ways of making them."""
 
 from __future__ import annotations
 
@@ -113,3 +114,18 @@ def test_statuses_set_slot_by_slot_equal_the_dataclass_ones() -> None:
     assert [hash(x) for x in got] == [hash(x) for x in want]
     with pytest.raises(AttributeError):
         got[0].routed = True  # type: ignore[misc]
+
+
+def test_summaries_grouped_by_model_as_groupby_does() -> None:
+    import itertools
+
+    from app.core.detector import _by_model
+    from app.core.types import WindowSummary
+
+    rng = random.Random(1)
+    for _ in range(50):
+        keys = sorted({(f"m{rng.randrange(6)}", f"n{rng.randrange(9)}") for _ in range(rng.randrange(30))})
+        summaries = [WindowSummary(n, m, 0.0, "latency", 1, 1.0, 2.0, 1.0, 2.0) for m, n in keys]
+        want = {m: list(g) for m, g in itertools.groupby(summaries, key=lambda s: s.model)}
+        got = _by_model(summaries)
+        assert got == want and list(got) == list(want)
