@@ -72,8 +72,9 @@ def admission_norms(ms: ModelState, peers: Sequence[Peer], by_node: Mapping[str,
     peers' signal, or without peers the one most new pairs carry)."""
     if norms.enough_peers:
         return AdmissionNorms(norms, signal)
-    extra = [Peer(node, s, s.p50, s.p99 / s.p50) for node, p in ms.pairs.items()
-             if p.state is HealthState.WARMING and admitting(p, now_s, st)
+    pairs = ms.pairs
+    extra = [Peer(node, s, s.p50, s.p99 / s.p50) for node in pairs.in_order(pairs.rare)
+             if (p := pairs[node]).state is HealthState.WARMING and admitting(p, now_s, st)
              and (s := by_node.get(node)) is not None and _judgeable(p, s, now_s, st)
              and s.p50 is not None and s.p99 is not None]
     if signal is None and extra:

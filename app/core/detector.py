@@ -20,19 +20,21 @@ restored from it produces the same future as the original.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
-import itertools
+import operator
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from app.core.config import DetectorSettings
 from app.core.evaluate import FleetEvaluator
 from app.core.events import Heartbeat, SampleBatch
-from app.core.types import ModelTick, NodeStatus, TickResult, Transition
+from app.core.types import ModelTick, NodeStatus, TickResult, Transition, WindowSummary
 from app.core.window import POOL_SAMPLES_PER_SERIES, ModelPool, WindowStore
 
 SNAPSHOT_VERSION = 1
 FLEET_QUANTILES = (0.5, 0.99)
+_MODEL = operator.attrgetter("model")
 
 
 class Detector:
@@ -65,7 +67,7 @@ class Detector:
             self.store.forget_silent(now_s - forget_s)
         summaries = self.store.summaries(now_s, ev.judge_since_all(now_s),
                                          out_of_fit=ev.out_of_fit_all(), tail_refs=ev.tail_refs())
-        groups = {m: list(g) for m, g in itertools.groupby(summaries, key=lambda s: s.model)}
+        groups = _by_model(summaries)
         models = sorted(groups.keys() | set(ev.models()))
         per_series = self.fleet_digest_per_series
         self._pools = (self.store.model_pools(now_s, per_series=per_series, models=groups.keys(),
@@ -116,3 +118,16 @@ class Detector:
         self.store.restore(data["store"])
         self.evaluator.restore(dict(data["evaluator"]))
         self._last = {}
+
+
+def _by_model(summaries: list[WindowSummary]) -> dict[str, list[WindowSummary]]:
+    """Each model's summaries. ``summaries`` is sorted by model (``WindowStore.summaries``), so
+    each model's run is found by bisection instead of a look at every summary."""
+    out: dict[str, list[WindowSummary]] = {}
+    i, n = 0, len(summaries)
+    while i < n:
+        m = summaries[i].model
+        j = bisect.bisect_right(summaries, m, lo=i, key=_MODEL)
+        out[m] = summaries[i:j]
+        i = j
+    return out

@@ -81,6 +81,7 @@ def step(model: str, pairs: MutableMapping[str, PairState], live: Liveness,
     get = seen.get
     horizon = now_s - st.silent_after_s if st.silent_after_s > 0 else -math.inf
     quiet: list[str] = []                  # silent for silent_after_s (any state, for now)
+    restarted: list[str] = []              # with a restart on record (see _restarts)
     for node, s in by_node.items():
         # A summary that does not say when its series was last seen is itself the sign of life.
         last = s.last_seen_ts
@@ -91,6 +92,8 @@ def step(model: str, pairs: MutableMapping[str, PairState], live: Liveness,
             seen[node] = prev = last
         if prev < horizon:
             quiet.append(node)
+        if s.instance_ts is not None or s.resumed_ts is not None:
+            restarted.append(node)         # few summaries, every tick: never restarted
     if len(pairs) > len(by_node):          # pairs whose series stage 1 no longer reports
         quiet += [n for n in pairs.keys() - by_node.keys() if get(n, pairs[n].since_ts) < horizon]
     transitions: list[Transition] = []
@@ -102,7 +105,7 @@ def step(model: str, pairs: MutableMapping[str, PairState], live: Liveness,
             del live.gone_seen[node]
             pairs[node], t = health.come_back(p, seen[node], now_s, st)
             transitions.append(t)
-    transitions += _restarts(pairs, live, by_node, now_s, st)
+    transitions += _restarts(pairs, live, by_node, restarted, now_s, st)
 
     events: list[FleetEvent] = []
     forgotten: list[str] = []
@@ -163,13 +166,14 @@ def step(model: str, pairs: MutableMapping[str, PairState], live: Liveness,
 
 
 def _restarts(pairs: MutableMapping[str, PairState], live: Liveness,
-              by_node: Mapping[str, WindowSummary], now_s: float, st: DetectorSettings) -> list[Transition]:
-    """Routed pairs whose process restarted since the restart last handled: warming again."""
+              by_node: Mapping[str, WindowSummary], restarted: list[str], now_s: float,
+              st: DetectorSettings) -> list[Transition]:
+    """Routed pairs whose process restarted since the restart last handled: warming again.
+    ``restarted``: the nodes of ``by_node`` (in its order) whose summary has a restart."""
     by_instance: dict[str, float] = {}
     by_gap: dict[str, float] = {}
-    for node, s in by_node.items():
-        if s.instance_ts is None and s.resumed_ts is None:
-            continue                        # most summaries, every tick: never restarted
+    for node in restarted:
+        s = by_node[node]
         p = pairs.get(node)
         if p is None:
             continue

@@ -5,7 +5,10 @@ pair of the model, the slow baseline (see :mod:`app.core.baseline`), the
 open fleet episodes (load event, baseline shift, error storm) and the
 per-pair bookkeeping of the rules (onset credit, new-evidence clock, sample
 rate, error counters, last sign of life of retired pairs), liveness and the
-pairs' own P50 baselines.
+pairs' own P50 baselines. :class:`PairTable` (the type of ``ModelState.pairs``) is a
+dict that also keeps small indexes of the pairs a common tick must look at (those not
+healthy-and-routed, those out of routing, routed ones with a cut-off), so that a tick of a
+quiet fleet touches only them; the indexes are derived, never in a snapshot.
 
 Guarantees:
 
@@ -22,19 +25,156 @@ Rationale: docs/rules.md.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from app.core.health import PairState
 from app.core.liveness import Liveness
 from app.core.own_history import OwnBaselines
+from app.core.types import HealthState
 
 SNAPSHOT_VERSION: Final = 2
+
+_HEALTHY, _WARMING = HealthState.HEALTHY, HealthState.WARMING
+
+
+class PairTable(dict[str, PairState]):
+    """A model's pairs by node, with indexes kept in step with every change.
+
+    A plain dict to read (and to compare, copy and snapshot). Every write goes through
+    ``__setitem__``/``__delitem__``/``pop`` (the other mutators are built on them), which
+    keep:
+
+    * :attr:`rare` — nodes whose pair is not healthy-and-routed (warming, suspect, out of
+      routing, ...): the only pairs a quiet tick must step, probe or report;
+    * :attr:`unrouted` — nodes out of routing (a subset of ``rare``);
+    * the routed pairs with a cut-off (``judge_since_ts``), for :meth:`cut_candidates`;
+    * the insertion order of each node (:meth:`in_order`: the dict's own order);
+    * the routing set (:meth:`routing`), rebuilt only after a change of membership.
+    """
+
+    __slots__ = ("_cut", "_cut_floor", "_next", "_routing", "_seq", "rare", "unrouted")
+
+    def __init__(self, pairs: Mapping[str, PairState] | Iterable[tuple[str, PairState]] = ()) -> None:
+        super().__init__()
+        self.rare: set[str] = set()
+        self.unrouted: set[str] = set()
+        self._cut: dict[str, float] = {}       # routed, not warming: node -> judge_since_ts
+        self._cut_floor = -math.inf             # _cut is exact for any now_s at or past this
+        self._seq: dict[str, int] = {}
+        self._next = 0
+        self._routing: frozenset[str] | None = None
+        items = pairs.items() if isinstance(pairs, Mapping) else pairs
+        for node, p in items:
+            self[node] = p
+
+    def __setitem__(self, node: str, p: PairState) -> None:
+        old = dict.get(self, node)
+        dict.__setitem__(self, node, p)
+        if old is None:
+            self._seq[node] = self._next
+            self._next += 1
+            self._routing = None
+        elif old.routed != p.routed:
+            self._routing = None
+        if p.routed:
+            self.unrouted.discard(node)
+            if p.state is _HEALTHY:
+                self.rare.discard(node)
+            else:
+                self.rare.add(node)
+            since = p.judge_since_ts
+            if since is not None and p.state is not _WARMING:
+                self._cut[node] = since
+            else:
+                self._cut.pop(node, None)
+        else:
+            self.unrouted.add(node)
+            self.rare.add(node)
+            self._cut.pop(node, None)
+
+    def __reduce__(self) -> tuple[type[PairTable], tuple[dict[str, PairState]]]:
+        return PairTable, (dict(self),)     # copies and pickles rebuild the indexes
+
+    def __delitem__(self, node: str) -> None:
+        dict.__delitem__(self, node)
+        self._drop(node)
+
+    def pop(self, node: str, *default: Any) -> Any:
+        if node in self:
+            p = dict.pop(self, node)
+            self._drop(node)
+            return p
+        if default:
+            return default[0]
+        raise KeyError(node)
+
+    def popitem(self) -> tuple[str, PairState]:
+        node, p = dict.popitem(self)
+        self._drop(node)
+        return node, p
+
+    def setdefault(self, node: str, default: PairState) -> PairState:
+        p = dict.get(self, node)
+        if p is None:
+            self[node] = p = default
+        return p
+
+    def update(self, *args: Any, **kw: PairState) -> None:
+        for node, p in dict(*args, **kw).items():
+            self[node] = p
+
+    def __ior__(self, other: Any) -> PairTable:  # type: ignore[override,misc]
+        self.update(other)
+        return self
+
+    def clear(self) -> None:
+        dict.clear(self)
+        for d in (self.rare, self.unrouted, self._cut, self._seq):
+            d.clear()
+        self._routing = None
+
+    def _drop(self, node: str) -> None:
+        self.rare.discard(node)
+        self.unrouted.discard(node)
+        self._cut.pop(node, None)
+        del self._seq[node]
+        self._routing = None
+
+    def in_order(self, nodes: Set[str]) -> list[str]:
+        """``nodes`` (all in the table) in the table's own iteration order."""
+        if len(nodes) * 8 > len(self):      # many: one pass over the table beats a sort
+            return [n for n in self if n in nodes]
+        return sorted(nodes, key=self._seq.__getitem__)
+
+    def routing(self) -> frozenset[str]:
+        """The routed nodes (kept until a pair comes, goes, or changes its ``routed``)."""
+        r = self._routing
+        if r is None:
+            unrouted = self.unrouted
+            r = self._routing = (frozenset(self) if not unrouted
+                                 else frozenset(n for n in self if n not in unrouted))
+        return r
+
+    def cut_candidates(self, now_s: float, max_age_s: float) -> Iterable[str]:
+        """Routed pairs (not warming) whose cut-off the age bound may not cover at ``now_s``:
+        a superset of those :func:`app.core.health.judge_since` gives one for. The ones it
+        covers are dropped from the index, as they stay covered at any later ``now_s``."""
+        cut = self._cut
+        if now_s < self._cut_floor:
+            return list(self)               # back in time: what was dropped may count again
+        self._cut_floor = now_s
+        stale = [n for n, since in cut.items() if now_s - since > max_age_s]
+        for n in stale:
+            del cut[n]
+        return list(cut)
 
 
 @dataclass(slots=True)
 class ModelState:
-    pairs: dict[str, PairState] = field(default_factory=dict)
+    pairs: PairTable = field(default_factory=PairTable)
     baseline_p50: dict[str, float] = field(default_factory=dict)   # hardware class -> log p50
     baseline_ratio: float | None = None                          # log of the median ratio
     baseline_ts: float | None = None
@@ -60,6 +200,10 @@ class ModelState:
     # The threshold stage 1 counts fresh samples above (rules.judge_fresh_tail): the peers'
     # P99 with a margin, in the signal's units; None without one (few peers, several classes).
     tail_ref: float | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.pairs, PairTable):
+            self.pairs = PairTable(self.pairs)
 
     def forget_pair(self, node: str) -> None:
         """Drop everything kept about ``node``."""
@@ -91,7 +235,7 @@ class ModelState:
         check_version(d, "model state")
         try:
             return cls(
-                pairs={n: PairState.from_dict(p) for n, p in d["pairs"].items()},
+                pairs=PairTable((n, PairState.from_dict(p)) for n, p in d["pairs"].items()),
                 baseline_p50={str(k): float(v) for k, v in d["baseline_p50"].items()},
                 baseline_ratio=d["baseline_ratio"], baseline_ts=d["baseline_ts"],
                 baseline_signal=d["baseline_signal"],

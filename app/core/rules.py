@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from app.core import health
 from app.core.config import DetectorSettings
 from app.core.health import Evidence, Judgement, PairState, Verdict
+from app.core.model_state import PairTable
 from app.core.peers import Limits, Norms, limits, median
 from app.core.types import HealthState, Reason, WindowSummary
 
@@ -228,13 +229,18 @@ def normal_with_evidence(j: Judgement, s: WindowSummary, p50: float, p99: float,
 class ErrorReport:
     """The error-rate rule at one tick: abnormal verdicts (reason ``error_rate``) by node,
     and over the routed, warmed-up pairs with a share this tick: how many are past
-    ``max_error_share``, how many there are, and their median share (None below
-    ``min_peers`` of them)."""
+    ``max_error_share``, how many there are, and their median share (``ref``; None below
+    ``min_peers`` of them: ``peer_shares`` is then None too)."""
 
     judgements: dict[str, Judgement] = field(default_factory=dict)
     failing: int = 0
     counted: int = 0
-    ref: float | None = None
+    peer_shares: list[float] | None = None
+
+    @property
+    def ref(self) -> float | None:
+        """The median share of the counted pairs (taken when asked: most ticks nobody does)."""
+        return None if self.peer_shares is None else median(self.peer_shares)
 
 
 def error_judgements(counts: MutableMapping[str, tuple[int, int]],
@@ -242,29 +248,46 @@ def error_judgements(counts: MutableMapping[str, tuple[int, int]],
                      st: DetectorSettings) -> ErrorReport:
     """The error-rate rule on the failed requests since the last tick; ``counts`` (stage 1's
     cumulative (requests, failed) per pair) is updated for the next one."""
-    shares: dict[str, tuple[float, int, int]] = {}     # node -> share, requests, failed
+    limit = st.max_error_share
+    min_n = st.min_samples
+    get = counts.get
+    shares: dict[str, float] = {}           # node -> failed share since the last tick
+    over: list[tuple[str, float, int, int]] = []    # past the limit: node, share, requests, failed
     for node, s in by_node.items():
-        cur = (s.requests_total, s.failed_total)
-        prev = counts.get(node)
-        counts[node] = cur
+        req = s.requests_total
+        fail = s.failed_total
+        prev = get(node)
+        counts[node] = (req, fail)
         if prev is None:
             continue
-        n, failed = cur[0] - prev[0], cur[1] - prev[1]
+        n = req - prev[0]
         # Fewer than min_samples requests, or counters that went back (a new stage 1).
-        if n >= st.min_samples and 0 <= failed <= n:
-            shares[node] = (failed / n, n, failed)
-    limit = st.max_error_share
+        if n >= min_n:
+            failed = fail - prev[1]
+            if 0 <= failed <= n:
+                share = shares[node] = failed / n
+                if share > limit:
+                    over.append((node, share, n, failed))
     if limit <= 0:
         return ErrorReport()
-    peers = [sh for node, (sh, _, _) in shares.items()
-             if (p := pairs.get(node)) is not None and p.routed
-             and p.state is not HealthState.WARMING]
-    ref = median(peers) if len(peers) >= st.min_peers else None
-    failing = sum(1 for sh in peers if sh > limit)
+    # The peers: pairs routed and past warm-up. Of a PairTable only its rare pairs can be
+    # neither; another mapping is asked about each pair.
+    if isinstance(pairs, PairTable) and shares.keys() <= pairs.keys():
+        drop = {n for n in pairs.rare if n in shares
+                and (not (p := pairs[n]).routed or p.state is HealthState.WARMING)}
+    else:
+        drop = {n for n in shares if (q := pairs.get(n)) is None or not q.routed
+                or q.state is HealthState.WARMING}
+    peers = list(shares.values()) if not drop else [sh for n, sh in shares.items() if n not in drop]
+    failing = sum(1 for node, _, _, _ in over if node not in drop)
+    report = ErrorReport({}, failing, len(peers), peers if len(peers) >= st.min_peers else None)
+    if not over:
+        return report
+    ref = report.ref
     factor = st.error_share_peer_factor
-    out: dict[str, Judgement] = {}
-    for node, (share, n, failed) in shares.items():
-        if share <= limit or (ref is not None and share <= factor * ref):
+    out = report.judgements
+    for node, share, n, failed in over:
+        if ref is not None and share <= factor * ref:
             continue
         s = by_node[node]
         ratio = s.p99 / s.p50 if s.p50 and s.p99 is not None else None
@@ -275,7 +298,7 @@ def error_judgements(counts: MutableMapping[str, tuple[int, int]],
         out[node] = Judgement(Verdict.ABNORMAL, str(Reason.ERROR_RATE), ev, share / limit,
                               f"{failed} of {n} requests since the last tick failed "
                               f"({share:.1%} > {limit:.0%}{peers_part})")
-    return ErrorReport(out, failing, len(peers), ref)
+    return report
 
 
 def new_fraction(rate_per_s: MutableMapping[str, float], advanced_ts: Mapping[str, float],

@@ -1,0 +1,131 @@
+"""Stage 2 bookkeeping: PairTable (ModelState.pairs) indexes equal what a scan of the pairs gives;
+statuses and the façade's grouping by model equal the plain ways of making them."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import pickle
+import random
+from typing import Any
+
+from app.core import health
+from app.core.config import DetectorSettings
+from app.core.health import PairState
+from app.core.model_state import ModelState, PairTable
+from app.core.types import HealthState
+
+ST = DetectorSettings()
+STATES = [HealthState.WARMING, HealthState.HEALTHY, HealthState.SUSPECT, HealthState.UNHEALTHY,
+          HealthState.QUARANTINED, HealthState.RETIRED, HealthState.GONE]
+
+
+def _pair(rng: random.Random, node: str) -> PairState:
+    return PairState(node_id=node, model="m", state=rng.choice(STATES), since_ts=0.0,
+                     first_seen_ts=rng.choice([0.0, 900.0]), reason="r", routed=rng.random() < 0.6,
+                     judge_since_ts=rng.choice([None, 100.0, 500.0, 800.0]))
+
+
+def _check(t: PairTable, now_s: float) -> None:
+    assert t.rare == {n for n, p in t.items() if not (p.routed and p.state is HealthState.HEALTHY)}
+    assert t.unrouted == {n for n, p in t.items() if not p.routed}
+    assert t.routing() == frozenset(n for n, p in t.items() if p.routed)
+    assert t.in_order(set(t.rare)) == [n for n in t if n in t.rare]
+    assert t.in_order(set(list(t)[:2])) == list(t)[:2]
+    want = {n for n, p in t.items() if health.judge_since(p, now_s, ST) is not None}
+    got = t.rare.union(t.cut_candidates(now_s, ST.max_sample_age_s))
+    assert want <= got
+
+
+def test_indexes_follow_every_kind_of_write() -> None:
+    rng = random.Random(5)
+    t = PairTable()
+    now = 0.0
+    for i in range(3000):
+        node = f"n{rng.randrange(40)}"
+        op = rng.random()
+        if op < 0.6:
+            t[node] = _pair(rng, node)
+        elif op < 0.7:
+            t.pop(node, None)
+        elif op < 0.75 and node in t:
+            del t[node]
+        elif op < 0.8:
+            t.setdefault(node, _pair(rng, node))
+        elif op < 0.85:
+            t.update({node: _pair(rng, node)})
+        elif op < 0.86 and t:
+            t.popitem()
+        elif op < 0.87:
+            t.clear()
+        # Time mostly goes on, sometimes back (a query for an earlier tick).
+        now = max(0.0, now + rng.choice([30.0, 30.0, 30.0, -400.0]))
+        if i % 7 == 0:
+            _check(t, now)
+    _check(t, now)
+
+
+def test_restored_and_copied_tables_keep_their_indexes() -> None:
+    rng = random.Random(9)
+    ms = ModelState()
+    for i in range(30):
+        ms.pairs[f"n{i}"] = _pair(rng, f"n{i}")
+    for other in (ModelState.from_dict(ms.to_dict()), copy.deepcopy(ms), pickle.loads(pickle.dumps(ms))):
+        assert isinstance(other.pairs, PairTable)
+        assert other == ms and other.to_dict() == ms.to_dict()
+        _check(other.pairs, 600.0)
+        node = next(iter(other.pairs.rare))
+        other.pairs[node] = dataclasses.replace(other.pairs[node], state=HealthState.HEALTHY,
+                                                routed=True)
+        _check(other.pairs, 600.0)
+    # A plain dict given to ModelState becomes a PairTable.
+    plain = ModelState(pairs={"a": _pair(rng, "a")})    # type: ignore[arg-type]
+    assert isinstance(plain.pairs, PairTable)
+    _check(plain.pairs, 0.0)
+
+
+
+def test_statuses_set_slot_by_slot_equal_the_dataclass_ones() -> None:
+    import pytest
+
+    from app.core.evaluate import FleetEvaluator
+    from app.core.types import NodeStatus, WindowSummary
+
+    rng = random.Random(3)
+    pairs = PairTable({n: dataclasses.replace(_pair(rng, n), hardware="H100", probe_after_ts=9.0)
+                       for n in ("b", "a", "c", "d")})
+    by_node = {
+        "a": WindowSummary("a", "m", 0.0, "latency", 120, 1.5, 7.0, 1.6, 7.5, hardware="A100"),
+        "b": WindowSummary("b", "m", 0.0, "tpot", 3, None, None, None, None),
+        "c": WindowSummary("c", "m", 0.0, "latency", 100, 0.0, 2.0, 0.0, 2.0),
+    }
+    got = FleetEvaluator()._statuses("m", pairs, by_node)
+    want = []
+    for node in sorted(pairs):
+        p, s = pairs[node], by_node.get(node)
+        common: dict[str, Any] = dict(node_id=node, model="m", state=p.state, routed=p.routed, since_ts=p.since_ts,
+                      reason=p.reason, probe_after_ts=p.probe_after_ts)
+        want.append(NodeStatus(**common, hardware=p.hardware) if s is None else NodeStatus(
+            **common, p50=s.p50, p99=s.p99, ratio=s.ratio, samples=s.samples,
+            latency_p50_us=s.latency_p50_us, latency_p99_us=s.latency_p99_us, signal=s.signal,
+            hardware=s.hardware or p.hardware))
+    assert [type(x) for x in got] == [NodeStatus] * 4
+    assert list(got) == want and repr(got) == repr(tuple(want))
+    assert [hash(x) for x in got] == [hash(x) for x in want]
+    with pytest.raises(AttributeError):
+        got[0].routed = True  # type: ignore[misc]
+
+
+def test_summaries_grouped_by_model_as_groupby_does() -> None:
+    import itertools
+
+    from app.core.detector import _by_model
+    from app.core.types import WindowSummary
+
+    rng = random.Random(1)
+    for _ in range(50):
+        keys = sorted({(f"m{rng.randrange(6)}", f"n{rng.randrange(9)}") for _ in range(rng.randrange(30))})
+        summaries = [WindowSummary(n, m, 0.0, "latency", 1, 1.0, 2.0, 1.0, 2.0) for m, n in keys]
+        want = {m: list(g) for m, g in itertools.groupby(summaries, key=lambda s: s.model)}
+        got = _by_model(summaries)
+        assert got == want and list(got) == list(want)
