@@ -551,34 +551,37 @@ class FleetEvaluator:
     # ---- statuses ------------------------------------------------------------------------
     def _statuses(self, model: str, pairs: dict[str, PairState],
                   by_node: dict[str, WindowSummary]) -> tuple[NodeStatus, ...]:
-        """One NodeStatus per pair, in node order (filled as a _StatusSlots, see there)."""
+        """One NodeStatus per pair, in node order, set slot by slot (see _STATUS_SETTERS)."""
         out: list[NodeStatus] = []
-        cls = NodeStatus
+        new, cls = object.__new__, NodeStatus
+        (set_node, set_model, set_state, set_routed, set_since, set_reason, set_p50, set_p99,
+         set_ratio, set_samples, set_lp50, set_lp99, set_signal, set_hw, set_probe) = _STATUS_SETTERS
         for node in sorted(pairs):
             p = pairs[node]
-            o: Any = _StatusSlots()
-            o.node_id = node
-            o.model = model
-            o.state = p.state
-            o.routed = p.routed
-            o.since_ts = p.since_ts
-            o.reason = p.reason
-            o.probe_after_ts = p.probe_after_ts
+            o = new(cls)
+            set_node(o, node)
+            set_model(o, model)
+            set_state(o, p.state)
+            set_routed(o, p.routed)
+            set_since(o, p.since_ts)
+            set_reason(o, p.reason)
+            set_probe(o, p.probe_after_ts)
             s = by_node.get(node)
             if s is not None:
-                o.p50 = p50 = s.p50
-                o.p99 = p99 = s.p99
-                o.ratio = None if p50 is None or p99 is None or p50 <= 0 else p99 / p50  # s.ratio
-                o.samples = s.samples
-                o.latency_p50_us = s.latency_p50_us
-                o.latency_p99_us = s.latency_p99_us
-                o.signal = s.signal
-                o.hardware = s.hardware or p.hardware
+                p50, p99 = s.p50, s.p99
+                set_p50(o, p50)
+                set_p99(o, p99)
+                set_ratio(o, None if p50 is None or p99 is None or p50 <= 0 else p99 / p50)  # s.ratio
+                set_samples(o, s.samples)
+                set_lp50(o, s.latency_p50_us)
+                set_lp99(o, s.latency_p99_us)
+                set_signal(o, s.signal)
+                set_hw(o, s.hardware or p.hardware)
             else:
-                o.p50 = o.p99 = o.ratio = o.latency_p50_us = o.latency_p99_us = o.signal = None
-                o.samples = 0
-                o.hardware = p.hardware
-            o.__class__ = cls
+                for set_none in (set_p50, set_p99, set_ratio, set_lp50, set_lp99, set_signal):
+                    set_none(o, None)
+                set_samples(o, 0)
+                set_hw(o, p.hardware)
             out.append(o)
         return tuple(out)
 
@@ -612,21 +615,13 @@ class FleetEvaluator:
 
 
 
-
-class _StatusSlots:
-    """NodeStatus's slots, writable: :meth:`FleetEvaluator._statuses` fills one per pair and
-    then makes it the NodeStatus it is (``__class__`` assignment: same slots, same layout).
-    The frozen dataclass's ``__init__`` (keyword arguments, one ``object.__setattr__`` per
-    field) cost 3-5x as much (measured 2026-12-03 on the 2-core dev machine under load, a
-    micro-benchmark of 10,000 statuses: 3.1 µs per status setting each slot through its
-    descriptor, 6.4 µs through ``__init__``, 0.6-1.0 µs so). Same class, same field values:
-    equal to, and with the repr and hash of, ``NodeStatus(...)``."""
-
-    __slots__ = NodeStatus.__slots__
-
-
-if tuple(f.name for f in dataclasses.fields(NodeStatus)) != (
-        "node_id", "model", "state", "routed", "since_ts", "reason", "p50", "p99", "ratio",
-        "samples", "latency_p50_us", "latency_p99_us", "signal", "hardware",
-        "probe_after_ts"):   # pragma: no cover
-    raise ImportError("NodeStatus's fields changed: set the new ones in evaluate._statuses")
+# A NodeStatus per pair and tick: the frozen dataclass's __init__ (one object.__setattr__ per
+# field, keyword arguments) cost ~3x what setting its slots directly does (measured 2026-12-03 on
+# the 2-core dev machine, a micro-benchmark of 10,000 statuses: 6.4 vs 1.9 µs per status under
+# load). Same class, same field values: equal, same repr and hash.
+_STATUS_FIELDS = ("node_id", "model", "state", "routed", "since_ts", "reason", "p50", "p99", "ratio",
+                  "samples", "latency_p50_us", "latency_p99_us", "signal", "hardware",
+                  "probe_after_ts")
+if tuple(f.name for f in dataclasses.fields(NodeStatus)) != _STATUS_FIELDS:   # pragma: no cover
+    raise ImportError("NodeStatus's fields changed: update evaluate._STATUS_FIELDS and _statuses")
+_STATUS_SETTERS = tuple(getattr(NodeStatus, f).__set__ for f in _STATUS_FIELDS)
