@@ -1,5 +1,5 @@
 """Stage 2 bookkeeping: PairTable (ModelState.pairs) indexes equal what a scan of the pairs gives;
-statuses and the façade's grouping by model equal the plain ways of making them."""
+the façade's grouping by model equals itertools.groupby's."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import copy
 import dataclasses
 import pickle
 import random
-from typing import Any
 
 from app.core import health
 from app.core.config import DetectorSettings
@@ -83,37 +82,6 @@ def test_restored_and_copied_tables_keep_their_indexes() -> None:
     assert isinstance(plain.pairs, PairTable)
     _check(plain.pairs, 0.0)
 
-
-
-def test_statuses_set_slot_by_slot_equal_the_dataclass_ones() -> None:
-    import pytest
-
-    from app.core.evaluate import FleetEvaluator
-    from app.core.types import NodeStatus, WindowSummary
-
-    rng = random.Random(3)
-    pairs = PairTable({n: dataclasses.replace(_pair(rng, n), hardware="H100", probe_after_ts=9.0)
-                       for n in ("b", "a", "c", "d")})
-    by_node = {
-        "a": WindowSummary("a", "m", 0.0, "latency", 120, 1.5, 7.0, 1.6, 7.5, hardware="A100"),
-        "b": WindowSummary("b", "m", 0.0, "tpot", 3, None, None, None, None),
-        "c": WindowSummary("c", "m", 0.0, "latency", 100, 0.0, 2.0, 0.0, 2.0),
-    }
-    got = FleetEvaluator()._statuses("m", pairs, by_node)
-    want = []
-    for node in sorted(pairs):
-        p, s = pairs[node], by_node.get(node)
-        common: dict[str, Any] = dict(node_id=node, model="m", state=p.state, routed=p.routed, since_ts=p.since_ts,
-                      reason=p.reason, probe_after_ts=p.probe_after_ts)
-        want.append(NodeStatus(**common, hardware=p.hardware) if s is None else NodeStatus(
-            **common, p50=s.p50, p99=s.p99, ratio=s.ratio, samples=s.samples,
-            latency_p50_us=s.latency_p50_us, latency_p99_us=s.latency_p99_us, signal=s.signal,
-            hardware=s.hardware or p.hardware))
-    assert [type(x) for x in got] == [NodeStatus] * 4
-    assert list(got) == want and repr(got) == repr(tuple(want))
-    assert [hash(x) for x in got] == [hash(x) for x in want]
-    with pytest.raises(AttributeError):
-        got[0].routed = True  # type: ignore[misc]
 
 
 def test_summaries_grouped_by_model_as_groupby_does() -> None:
