@@ -35,6 +35,7 @@ from typing import Any
 import aiohttp
 import redis.asyncio as aioredis
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError
 from redis.exceptions import RedisError
 
 from app import settings as settings_mod
@@ -154,7 +155,13 @@ async def wait_until(pred: Callable[[], Any], timeout_s: float, what: str, child
 
 
 async def _group_stable(admin: AIOKafkaAdminClient, group: str) -> bool:
-    if group not in {g[0] for g in await admin.list_consumer_groups()}:
+    try:
+        listed = await admin.list_consumer_groups()
+    except KafkaError as e:
+        if e.retriable:     # e.g. GroupLoadInProgress just after the broker started: not yet
+            return False
+        raise
+    if group not in {g[0] for g in listed}:
         return False
     for response in await admin.describe_consumer_groups([group]):
         for g in response.to_object()["groups"]:
