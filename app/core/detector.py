@@ -29,8 +29,9 @@ from typing import Any
 from app.core.config import DetectorSettings
 from app.core.evaluate import FleetEvaluator
 from app.core.events import Heartbeat, SampleBatch
+from app.core.pools import ModelPool
 from app.core.types import ModelTick, NodeStatus, TickResult, Transition, WindowSummary
-from app.core.window import POOL_SAMPLES_PER_SERIES, ModelPool, WindowStore
+from app.core.window import POOL_SAMPLES_PER_SERIES, WindowStore
 
 SNAPSHOT_VERSION = 1
 FLEET_QUANTILES = (0.5, 0.99)

@@ -81,17 +81,16 @@ import numpy.typing as npt
 from app.core import signals as sig
 from app.core.config import DetectorSettings
 from app.core.events import Heartbeat, SampleBatch
+from app.core.pools import ModelPool, build_pools
 from app.core.quantiles import (
     RUN_FLAG,
     U32,
     count_at_most,
-    digest_dict_of_sorted,
     digest_of,
     digest_to_dict,
     exact_quantiles,
     prefix_quantiles,
     row_quantiles,
-    segment_quantiles,
     to_run_keys,
     two_run_quantiles,
 )
@@ -433,131 +432,6 @@ def _optional(values: npt.NDArray[Any], none: Bools) -> list[Any]:
     out = values.astype(object)
     out[none] = None
     return list(out.tolist())
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class ModelPool:
-    """One model's cluster-wide latency pool (:meth:`WindowStore.model_pools`).
-
-    ``values``: raw latency in µs, float32, unsorted, not empty (a view into one buffer
-    shared by the call's pools; ``model_pools(qs=...)`` reorders it when selecting);
-    ``nodes``: the series that gave samples; ``qs``/``at_qs``: quantiles computed with
-    the pool (``model_pools(qs=...)``), which :meth:`quantiles` answers without selecting.
-    """
-
-    values: F32
-    nodes: int
-    qs: tuple[float, ...] = ()
-    at_qs: tuple[float, ...] = ()
-
-    def quantiles(self, qs: Sequence[float]) -> list[float]:
-        """Exact ``numpy.quantile`` of the pool at ``qs`` (selection, no sort)."""
-        if self.qs and tuple(qs) == self.qs:
-            return list(self.at_qs)
-        q = exact_quantiles(self.values, qs)
-        assert q is not None                    # a pool is never empty
-        return q
-
-    def digest_dict(self) -> dict[str, Any]:
-        """The pool's t-digest as a dict (``digest_dict_of_sorted``), plus ``"nodes"``."""
-        d = digest_dict_of_sorted(np.sort(self.values))
-        d["nodes"] = self.nodes
-        return d
-
-
-# A piece of a pool: (model index, number of values, the values: a view or a small copy).
-_Piece: TypeAlias = tuple[int, int, F32]
-
-
-def _pool_pieces(chunks: list[_Chunk], want: Bools, stride: int, age_lo: float,
-                 now_s: float) -> tuple[list[_Piece], I64]:
-    """The kept pool samples of ``chunks`` (:meth:`WindowStore.model_pools`) as pieces
-    (``_Piece``), not yet in the pool, and the model index of every series that gave
-    samples.
-
-    The rings of all slabs are checked in one pass. A ring whose kept bounds prove every
-    slot judged (see ``_Chunk``) needs no mask, and a run of such rings of one model side
-    by side in a slab is one piece: a view of their strided slots, copied once, straight
-    into the pool. Slabs whose proven rings lie scattered (runs of < 16 rings on average)
-    and the other rings are gathered per slab, grouped by model and, when masked, compacted
-    at once (``np.compress`` while the slab's copy is in cache).
-    """
-    cat = np.concatenate
-    sizes = [ch.rows for ch in chunks]
-    slab = np.repeat(np.arange(len(chunks)), sizes)
-    local = np.arange(slab.size) - np.repeat(np.cumsum(sizes) - sizes, sizes)
-    midx = cat([ch.midx for ch in chunks])
-    sel = want[midx]
-    proven = (sel & (cat([ch.fill for ch in chunks]) == np.repeat([ch.cap for ch in chunks], sizes))
-              & (cat([ch.ts_lo for ch in chunks]) > age_lo)
-              & (cat([ch.ts_hi for ch in chunks]) <= now_s) & (cat([ch.lat_lo for ch in chunks]) > 0))
-    lats = [ch.lat[:, ::stride] for ch in chunks]     # stride first: copy 1/stride
-    pieces: list[_Piece] = []
-    gave: list[I64] = []
-    for rows, masked in ((np.flatnonzero(proven), False), (np.flatnonzero(sel & ~proven), True)):
-        if rows.size == 0:
-            continue
-        m, where = midx[rows], slab[rows]
-        per_slab = np.bincount(where, minlength=len(chunks))
-        scattered = per_slab > 0
-        if not masked:
-            # Runs of adjacent rings of one model in one slab: key steps by exactly 1 inside
-            # a run (by 2 from one slab's last row to the next slab's first).
-            key = m * (2 * slab.size + 2) + rows + where
-            head = cat(([0], np.flatnonzero(key[1:] - key[:-1] != 1) + 1))
-            scattered &= np.bincount(where[head], minlength=len(chunks)) * 16 >= per_slab
-            run_slab = where[head].tolist()
-            spread = scattered.tolist()
-            for s, r, mi, n in zip(run_slab, local[rows[head]].tolist(), m[head].tolist(),
-                                   np.diff(np.append(head, rows.size)).tolist(), strict=True):
-                if not spread[s]:
-                    pieces.append((mi, n * lats[s].shape[1], lats[s][r:r + n]))
-            gave.append(m)
-        ends = np.cumsum(per_slab)
-        for s in np.flatnonzero(scattered).tolist():
-            lo, hi = int(ends[s] - per_slab[s]), int(ends[s])
-            given = _slab_pieces(chunks[s], lats[s], stride, local[rows[lo:hi]], m[lo:hi],
-                                 age_lo, now_s, masked, pieces)
-            if masked:
-                gave.append(given)
-    return pieces, (cat(gave) if gave else np.zeros(0, dtype=np.int64))
-
-
-def _slab_pieces(ch: _Chunk, lat: F32, stride: int, rows: I64, midx: I64, age_lo: float,
-                 now_s: float, masked: bool, pieces: list[_Piece]) -> I64:
-    """Append the kept samples of slab ``ch``'s rings ``rows`` (``lat``: its strided
-    slots), one piece per model; ``masked``: keep only judged slots, else all. Returns
-    the model index of each ring that gave samples."""
-    whole = rows.size == ch.rows                    # every row (rows are ascending)
-    if rows.size > 1 and bool((midx[1:] < midx[:-1]).any()):
-        by_model = np.argsort(midx, kind="stable")
-        rows, midx, whole = rows[by_model], midx[by_model], False
-    sub = np.ascontiguousarray(lat) if whole else lat[rows]
-    kept: Bools | None = None
-    if masked:
-        # Judged: ok (lat > 0), in time. NaN (empty slot) fails every test; a test the
-        # rings' kept bounds pass for every row is left out (see _Chunk).
-        tsv = ch.ts[:, ::stride]
-        ts = tsv if whole else tsv[rows]
-        with np.errstate(invalid="ignore"):
-            kept = ts > age_lo
-            if bool((ch.ts_hi[rows] > now_s).any()):
-                kept &= ts <= now_s
-            if not bool((ch.lat_lo[rows] > 0).all()):
-                kept &= sub > 0
-        n_kept = kept.sum(axis=1)
-    else:
-        n_kept = np.full(rows.size, sub.shape[1])
-    ends = np.cumsum(n_kept).tolist()
-    flat = sub.reshape(-1) if kept is None else np.compress(kept.reshape(-1), sub.reshape(-1))
-    lo = 0
-    for i in [*np.flatnonzero(midx[1:] != midx[:-1]).tolist(), midx.size - 1]:
-        hi = ends[i]
-        if hi > lo:
-            pieces.append((int(midx[i]), hi - lo, flat[lo:hi]))
-        lo = hi
-    given: I64 = midx[n_kept > 0]
-    return given
 
 
 class WindowStore:
@@ -906,9 +780,9 @@ class WindowStore:
         fleet's samples (a busy node weighs as its traffic, as in the exact pooled quantile)
         and a series gives at most ``per_series`` samples. Models without a kept sample are
         left out; ``models`` restricts the answer. ``qs``: also compute every pool's exact
-        quantiles there (``ModelPool.at_qs``; :func:`segment_quantiles`, all pools at once).
+        quantiles there (``ModelPool.at_qs``, all pools at once).
         Cost: one strided copy of every ring, straight into one buffer holding every pool
-        (``_pool_pieces``), at 10,000 series bound by reading the rings' memory.
+        (:func:`app.core.pools.build_pools`).
         """
         if per_series < 1:
             raise ValueError(f"per_series must be >= 1, got {per_series}")
@@ -921,24 +795,7 @@ class WindowStore:
             want[[self._models[m] for m in models if m in self._models]] = True
         want[nm] = False                        # free rows have midx -1: they read want[-1]
         chunks = [ch for tier in self._tiers.values() for ch in tier if ch.used]
-        pieces, gave = (_pool_pieces(chunks, want, stride, age_lo, now_s) if chunks
-                        else ([], np.zeros(0, dtype=np.int64)))
-        nodes = np.bincount(gave, minlength=nm)
-        sizes = [0] * nm
-        for m, n, _ in pieces:
-            sizes[m] += n
-        totals = np.array(sizes, dtype=np.int64)
-        pool = np.empty(int(totals.sum()), dtype=np.float32)
-        starts = np.cumsum(totals) - totals
-        at = starts.tolist()
-        for m, n, values in pieces:
-            lo = at[m]
-            at[m] = lo + n
-            pool[lo:lo + n].reshape(values.shape)[...] = values
-        qs = tuple(qs)
-        at_qs = segment_quantiles(pool, totals, qs).tolist() if qs else [()] * nm
-        return {self._model_names[i]: ModelPool(pool[lo:lo + n], int(nodes[i]), qs, tuple(at_qs[i]))
-                for i, (lo, n) in enumerate(zip(starts.tolist(), sizes, strict=True)) if n}
+        return build_pools(chunks, self._model_names, want, stride, age_lo, now_s, tuple(qs))
 
     def model_digests(self, now_s: float, *, per_series: int = POOL_SAMPLES_PER_SERIES,
                       models: Collection[str] | None = None) -> dict[str, dict[str, Any]]:
