@@ -120,22 +120,17 @@ class PeerSet(Sequence[Peer]):
         return iter(self.peers)
 
 
-def peers_of(by_node: Mapping[str, WindowSummary], pairs: Mapping[str, PairState],
-             min_samples: int) -> list[Peer]:
-    """The peers among ``by_node`` (in its order): routed pairs past warm-up with at least
-    ``min_samples`` judged samples and a positive P50, all in one signal's units.
+def gather_peers(by_node: Mapping[str, WindowSummary], pairs: Mapping[str, PairState],
+                 min_samples: int) -> PeerSet:
+    """The peers among ``by_node`` (in its order), as a :class:`PeerSet`: routed pairs past
+    warm-up with at least ``min_samples`` judged samples and a positive P50, all in one
+    signal's units.
 
     Stage-1 workers choose the signal per model from the series they hold; when their
     choices differ (several workers, a fleet half of which sends token counts), the peers
     are the summaries of the signal most of them carry (ties: the most judged samples,
     then the name): a node is never compared with peers in other units, and one in a
     minority signal is not judged by the relative rules that tick."""
-    return gather_peers(by_node, pairs, min_samples).peers
-
-
-def gather_peers(by_node: Mapping[str, WindowSummary], pairs: Mapping[str, PairState],
-                 min_samples: int) -> PeerSet:
-    """:func:`peers_of` with the :class:`PeerSet` columns and lists."""
     nodes: list[str] = []
     sums: list[WindowSummary] = []
     p50s: list[float] = []
