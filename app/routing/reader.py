@@ -398,5 +398,5 @@ class RoutingTable:
                 self._record_failure(e)
             finally:
                 with contextlib.suppress(*_TRANSIENT):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+                    await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]  # typed in redis >= 8.2
             await asyncio.sleep(self._poll_interval_s)
