@@ -1,7 +1,7 @@
 """Cluster-wide latency pools: an even thinning of every ring of the window store, per model.
 
 Owns :class:`ModelPool` and :func:`build_pools`, which ``WindowStore.model_pools`` calls
-with the store's slabs (:mod:`app.core.window` owns the ring layout and says what a
+with the store's slabs (:mod:`app.core.rings` owns the ring layout and says what a
 slab's kept bounds prove).
 
 Guarantees:
@@ -29,7 +29,7 @@ import numpy.typing as npt
 from app.core.quantiles import digest_dict_of_sorted, exact_quantiles, segment_quantiles
 
 if TYPE_CHECKING:
-    from app.core.window import _Chunk
+    from app.core.rings import Slab
 
 F32: TypeAlias = npt.NDArray[np.float32]
 I64: TypeAlias = npt.NDArray[np.int64]
@@ -70,14 +70,14 @@ class ModelPool:
 _Piece: TypeAlias = tuple[int, int, F32]
 
 
-def _pool_pieces(chunks: list[_Chunk], want: Bools, stride: int, age_lo: float,
+def _pool_pieces(chunks: list[Slab], want: Bools, stride: int, age_lo: float,
                  now_s: float) -> tuple[list[_Piece], I64]:
     """The kept pool samples of ``chunks`` (:func:`build_pools`) as pieces
     (``_Piece``), not yet in the pool, and the model index of every series that gave
     samples.
 
     The rings of all slabs are checked in one pass. A ring whose kept bounds prove every
-    slot judged (see ``_Chunk``) needs no mask, and a run of such rings of one model side
+    slot judged (see ``Slab``) needs no mask, and a run of such rings of one model side
     by side in a slab is one piece: a view of their strided slots, copied once, straight
     into the pool. Slabs whose proven rings lie scattered (runs of < 16 rings on average)
     and the other rings are gathered per slab, grouped by model and, when masked, compacted
@@ -124,7 +124,7 @@ def _pool_pieces(chunks: list[_Chunk], want: Bools, stride: int, age_lo: float,
     return pieces, (cat(gave) if gave else np.zeros(0, dtype=np.int64))
 
 
-def _slab_pieces(ch: _Chunk, lat: F32, stride: int, rows: I64, midx: I64, age_lo: float,
+def _slab_pieces(ch: Slab, lat: F32, stride: int, rows: I64, midx: I64, age_lo: float,
                  now_s: float, masked: bool, pieces: list[_Piece]) -> I64:
     """Append the kept samples of slab ``ch``'s rings ``rows`` (``lat``: its strided
     slots), one piece per model; ``masked``: keep only judged slots, else all. Returns
@@ -137,7 +137,7 @@ def _slab_pieces(ch: _Chunk, lat: F32, stride: int, rows: I64, midx: I64, age_lo
     kept: Bools | None = None
     if masked:
         # Judged: ok (lat > 0), in time. NaN (empty slot) fails every test; a test the
-        # rings' kept bounds pass for every row is left out (see _Chunk).
+        # rings' kept bounds pass for every row is left out (see Slab).
         tsv = ch.ts[:, ::stride]
         ts = tsv if whole else tsv[rows]
         with np.errstate(invalid="ignore"):
@@ -161,7 +161,7 @@ def _slab_pieces(ch: _Chunk, lat: F32, stride: int, rows: I64, midx: I64, age_lo
     return given
 
 
-def build_pools(chunks: list[_Chunk], model_names: Sequence[str], want: Bools, stride: int,
+def build_pools(chunks: list[Slab], model_names: Sequence[str], want: Bools, stride: int,
                 age_lo: float, now_s: float, qs: tuple[float, ...]) -> dict[str, ModelPool]:
     """Per model (by index into ``model_names``, kept where ``want``), the pool of the
     ``stride``-th slots of ``chunks``' judged samples; with ``qs``, their quantiles."""
