@@ -454,6 +454,21 @@ def test_chunked_replay_is_the_line_by_line_replay(runs: list[tuple[str, int]], 
     assert _replayed(ls, SMALL, chunk_lines, progress_every) == ref
 
 
+@pytest.mark.parametrize("kinds", [
+    ["plain"] * 30 + ["future"] + ["plain"] * 3 + ["no_model"] + ["plain"] * 10,   # held, then a run
+    ["plain"] * 30 + ["future", "future"] + ["plain"] * 3 + ["blank", "bad_id", "plain"],
+    ["plain"] * 30 + ["gap"] + ["plain"] * 2 + ["bad_json"] + ["plain"] * 5,      # a gap: held lines
+    ["plain"] * 30 + ["future"] + ["plain"] * 3,                                  # ends after a run
+    ["plain"] * 30 + ["on_tick", "plain", "late", "on_tick"] * 5,
+    ["plain"] * 12 + ["jump"] + ["late", "plain"] * 8,
+])
+@pytest.mark.parametrize("chunk_lines", [2, 4, 9, 64])
+def test_chunked_replay_around_held_lines_and_boundaries(kinds: list[str], chunk_lines: int) -> None:
+    for seed in range(4):
+        ls = _trace(kinds, seed)
+        assert _replayed(ls, SMALL, chunk_lines) == _replayed(ls, SMALL, 1)
+
+
 def test_chunked_replay_of_a_long_trace_takes_the_fast_path_and_changes_nothing() -> None:
     kinds = ["plain"] * 20 + ["late"] * 5 + ["no_model", "sized", "probe", "blank", "heartbeat"]
     rng = np.random.default_rng(11)
