@@ -37,7 +37,10 @@ trace and settings:
   ``baseline_shift``, ``baseline_shift_end``.
 
 Bad lines are skipped and counted in :class:`ReplayStats` (by reason, with
-the line numbers of the first few). No clock is read anywhere.
+the line numbers of the first few). No clock is read anywhere. Lines are read
+``chunk_lines`` at a time and runs of well-formed single events added at once
+(:meth:`app.core.events.Accumulator.add_decoded`); output and stats are those of
+the line-by-line path (``chunk_lines=1``) for any input.
 """
 
 from __future__ import annotations
