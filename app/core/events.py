@@ -53,7 +53,10 @@ Guarantees:
 
 For throughput, :class:`Accumulator` (and :func:`decode_many` on top of it)
 groups consecutive single events of one series into one batch, so the window
-update is one vectorized call per series rather than one per event.
+update is one vectorized call per series rather than one per event. For the
+replay, :meth:`Accumulator.decode_lines` decodes many lines in one C loop and
+:meth:`Accumulator.add_decoded` adds a run of them, leaving the accumulator
+exactly as :meth:`Accumulator.add` line by line would (tested).
 """
 
 from __future__ import annotations
@@ -662,6 +665,56 @@ class Accumulator:
             return row[0]
         return self.add_obj(obj)
 
+    def decode_lines(self, raws: Sequence[bytes | str]) -> list[Any] | None:
+        """The typed decoding of many lines at once, for :meth:`add_decoded`; None (use
+        :meth:`add`) without the msgspec decoders, with an allowlist, or when a line is
+        not ``bytes``."""
+        if _FAST is None or self._allow is not None or set(map(type, raws)) != {bytes}:
+            return None
+        return _FAST.many(raws)  # type: ignore[arg-type]
+
+    def add_decoded(self, decoded: list[Any], start: int, stop: int,
+                    before_ts: float) -> tuple[int, float]:
+        """Add lines ``start, start + 1, …`` of :meth:`decode_lines` as :meth:`add` would,
+        up to ``stop`` or the first line that is not a single event ``add`` takes by its
+        typed path now, or whose ts is not below ``before_ts``: that line (returned with
+        the latest ts added, -inf if none) is not added, and is left to :meth:`add`."""
+        fut, max_lat, ok = self._fut_limit, self._max_lat, self._ids.ok
+        plain, groups = self._plain, self._groups
+        get = plain.get
+        latest = -_INF
+        i = start
+        while i < stop:
+            e = decoded[i]
+            lat, ts = e.latency_us, e.ts
+            # FastDecoder.single's checks (the ttft one below), then the replay's boundary
+            if e.samples is not None or lat is None or ts is None or lat > max_lat \
+                    or ts > fut or ts >= before_ts:
+                break
+            key = (e.node_id, e.model, e.hardware, e.instance)
+            if e.ok and not e.probe and e.input_tokens is None and e.output_tokens is None \
+                    and e.ttft_us is None:                       # the hot loop: add()'s
+                pending = get(key)
+                if pending is not None:
+                    pending[0].append(ts)
+                    pending[1].append(lat)
+                elif key in groups:
+                    groups[key].append((ts, lat, True, False, _NAN, _NAN, _NAN))
+                elif ok(key[0]) and ok(key[1]):                 # a new series (_new_series)
+                    plain[key] = ([ts], [lat])
+                else:
+                    break
+            else:
+                if (e.ttft_us is not None and e.ttft_us > lat) or not (
+                        key in plain or key in groups or (ok(key[0]) and ok(key[1]))):
+                    break
+                self._rows(key).append(FastDecoder.row(e))
+            if ts > latest:
+                latest = ts
+            i += 1
+        self._pending += i - start
+        return i, latest
+
     def _new_series(self, key: _Group) -> bool:
         """The fast path's first event of a series in this drain: True when its ids meet the
         rule and the allowlist; False (the general path decides) when they break the rule."""
@@ -688,13 +741,17 @@ class Accumulator:
         return float(e.ts)
 
     def _append_row(self, key: _Group, row: _Row) -> None:
+        self._rows(key).append(row)
+        self._pending += 1
+
+    def _rows(self, key: _Group) -> list[_Row]:
+        """The pending rows of a series; its plain samples, if any, become rows first."""
         group = self._groups.get(key)
         if group is None:
             plain = self._plain.pop(key, None)
             group = self._groups[key] = [] if plain is None else [
                 (t, v, True, False, _NAN, _NAN, _NAN) for t, v in zip(*plain, strict=True)]
-        group.append(row)
-        self._pending += 1
+        return group
 
     def add_obj(self, obj: Any) -> float:
         if type(obj) is dict and "samples" not in obj and obj.get("type", "single") == "single":

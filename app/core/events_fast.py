@@ -2,10 +2,11 @@
 
 Owns the typed ``msgspec`` decoders of the two JSON shapes that carry almost all
 traffic, and nothing else: a single event whose fields have their contract's types
-(:meth:`FastDecoder.single`, the replay and single-event hot loop) and a batch whose
-samples are all ``[ts, latency_us]`` pairs or all five-field samples
-(:meth:`FastDecoder.batch`, decoded straight into one float64 array without a Python
-loop per sample). Types and static bounds are checked in C by msgspec.
+(:meth:`FastDecoder.single`, the single-event hot loop; :meth:`FastDecoder.many`, the
+same decoder over many lines in one C loop, the replay's) and a batch whose samples are
+all ``[ts, latency_us]`` pairs or all five-field samples (:meth:`FastDecoder.batch`,
+decoded straight into one float64 array without a Python loop per sample). Types and
+static bounds are checked in C by msgspec.
 
 Guarantees:
 
@@ -16,14 +17,16 @@ Guarantees:
 * What it returns is what the general path would return for the same bytes; the
   batch policy (:func:`app.core.events` ``_checked``) and the id rule are applied by the
   caller to both. ``tests/unit/test_binary.py`` checks fast against general, message by
-  message, over valid and invalid inputs.
+  message, over valid and invalid inputs. :meth:`FastDecoder.many` decodes each line
+  alone, as :meth:`FastDecoder.single` does, and leaves the checks of ``single`` to its
+  caller (:meth:`app.core.events.Accumulator.add_decoded`; tested against ``single``).
 * :func:`build` returns ``None`` when msgspec is missing (it is a declared dependency):
   the general path then does everything, with the same results.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from itertools import chain
 from typing import Any, Final, TypeAlias
 
@@ -43,7 +46,7 @@ _chain: Final = chain.from_iterable
 class FastDecoder:
     """msgspec decoders bound to the contract's static limits (module docstring)."""
 
-    __slots__ = ("_batch", "_errors", "_max_name", "_max_samples", "_single")
+    __slots__ = ("_batch", "_errors", "_max_name", "_max_samples", "_refused", "_single")
 
     def __init__(self, msgspec: Any, max_name_chars: int, max_tokens: int,
                  max_batch_samples: int) -> None:
@@ -53,6 +56,8 @@ class FastDecoder:
             msgspec.MsgspecError, ValueError, TypeError, RecursionError)
         self._batch = _batch_decoders(msgspec)
         self._single = _single_decoder(msgspec, max_name_chars, max_tokens)
+        # many()'s stand-in for a line that does not decode: no latency_us, so not taken.
+        self._refused = self._single(b'{"node_id": "-", "model": "-"}')
 
     def single(self, raw: bytes, fut_limit: float, max_lat: float) -> Any:
         """A single event as a struct with the contract's fields (``node_id, model,
@@ -68,6 +73,20 @@ class FastDecoder:
                 or e.ts > fut_limit or (e.ttft_us is not None and e.ttft_us > lat):
             return None
         return e
+
+    def many(self, raws: Sequence[bytes]) -> list[Any]:
+        """The typed decoding of each line of ``raws`` (one struct per line), before the
+        checks of :meth:`single`; a line that does not decode gets a stand-in without
+        ``latency_us``, which those checks refuse. One C loop over the lines; each is
+        decoded alone, so a line decodes here exactly when it does in :meth:`single`."""
+        out: list[Any] = []
+        decoded = map(self._single, raws)
+        while True:
+            try:
+                out.extend(decoded)       # keeps the lines before one that raises
+                return out
+            except Exception:             # that line is refused (the general path words why)
+                out.append(self._refused)
 
     @staticmethod
     def is_plain(e: Any) -> bool:

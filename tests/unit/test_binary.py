@@ -15,7 +15,7 @@ import numpy as np
 import orjson
 import pytest
 
-from app.core import binary, events
+from app.core import binary, events, ids
 from app.core.errors import BadEvent
 from app.core.events import Accumulator, SampleBatch, decode
 from app.emitter.wire import Sample, encode_batches, encode_binary
@@ -241,6 +241,40 @@ def test_the_typed_single_path_gives_what_the_general_path_gives(
     fast = _acc_outcome(lines)
     monkeypatch.setattr(events, "_FAST", None)
     assert fast == _acc_outcome(lines)
+
+
+@pytest.mark.parametrize("doc", SINGLES)
+def test_many_lines_at_once_add_what_add_adds_line_by_line(doc: Any) -> None:
+    plain = orjson.dumps({"node_id": "n", "model": "m", "latency_us": 1, "ts": T - 1})
+    other = orjson.dumps({"node_id": "o", "model": "m", "latency_us": 2, "ts": T - 1, "probe": True})
+    lines = [plain, other, orjson.dumps(doc), plain, b"{", other, plain]
+    acc = Accumulator(now_s=T + 10)
+    decoded = acc.decode_lines(lines)
+    assert decoded is not None
+    got: list[Any] = []
+    i = 0
+    while i < len(lines):        # runs at once, add() for each line the run stops at
+        j, latest = acc.add_decoded(decoded, i, len(lines), math.inf)
+        assert latest == max((decoded[x].ts for x in range(i, j)), default=-math.inf)
+        got += [None] * (j - i)
+        if j < len(lines):
+            try:
+                got.append(acc.add(lines[j]))
+            except BadEvent as e:
+                got.append((e.reason, str(e)))
+        i = j + 1
+    drained = [fields(e) if isinstance(e, SampleBatch) else e for e in acc.drain()]
+    ref, ref_drained = _acc_outcome(lines)
+    assert sorted(drained, key=repr) == ref_drained
+    # taken at once: the lines add() takes by the typed path; the others give what add() gives
+    assert [r for r, g in zip(ref, got, strict=True) if g is not None] == [g for g in got if g is not None]
+    taken = [g is None for g in got]
+    fast = events._FAST
+    assert fast is not None
+    e = fast.single(lines[2], T + 10, 1e9)
+    rule = ids.DEFAULT_RULE
+    assert taken == [True, True, e is not None and rule.ok(e.node_id) and rule.ok(e.model),
+                     True, False, True, True]
 
 
 def test_consecutive_batches_of_a_series_come_out_as_one_with_their_message_sizes() -> None:

@@ -2,19 +2,29 @@
 
 from __future__ import annotations
 
+import copy
 import io
 import json
+import math
 import sys
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
+from unittest import mock
 
 import numpy as np
+import orjson
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from app import replay_cli
 from app.core import replay as core_replay
 from app.core.config import DetectorSettings
+from app.core.detector import Detector
+from app.core.events import Accumulator, Heartbeat, SampleBatch
 from app.core.replay import replay
-from app.core.types import HealthState, NodeStatus
+from app.core.types import HealthState, NodeStatus, TickResult
 from app.replay_cli import main
 
 T0 = 1_764_680_000.0   # 20 s past a multiple of 30 (1764679980)
@@ -273,3 +283,228 @@ def test_summary_table_with_mixed_signals_puts_the_unit_in_each_row() -> None:
     head, *rows = text.splitlines()
     assert "signal p50  " in head and "(µs" not in head
     assert "latency (µs)" in rows[0] and "normalized (× expected)" in rows[1] and "2.50" in rows[1]
+
+
+# ---- the chunked path against the line-by-line one -----------------------------------
+
+class _Recording(Detector):
+    """A detector that records what it is fed and when it is asked, in order."""
+
+    def __init__(self, settings: DetectorSettings) -> None:
+        super().__init__(settings)
+        self.fed: list[object] = []
+
+    def observe(self, events: Iterable[SampleBatch | Heartbeat]) -> None:
+        events = list(events)
+        self.fed.append([(type(e).__name__, e.node_id, e.model, e.hardware, e.instance, e.ts)
+                         if isinstance(e, Heartbeat) else
+                         (e.node_id, e.model, e.hardware, e.instance, e.ts.tolist(),
+                          e.latency_us.tolist(), e.ok.tolist(), e.probe.tolist(),
+                          *(None if c is None else np.nan_to_num(c, nan=-1.0).tolist()
+                            for c in (e.input_tokens, e.output_tokens, e.ttft_us)),
+                          e.rejected, e.parts) for e in events])
+        super().observe(events)
+
+    def evaluate(self, now_s: float, **kw: Any) -> TickResult:
+        self.fed.append(now_s)
+        return super().evaluate(now_s, **kw)
+
+
+def _replayed(ls: Iterable[bytes | str], settings: DetectorSettings, chunk_lines: int,
+              progress_every: int | None = None,
+              ) -> tuple[list[str], list[core_replay.ReplayStats], object, str, list[object]]:
+    """Everything replay() gives: output lines, the stats at each progress call (every
+    ``progress_every`` lines; None: no progress callback), the final stats (every bad line
+    in first_bad) and the detector's statuses, or the exception it raised (a held line that
+    turns out bad for another reason when a jump is taken raises, on main too); and what
+    the detector was fed, in order."""
+    out: list[str] = []
+    seen: list[core_replay.ReplayStats] = []
+    every = progress_every or core_replay.PROGRESS_EVERY_LINES
+    det = _Recording(settings)
+    try:
+        with mock.patch.object(core_replay, "PROGRESS_EVERY_LINES", every), \
+                mock.patch.object(core_replay, "FIRST_BAD_LINES", 10**9):
+            _, stats = replay(ls, settings, out.append, chunk_lines=chunk_lines, detector=det,
+                              progress=None if progress_every is None
+                              else lambda st: seen.append(copy.deepcopy(st)))
+    except Exception as e:   # compared, not hidden
+        return out, seen, repr(e), "", det.fed
+    return out, seen, stats, repr(det.statuses()), det.fed
+
+
+KINDS = (["plain"] * 12 + ["late"] * 3
+         + ["probe", "failed", "sized", "bad_ttft", "typed", "unknown_key", "heartbeat", "batch",
+            "batch_some_bad", "batch_all_bad", "binary", "bad_json", "not_object", "no_model",
+            "bad_latency", "too_slow", "slowest", "bad_id", "blank", "future", "jump", "gap",
+            "on_tick", "crlf", "spaced", "new_instance", "ms_ts"])
+
+
+def _trace(kinds: list[str], seed: int) -> list[bytes | str]:
+    """A trace of the given line kinds: 6 nodes x 2 models (n5 slow after a while),
+    slightly out of order, with every kind of odd line the contract knows."""
+    from app.core import binary
+    rng = np.random.default_rng(seed)
+    t = T0
+    out: list[bytes | str] = []
+
+    def ev(node: int | None = None, **extra: object) -> dict[str, object]:
+        i = int(rng.integers(0, 6)) if node is None else node
+        lat = 1e4 * float(np.exp(rng.normal(0, 0.3))) * (4.0 if i == 5 and t > T0 + 40 else 1.0)
+        d: dict[str, object] = {"node_id": f"n{i}", "model": f"m{i % 2}", "latency_us": lat,
+                                "ts": t, "hardware": "A100" if i % 3 else None}
+        d.update(extra)
+        return d
+
+    def dump(d: object) -> bytes:
+        return orjson.dumps(d) if rng.uniform() < 0.5 else json.dumps(d).encode()
+
+    for kind in kinds:
+        t += float(rng.uniform(0.0, 0.4))
+        if kind == "plain":
+            out.append(dump(ev()))
+        elif kind == "late":
+            out.append(dump(ev(ts=t - float(rng.uniform(0.5, 5.0)))))
+        elif kind == "probe":
+            out.append(dump(ev(probe=True)))
+        elif kind == "failed":
+            out.append(dump(ev(ok=False)))
+        elif kind == "sized":
+            d = ev(input_tokens=int(rng.integers(1, 999)), output_tokens=int(rng.integers(1, 99)))
+            d["ttft_us"] = float(d["latency_us"]) / 3       # type: ignore[arg-type]
+            out.append(dump(d))
+        elif kind == "bad_ttft":
+            d = ev()
+            d["ttft_us"] = float(d["latency_us"]) * 2       # type: ignore[arg-type]
+            out.append(dump(d))
+        elif kind == "typed":
+            out.append(dump(ev(type="single")))
+        elif kind == "unknown_key":
+            out.append(dump(ev(request_id="r-1", samples=None)))
+        elif kind == "heartbeat":
+            out.append(dump({"type": "heartbeat", "node_id": "n1", "model": "m1", "ts": t}))
+        elif kind.startswith("batch"):
+            samples: list[list[float | None]] = [[t - 0.1 * j, 1e4 + j] for j in range(4)]
+            if kind == "batch_some_bad":
+                samples[1] = [t, -5.0]
+            elif kind == "batch_all_bad":
+                samples = [[t, 0.0]]
+            else:
+                samples.append([t, 2e4, 10, None, 5e3])
+            out.append(dump({"node_id": "n2", "model": "m0", "samples": samples}))
+        elif kind == "binary":
+            out.append(binary.encode("n3", "m1", None, np.array([t - 0.2, t]), np.array([1e4, 2e4])))
+        elif kind == "bad_json":
+            out.append(b'{"node_id": "n0", "model"')
+        elif kind == "not_object":
+            out.append(b"[1, 2]")
+        elif kind == "no_model":
+            out.append(b'{"node_id": "gpu-x", "latency_us": -1}')
+        elif kind == "bad_latency":
+            out.append(dump(ev(latency_us=0)))
+        elif kind == "too_slow":
+            out.append(dump(ev(latency_us=SMALL.max_latency_us * float(rng.choice([1.01, 1e3])))))
+        elif kind == "slowest":
+            out.append(dump(ev(latency_us=SMALL.max_latency_us)))
+        elif kind == "bad_id":
+            out.append(dump(ev(node_id="n|0")))
+        elif kind == "blank":
+            out.append([b"", b"\n", b"  \t"][int(rng.integers(0, 3))])
+        elif kind == "future":            # one skewed clock (a future_ts line, or two)
+            for _ in range(int(rng.integers(1, 3))):
+                out.append(dump(ev(ts=t + 30.0 + float(rng.uniform(0, 600)))))
+        elif kind == "jump":              # a real gap: enough far lines in a row
+            t += 200.0
+            for _ in range(core_replay.JUMP_CONFIRM_LINES):
+                out.append(dump(ev()))
+        elif kind == "gap":               # quiet ticks to skip
+            t += 60.0
+        elif kind == "on_tick":           # exactly on a boundary of SMALL's ticks
+            out.append(dump(ev(ts=math.ceil(t / SMALL.tick_interval_s) * SMALL.tick_interval_s)))
+        elif kind == "crlf":
+            out.append(dump(ev()) + b"\r\n")
+        elif kind == "spaced":
+            out.append(b"  " + dump(ev()) + b" \n")
+        elif kind == "new_instance":
+            out.append(dump(ev(instance=f"pid-{int(rng.integers(0, 2))}")))
+        elif kind == "ms_ts":
+            out.append(dump(ev(ts=t * 1000)))
+    return out
+
+
+SMALL = DetectorSettings(tick_interval_s=2.0, min_samples=5, warmup_s=4.0, max_sample_age_s=20.0,
+                         max_future_skew_s=3.0, probe_min_samples=2)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(runs=st.lists(st.tuples(st.sampled_from(KINDS), st.integers(1, 80)), min_size=1, max_size=30),
+       seed=st.integers(0, 2**16), chunk_lines=st.sampled_from([2, 3, 5, 16, 64, 150]),
+       progress_every=st.sampled_from([None, None, 1, 7, 100]),
+       as_str=st.sampled_from([None, None, None, 0, 5, 70]))
+def test_chunked_replay_is_the_line_by_line_replay(runs: list[tuple[str, int]], seed: int,
+                                                   chunk_lines: int, progress_every: int | None,
+                                                   as_str: int | None) -> None:
+    # Runs of one kind: long ones of plain lines, up to 4 of any other kind in a row.
+    ls = _trace([kind for kind, n in runs
+                 for _ in range(n if kind in ("plain", "late") else 1 + n % 4)], seed)
+    if as_str is not None and as_str < len(ls):      # a str line: its chunk goes line by line
+        raw = ls[as_str]
+        ls[as_str] = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+    ref = _replayed(ls, SMALL, 1, progress_every)
+    assert _replayed(ls, SMALL, chunk_lines, progress_every) == ref
+
+
+@pytest.mark.parametrize("kinds", [
+    ["plain"] * 30 + ["future"] + ["plain"] * 3 + ["no_model"] + ["plain"] * 10,   # held, then a run
+    ["plain"] * 30 + ["future", "future"] + ["plain"] * 3 + ["blank", "bad_id", "plain"],
+    ["plain"] * 30 + ["gap"] + ["plain"] * 2 + ["bad_json"] + ["plain"] * 5,      # a gap: held lines
+    ["plain"] * 30 + ["future"] + ["plain"] * 3,                                  # ends after a run
+    ["plain"] * 30 + ["on_tick", "plain", "late", "on_tick"] * 5,
+    ["plain"] * 12 + ["jump"] + ["late", "plain"] * 8,
+])
+@pytest.mark.parametrize("chunk_lines", [2, 4, 9, 64])
+def test_chunked_replay_around_held_lines_and_boundaries(kinds: list[str], chunk_lines: int) -> None:
+    for seed in range(4):
+        ls = _trace(kinds, seed)
+        assert _replayed(ls, SMALL, chunk_lines) == _replayed(ls, SMALL, 1)
+
+
+def test_chunked_replay_of_a_long_trace_takes_the_fast_path_and_changes_nothing() -> None:
+    kinds = ["plain"] * 20 + ["late"] * 5 + ["no_model", "sized", "probe", "blank", "heartbeat"]
+    rng = np.random.default_rng(11)
+    ls = _trace([kinds[i] for i in rng.integers(0, len(kinds), 30_000)], 11)
+    added = 0
+    add_decoded = Accumulator.add_decoded
+
+    def counting(self: Accumulator, *args: Any) -> tuple[int, float]:
+        nonlocal added
+        i, latest = add_decoded(self, *args)
+        added += i - args[1]
+        return i, latest
+
+    ref = _replayed(ls, SMALL, 1, 1000)
+    assert added == 0
+    with mock.patch.object(Accumulator, "add_decoded", counting):
+        got = _replayed(ls, SMALL, core_replay.CHUNK_LINES, 1000)
+    assert got == ref
+    _, seen, stats, _, _ = got
+    assert isinstance(stats, core_replay.ReplayStats)
+    assert len(seen) > 25 and stats.transitions > 10 and stats.bad and stats.ticks > 100
+    assert added > 0.7 * stats.events        # the comparison is of the fast path (not ticks, odd lines)
+
+
+def test_a_read_error_comes_after_the_lines_read_before_it() -> None:
+    ls = _trace(["plain"] * 3000, 5)
+
+    def failing() -> Iterator[bytes | str]:
+        yield from ls
+        raise OSError("disk")
+
+    for chunk_lines in (1, 64, core_replay.CHUNK_LINES):
+        out: list[str] = []
+        with pytest.raises(OSError, match="disk"):
+            replay(failing(), SMALL, out.append, chunk_lines=chunk_lines)
+        assert out == _replayed(ls[:3000], SMALL, 1)[0][:len(out)] and out
+        if chunk_lines == 1:
+            first = out
+        assert out == first
