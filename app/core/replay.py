@@ -19,7 +19,14 @@ ARCHITECTURE.md). The detector runs in *event time*:
   ``max_sample_age_s``, no pair waiting on warm-up, quarantine or probing,
   the previous empty tick silent) the remaining empty boundaries up to the
   next event are skipped: they would print nothing. A far-future timestamp
-  therefore cannot make the replay run for hours.
+  therefore cannot make the replay run for hours;
+* a line more than ``max_future_skew_s`` past the latest event time is held back:
+  one clock ahead (a node, a rack) must not move event time past everyone else's
+  events. The held lines are a real jump of the trace, taken in order, once
+  ``JUMP_CONFIRM_LINES`` of them come in a row from ``JUMP_CONFIRM_NODES`` nodes or
+  more, or ``JUMP_ALONE_LINES`` in a row from one (a trace of one node), and at the end
+  of the trace when no other node sent events; otherwise a line within the bound after
+  them makes them bad input (``future_ts``).
 
 Output, one JSON object per line, in tick order, deterministic for a given
 trace and settings:
@@ -55,11 +62,13 @@ from itertools import islice
 from app.core.config import DetectorSettings
 from app.core.detector import Detector
 from app.core.errors import BadEvent
-from app.core.events import Accumulator, Heartbeat, SampleBatch
+from app.core.events import Accumulator, Heartbeat, SampleBatch, loads
 from app.core.types import TickResult
 
 PROGRESS_EVERY_LINES = 100_000
-JUMP_CONFIRM_LINES = 3
+JUMP_CONFIRM_LINES = 20
+JUMP_CONFIRM_NODES = 2
+JUMP_ALONE_LINES = 1000
 FIRST_BAD_LINES = 5
 CHUNK_LINES = 2_000
 
@@ -103,6 +112,16 @@ def tick_lines(result: TickResult) -> list[str]:
         for e in m.fleet_events:
             out.append(json.dumps(e.to_event()))
     return out
+
+
+def _node_of(raw: bytes | str) -> str | None:
+    """The node id of a held line (a JSON event), None when it has none to read."""
+    try:
+        obj = loads(raw)
+    except (ValueError, TypeError, RecursionError):
+        return None
+    node = obj.get("node_id") if isinstance(obj, dict) else None
+    return node if isinstance(node, str) else None
 
 
 def replay(lines: Iterable[bytes | str], settings: DetectorSettings,
@@ -168,18 +187,33 @@ def replay(lines: Iterable[bytes | str], settings: DetectorSettings,
             seen_max = ts
             acc.set_now(ts)
 
-    # Lines more than max_future_skew_s past the latest event time are held back:
-    # one skewed clock must not jump the ticks past everyone else's events (they
-    # would all turn "late" and never be judged). JUMP_CONFIRM_LINES such lines in
-    # a row, or held lines at the end of the trace, are a real gap and are accepted;
-    # a normal line after held ones makes them bad input (future_ts).
+    # Held lines (module docstring): a clock ahead must not jump the ticks past everyone
+    # else's events (they would all turn "late" and never be judged).
     held: list[tuple[int, bytes | str, BadEvent]] = []
+    held_nodes: set[str | None] = set()
     add = acc.add
 
     def flush_held() -> None:
         for held_lineno, _, held_err in held:
             bad(held_lineno, held_err)
         held.clear()
+        held_nodes.clear()
+
+    def take_held() -> None:
+        """Take the held lines as a real gap, in order, each with no future bound: the lines
+        of a jump may lie far apart (each one taken moves the bound). A held line that is bad
+        for another reason is counted bad by that reason."""
+        for held_lineno, held_raw, _ in held:
+            acc.set_now(None)
+            try:
+                ts = add(held_raw)
+            except BadEvent as e:
+                bad(held_lineno, e)
+                continue
+            accepted(ts)
+        held.clear()
+        held_nodes.clear()
+        acc.set_now(seen_max)
 
     def one(lineno: int, raw: bytes | str) -> None:
         """One line, the reference path: decode, hold or count it, run the ticks it crosses."""
@@ -190,12 +224,10 @@ def replay(lines: Iterable[bytes | str], settings: DetectorSettings,
                 return
             if e.reason == "future_ts" and k is not None:
                 held.append((lineno, raw, e))
-                if len(held) >= JUMP_CONFIRM_LINES:
-                    acc.set_now(None)
-                    for _, held_raw, _ in held:
-                        accepted(add(held_raw))
-                    held.clear()
-                    acc.set_now(seen_max)
+                held_nodes.add(_node_of(raw))
+                if len(held) >= JUMP_ALONE_LINES or (len(held) >= JUMP_CONFIRM_LINES
+                                                     and len(held_nodes) >= JUMP_CONFIRM_NODES):
+                    take_held()
             else:
                 bad(lineno, e)
             return
@@ -254,10 +286,12 @@ def replay(lines: Iterable[bytes | str], settings: DetectorSettings,
                 break
             chunk(lineno, raws)
             lineno += len(raws)
-    if held:   # the trace ends after a gap: nothing contradicts the jump, so take it
-        acc.set_now(None)
-        for _, held_raw, _ in held:
-            accepted(add(held_raw))
+    if held:   # the trace ends after a gap: a jump unless other nodes' clocks say otherwise
+        known = {n for n, _m in det.store.keys()}  # noqa: SIM118 (a WindowStore, not a dict)
+        if len(held_nodes) >= JUMP_CONFIRM_NODES or known <= held_nodes:
+            take_held()
+        else:
+            flush_held()
     stats.lines = lineno
     stats.last_ts = None if k is None else seen_max
     if k is not None:

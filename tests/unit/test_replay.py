@@ -106,8 +106,8 @@ def test_bad_lines_are_counted_with_line_numbers() -> None:
 
 def test_a_far_future_timestamp_does_not_run_forever() -> None:
     ls = lines(nodes=3, seconds=60)
-    for i in range(3):   # a confirmed jump (several lines), not one skewed clock
-        ls.append(json.dumps({"node_id": "n0", "model": "m", "latency_us": 9.0,
+    for i in range(3):   # a confirmed jump (several nodes' lines), not one skewed clock
+        ls.append(json.dumps({"node_id": f"n{i}", "model": "m", "latency_us": 9.0,
                               "ts": T0 + 3e9 + i}).encode())      # ~95 years later
     _recs, stats = run(ls)
     assert stats.skipped_ticks > 1_000_000 and stats.ticks < 100
@@ -118,7 +118,7 @@ def test_a_far_future_timestamp_does_not_run_forever() -> None:
 def test_blank_lines_between_the_lines_of_a_jump_neither_count_nor_break_it() -> None:
     ls = lines(nodes=3, seconds=60)
     for i in range(3):
-        ls += [b"\n", b" \t ", json.dumps({"node_id": "n0", "model": "m", "latency_us": 9.0,
+        ls += [b"\n", b" \t ", json.dumps({"node_id": f"n{i}", "model": "m", "latency_us": 9.0,
                                            "ts": T0 + 3e9 + i}).encode()]
     _recs, stats = run([*ls, b""])
     assert stats.last_ts == T0 + 3e9 + 2 and stats.events == 3 * 60 * 20 + 3
@@ -508,3 +508,66 @@ def test_a_read_error_comes_after_the_lines_read_before_it() -> None:
         if chunk_lines == 1:
             first = out
         assert out == first
+
+
+def _jumps(at: float, n: int, *, step_s: float = 5000.0, **extra: object) -> list[bytes]:
+    """``n`` lines of n0, n1, n2, …, each ``step_s`` past the one before: every one of them is
+    in the future of the last, also after the one before it is taken."""
+    return [json.dumps({"node_id": f"n{i % 3}", "model": "m", "latency_us": 9.0,
+                        "ts": at + step_s * (i + 1), **extra}).encode() for i in range(n)]
+
+
+@pytest.mark.parametrize("tail", [0, 1], ids=["at_the_end", "followed_by_more"])
+def test_held_lines_that_jump_again_among_themselves_are_taken(tail: int) -> None:
+    n_held = core_replay.JUMP_CONFIRM_LINES - 1 if tail == 0 else core_replay.JUMP_CONFIRM_LINES
+    ls = lines(nodes=3, seconds=60) + _jumps(T0 + 60.0, n_held)
+    last = T0 + 60.0 + 5000.0 * n_held
+    if tail:
+        ls.append(json.dumps({"node_id": "n1", "model": "m", "latency_us": 9.0,
+                              "ts": last + 1.0}).encode())
+    _recs, stats = run(ls)
+    assert not stats.bad
+    assert stats.events == 3 * 60 * 20 + n_held + tail
+    assert stats.last_ts == last + tail
+
+
+def test_a_held_line_with_another_defect_is_counted_bad_not_a_crash() -> None:
+    ls = lines(nodes=3, seconds=60) + _jumps(T0 + 60.0, core_replay.JUMP_CONFIRM_LINES - 1)
+    ls += _jumps(T0 + 60.0 + 5000.0 * core_replay.JUMP_CONFIRM_LINES, 1, latency_us=-1.0)
+    _recs, stats = run(ls)
+    assert sum(stats.bad.values()) == 1 and "future_ts" not in stats.bad
+    assert stats.events == 3 * 60 * 20 + core_replay.JUMP_CONFIRM_LINES - 1
+
+
+def test_a_held_line_bad_only_once_taken_is_counted_bad() -> None:
+    ls = [json.dumps({"node_id": "n1", "model": "m", "latency_us": 100.0, "ts": T0}).encode(),
+          json.dumps({"node_id": "n1", "model": "m", "latency_us": 100.0, "ts": T0 + 9000.0,
+                      "ttft_us": 500.0}).encode()]        # far ahead, and ttft above latency
+    _recs, stats = run(ls)
+    assert stats.events == 1 and sum(stats.bad.values()) == 1 and "future_ts" not in stats.bad
+
+
+@pytest.mark.parametrize("skewed", [("n5",), ("n4", "n5")], ids=["one_node", "a_rack"])
+def test_clocks_an_hour_ahead_do_not_move_event_time(skewed: tuple[str, ...]) -> None:
+    # Nodes in random order, so a skewed node's lines often come several in a row.
+    rng = np.random.default_rng(11)
+    clean: list[bytes] = []
+    trace: list[bytes] = []
+    for k in range(12_000):
+        node = f"n{int(rng.integers(0, 6))}"
+        lat = 100_000.0 * float(np.exp(rng.normal(0, 0.3))) * (3.0 if node == "n1" and k > 6000 else 1.0)
+        ts = T0 + k / 20.0
+        if node in skewed:
+            trace.append(json.dumps({"node_id": node, "model": "m", "latency_us": lat,
+                                     "ts": ts + 3600.0}).encode())
+        else:
+            clean.append(json.dumps({"node_id": node, "model": "m", "latency_us": lat,
+                                     "ts": ts}).encode())
+            trace.append(clean[-1])
+    ref, ref_stats = run(clean)
+    got, stats = run(trace)
+    assert stats.bad == {"future_ts": len(trace) - len(clean)}
+    assert stats.last_ts == ref_stats.last_ts
+    assert [(r["ts"], r["node_id"], r["to"]) for r in got] == \
+        [(r["ts"], r["node_id"], r["to"]) for r in ref]
+    assert any(r["node_id"] == "n1" and r["routed"] is False for r in got)
