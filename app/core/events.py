@@ -634,8 +634,8 @@ class Accumulator:
 
     def add(self, raw: bytes | str) -> float:
         if type(raw) is bytes:
-            # Single events first (the replay hot loop): the typed decoder refuses a batch
-            # after skipping over its samples, cheaper than searching every line for them.
+            # Single events first (the replay hot loop): the typed decoder refuses a batch at
+            # its samples, cheaper than searching every line for them.
             if _FAST is not None and raw[:3] != _MAGIC:
                 e = _FAST.single(raw, self._fut_limit, self._max_lat)
                 if e is not None:

@@ -179,7 +179,7 @@ def _single_decoder(msgspec: Any, max_name_chars: int, max_tokens: int) -> Calla
         ("input_tokens", tokens, None), ("output_tokens", tokens, None),
         ("ttft_us", Annotated[float, meta(ge=0)] | None, None),
         ("type", Literal["single"] | msgspec.UnsetType, msgspec.UNSET),   # null: general path
-        ("samples", msgspec.Raw | None, None),  # present: a batch (skipped over, not decoded)
+        ("samples", msgspec.Raw | None, None),  # a batch's samples: refused (only null decodes)
     ], gc=False)
     decode: Callable[[bytes], Any] = msgspec.json.Decoder(single).decode
     return decode
