@@ -17,8 +17,9 @@ from typing import Any
 import numpy as np
 
 from app.core import events, quantiles
+from app.core.accumulate import Accumulator
 from app.core.config import DetectorSettings
-from app.core.events import Accumulator, SampleBatch, decode
+from app.core.events import SampleBatch, decode
 from app.core.window import WindowStore
 from bench.timing import best, row
 

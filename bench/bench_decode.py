@@ -13,7 +13,7 @@ import numpy as np
 import orjson
 
 from app.core import binary
-from app.core.events import Accumulator
+from app.core.accumulate import Accumulator
 from bench.timing import best, row
 
 T = 1_764_680_000.0

@@ -394,9 +394,10 @@ def naive_worker_main(topic: str, seconds: float, out_path: str, variant: str,
     """
     import faust
 
+    from app.core.accumulate import Accumulator
     from app.core.config import DetectorSettings
     from app.core.errors import BadEvent
-    from app.core.events import Accumulator, Heartbeat, decode
+    from app.core.events import Heartbeat, decode
     from app.core.window import WindowStore
 
     name = f"bench-{variant}-{uuid.uuid4().hex[:10]}"

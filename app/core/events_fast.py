@@ -19,7 +19,7 @@ Guarantees:
   caller to both. ``tests/unit/test_binary.py`` checks fast against general, message by
   message, over valid and invalid inputs. :meth:`FastDecoder.many` decodes each line
   alone, as :meth:`FastDecoder.single` does, and leaves the checks of ``single`` to its
-  caller (:meth:`app.core.events.Accumulator.add_decoded`; tested against ``single``).
+  caller (:meth:`app.core.accumulate.Accumulator.add_decoded`; tested against ``single``).
 * :func:`build` returns ``None`` when msgspec is missing (it is a declared dependency):
   the general path then does everything, with the same results.
 """
@@ -85,7 +85,7 @@ class FastDecoder:
             try:
                 out.extend(decoded)       # keeps the lines before one that raises
                 return out
-            except Exception:             # that line is refused (the general path words why)
+            except self._errors:          # that line is refused (the general path words why)
                 out.append(self._refused)
 
     @staticmethod

@@ -46,7 +46,7 @@ trace and settings:
 Bad lines are skipped and counted in :class:`ReplayStats` (by reason, with
 the line numbers of the first few). No clock is read anywhere. Lines are read
 ``chunk_lines`` at a time and runs of well-formed single events added at once
-(:meth:`app.core.events.Accumulator.add_decoded`); output and stats are those of
+(:meth:`app.core.accumulate.Accumulator.add_decoded`); output and stats are those of
 the line-by-line path (``chunk_lines=1``) for any input.
 """
 
@@ -59,10 +59,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from itertools import islice
 
+from app.core.accumulate import Accumulator
 from app.core.config import DetectorSettings
 from app.core.detector import Detector
 from app.core.errors import BadEvent
-from app.core.events import Accumulator, Heartbeat, SampleBatch, loads
+from app.core.events import Heartbeat, SampleBatch, loads
 from app.core.types import TickResult
 
 PROGRESS_EVERY_LINES = 100_000
@@ -224,7 +225,8 @@ def replay(lines: Iterable[bytes | str], settings: DetectorSettings,
                 return
             if e.reason == "future_ts" and k is not None:
                 held.append((lineno, raw, e))
-                held_nodes.add(_node_of(raw))
+                if len(held_nodes) < JUMP_CONFIRM_NODES:     # read a node id only while it counts
+                    held_nodes.add(_node_of(raw))
                 if len(held) >= JUMP_ALONE_LINES or (len(held) >= JUMP_CONFIRM_LINES
                                                      and len(held_nodes) >= JUMP_CONFIRM_NODES):
                     take_held()

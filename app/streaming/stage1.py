@@ -12,7 +12,7 @@ Guarantees:
   ``not_allowlisted``); a bad record never stops the others of its poll. Keys
   and headers are not read here (any key, or none, is fine).
 * Single events of one series in one poll become one vectorized window
-  update (``app.core.events.Accumulator``), so the cost per event is the JSON
+  update (``app.core.accumulate.Accumulator``), so the cost per event is the JSON
   decode plus a few dict operations.
 * :meth:`Stage1.summaries` returns a summary only for series last seen on a
   partition this worker still owns: after a rebalance, a series that moved to
@@ -54,9 +54,10 @@ import logging
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
+from app.core.accumulate import Accumulator
 from app.core.config import DetectorSettings
 from app.core.errors import BadEvent
-from app.core.events import Accumulator, Heartbeat, SampleBatch
+from app.core.events import Heartbeat, SampleBatch
 from app.core.ids import Allowlist
 from app.core.types import WindowSummary
 from app.streaming import memory

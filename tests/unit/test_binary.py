@@ -16,8 +16,9 @@ import orjson
 import pytest
 
 from app.core import binary, events, ids
+from app.core.accumulate import Accumulator
 from app.core.errors import BadEvent
-from app.core.events import Accumulator, SampleBatch, decode
+from app.core.events import SampleBatch, decode
 from app.emitter.wire import Sample, encode_batches, encode_binary
 
 T = 1_764_680_000.0

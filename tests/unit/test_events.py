@@ -12,16 +12,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.core import events
+from app.core.accumulate import Accumulator, decode_many
 from app.core.config import DetectorSettings
 from app.core.errors import BadEvent, CoreError
 from app.core.events import (
     MAX_BATCH_SAMPLES,
     REASONS,
-    Accumulator,
     Heartbeat,
     SampleBatch,
     decode,
-    decode_many,
     parse_event,
 )
 

@@ -11,9 +11,10 @@ import pytest
 
 from app import settings as app_settings
 from app.core import binary, events, ids
+from app.core.accumulate import Accumulator, decode_many
 from app.core.config import DetectorSettings, SettingError
 from app.core.errors import BadEvent
-from app.core.events import Accumulator, SampleBatch, decode, decode_many
+from app.core.events import SampleBatch, decode
 from app.core.ids import Allowlist, IdRule
 
 T = 1_764_680_000.0

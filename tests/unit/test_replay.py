@@ -20,9 +20,10 @@ from hypothesis import strategies as st
 
 from app import replay_cli
 from app.core import replay as core_replay
+from app.core.accumulate import Accumulator
 from app.core.config import DetectorSettings
 from app.core.detector import Detector
-from app.core.events import Accumulator, Heartbeat, SampleBatch
+from app.core.events import Heartbeat, SampleBatch
 from app.core.replay import replay
 from app.core.types import HealthState, NodeStatus, TickResult
 from app.replay_cli import main
