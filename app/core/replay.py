@@ -1,53 +1,22 @@
 """Replay: the detector over a sequence of JSON-lines latency events, in event time.
 
-:func:`replay` is the pure part of ``tailguard replay`` (the command line,
-files and stdin are in :mod:`app.replay_cli`): it reads lines from any
-iterable and hands each output line to ``emit``. Each input line is one
-message of the latency-event contract (single event, batch or heartbeat;
-ARCHITECTURE.md). The detector runs in *event time*:
+Owns :func:`replay`, the pure part of ``tailguard replay`` (files and stdin:
+:mod:`app.replay_cli`): lines from any iterable in, each output line (a transition or a
+fleet event, keys in docs/replay.md) to ``emit``. No clock is read anywhere.
 
-* tick boundaries are the multiples of ``tick_interval_s`` of event time;
-  every boundary from the first event's on is evaluated once, including
-  boundaries with no events in between, and a final tick is evaluated at the
-  first boundary after the last event;
-* a boundary is evaluated as soon as an event at or past it is read, after
-  every event read so far has been added to the windows (a sample later than
-  the tick is kept but not judged until the next tick); an event older than
-  a tick already evaluated (out of order) still joins its window and counts
-  from the next tick on;
-* after a quiet stretch in which nothing can change (no samples within
-  ``max_sample_age_s``, no pair waiting on warm-up, quarantine or probing,
-  the previous empty tick silent) the remaining empty boundaries up to the
-  next event are skipped: they would print nothing. A far-future timestamp
-  therefore cannot make the replay run for hours;
-* a line more than ``max_future_skew_s`` past the latest event time is held back:
-  one clock ahead (a node, a rack) must not move event time past everyone else's
-  events. The held lines are a real jump of the trace, taken in order, once
-  ``JUMP_CONFIRM_LINES`` of them come in a row from ``JUMP_CONFIRM_NODES`` nodes or
-  more, or ``JUMP_ALONE_LINES`` in a row from one (a trace of one node), and at the end
-  of the trace when no other node sent events; otherwise a line within the bound after
-  them makes them bad input (``future_ts``).
+Guarantees:
 
-Output, one JSON object per line, in tick order, deterministic for a given
-trace and settings:
-
-* a health transition: ``{"type": "transition", "event_id", "ts", "node_id",
-  "model", "from", "to", "routed", "reason", "signal", "p50_us", "p99_us",
-  "ratio", "samples", "signal_p50", "signal_p99", "signal_ratio", "peers_p50",
-  "signal_fresh_p50", "peers_fresh_p50", "hardware", "detail"}`` — ``ts`` is the
-  event time of the tick, ``routed`` whether the node is in the model's routing
-  set after the transition (the keys of the
-  contract's health-change event plus ``type``);
-* a fleet event: ``{"type": "fleet", "event_id", "ts", "model", "kind",
-  "abnormal_nodes", "judged_nodes", "fleet_p50", "baseline_p50", "signal",
-  "detail"}`` with ``kind`` one of ``load_event``, ``load_event_end``,
-  ``baseline_shift``, ``baseline_shift_end``.
-
-Bad lines are skipped and counted in :class:`ReplayStats` (by reason, with
-the line numbers of the first few). No clock is read anywhere. Lines are read
-``chunk_lines`` at a time and runs of well-formed single events added at once
-(:meth:`app.core.accumulate.Accumulator.add_decoded`); output and stats are those of
-the line-by-line path (``chunk_lines=1``) for any input.
+* Ticks at the multiples of ``tick_interval_s`` of event time, each evaluated once as soon
+  as an event at or past it is read (every earlier event already in the windows), plus a
+  final tick after the last event. An out-of-order event joins its window and counts from
+  the next tick on. Empty ticks where nothing can change are skipped (they print nothing).
+* A line more than ``max_future_skew_s`` past the latest event time is held back; held
+  lines are a real jump of the trace, taken in order, once ``JUMP_CONFIRM_LINES`` come in
+  a row from ``JUMP_CONFIRM_NODES`` nodes (or ``JUMP_ALONE_LINES`` from one), or at the end
+  of the trace unless other nodes sent events; else they are bad input (``future_ts``).
+* Bad lines are skipped and counted in :class:`ReplayStats` (by reason, first line numbers).
+* The same trace and settings give the same output, for any ``chunk_lines`` (1 is the
+  line-by-line reference path).
 """
 
 from __future__ import annotations
