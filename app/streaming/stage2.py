@@ -25,10 +25,12 @@ Guarantees:
   ``hints`` raises (a changelog topic whose metadata the producer lost), the
   error is logged and counted in ``write_failures``, the model's verdict is
   still returned for publishing, and the write is retried at the next tick.
-  A value above ``max_value_bytes`` (JSON; Kafka refuses a message above the
-  producer's ``max_request_size``, 1 MB, and faust's producer would crash the
-  worker) is not written: counted in ``write_failures`` and ``oversized``,
-  logged once until it fits again.
+  A value whose JSON is above ``PLAIN_MAX_BYTES`` is stored compressed
+  (:func:`pack_value`: ``{"zlib_b64": …}``); one still above
+  ``max_value_bytes`` (Kafka refuses a message above the producer's
+  ``max_request_size``, 1 MB, and faust's producer would crash the worker) is
+  not written: counted in ``write_failures`` and ``oversized``, logged once
+  until it fits again. Plain and packed values both read back.
 * **Cluster-wide P50/P99.** Each stage-1 worker's latest
   :class:`~app.streaming.wire.ClusterDigest` of a model (``on_cluster``) is
   merged at the model's tick into ``ModelTick.fleet_latency_p50_us``/``_p99_us``
@@ -51,8 +53,11 @@ Guarantees:
 
 from __future__ import annotations
 
+import base64
+import binascii
 import collections
 import logging
+import zlib
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeAlias
@@ -68,6 +73,10 @@ from app.streaming.wire import ClusterDigest, DiagnosticsResult
 #: The largest table value written (JSON bytes): under the 1 MB ``max_request_size`` of the
 #: producer, with room for the key and the record's framing.
 MAX_VALUE_BYTES = 900_000
+#: Table values up to this many bytes of JSON are stored as they are (readable in the
+#: changelog); larger ones compressed (:func:`pack_value`).
+PLAIN_MAX_BYTES = 64_000
+_PACKED = "zlib_b64"
 
 SeriesKey: TypeAlias = tuple[str, str]
 
@@ -102,6 +111,11 @@ def decode_hints(items: Iterable[tuple[Any, Any]]) -> StageHints:
     refs: dict[str, float] = {}
     for key, value in items:
         model = key.decode() if isinstance(key, bytes) else str(key)
+        try:
+            value = unpack_value(value)
+        except ValueError as e:
+            log.warning("the hints of model %r are skipped: %s", model, e)
+            continue
         if not isinstance(value, Mapping):
             continue
         ref = value.get("tail_ref")
@@ -140,6 +154,30 @@ class EvaluatorLike(Protocol):
     def pair(self, model: str, node_id: str) -> Any: ...
 
 
+def pack_value(value: Any, plain_max_bytes: int = PLAIN_MAX_BYTES) -> tuple[Any, int]:
+    """A table value as stored, and its size in bytes of JSON: ``value`` itself when its
+    JSON is at most ``plain_max_bytes``, else ``{"zlib_b64": base64 of its zlib-compressed
+    JSON}``."""
+    raw = orjson.dumps(value, default=str)
+    if len(raw) <= plain_max_bytes:
+        return value, len(raw)
+    packed = base64.b64encode(zlib.compress(raw, 1)).decode("ascii")
+    return {_PACKED: packed}, len(packed) + len(_PACKED) + 6
+
+
+def unpack_value(stored: Any) -> Any:
+    """The value :func:`pack_value` stored (a plain value is returned as it is).
+
+    Raises ValueError when a packed value does not decode (truncated, not zlib, not JSON).
+    """
+    if not (isinstance(stored, Mapping) and len(stored) == 1 and _PACKED in stored):
+        return stored
+    try:
+        return orjson.loads(zlib.decompress(base64.b64decode(stored[_PACKED], validate=True)))
+    except (binascii.Error, zlib.error, TypeError, ValueError) as e:
+        raise ValueError(f"a packed table value does not decode: {e}") from e
+
+
 def state_key(model: str) -> bytes:
     """Key of a model in the state table and on ``node-window-stats`` (raw UTF-8)."""
     return model.encode()
@@ -167,7 +205,8 @@ class Stage2:
     def __init__(self, evaluator: EvaluatorLike, state: MutableMapping[bytes, Any], *,
                  stale_after_s: float, hints: MutableMapping[bytes, Any] | None = None,
                  max_pending_diagnostics: int = 10_000,
-                 max_value_bytes: int = MAX_VALUE_BYTES) -> None:
+                 max_value_bytes: int = MAX_VALUE_BYTES,
+                 plain_max_bytes: int = PLAIN_MAX_BYTES) -> None:
         if not stale_after_s > 0:
             raise ValueError(f"stale_after_s must be > 0, got {stale_after_s!r}")
         self.evaluator = evaluator
@@ -182,6 +221,7 @@ class Stage2:
         self._written: dict[str, Any] = {}
         self.write_failures = 0
         self.max_value_bytes = max_value_bytes
+        self.plain_max_bytes = plain_max_bytes
         self.oversized = 0          # writes refused for size (in write_failures too)
         self._oversized_logged: set[tuple[str, str]] = set()
         self.refused_states = 0     # stored model states that could not be restored
@@ -260,21 +300,21 @@ class Stage2:
 
     def _write(self, table: MutableMapping[Any, Any], key: bytes, value: Any, model: str,
                what: str) -> bool:
-        size = len(orjson.dumps(value, default=str))
+        stored, size = pack_value(value, self.plain_max_bytes)
         if size > self.max_value_bytes:
             self.write_failures += 1
             self.oversized += 1
             if (model, what) not in self._oversized_logged:
                 self._oversized_logged.add((model, what))
-                log.error("the %s of model %r is %d bytes as JSON, above the %d bytes a Kafka message "
-                          "may carry here: not written (a new stage-2 owner would start from an older "
-                          "one) until it fits; it grows with the model's pairs (a flood of node ids, "
-                          "or a model of thousands of nodes: split it)", what, model, size,
-                          self.max_value_bytes)
+                log.error("the %s of model %r is %d bytes compressed, above the %d bytes a Kafka "
+                          "message may carry here: not written (a new stage-2 owner would start from "
+                          "an older one) until it fits; it grows with the model's pairs (a flood of "
+                          "node ids, or a model of ~9,000 nodes or more: split it)", what, model,
+                          size, self.max_value_bytes)
             return False
         self._oversized_logged.discard((model, what))
         try:
-            table[key] = value
+            table[key] = stored
         except Exception:  # retried next tick: the caller keeps its last-written marker
             self.write_failures += 1
             log.exception("writing the %s of model %r failed; retried at the next tick",
@@ -315,6 +355,7 @@ class Stage2:
             snap = self.state.get(key)
             if snap is not None:
                 try:
+                    snap = unpack_value(snap)
                     ev.restore_model(model, snap)
                 except ValueError as e:   # another version or malformed: overwritten this tick
                     self.refused_states += 1

@@ -14,7 +14,14 @@ from app.core.config import DetectorSettings
 from app.core.evaluate import FleetEvaluator
 from app.core.quantiles import digest_dict_of_sorted
 from app.core.types import HealthState, WindowSummary
-from app.streaming.stage2 import Stage2, decode_hints, encode_hints, state_key
+from app.streaming.stage2 import (
+    Stage2,
+    decode_hints,
+    encode_hints,
+    pack_value,
+    state_key,
+    unpack_value,
+)
 from app.streaming.wire import ClusterDigest, DiagnosticsResult
 
 SETTINGS = DetectorSettings(min_samples=10, window_size=100, warmup_s=0.0, confirm_windows=2,
@@ -122,6 +129,48 @@ def _share(source: str, tick_ts: float, values: np.ndarray) -> ClusterDigest:
     return ClusterDigest("m", tick_ts, source, 3, digest_dict_of_sorted(np.sort(values)))
 
 
+def test_a_large_state_is_stored_compressed_and_a_new_worker_resumes_from_it() -> None:
+    # A model of ~1,300 nodes has ~900 KB of JSON state: stored packed, it still fits
+    state: dict[bytes, Any] = {}
+    hints: dict[bytes, Any] = {}
+    plain = pack_value(_quarantined_state())[1]         # its size as plain JSON
+    s2 = Stage2(FleetEvaluator(SETTINGS), state, stale_after_s=1.5 * T, hints=hints,
+                max_value_bytes=plain // 2, plain_max_bytes=50)
+    run_ticks(s2, "m", 1000.0, 4)
+    stored = state[state_key("m")]
+    assert set(stored) == {"zlib_b64"} and s2.oversized == 0
+    assert unpack_value(stored) == s2.evaluator.snapshot_model("m")
+    assert set(hints[state_key("m")]) == {"zlib_b64"}
+    assert decode_hints(hints.items()).out_of_fit == {("slow", "m")}
+    fresh = Stage2(FleetEvaluator(SETTINGS), dict(state), stale_after_s=1.5 * T)
+    outs = run_ticks(fresh, "m", 1010.0, 1)
+    assert states(fresh, "m")["slow"] is HealthState.QUARANTINED     # resumed, not started over
+    assert "slow" not in outs[0].tick.routing and fresh.refused_states == 0
+
+
+def _quarantined_state() -> dict[str, Any]:
+    s2 = Stage2(FleetEvaluator(SETTINGS), {}, stale_after_s=1.5 * T)
+    run_ticks(s2, "m", 1000.0, 4)
+    return s2.evaluator.snapshot_model("m")
+
+
+def test_pack_value_keeps_small_values_readable_and_round_trips_large_ones() -> None:
+    small = {"judge_since": {"a": 1.0}, "out_of_fit": [], "tail_ref": None}
+    assert pack_value(small) == (small, len(b'{"judge_since":{"a":1.0},"out_of_fit":[],"tail_ref":null}'))
+    big = {"pairs": {f"gpu-{i:05d}": {"state": "healthy", "p50": 1000.0 + i} for i in range(5000)}}
+    stored, size = pack_value(big)
+    assert set(stored) == {"zlib_b64"} and size < len(repr(big)) / 5
+    assert unpack_value(stored) == big and unpack_value(small) is small
+    with pytest.raises(ValueError, match="does not decode"):
+        unpack_value({"zlib_b64": "!!"})
+
+
+def test_hints_that_do_not_decode_are_skipped_and_the_others_kept() -> None:
+    got = decode_hints([(b"bad", {"zlib_b64": "bm90IHpsaWI="}),
+                        (b"x", pack_value(encode_hints({"a": 1.0}, ["b"]), plain_max_bytes=10)[0])])
+    assert got.judge_since == {("a", "x"): 1.0} and got.out_of_fit == {("b", "x")}
+
+
 def test_cluster_quantiles_merge_every_fresh_worker_share() -> None:
     rng = np.random.default_rng(5)
     fast, slow = rng.lognormal(7.0, 0.2, 6000), rng.lognormal(8.0, 0.2, 2000)
@@ -190,6 +239,8 @@ def test_without_state_a_fresh_worker_would_start_over() -> None:
     {"version": 99},             # a newer format
     {"version": 2, "pairs": {}},  # incomplete
     "not a dict",
+    {"zlib_b64": "eJzT0yMAAGTvBe8="},   # packed, but its JSON is cut short
+    {"zlib_b64": "bm90IHpsaWI="},       # packed, but not zlib
 ])
 def test_a_refused_stored_state_is_logged_and_the_model_starts_fresh(
         stored: Any, caplog: pytest.LogCaptureFixture) -> None:
