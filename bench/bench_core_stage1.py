@@ -203,7 +203,7 @@ def bench_single(n: int, sized: bool) -> None:
         f"{t_1 / t_g:5.1f}x slower than grouped")
     if not sized:
         std = events._std_loads()
-        fast = events._loads
+        fast = events.json_loads
         t_std = best(lambda: [std(x) for x in lines], 3)
         t_or = best(lambda: [fast(x) for x in lines], 3)
         row("JSON only: orjson vs stdlib json", f"{n / t_or:,.0f} ev/s",

@@ -27,27 +27,25 @@ from typing import Any, Final
 import numpy as np
 
 from app.core import events, ids
+from app.core.binary import MAGIC
 from app.core.config import DetectorSettings
 from app.core.errors import BadEvent
 from app.core.events import (
-    _MAGIC,
     DEFAULT_SETTINGS,
     MAX_TS_S,
     Event,
     FloatArray,
     Heartbeat,
     SampleBatch,
-    _bytes_batch,
-    _future_limit,
-    _Group,
-    _loads,
-    _one,
-    _Row,
-    _single,
-    _size_col,
+    batch_of_row,
+    bytes_batch,
+    future_limit,
+    json_loads,
     parse_event,
+    single_row,
+    size_column,
 )
-from app.core.events_fast import FastDecoder
+from app.core.events_fast import FastDecoder, Group, Row
 from app.core.ids import Allowlist
 
 _INF: Final = math.inf
@@ -82,17 +80,17 @@ class Accumulator:
         self._ids = ids.rule(settings.id_pattern)
         self._allow = allow
         self._now_s = now_s
-        self._fut_limit = _future_limit(now_s, settings)
+        self._fut_limit = future_limit(now_s, settings)
         self._max_lat = settings.max_latency_us
         self._skew_s = settings.max_future_skew_s
         # Pending single events per series and process: rows, or — while every one of them
         # is an ok, non-probe sample without size fields — just their ts and latency
         # (cheaper to gather and to turn into arrays). A key is in at most one of the two.
-        self._groups: dict[_Group, list[_Row]] = {}
-        self._plain: dict[_Group, tuple[list[float], list[float]]] = {}
+        self._groups: dict[Group, list[Row]] = {}
+        self._plain: dict[Group, tuple[list[float], list[float]]] = {}
         # Drained in this order; a list is a run of consecutive batches of one key.
         self._out: list[Event | list[SampleBatch]] = []
-        self._runs: dict[_Group, list[SampleBatch]] = {}
+        self._runs: dict[Group, list[SampleBatch]] = {}
         self._pending = 0
 
     def __len__(self) -> int:
@@ -108,8 +106,8 @@ class Accumulator:
         if type(raw) is bytes:
             # Single events first (the replay hot loop): the typed decoder refuses a batch at
             # its samples, cheaper than searching every line for them.
-            fast = events._FAST     # read at each call: tests turn the fast paths off there
-            if fast is not None and raw[:3] != _MAGIC:
+            fast = events.FAST_DECODER     # read at each call: tests turn the fast paths off there
+            if fast is not None and raw[:3] != MAGIC:
                 e = fast.single(raw, self._fut_limit, self._max_lat)
                 if e is not None:
                     key = (e.node_id, e.model, e.hardware, e.instance)
@@ -122,16 +120,16 @@ class Accumulator:
                         return e.ts  # type: ignore[no-any-return]
                     if plain is not None or key in self._groups or self._new_series(key):
                         return self._add_single(key, e)
-            ev = _bytes_batch(raw, self._fut_limit, self._max_lat, self._now_s, self._ids)
+            ev = bytes_batch(raw, self._fut_limit, self._max_lat, self._now_s, self._ids)
             if ev is not None:
                 return self._add_event(ev)
         try:
-            obj = _loads(raw)
+            obj = json_loads(raw)
         except (ValueError, RecursionError, TypeError) as e:
             raise BadEvent("bad_json", f"not valid JSON: {e}"[:200]) from None
         # add_obj's single-event path, inlined: this is the replay hot loop.
         if type(obj) is dict and "samples" not in obj and "type" not in obj:
-            key, row = _single(obj, self._fut_limit, self._max_lat, self._now_s, self._ids)
+            key, row = single_row(obj, self._fut_limit, self._max_lat, self._now_s, self._ids)
             if self._allow is not None:
                 self._check_allowed(key[0])
             self._append_row(key, row)
@@ -142,7 +140,7 @@ class Accumulator:
         """The typed decoding of many lines at once, for :meth:`add_decoded`; None (use
         :meth:`add`) without the msgspec decoders, with an allowlist, or when a line is
         not ``bytes``."""
-        fast = events._FAST
+        fast = events.FAST_DECODER
         if fast is None or self._allow is not None or set(map(type, raws)) != {bytes}:
             return None
         return fast.many(raws)  # type: ignore[arg-type]
@@ -189,7 +187,7 @@ class Accumulator:
         self._pending += i - start
         return i, latest
 
-    def _new_series(self, key: _Group) -> bool:
+    def _new_series(self, key: Group) -> bool:
         """The fast path's first event of a series in this drain: True when its ids meet the
         rule and the allowlist; False (the general path decides) when they break the rule."""
         if not (self._ids.ok(key[0]) and self._ids.ok(key[1])):
@@ -203,7 +201,7 @@ class Accumulator:
         if allow is not None and not allow.allows(node_id):
             raise allow.error(node_id)
 
-    def _add_single(self, key: _Group, e: Any) -> float:
+    def _add_single(self, key: Group, e: Any) -> float:
         """Add a single event decoded by the fast path (``e``: its struct) to a known series,
         or to a new one whose ids were checked."""
         if FastDecoder.is_plain(e) and key not in self._groups:
@@ -213,11 +211,11 @@ class Accumulator:
             self._append_row(key, FastDecoder.row(e))
         return float(e.ts)
 
-    def _append_row(self, key: _Group, row: _Row) -> None:
+    def _append_row(self, key: Group, row: Row) -> None:
         self._rows(key).append(row)
         self._pending += 1
 
-    def _rows(self, key: _Group) -> list[_Row]:
+    def _rows(self, key: Group) -> list[Row]:
         """The pending rows of a series; its plain samples, if any, become rows first."""
         group = self._groups.get(key)
         if group is None:
@@ -228,7 +226,7 @@ class Accumulator:
 
     def add_obj(self, obj: Any) -> float:
         if type(obj) is dict and "samples" not in obj and obj.get("type", "single") == "single":
-            key, row = _single(obj, self._fut_limit, self._max_lat, self._now_s, self._ids)
+            key, row = single_row(obj, self._fut_limit, self._max_lat, self._now_s, self._ids)
             if self._allow is not None:
                 self._check_allowed(key[0])
             self._append_row(key, row)
@@ -291,7 +289,7 @@ def _concat(run: list[SampleBatch]) -> SampleBatch:
         parts=tuple(k for b in run for k in (b.parts or (len(b),))))
 
 
-def _build_plain(group: _Group, plain: tuple[list[float], list[float]]) -> SampleBatch:
+def _build_plain(group: Group, plain: tuple[list[float], list[float]]) -> SampleBatch:
     node, model, hw, inst = group
     n = len(plain[0])
     return SampleBatch(node, model, hw, np.array(plain[0], dtype=np.float64),
@@ -299,15 +297,15 @@ def _build_plain(group: _Group, plain: tuple[list[float], list[float]]) -> Sampl
                        np.zeros(n, dtype=bool), instance=inst)
 
 
-def _build(group: _Group, rows: list[_Row]) -> SampleBatch:
+def _build(group: Group, rows: list[Row]) -> SampleBatch:
     if len(rows) == 1:
-        return _one(rows[0], group)
+        return batch_of_row(rows[0], group)
     node, model, hw, inst = group
     arr = np.array(rows, dtype=np.float64)
     return SampleBatch(
         node, model, hw, np.ascontiguousarray(arr[:, 0]), np.ascontiguousarray(arr[:, 1]),
         arr[:, 2] != 0, arr[:, 3] != 0,
-        _size_col(arr[:, 4]), _size_col(arr[:, 5]), _size_col(arr[:, 6]),
+        size_column(arr[:, 4]), size_column(arr[:, 5]), size_column(arr[:, 6]),
         instance=inst,
     )
 

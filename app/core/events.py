@@ -125,10 +125,10 @@ def _fast_loads() -> Callable[[bytes | str], Any]:
     return orjson.loads
 
 
-_loads: Callable[[bytes | str], Any] = _fast_loads()
+json_loads: Callable[[bytes | str], Any] = _fast_loads()
 
 
-_FAST: FastDecoder | None = events_fast.build(MAX_NAME_CHARS, MAX_TOKENS, MAX_BATCH_SAMPLES)
+FAST_DECODER: FastDecoder | None = events_fast.build(MAX_NAME_CHARS, MAX_TOKENS, MAX_BATCH_SAMPLES)
 _MAGIC: Final = binary.MAGIC
 
 
@@ -183,9 +183,6 @@ class Heartbeat:
 
 Event: TypeAlias = SampleBatch | Heartbeat
 
-_Row: TypeAlias = Row        # one validated single event (app.core.events_fast)
-_Group: TypeAlias = Group    # its series and process: (node_id, model, hardware, instance)
-
 
 # Event time is seconds since the epoch; 1e11 s is the year 5138. A larger ts is
 # almost always milliseconds or microseconds, and would also break tick arithmetic
@@ -193,7 +190,7 @@ _Group: TypeAlias = Group    # its series and process: (node_id, model, hardware
 MAX_TS_S: Final = 1e11
 
 
-def _future_limit(now_s: float | None, settings: DetectorSettings) -> float:
+def future_limit(now_s: float | None, settings: DetectorSettings) -> float:
     return MAX_TS_S if now_s is None else min(MAX_TS_S, now_s + settings.max_future_skew_s)
 
 
@@ -269,8 +266,8 @@ def _tokens(d: Mapping[str, Any], key: str) -> float:
                    field=key)
 
 
-def _single(d: Mapping[str, Any], fut_limit: float, max_lat: float,
-            now_s: float | None, rule: IdRule) -> tuple[_Group, _Row]:
+def single_row(d: Mapping[str, Any], fut_limit: float, max_lat: float,
+            now_s: float | None, rule: IdRule) -> tuple[Group, Row]:
     node = d.get("node_id")
     if type(node) is not str or not rule.ok(node):
         node = _name(d, "node_id", rule)
@@ -416,9 +413,9 @@ def _checked(node: str, model: str, hw: str | None, ok: bool, probe: bool, ts: F
             sizes = (sizes[0][keep], sizes[1][keep], sizes[2][keep])
     return SampleBatch(node, model, hw, np.ascontiguousarray(ts), np.ascontiguousarray(lat),
                        np.full(n_keep, ok, dtype=bool), np.full(n_keep, probe, dtype=bool),
-                       None if sizes is None else _size_col(sizes[0]),
-                       None if sizes is None else _size_col(sizes[1]),
-                       None if sizes is None else _size_col(sizes[2]),
+                       None if sizes is None else size_column(sizes[0]),
+                       None if sizes is None else size_column(sizes[1]),
+                       None if sizes is None else size_column(sizes[2]),
                        rejected=rejected, instance=instance)
 
 
@@ -469,7 +466,7 @@ def _binary_batch(raw: bytes, fut_limit: float, max_lat: float,
                     None, row_at, fut_limit, max_lat, now_s, b.instance)
 
 
-def _size_col(col: FloatArray) -> FloatArray | None:
+def size_column(col: FloatArray) -> FloatArray | None:
     if np.isnan(col).all():
         return None
     return np.ascontiguousarray(col)
@@ -515,7 +512,7 @@ def _heartbeat(d: Mapping[str, Any], fut_limit: float, now_s: float | None,
 
 # ---------------------------------------------------------------- public API
 
-def _one(row: _Row, group: _Group) -> SampleBatch:
+def batch_of_row(row: Row, group: Group) -> SampleBatch:
     node, model, hw, inst = group
     ts, lat, ok, probe, inp, out, ttft = row
     return SampleBatch(
@@ -532,14 +529,14 @@ def parse_event(obj: Any, *, now_s: float | None = None,
     """Validate one decoded JSON value; see the module docstring for the rules."""
     if not isinstance(obj, Mapping):
         raise BadEvent("not_object", f"an event must be a JSON object, got {type(obj).__name__}")
-    fut_limit = _future_limit(now_s, settings)
+    fut_limit = future_limit(now_s, settings)
     rule = ids.rule(settings.id_pattern)
     if "samples" in obj:
         return _batch(obj, fut_limit, settings.max_latency_us, now_s, rule)
     kind = obj.get("type")
     if kind is None or kind == "single":
-        group, row = _single(obj, fut_limit, settings.max_latency_us, now_s, rule)
-        return _one(row, group)
+        group, row = single_row(obj, fut_limit, settings.max_latency_us, now_s, rule)
+        return batch_of_row(row, group)
     if kind == "heartbeat":
         return _heartbeat(obj, fut_limit, now_s, rule)
     if kind == "batch":
@@ -552,7 +549,7 @@ def parse_event(obj: Any, *, now_s: float | None = None,
 def loads(raw: bytes | str) -> Any:
     """Decode JSON text; raise BadEvent("bad_json") on anything that is not JSON."""
     try:
-        return _loads(raw)
+        return json_loads(raw)
     except (ValueError, RecursionError, TypeError) as e:
         raise BadEvent("bad_json", f"not valid JSON: {e}"[:200]) from None
 
@@ -561,18 +558,18 @@ def decode(raw: bytes | str, *, now_s: float | None = None,
            settings: DetectorSettings = DEFAULT_SETTINGS) -> Event:
     """Decode and validate one message (any of the three JSON forms, or a binary batch)."""
     if type(raw) is bytes:
-        ev = _bytes_batch(raw, _future_limit(now_s, settings), settings.max_latency_us, now_s,
+        ev = bytes_batch(raw, future_limit(now_s, settings), settings.max_latency_us, now_s,
                           ids.rule(settings.id_pattern))
         if ev is not None:
             return ev
     return parse_event(loads(raw), now_s=now_s, settings=settings)
 
 
-def _bytes_batch(raw: bytes, fut_limit: float, max_lat: float,
+def bytes_batch(raw: bytes, fut_limit: float, max_lat: float,
                  now_s: float | None, rule: IdRule) -> SampleBatch | None:
     """A binary batch, or a JSON batch by the typed fast path; None for the general path."""
     if raw[:3] == _MAGIC:
         return _binary_batch(raw, fut_limit, max_lat, now_s, rule)
-    if _FAST is not None and b'"samples"' in raw:
-        return _typed_batch(_FAST, raw, fut_limit, max_lat, now_s, rule)
+    if FAST_DECODER is not None and b'"samples"' in raw:
+        return _typed_batch(FAST_DECODER, raw, fut_limit, max_lat, now_s, rule)
     return None

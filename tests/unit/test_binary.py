@@ -172,7 +172,7 @@ def _outcome(raw: bytes) -> Any:
 def test_the_typed_json_path_gives_what_the_general_path_gives(
         doc: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     raw = orjson.dumps(doc)
-    assert events._FAST is not None, "msgspec is a declared dependency"
+    assert events.FAST_DECODER is not None, "msgspec is a declared dependency"
     fast = _outcome(raw)
     acc = Accumulator(now_s=T + 10)
     try:
@@ -180,7 +180,7 @@ def test_the_typed_json_path_gives_what_the_general_path_gives(
         via_acc: Any = [fields(e) for e in acc.drain() if isinstance(e, SampleBatch)]
     except BadEvent as e:
         via_acc = (e.reason, str(e))
-    monkeypatch.setattr(events, "_FAST", None)
+    monkeypatch.setattr(events, "FAST_DECODER", None)
     general = _outcome(raw)
     assert fast == general
     assert via_acc == ([general] if isinstance(general, dict) else general)
@@ -238,9 +238,9 @@ def test_the_typed_single_path_gives_what_the_general_path_gives(
         doc: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     plain = orjson.dumps({"node_id": "n", "model": "m", "latency_us": 1, "ts": T - 1})
     lines = [plain, orjson.dumps(doc), plain]     # around a plain series' pending samples
-    assert events._FAST is not None, "msgspec is a declared dependency"
+    assert events.FAST_DECODER is not None, "msgspec is a declared dependency"
     fast = _acc_outcome(lines)
-    monkeypatch.setattr(events, "_FAST", None)
+    monkeypatch.setattr(events, "FAST_DECODER", None)
     assert fast == _acc_outcome(lines)
 
 
@@ -270,7 +270,7 @@ def test_many_lines_at_once_add_what_add_adds_line_by_line(doc: Any) -> None:
     # taken at once: the lines add() takes by the typed path; the others give what add() gives
     assert [r for r, g in zip(ref, got, strict=True) if g is not None] == [g for g in got if g is not None]
     taken = [g is None for g in got]
-    fast = events._FAST
+    fast = events.FAST_DECODER
     assert fast is not None
     e = fast.single(lines[2], T + 10, 1e9)
     rule = ids.DEFAULT_RULE
@@ -337,7 +337,7 @@ def test_a_joined_batch_leaves_the_window_store_as_its_messages_one_by_one() -> 
 
 def test_the_fast_paths_take_the_well_formed_shapes() -> None:
     """The comparisons above mean something only if the fast paths are taken."""
-    fast = events._FAST
+    fast = events.FAST_DECODER
     assert fast is not None
     single = orjson.dumps({"node_id": "n", "model": "m", "latency_us": 5.0, "ts": T})
     got = fast.single(single, T + 10, 1e9)

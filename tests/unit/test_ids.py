@@ -159,7 +159,7 @@ def test_the_fast_path_gives_what_the_general_path_gives_for_hostile_ids(
              for doc in (_single, _batch, _heartbeat)]
     lines += [orjson.dumps(_single()), orjson.dumps(_batch())]
     fast = decode_many(lines, now_s=T + 10)
-    monkeypatch.setattr(events, "_FAST", None)
+    monkeypatch.setattr(events, "FAST_DECODER", None)
     general = decode_many(lines, now_s=T + 10)
     assert [(i, e.reason, str(e)) for i, e in fast[1]] \
         == [(i, e.reason, str(e)) for i, e in general[1]]
