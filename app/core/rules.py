@@ -301,6 +301,19 @@ def error_judgements(counts: MutableMapping[str, tuple[int, int]],
     return report
 
 
+def window_bound_s(s: WindowSummary, now_s: float, st: DetectorSettings) -> float:
+    """How far back the window's judged samples may reach at ``now_s``: to the latest of
+    the age bound, the pair's ``judged_since`` cut-off and its first sample."""
+    lo = now_s - st.max_sample_age_s
+    since = judged_since(s)
+    if since is not None and since > lo:
+        lo = since
+    first = s.first_seen_ts
+    if first is not None and first > lo:
+        lo = first
+    return now_s - lo
+
+
 def new_fraction(rate_per_s: MutableMapping[str, float], advanced_ts: Mapping[str, float],
                  node: str, s: WindowSummary, now_s: float, st: DetectorSettings) -> float:
     """The fraction of this window's judged samples newer than the window that last
@@ -314,14 +327,7 @@ def new_fraction(rate_per_s: MutableMapping[str, float], advanced_ts: Mapping[st
     rate that falls while windows stay over half full is over-estimated: more of the window
     counts as new (the check loosens, never delays more). Arrivals are taken as even.
     """
-    lo = now_s - st.max_sample_age_s       # the latest of: age bound, cut-off, first sample
-    since = judged_since(s)
-    if since is not None and since > lo:
-        lo = since
-    first = s.first_seen_ts
-    if first is not None and first > lo:
-        lo = first
-    bound_s = now_s - lo
+    bound_s = window_bound_s(s, now_s, st)
     samples = s.samples
     if bound_s <= 0 or samples <= 0:
         return 1.0
@@ -353,16 +359,10 @@ def record_rates(rate_per_s: MutableMapping[str, float],
     get = rate_per_s.get
     for node, s in windows:
         first = s.first_seen_ts
-        if s.extra or (first is not None and first > lo0):
-            lo = lo0
-            since = judged_since(s)
-            if since is not None and since > lo:
-                lo = since
-            if first is not None and first > lo:
-                lo = first
-            bound_s = now_s - lo
-        else:
-            bound_s = bound0_s
+        # Most windows are bounded by the age bound alone: no extras (judged_since), first seen
+        # before it.
+        slow = s.extra or (first is not None and first > lo0)
+        bound_s = window_bound_s(s, now_s, st) if slow else bound0_s
         samples = s.samples
         if bound_s <= 0 or samples <= 0:
             continue
