@@ -19,7 +19,8 @@ alternative, the ratio against it in the same run:
   (``WindowStore.model_pools``); the mergeable cluster digests
   (``WindowStore.model_digests``) against one digest per series
   (``summaries(digests=True)``);
-* memory of stage 2 per (node, model) pair (tracemalloc).
+* memory of stage 2 per (node, model) pair (tracemalloc), and one model's state as the
+  worker stores it (``stage2.pack_value``) against its plain JSON.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from app.core.evaluate import FleetEvaluator
 from app.core.events import Heartbeat, SampleBatch, decode
 from app.core.replay import replay
 from app.core.types import WindowSummary
+from app.streaming.stage2 import MAX_VALUE_BYTES, pack_value
 from bench.timing import best, best_alternating, row
 
 T0 = 1_764_680_000.0
@@ -328,6 +330,19 @@ def bench_memory(quick: bool) -> None:
     print(f"stage 2 memory at {pairs:,} pairs")
     row("FleetEvaluator state (tracemalloc)", f"{used / pairs:,.0f} B/pair",
         f"snapshot as JSON {snap / pairs:,.0f} B/pair")
+    # One model's state as the worker stores it in its changelog table (one Kafka message).
+    big = summaries_for(1, pairs, np.random.default_rng(4))
+    one = FleetEvaluator(DetectorSettings())
+    for m, s in big.items():
+        for k in range(3):
+            one.evaluate(m, s, T0 + 30.0 * k, with_statuses=False)
+    model_snap = one.snapshot_model("model-0")
+    plain = len(json.dumps(model_snap, separators=(",", ":")))
+    t_pack = best(lambda: pack_value(model_snap), 3)
+    packed = pack_value(model_snap)[1]
+    row(f"one {pairs:,}-node model's stored state (pack_value)", f"{packed / pairs:,.0f} B/pair",
+        f"plain JSON {plain / pairs:,.0f} B/pair ({plain / packed:.1f}x); packing "
+        f"{t_pack * 1e3:.0f} ms; {MAX_VALUE_BYTES * pairs // packed:,} pairs fit in one value")
 
 
 def main(argv: list[str] | None = None) -> int:
