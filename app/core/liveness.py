@@ -7,15 +7,18 @@ a heartbeat, event time), and :func:`step`, run once per tick before any rule:
   of life resuming after a gap (``WindowSummary.instance_ts``/``resumed_ts``) warms up
   again from then (``restarted``; routed if it was admitted, see :func:`app.core.health.restart`);
   so does a pair awaiting admission, and a retired pair back as a new instance. When at
-  least ``load_event_fraction`` of the live pairs resume after a gap in one tick, the gap
-  was the pipeline's: only instance changes count then.
+  least ``load_event_fraction`` of the live pairs resume after a gap in one tick, or while
+  telemetry is lost or within ``silent_after_s`` after, the gap was the pipeline's: only
+  instance changes count then.
 * gone — a pair with no sign of life for ``silent_after_s`` leaves routing (``silent``);
   it is no ejection and no peer, and counts in no guard. When it reports again it comes
   back through warm-up (``returned``; quarantined again if it was out). Pairs never
   admitted count towards no telemetry loss and go when silent whatever the others do.
 * telemetry lost — when at least ``telemetry_loss_fraction`` of the live pairs are silent
-  at once, nobody goes (fail open) and ``telemetry_lost`` opens an episode that
-  ``telemetry_restored`` closes; a pair silent for ``forget_after_s`` goes all the same.
+  at once (those silent for :func:`alongside_s`, one tick short of ``silent_after_s``,
+  count with them), nobody goes (fail open) and ``telemetry_lost`` opens an episode that
+  ``telemetry_restored`` closes once fewer than half that share are silent; a pair silent
+  for ``forget_after_s`` goes all the same.
   Warming pairs are not counted: a flood of one-event node ids is thousands of warming
   pairs that all fall silent together, and must not freeze the model's ejections.
 * forgotten — a gone pair silent for ``forget_after_s`` is dropped (``forgotten``).
@@ -49,6 +52,7 @@ class Liveness:
     gone_seen: dict[str, float] = field(default_factory=dict)  # gone node -> its seen then
     restart_ts: dict[str, float] = field(default_factory=dict)  # node -> last restart handled
     telemetry_lost: bool = False
+    loss_ended_ts: float | None = None     # when the last telemetry-loss episode ended
 
     def drop(self, node: str) -> None:
         for d in (self.seen, self.gone_seen, self.restart_ts):
@@ -56,14 +60,16 @@ class Liveness:
 
     def to_dict(self) -> dict[str, Any]:
         return {"seen": dict(sorted(self.seen.items())), "gone_seen": dict(sorted(self.gone_seen.items())),
-                "restart_ts": dict(sorted(self.restart_ts.items())), "telemetry_lost": self.telemetry_lost}
+                "restart_ts": dict(sorted(self.restart_ts.items())), "telemetry_lost": self.telemetry_lost,
+                "loss_ended_ts": self.loss_ended_ts}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Liveness:
         return cls({str(k): float(v) for k, v in d["seen"].items()},
                    {str(k): float(v) for k, v in d["gone_seen"].items()},
                    {str(k): float(v) for k, v in d["restart_ts"].items()},
-                   bool(d["telemetry_lost"]))
+                   bool(d["telemetry_lost"]),
+                   None if (e := d.get("loss_ended_ts")) is None else float(e))
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,16 +133,30 @@ def step(model: str, pairs: MutableMapping[str, PairState], live: Liveness,
         recent = sum(1 for n in silent
                      if n not in lasting and n not in new and pairs[n].state is not _WARMING)
         counted = sum(1 for n in present if n not in lasting and pairs[n].state is not _WARMING)
+        # Nodes silent almost as long stopped in the same outage if it is one: a fleet that
+        # stopped together must not be split by a tick boundary into some gone now and the
+        # rest "telemetry lost" a tick later.
+        near = now_s - alongside_s(st)
+        quiet_set = set(silent)
+        alongside = sum(1 for n in present if n not in quiet_set and pairs[n].state is not _WARMING
+                        and get(n, pairs[n].since_ts) < near)
         # Telemetry loss needs two nodes to tell it from a death; a lone node is simply never
-        # taken out by silence (the last node of a model is never gone).
-        lost = counted >= 2 and recent > 0 and recent >= st.telemetry_loss_fraction * counted
+        # taken out by silence (the last node of a model is never gone). Once lost, it lasts
+        # until fewer than half that share are silent: nodes that resume a tick after the rest
+        # are not taken for dead in between.
+        share = st.telemetry_loss_fraction / (2.0 if live.telemetry_lost else 1.0)
+        lost = counted >= 2 and recent > 0 and recent + alongside >= share * counted
         if lost != live.telemetry_lost:
             live.telemetry_lost = lost
+            if not lost:
+                live.loss_ended_ts = now_s
             events.append(FleetEvent(
                 ts=now_s, model=model, kind="telemetry_lost" if lost else "telemetry_restored",
-                abnormal_nodes=recent, judged_nodes=counted,
-                detail=(f"{recent} of {counted} nodes sent nothing for {st.silent_after_s:g} s: the "
-                        "telemetry is lost, not the nodes; routing stays as it is") if lost else None))
+                abnormal_nodes=recent + alongside, judged_nodes=counted,
+                detail=(f"{recent + alongside} of {counted} nodes sent nothing for "
+                        f"{alongside_s(st):g} s or more ({recent} for silent_after_s="
+                        f"{st.silent_after_s:g} s): the telemetry is lost, not the nodes; routing "
+                        "stays as it is") if lost else None))
         go = [n for n in silent if not lost or n in lasting or n in new]
         staying = set(present).difference(go)
         if go and not any(pairs[n].routed for n in staying):
@@ -163,6 +183,12 @@ def step(model: str, pairs: MutableMapping[str, PairState], live: Liveness,
                     detail=f"no sample or heartbeat for {now_s - last:.0f} s "
                                                 f"(forget_after_s={forget:g})"))
     return Step(transitions, events, forgotten, lost)
+
+
+def alongside_s(st: DetectorSettings) -> float:
+    """How long a node must have been silent to count with the silent ones towards telemetry
+    loss: one tick short of ``silent_after_s`` (at least half of it)."""
+    return max(st.silent_after_s - st.tick_interval_s, st.silent_after_s / 2)
 
 
 def _restarts(pairs: MutableMapping[str, PairState], live: Liveness,
@@ -192,6 +218,14 @@ def _restarts(pairs: MutableMapping[str, PairState], live: Liveness,
             by_instance[node] = s.instance_ts
         if s.resumed_ts is not None and done < s.resumed_ts <= now_s:
             by_gap[node] = s.resumed_ts
+    ended = live.loss_ended_ts
+    after_loss = ended is not None and ended <= now_s <= ended + st.silent_after_s
+    if by_gap and (live.telemetry_lost or after_loss):
+        # Signs of life resuming during or just after a telemetry loss: the pipeline's gap
+        # however the nodes' resumptions fall over ticks.
+        for node, ts in by_gap.items():
+            live.restart_ts[node] = max(ts, live.restart_ts.get(node, -1.0))
+        by_gap = {}
     if len(by_gap) >= 2 and len(by_gap) >= st.load_event_fraction * sum(
             1 for p in pairs.values() if p.state not in _AWAY):
         for node, ts in by_gap.items():     # the pipeline's gap, not restarts: noted, not acted on

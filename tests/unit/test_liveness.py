@@ -127,6 +127,45 @@ def test_most_nodes_silent_at_once_is_telemetry_loss_routing_unchanged() -> None
     assert not any(t.reason == "restarted" for t in back.transitions)
 
 
+def _changes(ticks: Iterable[ModelTick]) -> list[tuple[str, str, str]]:
+    """The transitions after the fleet's own entry (first_seen, admitted)."""
+    return [r for r in reasons(ticks) if r[2] not in ("first_seen", "admitted")]
+
+
+def test_a_fleet_that_stops_together_is_telemetry_loss_whichever_side_of_a_tick_it_stops() -> None:
+    # Three nodes' last events fall just before the tick that finds them silent for
+    # silent_after_s, the other three's a second later: one outage, nobody gone.
+    ev = FleetEvaluator(S)
+    cut = T0 + 3 * TICK
+    stop = {n: cut + (-0.5 if i < 3 else 0.5) for i, n in enumerate(fleet(6))}
+    out = [tick(ev, k, fleet(6), stop_at=stop) for k in range(12)]
+    assert [e.kind for mt in out for e in mt.fleet_events] == ["telemetry_lost"]
+    assert not _changes(out)
+    assert out[-1].routing == frozenset(fleet(6))
+
+
+def test_after_a_telemetry_loss_nodes_that_resume_a_tick_late_are_neither_gone_nor_restarted() -> None:
+    ev = FleetEvaluator(S)
+    stop = {n: T0 + 3 * TICK for n in fleet(6)}
+    out = [tick(ev, k, fleet(6), stop_at=stop) for k in range(12)]
+    early = {"n0", "n1", "n2"}
+    now = T0 + 12 * TICK
+    out.append(tick(ev, 12, fleet(6), stop_at={n: t for n, t in stop.items() if n not in early},
+                    resumed_ts={n: now - 5.0 for n in early}))
+    late = set(fleet(6)) - early
+    out.append(tick(ev, 13, fleet(6), resumed_ts={n: now + TICK - 5.0 for n in late}))
+    assert [e.kind for mt in out for e in mt.fleet_events] == ["telemetry_lost", "telemetry_restored"]
+    assert not _changes(out)                     # no one gone, returned or restarted
+    assert out[-1].routing == frozenset(fleet(6))
+
+
+def test_one_death_beside_a_live_fleet_is_no_telemetry_loss() -> None:
+    # The control: the rest keep reporting, so the dead node goes as soon as it is silent.
+    ev = FleetEvaluator(S)
+    out = [tick(ev, k, fleet(6), stop_at={"n0": T0 + 3 * TICK}) for k in range(9)]
+    assert ("n0", "gone", "silent") in reasons(out) and not [e for mt in out for e in mt.fleet_events]
+
+
 def test_one_node_model_never_loses_its_only_node_to_silence() -> None:
     ev = FleetEvaluator(S)
     out = [tick(ev, k, {"solo": 100.0}, stop_at={"solo": T0}) for k in range(12)]
