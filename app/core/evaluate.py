@@ -352,7 +352,8 @@ class FleetEvaluator:
                   fresh=fresh, lim=lim)
         if own_p50 is not None and j.verdict is not Verdict.ABNORMAL:
             j = judge_own(ms.own, s, p50, ratio, own_p50, st.relative_p50_factor) or j
-        fresh_tail = judge_fresh_tail(s, st) if s.fresh_over else None
+        fresh_tail = (judge_fresh_tail(s, st, None if fresh is None else fresh.p50_ref(s.hardware))
+                      if s.fresh_over else None)
         if fresh_tail is not None and j.verdict is not Verdict.ABNORMAL:
             j = fresh_tail
         fraction = new_fraction(ms.rate_per_s, ms.advanced_ts, node, s, now_s, st)

@@ -173,15 +173,22 @@ def binomial_sf(k: int, n: int, p: float) -> float:
     return min(1.0, total)
 
 
-def judge_fresh_tail(s: WindowSummary, st: DetectorSettings) -> Judgement | None:
+def judge_fresh_tail(s: WindowSummary, st: DetectorSettings,
+                     peers_p50: float | None = None) -> Judgement | None:
     """A low-rate node's tail, judged on each tick's fresh samples (disjoint evidence).
 
     ``s.fresh_over`` of its ``s.fresh_samples`` lay above the model's threshold (the peers'
     P99 × FRESH_TAIL_MARGIN, from the previous tick). Abnormal (``relative_p99``) when that
     share is at least FRESH_TAIL_SHARE and a count that high has probability below
-    FRESH_TAIL_P for a node whose share is the peers' (at most 1 % above their P99)."""
+    FRESH_TAIL_P for a node whose share is the peers' (at most 1 % above their P99).
+    Not judged when the node's fresh P50 is FRESH_TAIL_MARGIN × ``peers_p50`` or more: a
+    body that much slower puts that share above the threshold by itself (a node 1.8x
+    slower throughout), and the P50 rules own it."""
     k, n = s.fresh_over, s.fresh_samples
     if k is None or n < FRESH_TAIL_MIN_SAMPLES or k < FRESH_TAIL_SHARE * n:
+        return None
+    f50 = s.fresh_p50
+    if peers_p50 is not None and f50 is not None and f50 >= FRESH_TAIL_MARGIN * peers_p50:
         return None
     p_value = binomial_sf(k, n, FRESH_TAIL_P0)
     if p_value >= FRESH_TAIL_P:
@@ -197,10 +204,15 @@ def judge_fresh_tail(s: WindowSummary, st: DetectorSettings) -> Judgement | None
 
 def judge_probe(s: WindowSummary, norms: Norms, st: DetectorSettings) -> Judgement:
     """A quarantined pair's probe round: its samples since the round began, by the same
-    rules against the current peers (no verdict below ``probe_min_samples``)."""
+    rules against the current peers, the fresh-tail rule included (no verdict below
+    ``probe_min_samples``)."""
     need = st.probe_min_samples
     if s.samples >= need and s.p50 is not None and s.p99 is not None and s.p50 > 0:
         p50, p99, n = s.p50, s.p99, s.samples
+        # A node ejected on its fresh tail stays out while that tail lasts (no bounce).
+        tail = judge_fresh_tail(s, st, norms.p50_ref(s.hardware)) if s.fresh_over else None
+        if tail is not None:
+            return tail
     elif (judged_since(s) is None and s.probe_samples >= need
           and s.probe_p50 is not None and s.probe_p99 is not None and s.probe_p50 > 0):
         # Only for a window cut by no one (stage 1 did not know the round yet): a cut

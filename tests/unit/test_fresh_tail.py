@@ -88,3 +88,48 @@ def test_stage2_hands_down_its_fleet_p99_with_the_margin_for_one_class_models() 
     ev2.evaluate("m", mixed, 1000.0)
     ev2.evaluate("m", mixed, 1030.0)
     assert ev2.tail_refs() == {}
+
+
+@pytest.mark.parametrize(("fresh_p50", "peers_p50", "abnormal"), [
+    (180.0, 100.0, False),     # the whole body 1.8x: the tail share follows from it, no verdict
+    (150.0, 100.0, False),     # at FRESH_TAIL_MARGIN x the peers
+    (140.0, 100.0, True),      # below it: the tail share is the node's own
+    (105.0, 100.0, True),      # a tail fault on a normal body
+    (180.0, None, True),       # no peers' reference: judged on the count alone
+    (None, 100.0, True),       # no fresh P50 (too few fresh samples for one)
+])
+def test_a_body_slower_by_the_margin_is_left_to_the_p50_rules(
+        fresh_p50: float | None, peers_p50: float | None, abnormal: bool) -> None:
+    s = summ(30, 600)._replace(fresh_p50=fresh_p50)
+    assert (rules.judge_fresh_tail(s, S, peers_p50) is not None) == abnormal
+
+
+def _steady(ev: FleetEvaluator, slow: dict[str, tuple[float, float, int]], ticks: int) -> list[str]:
+    """``ticks`` ticks of 8 nodes at P50 100 / P99 200 (600 fresh samples, 6 above the
+    threshold); ``slow[node]`` = (P50 factor, fresh P50, fresh_over) for some. The reasons of
+    the routing changes of the slow nodes."""
+    out = []
+    for k in range(ticks):
+        sums = []
+        for i in range(8):
+            node = f"n{i}"
+            f, f50, over = slow.get(node, (1.0, 100.0, 6))
+            sums.append(WindowSummary(
+                node_id=node, model="m", tick_ts=0.0, signal="latency", samples=1000, p50=100.0 * f,
+                p99=200.0 * f, latency_p50_us=100.0 * f, latency_p99_us=200.0 * f, first_seen_ts=0.0,
+                fresh_samples=600, fresh_p50=f50, fresh_over=over if k > 0 else None))
+        mt = ev.evaluate("m", sums, 1000.0 + 30.0 * k)
+        out += [f"{t.node_id}:{t.to_state}:{t.reason}" for t in mt.transitions if t.node_id in slow
+                and t.reason not in ("first_seen", "admitted")]
+    return out
+
+
+def test_a_node_steadily_1_8x_slower_is_never_ejected_by_its_fresh_tail() -> None:
+    # 1.8x throughout: 30 of 600 fresh samples (5 %) above 1.5 x the peers' P99, as a
+    # narrow latency distribution gives; below every P50/P99 limit (2x)
+    ev = FleetEvaluator(S)
+    assert _steady(ev, {"n3": (1.8, 180.0, 30)}, 40) == []
+    # the control: the same count on a body like its peers' is a tail fault
+    ev = FleetEvaluator(S)
+    changes = _steady(ev, {"n3": (1.0, 102.0, 30)}, 40)
+    assert "n3:unhealthy:relative_p99" in changes and "n3:healthy:probe_passed" not in changes
