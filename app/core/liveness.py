@@ -256,6 +256,7 @@ def waiting(pairs: Mapping[str, PairState], live: Liveness, now_s: float, st: De
         if p.state is HealthState.GONE:
             if st.forget_after_s > 0 and age <= st.forget_after_s:
                 return True
-        elif p.state is not HealthState.RETIRED and age <= st.silent_after_s:
-            return True
+        elif p.state is not HealthState.RETIRED and (
+                age <= st.silent_after_s or (st.forget_after_s > 0 and age <= st.forget_after_s)):
+            return True             # (silent, but kept by a telemetry loss: may still go)
     return False

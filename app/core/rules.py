@@ -209,10 +209,11 @@ def judge_probe(s: WindowSummary, norms: Norms, st: DetectorSettings) -> Judgeme
     need = st.probe_min_samples
     if s.samples >= need and s.p50 is not None and s.p99 is not None and s.p50 > 0:
         p50, p99, n = s.p50, s.p99, s.samples
+        j = judge(s, p50, p99 / p50, n, norms, st, p99)
         # A node ejected on its fresh tail stays out while that tail lasts (no bounce).
-        tail = judge_fresh_tail(s, st, norms.p50_ref(s.hardware)) if s.fresh_over else None
-        if tail is not None:
-            return tail
+        tail = (judge_fresh_tail(s, st, norms.p50_ref(s.hardware))
+                if s.fresh_over and j.verdict is Verdict.NORMAL else None)
+        return tail or normal_with_evidence(j, s, p50, p99, n, norms, str(Reason.NORMAL))
     elif (judged_since(s) is None and s.probe_samples >= need
           and s.probe_p50 is not None and s.probe_p99 is not None and s.probe_p50 > 0):
         # Only for a window cut by no one (stage 1 did not know the round yet): a cut

@@ -249,6 +249,17 @@ def test_waiting_on_time_while_a_pair_may_still_fall_silent() -> None:
     assert not ev0.waiting_on_time(now + 10)
 
 
+def test_while_telemetry_is_lost_time_still_matters_until_the_silent_can_be_forgotten() -> None:
+    # A replay skips the ticks where nothing can change; silent nodes kept routed by a
+    # telemetry loss still go at forget_after_s, so those ticks must not be skipped.
+    ev = FleetEvaluator(S)
+    stop = {n: T0 + 3 * TICK for n in fleet(6)}
+    out = [tick(ev, k, fleet(6), stop_at=stop) for k in range(12)]
+    assert [e.kind for mt in out for e in mt.fleet_events] == ["telemetry_lost"]
+    assert ev.waiting_on_time(T0 + 3 * TICK + S.forget_after_s - 1.0)
+    assert not ev.waiting_on_time(T0 + 3 * TICK + S.forget_after_s + 1.0)
+
+
 def test_a_retired_node_back_as_a_new_instance_starts_over_its_old_process_does_not() -> None:
     ev = FleetEvaluator(S)
     for k in range(6):
