@@ -51,18 +51,22 @@ FLOOR_SHARE: Final = 0.05
 INPUT_COVERAGE: Final = 0.95
 
 
-def choose_signal(configured: str, judged: int, with_tpot: int, with_output: int) -> str:
+def choose_signal(configured: str, judged: int, with_tpot: int, with_output: int, *,
+                  tpot_everywhere: bool = True, output_everywhere: bool = True) -> str:
     """Resolve ``configured`` (``auto`` or a signal) from the model's sample counts.
 
     ``judged`` is the number of judged samples of the model, ``with_tpot``
     those with ``ttft_us`` and ``output_tokens >= 2``, ``with_output`` those
-    with ``output_tokens``. "Most" means strictly more than half.
+    with ``output_tokens``. "Most" means strictly more than half. A signal is
+    chosen only when every series with a judgeable window has one of it
+    (``tpot_everywhere``, ``output_everywhere``): a node whose events carry no
+    token counts (an emitter not yet rolled out) would otherwise never be judged.
     """
     if configured != AUTO:
         return configured
-    if judged > 0 and 2 * with_tpot > judged:
+    if judged > 0 and 2 * with_tpot > judged and tpot_everywhere:
         return TPOT
-    if judged > 0 and 2 * with_output > judged:
+    if judged > 0 and 2 * with_output > judged and output_everywhere:
         return NORMALIZED
     return LATENCY
 

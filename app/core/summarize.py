@@ -13,7 +13,9 @@ Guarantees, at tick ``now_s``:
   made from every series' judged samples except those of the series in ``out_of_fit``.
 * One signal per model (:mod:`app.core.signals`): ``p50``/``p99``/``samples`` over the judged
   samples with a value of it, ``latency_p50_us``/``latency_p99_us`` over their raw latency;
-  exact quantiles (linear, as ``numpy.quantile``) at any window_size.
+  exact quantiles (linear, as ``numpy.quantile``) at any window_size. A series with fewer
+  than ``min_samples`` values of its model's signal but as many judged samples is
+  summarised in ``latency`` (no fresh figures).
 * ``fresh_samples``/``fresh_p50``: the judged samples in ``(now_s − tick_interval_s, now_s]`` and
   their exact P50 (``None`` below ``min_samples``); ``fresh_over`` is counted against
   ``tail_refs`` for at most ``FRESH_TAIL_MAX_SAMPLES`` of them; ``failed``, ``probe_*``: in the age bound.
@@ -270,23 +272,35 @@ def summarize(slabs: Sequence[Slab], records: Mapping[SeriesKey, SeriesRecord], 
     tpot_m = np.zeros(nm)
     out_m = np.zeros(nm)
     inout_m = np.zeros(nm)
+    # Models with a judgeable series (min_samples judged) short of TPOT / output-token values.
+    tpot_gap = np.zeros(nm, dtype=bool)
+    out_gap = np.zeros(nm, dtype=bool)
+    need = settings.min_samples
     states: list[_Pass1] = []
     for ch in chunks:
         st = _pass1(ch, now_s, age_lo, since_by_chunk.get(id(ch)))
         states.append(st)
         used = ch.midx >= 0
         m = ch.midx[used]
-        judged_m += np.bincount(m, st.n_judged[used], minlength=nm)
+        n_judged = st.n_judged[used]
+        judged_m += np.bincount(m, n_judged, minlength=nm)
+        ready = n_judged >= need
         if ch.sized:
             assert ch.out is not None and ch.ttft is not None and ch.inp is not None
             judged = st.judged_mask()
             j_out = judged & ~np.isnan(ch.out)
             j_tpot = j_out & (ch.out >= 2) & ~np.isnan(ch.ttft)
             j_inout = j_out & ~np.isnan(ch.inp)
-            tpot_m += np.bincount(m, j_tpot[used].sum(axis=1), minlength=nm)
-            out_m += np.bincount(m, j_out[used].sum(axis=1), minlength=nm)
+            n_tpot, n_out = j_tpot[used].sum(axis=1), j_out[used].sum(axis=1)
+            tpot_m += np.bincount(m, n_tpot, minlength=nm)
+            out_m += np.bincount(m, n_out, minlength=nm)
             inout_m += np.bincount(m, j_inout[used].sum(axis=1), minlength=nm)
-    plans = _plans(settings, model_names, chunks, states, judged_m, tpot_m, out_m, inout_m, unfit_by_chunk)
+            tpot_gap[m[ready & (n_tpot < need)]] = True
+            out_gap[m[ready & (n_out < need)]] = True
+        else:
+            tpot_gap[m[ready]] = out_gap[m[ready]] = True
+    plans = _plans(settings, model_names, chunks, states, judged_m, tpot_m, out_m, inout_m,
+                   ~tpot_gap, ~out_gap, unfit_by_chunk)
     results: list[WindowSummary] = []
     refs = np.full(max(1, nm), np.nan)
     index = {m: i for i, m in enumerate(model_names)} if tail_refs else {}
@@ -317,9 +331,10 @@ def summarize(slabs: Sequence[Slab], records: Mapping[SeriesKey, SeriesRecord], 
 
 def _plans(settings: DetectorSettings, model_names: Sequence[str], chunks: list[Slab],
            states: list[_Pass1], judged_m: F64, tpot_m: F64, out_m: F64, inout_m: F64,
-           unfit_by_chunk: Mapping[int, list[int]]) -> list[_ModelPlan]:
+           tpot_all: Bools, out_all: Bools, unfit_by_chunk: Mapping[int, list[int]]) -> list[_ModelPlan]:
     signals = [sig.choose_signal(settings.signal_for(name), int(judged_m[i]),
-                                 int(tpot_m[i]), int(out_m[i]))
+                                 int(tpot_m[i]), int(out_m[i]), tpot_everywhere=bool(tpot_all[i]),
+                                 output_everywhere=bool(out_all[i]))
                for i, name in enumerate(model_names)]
     use_input = [out_m[i] > 0 and inout_m[i] >= sig.INPUT_COVERAGE * out_m[i]
                  for i in range(len(signals))]
@@ -486,9 +501,24 @@ def _build(parts: Sequence[tuple[Slab, _Pass1, _Stats]], plans: list[_ModelPlan]
     q_lat = cat(cs.q_lat for _, _, cs in parts)
     n_fresh = cat(cs.n_fresh for _, _, cs in parts)
     q_fresh = cat(cs.q_fresh for _, _, cs in parts)
+    n_over = cat(cs.n_over for _, _, cs in parts)
     # A window whose judged samples are all fresh has its own P50 as the fresh P50.
     whole = (n_fresh == n_sig) & (n_sig >= min_fresh)
     q_fresh[whole] = q_sig[whole, 0]
+    midx = cat(ch.midx for ch, _, _ in parts)
+    codes = np.array([p.code for p in plans], dtype=np.int64)
+    # A series with too few values of its model's signal but enough judged samples (a node
+    # whose events carry no token counts on a model judged per token) is summarised in raw
+    # latency, as a stage-1 worker holding only such series would: stage 2 never compares
+    # it with peers in other units, and it is not left unjudged (never admitted).
+    raw_fb = (codes[midx] != 0) & (n_sig < min_fresh) & (n_judged >= min_fresh)
+    if raw_fb.any():
+        n_sig, q_sig = n_sig.copy(), q_sig.copy()
+        n_sig[raw_fb] = n_judged[raw_fb]
+        q_sig[raw_fb] = q_lat[raw_fb]
+        n_fresh[raw_fb] = 0
+        q_fresh[raw_fb] = np.nan
+        n_over[raw_fb] = -1
     no_sig, no_lat = n_sig == 0, n_judged == 0
     # The series without extras share one empty dict (``extra`` is a read-only Mapping):
     # one allocation per series fewer, and fewer collections of the garbage collector.
@@ -512,7 +542,7 @@ def _build(parts: Sequence[tuple[Slab, _Pass1, _Stats]], plans: list[_ModelPlan]
     if fit_extra:
         for i, sr in enumerate(ser):
             fx = fit_extra.get(sr.midx)
-            if fx is not None:
+            if fx is not None and not raw_fb[i]:
                 extra(i)["fleet_fit"] = fx
     if digests:
         for (ch, st, _), u, first in zip(parts, used, at[:-1], strict=True):
@@ -529,11 +559,13 @@ def _build(parts: Sequence[tuple[Slab, _Pass1, _Stats]], plans: list[_ModelPlan]
                 pq[first + int(np.searchsorted(u, r))] = (q[0], q[1])
         probe_p50, probe_p99 = [q[0] for q in pq], [q[1] for q in pq]
     signal_of = np.array([p.signal for p in plans], dtype=object)
+    signals = signal_of[midx]
+    signals[raw_fb] = sig.LATENCY
     cols: dict[str, Iterable[Any]] = {
         "node_id": list(map(_node_id_of, ser)),
         "model": list(map(_model_of, ser)),
         "tick_ts": repeat(now_s),
-        "signal": signal_of[cat(ch.midx for ch, _, _ in parts)].tolist(),
+        "signal": signals.tolist(),
         "samples": n_sig.tolist(),
         "p50": _optional(q_sig[:, 0], no_sig),
         "p99": _optional(q_sig[:, 1], no_sig),
@@ -553,7 +585,7 @@ def _build(parts: Sequence[tuple[Slab, _Pass1, _Stats]], plans: list[_ModelPlan]
         "failed_total": list(map(_failures_of, ser)),
         "instance_ts": list(map(_instance_ts_of, ser)),
         "resumed_ts": list(map(_resumed_ts_of, ser)),
-        "fresh_over": _optional(n_over := cat(cs.n_over for _, _, cs in parts), n_over < 0),
+        "fresh_over": _optional(n_over, n_over < 0),
     }
     # repeat() columns are endless; every list column has one entry per series.
     return list(map(_make_summary,

@@ -410,11 +410,37 @@ def test_signal_choice(configured: str, with_ttft: bool, expect: str) -> None:
     assert {s.signal for s in llm} == {expect}
     assert all(s.samples == 100 and s.p50 is not None for s in llm)
     embed = next(s for s in got if s.model == "embed")
-    if configured == "auto" or configured == "latency":
-        assert embed.signal == "latency" and embed.p50 == 10_000.0
-    else:
-        assert embed.signal == configured and embed.p50 is None and embed.samples == 0
-        assert embed.latency_p50_us == 10_000.0
+    # A model configured to a token signal whose series carry no token counts is judged in
+    # raw latency (it used to be summarised with no sample, never judged, never admitted).
+    assert embed.signal == "latency" and embed.p50 == 10_000.0 and embed.samples == 100
+    assert embed.latency_p50_us == 10_000.0 and embed.fresh_over is None
+
+
+def test_a_node_without_token_counts_turns_its_model_to_a_signal_every_node_has() -> None:
+    # A partial emitter rollout: four nodes send token counts (and TTFT), two send latency
+    # only. Judged per token, the two would have no sample of the signal, never be judged,
+    # never admitted: the model is judged in raw latency until every node can be judged.
+    rng = np.random.default_rng(4)
+    store = WindowStore(S)
+    for i in range(4):
+        store.observe(llm_batch(f"n{i}", rng, 100, 30_000.0))
+    for i in range(4, 6):
+        store.observe(mk(f"n{i}", np.linspace(1, 50, 100), 5e6, model="llm"))
+    got = {s.node_id: s for s in store.summaries(60.0)}
+    assert {s.signal for s in got.values()} == {"latency"}
+    assert all(s.samples == 100 and s.p50 == s.latency_p50_us for s in got.values())
+    # the same nodes with TTFT missing on two: normalized (output tokens everywhere)
+    store = WindowStore(S)
+    for i in range(6):
+        store.observe(llm_batch(f"n{i}", rng, 100, 30_000.0, with_ttft=i < 4))
+    assert {s.signal for s in store.summaries(60.0)} == {"normalized"}
+    # a node with too few samples to be judged yet changes nothing
+    store = WindowStore(S)
+    for i in range(4):
+        store.observe(llm_batch(f"n{i}", rng, 100, 30_000.0))
+    store.observe(mk("new", np.linspace(1, 50, S.min_samples - 1), 5e6, model="llm"))
+    got = {s.node_id: s for s in store.summaries(60.0)}
+    assert got["n0"].signal == "tpot" and got["new"].samples == 0
 
 
 def test_model_signals_override_one_model() -> None:
