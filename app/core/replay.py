@@ -14,7 +14,8 @@ Guarantees:
   lines are a real jump of the trace, taken in order, once ``JUMP_CONFIRM_LINES`` come in
   a row from ``JUMP_CONFIRM_NODES`` nodes (or ``JUMP_ALONE_LINES`` from one), or at the end
   of the trace unless other nodes sent events; else they are bad input (``future_ts``).
-* Bad lines are skipped and counted in :class:`ReplayStats` (by reason, first line numbers).
+* Bad lines are skipped and counted in :class:`ReplayStats` (by reason, first line numbers);
+  so are samples read too late for any tick to judge them (a trace not in time order).
 * The same trace and settings give the same output, for any ``chunk_lines`` (1 is the
   line-by-line reference path).
 """
@@ -54,6 +55,7 @@ class ReplayStats:
     bad: Counter[str] = field(default_factory=Counter)
     first_bad: list[tuple[int, str, str]] = field(default_factory=list)   # line, reason, message
     bad_samples: int = 0
+    late_samples: int = 0        # read when already older than every tick's age bound to come
     first_ts: float | None = None
     last_ts: float | None = None
 
@@ -70,6 +72,10 @@ class ReplayStats:
             text += "; first: " + "; ".join(f"line {ln} {r}: {msg}" for ln, r, msg in self.first_bad)
         if self.bad_samples:
             text += f"; {self.bad_samples} bad samples dropped from batches"
+        if self.late_samples:
+            text += (f"; {self.late_samples} samples read after the ticks they belonged to had "
+                     "passed (older than max_sample_age_s then): never judged. Is the trace "
+                     "sorted by time? Sort it by ts first (e.g. `jq -cs 'sort_by(.ts)[]'`)")
         return text
 
 
@@ -135,9 +141,13 @@ def replay(lines: Iterable[bytes | str], settings: DetectorSettings,
 
     def drain() -> list[SampleBatch | Heartbeat]:
         evs = acc.drain()
+        # Samples older than the age bound of the next tick to run are judged by no tick.
+        too_old = -math.inf if k is None else k * interval - settings.max_sample_age_s
         for e in evs:
-            if isinstance(e, SampleBatch) and e.rejected:
+            if isinstance(e, SampleBatch):
                 stats.bad_samples += e.rejected
+                if e.ts.size and e.ts.min() <= too_old:
+                    stats.late_samples += int((e.ts <= too_old).sum())
         return evs
 
     def bad(lineno: int, e: BadEvent) -> None:

@@ -572,3 +572,19 @@ def test_clocks_an_hour_ahead_do_not_move_event_time(skewed: tuple[str, ...]) ->
     assert [(r["ts"], r["node_id"], r["to"]) for r in got] == \
         [(r["ts"], r["node_id"], r["to"]) for r in ref]
     assert any(r["node_id"] == "n1" and r["routed"] is False for r in got)
+
+
+def test_a_trace_not_in_time_order_is_counted_and_named_in_the_summary() -> None:
+    # The same events written node after node instead of in time order: the later nodes'
+    # samples arrive after their ticks passed and are never judged; the summary says so.
+    ordered = lines(nodes=3, seconds=600.0, rate=5.0)
+    by_node = sorted(ordered, key=lambda raw: json.loads(raw)["node_id"])
+    s = DetectorSettings()
+    _, ok = replay(ordered, s, lambda _: None)
+    _, late = replay(by_node, s, lambda _: None)
+    assert ok.late_samples == 0 and "sorted by time" not in ok.summary()
+    # the first node's events are in order; most of the other two's are read too late
+    per_node = len(ordered) // 3
+    assert per_node < late.late_samples < 2 * per_node
+    assert f"{late.late_samples} samples read after the ticks" in late.summary()
+    assert "Is the trace sorted by time?" in late.summary()
