@@ -191,8 +191,9 @@ class ModelState:
     rate_per_s: dict[str, float] = field(default_factory=dict)
     # Retired pairs: their last sign of life (sample or heartbeat; at least the retirement).
     retired_seen: dict[str, float] = field(default_factory=dict)
-    # Per pair: stage 1's cumulative (requests, failed) at the last tick (rules.error_judgements).
-    counts: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # Per pair: stage 1's cumulative (requests, failed) at the last few ticks, oldest first,
+    # flat (rules.error_judgements).
+    counts: dict[str, tuple[int, ...]] = field(default_factory=dict)
     # Last signs of life, gone pairs, restarts handled, telemetry loss (app.core.liveness).
     live: Liveness = field(default_factory=Liveness)
     # Per-pair P50 baselines: the reference below min_peers (app.core.own_history).
@@ -246,7 +247,7 @@ class ModelState:
                 advanced_ts={str(k): float(v) for k, v in d["advanced_ts"].items()},
                 rate_per_s={str(k): float(v) for k, v in d["rate_per_s"].items()},
                 retired_seen={str(k): float(v) for k, v in d["retired_seen"].items()},
-                counts={str(k): (int(v[0]), int(v[1])) for k, v in d["counts"].items()},
+                counts={str(k): _counts(v) for k, v in d["counts"].items()},
                 live=Liveness.from_dict(d["live"]), own=OwnBaselines.from_dict(d["own"]),
                 tail_ref=None if d["tail_ref"] is None else float(d["tail_ref"]))
         except KeyError as e:
@@ -255,6 +256,14 @@ class ModelState:
         except (TypeError, AttributeError, IndexError) as e:
             raise ValueError(f"model state snapshot (version {SNAPSHOT_VERSION}) is malformed "
                              f"({e}); cannot restore") from None
+
+
+def _counts(v: Any) -> tuple[int, ...]:
+    """A pair's stored counters: (requests, failed) pairs, flat (older versions kept one)."""
+    out = tuple(int(x) for x in v)
+    if not out or len(out) % 2:
+        raise TypeError(f"counts {v!r} are not (requests, failed) pairs")
+    return out
 
 
 def check_version(data: Any, what: str) -> None:

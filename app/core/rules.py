@@ -256,31 +256,45 @@ class ErrorReport:
         return None if self.peer_shares is None else median(self.peer_shares)
 
 
-def error_judgements(counts: MutableMapping[str, tuple[int, int]],
+def pool_ticks(st: DetectorSettings) -> int:
+    """How many past ticks' counters a pair keeps: requests are pooled over up to
+    ``max_sample_age_s`` until ``min_samples`` of them are in (a low-rate node)."""
+    return max(1, math.ceil(st.max_sample_age_s / st.tick_interval_s))
+
+
+def error_judgements(counts: MutableMapping[str, tuple[int, ...]],
                      by_node: Mapping[str, WindowSummary], pairs: Mapping[str, PairState],
                      st: DetectorSettings) -> ErrorReport:
-    """The error-rate rule on the failed requests since the last tick; ``counts`` (stage 1's
-    cumulative (requests, failed) per pair) is updated for the next one."""
+    """The error-rate rule on the failed requests since the last tick, or over the last few
+    ticks (up to ``max_sample_age_s``) until ``min_samples`` requests are in.
+
+    ``counts``: per pair, stage 1's cumulative (requests, failed) at the last
+    :func:`pool_ticks` ticks, oldest first, flat; updated for the next tick."""
     limit = st.max_error_share
     min_n = st.min_samples
+    keep = 2 * pool_ticks(st)
     get = counts.get
-    shares: dict[str, float] = {}           # node -> failed share since the last tick
-    over: list[tuple[str, float, int, int]] = []    # past the limit: node, share, requests, failed
+    shares: dict[str, float] = {}           # node -> failed share since the last tick(s)
+    over: list[tuple[str, float, int, int, int]] = []   # past the limit: node, share, n, failed, ticks
     for node, s in by_node.items():
         req = s.requests_total
         fail = s.failed_total
         prev = get(node)
-        counts[node] = (req, fail)
-        if prev is None:
+        if prev is None or req < prev[-2]:      # new, or counters that went back (a new stage 1)
+            counts[node] = (req, fail)
             continue
-        n = req - prev[0]
-        # Fewer than min_samples requests, or counters that went back (a new stage 1).
-        if n >= min_n:
-            failed = fail - prev[1]
-            if 0 <= failed <= n:
-                share = shares[node] = failed / n
-                if share > limit:
-                    over.append((node, share, n, failed))
+        # The newest past tick with min_samples requests since (the last tick at any rate
+        # above min_samples per tick).
+        for i in range(len(prev) - 2, -1, -2):
+            n = req - prev[i]
+            if n >= min_n:
+                failed = fail - prev[i + 1]
+                if 0 <= failed <= n:
+                    share = shares[node] = failed / n
+                    if share > limit:
+                        over.append((node, share, n, failed, (len(prev) - i) // 2))
+                break
+        counts[node] = (*prev[2 - keep:], req, fail) if keep > 2 else (req, fail)
     if limit <= 0:
         return ErrorReport()
     # The peers: pairs routed and past warm-up. Of a PairTable only its rare pairs can be
@@ -292,14 +306,14 @@ def error_judgements(counts: MutableMapping[str, tuple[int, int]],
         drop = {n for n in shares if (q := pairs.get(n)) is None or not q.routed
                 or q.state is HealthState.WARMING}
     peers = list(shares.values()) if not drop else [sh for n, sh in shares.items() if n not in drop]
-    failing = sum(1 for node, _, _, _ in over if node not in drop)
+    failing = sum(1 for node, *_ in over if node not in drop)
     report = ErrorReport({}, failing, len(peers), peers if len(peers) >= st.min_peers else None)
     if not over:
         return report
     ref = report.ref
     factor = st.error_share_peer_factor
     out = report.judgements
-    for node, share, n, failed in over:
+    for node, share, n, failed, ticks in over:
         if ref is not None and share <= factor * ref:
             continue
         s = by_node[node]
@@ -309,7 +323,8 @@ def error_judgements(counts: MutableMapping[str, tuple[int, int]],
                       hardware=s.hardware)
         peers_part = "" if ref is None else f" and > {factor:g} x peers' {ref:.1%}"
         out[node] = Judgement(Verdict.ABNORMAL, str(Reason.ERROR_RATE), ev, share / limit,
-                              f"{failed} of {n} requests since the last tick failed "
+                              f"{failed} of {n} requests since the last "
+                              f"{'tick' if ticks == 1 else f'{ticks} ticks'} failed "
                               f"({share:.1%} > {limit:.0%}{peers_part})")
     return report
 

@@ -827,6 +827,66 @@ def test_error_share_peer_factor_governs_the_error_rule_alone(settings: dict[str
         assert details == []
 
 
+def test_at_a_low_rate_requests_are_pooled_over_ticks_until_min_samples_are_in() -> None:
+    # 60 requests a tick (2 req/s) is below min_samples (100): the rule used to be off there.
+    # Pooled over two ticks, a node failing 30 % still leaves, by error_rate.
+    ev = FleetEvaluator(DetectorSettings(max_sample_age_s=300.0))
+    ticks = [ev.evaluate("m", _with_failures(k, {"n03": 0.3}, per_tick=60), T0 + 30.0 * k)
+             for k in range(8)]
+    assert "n03" not in ticks[-1].routing and len(ticks[-1].routing) == 5
+    trans = [t for tk in ticks for t in tk.transitions if t.node_id == "n03"]
+    assert (H.UNHEALTHY, "error_rate") in [(t.to_state, t.reason) for t in trans]
+    first = next(t for t in trans if t.reason == "error_rate")
+    assert first.detail is not None
+    assert first.detail.startswith("36 of 120 requests since the last 2 ticks failed (30.0%")
+    # healthy nodes at the same rate are left alone
+    assert not [t for tk in ticks for t in tk.transitions if t.reason == "error_rate"
+                and t.node_id != "n03"]
+
+
+def test_pooling_reaches_back_no_further_than_max_sample_age_s() -> None:
+    # 10 requests a tick: 100 need 10 ticks, max_sample_age_s keeps 5: never judged
+    ev = FleetEvaluator(DetectorSettings(max_sample_age_s=150.0))
+    ticks = [ev.evaluate("m", _with_failures(k, {"n03": 0.5}, per_tick=10), T0 + 30.0 * k)
+             for k in range(14)]
+    assert not [t for tk in ticks for t in tk.transitions if t.reason == "error_rate"]
+
+
+def test_a_node_still_failing_on_probe_traffic_is_not_let_back_in() -> None:
+    # Out for failing 30 %; quarantined it gets only probes (30 a tick, below min_samples)
+    # and still fails 30 % of them: every probe round fails, by error_rate.
+    ev = FleetEvaluator(DetectorSettings(max_sample_age_s=300.0, backoff_initial_s=60.0))
+    counts = {f"n{i:02d}": (0, 0) for i in range(6)}
+    trans = []
+    for k in range(40):
+        per_tick = {node: 30 if node == "n03" and k >= 4 else 600 for node in counts}
+        sums = []
+        for node, (req, fail) in counts.items():
+            req += per_tick[node]
+            fail += round((0.3 if node == "n03" else 0.0) * per_tick[node])
+            counts[node] = (req, fail)
+            s = _with_failures(1, {}, per_tick=0)[int(node[1:])]
+            sums.append(s._replace(requests_total=req, failed_total=fail))
+        trans += [(t.to_state, t.reason) for t in ev.evaluate("m", sums, T0 + 30.0 * k).transitions
+                  if t.node_id == "n03"]
+    assert (H.QUARANTINED, "probe_failed") in trans
+    assert (H.HEALTHY, "probe_passed") not in trans
+
+
+def test_stored_error_counters_of_the_older_form_still_restore() -> None:
+    ev = FleetEvaluator(DetectorSettings(max_sample_age_s=300.0))
+    for k in range(3):
+        ev.evaluate("m", _with_failures(k, {}, per_tick=60), T0 + 30.0 * k)
+    snap = ev.snapshot_model("m")
+    assert [len(v) for v in snap["counts"].values()] == [6] * 6      # three ticks kept
+    old = dict(snap, counts={n: v[-2:] for n, v in snap["counts"].items()})
+    again = FleetEvaluator(DetectorSettings(max_sample_age_s=300.0))
+    again.restore_model("m", old)
+    assert again.snapshot_model("m")["counts"] == old["counts"]
+    with pytest.raises(ValueError, match="malformed"):
+        FleetEvaluator(DetectorSettings()).restore_model("m", dict(snap, counts={"n00": [1, 2, 3]}))
+
+
 def test_a_fleet_failing_at_once_ejects_nobody_and_is_reported() -> None:
     # A bad deploy or a broken upstream: every node fails about as often. Not a node fault,
     # but an operator must hear of it: one error_storm fleet event, then its end.
