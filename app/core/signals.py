@@ -85,7 +85,8 @@ class RowFits:
     """Per-row least-squares fits ``latency ≈ a + b·out + c·in``.
 
     ``valid`` rows had at least :data:`MIN_FIT_SAMPLES` samples and spread in
-    ``out``; ``c`` is 0 where the fit used ``out`` alone. ``mean_us`` is the
+    ``out`` (or, with one output length throughout, in ``in``: ``b`` is 0 then); ``c`` is
+    0 where the fit used ``out`` alone. ``mean_us`` is the
     row's mean latency over the fitted samples (NaN for empty rows).
     """
 
@@ -117,8 +118,9 @@ def row_fits(latency_us: FloatArray, output_tokens: FloatArray,
     oc, om = centred(output_tokens)
     voo = np.einsum("ij,ij->i", oc, oc)
     voy = np.einsum("ij,ij->i", oc, yc)
+    spread = voo > 0
     with np.errstate(invalid="ignore", divide="ignore"):
-        b = np.where(voo > 0, voy / voo, np.nan)
+        b = np.where(spread, voy / voo, np.nan)
         c = np.zeros_like(b)
         im = np.zeros_like(b)
         if input_tokens is not None:
@@ -130,8 +132,14 @@ def row_fits(latency_us: FloatArray, output_tokens: FloatArray,
             two = (vii > 0) & (det > 1e-9 * voo * vii)
             b = np.where(two, (voy * vii - viy * voi) / det, b)
             c = np.where(two, (viy * voo - voy * voi) / det, 0.0)
+            # One output length throughout (classification, output_tokens = 1): the input
+            # alone explains the size.
+            in_only = ~spread & (vii > 0)
+            b = np.where(in_only, 0.0, b)
+            c = np.where(in_only, viy / vii, c)
+            spread = spread | in_only
     a = ym - b * om - c * im
-    valid = (n >= min_samples) & (voo > 0) & np.isfinite(a) & np.isfinite(b) & np.isfinite(c)
+    valid = (n >= min_samples) & spread & np.isfinite(a) & np.isfinite(b) & np.isfinite(c)
     mean = np.where(n > 0, ym, np.nan)
     return RowFits(n.astype(np.int64), a, b, c, mean, valid)
 

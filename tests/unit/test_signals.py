@@ -122,3 +122,22 @@ def test_request_sizes_loader() -> None:
     assert load_request_sizes("code").shape == (8819, 2)
     with pytest.raises(ValueError, match="conv"):
         load_request_sizes("chat")
+
+
+def test_one_output_length_throughout_is_fitted_on_the_input_alone() -> None:
+    # A classification model: output_tokens = 1 on every request, latency grows with the
+    # prompt. Fitted on output alone there is no spread (no fit: latency / typical latency,
+    # so a node with 3x longer prompts looked 3x slow); on the input, every node is ~1.
+    rng = np.random.default_rng(5)
+    nodes = []
+    for scale in (1.0, 1.0, 1.0, 1.0, 3.0):
+        inp = rng.integers(100, 1000, 400).astype(np.float64) * scale
+        lat = (20_000.0 + 50.0 * inp) * rng.lognormal(0, 0.05, inp.size)
+        nodes.append((lat, np.ones_like(inp), inp))
+    fit = sig.fit_fleet_1d(nodes)
+    assert fit.nodes == 5 and fit.b_us_per_token == 0.0
+    assert fit.c_us_per_input_token == pytest.approx(50.0, rel=0.05)
+    long_prompts = sig.normalized(nodes[4][0], nodes[4][1], nodes[4][2], fit)
+    assert float(np.median(long_prompts)) == pytest.approx(1.0, abs=0.05)
+    # without input tokens there is still nothing to fit on
+    assert sig.fit_fleet_1d([(lat, out, None) for lat, out, _ in nodes]).nodes == 0
