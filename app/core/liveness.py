@@ -9,7 +9,8 @@ a heartbeat, event time), and :func:`step`, run once per tick before any rule:
   so does a pair awaiting admission, and a retired pair back as a new instance. When at
   least ``load_event_fraction`` of the live pairs resume after a gap in one tick, or while
   telemetry is lost or within ``silent_after_s`` after, the gap was the pipeline's: only
-  instance changes count then.
+  instance changes count then. After ``CRASHLOOP_RESTARTS`` restarts within
+  ``CRASHLOOP_WINDOW_S`` (a crashloop) further restarts are not acted on: judged as usual.
 * gone — a pair with no sign of life for ``silent_after_s`` leaves routing (``silent``);
   it is no ejection and no peer, and counts in no guard. When it reports again it comes
   back through warm-up (``returned``; quarantined again if it was out). Pairs never
@@ -40,6 +41,9 @@ from app.core.health import PairState
 from app.core.types import FleetEvent, HealthState, Reason, Transition, WindowSummary
 
 _AWAY = (HealthState.GONE, HealthState.RETIRED)
+# A crashloop: this many restarts acted on within CRASHLOOP_WINDOW_S; later ones are not.
+CRASHLOOP_RESTARTS = 3
+CRASHLOOP_WINDOW_S = 900.0
 _WARMING = HealthState.WARMING
 _RESTARTABLE = (HealthState.WARMING, HealthState.HEALTHY, HealthState.SUSPECT, HealthState.UNHEALTHY)
 
@@ -53,15 +57,18 @@ class Liveness:
     restart_ts: dict[str, float] = field(default_factory=dict)  # node -> last restart handled
     telemetry_lost: bool = False
     loss_ended_ts: float | None = None     # when the last telemetry-loss episode ended
+    # node -> its recent restarts acted on (at most CRASHLOOP_RESTARTS, within CRASHLOOP_WINDOW_S)
+    restarts: dict[str, list[float]] = field(default_factory=dict)
 
     def drop(self, node: str) -> None:
-        for d in (self.seen, self.gone_seen, self.restart_ts):
+        for d in (self.seen, self.gone_seen, self.restart_ts, self.restarts):
             d.pop(node, None)
 
     def to_dict(self) -> dict[str, Any]:
         return {"seen": dict(sorted(self.seen.items())), "gone_seen": dict(sorted(self.gone_seen.items())),
                 "restart_ts": dict(sorted(self.restart_ts.items())), "telemetry_lost": self.telemetry_lost,
-                "loss_ended_ts": self.loss_ended_ts}
+                "loss_ended_ts": self.loss_ended_ts,
+                "restarts": {n: list(v) for n, v in sorted(self.restarts.items())}}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Liveness:
@@ -69,7 +76,8 @@ class Liveness:
                    {str(k): float(v) for k, v in d["gone_seen"].items()},
                    {str(k): float(v) for k, v in d["restart_ts"].items()},
                    bool(d["telemetry_lost"]),
-                   None if (e := d.get("loss_ended_ts")) is None else float(e))
+                   None if (e := d.get("loss_ended_ts")) is None else float(e),
+                   {str(k): [float(t) for t in v] for k, v in d.get("restarts", {}).items()})
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,8 +243,18 @@ def _restarts(pairs: MutableMapping[str, PairState], live: Liveness,
     for node in sorted(by_instance.keys() | by_gap.keys()):
         ts = max(by_instance.get(node, -1.0), by_gap.get(node, -1.0))
         live.restart_ts[node] = ts
+        recent = [r for r in live.restarts.get(node, ()) if r > ts - CRASHLOOP_WINDOW_S]
+        if len(recent) >= CRASHLOOP_RESTARTS and pairs[node].state is not HealthState.RETIRED:
+            # A crashloop: its restarts no longer shield it from judgement (warm-up samples
+            # and all), so a node that keeps restarting slow leaves routing.
+            live.restarts[node] = recent
+            continue
+        live.restarts[node] = [*recent, ts][-CRASHLOOP_RESTARTS:]
         new, t = health.restart(pairs[node], ts, now_s, st)
         pairs[node] = new
+        if len(recent) + 1 == CRASHLOOP_RESTARTS:
+            t = _with_detail(t, f"restart {CRASHLOOP_RESTARTS} within {CRASHLOOP_WINDOW_S:g} s: "
+                                "further restarts are judged, not warmed up")
         out.append(t if node in by_instance else _with_detail(t, "signs of life resumed after a gap"))
     return out
 

@@ -188,6 +188,32 @@ def test_a_new_instance_or_a_resumed_gap_restarts_warm_up_and_a_shared_gap_does_
     assert not [t for t in tick(ev, 8, fleet(6), resumed_ts=shared).transitions if t.reason == "restarted"]
 
 
+def test_a_node_that_keeps_restarting_slow_is_judged_after_its_third_restart() -> None:
+    # n1 restarts (a new instance) every 4 ticks and is 3x slower: each restart used to put
+    # it back to warming, routed and never judged, for as long as the crashloop lasted.
+    ev = FleetEvaluator(S)
+    for k in range(6):
+        tick(ev, k, fleet(6))
+    slow = fleet(6) | {"n1": 300.0}
+    out = []
+    for k in range(6, 40):
+        restart = T0 + (k - 0.5) * TICK if k % 4 == 2 else None
+        out.append(tick(ev, k, slow, instance_ts={"n1": restart} if restart else {}))
+    n1 = [(s, r) for n, s, r in reasons(out) if n == "n1"]
+    assert n1.count(("warming", "restarted")) == 3        # the first three warm up
+    assert ("unhealthy", "relative_p50") in n1 and "n1" not in out[-1].routing
+    crash = [t for mt in out for t in mt.transitions if t.reason == "restarted"][-1]
+    assert "further restarts are judged" in (crash.detail or "")
+
+
+def test_restarts_further_apart_each_warm_up() -> None:
+    # the control: a restart every 12 ticks (360 s) is three within 900 s at most
+    ev = FleetEvaluator(S)
+    out = [tick(ev, k, fleet(6), instance_ts={"n1": T0 + (k - 0.5) * TICK} if k % 12 == 6 else {})
+           for k in range(80)]
+    assert [r for n, _, r in reasons(out) if n == "n1"].count("restarted") == 7   # k = 6, 18, … 78
+
+
 def test_warm_up_after_a_restart_is_never_held_against_the_node() -> None:
     ev = FleetEvaluator(S)
     for k in range(6):
