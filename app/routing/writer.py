@@ -1,81 +1,30 @@
-"""The Redis routing writer: one model's verdict → Redis, atomically, idempotently, never empty.
+"""The Redis routing writer: every model's latest verdict reaches Redis, whatever Redis does.
 
-:class:`RoutingWriter` owns the writes of every key in :mod:`app.routing.keys`. Its length
-is one concept's: the Lua script and the Python that retries, isolates and backs it off.
+:class:`RoutingWriter` runs :mod:`app.routing.apply_script` (one atomic script run per
+model and tick) and owns what happens around it:
 
-Guarantees
-----------
-* **Atomic.** One :class:`~app.core.types.ModelTick` is written by ONE Lua
-  script (:data:`APPLY_LUA`). Redis runs a script without interleaving any
-  other command, so a reader sees either the whole previous state of the
-  model (routing set, version, quarantine, node statuses) or the whole new
-  one, never a mix. The routing set is replaced in place (``DEL`` + ``SADD``
-  inside the script) — no ``RENAME`` of a temporary key, which would fail for
-  an empty set and leave a window in non-scripted code.
-* **Idempotent.** The script compares the wanted routing set and quarantine
-  with what Redis holds. Only when either differs does it rewrite them,
-  ``INCR`` the version and ``PUBLISH`` ``{"model", "version"}`` on
-  ``P:routing:changes``. Writing the same decision twice changes nothing
-  (version unchanged, no message); only the node statuses (dashboards) are
-  refreshed. A version key that does not exist yet starts at the Redis
-  server's clock in milliseconds, not at 1, so a version number never
-  repeats after Redis lost its data (a reader holding version 1 of the old
-  data would otherwise take the new version 1 for the same state).
-* **Never empties routing.** A tick whose routing set is empty is refused
-  when the model has a routing set in Redis (logged, counted through
-  :meth:`WriterMetrics.empty_refused`, nothing written): the last written
-  set stays. A detector fault must not take a whole model out of service.
-  A model none of whose nodes has been admitted yet (admission by evidence,
-  :mod:`app.core.admission`) has no routing set: its other keys (statuses,
-  held-out set, version) are written and ``P:routing:<m>`` stays absent,
-  which readers take as "no data: use every backend". The check is in the
-  script, against what Redis holds, so it holds across writer restarts.
-* **Held out.** ``P:held-out:<m>`` is the set of nodes tailguard took out
-  (:func:`app.routing.keys.held_out`, or :attr:`Extras.held_out`); a change
-  of it bumps the version and publishes like a routing change.
-* **Survives Redis outages.** A connection error or timeout never reaches
-  the caller: :meth:`RoutingWriter.apply` returns ``False``, the latest
-  wanted state of each model is kept (older ones are dropped — only the
-  latest matters) and retried with exponential back-off (the background task
-  of ``async with RoutingWriter(...)``, or :meth:`RoutingWriter.flush`).
-  While Redis is down the load balancers keep the last written set. After a
-  restart that lost the data, the next write recreates every key (the
-  script compares with what is there, so the version is bumped and
-  published again).
-* **One model's bad keys never block the others.** A ``ResponseError``
-  (or any other Redis error that is not about the connection) on one
-  model's keys — e.g. ``WRONGTYPE`` because someone wrote a string to
-  ``P:routing:<model>``, or an ACL that forbids a key — is that model's
-  problem: it is counted (:meth:`WriterMetrics.model_rejected`), logged
-  (first time, then every power of two), kept pending and retried with its
-  OWN exponential back-off, while every other model is written in the same
-  round. Only connection errors and timeouts (Redis itself is away) end a
-  round and back off the whole writer.
-* **ACL.** Under a Redis ACL (7.0+) the script first checks with
-  ``redis.acl_check_cmd`` that the user may run every command it may call on
-  these keys and the channel, and refuses with ``NOPERM`` before writing
-  anything otherwise: Redis does not roll back a script that fails half way.
-* **Operator extras in the same step.** :class:`Extras` (the shadow routing
-  set, the per-node tick history and the newest events, from the stage-2
-  edge :mod:`app.streaming.edge`) are written by the same script: a reader
-  sees the shadow set of the same tick as the routing set. Events of a
-  verdict superseded before it was written are carried into the next one.
-* **NOSCRIPT.** The script is run by SHA (``EVALSHA``); redis-py's
-  ``AsyncScript`` reloads it with ``SCRIPT LOAD`` when a restarted server
-  answers ``NOSCRIPT`` (checked by the integration tests).
+* **Redis outages never reach the caller.** On a connection error or timeout
+  :meth:`RoutingWriter.apply` returns ``False``; the latest verdict of each model is kept
+  (older ones are dropped) and retried with exponential back-off by the background task of
+  ``async with RoutingWriter(...)`` (or :meth:`RoutingWriter.flush`). Load balancers keep
+  the last written set meanwhile; after Redis lost its data the next write recreates it all.
+* **One model's bad keys never block the others.** Any other Redis error (``WRONGTYPE``,
+  ``NOPERM``) is that model's: counted, logged (first time, then every power of two), kept
+  pending and retried on its own back-off while the other models are written.
+* **Never empties routing.** An empty set for a model known to have one is refused here
+  too, before Redis is asked; events of a verdict superseded unwritten go with the next.
+* ``EVALSHA`` with redis-py's reload on ``NOSCRIPT`` (a restarted server).
 
-Metrics are reported through the :class:`WriterMetrics` protocol (no
-Prometheus import here); the service maps them onto its registry.
+Metrics go through the :class:`WriterMetrics` protocol (no Prometheus import here).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import replace
 from types import TracebackType
 from typing import Any, Protocol, Self
 
@@ -85,7 +34,16 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from app.core.types import ModelTick
-from app.routing.keys import DEFAULT_PREFIX, Keys, held_out, status_json
+from app.routing.apply_script import (
+    APPLY_LUA,
+    NO_EXTRAS,
+    Extras,
+    WriteResult,
+    parse_reply,
+    script_call,
+    validate,
+)
+from app.routing.keys import DEFAULT_PREFIX, Keys
 from app.routing.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -99,155 +57,6 @@ _CONNECTION: tuple[type[BaseException], ...] = (
 # about one model's keys: that model backs off, the round goes on.
 _MODEL: tuple[type[BaseException], ...] = (RedisError,)
 
-APPLY_LUA = r"""
--- tailguard: write one model's routing verdict atomically.
--- KEYS: 1 routing SET, 2 version, 3 quarantine ZSET, 4 nodes HASH, 5 models SET,
---       6 shadow routing SET, 7 history HASH, 8 events LIST, 9 held-out SET
--- ARGV: 1 channel, 2 model, 3 #routing, 4 #quarantine, 5 #statuses,
---       6 #shadow (-1: leave the shadow set alone), 7 #history (-1: leave it alone),
---       8 #events, 9 events cap, 10 #held-out,
---       then the routing members, then (score, node) pairs, then (node, json) pairs,
---       then the shadow members, then (node, json) history pairs, then event jsons,
---       then the held-out members.
--- An empty routing set is written only for a model that has none yet (no node admitted:
--- the key stays absent); one that would empty an existing set is refused, nothing written.
--- Returns {routing_changed 0|1, quarantine_changed 0|1 (or -1: refused), version}.
-local routing_key, version_key, quarantine_key, nodes_key, models_key =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local shadow_key, history_key, events_key, held_key = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
-local channel, model = ARGV[1], ARGV[2]
-local n_routing = tonumber(ARGV[3])
-local n_quarantine = tonumber(ARGV[4])
-local n_status = tonumber(ARGV[5])
-local n_shadow = tonumber(ARGV[6])
-local n_history = tonumber(ARGV[7])
-local n_events = tonumber(ARGV[8])
-local events_cap = tonumber(ARGV[9])
-local n_held = tonumber(ARGV[10])
-if n_routing == nil or n_quarantine == nil or n_status == nil or n_shadow == nil
-    or n_history == nil or n_events == nil or events_cap == nil or n_held == nil then
-  return redis.error_reply('ERR tailguard: malformed counts')
-end
-local first_r = 11
-local first_q = first_r + n_routing
-local first_s = first_q + 2 * n_quarantine
-local first_w = first_s + 2 * n_status
-local first_h = first_w + math.max(n_shadow, 0)
-local first_e = first_h + 2 * math.max(n_history, 0)
-local first_o = first_e + n_events
-if #ARGV ~= first_o - 1 + n_held then
-  return redis.error_reply('ERR tailguard: argument count does not match the counts')
-end
-
--- Under a Redis ACL, check every command first: Redis does not roll back a script that fails
--- half way, so a missing permission (say +publish) would leave a half-written model.
-if redis.acl_check_cmd then
-  local checks = {
-    {'EXISTS', version_key}, {'GET', version_key}, {'SET', version_key, '0'}, {'INCR', version_key},
-    {'SCARD', routing_key}, {'SISMEMBER', routing_key, 'n'}, {'DEL', routing_key},
-    {'SADD', routing_key, 'n'}, {'ZCARD', quarantine_key}, {'ZSCORE', quarantine_key, 'n'},
-    {'DEL', quarantine_key}, {'ZADD', quarantine_key, '0', 'n'}, {'DEL', nodes_key},
-    {'HSET', nodes_key, 'n', 'v'}, {'SADD', models_key, 'm'}, {'TIME'}, {'PUBLISH', channel, 'm'},
-    {'DEL', shadow_key}, {'SADD', shadow_key, 'n'}, {'DEL', history_key}, {'HSET', history_key, 'n', 'v'},
-    {'LPUSH', events_key, 'e'}, {'LTRIM', events_key, '0', '0'}, {'EXISTS', routing_key},
-    {'SCARD', held_key}, {'SISMEMBER', held_key, 'n'}, {'DEL', held_key}, {'SADD', held_key, 'n'},
-  }
-  for _, c in ipairs(checks) do
-    if not redis.acl_check_cmd(unpack(c)) then
-      return redis.error_reply('NOPERM tailguard: this ACL user may not run ' .. c[1] ..
-        (c[2] and (' on ' .. c[2]) or '') .. '; nothing was written (see docs/production.md)')
-    end
-  end
-end
-
-local CHUNK = 512  -- even, so (score, member) and (field, value) pairs never split
-local function put(cmd, key, from, to)
-  local i = from
-  while i <= to do
-    local j = math.min(i + CHUNK - 1, to)
-    redis.call(cmd, key, unpack(ARGV, i, j))
-    i = j + 1
-  end
-end
-
-if n_routing < 1 and redis.call('EXISTS', routing_key) == 1 then
-  return {0, -1, 0}   -- never empty a routing set: the last written one stays
-end
-
--- same size and every wanted (distinct) member present => same set
-local function same_set(key, from, to)
-  if redis.call('SCARD', key) ~= to - from + 1 then
-    return false
-  end
-  for i = from, to do
-    if redis.call('SISMEMBER', key, ARGV[i]) == 0 then
-      return false
-    end
-  end
-  return true
-end
-
-local routing_changed = redis.call('EXISTS', version_key) == 0
-  or not same_set(routing_key, first_r, first_q - 1)
-local held_changed = not same_set(held_key, first_o, #ARGV)
-
-local quarantine_changed = redis.call('ZCARD', quarantine_key) ~= n_quarantine
-if not quarantine_changed then
-  for i = first_q, first_s - 1, 2 do
-    local have = redis.call('ZSCORE', quarantine_key, ARGV[i + 1])
-    if not have or tonumber(have) ~= tonumber(ARGV[i]) then
-      quarantine_changed = true
-      break
-    end
-  end
-end
-
-if routing_changed then
-  redis.call('DEL', routing_key)
-  put('SADD', routing_key, first_r, first_q - 1)
-end
-if quarantine_changed then
-  redis.call('DEL', quarantine_key)
-  put('ZADD', quarantine_key, first_q, first_s - 1)
-end
-if held_changed then
-  redis.call('DEL', held_key)
-  put('SADD', held_key, first_o, #ARGV)
-end
-
-redis.call('DEL', nodes_key)
-put('HSET', nodes_key, first_s, first_w - 1)
-redis.call('SADD', models_key, model)
-if n_shadow >= 0 then
-  redis.call('DEL', shadow_key)
-  put('SADD', shadow_key, first_w, first_h - 1)
-end
-if n_history >= 0 then
-  redis.call('DEL', history_key)
-  put('HSET', history_key, first_h, first_e - 1)
-end
-if n_events > 0 then
-  put('LPUSH', events_key, first_e, #ARGV)
-  redis.call('LTRIM', events_key, 0, events_cap - 1)
-end
-
-local version
-if routing_changed or quarantine_changed or held_changed then
-  if redis.call('EXISTS', version_key) == 0 then
-    -- A new (or lost) version key starts at the server's time in ms, so that a version
-    -- never repeats after Redis lost its data: readers compare versions with ~=.
-    local t = redis.call('TIME')
-    version = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-    redis.call('SET', version_key, string.format('%.0f', version))
-  else
-    version = redis.call('INCR', version_key)
-  end
-  redis.call('PUBLISH', channel, cjson.encode({model = model, version = version}))
-else
-  version = tonumber(redis.call('GET', version_key))
-end
-return {routing_changed and 1 or 0, (quarantine_changed or held_changed) and 1 or 0, version}
-"""
 
 
 class WriterMetrics(Protocol):
@@ -278,69 +87,6 @@ class NullWriterMetrics:
 
     def written(self, model: str, *, changed: bool, version: int) -> None:
         pass
-
-
-EVENTS_CAP = 50   # newest health changes / fleet events kept per model (P:events:<m>)
-
-
-@dataclass(frozen=True, slots=True)
-class Extras:
-    """What the stage-2 edge writes next to a verdict (see :mod:`app.routing.keys`).
-
-    ``shadow``: the would-be routing set (None: leave the key alone);
-    ``annotations``: extra fields merged into a node's status JSON;
-    ``history``: node → JSON of its tick history (None: leave the key alone);
-    ``events``: JSON documents pushed onto the model's event list, oldest first;
-    ``held_out``: the nodes to hold out (None: :func:`app.routing.keys.held_out` of the tick).
-    """
-
-    shadow: frozenset[str] | None = None
-    annotations: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    history: Mapping[str, str] | None = None
-    events: tuple[str, ...] = ()
-    held_out: frozenset[str] | None = None     # None: derived from the tick (keys.held_out)
-
-
-NO_EXTRAS = Extras()
-
-
-@dataclass(frozen=True, slots=True)
-class WriteResult:
-    """What one successful script run did."""
-
-    model: str
-    version: int
-    routing_changed: bool
-    quarantine_changed: bool           # the quarantine or the held-out set
-    refused_empty: bool = False        # an empty routing set for a model that has one: nothing written
-    has_routing: bool = True           # a routing set was written (False: none admitted yet)
-
-    @property
-    def changed(self) -> bool:
-        return self.routing_changed or self.quarantine_changed
-
-
-def _flat(pairs: Iterable[tuple[str, str]]) -> list[str]:
-    return [x for pair in pairs for x in pair]
-
-
-def _validate(tick: ModelTick) -> None:
-    if not isinstance(tick.model, str) or not tick.model:
-        raise ValueError(f"ModelTick.model must be a non-empty string, got {tick.model!r}")
-    for node in tick.routing:
-        if not isinstance(node, str) or not node:
-            raise ValueError(f"routing set of model {tick.model!r} holds a bad node id {node!r}")
-    for node, ts in tick.quarantine.items():
-        if not isinstance(node, str) or not node:
-            raise ValueError(f"quarantine of model {tick.model!r} holds a bad node id {node!r}")
-        if math.isnan(ts):
-            raise ValueError(f"quarantine of model {tick.model!r}: probe-after ts of {node!r} is NaN")
-    for s in tick.statuses:
-        if s.model != tick.model:
-            raise ValueError(
-                f"ModelTick for model {tick.model!r} carries a status of model {s.model!r} "
-                f"(node {s.node_id!r})"
-            )
 
 
 class RoutingWriter:
@@ -421,7 +167,7 @@ class RoutingWriter:
         tick of the same model. Raises ``ValueError`` only for a malformed
         tick (a programming error).
         """
-        _validate(tick)
+        validate(tick)
         if not tick.routing and (tick.model in self._routed_models or any(
                 p[0].routing for p in (self._pending.get(tick.model),) if p is not None)):
             # Known here to have a set (written, or a verdict waiting): never emptied, never
@@ -579,35 +325,10 @@ class RoutingWriter:
             log.debug("model %r routing version %d", result.model, result.version)
 
     async def _write(self, tick: ModelTick, extras: Extras) -> WriteResult:
-        k, m = self.keys, tick.model
-        routing = sorted(tick.routing)
-        quarantine = [(repr(float(ts)), node) for node, ts in sorted(tick.quarantine.items())]
-        now = self._clock()
-        notes = extras.annotations
-        statuses = {s.node_id: status_json(s, updated_ts=now, extra=notes.get(s.node_id))
-                    for s in tick.statuses}
-        shadow = None if extras.shadow is None else sorted(extras.shadow)
-        history = None if extras.history is None else sorted(extras.history.items())
-        held = sorted(held_out(tick.statuses, tick.routing) if extras.held_out is None
-                      else extras.held_out)
-        args: list[str | int] = [
-            k.channel, m, len(routing), len(quarantine), len(statuses),
-            -1 if shadow is None else len(shadow), -1 if history is None else len(history),
-            len(extras.events), EVENTS_CAP, len(held),
-            *routing, *_flat(quarantine), *_flat(sorted(statuses.items())),
-            *(shadow or ()), *_flat(history or ()), *extras.events, *held,
-        ]
+        keys, args = script_call(self.keys, tick, extras, self._clock())
         async with asyncio.timeout(self._write_timeout_s):
-            raw = await self._script(
-                keys=[k.routing(m), k.version(m), k.quarantine(m), k.nodes(m), k.models,
-                      k.shadow(m), k.history(m), k.events(m), k.held_out(m)],
-                args=args,
-            )
-        routing_changed, quarantine_changed, version = (int(x) for x in raw)
-        if quarantine_changed < 0:
-            return WriteResult(m, version, False, False, refused_empty=True)
-        return WriteResult(m, version, bool(routing_changed), bool(quarantine_changed),
-                           has_routing=bool(routing))
+            raw = await self._script(keys=keys, args=args)
+        return parse_reply(tick, raw)
 
     async def _retry_loop(self) -> None:
         while True:

@@ -50,9 +50,9 @@ from typing import Any
 
 from app.core.config import DetectorSettings
 from app.core.types import HealthState, ModelTick, NodeStatus, Transition, WindowSummary
+from app.routing.apply_script import Extras
 from app.routing.keys import held_out
 from app.routing.operators import OperatorState, Override
-from app.routing.writer import Extras
 from app.streaming.tickstats import Counts, rule_stats, sig4, stats_dict
 
 log = logging.getLogger(__name__)

@@ -69,6 +69,7 @@ from app.core.evaluate import FleetEvaluator
 from app.core.ids import Allowlist
 from app.core.types import HealthState, ModelTick, WindowSummary
 from app.core.window import WindowStore
+from app.routing.apply_script import Extras
 from app.routing.keys import Keys
 from app.routing.operators import (
     OperatorState,
@@ -76,7 +77,6 @@ from app.routing.operators import (
     delete_if_unchanged,
     read_operator_state,
 )
-from app.routing.writer import Extras
 from app.security import faust_broker_credentials
 from app.settings import Settings
 from app.streaming import allowlist

@@ -24,9 +24,10 @@ from redis.exceptions import NoPermissionError
 
 from app.core.types import HealthState, ModelTick, NodeStatus
 from app.routing import explain, operators_cli
+from app.routing.apply_script import Extras
 from app.routing.keys import Keys
 from app.routing.operators import read_operator_state
-from app.routing.writer import Extras, RoutingWriter
+from app.routing.writer import RoutingWriter
 from app.streaming.page import page_data
 
 pytestmark = pytest.mark.integration

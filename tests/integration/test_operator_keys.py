@@ -10,6 +10,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from app.core.types import HealthState, ModelTick, NodeStatus
+from app.routing.apply_script import EVENTS_CAP, Extras
 from app.routing.keys import Keys
 from app.routing.operators import (
     Override,
@@ -19,7 +20,7 @@ from app.routing.operators import (
     set_mode,
     set_override,
 )
-from app.routing.writer import EVENTS_CAP, Extras, RoutingWriter
+from app.routing.writer import RoutingWriter
 
 pytestmark = pytest.mark.integration
 

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from app.core.types import ModelTick, WindowSummary
-from app.routing.writer import NO_EXTRAS, Extras
+from app.routing.apply_script import NO_EXTRAS, Extras
 
 
 @dataclass(frozen=True)

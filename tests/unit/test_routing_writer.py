@@ -20,7 +20,8 @@ from redis.exceptions import NoPermissionError, ReadOnlyError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from app.core.types import HealthState, ModelTick, NodeStatus
-from app.routing.writer import NO_EXTRAS, Extras, RoutingWriter
+from app.routing.apply_script import NO_EXTRAS, Extras
+from app.routing.writer import RoutingWriter
 
 
 class FakeScript:

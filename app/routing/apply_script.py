@@ -1,0 +1,277 @@
+"""One model's verdict as one run of a Redis Lua script: atomic, idempotent, never empty.
+
+Owns :data:`APPLY_LUA` and how a :class:`~app.core.types.ModelTick` (plus the stage-2 edge's
+:class:`Extras`) becomes its keys and arguments (:func:`script_call`) and its reply a
+:class:`WriteResult` (:func:`parse_reply`). The retries around it are
+:mod:`app.routing.writer`'s; the key layout is :mod:`app.routing.keys`'.
+
+* **Atomic.** Redis runs a script without interleaving other commands: a reader sees the
+  whole previous state of the model (routing set, version, quarantine, statuses, held-out
+  set, shadow set, history, events) or the whole new one. The routing set is replaced in
+  place (``DEL`` + ``SADD``), never by ``RENAME`` of a temporary key (fails for an empty set).
+* **Idempotent.** Only a routing, quarantine or held-out set that differs from Redis's is
+  rewritten, bumps the version and publishes ``{"model", "version"}``; statuses are always
+  refreshed. A new version key starts at the server's clock in ms, so versions never repeat
+  after Redis lost its data.
+* **Never empties routing.** An empty routing set for a model that has one is refused
+  (reply ``-1``, nothing written); a model with no node admitted yet gets no routing key.
+* **ACL.** Under Redis 7+ ACLs the script checks every command it may call first and
+  refuses with ``NOPERM`` before writing anything (Redis does not roll a script back).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.core.types import ModelTick
+from app.routing.keys import Keys, held_out, status_json
+
+APPLY_LUA = r"""
+-- tailguard: write one model's routing verdict atomically.
+-- KEYS: 1 routing SET, 2 version, 3 quarantine ZSET, 4 nodes HASH, 5 models SET,
+--       6 shadow routing SET, 7 history HASH, 8 events LIST, 9 held-out SET
+-- ARGV: 1 channel, 2 model, 3 #routing, 4 #quarantine, 5 #statuses,
+--       6 #shadow (-1: leave the shadow set alone), 7 #history (-1: leave it alone),
+--       8 #events, 9 events cap, 10 #held-out,
+--       then the routing members, then (score, node) pairs, then (node, json) pairs,
+--       then the shadow members, then (node, json) history pairs, then event jsons,
+--       then the held-out members.
+-- An empty routing set is written only for a model that has none yet (no node admitted:
+-- the key stays absent); one that would empty an existing set is refused, nothing written.
+-- Returns {routing_changed 0|1, quarantine_changed 0|1 (or -1: refused), version}.
+local routing_key, version_key, quarantine_key, nodes_key, models_key =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local shadow_key, history_key, events_key, held_key = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+local channel, model = ARGV[1], ARGV[2]
+local n_routing = tonumber(ARGV[3])
+local n_quarantine = tonumber(ARGV[4])
+local n_status = tonumber(ARGV[5])
+local n_shadow = tonumber(ARGV[6])
+local n_history = tonumber(ARGV[7])
+local n_events = tonumber(ARGV[8])
+local events_cap = tonumber(ARGV[9])
+local n_held = tonumber(ARGV[10])
+if n_routing == nil or n_quarantine == nil or n_status == nil or n_shadow == nil
+    or n_history == nil or n_events == nil or events_cap == nil or n_held == nil then
+  return redis.error_reply('ERR tailguard: malformed counts')
+end
+local first_r = 11
+local first_q = first_r + n_routing
+local first_s = first_q + 2 * n_quarantine
+local first_w = first_s + 2 * n_status
+local first_h = first_w + math.max(n_shadow, 0)
+local first_e = first_h + 2 * math.max(n_history, 0)
+local first_o = first_e + n_events
+if #ARGV ~= first_o - 1 + n_held then
+  return redis.error_reply('ERR tailguard: argument count does not match the counts')
+end
+
+-- Under a Redis ACL, check every command first: Redis does not roll back a script that fails
+-- half way, so a missing permission (say +publish) would leave a half-written model.
+if redis.acl_check_cmd then
+  local checks = {
+    {'EXISTS', version_key}, {'GET', version_key}, {'SET', version_key, '0'}, {'INCR', version_key},
+    {'SCARD', routing_key}, {'SISMEMBER', routing_key, 'n'}, {'DEL', routing_key},
+    {'SADD', routing_key, 'n'}, {'ZCARD', quarantine_key}, {'ZSCORE', quarantine_key, 'n'},
+    {'DEL', quarantine_key}, {'ZADD', quarantine_key, '0', 'n'}, {'DEL', nodes_key},
+    {'HSET', nodes_key, 'n', 'v'}, {'SADD', models_key, 'm'}, {'TIME'}, {'PUBLISH', channel, 'm'},
+    {'DEL', shadow_key}, {'SADD', shadow_key, 'n'}, {'DEL', history_key}, {'HSET', history_key, 'n', 'v'},
+    {'LPUSH', events_key, 'e'}, {'LTRIM', events_key, '0', '0'}, {'EXISTS', routing_key},
+    {'SCARD', held_key}, {'SISMEMBER', held_key, 'n'}, {'DEL', held_key}, {'SADD', held_key, 'n'},
+  }
+  for _, c in ipairs(checks) do
+    if not redis.acl_check_cmd(unpack(c)) then
+      return redis.error_reply('NOPERM tailguard: this ACL user may not run ' .. c[1] ..
+        (c[2] and (' on ' .. c[2]) or '') .. '; nothing was written (see docs/production.md)')
+    end
+  end
+end
+
+local CHUNK = 512  -- even, so (score, member) and (field, value) pairs never split
+local function put(cmd, key, from, to)
+  local i = from
+  while i <= to do
+    local j = math.min(i + CHUNK - 1, to)
+    redis.call(cmd, key, unpack(ARGV, i, j))
+    i = j + 1
+  end
+end
+
+if n_routing < 1 and redis.call('EXISTS', routing_key) == 1 then
+  return {0, -1, 0}   -- never empty a routing set: the last written one stays
+end
+
+-- same size and every wanted (distinct) member present => same set
+local function same_set(key, from, to)
+  if redis.call('SCARD', key) ~= to - from + 1 then
+    return false
+  end
+  for i = from, to do
+    if redis.call('SISMEMBER', key, ARGV[i]) == 0 then
+      return false
+    end
+  end
+  return true
+end
+
+local routing_changed = redis.call('EXISTS', version_key) == 0
+  or not same_set(routing_key, first_r, first_q - 1)
+local held_changed = not same_set(held_key, first_o, #ARGV)
+
+local quarantine_changed = redis.call('ZCARD', quarantine_key) ~= n_quarantine
+if not quarantine_changed then
+  for i = first_q, first_s - 1, 2 do
+    local have = redis.call('ZSCORE', quarantine_key, ARGV[i + 1])
+    if not have or tonumber(have) ~= tonumber(ARGV[i]) then
+      quarantine_changed = true
+      break
+    end
+  end
+end
+
+if routing_changed then
+  redis.call('DEL', routing_key)
+  put('SADD', routing_key, first_r, first_q - 1)
+end
+if quarantine_changed then
+  redis.call('DEL', quarantine_key)
+  put('ZADD', quarantine_key, first_q, first_s - 1)
+end
+if held_changed then
+  redis.call('DEL', held_key)
+  put('SADD', held_key, first_o, #ARGV)
+end
+
+redis.call('DEL', nodes_key)
+put('HSET', nodes_key, first_s, first_w - 1)
+redis.call('SADD', models_key, model)
+if n_shadow >= 0 then
+  redis.call('DEL', shadow_key)
+  put('SADD', shadow_key, first_w, first_h - 1)
+end
+if n_history >= 0 then
+  redis.call('DEL', history_key)
+  put('HSET', history_key, first_h, first_e - 1)
+end
+if n_events > 0 then
+  put('LPUSH', events_key, first_e, #ARGV)
+  redis.call('LTRIM', events_key, 0, events_cap - 1)
+end
+
+local version
+if routing_changed or quarantine_changed or held_changed then
+  if redis.call('EXISTS', version_key) == 0 then
+    -- A new (or lost) version key starts at the server's time in ms, so that a version
+    -- never repeats after Redis lost its data: readers compare versions with ~=.
+    local t = redis.call('TIME')
+    version = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    redis.call('SET', version_key, string.format('%.0f', version))
+  else
+    version = redis.call('INCR', version_key)
+  end
+  redis.call('PUBLISH', channel, cjson.encode({model = model, version = version}))
+else
+  version = tonumber(redis.call('GET', version_key))
+end
+return {routing_changed and 1 or 0, (quarantine_changed or held_changed) and 1 or 0, version}
+"""
+
+
+EVENTS_CAP = 50   # newest health changes / fleet events kept per model (P:events:<m>)
+
+
+@dataclass(frozen=True, slots=True)
+class Extras:
+    """What the stage-2 edge writes next to a verdict (see :mod:`app.routing.keys`).
+
+    ``shadow``: the would-be routing set (None: leave the key alone);
+    ``annotations``: extra fields merged into a node's status JSON;
+    ``history``: node → JSON of its tick history (None: leave the key alone);
+    ``events``: JSON documents pushed onto the model's event list, oldest first;
+    ``held_out``: the nodes to hold out (None: :func:`app.routing.keys.held_out` of the tick).
+    """
+
+    shadow: frozenset[str] | None = None
+    annotations: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    history: Mapping[str, str] | None = None
+    events: tuple[str, ...] = ()
+    held_out: frozenset[str] | None = None     # None: derived from the tick (keys.held_out)
+
+
+NO_EXTRAS = Extras()
+
+
+@dataclass(frozen=True, slots=True)
+class WriteResult:
+    """What one successful script run did."""
+
+    model: str
+    version: int
+    routing_changed: bool
+    quarantine_changed: bool           # the quarantine or the held-out set
+    refused_empty: bool = False        # an empty routing set for a model that has one: nothing written
+    has_routing: bool = True           # a routing set was written (False: none admitted yet)
+
+    @property
+    def changed(self) -> bool:
+        return self.routing_changed or self.quarantine_changed
+
+
+def _flat(pairs: Iterable[tuple[str, str]]) -> list[str]:
+    return [x for pair in pairs for x in pair]
+
+
+def validate(tick: ModelTick) -> None:
+    """Raise ``ValueError`` for a malformed tick (a programming error, never Redis's)."""
+    if not isinstance(tick.model, str) or not tick.model:
+        raise ValueError(f"ModelTick.model must be a non-empty string, got {tick.model!r}")
+    for node in tick.routing:
+        if not isinstance(node, str) or not node:
+            raise ValueError(f"routing set of model {tick.model!r} holds a bad node id {node!r}")
+    for node, ts in tick.quarantine.items():
+        if not isinstance(node, str) or not node:
+            raise ValueError(f"quarantine of model {tick.model!r} holds a bad node id {node!r}")
+        if math.isnan(ts):
+            raise ValueError(f"quarantine of model {tick.model!r}: probe-after ts of {node!r} is NaN")
+    for s in tick.statuses:
+        if s.model != tick.model:
+            raise ValueError(
+                f"ModelTick for model {tick.model!r} carries a status of model {s.model!r} "
+                f"(node {s.node_id!r})"
+            )
+
+
+def script_call(keys: Keys, tick: ModelTick, extras: Extras,
+                now_ts: float) -> tuple[list[str], list[str | int]]:
+    """The KEYS and ARGV of :data:`APPLY_LUA` for ``tick`` (statuses stamped ``now_ts``)."""
+    k, m = keys, tick.model
+    routing = sorted(tick.routing)
+    quarantine = [(repr(float(ts)), node) for node, ts in sorted(tick.quarantine.items())]
+    notes = extras.annotations
+    statuses = {s.node_id: status_json(s, updated_ts=now_ts, extra=notes.get(s.node_id))
+                for s in tick.statuses}
+    shadow = None if extras.shadow is None else sorted(extras.shadow)
+    history = None if extras.history is None else sorted(extras.history.items())
+    held = sorted(held_out(tick.statuses, tick.routing) if extras.held_out is None
+                  else extras.held_out)
+    args: list[str | int] = [
+        k.channel, m, len(routing), len(quarantine), len(statuses),
+        -1 if shadow is None else len(shadow), -1 if history is None else len(history),
+        len(extras.events), EVENTS_CAP, len(held),
+        *routing, *_flat(quarantine), *_flat(sorted(statuses.items())),
+        *(shadow or ()), *_flat(history or ()), *extras.events, *held,
+    ]
+    return ([k.routing(m), k.version(m), k.quarantine(m), k.nodes(m), k.models,
+             k.shadow(m), k.history(m), k.events(m), k.held_out(m)], args)
+
+
+def parse_reply(tick: ModelTick, raw: Sequence[Any]) -> WriteResult:
+    """The script's reply ``{routing_changed, quarantine_changed or -1, version}``."""
+    routing_changed, quarantine_changed, version = (int(x) for x in raw)
+    if quarantine_changed < 0:
+        return WriteResult(tick.model, version, False, False, refused_empty=True)
+    return WriteResult(tick.model, version, bool(routing_changed), bool(quarantine_changed),
+                       has_routing=bool(tick.routing))
