@@ -196,7 +196,10 @@ class FleetEvaluator:
             ms.forget_pair(node)
 
         peers = gather_peers(by_node, ms.pairs, st.min_samples)
-        errors = error_judgements(ms.counts, by_node, ms.pairs, st)
+        # Out of routing, failures from before the ejection are not pooled (rules).
+        cut = {n: ts for n in ms.pairs.unrouted
+               if (ts := ms.pairs[n].quarantined_at) is not None}
+        errors = error_judgements(ms.counts, by_node, ms.pairs, st, cut, now_s)
         follow_signal(ms, peers)   # a baseline is in the units of its signal
         pn = norms_of(peers, ms.baseline_p50, ms.baseline_ticks, st)
         norms = pn.window

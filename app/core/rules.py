@@ -264,18 +264,25 @@ def pool_ticks(st: DetectorSettings) -> int:
 
 def error_judgements(counts: MutableMapping[str, tuple[int, ...]],
                      by_node: Mapping[str, WindowSummary], pairs: Mapping[str, PairState],
-                     st: DetectorSettings) -> ErrorReport:
+                     st: DetectorSettings, since: Mapping[str, float] | None = None,
+                     now_s: float = 0.0) -> ErrorReport:
     """The error-rate rule on the failed requests since the last tick, or over the last few
     ticks (up to ``max_sample_age_s``) until ``min_samples`` requests are in.
 
     ``counts``: per pair, stage 1's cumulative (requests, failed) at the last
-    :func:`pool_ticks` ticks, oldest first, flat; updated for the next tick."""
+    :func:`pool_ticks` ticks, oldest first, flat; updated for the next tick. ``since``: node
+    → a cut-off (the ejection of a pair out of routing): its requests are pooled only over
+    ticks at or after it, so a probe round is never judged on failures from before the
+    ejection (probes in quarantine before the round still count), and ``probe_min_samples``
+    of them suffice, as for its latency."""
     limit = st.max_error_share
     min_n = st.min_samples
+    probe_n = min(st.probe_min_samples, min_n)
     keep = 2 * pool_ticks(st)
     get = counts.get
     shares: dict[str, float] = {}           # node -> failed share since the last tick(s)
     over: list[tuple[str, float, int, int, int]] = []   # past the limit: node, share, n, failed, ticks
+    tick_s = st.tick_interval_s
     for node, s in by_node.items():
         req = s.requests_total
         fail = s.failed_total
@@ -284,10 +291,16 @@ def error_judgements(counts: MutableMapping[str, tuple[int, ...]],
             counts[node] = (req, fail)
             continue
         # The newest past tick with min_samples requests since (the last tick at any rate
-        # above min_samples per tick).
-        for i in range(len(prev) - 2, -1, -2):
+        # above min_samples per tick); with a cut-off, only ticks since it (the k-th newest
+        # entry was recorded k ticks ago).
+        cut = None if not since else since.get(node)
+        first, need = 0, min_n
+        if cut is not None:
+            first = max(0, len(prev) - 2 * math.floor((now_s - cut) / tick_s + 1e-9))
+            need = probe_n
+        for i in range(len(prev) - 2, first - 1, -2):
             n = req - prev[i]
-            if n >= min_n:
+            if n >= need:
                 failed = fail - prev[i + 1]
                 if 0 <= failed <= n:
                     share = shares[node] = failed / n

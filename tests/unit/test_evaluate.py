@@ -873,6 +873,41 @@ def test_a_node_still_failing_on_probe_traffic_is_not_let_back_in() -> None:
     assert (H.HEALTHY, "probe_passed") not in trans
 
 
+def _recovery_on_probe_traffic(ev: FleetEvaluator) -> list[tuple[H, str, float]]:
+    """n03 fails 30 % of 600 requests a tick until it is out, then recovers (0 failures) and
+    gets 30 probe requests a tick: its (state, reason, ts) transitions."""
+    counts = {f"n{i:02d}": (0, 0) for i in range(6)}
+    trans: list[tuple[H, str, float]] = []
+    out_at = None
+    for k in range(40):
+        now = T0 + 30.0 * k
+        sums = []
+        for node, (req, fail) in counts.items():
+            n = 30 if node == "n03" and out_at is not None else 600
+            req += n
+            fail += round(0.3 * n) if node == "n03" and out_at is None else 0
+            counts[node] = (req, fail)
+            s = _with_failures(1, {}, per_tick=0)[int(node[1:])]
+            sums.append(s._replace(requests_total=req, failed_total=fail))
+        for t in ev.evaluate("m", sums, now).transitions:
+            if t.node_id == "n03":
+                trans.append((t.to_state, t.reason, t.ts))
+                if t.to_state is H.UNHEALTHY and out_at is None:
+                    out_at = now
+    return trans
+
+
+def test_a_recovered_node_on_probe_traffic_is_not_held_by_its_failures_before_ejection() -> None:
+    # Probe rounds are judged on requests since the round began: pooling 30 probes a tick up
+    # to min_samples must not reach back to the failures that got the node ejected.
+    ev = FleetEvaluator(DetectorSettings(max_sample_age_s=300.0, backoff_initial_s=60.0))
+    trans = _recovery_on_probe_traffic(ev)
+    states = [(st, reason) for st, reason, _ in trans]
+    assert (H.UNHEALTHY, "error_rate") in states
+    assert (H.HEALTHY, "probe_passed") in states
+    assert (H.QUARANTINED, "probe_failed") not in states, trans
+
+
 def test_stored_error_counters_of_the_older_form_still_restore() -> None:
     ev = FleetEvaluator(DetectorSettings(max_sample_age_s=300.0))
     for k in range(3):
