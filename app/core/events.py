@@ -1,58 +1,22 @@
 """Latency events: decode and validate the contract's JSON (ARCHITECTURE.md).
 
 Owns the boundary between untrusted bytes and the detector (one concept: the contract's
-forms and their validation, kept together so no form drifts from the others). Three
-forms are accepted, each decoding to a value this module defines:
-
-* single event ``{"node_id", "model", "latency_us", "ts", …}`` →
-  :class:`SampleBatch` of length 1;
-* batch ``{"node_id", "model", "hardware", "samples": [[ts, latency_us], …]}``
-  (a sample may be ``[ts, latency_us, input_tokens, output_tokens, ttft_us]``,
-  ``null`` for a missing size field; optional batch-level ``ok``/``probe``
-  apply to every sample) → :class:`SampleBatch`;
-* heartbeat ``{"type": "heartbeat", "node_id", "model", "hardware", "ts"}`` →
-  :class:`Heartbeat`.
-
-Every form may carry ``"instance"``: an id of the reporting process (the emitter
-draws one per process start); a new instance of a series is a restart.
-
-``"type"`` is optional for the first two; a producer that names every form may
-send ``"type": "single"`` or ``"type": "batch"``. Any other type is bad input.
+forms and their validation, kept together so no form drifts from the others). :func:`decode`
+takes one message — a single event or a batch (JSON or binary) → :class:`SampleBatch`, a
+heartbeat → :class:`Heartbeat` — and :func:`parse_event` one decoded JSON value. The field
+rules are in docs/contracts.md, the binary layout in docs/contracts-binary.md.
 
 Guarantees:
 
-* Anything else raises :class:`~app.core.errors.BadEvent` with a ``reason``
-  slug from :data:`REASONS` and a message naming the field. Nothing else is
-  raised for any input bytes.
-* Every value in a returned batch satisfies the contract: ``latency_us`` is
-  finite, > 0 and <= ``settings.max_latency_us``; ``ts`` is finite, >= 0 and,
-  when ``now_s`` is given, at most ``settings.max_future_skew_s`` ahead of it;
-  token counts are integers in [0, 10⁷]; ``0 <= ttft_us <= latency_us``.
-  ``true``/``false`` are never accepted as numbers. ``null`` in an optional
-  field means "absent". Unknown keys (``request_id`` …) are ignored.
-* ``node_id`` and ``model`` meet the id rule of ``settings.id_pattern``
-  (:mod:`app.core.ids`: by default 1-128 printable ASCII characters but ``|``) in
-  every form, or the message is refused (``bad_node_id``, ``bad_model``).
-* Batch policy: a batch whose header (node_id, model, hardware, flags,
-  ``samples`` container) is bad is rejected whole. Otherwise bad samples are
-  dropped and counted in :attr:`SampleBatch.rejected`, the good ones kept, so
-  that one corrupt sample does not discard a thousand good ones; a batch with
-  no good sample at all raises :class:`BadEvent` (reason of its first bad
-  sample).
-* JSON: ``orjson`` when installed (≈5× faster than the standard library),
-  else ``json``; both reject ``NaN``/``Infinity`` literals identically. A
-  batch of well-formed samples, and in ``Accumulator.add`` (:mod:`app.core.accumulate`)
-  a well-formed single event, are decoded by the msgspec fast paths of
-  :mod:`app.core.events_fast`; anything they do not take falls back to the
-  general path here, so the result (values, drops, errors) is the same either
-  way (tested).
-* Binary batches (bytes starting with ``0xF5 'T' 'G'``, layout in
-  :mod:`app.core.binary` and docs/contracts-binary.md) are the batch form
-  without JSON: the columns are read as numpy views of the message and then
-  validated exactly like a JSON batch; a broken layout is ``bad_binary``.
-
-Grouping a stream of messages into one batch per series (``Accumulator``,
-``decode_many``) is :mod:`app.core.accumulate`'s job.
+* Bad input raises :class:`~app.core.errors.BadEvent` with a ``reason`` slug from
+  :data:`REASONS` and a message naming the field; nothing else is raised for any bytes.
+* Every value in a returned batch meets the contract (limits from ``settings``, ids by the
+  rule of :mod:`app.core.ids`); ``true``/``false`` are never numbers, unknown keys are ignored.
+* A batch whose header is bad is rejected whole; otherwise bad samples are dropped and
+  counted in :attr:`SampleBatch.rejected`, and a batch with no good sample raises.
+* The msgspec fast paths (:mod:`app.core.events_fast`) give the same values, drops and
+  errors as the general path here (tested). Grouping messages into one batch per series is
+  :mod:`app.core.accumulate`'s job.
 """
 
 from __future__ import annotations

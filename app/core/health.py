@@ -1,44 +1,19 @@
 """The health state machine of one (node, model) pair — pure step functions.
 
-Owns :class:`PairState` (a small frozen dataclass) and every rule that moves
-it between the :class:`~app.core.types.HealthState` values::
-
-    unknown ──first_seen──▶ warming (not routed) ──admitted──▶ healthy ◀──normal── suspect
-                                                        │  ▲                 │
-                                              abnormal  │  │ normal          │ abnormal × confirm_windows
-                                                        ▼  │                 ▼
-                                                      suspect ─────▶ (candidate for ejection)
-                                                                         │ the fleet guard decides
-                            ┌────────────────────────────────────────────┴──────────┐
-                            ▼ cap allows (routed=false)                              ▼ cap full / last node
-                      unhealthy ──next tick──▶ quarantined             unhealthy (routed=true,
-                                                 │   ▲  probe_failed     reason ejection_cap)
-                          probe round normal,    │   │  (back-off grows) ─ ejected later when the
-                          back-off passed        │   │                     cap allows; normal → healthy
-                                                 ▼   │
-                                              healthy  retired ◀── too many failed rounds /
-                                                                   diagnostics unrecoverable
-
-    any routed or out-of-routing pair ──silent──▶ gone ──returned──▶ warming (was routed)
-                                                                      │ or quarantined (was out)
-    warming / healthy / suspect / unhealthy (routed) ──restarted──▶ warming ──warmup_done──▶ healthy
-
-Admission: a new pair (``admitted`` false) is ``warming`` and out of routing until a window of
-at least ``min_samples`` judged samples after its warm-up looks normal (``admitted``: healthy,
-routed); ``confirm_windows`` abnormal ones refuse it (ejected straight to unhealthy, then probed
-like any ejected pair; passing a probe round admits it). Admission is kept through restarts
-and returns (a known node warms up routed), and lost when the pair is forgotten or a retired
-node comes back as a new instance.
+Owns :class:`PairState` (a small frozen dataclass) and every rule that moves it between the
+:class:`~app.core.types.HealthState` values: :func:`first_seen`, :func:`step` (one tick's
+:class:`Judgement`), :func:`eject` / :func:`keep_in`, :func:`diagnostics`, :func:`go_silent`,
+:func:`come_back` and :func:`restart`. The states, their transitions and admission by
+evidence are drawn in docs/rules.md ("States", "Admission").
 
 Guarantees:
 
-* Pure: the same ``(state, judgement, now_s, settings)`` always gives the
-  same result; nothing here reads a clock.
+* Pure: the same ``(state, judgement, now_s, settings)`` always gives the same result;
+  nothing here reads a clock.
 * No verdict (insufficient data) never changes a state: the abnormal streak
   neither grows nor resets.
-* A :class:`~app.core.types.Transition` is produced only when the state or
-  the routed flag changes, or when a probe round fails (a quarantined node's
-  back-off grows) — never every tick.
+* A :class:`~app.core.types.Transition` is produced only when the state or the routed flag
+  changes, or when a probe round fails (a quarantined node's back-off grows) — never every tick.
 * Whether a confirmed node actually leaves routing is decided by the caller
   (the fleet guard in :mod:`app.core.evaluate`) through :func:`eject` or
   :func:`keep_in`; a step alone never takes a routed node out.

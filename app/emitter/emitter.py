@@ -2,49 +2,21 @@
 
 What it owns: a bounded in-memory buffer (:class:`~app.emitter.buffer.SeriesBuffer`),
 one background asyncio task (the *flusher*) and one aiokafka producer. Its length is one
-concept's: the flusher's send, retry and back-off states only make sense together.
+concept's: the flusher's send, retry and back-off states only make sense together. Entry
+points: :meth:`LatencyEmitter.record`, :meth:`~LatencyEmitter.heartbeat`, ``start``/``stop``
+(or ``async with``). Options and each guarantee in full: docs/emitter.md.
+
 Guarantees:
 
-* :meth:`LatencyEmitter.record` never awaits, never does I/O and never waits
-  on Kafka: it validates its arguments (``ValueError`` for programming
-  errors such as ``latency_us <= 0``), takes a short lock and appends to the
-  series' buffer. It may be called from any thread.
-* Memory is bounded. At most ``max_buffered`` samples wait in the buffer; when
-  Kafka is slow or down the *oldest* are dropped and counted
-  (``stats.dropped``). At most ``max_in_flight`` messages (each at most
-  ``max_batch`` samples) are handed to the producer and not yet acknowledged.
-* Batching: a series (node_id, model, hardware) is sent when it holds
-  ``max_batch`` samples or its oldest sample has waited ``linger_s``,
-  whichever comes first. Wire format: :mod:`app.emitter.wire` (batch form,
-  binary by default — ``wire_format="json"`` for the JSON batch; failed and
-  probe requests as separate batches flagged ``"ok": false`` /
-  ``"probe": true``; key ``node_id|model``).
-* Delivery is at-least-once within the buffer's bound: a send that fails with
-  a retriable Kafka error (broker down, timeout, leader change) puts its
-  samples back at the head of their series (they are the oldest, so they
-  are the first dropped if the buffer overflows) and the flusher backs off
-  exponentially from ``retry_backoff_s`` up to ``max_retry_backoff_s``. A
-  timed-out send that in fact reached the broker is sent again (duplicates
-  are possible; the detector tolerates them). Non-retriable errors (e.g.
-  authorisation) drop the message's samples, counted in ``stats.dropped``.
-* Kafka down at start does not fail :meth:`start`: the flusher keeps trying to
-  connect (same back-off) while ``record()`` buffers. ``stats.connected`` says
-  whether a producer is up.
-* Heartbeats: every series registered with :meth:`heartbeat` gets a
-  ``{"type": "heartbeat", …}`` message at once and then every
-  ``heartbeat_interval_s``, with or without traffic.
-* :meth:`stop` (or leaving ``async with``) stops accepting samples (later
-  ``record()`` calls are counted as dropped, not raised, so requests finishing
-  during shutdown are harmless), sends what is buffered, waits for
-  acknowledgements, and gives up after ``close_timeout_s``; whatever did not
-  make it is counted in ``stats.dropped``.
-* Accounting: ``recorded == sent + dropped + buffered + in_flight`` whenever
-  the emitter is idle (tested).
-
-Time: ``clock`` (wall clock, default :func:`time.time`) stamps events that
-come without ``ts``; ``monotonic`` (default :func:`time.monotonic`) drives
-linger, heartbeats and back-off. Both are injectable, as is the producer
-(``producer_factory``), so tests need neither a broker nor sleeps.
+* :meth:`LatencyEmitter.record` never awaits, never does I/O and never waits on Kafka; it
+  may be called from any thread (``ValueError`` only for programming errors).
+* Memory is bounded: at most ``max_buffered`` samples wait (the oldest are dropped and
+  counted when Kafka is slow or down) and ``max_in_flight`` messages are unacknowledged.
+* A series is sent at ``max_batch`` samples or after ``linger_s`` (:mod:`app.emitter.wire`).
+* Delivery is at least once within the buffer's bound (retriable errors re-buffer, with
+  back-off); Kafka down at start does not fail :meth:`start`.
+* Accounting: ``recorded == sent + dropped + buffered + in_flight`` whenever idle (tested).
+* Time (``clock``, ``monotonic``) and the producer (``producer_factory``) are injectable.
 """
 
 from __future__ import annotations

@@ -1,39 +1,22 @@
 """``tailguard haproxy-sync`` — mirror each model's routing set onto HAProxy servers via the Runtime API.
 
-HAProxy keeps serving from its own configuration; this process only flips
-servers between ``ready`` and ``maint`` with ``set server <backend>/<server>
-state ready|maint`` on the Runtime API socket (``stats socket … level admin``
-in HAProxy's ``global`` section). A server in ``maint`` gets no new traffic;
-requests already running on it finish.
-
-Mapping: ``--backend-map model=backend,…`` names the HAProxy backend that
-serves each model; a node id maps to the server of the same name unless
-``--server-map node=server,…`` says otherwise. Every server of a mapped
-backend is managed: a server whose node tailguard took out (its held-out set:
-ejected, quarantined, retired, gone, drained) goes to ``maint``, every other
-one to ``ready`` — the routed nodes, and the servers tailguard has not judged
-yet (a new node needs traffic to be admitted to the routing set; HAProxy's own
-configuration and health checks decide about it, as without tailguard).
+Owns :class:`HaproxySync` (and its command line, :func:`main`): HAProxy keeps serving from its
+own configuration; this process only flips servers between ``ready`` and ``maint`` with
+``set server <backend>/<server> state ready|maint`` on the Runtime API socket
+(:class:`SocketRuntimeApi`). ``--backend-map model=backend,…`` names each model's backend; a
+node id maps to the server of the same name unless ``--server-map node=server,…`` says
+otherwise. A server whose node tailguard took out (its held-out set) goes to ``maint``, every
+other server of a mapped backend to ``ready``. In full: docs/lb.md ("HAProxy").
 
 Guarantees:
 
-* **Only changes are sent.** Each sync reads the live state once
-  (``show servers state``) and sends a command only for a server whose forced
-  maintenance flag disagrees with the routing set (:func:`plan_backend`).
-  ``ready`` clears HAProxy's forced maintenance and forced drain; servers
-  disabled in the configuration or down by health checks stay as HAProxy has
-  them.
-* **Never all servers in maint.** If a model is unknown (no routing set and
-  nothing held out), or its routing set names nodes none of which is a server
-  of the backend, or every server would be held out, that backend is left
-  exactly as it is (and a warning says why). Otherwise at least one server is
-  made ready, so a sync never leaves a backend with no server.
-* **Converges.** It syncs when the reader reports a change (pub/sub or version
-  poll), when a poll of the cached sets finds a difference, and every
-  ``--resync-interval-s`` regardless — which repairs an HAProxy restart or a
-  manual change. An unreachable HAProxy is retried every poll; a Redis outage
-  leaves HAProxy as it is (the reader serves the last-known sets).
-* HAProxy's ``show servers state`` format version 1 (HAProxy 1.6 … 3.x).
+* **Only changes are sent.** Each sync reads ``show servers state`` once
+  (:func:`parse_servers_state`, format version 1) and :func:`plan_backend` commands only the
+  servers whose forced maintenance flag disagrees with the routing set.
+* **Never all servers in maint.** A backend whose model is unknown, whose routing set names
+  none of its servers, or all of whose servers would be held out is left exactly as it is.
+* **Converges.** It syncs on every change the reader reports, when a poll of the cached sets
+  finds a difference, and every ``--resync-interval-s``; a Redis outage leaves HAProxy as is.
 """
 
 from __future__ import annotations

@@ -1,50 +1,22 @@
 """``tailguard proxy`` — a reference HTTP load balancer that reads the routing set before each dispatch.
 
-For every request the proxy
-
-1. finds the model: the ``--model-header`` header if configured and present,
-   else the ``"model"`` field of a JSON body (OpenAI-style APIs), else none;
-2. reads the model's routing set through a :class:`~app.lb.RoutingSource`
-   (the real one is :class:`app.routing.reader.RoutingTable`, whose cache is
-   refreshed by pub/sub and version polling — no Redis round-trip per request);
-3. picks a node with :class:`~app.lb.balance.Balancer`: round-robin over the
-   ``--backends`` that tailguard has not taken out (its held-out set: ejected,
-   quarantined, retired, gone, drained) — the routed nodes, and new nodes
-   tailguard has not judged yet, which need this traffic to be admitted; on a probe slot
-   (``--probe-share``, default 2 % of a model's requests) a quarantined node
-   whose probe time has come instead, sent with ``X-Tailguard-Probe: 1`` so the
-   node's emitter records ``probe: true``. The probe's response is returned to
-   the client (no mirroring: mirroring would double the cost of every probed
-   LLM request); if the probe fails (connection error or a 5xx status) the
-   request is retried on a routed node, so probing never fails a client;
-4. forwards the request and streams the response back (SSE / chunked bodies
-   pass through as they arrive).
+Owns :class:`Proxy` (and its command line, :func:`main`): for every request it finds the
+model (:func:`model_of`: the ``--model-header`` header, else a JSON body's ``"model"``),
+reads the model's routing through a :class:`~app.lb.RoutingSource` (cached: no Redis
+round-trip per request), picks a node with :class:`~app.lb.balance.Balancer` — round-robin
+over the ``--backends`` tailguard has not taken out, or on a probe slot (``--probe-share``) a
+quarantined node due for probing, marked ``X-Tailguard-Probe: 1`` — and forwards the request,
+streaming the response back. Each behaviour in full: docs/lb.md ("Reference proxy").
 
 Guarantees:
 
-* **Never 503 because tailguard is down.** When the routing set is unknown
-  (not written yet, or Redis unreachable before anything was cached) or none of
-  its nodes has a known address, the request goes round-robin to every backend
-  in ``--backends`` (counted as ``fallback``). While Redis is down the reader
-  serves the last-known set.
-* **One retry.** When a backend cannot be reached or drops the connection before
-  answering, the request is retried once on another node; if that fails too the
-  client gets ``502`` with a JSON body naming the nodes tried. A backend's own
-  HTTP errors (4xx/5xx) are passed through (except for probes, see above).
-  Nothing is retried once the response has started streaming.
-* A client-supplied ``X-Tailguard-Probe`` header is removed: only the proxy
-  marks probe traffic.
-* **Failures a node cannot report.** With ``report_failure`` (the CLI's
-  ``--report-failures``: ``ok: false`` events to ``latency-events``), every
-  attempt that got no answer at all — connection refused or reset, connect or
-  read timeout before the response — is reported for that node and model,
-  with the time it took (``probe: true`` for a probe). A node that died sends
-  nothing itself; these failures let tailguard's ``error_rate`` rule take it
-  out of routing. Answers (any status) are the node's own to report.
-
-``GET /_tailguard/stats`` returns per-node counters as JSON (see
-:meth:`ProxyStats.to_dict`); ``GET /_tailguard/health`` answers ``ok``.
-Responses carry ``X-Tailguard-Node`` (the node that served them).
+* **Never 503 because tailguard is down**: an unknown routing set, or one with no known
+  address, means round-robin over every backend (counted as ``fallback``).
+* **One retry** on another node when a backend cannot be reached or drops the connection
+  before answering, then ``502``; nothing is retried once the response has started. A
+  failed probe is retried on a routed node, so probing never fails a client.
+* Only the proxy marks probe traffic (a client's ``X-Tailguard-Probe`` is removed). With
+  ``--report-failures``, every attempt that got no answer is reported as an ``ok: false`` event.
 """
 
 from __future__ import annotations

@@ -1,52 +1,22 @@
 """Redis key layout of tailguard's routing state — the one place that builds key names.
 
-Layout (``P`` = the key prefix, default ``tailguard``; ``<m>`` = the encoded model name):
+Owns the names of every key and channel (:class:`Keys`; ``P`` = the key prefix, default
+``tailguard``, ``<m>`` = the encoded model name): ``P:routing:<m>``, ``P:held-out:<m>``,
+``P:routing:<m>:version``, ``P:quarantine:<m>``, ``P:nodes:<m>``, ``P:models``,
+``P:routing-shadow:<m>``, ``P:history:<m>``, ``P:events:<m>``, ``P:overrides``, ``P:mode``
+and the channel ``P:routing:changes``; what each holds is the contract in docs/contracts.md
+("Redis"). Also the values that cross it: :func:`status_json` (a node's status),
+:func:`held_out`, :func:`change_message` / :func:`parse_change_message`.
 
-=================================  ======  ==================================================
-key                                type    content
-=================================  ======  ==================================================
-``P:routing:<m>``                  SET     node ids that may receive traffic for the model
-                                           (admitted ones; absent until one is admitted)
-``P:held-out:<m>``                 SET     node ids tailguard took out (ejected, quarantined,
-                                           retired, gone, drained): what a load balancer
-                                           with its own server list holds out
-``P:routing:<m>:version``          STRING  integer, incremented whenever the routing set, the held-out set or
-                                           the quarantine of the model changes; created at
-                                           the server's Unix time in ms, so it never
-                                           repeats after a data loss: compare with ``!=``
-``P:quarantine:<m>``               ZSET    member = node id taken out, score = the Unix time
-                                           (s) from which it may be probed / re-admitted
-``P:nodes:<m>``                    HASH    node id → JSON status (see :func:`status_json`)
-``P:models``                       SET     every model name ever written (raw, not encoded)
-``P:routing-shadow:<m>``           SET     the routing set the rules and operator overrides
-                                           want (what enforce mode writes to ``P:routing:<m>``;
-                                           in observe mode the real set keeps every node)
-``P:history:<m>``                  HASH    node id → JSON list of its last ticks' rule
-                                           statistics and limits (``tailguard explain``)
-``P:events:<m>``                   LIST    the newest health changes and fleet events of the
-                                           model (JSON, newest first, capped; the status page)
-``P:overrides``                    HASH    operator overrides: field ``["node", "model"|null]``
-                                           (JSON) → JSON ``{action: drain|pin, reason, until,
-                                           by, ts}`` (:mod:`app.routing.operators`)
-``P:mode``                         HASH    ``""`` (every model) or a model name → ``observe``
-                                           or ``enforce``; wins over ``TAILGUARD_MODE``
-channel ``P:routing:changes``      pubsub  ``{"model": <raw name>, "version": <int>}``
-=================================  ======  ==================================================
+Guarantees:
 
-Model names are free text (≤ 256 chars) and may contain ``:``, ``%`` or spaces.
-To keep keys unambiguous — a model named ``foo:version`` must not collide with
-the version key of model ``foo`` — :func:`encode_model` percent-encodes ``%``,
-``:``, whitespace and control characters (as their UTF-8 bytes, ``%3A`` for
-``:``). Every other character, including non-ASCII letters, is kept, so the
-usual model names (``llama-3-70b``, ``bge/large-en``) appear in keys exactly as
-written. The encoding is injective and :func:`decode_model` inverts it. The
-``models`` SET and the pub/sub messages carry the raw names.
-
-Node ids are stored raw: they are members and hash fields, never part of a key.
-
-All keys of one model are written together by one Lua script
-(:mod:`app.routing.writer`); this layout assumes a single Redis (or a primary
-with replicas), not Redis Cluster, whose slots would split a model's keys.
+* Keys are unambiguous: :func:`encode_model` percent-encodes ``%``, ``:``, whitespace and
+  control characters (a model named ``foo:version`` cannot collide with the version key of
+  ``foo``) and keeps every other character; it is injective and :func:`decode_model`
+  inverts it. ``P:models`` and the pub/sub messages carry raw names; node ids are stored raw,
+  as members and hash fields, never in a key.
+* All keys of one model are written together by one Lua script (:mod:`app.routing.apply_script`):
+  one Redis (or a primary with replicas), not Redis Cluster, whose slots would split them.
 """
 
 from __future__ import annotations

@@ -1,39 +1,22 @@
 """The routing reader that load balancers use: a cached, self-refreshing view of the routing sets.
 
-:class:`RoutingTable` keeps, per model it was asked about, the routing set,
-the quarantine (node → probe-after Unix time) and the version, as read from
-the keys of :mod:`app.routing.keys`.
+:class:`RoutingTable` keeps, per model it was asked about, the routing set, the held-out
+set, the quarantine (node → probe-after Unix time) and the version, as read from the keys of
+:mod:`app.routing.keys`. Each guarantee in full, and how a load balancer uses it: docs/lb.md.
 
 Guarantees
 ----------
-* **Consistent snapshots.** A model is loaded with one ``MULTI``/``EXEC``
-  (version, routing set, quarantine, held-out set together); since the writer changes them
-  in one Lua script, every cached view is one the writer wrote.
-* **Fresh.** It refreshes a model when a ``{"model", "version"}`` message
-  arrives on ``P:routing:changes`` AND by polling the version keys every
-  ``poll_interval_s`` (pub/sub drops messages while disconnected). A change
-  is therefore seen within about ``poll_interval_s`` even with no pub/sub.
-* **Never goes dark.** While Redis is unreachable, the last-known sets are
-  served unchanged (failures are logged on the transition and counted
-  through :class:`ReaderMetrics`); the pub/sub connection is re-created and
-  the table catches up when Redis is back. If a model's keys vanish (a
-  restart without persistence, a manual delete), the last-known set is kept
-  until the writer writes a new one: tailguard never writes an empty routing
-  set, so "empty" always means "no data", never "route to nobody".
-* **Cheap on the hot path.** :meth:`RoutingTable.nodes`,
-  :meth:`RoutingTable.cached_quarantine` and :meth:`RoutingTable.probe_candidates`
-  are synchronous dict lookups; ``await get()`` / ``await quarantined()``
-  read Redis only the first time a model is asked for.
-
-An empty ``frozenset`` from :meth:`RoutingTable.get` / :meth:`RoutingTable.nodes`
-means tailguard has no routing set for that model (yet: no node admitted): the
-load balancer should then use its own full list of backends.
-
-:meth:`RoutingTable.held_out` is for load balancers with their own server list:
-the nodes tailguard took out (the held-out set, and the quarantine — what a
-writer that predates the held-out set still says). Such a load balancer serves
-its list minus these, so that a new node (not judged yet, not in the routing
-set) gets the traffic that admits it.
+* **Consistent snapshots.** A model is loaded with one ``MULTI``/``EXEC``: every cached
+  view is one the writer wrote.
+* **Fresh.** A model is refreshed on its ``P:routing:changes`` message and by polling the
+  version keys every ``poll_interval_s``, so a change is seen within about that even with
+  no pub/sub.
+* **Never goes dark.** While Redis is unreachable, or after a model's keys vanished, the
+  last-known sets are served unchanged (failures counted through :class:`ReaderMetrics`).
+* **Cheap on the hot path.** :meth:`RoutingTable.nodes`, :meth:`RoutingTable.cached_quarantine`
+  and :meth:`RoutingTable.probe_candidates` are synchronous dict lookups.
+* An empty set from :meth:`RoutingTable.get` / :meth:`RoutingTable.nodes` means "no data"
+  (use every backend); :meth:`RoutingTable.held_out` is what a list-based balancer holds out.
 """
 
 from __future__ import annotations

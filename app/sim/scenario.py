@@ -1,73 +1,19 @@
 """Scenario files: a simulated fleet, its faults and the expected verdict, in TOML.
 
-:func:`load` parses and validates a file (stdlib ``tomllib``) into a frozen
-:class:`Scenario`; every problem raises :class:`ScenarioError` naming the
-file, the key (dotted path) and what is allowed, and unknown keys are errors
-(a typo must not silently mean "default"). :meth:`Scenario.latency` builds
-the pure :class:`~app.sim.latency.NodeLatency` of one (node, model).
+Owns the scenario format — every key, its default and what is allowed — and its
+validation. The annotated format is in docs/simulator.md ("Scenario file format"); the
+values a file parses into are the frozen dataclasses of :mod:`app.sim.spec`, re-exported here.
 
-Format (all times are seconds since the scenario's start)::
+Entry points:
 
-    name = "tail_fault"              # optional, default: the file's stem
-    description = "…"
-    duration_s = 600
-    seed = 1                         # default seed of generated traces
-    rate_per_s = 20                  # requests/s per (node, model)
-    probe_rate_per_s = 0             # synthetic probe requests/s per (node, model), probe = true
-    emit_tokens = false              # events carry input_tokens/output_tokens
-    emit_ttft = false                # events carry ttft_us (needs emit_tokens)
-    emit_hardware = true
-    emit_instance = false            # events carry "instance" (new after each restart fault)
+* :func:`load` (a file) and :func:`loads` (TOML text) parse and validate into a frozen
+  :class:`Scenario`, using the stdlib ``tomllib``.
+* :meth:`Scenario.latency` builds the pure :class:`~app.sim.latency.NodeLatency` of one
+  (node, model).
 
-    [[models]]
-    name = "llama-3-70b"
-    kind = "lognormal"               # p50_ms, sigma
-    p50_ms = 180
-    sigma = 0.3
-    [[models]]
-    name = "llama-3-8b-chat"
-    kind = "llm"                     # trace ("conv"|"code"), ttft_ms,
-    trace = "conv"                   # ttft_per_input_token_ms, tpot_ms, jitter_sigma
-
-    [hardware]                       # latency multiplier per class (defaults: HARDWARE_SPEED)
-    A10 = 2.2
-
-    [nodes]
-    count = 8                        # or: ids = ["a", "b", …]
-    prefix = "gpu-node-"             # gpu-node-01 … gpu-node-08
-    hardware = "A100"
-    [nodes.override.gpu-node-03]     # per node: hardware, models, rate_per_s, join_s,
-    join_s = 300                     # speed, ttft_factor, tpot_factor, warmup_s,
-    warmup_s = 90                    # warmup_factor, leave_s (stops for good: scale-down)
-    warmup_factor = 8
-
-    [[faults]]
-    node = "gpu-node-03"             # or nodes = [...], or "*" for every node
-    model = "llama-3-70b"            # optional: default every model of the node
-    kind = "tail"                    # slowdown | tail | spikes | tpot | ttft | errors | traffic
-                                     # | silence (no event, no heartbeat in [onset_s, end_s))
-                                     # | restart (silent until end_s, then warm-up: factor
-                                     #   (6) decaying over warmup_s (90); a new instance)
-    onset_s = 300
-    end_s = 480                      # optional: recovery
-    factor = 6
-    share = 0.05
-
-    [expect]
-    others_stay = true               # no other (node, model) ever leaves routing
-    fleet_event = true               # optional: a fleet-level event must be reported
-    [[expect.eject]]
-    node = "gpu-node-03"
-    model = "llama-3-70b"            # optional when the fleet serves one model
-    within_s = 120                   # out of routing within this long after onset
-    readmit_within_s = 300           # optional: back in routing this long after the fault ends
-    [[expect.gone]]                  # a node that stops reporting (leave_s, silence fault)
-    node = "gpu-node-05"             # is out of routing, reason silent, within_s after
-    within_s = 150                   # at_s (default: its leave_s or silence onset)
-    # fleet_kinds = ["telemetry_lost"] under [expect]: each kind must be reported
-
-    [detector]                       # optional detector overrides for replaying it
-    tick_interval_s = 30
+Guarantees: every problem raises :class:`ScenarioError` naming the file, the key (dotted
+path) and what is allowed; unknown keys are errors (a typo must not silently mean
+"default"). All times are seconds since the scenario's start.
 """
 
 

@@ -1,42 +1,22 @@
 """Stage 2's operator edge: the mode, operator overrides and the explain history.
 
 :class:`OperatorEdge` sits between the core's verdict (one model's
-:class:`~app.core.types.ModelTick`) and what is written and published. The
-core never sees the mode or the overrides: its state, streaks, ejection cap
-and probe rounds are computed exactly as without them.
+:class:`~app.core.types.ModelTick`, in an :class:`EdgeInput`) and what is written and
+published (:class:`EdgeOutput`). The core never sees the mode or the overrides: its state,
+streaks, ejection cap and probe rounds are computed exactly as without them. What each
+mode and override does, in full: docs/operating.md.
 
 Guarantees, per model and tick:
 
-* **Mode.** ``enforce``: the routing set written is the core's. ``observe``:
-  every node the core knows (not forgotten) stays in routing, except those the
-  liveness rules made ``gone`` (silent: dead nodes leave the real set in either
-  mode) and new ones not admitted yet (admission holds in either mode); the
-  core's set is the shadow. Health changes carry ``"enforced": false`` in observe mode.
-  Either way the would-be set (the core's, with the overrides) is written as
-  the shadow set ``P:routing-shadow:<m>``.
-* **Overrides** (:mod:`app.routing.operators`), applied after the mode: a
-  drained node leaves the routing set, a pinned one stays in (if the model
-  knows it) whatever the rules say. The core never ejected a drained node, so
-  it never counts against ``max_ejected_fraction``. A drain that would empty
-  the routing set of a model with nodes is refused (logged, shown as the
-  ``drain_refused`` guard): the set is written without the drains. The
-  held-out set (``P:held-out:<m>``) is the core's (:func:`app.routing.keys.held_out`
-  of the set written) plus the drained nodes.
-* **Announced once.** A new or changed override publishes one health change
-  (``reason`` ``operator_drain``/``operator_pin``, ``detail`` the operator's
-  text, ``operator`` the override); one that ends (released, or its ``until``
-  passed) publishes ``operator_release``. Expired overrides are returned in
-  :attr:`EdgeOutput.expired` for the caller to delete from Redis. Which
-  overrides were announced is kept in memory: after a restart the active ones
-  are announced again (consumers see a repeat, never a miss, except a release
-  made while no worker ran).
-* **History.** Each node's last ``history_len`` ticks — state, routed (written
-  and by the rules), each rule's statistic against its limit
-  (:mod:`app.streaming.tickstats`), the abnormal streak, the guards that held
-  it, the next probe time, raw P50/P99 — go to ``P:history:<m>``. Consecutive
-  ticks in which no latency statistic of the node was judged (a quarantined node waiting for
-  its probe round) and nothing else changed share one row, the latest, so the
-  ticks that decided stay visible.
+* **Mode.** ``enforce`` writes the core's routing set; ``observe`` keeps every known node in
+  it except ``gone`` ones and new ones not admitted yet. Either way the would-be set is
+  written as the shadow set ``P:routing-shadow:<m>``.
+* **Overrides** (:mod:`app.routing.operators`), after the mode: a drained node leaves the
+  routing set, a pinned one stays in; a drain that would empty a model's routing set is
+  refused (``drain_refused``). The held-out set is the core's plus the drained nodes.
+* **Announced once.** A new, changed or ended override publishes one health change; expired
+  ones are returned in :attr:`EdgeOutput.expired` for the caller to delete.
+* **History.** Each node's last ``history_len`` ticks go to ``P:history:<m>``.
 """
 
 from __future__ import annotations

@@ -1,62 +1,22 @@
 """Stage-1 ingestion: an aiokafka consumer run as a faust (mode) Service in the worker.
 
-Stage 1 reads ``latency-events`` with its own consumer group
-(``<app_id>-stage1``), in bulk (``getmany()``), and hands each poll to
-:class:`~app.streaming.stage1.Stage1`; stage 2 (state, evaluation) stays in
-faust agents and changelog-backed tables. A faust agent hands every message
-over from its consumer thread one by one, which is far slower
-(docs/performance.md, "Streaming worker").
+:class:`IngestService` reads ``latency-events`` and ``node-diagnostics-results`` with its own
+consumer group (``<app_id>-stage1``), in bulk (``getmany()``), hands each poll to
+:class:`~app.streaming.stage1.Stage1` and sends its summaries and cluster digests each tick.
+Why not a faust agent, and each guarantee in full: docs/operations.md, docs/operating.md#floods.
 
 Guarantees:
 
-* **Bounded.** One poll returns at most ``max_poll_records`` records, and the
-  next poll starts only after this one is decoded, windowed and its dead
-  letters are sent; the consumer's prefetch is bounded by its fetch sizes.
-* **At least once for dead letters.** Offsets are committed (about every
-  second) only after the records before them were processed and their dead
-  letters acknowledged by the broker; while the dead-letter topic cannot be
-  written, ingestion waits (retrying with back-off) rather than drop them. Windows are memory only: after a
-  restart they refill from new traffic (and from the uncommitted tail).
-* **Diagnostics results** (``node-diagnostics-results``, written by the
-  operator's tooling) are read by the same consumer: each valid result is
-  re-keyed by model onto ``node-window-stats`` (stage 2's input) before its
-  offset counts as processed; bad ones are dead-lettered. External input is
-  read here, where a record the client cannot decode is skipped, and not by a
-  faust agent, whose consumer thread dies on one.
-* **Ownership.** The series summarized at each tick are those of the
-  partitions assigned now (``Stage1.summaries``); revoked ones stop at once.
-  Each tick also sends, per model, this worker's cluster digest
-  (``Stage1.cluster_digests``, tagged with ``source``: unique per process),
-  from which stage 2 gets the cluster-wide P50/P99.
-* **Known series first, on time.** Summaries are sent oldest-admitted series
-  first (``Stage1.summaries``), in slices; what is not sent within
-  :data:`SEND_BUDGET_FRACTION` of the tick interval is dropped and counted
-  (``tailguard_summaries_dropped_total{reason="send_deadline"}``, one log
-  line), so a flood's new series can neither delay the known ones' summaries
-  nor make the next tick late. Polls and ticks take turns (one fair lock): a
-  tick waits for at most the poll in progress, and polls wait while a tick
-  sends (docs/operating.md#floods says why).
-* Consumer lag per owned partition is exported (``tailguard_consumer_lag``).
-* **Any producer.** Record batches compressed with gzip, snappy, lz4 or zstd
-  (kcat/librdkafka, the Java producer) are decoded (snappy/lz4/zstd need
-  ``cramjam``; :func:`missing_codecs` is checked by ``tailguard worker`` at
-  start). Only committed data is read (``isolation_level=read_committed``,
-  like librdkafka's default and Kafka Streams' exactly-once consumers):
-  records of aborted transactions never reach the windows, and a partition
-  with an open transaction is read up to it until it commits or aborts.
-  Partitions added to the input topic are picked up within
-  ``METADATA_MAX_AGE_MS``.
-* **A record aiokafka cannot decode never stalls a partition.** aiokafka raises
-  from ``getmany()`` on, e.g., a header key that is not UTF-8 or a batch of an
-  unknown codec, and would raise again on every poll at the same offset. The
-  poll then rewinds every owned partition to what was processed, reads them
-  one by one, steps record by record through the failing one, dead-letters
-  the offset it cannot decode (reason ``undecodable``, no key or value) and
-  moves past it; the good records around it are used.
-* **Allowlist** (optional, ``allowlist``: a loader, :mod:`app.streaming.allowlist`).
-  Nothing is consumed before it is first read; it is read again every
-  ``allowlist_refresh_s`` (a failed read keeps the last list) and handed to
-  :attr:`Stage1.allowlist`, whose decoder dead-letters node ids not on it.
+* **Bounded.** At most ``max_poll_records`` records a poll; the next poll starts only after
+  this one is decoded, windowed and its dead letters are sent.
+* **At least once for dead letters.** Offsets are committed only after the records before
+  them were processed and their dead letters acknowledged; ingestion waits rather than drop.
+* **Ownership.** Each tick summarizes the series of the partitions assigned now only.
+* **Known series first, on time.** Summaries go oldest-admitted series first; what is not
+  sent within :data:`SEND_BUDGET_FRACTION` of the tick is dropped and counted.
+* **Any producer, no stall.** Every Kafka codec (:func:`missing_codecs`), committed records
+  only; a record aiokafka cannot decode is dead-lettered (``undecodable``) and passed.
+* **Allowlist** (optional): nothing is consumed before it is first read.
 """
 
 from __future__ import annotations

@@ -1,50 +1,22 @@
 """The faust app: topics, the stage-1 ingestion service, stage-2 agents, tables, ticks.
 
-:func:`create_app` builds one :class:`faust.App` from :class:`~app.settings.Settings`
-(no module-level app, nothing read from the environment here). What runs in
-one worker process:
+:func:`create_app` builds one :class:`faust.App` from :class:`~app.settings.Settings` (no
+module-level app, nothing read from the environment here); :func:`runtime_of` gives its
+:class:`Runtime`. One worker process runs (in detail: docs/operations.md, "Running the worker"):
 
-=========================  ==================================================================
-part                       does
-=========================  ==================================================================
-stage-1 ingestion          aiokafka consumer (group ``<app_id>-stage1``) run as a faust
-(``IngestService``)        Service: bulk ``getmany()`` of ``latency-events`` → windows
-                           (``WindowStore``); bad input → dead-letter topic. Every
-                           ``tick_interval_s`` (wall clock, aligned) one summary per owned
-                           series → ``node-window-stats``, key = model. It also reads
-                           ``node-diagnostics-results`` and re-keys each valid result by
-                           model onto ``node-window-stats``, so the owner of the model's
-                           state applies it in order (external input: read where an
-                           undecodable record is skipped, never where it stops faust).
-stage-2 agent              faust agent over ``node-window-stats`` (``stream.take``):
-                           buffers the newest summary per (node, model), cluster digests
-                           and diagnostics results.
-stage-2 tick               ``tick_interval_s`` after each stage-1 tick + min(T/2, 5 s):
-                           evaluates every model whose ``node-window-stats`` partition this
-                           worker owns (``FleetEvaluator``), writes its state to the
-                           ``health`` table, publishes transitions / fleet events /
-                           diagnostics requests, then writes the routing verdict to Redis,
-                           after the operator edge (``app.streaming.edge``: observe/enforce
-                           mode, drains and pins read from Redis each tick), then offers
-                           the retired nodes of enforced models to the replace hook
-                           (replace.py, when TAILGUARD_REPLACE_COMMAND or _WEBHOOK_URL is set).
-``health`` Table           model → ``FleetEvaluator.snapshot_model``; changelog-backed
-                           (``use_partitioner=True``: written from the timer), co-partitioned
-                           with ``node-window-stats`` (same raw key bytes, same partitioner).
-status page                ``/tailguard/`` on faust's web server (``TAILGUARD_WEB_PORT``), from
-                           Redis (``app.streaming.page``).
-``judge_since`` GlobalTbl  model → ``{"judge_since": {node: since_ts}, "out_of_fit": [node]}``
-                           (stage2.encode_hints): from when samples of quarantined, warming
-                           and re-admitted nodes count, and the nodes out of routing that
-                           must not vote in the fleet-wide fit; read by every worker's stage 1.
-=========================  ==================================================================
+* stage-1 ingestion (:class:`~app.streaming.ingest.IngestService`): ``latency-events`` →
+  windows; every ``tick_interval_s`` summaries and cluster digests → ``node-window-stats``;
+* the stage-2 agent over ``node-window-stats`` and the stage-2 tick, :func:`stage2_offset_s`
+  after each stage-1 tick: it evaluates the owned models, stores their state in the ``health``
+  table, publishes, writes Redis after the operator edge (:mod:`app.streaming.edge`) and offers
+  retired nodes to the replace hook;
+* the ``judge_since`` GlobalTable (stage 2's hints for every stage 1) and the status page.
 
-Guarantees: a model is evaluated by the one worker that owns its partition
-(faust's consumer group); a restarted or replacement worker restores the
-model's state from the changelog before evaluating it; nothing it buffers is
-unbounded (see stage1/stage2/ingest); bad input is counted, logged with its
-coordinates and dead-lettered; a failing Redis never stops evaluation (the
-writer retries the latest verdict in the background).
+Guarantees: a model is evaluated by the one worker that owns its partition; a restarted or
+replacement worker restores the model's state from the changelog before evaluating it;
+nothing it buffers is unbounded (see stage1/stage2/ingest); bad input is counted, logged
+with its coordinates and dead-lettered; a failing Redis never stops evaluation (the writer
+retries the latest verdict in the background).
 """
 
 from __future__ import annotations

@@ -1,51 +1,22 @@
 """Stage 1: latency events → per-(node, model) windows → one summary per series per tick.
 
-:class:`Stage1` is the Kafka-free logic; :mod:`app.streaming.ingest` feeds it
-records from the ``latency-events`` partitions this worker owns.
+:class:`Stage1` is the Kafka-free logic; :mod:`app.streaming.ingest` feeds it records from
+the ``latency-events`` partitions this worker owns. Entry points: :meth:`Stage1.ingest` (one
+poll), :meth:`Stage1.summaries`, :meth:`Stage1.cluster_digests`, :meth:`Stage1.forget_silent`.
+Each guarantee in full: docs/operations.md ("Stage 1's windows"), docs/operating.md#floods.
 
 Guarantees:
 
-* Every record either reaches the windows or comes back as a
-  :class:`~app.streaming.deadletter.DeadLetter` (bad JSON, bad fields, empty
-  value or tombstone: ``empty_message``; an unexpected parser error:
-  ``internal_error``; with :attr:`Stage1.allowlist` set, a node id not on it:
-  ``not_allowlisted``); a bad record never stops the others of its poll. Keys
-  and headers are not read here (any key, or none, is fine).
-* Single events of one series in one poll become one vectorized window
-  update (``app.core.accumulate.Accumulator``), so the cost per event is the JSON
-  decode plus a few dict operations.
-* :meth:`Stage1.summaries` returns a summary only for series last seen on a
-  partition this worker still owns: after a rebalance, a series that moved to
-  another worker is summarized there, not twice. (When producers send no
-  key, one series' events spread over several partitions and thus workers;
-  each worker then summarizes its share and stage 2 keeps the most recent —
-  use the ``node_id|model`` key.)
-* :meth:`Stage1.cluster_digests` gives, per model, one t-digest of the raw
-  latency of every series this worker holds (owned or not yet forgotten: a
-  series split over workers by unkeyed producers contributes its share from
-  each), kept at the same rate on every worker so that stage 2's merge is the
-  cluster's distribution.
-* A sample already older than ``max_sample_age_s`` when it arrives (event
-  time against the ``now_s`` the caller passes) is kept but can never be
-  judged: it is counted (``tailguard_late_samples_total``) and, at most once
-  per :data:`LATE_LOG_INTERVAL_S`, logged with what to check — a producer
-  clock or ``ts`` unit that is off, or a backlog read after downtime, would
-  otherwise leave the service silently blind.
-* **Floods cannot blind detection.** At most ``max_new_pairs_per_tick`` new
-  (node, model) pairs per model enter the windows between two ticks; the
-  samples and heartbeats of further new pairs are dropped, counted
-  (``tailguard_samples_dropped_total{reason="new_pair_limit"}``) and logged
-  once per tick, not dead-lettered one by one (a pair refused now is admitted
-  at a later tick when it reports again). Once a model's budget is used up, a
-  record keyed ``node|model`` of a new pair of it is dropped before its value
-  is decoded (counted as one). :meth:`Stage1.summaries` lists the
-  series oldest-admitted first, so the known series' summaries are sent
-  before those of a flood's new ones.
-* Memory is bounded by the number of series (the window store's bound) plus
-  one small entry per series here; a series silent (no sample, no heartbeat)
-  for ``forget_after_s`` is dropped (:meth:`Stage1.forget_silent`), and after
-  a large drop the store and this module's per-series map are compacted, so
-  a flood's memory is given back (docs/operating.md, "Floods").
+* Every record reaches the windows or comes back as a
+  :class:`~app.streaming.deadletter.DeadLetter`; a bad record never stops the others of its
+  poll. Keys and headers are not read here.
+* :meth:`Stage1.summaries` covers only series last seen on a partition this worker still
+  owns, oldest-admitted series first.
+* At most ``max_new_pairs_per_tick`` new pairs per model enter the windows between two
+  ticks; the rest are dropped and counted, not dead-lettered one by one.
+* A sample older than ``max_sample_age_s`` on arrival is kept (never judged), counted and
+  logged (at most once per :data:`LATE_LOG_INTERVAL_S`). Memory is bounded by the number of
+  series; silent series are forgotten after ``forget_after_s``, a large drop is given back.
 """
 
 from __future__ import annotations

@@ -1,54 +1,22 @@
 """Stage 2: per model, window summaries → health verdict, state kept in a changelog table.
 
 :class:`Stage2` is the Kafka-free logic of the stage-2 agent and timer in
-:mod:`app.streaming.service`. It collects the latest summary per node of each
-model (and diagnostics results), and at each tick evaluates every model
-whose partition this worker owns with the core's ``FleetEvaluator``.
+:mod:`app.streaming.service`: it collects the newest summary per node of each model, the
+workers' cluster digests (``on_cluster``) and diagnostics results, and at each tick turns every
+model this worker owns into a :class:`ModelOutput` with the core's ``FleetEvaluator`` (the
+verdict, plus the summaries and streaks it was made from, for :mod:`app.streaming.edge`).
 
-Guarantees:
+Guarantees (in full: docs/operations.md, "Stage 2's state"):
 
-* **Durable state.** After each evaluation the model's state
-  (``FleetEvaluator.snapshot_model``) is written to ``state`` — in the
-  service a faust Table backed by a compacted changelog topic — whenever it
-  changed. Its hints for stage 1 go to ``hints`` — in the service a faust
-  GlobalTable that every worker's stage 1 reads: ``judge_since`` (from when
-  samples of quarantined, warming and re-admitted nodes count) and
-  ``out_of_fit`` (nodes out of routing, left out of the fleet-wide
-  ``normalized`` fit). :func:`encode_hints`/:func:`decode_hints` define the
-  value; values written by older versions (a bare ``{node: since_ts}``) still
-  decode. Before a model is first evaluated after an (re)assignment, its
-  state is restored from ``state``, so a restarted or replacement worker
-  resumes quarantines instead of starting from unknown. A stored state the
-  evaluator refuses (another snapshot version, malformed) is logged and
-  counted in ``refused_states``, and the model starts fresh.
-* **A failed table write loses nothing.** When writing ``state`` or
-  ``hints`` raises (a changelog topic whose metadata the producer lost), the
-  error is logged and counted in ``write_failures``, the model's verdict is
-  still returned for publishing, and the write is retried at the next tick.
-  A value whose JSON is above ``PLAIN_MAX_BYTES`` is stored compressed
-  (:func:`pack_value`: ``{"zlib_b64": …}``); one still above
-  ``max_value_bytes`` (Kafka refuses a message above the producer's
-  ``max_request_size``, 1 MB, and faust's producer would crash the worker) is
-  not written: counted in ``write_failures`` and ``oversized``, logged once
-  until it fits again. Plain and packed values both read back.
-* **Cluster-wide P50/P99.** Each stage-1 worker's latest
-  :class:`~app.streaming.wire.ClusterDigest` of a model (``on_cluster``) is
-  merged at the model's tick into ``ModelTick.fleet_latency_p50_us``/``_p99_us``
-  (the SLA figure; None without a fresh digest). Digests older than
-  ``stale_after_s`` are dropped, so a worker that left stops counting.
-* **Only owned models.** A model is evaluated only when ``owns(model)`` says
-  this worker holds its partition; buffered input of other models is dropped.
-* **Explainable.** Each :class:`ModelOutput` carries the summaries the
-  verdict was made from and the nodes' abnormal streaks, for the operator
-  edge (:mod:`app.streaming.edge`: mode, overrides, ``tailguard explain``).
-* **Bounded.** At most one pending summary per (node, model) (the newest),
-  summaries older than ``stale_after_s`` are ignored, and at most
-  ``max_pending_diagnostics`` diagnostics results per model are kept. No
-  summary goes unevaluated without being counted in ``dropped`` by reason.
-  When a model's pairs fall to half their peak or less, at least
-  ``GIVE_BACK_MIN`` fewer (a flood's ids forgotten), its state is rebuilt
-  from its own snapshot (the evaluator's dicts keep their largest tables
-  otherwise) and the memory is given back (:mod:`app.streaming.memory`).
+* **Durable state.** A model's changed state goes to ``state``, its hints for stage 1
+  (:func:`encode_hints`) to ``hints``; a model is restored from ``state`` before its first
+  evaluation after an (re)assignment.
+* **A failed table write loses nothing.** It is logged, counted in ``write_failures`` and
+  retried at the next tick; the verdict is still returned. Large values are packed
+  (:func:`pack_value`); one still above ``max_value_bytes`` is counted, not written.
+* **Cluster-wide P50/P99** of the workers' fresh digests, in ``ModelTick``.
+* **Only owned models**, and **bounded**: one pending summary per (node, model), stale ones
+  ignored, every summary left unevaluated counted in ``dropped`` by reason.
 """
 
 from __future__ import annotations
