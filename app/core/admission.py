@@ -8,9 +8,10 @@ against the current peers, of which it is not one. :func:`judge_admission` gives
 below ``min_samples`` such samples, nor on a window that may still hold warm-up samples
 (neither cut by the store at warm-up's end nor bounded by ``max_sample_age_s`` after it).
 While the model has fewer than ``min_peers`` peers (a cold start: a new model, or a worker
-that lost its state) the pairs awaiting admission are judged against each
-other and the peers together (:func:`admission_norms`), so a fleet whose healthy tail is heavy
-is not refused by the absolute ratio rule. The state machine (:mod:`app.core.health`) admits
+that lost its state; a small fleet) the pairs awaiting admission and those in a probe round
+are judged against each other and the peers together (:func:`admission_norms`), so a fleet
+whose healthy tail is heavy is not refused by the absolute ratio rule, and a slow node is
+not let back in by it. The state machine (:mod:`app.core.health`) admits
 the pair on a normal verdict and the fleet guard refuses it after ``confirm_windows``
 abnormal ones; until then it counts in no guard and is in no peer set.
 
@@ -40,6 +41,14 @@ def admitting(p: PairState, now_s: float, st: DetectorSettings) -> bool:
             and now_s >= health.warmup_end(p, st))
 
 
+def probing(p: PairState, s: WindowSummary, now_s: float, st: DetectorSettings) -> bool:
+    """A quarantined pair whose probe round is on and holds ``probe_min_samples`` judged
+    samples (:func:`app.core.rules.judge_probe` judges it)."""
+    return (p.state is HealthState.QUARANTINED
+            and (p.probe_after_ts is None or now_s >= p.probe_after_ts)
+            and s.samples >= st.probe_min_samples and s.p50 is not None and s.p50 > 0)
+
+
 def _judgeable(p: PairState, s: WindowSummary, now_s: float, st: DetectorSettings) -> bool:
     """At least ``min_samples`` judged samples, none of them from warm-up."""
     if s.samples < st.min_samples or s.p50 is None or s.p99 is None or s.p50 <= 0:
@@ -67,16 +76,18 @@ class AdmissionNorms:
 def admission_norms(ms: ModelState, peers: Sequence[Peer], by_node: Mapping[str, WindowSummary],
                     norms: Norms, signal: str | None, now_s: float,
                     st: DetectorSettings) -> AdmissionNorms:
-    """The references admission judges against: the peers' (``norms``), or below
-    ``min_peers`` peers those of the peers and the judgeable new pairs together (in the
-    peers' signal, or without peers the one most new pairs carry)."""
+    """The references admission and probe rounds judge against: the peers' (``norms``), or
+    below ``min_peers`` peers those of the peers, the judgeable new pairs and the pairs in a
+    judgeable probe round together (in the peers' signal, or without peers the one most
+    new pairs carry): a node refused or ejected in a small fleet is not let back in by the
+    absolute rules alone."""
     if norms.enough_peers:
         return AdmissionNorms(norms, signal)
     pairs = ms.pairs
     extra = [Peer(node, s, s.p50, s.p99 / s.p50) for node in pairs.in_order(pairs.rare)
-             if (p := pairs[node]).state is HealthState.WARMING and admitting(p, now_s, st)
-             and (s := by_node.get(node)) is not None and _judgeable(p, s, now_s, st)
-             and s.p50 is not None and s.p99 is not None]
+             if (s := by_node.get(node)) is not None and s.p50 is not None and s.p99 is not None
+             and ((admitting(p := pairs[node], now_s, st) and _judgeable(p, s, now_s, st))
+                  or probing(p, s, now_s, st))]
     if signal is None and extra:
         tally = Counter(x.summary.signal for x in extra)
         signal = max(sorted(tally), key=lambda k: tally[k])

@@ -430,8 +430,11 @@ class FleetEvaluator:
                 if (not new and signal is not None and qs.signal != signal
                         and node not in errors.judgements):
                     continue
-                j = errors.judgements.get(node) or (judge_admission(p, qs, adm_norms, now_s, st) if new
-                                                    else judge_probe(qs, norms, st))
+                # Below min_peers a probe round is judged as admission is (admission_norms).
+                cold = not norms.enough_peers and adm_norms.signal in (None, qs.signal)
+                j = errors.judgements.get(node) or (
+                    judge_admission(p, qs, adm_norms, now_s, st) if new
+                    else judge_probe(qs, adm_norms.norms if cold else norms, st))
                 ev = j.evidence
                 if (own_p50 is not None and j.verdict is Verdict.NORMAL and ev is not None
                         and ev.p50 is not None and ev.ratio is not None):

@@ -332,6 +332,29 @@ def test_recovery_after_probe_with_backoff() -> None:
     assert ev.pair("m", "n00").probe_after_ts == T0 + 240 + 60  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("nodes", [3, 4])
+def test_in_a_small_fleet_a_node_slow_from_the_start_stays_out(nodes: int) -> None:
+    # Refused at admission against the other new nodes (cold start); its probe rounds then
+    # have fewer than min_peers routed peers: judged like admission, pooled with them, it
+    # stays out (by the absolute ratio rule alone it was let back in, and flapped).
+    ev = FleetEvaluator(S)
+    ticks = run(ev, 40, fleet(nodes, n00=(300.0, 2.0)))
+    trans = [(t.to_state, t.reason) for tk in ticks for t in tk.transitions if t.node_id == "n00"]
+    assert any(st is H.UNHEALTHY for st, _ in trans), trans
+    assert any(reason == "probe_failed" for _, reason in trans), trans
+    assert all(st is not H.HEALTHY for st, _ in trans), trans
+    assert all("n00" not in tk.routing for tk in ticks)
+    assert ticks[-1].routing == {f"n{i:02d}" for i in range(1, nodes)}
+
+
+def test_in_a_small_fleet_a_recovered_node_is_let_back_in() -> None:
+    ev = FleetEvaluator(S)
+    run(ev, 10, fleet(3, n00=(300.0, 2.0)))
+    ticks = run(ev, 30, fleet(3), t0=T0 + 300)
+    assert "n00" in ticks[-1].routing
+    assert [t.reason for tk in ticks for t in tk.transitions if t.node_id == "n00"][-1] == "probe_passed"
+
+
 def test_each_probe_round_is_judged_from_its_own_start() -> None:
     ev = FleetEvaluator(S)
     run(ev, 1, fleet(5))
