@@ -257,6 +257,28 @@ class Accumulator:
             run.append(ev)
         return float(ev.ts.max())
 
+    def latest_by_node(self) -> dict[str, float]:
+        """Each node's latest event time among what was added since the last drain (the
+        replay's view of who is where in time; O(pending events))."""
+        out: dict[str, float] = {}
+
+        def see(node: str, ts: float) -> None:
+            if ts > out.get(node, -_INF):
+                out[node] = ts
+
+        for key, (tss, _lat) in self._plain.items():
+            see(key[0], max(tss))
+        for key, rows in self._groups.items():
+            see(key[0], max(r[0] for r in rows))
+        for x in self._out:
+            for e in (x if type(x) is list else (x,)):
+                if isinstance(e, SampleBatch):
+                    if e.ts.size:
+                        see(e.node_id, float(e.ts.max()))
+                elif isinstance(e, Heartbeat):
+                    see(e.node_id, e.ts)
+        return out
+
     def drain(self) -> list[Event]:
         out: list[Event] = [_concat(x) if type(x) is list else x  # type: ignore[misc]
                             for x in self._out]

@@ -14,6 +14,9 @@ Guarantees:
   lines are a real jump of the trace, taken in order, once ``JUMP_CONFIRM_LINES`` come in
   a row from ``JUMP_CONFIRM_NODES`` nodes (or ``JUMP_ALONE_LINES`` from one), or at the end
   of the trace unless other nodes sent events; else they are bad input (``future_ts``).
+* An event past the next boundary from a node ``AHEAD_TICKS`` intervals ahead of the
+  fleet (the other nodes' median latest time) is early: it runs no tick. The fleet's next
+  line adds the early lines as they are; a run of them confirmed like held lines is a jump.
 * Bad lines are skipped and counted in :class:`ReplayStats` (by reason, first line numbers);
   so are samples read too late for any tick to judge them (a trace not in time order).
 * The same trace and settings give the same output, for any ``chunk_lines`` (1 is the
@@ -28,19 +31,22 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from itertools import islice
+from typing import Any
 
 from app.core.accumulate import Accumulator
 from app.core.config import DetectorSettings
 from app.core.detector import Detector
 from app.core.errors import BadEvent
-from app.core.events import Heartbeat, SampleBatch, loads
+from app.core.events import Heartbeat, SampleBatch, decode, loads
 from app.core.types import TickResult
 
 PROGRESS_EVERY_LINES = 100_000
 JUMP_CONFIRM_LINES = 20
 JUMP_CONFIRM_NODES = 2
 JUMP_ALONE_LINES = 1000
+AHEAD_TICKS = 2      # a node this many tick intervals ahead of the fleet's clock does not move it
 FIRST_BAD_LINES = 5
+_UNDECODED: Any = object()
 CHUNK_LINES = 2_000
 
 
@@ -90,6 +96,26 @@ def tick_lines(result: TickResult) -> list[str]:
     return out
 
 
+def _single_at(e: Any) -> tuple[str, float] | None:
+    """``(node, ts)`` of a typed-decoded single event (:meth:`Accumulator.decode_lines`),
+    None for anything else (a batch, a heartbeat, a line that did not decode)."""
+    if e is None or e.samples is not None or e.latency_us is None or e.ts is None:
+        return None
+    return e.node_id, e.ts
+
+
+def _event_at(raw: bytes | str, now_s: float, settings: DetectorSettings) -> tuple[str, float] | None:
+    """``(node, latest ts)`` of a batch or heartbeat by the general decoding, without adding
+    it anywhere; None for a bad line."""
+    try:
+        ev = decode(raw, now_s=now_s, settings=settings)
+    except BadEvent:
+        return None
+    if isinstance(ev, Heartbeat):
+        return ev.node_id, ev.ts
+    return (ev.node_id, float(ev.ts.max())) if ev.ts.size else None
+
+
 def _node_of(raw: bytes | str) -> str | None:
     """The node id of a held line (a JSON event), None when it has none to read."""
     try:
@@ -116,10 +142,18 @@ def replay(lines: Iterable[bytes | str], settings: DetectorSettings,
     k: int | None = None          # next boundary is k * interval
     seen_max = -math.inf          # latest event time of events already fed to ticks
     quiet_tick = False
+    # Early lines (module docstring): a node whose clock runs ahead of the fleet's must not
+    # move the ticks, or every other node would look silent.
+    ahead_s = AHEAD_TICKS * interval
+    latest: dict[str, float] = {}   # node -> latest event time fed to the detector
+    ahead: set[str] = set()         # nodes found ahead of the fleet since the last tick
+    early: list[tuple[int, bytes | str]] = []
+    early_nodes: set[str] = set()
 
     def run_ticks(upto_ts: float) -> None:
         nonlocal k, quiet_tick
         assert k is not None
+        ahead.clear()
         det.observe(drain())
         while k * interval <= upto_ts:
             now = k * interval
@@ -143,12 +177,64 @@ def replay(lines: Iterable[bytes | str], settings: DetectorSettings,
         evs = acc.drain()
         # Samples older than the age bound of the next tick to run are judged by no tick.
         too_old = -math.inf if k is None else k * interval - settings.max_sample_age_s
+        if len(latest) > 2 * det.store.series_count() + 64:     # ids the store forgot
+            alive = {n for n, _m in det.store.keys()}  # noqa: SIM118 (a WindowStore, not a dict)
+            for n in [n for n in latest if n not in alive]:
+                del latest[n]
         for e in evs:
             if isinstance(e, SampleBatch):
                 stats.bad_samples += e.rejected
-                if e.ts.size and e.ts.min() <= too_old:
-                    stats.late_samples += int((e.ts <= too_old).sum())
+                if e.ts.size:
+                    if e.ts.min() <= too_old:
+                        stats.late_samples += int((e.ts <= too_old).sum())
+                    t = float(e.ts.max())
+                    if t > latest.get(e.node_id, -math.inf):
+                        latest[e.node_id] = t
+            elif e.ts > latest.get(e.node_id, -math.inf):
+                latest[e.node_id] = e.ts
         return evs
+
+    def is_early(node: str, ts: float) -> bool:
+        """A single event at or past the next boundary (within the future bound) from a node
+        more than ``ahead_s`` past the fleet: the median latest event time of the other
+        nodes that sent since the last tick (or, none yet, within ``ahead_s`` before it)."""
+        assert k is not None
+        if ts < k * interval or ts > seen_max + settings.max_future_skew_s:
+            return False
+        if node in ahead:
+            return True
+        clocks = [t for n, t in acc.latest_by_node().items() if n != node and n not in ahead]
+        if not clocks:
+            recent = (k - 1) * interval - ahead_s
+            clocks = [t for n, t in latest.items() if t >= recent and n != node and n not in ahead]
+        if not clocks:
+            return False
+        clocks.sort()
+        if ts - clocks[(len(clocks) - 1) // 2] <= ahead_s:
+            return False
+        ahead.add(node)
+        return True
+
+    def settle_early(*, jump: bool) -> None:
+        """The early lines join the windows: as they are while the fleet has not caught up,
+        or, a jump of the whole trace, taken in order, ticks and all."""
+        nonlocal seen_max
+        lines = list(early)
+        early.clear()
+        early_nodes.clear()
+        for early_lineno, early_raw in lines:
+            try:
+                ts = add(early_raw)
+            except BadEvent as e:
+                bad(early_lineno, e)
+                continue
+            if jump:
+                accepted(ts)
+                continue
+            stats.events += 1
+            if ts > seen_max:
+                seen_max = ts
+                acc.set_now(ts)
 
     def bad(lineno: int, e: BadEvent) -> None:
         stats.bad[e.reason] += 1
@@ -195,8 +281,25 @@ def replay(lines: Iterable[bytes | str], settings: DetectorSettings,
         held_nodes.clear()
         acc.set_now(seen_max)
 
-    def one(lineno: int, raw: bytes | str) -> None:
-        """One line, the reference path: decode, hold or count it, run the ticks it crosses."""
+    def one(lineno: int, raw: bytes | str, pre: Any = _UNDECODED) -> None:
+        """One line, the reference path: decode, hold or count it, run the ticks it crosses.
+        ``pre``: its typed decoding, when the caller has it."""
+        if k is not None:
+            if pre is _UNDECODED:
+                typed = acc.decode_lines([raw])
+                pre = None if typed is None else typed[0]
+            at = _single_at(pre)
+            if at is None and early and raw.strip():   # only while early lines wait
+                at = _event_at(raw, seen_max, settings)
+            if at is not None and is_early(*at):
+                early.append((lineno, raw))
+                early_nodes.add(at[0])
+                if len(early) >= JUMP_ALONE_LINES or (len(early) >= JUMP_CONFIRM_LINES
+                                                      and len(early_nodes) >= JUMP_CONFIRM_NODES):
+                    settle_early(jump=True)
+                return
+            if early and at is not None and at[1] <= seen_max + settings.max_future_skew_s:
+                settle_early(jump=False)           # the fleet is behind, or has caught up
         try:
             ts = add(raw)
         except BadEvent as e:
@@ -236,6 +339,10 @@ def replay(lines: Iterable[bytes | str], settings: DetectorSettings,
         i = 0
         while i < n:
             assert k is not None
+            if early:                  # one by one until the early lines are settled
+                one(base + i + 1, raws[i], decoded[i])
+                i += 1
+                continue
             # A progress line goes to one(), which reports it.
             stop = n if progress is None else min(n, i + -(base + i + 1) % PROGRESS_EVERY_LINES)
             j, latest = acc.add_decoded(decoded, i, stop, k * interval)
@@ -247,7 +354,7 @@ def replay(lines: Iterable[bytes | str], settings: DetectorSettings,
                     seen_max = latest
                     acc.set_now(latest)
             if j < n:
-                one(base + j + 1, raws[j])
+                one(base + j + 1, raws[j], decoded[j])
             i = j + 1
 
     lineno = 0
@@ -267,12 +374,16 @@ def replay(lines: Iterable[bytes | str], settings: DetectorSettings,
                 break
             chunk(lineno, raws)
             lineno += len(raws)
-    if held:   # the trace ends after a gap: a jump unless other nodes' clocks say otherwise
+    if held or early:   # the trace ends after a gap: a jump unless other nodes' clocks say otherwise
         known = {n for n, _m in det.store.keys()}  # noqa: SIM118 (a WindowStore, not a dict)
-        if len(held_nodes) >= JUMP_CONFIRM_NODES or known <= held_nodes:
+        if held and (len(held_nodes) >= JUMP_CONFIRM_NODES or known <= held_nodes):
             take_held()
-        else:
+        elif held:
             flush_held()
+        if early and (len(early_nodes) >= JUMP_CONFIRM_NODES or known <= early_nodes):
+            settle_early(jump=True)
+        elif early:
+            settle_early(jump=False)
     stats.lines = lineno
     stats.last_ts = None if k is None else seen_max
     if k is not None:

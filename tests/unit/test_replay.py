@@ -338,7 +338,7 @@ KINDS = (["plain"] * 12 + ["late"] * 3
          + ["probe", "failed", "sized", "bad_ttft", "typed", "unknown_key", "heartbeat", "batch",
             "batch_some_bad", "batch_all_bad", "binary", "bad_json", "not_object", "no_model",
             "bad_latency", "too_slow", "slowest", "bad_id", "blank", "future", "jump", "gap",
-            "on_tick", "crlf", "spaced", "new_instance", "ms_ts"])
+            "on_tick", "crlf", "spaced", "new_instance", "ms_ts", "ahead", "ahead_jump"])
 
 
 def _trace(kinds: list[str], seed: int) -> list[bytes | str]:
@@ -430,29 +430,38 @@ def _trace(kinds: list[str], seed: int) -> list[bytes | str]:
             out.append(dump(ev(instance=f"pid-{int(rng.integers(0, 2))}")))
         elif kind == "ms_ts":
             out.append(dump(ev(ts=t * 1000)))
+        elif kind == "ahead":             # n4's clock ahead: beyond 2 ticks, within AHEAD's skew
+            for _ in range(int(rng.integers(1, 4))):
+                out.append(dump(ev(4, ts=t + 12.0 + float(rng.uniform(0, 2)))))
+        elif kind == "ahead_jump":        # a gap shorter than the skew bound: early lines taken
+            t += 12.0
+            for _ in range(core_replay.JUMP_CONFIRM_LINES + int(rng.integers(-3, 3))):
+                out.append(dump(ev()))
     return out
 
 
 SMALL = DetectorSettings(tick_interval_s=2.0, min_samples=5, warmup_s=4.0, max_sample_age_s=20.0,
                          max_future_skew_s=3.0, probe_min_samples=2)
+# Lines more than AHEAD_TICKS ticks ahead of the fleet and within the skew bound: early lines.
+AHEAD = SMALL.replace(max_future_skew_s=30.0)
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(runs=st.lists(st.tuples(st.sampled_from(KINDS), st.integers(1, 80)), min_size=1, max_size=30),
        seed=st.integers(0, 2**16), chunk_lines=st.sampled_from([2, 3, 5, 16, 64, 150]),
        progress_every=st.sampled_from([None, None, 1, 7, 100]),
-       as_str=st.sampled_from([None, None, None, 0, 5, 70]))
+       as_str=st.sampled_from([None, None, None, 0, 5, 70]), skew=st.sampled_from([SMALL, AHEAD]))
 def test_chunked_replay_is_the_line_by_line_replay(runs: list[tuple[str, int]], seed: int,
                                                    chunk_lines: int, progress_every: int | None,
-                                                   as_str: int | None) -> None:
+                                                   as_str: int | None, skew: DetectorSettings) -> None:
     # Runs of one kind: long ones of plain lines, up to 4 of any other kind in a row.
     ls = _trace([kind for kind, n in runs
                  for _ in range(n if kind in ("plain", "late") else 1 + n % 4)], seed)
     if as_str is not None and as_str < len(ls):      # a str line: its chunk goes line by line
         raw = ls[as_str]
         ls[as_str] = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
-    ref = _replayed(ls, SMALL, 1, progress_every)
-    assert _replayed(ls, SMALL, chunk_lines, progress_every) == ref
+    ref = _replayed(ls, skew, 1, progress_every)
+    assert _replayed(ls, skew, chunk_lines, progress_every) == ref
 
 
 @pytest.mark.parametrize("kinds", [
@@ -468,6 +477,20 @@ def test_chunked_replay_around_held_lines_and_boundaries(kinds: list[str], chunk
     for seed in range(4):
         ls = _trace(kinds, seed)
         assert _replayed(ls, SMALL, chunk_lines) == _replayed(ls, SMALL, 1)
+
+
+@pytest.mark.parametrize("kinds", [
+    ["plain"] * 40 + ["ahead", "plain"] * 30,                         # n4 ahead throughout
+    ["plain"] * 40 + ["ahead"] * 3 + ["heartbeat", "batch", "bad_json", "binary", "plain"] * 4,
+    ["plain"] * 40 + ["ahead_jump"] + ["plain"] * 10,                 # a jump within the bound
+    ["plain"] * 40 + ["ahead", "ahead_jump", "future", "heartbeat"] + ["plain"] * 10,
+    ["plain"] * 40 + ["ahead"] * 4,                                   # the trace ends early
+])
+@pytest.mark.parametrize("chunk_lines", [2, 5, 64])
+def test_chunked_replay_around_early_lines(kinds: list[str], chunk_lines: int) -> None:
+    for seed in range(4):
+        ls = _trace(kinds, seed)
+        assert _replayed(ls, AHEAD, chunk_lines) == _replayed(ls, AHEAD, 1)
 
 
 def test_chunked_replay_of_a_long_trace_takes_the_fast_path_and_changes_nothing() -> None:
@@ -572,6 +595,42 @@ def test_clocks_an_hour_ahead_do_not_move_event_time(skewed: tuple[str, ...]) ->
     assert [(r["ts"], r["node_id"], r["to"]) for r in got] == \
         [(r["ts"], r["node_id"], r["to"]) for r in ref]
     assert any(r["node_id"] == "n1" and r["routed"] is False for r in got)
+
+
+def _fleet(nodes: int, seconds: float, *, ahead: dict[str, float], slow: str, onset: float,
+           rate: float = 4.0, seed: int = 3) -> list[bytes]:
+    """Nodes in random order at ``rate`` events/s each; ``ahead``: node -> seconds its clock
+    runs ahead; ``slow`` 3x slower from ``onset``."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for k in range(int(seconds * rate * nodes)):
+        node = f"n{int(rng.integers(0, nodes)):02d}"
+        ts = T0 + k / (rate * nodes)
+        lat = 1e6 * float(np.exp(rng.normal(0, 0.3))) * (3.0 if node == slow and ts > T0 + onset else 1.0)
+        out.append(json.dumps({"node_id": node, "model": "m", "latency_us": lat,
+                               "ts": ts + ahead.get(node, 0.0) + float(rng.uniform(0, 0.5))}).encode())
+    return out
+
+
+@pytest.mark.parametrize("ahead_s", [100.0, 200.0, 290.0])
+def test_a_node_whose_clock_runs_ahead_does_not_move_the_ticks(ahead_s: float) -> None:
+    # One node of 12 with its clock minutes ahead (within max_future_skew_s): the ticks follow
+    # the fleet, so nobody else looks silent and a slow node is caught as on a clean trace.
+    kw: dict[str, Any] = {"nodes": 12, "seconds": 1500.0, "slow": "n07", "onset": 900.0}
+    skewed, _ = run(_fleet(ahead={"n03": ahead_s}, **kw))
+    clean, _ = run(_fleet(ahead={}, **kw))
+
+    def story(recs: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+        return [(r["ts"], r["node_id"], r["to"], r["reason"]) for r in recs
+                if r.get("type") == "transition" and r["node_id"] != "n03"]
+
+    assert not [r for r in skewed if r.get("reason") in ("silent", "returned", "restarted")]
+    assert not [r for r in skewed if r.get("type") == "fleet"]
+    out = [r for r in story(skewed) if r[1] == "n07" and r[2] == "unhealthy"]
+    assert out and out[0][0] <= T0 + 900.0 + 120.0, story(skewed)
+    # the others' story is the clean trace's, give or take the skewed node as a peer
+    assert {r[1] for r in story(skewed) if r[3] == "admitted"} == \
+        {r[1] for r in story(clean) if r[3] == "admitted"} - {"n03"}
 
 
 def test_a_trace_not_in_time_order_is_counted_and_named_in_the_summary() -> None:
