@@ -12,8 +12,9 @@ Guarantees, per model and tick:
   it except ``gone`` ones and new ones not admitted yet. Either way the would-be set is
   written as the shadow set ``P:routing-shadow:<m>``.
 * **Overrides** (:mod:`app.routing.operators`), after the mode: a drained node leaves the
-  routing set, a pinned one stays in; a drain that would empty a model's routing set is
-  refused (``drain_refused``). The held-out set is the core's plus the drained nodes.
+  routing set, a pinned one stays in; the drain that would empty a model's routing set (the
+  one set last) is refused (``drain_refused``), the others stay applied. The held-out set
+  is the core's plus the drained nodes.
 * **Announced once.** A new, changed or ended override publishes one health change; expired
   ones are returned in :attr:`EdgeOutput.expired` for the caller to delete.
 * **History.** Each node's last ``history_len`` ticks go to ``P:history:<m>``.
@@ -89,7 +90,8 @@ class OperatorEdge:
         self.settings = settings
         self.default_mode = default_mode
         self.history_len = history_len
-        self._announced: dict[str, dict[str, Override]] = {}
+        # model -> node -> (override, refused) as last announced
+        self._announced: dict[str, dict[str, tuple[Override, bool]]] = {}
         # Per model and node: the last ticks' entries as JSON (serialized once), each with a
         # small marker (idle?, where the node was) for folding idle ticks (see _record).
         self._history: dict[str, dict[str, collections.deque[tuple[tuple[Any, ...], str]]]] = {}
@@ -125,15 +127,18 @@ class OperatorEdge:
         routing = (base - drained) | pinned
         refused: set[str] = set()
         if not routing and base:
-            refused = drained & base
-            routing = base | pinned
-            log.warning("model %r: refusing drains of %s, they would empty its routing set",
-                        model, sorted(refused))
+            # Refuse the drain set last (the one that would empty the set); the earlier
+            # ones stay applied. (Nothing is pinned here: a pin would be routed.)
+            last = max(drained & base, key=lambda n: (active[n].set_ts, n))
+            refused = {last}
+            routing = frozenset(refused)
+            log.warning("model %r: refusing the drain of %r, it would empty the routing set",
+                        model, last)
         if not shadow and known:
             shadow = tick.routing | pinned
 
         events = [self._event(t, enforced) for t in inp.transitions]
-        events += self._announce(model, active, statuses, routing, now_s)
+        events += self._announce(model, active, statuses, routing, refused, now_s)
         for f in tick.fleet_events:
             holding = self._holding.setdefault(model, set())
             if f.kind in HOLDING_EVENTS:
@@ -175,7 +180,7 @@ class OperatorEdge:
 
     def _announce(self, model: str, active: dict[str, Override],
                   statuses: Mapping[str, NodeStatus], routing: frozenset[str] | set[str],
-                  now_s: float) -> list[dict[str, Any]]:
+                  refused: set[str], now_s: float) -> list[dict[str, Any]]:
         before = self._announced.get(model, {})
         out: list[dict[str, Any]] = []
 
@@ -190,16 +195,19 @@ class OperatorEdge:
             return d
 
         for node in sorted(before.keys() - active.keys()):
-            o = before[node]
+            o = before[node][0]
             why = (f"{o.action} ended: until {o.until_ts:.0f} passed"
                    if o.expired(now_s) else f"{o.action} released by an operator")
             out.append(event(node, o, RELEASE_REASON, why))
+        now = {node: (o, node in refused) for node, o in active.items()}
         for node in sorted(active):
-            o = active[node]
-            if before.get(node) != o:
+            if before.get(node) != now[node]:
+                o = active[node]
                 text = o.reason or f"{o.action} by an operator"
+                if node in refused:
+                    text += f"; refused: it would leave model {model!r} with no routed node"
                 out.append(event(node, o, OPERATOR_REASONS[o.action], text))
-        self._announced[model] = dict(active)
+        self._announced[model] = now
         return out
 
     def _record(self, model: str, now_s: float, mode: str, statuses: Mapping[str, NodeStatus],

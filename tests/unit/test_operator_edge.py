@@ -146,12 +146,39 @@ def test_pin_keeps_an_ejected_node_in_and_a_model_specific_override_wins() -> No
 
 
 def test_drains_never_empty_the_routing_set() -> None:
+    # Only the drain that would empty the set is refused (the one set last; by node id on
+    # a tie); the earlier drains stay applied.
     t = tick([status("a"), status("b")])
     out = run(OperatorEdge(SETTINGS), t, OperatorState((drain("a"), drain("b"))))
-    assert out.tick.routing == {"a", "b"}
-    assert out.extras.annotations["a"]["drain_refused"] is True
-    hist = json.loads(out.extras.history["a"])  # type: ignore[index]
+    assert out.tick.routing == {"b"}
+    assert out.extras.annotations["b"]["drain_refused"] is True
+    assert out.extras.annotations["a"]["drain_refused"] is False
+    assert out.extras.held_out == {"a"}
+    hist = json.loads(out.extras.history["b"])  # type: ignore[index]
     assert "drain_refused" in hist[-1]["guards"]
+
+
+def test_draining_the_last_routed_node_keeps_the_other_drains() -> None:
+    # m1..m4 drained one after another, then the last routed node: only its drain is
+    # refused, and the announcement says it stays routed.
+    nodes = [f"m{i}" for i in range(1, 6)]
+    edge = OperatorEdge(SETTINGS)
+    t = tick([status(n) for n in nodes])
+    drains = [Override(n, "m", "drain", set_ts=float(i)) for i, n in enumerate(nodes)]
+    run(edge, t, OperatorState(tuple(drains[:4])))
+    out = run(edge, t, OperatorState(tuple(drains)), now=20.0)
+    assert out.tick.routing == {"m5"}
+    assert out.extras.held_out == {"m1", "m2", "m3", "m4"}
+    assert [(e["node_id"], e["routed"]) for e in out.health_events] == [("m5", True)]
+    assert "refused: it would leave model 'm' with no routed node" in out.health_events[0]["detail"]
+    # m5 goes silent: nobody is left to route, m4's drain (set last of the rest) is refused now
+    t2 = tick([status(n) for n in nodes[:4]] + [status("m5", HealthState.GONE, routed=False)])
+    out = run(edge, t2, OperatorState(tuple(drains)), now=30.0)
+    assert out.tick.routing == {"m4"}
+    assert [(e["node_id"], e["routed"]) for e in out.health_events] == [("m4", True), ("m5", False)]
+    # the order the drains were set decides, not the node ids
+    rev = [Override(n, "m", "drain", set_ts=float(-i)) for i, n in enumerate(nodes)]
+    assert run(OperatorEdge(SETTINGS), t, OperatorState(tuple(rev))).tick.routing == {"m1"}
 
 
 def test_history_is_capped_and_carries_stats_limits_guards() -> None:
