@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import difflib
 import getpass
 import math
 import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TextIO
+
+from redis.exceptions import RedisError
 
 from app.routing.client import call_redis
 from app.routing.keys import Keys
@@ -89,8 +92,38 @@ def _override_main(action: Action, what: str, argv: list[str], out: TextIO, err:
         until = f" for {args.ttl:g} s" if args.ttl else " until released"
         print(f"{action} {args.node!r} on {scope}{until}; the worker applies it at its next tick",
               file=out)
+        warning = await _unknown_target(redis, keys, args.node, args.model)
+        if warning:
+            print(f"tailguard {action}: warning: {warning}; the {action} is stored and applies "
+                  f"if it appears (`tailguard release {args.node}` removes it)", file=err)
         return 0
     return asyncio.run(_with_redis(settings, err, action, body))
+
+
+def _text(v: bytes | str) -> str:
+    return v.decode("utf-8", "replace") if isinstance(v, bytes) else v
+
+
+async def _unknown_target(redis: Any, keys: Keys, node: str, model: str | None) -> str | None:
+    """Why ``node`` (on ``model``) is unknown to the worker's Redis keys, with the nearest
+    known names; None when it is known (or Redis will not say: an ACL)."""
+    try:
+        models = sorted(map(_text, await redis.smembers(keys.models)))
+        if model is not None and model not in models:
+            near = difflib.get_close_matches(model, models, n=3)
+            return (f"no model {model!r} under key prefix {keys.prefix!r}"
+                    + (f" (did you mean {', '.join(map(repr, near))}?)" if near else ""))
+        nodes: set[str] = set()
+        for m in [model] if model is not None else models:
+            nodes.update(map(_text, await redis.hkeys(keys.nodes(m))))
+    except RedisError:
+        return None
+    if node in nodes:
+        return None
+    near = difflib.get_close_matches(node, sorted(nodes), n=3)
+    scope = f"model {model!r}" if model is not None else "any model"
+    return (f"no node {node!r} on {scope} under key prefix {keys.prefix!r}"
+            + (f" (did you mean {', '.join(map(repr, near))}?)" if near else ""))
 
 
 def _user() -> str:

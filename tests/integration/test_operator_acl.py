@@ -90,6 +90,16 @@ async def test_worker_and_reader_acl_cover_extras_operators_explain_and_page(
     # (The commands run asyncio.run themselves: in a thread, off this test's loop.)
     drain = ["a", "--model", "m", "--reason", "disk"]
     assert await asyncio.to_thread(operators_cli.drain_main, drain, out=out, err=err) == 0, err.getvalue()
+    assert "warning" not in err.getvalue()
+    # A node or model the worker never wrote (a typo) is stored, with a warning naming the
+    # nearest known names (the role may read them).
+    for typo, words in ((["a1", "--model", "m"], "no node 'a1' on model 'm'"),
+                        (["a", "--model", "mm"], "no model 'mm' under key prefix")):
+        err = io.StringIO()
+        assert await asyncio.to_thread(operators_cli.drain_main, typo, out=out, err=err) == 0
+        assert words in err.getvalue() and "did you mean" in err.getvalue(), err.getvalue()
+        assert await asyncio.to_thread(operators_cli.release_main, [typo[0], "--model", typo[2]],
+                                       out=out, err=err) == 0
     mode = ["observe", "--model", "m"]
     assert await asyncio.to_thread(operators_cli.mode_main, mode, out=out, err=err) == 0, err.getvalue()
     state = await read_operator_state(admin, keys)
