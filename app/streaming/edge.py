@@ -23,6 +23,8 @@ Guarantees, per model and tick:
 from __future__ import annotations
 
 import collections
+import datetime as dt
+import hashlib
 import json
 import logging
 from collections.abc import Mapping
@@ -192,11 +194,15 @@ class OperatorEdge:
                            hardware=None if s is None else s.hardware)
             d = self._event(t, True)
             d["operator"] = o.to_dict()
+            # Of the override, not of the tick: a new owner of the model (a rebalance, a
+            # restart) announcing the same override again repeats the same id.
+            key = f"{model}\x1f{node}\x1f{reason}\x1f{o.set_ts!r}\x1f{o.until_ts!r}\x1f{node in refused}"
+            d["event_id"] = hashlib.sha256(key.encode()).hexdigest()[:32]
             return d
 
         for node in sorted(before.keys() - active.keys()):
             o = before[node][0]
-            why = (f"{o.action} ended: until {o.until_ts:.0f} passed"
+            why = (f"{o.action} ended: until {_utc(o.until_ts)} passed"
                    if o.expired(now_s) else f"{o.action} released by an operator")
             out.append(event(node, o, RELEASE_REASON, why))
         now = {node: (o, node in refused) for node, o in active.items()}
@@ -245,6 +251,10 @@ class OperatorEdge:
             else:                                 # the ticks that decided (before a
                 q.append((marker, _dumps(entry)))  # quarantine) stay in the capped history
         return hist
+
+
+def _utc(ts: float | None) -> str:
+    return "-" if ts is None else dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _idle(entry: Mapping[str, Any]) -> bool:

@@ -130,7 +130,7 @@ def test_expired_drain_is_released_and_returned_for_deletion() -> None:
     out = run(edge, t, OperatorState((d,)), now=20.0)
     assert out.tick.routing == {"a", "b", "c"} and out.expired == (d,)
     (rel,) = out.health_events
-    assert rel["reason"] == "operator_release" and "until 20 passed" in rel["detail"]
+    assert rel["reason"] == "operator_release" and "until 1970-01-01T00:00:20Z passed" in rel["detail"]
 
 
 def test_pin_keeps_an_ejected_node_in_and_a_model_specific_override_wins() -> None:
@@ -143,6 +143,19 @@ def test_pin_keeps_an_ejected_node_in_and_a_model_specific_override_wins() -> No
     other = run(OperatorEdge(SETTINGS), fleet_with_slow(),
                 OperatorState((Override("ghost", None, "pin"),)))
     assert other.tick.routing == {"a", "b", "c"} and other.health_events == ()
+
+
+def test_a_new_owner_announcing_the_same_override_repeats_its_event_id() -> None:
+    # After a rebalance the new owner announces the active overrides again: consumers drop
+    # the repeat by event_id. A changed override (set again, refused) is a new event.
+    t = fleet_with_slow()
+    ops = OperatorState((Override("a", "m", "drain", set_ts=5.0),))
+    first = run(OperatorEdge(SETTINGS), t, ops, now=10.0).health_events
+    again = run(OperatorEdge(SETTINGS), t, ops, now=40.0).health_events
+    assert [e["event_id"] for e in first] == [e["event_id"] for e in again]
+    assert first[0]["ts"] != again[0]["ts"]
+    reset = run(OperatorEdge(SETTINGS), t, OperatorState((Override("a", "m", "drain", set_ts=6.0),)))
+    assert reset.health_events[0]["event_id"] != first[0]["event_id"]
 
 
 def test_drains_never_empty_the_routing_set() -> None:
