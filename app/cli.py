@@ -4,12 +4,15 @@ Each subcommand lives in the module that owns it and exposes
 ``main(argv: list[str]) -> int`` (or the function named after ``:``); this file only dispatches, so that
 ``tailguard replay`` never imports faust and ``tailguard status`` never
 imports numpy. A :class:`~app.core.config.SettingError` anywhere becomes a
-one-line message naming the setting, and exit code 2.
+one-line message naming the setting, and exit code 2. A reader that closes the
+pipe (``tailguard settings | head -2``) ends the command quietly, exit code 1.
 """
 
 from __future__ import annotations
 
 import importlib
+import io
+import os
 import sys
 
 from app.core.config import SettingError
@@ -52,11 +55,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         entry = getattr(importlib.import_module(module_name), function or "main")
         code: int = entry(rest)
+        sys.stdout.flush()   # a closed pipe shows here, not in the interpreter's exit
     except SettingError as e:
         print(f"tailguard {name}: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # `tailguard settings | head -2`: the reader left; say nothing, and write no more.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError, io.UnsupportedOperation):
+            sys.stdout = os.fdopen(devnull, "w")
+        return 1
     except ModuleNotFoundError as e:
         if not e.name or e.name.split(".")[0] == "app":
             raise

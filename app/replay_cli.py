@@ -30,10 +30,11 @@ import io
 import sys
 from typing import IO, Any, cast
 
-from app.core.config import DetectorSettings, SettingError, field_names, parse_overrides
+from app.core.config import SettingError, field_names
 from app.core.detector import Detector
 from app.core.quantiles import digest_from_dict, digest_quantiles
 from app.core.replay import ReplayStats, replay
+from app.settings import parse_set
 from app.text import printable
 
 
@@ -50,19 +51,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--progress", action="store_true", default=None,
                    help="print progress to stderr (default: when stderr is a terminal)")
     return p
-
-
-def settings_from(overrides: list[str]) -> DetectorSettings:
-    pairs: dict[str, str] = {}
-    labels: dict[str, str] = {}
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise SettingError("--set", item, "KEY=VALUE with KEY one of: " + ", ".join(field_names()))
-        pairs[key] = value.strip()
-        labels[key] = f"--set {key}"
-    return parse_overrides(pairs, labels=labels)
 
 
 # Unit of each signal's quantiles, and the digits worth printing (app.core.signals).
@@ -117,7 +105,7 @@ def _num(v: float | None, digits: int = 0) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        settings = settings_from(args.overrides)
+        settings = parse_set(args.overrides)
     except SettingError as e:
         print(f"tailguard replay: {e}", file=sys.stderr)
         return 2

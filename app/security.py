@@ -17,7 +17,8 @@ Guarantees: a TLS file that is missing or not PEM raises
 connection. :func:`check_kafka` and :func:`check_redis` connect once, within a
 timeout, and turn a refused login or an untrusted certificate into
 :class:`AccessRefused` — a ``SettingError`` whose one-line message names the
-setting to fix (the ``tailguard`` command prints it, exit 2). An unreachable
+setting to fix (the ``tailguard`` command prints it, exit 2), and so does any other
+refusal of the connection (``DB index is out of range``: TAILGUARD_REDIS_URL). An unreachable
 server is not their business: they return, and the caller's own retry or
 error applies. No function here logs, prints or puts a secret into a message.
 """
@@ -220,7 +221,10 @@ async def check_redis(s: Settings, *, timeout_s: float = 5.0) -> None:
             raise AccessRefused("TAILGUARD_REDIS_PASSWORD", (
                 f"{where} wants a password ({str(e).split(' ', 1)[0]}): set "
                 "TAILGUARD_REDIS_PASSWORD (or its _FILE) or put user:password in the URL")) from None
-        raise
+        fix = ("use a /db below the server's `databases` (16 by default)" if "DB index" in str(e)
+               else "check that it is the Redis tailguard writes to")
+        raise AccessRefused("TAILGUARD_REDIS_URL",
+                            f"{where} refused the connection ({str(e).rstrip('.')}): {fix}") from None
     except (RedisError, OSError, TimeoutError) as e:
         problem = _cert_problem(e, "TAILGUARD_REDIS_SSL", s.redis_ssl_cafile, where)
         if problem is None and "certificate verify failed" in str(e).lower():

@@ -24,7 +24,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import parse_qs, urlparse
 
 from app.core.config import DetectorSettings, SettingError, check_regex, field_names, parse_overrides
 
@@ -144,6 +144,14 @@ class Settings:
         u = urlparse(self.redis_url)
         if u.scheme not in ("redis", "rediss", "unix") or not (u.hostname or u.path):
             raise SettingError("TAILGUARD_REDIS_URL", redact_url(self.redis_url), "a redis://host:port/db URL")
+        dbs = parse_qs(u.query).get("db", []) + ([u.path.removeprefix("/")] if u.scheme != "unix" else [])
+        if not all(db.isascii() and db.isdigit() for db in dbs if db):
+            raise SettingError("TAILGUARD_REDIS_URL", redact_url(self.redis_url),
+                               "a redis://host:port/db URL whose db is a number 0, 1, … (below the "
+                               "server's `databases`, 16 by default)")
+        # faust names topics after the app id: <app id>-judge_since-changelog is the longest.
+        _check_topic_name("TAILGUARD_APP_ID", self.app_id, 249 - len("-judge_since-changelog"),
+                          " (faust's topics are named <app id>-…)")
         if not self.key_prefix or any(c.isspace() for c in self.key_prefix):
             raise SettingError("TAILGUARD_KEY_PREFIX", self.key_prefix, "a non-empty prefix without spaces")
         if not 1 <= self.topic_partitions <= 1024:
@@ -176,10 +184,7 @@ class Settings:
         if not 1 <= self.replace_attempts <= 100:
             raise SettingError("TAILGUARD_REPLACE_ATTEMPTS", self.replace_attempts, "1..100")
         for f in dataclasses.fields(Topics):
-            name = getattr(self.topics, f.name)
-            if not _TOPIC_NAME.fullmatch(name) or name in (".", ".."):
-                raise SettingError(f"TAILGUARD_TOPIC_{f.name.upper()}", name,
-                                   "a Kafka topic name: 1-249 of letters, digits, '.', '_', '-'")
+            _check_topic_name(f"TAILGUARD_TOPIC_{f.name.upper()}", getattr(self.topics, f.name))
         if not 0 <= self.history_ticks <= 100:
             raise SettingError("TAILGUARD_HISTORY_TICKS", self.history_ticks, "0..100 (0 keeps none)")
         if self.mode not in ("observe", "enforce"):
@@ -195,7 +200,14 @@ class Settings:
 # Variables tailguard sets for the commands it runs (replace hook, agent user checks).
 HOOK_ENV = ("NODE_ID", "MODEL", "REASON", "RETIRED_TS", "RETIREMENT_ID", "ATTEMPT", "GPUS")
 
-_TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
+_TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]+")
+
+
+def _check_topic_name(var: str, name: str, max_len: int = 249, why: str = "") -> None:
+    """Kafka's rule for topic names; ``why`` says where a shorter ``max_len`` comes from."""
+    if not _TOPIC_NAME.fullmatch(name) or len(name) > max_len or name in (".", ".."):
+        raise SettingError(var, name, f"a Kafka topic name: 1-{max_len} of letters, digits, "
+                                      f"'.', '_', '-'{why}")
 
 
 def _check_security(s: Settings) -> None:
@@ -327,6 +339,21 @@ def load(environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings
     service.setdefault("topics", topics)
     service.setdefault("detector", detector)
     return Settings(**service)
+
+
+def parse_set(items: list[str], base: DetectorSettings | None = None) -> DetectorSettings:
+    """``--set KEY=VALUE`` arguments (``tailguard worker``, ``replay``) over ``base``.
+
+    An argument without ``=`` or without a key is refused as not ``KEY=VALUE``; a bad
+    value's error names ``--set KEY``.
+    """
+    pairs: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise SettingError("--set", item, "KEY=VALUE with KEY one of: " + ", ".join(field_names()))
+        pairs[key.strip()] = value.strip()
+    return parse_overrides(pairs, base, labels={k: f"--set {k}" for k in pairs})
 
 
 def _parse_bool(var: str, text: str) -> bool:

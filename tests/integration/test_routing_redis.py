@@ -599,6 +599,20 @@ def test_status_command_shows_what_the_writer_wrote(
         asyncio.run(cleanup())
 
 
+def test_a_db_past_the_servers_databases_is_one_line_naming_the_url(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    from urllib.parse import urlparse
+
+    from app import cli
+
+    monkeypatch.setenv("TAILGUARD_REDIS_URL", urlparse(redis_url)._replace(path="/99").geturl())
+    for argv in (["status"], ["drain", "gpu-x", "--model", MODEL]):
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err
+        assert "TAILGUARD_REDIS_URL: Redis at" in err and "DB index is out of range" in err
+        assert len(err.splitlines()) == 1
+
 
 async def test_reader_tracks_at_most_max_models(client: aioredis.Redis, prefix: str) -> None:
     w = RoutingWriter(client, prefix)

@@ -173,3 +173,29 @@ def test_a_bad_redis_url_is_refused_without_its_password() -> None:
         load({"TAILGUARD_REDIS_URL": "http://tg:hunter2@h:6379/0"})
     assert info.value.name == "TAILGUARD_REDIS_URL" and "hunter2" not in str(info.value)
     assert "tg:***@h" in str(info.value)
+
+
+class _RefusingRedis:
+    """A client whose connection the server refuses as Redis does a /db past `databases`."""
+
+    async def ping(self) -> bool:
+        from redis.exceptions import ResponseError
+
+        raise ResponseError("DB index is out of range")
+
+    async def aclose(self) -> None:
+        pass
+
+
+def test_a_db_the_server_refuses_is_one_line_naming_the_url(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from app.routing import client
+
+    monkeypatch.setattr(client, "connect_for", lambda settings, timeout_s=2.0: _RefusingRedis())
+    monkeypatch.setenv("TAILGUARD_REDIS_URL", "redis://tg:hunter2@127.0.0.1:6379/99")
+    assert cli.main(["status"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tailguard status: TAILGUARD_REDIS_URL: ") and len(err.splitlines()) == 1
+    assert "DB index is out of range" in err and "below the server's `databases`" in err
+    assert "tg:***@127.0.0.1:6379/99" in err and "hunter2" not in err

@@ -183,6 +183,14 @@ BAD: list[tuple[str, str, str]] = [
     ("TAILGUARD_KAFKA_BOOTSTRAP", "a:70000", "host:port"),
     ("TAILGUARD_REDIS_URL", "http://127.0.0.1:6379", "redis://"),
     ("TAILGUARD_REDIS_URL", "127.0.0.1:6379", "redis://"),
+    ("TAILGUARD_REDIS_URL", "redis://127.0.0.1:6379/abc", "db is a number 0, 1, …"),
+    ("TAILGUARD_REDIS_URL", "redis://127.0.0.1:6379/-1", "db is a number 0, 1, …"),
+    ("TAILGUARD_REDIS_URL", "redis://127.0.0.1:6379?db=two", "db is a number 0, 1, …"),
+    ("TAILGUARD_REDIS_URL", "unix:///run/redis.sock?db=x", "db is a number 0, 1, …"),
+    ("TAILGUARD_APP_ID", "opx bad", "Kafka topic name"),
+    ("TAILGUARD_APP_ID", "", "Kafka topic name"),
+    ("TAILGUARD_APP_ID", "tg/eu", "letters, digits, '.', '_', '-'"),
+    ("TAILGUARD_APP_ID", "x" * 228, "1-227"),
     ("TAILGUARD_KEY_PREFIX", "", "non-empty"),
     ("TAILGUARD_KEY_PREFIX", "tail guard", "without spaces"),
     ("TAILGUARD_TOPIC_PARTITIONS", "0", "1..1024"),
@@ -250,6 +258,18 @@ def test_bad_value_names_variable_value_and_what_is_allowed(var: str, value: str
     assert var in message and repr(err.value) in message and err.allowed in message
 
 
+@pytest.mark.parametrize("url", ["redis://h:6379", "redis://h:6379/", "redis://h:6379/15",
+                                 "rediss://u:p@h:6380/2?db=2", "unix:///run/redis.sock?db=3"])
+def test_redis_url_with_a_numbered_or_no_db_is_accepted(url: str) -> None:
+    assert load({"TAILGUARD_REDIS_URL": url}).redis_url == url
+
+
+def test_app_id_of_227_kafka_topic_characters_is_accepted() -> None:
+    # faust's longest topic, <app id>-judge_since-changelog, is then Kafka's 249.
+    app_id = "Tg.eu_1-" + "x" * 219
+    assert load({"TAILGUARD_APP_ID": app_id}).app_id == app_id
+
+
 def test_cross_field_error_names_the_variable_even_when_it_was_not_set() -> None:
     # The user lowered the window below the default min_samples.
     with pytest.raises(SettingError) as info:
@@ -313,6 +333,17 @@ def test_tailguard_with_bad_setting_exits_2_naming_it(
     assert cli.main(["settings"]) == 2
     err = capsys.readouterr().err
     assert "TAILGUARD_RATIO_THRESHOLD" in err and "0.5" in err and "> 1.0" in err
+
+
+def test_a_reader_that_closes_the_pipe_ends_the_command_quietly() -> None:
+    """`tailguard settings | head -2`: no BrokenPipeError traceback, nothing on stderr."""
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "settings"], env={"PATH": "/usr/bin:/bin"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()                 # the reader is gone before the first line
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 1
+    assert err == ""
 
 
 def test_unknown_command_exits_2_with_usage(capsys: pytest.CaptureFixture[str]) -> None:
