@@ -25,6 +25,7 @@ import argparse
 import contextlib
 import dataclasses
 import logging
+import os
 import sys
 import time
 from collections import Counter
@@ -408,7 +409,14 @@ async def _run(args: argparse.Namespace) -> int:
         proxy = Proxy(source, balancer, model_header=args.model_header,
                       connect_timeout_s=args.connect_timeout_s, read_timeout_s=args.read_timeout_s,
                       report_failure=report)
-        bound = await stack.enter_async_context(serve(proxy, host, port))
+        try:
+            bound = await stack.enter_async_context(serve(proxy, host, port))
+        except OSError as e:
+            flag = "--listen" if args.listen else "TAILGUARD_PROXY_LISTEN"
+            print(f"tailguard proxy: cannot listen on {flag} {host}:{port}: "
+                  f"{os.strerror(e.errno) if e.errno else e}; stop "
+                  f"what listens there or give {flag} a free address", file=sys.stderr)
+            return 1
         print(f"tailguard proxy: listening on http://{host}:{bound} → {len(backends)} backends, "
               f"routing from {redact_url(settings.redis_url)} prefix {settings.key_prefix!r}"
               + (f"; failures reported to {settings.kafka_bootstrap}" if report else ""),

@@ -98,7 +98,8 @@ class RoutingWriter:
     call :meth:`flush` yourself to retry.
 
     ``redis`` should fail fast (see :func:`app.routing.client.connect`);
-    ``write_timeout_s`` bounds one script run regardless.
+    ``write_timeout_s`` bounds one script run regardless. ``where`` (the redacted URL
+    and the setting that holds it) is named in the warnings of a failing connection.
     """
 
     def __init__(
@@ -113,6 +114,7 @@ class RoutingWriter:
         retry_initial_s: float = 0.25,
         retry_max_s: float = 10.0,
         write_timeout_s: float = 5.0,
+        where: str = "",
     ) -> None:
         if not 0 < retry_initial_s <= retry_max_s:
             raise ValueError(
@@ -129,6 +131,7 @@ class RoutingWriter:
         self._retry_initial_s = retry_initial_s
         self._retry_max_s = retry_max_s
         self._write_timeout_s = write_timeout_s
+        self._where = f" at {where}" if where else ""   # named in the connection warnings
         self._script = redis.register_script(APPLY_LUA)
         self._pending: dict[str, tuple[ModelTick, Extras]] = {}
         self._lock = asyncio.Lock()
@@ -275,9 +278,10 @@ class RoutingWriter:
         # Log the first failure and then every power of two, not every attempt.
         if self._failures & (self._failures - 1) == 0:
             log.warning(
-                "Redis write of model %r failed (%s: %s); attempt %d, retrying in %.2fs; "
+                "Redis write%s of model %r failed (%s: %s); attempt %d, retrying in %.2fs; "
                 "%d model(s) pending, load balancers keep the last written sets",
-                model, type(error).__name__, error, self._failures, delay_s, len(self._pending),
+                self._where, model, type(error).__name__, error, self._failures, delay_s,
+                len(self._pending),
             )
         self._wake.set()
 

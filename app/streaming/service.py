@@ -50,7 +50,7 @@ from app.routing.operators import (
     read_operator_state,
 )
 from app.security import faust_broker_credentials
-from app.settings import Settings
+from app.settings import Settings, redact_url
 from app.streaming import allowlist
 from app.streaming.deadletter import DeadLetter
 from app.streaming.edge import EdgeInput, EdgeOutput, OperatorEdge
@@ -244,7 +244,8 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
         from app.routing.writer import RoutingWriter
 
         redis_client = connect_for(settings)
-        writer = RoutingWriter(redis_client, settings.key_prefix, metrics=metrics)
+        writer = RoutingWriter(redis_client, settings.key_prefix, metrics=metrics,
+                               where=f"{redact_url(settings.redis_url)} (TAILGUARD_REDIS_URL)")
         if operators is None:
             operators = RedisOperators(redis_client, settings.key_prefix)
     routing: RoutingSink = writer

@@ -5,10 +5,12 @@ the app with :func:`app.streaming.service.create_app` and runs faust's
 :class:`faust.Worker` until SIGINT/SIGTERM. Before that it connects once to
 Redis and to Kafka (:func:`app.security.check_redis`, :func:`~app.security.check_kafka`)
 and reads the node-id allowlist when one is configured (:func:`app.streaming.allowlist.check`).
-Exit code 0 on a clean stop, 2 on a bad setting or a login or certificate that
+Exit code 0 on a clean stop, 2 on a bad setting (a ``TAILGUARD_DATA_DIR`` it cannot
+create or write too) or a login or certificate that
 Redis or Kafka refuses (one line naming the setting), 1 when the broker cannot be reached,
+the metrics or web port is taken (:func:`listen_problem`),
 an allowlist source cannot be read, or a Kafka compression codec cannot be decoded here
-(``cramjam`` missing).
+(``cramjam`` missing). It logs once which Kafka, Redis (password masked) and key prefix it uses.
 """
 
 from __future__ import annotations
@@ -16,10 +18,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
+import socket
 import sys
 
 from app import settings as settings_mod
 from app import text
+from app.core.config import SettingError
 from app.security import check_kafka, check_redis
 from app.streaming import allowlist
 from app.streaming.errors import StreamingError
@@ -39,15 +44,39 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def check_data_dir(path: str) -> None:
+    """Create faust's data directory (faust makes only its last level); SettingError if it cannot."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise PermissionError(13, "not writable")
+    except OSError as e:
+        raise SettingError("TAILGUARD_DATA_DIR", path, f"a directory the worker can create and write "
+                           f"({e.strerror or e}); unset, it is a fresh temp dir per process") from None
+
+
+def listen_problem(host_var: str, port_var: str, host: str, port: int) -> str | None:
+    """Why the worker could not listen on ``host:port`` (None: it can, or port 0 = off)."""
+    if port == 0:
+        return None
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                          flags=socket.AI_PASSIVE)[0]
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers do
+            sock.bind(addr)
+    except OSError as e:
+        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        return (f"cannot listen on {where} ({host_var}, {port_var}): {e.strerror or e}; stop what "
+                f"listens there or set {port_var} to a free port (0 turns it off)")
+    return None
+
+
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     settings = settings_mod.load()
     if args.set:
-        from app.core.config import parse_overrides
-        pairs = dict(kv.split("=", 1) if "=" in kv else (kv, "") for kv in args.set)
-        detector = parse_overrides(pairs, settings.detector,
-                                   labels={k: f"--set {k}" for k in pairs})
-        settings = settings_mod.load(detector=detector)
+        settings = settings_mod.load(detector=settings_mod.parse_set(args.set, settings.detector))
     text.basic_config(level=settings.log_level.upper(),
                       format="[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s")
     from app.streaming.ingest import missing_codecs
@@ -57,6 +86,19 @@ def main(argv: list[str]) -> int:
               "kcat/librdkafka and the Java producer send when compression is on; install "
               "cramjam (pip install 'cramjam>=2.8,<3', a tailguard dependency)", file=sys.stderr)
         return 1
+    log.info("Kafka at %s (TAILGUARD_KAFKA_BOOTSTRAP), Redis at %s (TAILGUARD_REDIS_URL), "
+             "key prefix %r, app id %r", settings.kafka_bootstrap,
+             settings_mod.redact_url(settings.redis_url), settings.key_prefix, settings.app_id)
+    from app.streaming.service import data_dir_for
+
+    check_data_dir(data_dir_for(settings))
+    for problem in (listen_problem("TAILGUARD_METRICS_HOST", "TAILGUARD_METRICS_PORT",
+                                   settings.metrics_host, settings.metrics_port),
+                    listen_problem("TAILGUARD_WEB_HOST", "TAILGUARD_WEB_PORT",
+                                   settings.web_host, settings.web_port)):
+        if problem:
+            print(f"tailguard worker: {problem}", file=sys.stderr)
+            return 1
     loop = asyncio.new_event_loop()
     try:
         # A refused login or certificate stops the start with one line naming the setting

@@ -259,3 +259,25 @@ def test_parse_backends_and_listen() -> None:
     for bad in ("8080", ":80", "h:x", "h:70000"):
         with pytest.raises(BackendsError, match="--listen"):
             parse_listen(bad)
+
+
+@pytest.mark.parametrize("flag", ["--listen", "TAILGUARD_PROXY_LISTEN"])
+def test_a_listen_address_in_use_exits_1_naming_it(
+    flag: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from app.lb import proxy
+
+    monkeypatch.setenv("TAILGUARD_REDIS_URL", closed_port_url().replace("http://", "redis://"))
+    with socket.socket() as busy:       # another program listening there
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        where = f"127.0.0.1:{busy.getsockname()[1]}"
+        argv = ["--backends", "a=http://127.0.0.1:1"]
+        if flag == "--listen":
+            argv += ["--listen", where]
+        else:
+            monkeypatch.setenv("TAILGUARD_PROXY_LISTEN", where)
+        assert proxy.main(argv) == 1
+    err = capsys.readouterr().err
+    assert f"tailguard proxy: cannot listen on {flag} {where}: Address already in use" in err
+    assert "Traceback" not in err

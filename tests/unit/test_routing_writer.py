@@ -185,6 +185,15 @@ async def test_redis_down_returns_false_keeps_latest_and_backs_off() -> None:
     assert not w.failing and w.pending == frozenset()
 
 
+async def test_a_connection_warning_names_where_redis_is(caplog: pytest.LogCaptureFixture) -> None:
+    w, script, _, _ = make(where="redis://u:***@h:6379/0 (TAILGUARD_REDIS_URL)")
+    script.down = True
+    assert not await w.apply(tick("m", {"a"}))
+    (record,) = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert record.getMessage().startswith(
+        "Redis write at redis://u:***@h:6379/0 (TAILGUARD_REDIS_URL) of model 'm' failed (ConnectionError")
+
+
 async def test_backoff_doubles_up_to_the_cap() -> None:
     w, script, clock, _ = make(retry_initial_s=0.5, retry_max_s=3.0)
     script.down = True

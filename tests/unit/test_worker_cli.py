@@ -1,0 +1,98 @@
+"""``tailguard worker``: what stops it before it starts, in one line naming the setting or flag.
+
+Every case here fails before the worker connects to Kafka or Redis (no stack needed).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from app import cli
+from app import settings as settings_mod
+from app.streaming import worker
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> None:
+    for var in list(settings_mod.env_names()):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("TAILGUARD_DATA_DIR", str(tmp_path_factory.mktemp("data")))
+
+
+@pytest.fixture
+def busy_port() -> Iterator[int]:
+    with socket.socket() as s:          # another program listening there
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield s.getsockname()[1]
+
+
+def test_set_without_equals_says_key_value(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["worker", "--set", "tick_interval_s"]) == 2
+    err = capsys.readouterr().err
+    assert "--set='tick_interval_s'" in err and "KEY=VALUE" in err
+    assert "expected a number" not in err and len(err.splitlines()) == 1
+
+
+def test_set_with_a_bad_value_names_the_key(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["worker", "--set", "tick_interval_s=soon"]) == 2
+    assert "--set tick_interval_s='soon'" in capsys.readouterr().err
+
+
+def test_a_data_dir_it_cannot_create_names_the_setting(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("TAILGUARD_DATA_DIR", "/proc/nope")
+    assert cli.main(["worker"]) == 2
+    err = capsys.readouterr().err
+    assert "TAILGUARD_DATA_DIR='/proc/nope'" in err and "create and write" in err
+    assert len(err.splitlines()) == 1
+
+
+def test_missing_parents_of_the_data_dir_are_created(tmp_path: Path) -> None:
+    path = f"{tmp_path}/a/b"
+    worker.check_data_dir(path)        # faust itself makes only the last level
+    worker.check_data_dir(path)
+
+
+@pytest.mark.parametrize(("port_var", "host_var", "other"), [
+    ("TAILGUARD_METRICS_PORT", "TAILGUARD_METRICS_HOST", "TAILGUARD_WEB_PORT"),
+    ("TAILGUARD_WEB_PORT", "TAILGUARD_WEB_HOST", "TAILGUARD_METRICS_PORT"),
+])
+def test_a_port_in_use_exits_1_naming_the_setting_and_the_address(
+    port_var: str, host_var: str, other: str, busy_port: int,
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv(port_var, str(busy_port))
+    monkeypatch.setenv(other, "0")
+    assert cli.main(["worker"]) == 1
+    err = capsys.readouterr().err
+    assert f"cannot listen on 127.0.0.1:{busy_port} ({host_var}, {port_var})" in err
+    assert "in use" in err and len(err.splitlines()) == 1
+
+
+def test_a_free_port_or_port_0_is_no_problem() -> None:
+    assert worker.listen_problem("H", "P", "127.0.0.1", 0) is None
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert worker.listen_problem("H", "P", "127.0.0.1", port) is None
+
+
+def test_start_up_line_names_kafka_redis_with_password_masked_and_prefix(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, busy_port: int,
+) -> None:
+    monkeypatch.setenv("TAILGUARD_REDIS_URL", "redis://u:s3cret@redis.internal:6379/2")
+    monkeypatch.setenv("TAILGUARD_KEY_PREFIX", "tg-eu")
+    monkeypatch.setenv("TAILGUARD_WEB_PORT", "0")
+    monkeypatch.setenv("TAILGUARD_METRICS_PORT", str(busy_port))   # stops right after the line
+    with caplog.at_level(logging.INFO, logger="tailguard.worker"):
+        cli.main(["worker"])
+    assert "s3cret" not in caplog.text
+    assert ("Kafka at 127.0.0.1:9092 (TAILGUARD_KAFKA_BOOTSTRAP), Redis at "
+            "redis://u:***@redis.internal:6379/2 (TAILGUARD_REDIS_URL), key prefix 'tg-eu'") in caplog.text
