@@ -68,6 +68,7 @@ from app.core.types import (
     Reason,
     Transition,
     WindowSummary,
+    utc_text,
 )
 
 # Per-pair own baselines are kept for models with at most this many peers (a model may shrink
@@ -552,7 +553,7 @@ class FleetEvaluator:
                 ts=now_s, node_id=node, model=model, from_state=HealthState.RETIRED,
                 to_state=HealthState.UNKNOWN, routed=False, reason=str(Reason.FORGOTTEN),
                 hardware=p.hardware, from_since_ts=p.since_ts, detail=(
-                    f"retired at {p.since_ts:.0f}, no sample or heartbeat for {now_s - last:.0f} s "
+                    f"retired at {utc_text(p.since_ts)}, no sample or heartbeat for {now_s - last:.0f} s "
                     f"(forget_after_s={self.settings.forget_after_s:g})")))
 
     # ---- statuses ------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.core.config import DetectorSettings
-from app.core.types import HealthState, Reason, Transition
+from app.core.types import HealthState, Reason, Transition, utc_text
 
 ROUTED_STATES = frozenset({HealthState.WARMING, HealthState.HEALTHY, HealthState.SUSPECT})
 
@@ -176,7 +176,7 @@ def first_seen(node_id: str, model: str, first_seen_ts: float, now_s: float,
                     hardware=hardware, admitted=False)
     unknown = dataclasses.replace(new, state=HealthState.UNKNOWN, since_ts=first)
     return new, _transition(unknown, new, now_s, None, detail=(
-        f"warm-up until {first + settings.warmup_s:.3f}; routed once a window of at least "
+        f"warm-up until {utc_text(first + settings.warmup_s)}; routed once a window of at least "
         f"{settings.min_samples} judged samples after it looks normal"))
 
 
@@ -205,7 +205,7 @@ def step(state: PairState, j: Judgement, now_s: float,
             new = dataclasses.replace(state, state=HealthState.QUARANTINED, since_ts=now_s,
                                       reason=str(Reason.QUARANTINE), probe_after_ts=probe_after)
             return new, _transition(state, new, now_s, state.evidence,
-                                    detail=f"probe after {probe_after:.3f}")
+                                    detail=f"probe after {utc_text(probe_after)}")
         if j.verdict is Verdict.NORMAL:
             return _recover(state, j, now_s, str(Reason.NORMAL))
         if j.verdict is Verdict.ABNORMAL:
@@ -231,7 +231,7 @@ def _step_admitting(state: PairState, j: Judgement, now_s: float,
                               fault=None, severity=0.0, evidence=j.evidence or state.evidence)
     return new, _transition(state, new, now_s, j.evidence, detail=(
         f"{samples} judged samples since warm-up ended at "
-        f"{warmup_end(state, settings):.3f} look normal"))
+        f"{utc_text(warmup_end(state, settings))} look normal"))
 
 
 def _step_routed(state: PairState, j: Judgement, now_s: float,
@@ -277,7 +277,7 @@ def _step_quarantined(state: PairState, j: Judgement, now_s: float,
                                   failed_probe_rounds=0, quarantined_at=None, probe_after_ts=None,
                                   fault=None, severity=0.0, evidence=j.evidence)
         return new, _transition(state, new, now_s, j.evidence,
-                                detail=f"probe round since {state.judge_since_ts} looked normal")
+                                detail=f"probe round since {utc_text(state.judge_since_ts)} looked normal")
     failed = state.failed_probe_rounds + 1
     if failed >= settings.retire_after_failed_probes:
         new = dataclasses.replace(state, state=HealthState.RETIRED, since_ts=now_s,
@@ -293,7 +293,7 @@ def _step_quarantined(state: PairState, j: Judgement, now_s: float,
                               probe_after_ts=probe_after, fault=j.reason,
                               evidence=j.evidence or state.evidence)
     return new, _transition(state, new, now_s, j.evidence,
-                            detail=f"{j.reason}; probe round {failed} failed; next after {probe_after:.3f}")
+                            detail=f"{j.reason}; probe round {failed} failed; next after {utc_text(probe_after)}")
 
 
 def wants_out(state: PairState, settings: DetectorSettings) -> bool:
@@ -351,7 +351,7 @@ def diagnostics(state: PairState, recoverable: bool,
         new = dataclasses.replace(state, state=HealthState.QUARANTINED, since_ts=now_s,
                                   reason=str(Reason.DIAGNOSTICS_RECOVERABLE))
         return new, _transition(state, new, now_s, state.evidence,
-                                detail=f"probe after {new.probe_after_ts}")
+                                detail=f"probe after {utc_text(new.probe_after_ts)}")
     return state, None
 
 
@@ -365,7 +365,7 @@ def go_silent(state: PairState, now_s: float, last_seen_ts: float) -> tuple[Pair
                               reason=str(Reason.SILENT), abnormal_streak=0)
     return new, _transition(state, new, now_s, None,
                             detail=f"no sample or heartbeat for {now_s - last_seen_ts:.0f} s "
-                                   f"(last at {last_seen_ts:.3f})")
+                                   f"(last at {utc_text(last_seen_ts)})")
 
 
 def come_back(state: PairState, seen_ts: float, now_s: float,
@@ -404,7 +404,7 @@ def restart(state: PairState, restart_ts: float, now_s: float, settings: Detecto
                               judge_since_ts=start + settings.warmup_s if done and settings.warmup_s > 0
                               else None)
     return new, _transition(state, new, now_s, None,
-                            detail=f"warm-up until {start + settings.warmup_s:.3f}")
+                            detail=f"warm-up until {utc_text(start + settings.warmup_s)}")
 
 
 def _transition(old: PairState, new: PairState, now_s: float, ev: Evidence | None,

@@ -8,6 +8,7 @@ a snapshot has ``to_dict()`` / ``from_dict()`` producing plain JSON-able data.
 
 from __future__ import annotations
 
+import datetime as dt
 import enum
 import hashlib
 import math
@@ -341,3 +342,13 @@ class TickResult:
 
     def routing(self) -> dict[str, frozenset[str]]:
         return {m.model: m.routing for m in self.models}
+
+
+def utc_text(ts: float | None) -> str:
+    """An event time for people: ISO 8601 UTC to the millisecond (``repr`` if not a date)."""
+    if ts is None:
+        return "-"
+    try:
+        return dt.datetime.fromtimestamp(ts, dt.UTC).isoformat(timespec="milliseconds")[:-6] + "Z"
+    except (OverflowError, ValueError, OSError):
+        return repr(ts)

@@ -23,7 +23,6 @@ Guarantees, per model and tick:
 from __future__ import annotations
 
 import collections
-import datetime as dt
 import hashlib
 import json
 import logging
@@ -32,7 +31,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from app.core.config import DetectorSettings
-from app.core.types import HealthState, ModelTick, NodeStatus, Transition, WindowSummary
+from app.core.types import HealthState, ModelTick, NodeStatus, Transition, WindowSummary, utc_text
 from app.routing.apply_script import Extras
 from app.routing.keys import held_out
 from app.routing.operators import OperatorState, Override
@@ -202,7 +201,7 @@ class OperatorEdge:
 
         for node in sorted(before.keys() - active.keys()):
             o = before[node][0]
-            why = (f"{o.action} ended: until {_utc(o.until_ts)} passed"
+            why = (f"{o.action} ended: until {utc_text(o.until_ts)} passed"
                    if o.expired(now_s) else f"{o.action} released by an operator")
             out.append(event(node, o, RELEASE_REASON, why))
         now = {node: (o, node in refused) for node, o in active.items()}
@@ -251,10 +250,6 @@ class OperatorEdge:
             else:                                 # the ticks that decided (before a
                 q.append((marker, _dumps(entry)))  # quarantine) stay in the capped history
         return hist
-
-
-def _utc(ts: float | None) -> str:
-    return "-" if ts is None else dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _idle(entry: Mapping[str, Any]) -> bool:

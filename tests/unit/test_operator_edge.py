@@ -130,7 +130,7 @@ def test_expired_drain_is_released_and_returned_for_deletion() -> None:
     out = run(edge, t, OperatorState((d,)), now=20.0)
     assert out.tick.routing == {"a", "b", "c"} and out.expired == (d,)
     (rel,) = out.health_events
-    assert rel["reason"] == "operator_release" and "until 1970-01-01T00:00:20Z passed" in rel["detail"]
+    assert rel["reason"] == "operator_release" and "until 1970-01-01T00:00:20.000Z passed" in rel["detail"]
 
 
 def test_pin_keeps_an_ejected_node_in_and_a_model_specific_override_wins() -> None:
