@@ -138,8 +138,10 @@ def _override_text(o: dict[str, Any], now_s: float) -> str:
     return text
 
 
-def format_table(statuses: list[ModelStatus], now_s: float) -> str:
-    """The human table: one block per model."""
+def format_table(statuses: list[ModelStatus], now_s: float,
+                 stale_after_s: float | None = None) -> str:
+    """The human table: one block per model; its title says when the worker last wrote it
+    (flagged when that is more than ``stale_after_s`` ago)."""
     header = ("node", "state", "routed", "p50 ms", "p99 ms", "p99/p50", "samples", "since",
               "probe in", "reason")
     blocks: list[str] = []
@@ -175,6 +177,12 @@ def format_table(statuses: list[ModelStatus], now_s: float) -> str:
         modes = {str(st.get("mode")) for st in ms.nodes.values()} & {"observe", "enforce"}
         if modes:
             title += f"  mode {'/'.join(sorted(modes))}"
+        written = [u for st in ms.nodes.values() if isinstance(u := st.get("updated"), int | float)]
+        if written:
+            age_s = now_s - max(written)
+            title += f"  written {_age(age_s)} ago"
+            if stale_after_s is not None and age_s > stale_after_s:
+                title += " (stale: is tailguard worker running?)"
         lines = [title, "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip()]
         lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
         blocks.append("\n".join(lines))
@@ -214,7 +222,7 @@ async def _run(args: argparse.Namespace, out: TextIO, err: TextIO,
         print(f"no models in Redis under key prefix {settings.key_prefix!r} yet "
               "(tailguard worker writes them each tick)", file=out)
     else:
-        print(format_table(statuses, clock()), file=out)
+        print(format_table(statuses, clock(), 3 * settings.detector.tick_interval_s), file=out)
     return 0
 
 

@@ -44,6 +44,15 @@ def test_table_has_one_row_per_node_with_routing_from_the_set() -> None:
     assert rows["gpu-3"] == ["gpu-3", "?", "yes", "-", "-", "-", "-", "-", "-", "-"]
 
 
+def test_the_title_says_when_the_worker_last_wrote_and_flags_a_stale_table() -> None:
+    ms = sample()
+    ms.nodes["gpu-1"]["updated"] = NOW - 12
+    ms.nodes["gpu-2"]["updated"] = NOW - 40
+    assert format_table([ms], NOW, 90.0).splitlines()[0].endswith("  written 12s ago")
+    stale = format_table([ms], NOW + 200, 90.0).splitlines()[0]
+    assert stale.endswith("written 3m32s ago (stale: is tailguard worker running?)")
+
+
 @pytest.mark.parametrize(("seconds", "text"), [
     (0, "0s"), (59.9, "59s"), (60, "1m00s"), (3599, "59m59s"), (3600, "1h00m"),
     (86399, "23h59m"), (90000, "1d01h"), (-5, "0s"),
