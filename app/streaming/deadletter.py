@@ -116,6 +116,11 @@ class DeadLetter:
             (HEADER_PREFIX + "offset", str(self.offset).encode()),
         ]
 
-    def log(self) -> None:
-        log.warning("bad input at %s[%d]@%d (%s): %s — sent to the dead-letter topic",
-                    self.topic, self.partition, self.offset, self.reason, self.error)
+    def log(self, nth: int = 1) -> None:
+        """Log the ``nth`` dead letter of its reason: the 1st, 2nd, 4th, 8th, … (a flood of
+        bad input does not flood the log; every one is counted and dead-lettered)."""
+        if nth & (nth - 1):
+            return
+        log.warning("bad input at %s[%d]@%d (%s): %s — sent to the dead-letter topic%s",
+                    self.topic, self.partition, self.offset, self.reason, self.error,
+                    "" if nth == 1 else f" ({nth} with this reason so far; logged at powers of 2)")

@@ -28,6 +28,7 @@ import socket
 import struct
 import time
 import uuid
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
@@ -161,6 +162,7 @@ class IngestService(Service):
         self.lag_labels: set[tuple[str, str]] = set()
         self._consumer: AIOKafkaConsumer | None = None
         self._next_offsets: dict[Any, int] = {}
+        self._bad_seen: Counter[str] = Counter()    # dead letters by reason (for the log)
         self._committed: dict[Any, int] = {}
         self._last_commit = 0.0
         self._last_lag = 0.0
@@ -283,7 +285,8 @@ class IngestService(Service):
                 done[tp] = max(done.get(tp, 0), d.offset + 1)
         if dead:
             for d in dead:
-                d.log()
+                self._bad_seen[d.reason] += 1
+                d.log(self._bad_seen[d.reason])
             await self._dead_letter(dead)
         self._next_offsets.update(done)
         mono = time.monotonic()

@@ -101,6 +101,18 @@ def test_dead_letter_headers_keep_original_and_add_coordinates() -> None:
     assert [k for k, _ in d.out_headers()].count("tailguard.reason") == 1
 
 
+def test_dead_letters_are_logged_at_powers_of_two_of_their_reason(
+        caplog: pytest.LogCaptureFixture) -> None:
+    d = DeadLetter.of(Rec(b"junk", offset=7), "bad_json", "not valid JSON")
+    with caplog.at_level("WARNING", logger="app.streaming.deadletter"):
+        for nth in range(1, 301):
+            d.log(nth)
+    logged = [r.getMessage() for r in caplog.records]
+    assert len(logged) == 9                                  # 1, 2, 4, …, 256
+    assert logged[0].endswith("sent to the dead-letter topic")
+    assert logged[-1].endswith("(256 with this reason so far; logged at powers of 2)")
+
+
 @given(st.binary(min_size=1, max_size=64), st.integers(1, 64))
 def test_partition_for_matches_kafka_default_partitioner(key: bytes, n: int) -> None:
     parts = list(range(n))
