@@ -361,8 +361,9 @@ class LatencyEmitter:
                 self._wake.clear()
                 closing = self._closing.is_set()
                 waiters, self._flush_waiters = self._flush_waiters, []
-                if not closing:
-                    await self._send_heartbeats(producer)
+                # Closing: only the first heartbeat of a series not sent yet (announced, then
+                # closed at once: the worker still learns the node serves the model).
+                await self._send_heartbeats(producer, first_only=closing)
                 await self._send_due(producer, force=closing or bool(waiters))
                 for w in waiters:
                     if not w.done():
@@ -449,12 +450,13 @@ class LatencyEmitter:
         finally:
             self._idle.clear()
 
-    async def _send_heartbeats(self, producer: Producer) -> None:
+    async def _send_heartbeats(self, producer: Producer, *, first_only: bool = False) -> None:
         now = self._mono()
         if now < self._retry_at:
             return
         with self._lock:
-            due = [k for k, t in self._heartbeats.items() if t <= now]
+            due = [k for k, t in self._heartbeats.items()
+                   if (t == -math.inf if first_only else t <= now)]
             for k in due:
                 self._heartbeats[k] = now + self._heartbeat_interval_s
         assert self._slots is not None

@@ -311,6 +311,18 @@ async def test_heartbeats_start_at_once_and_repeat_every_interval() -> None:
     assert em.stats.heartbeats_sent == 2
 
 
+async def test_a_heartbeat_announced_just_before_close_is_sent_and_a_periodic_one_is_not() -> None:
+    fake = FakeProducer()
+    em, mono = make(fake, heartbeat_interval_s=5.0)
+    async with em:
+        em.heartbeat("old", "llama")
+        await fake.wait_for(lambda: len(fake.messages) == 1)
+        mono.t += 10.0                      # old's next heartbeat is due, but we are closing
+        em.heartbeat("new", "llama")        # announced, then closed at once
+    assert [e.node_id for e in fake.events()] == ["old", "new"]
+    assert em.stats.heartbeats_sent == 2
+
+
 async def test_flush_sends_lingering_samples_now() -> None:
     fake = FakeProducer()
     em, _ = make(fake, linger_s=1000.0)
