@@ -86,9 +86,6 @@ def main(argv: list[str]) -> int:
               "kcat/librdkafka and the Java producer send when compression is on; install "
               "cramjam (pip install 'cramjam>=2.8,<3', a tailguard dependency)", file=sys.stderr)
         return 1
-    log.info("Kafka at %s (TAILGUARD_KAFKA_BOOTSTRAP), Redis at %s (TAILGUARD_REDIS_URL), "
-             "key prefix %r, app id %r", settings.kafka_bootstrap,
-             settings_mod.redact_url(settings.redis_url), settings.key_prefix, settings.app_id)
     from app.streaming.service import data_dir_for
 
     check_data_dir(data_dir_for(settings))
@@ -112,6 +109,10 @@ def main(argv: list[str]) -> int:
         return 1
     finally:
         loop.close()
+    # After the checks: a refused start stays one line (stderr), as documented.
+    log.info("Kafka at %s (TAILGUARD_KAFKA_BOOTSTRAP), Redis at %s (TAILGUARD_REDIS_URL), "
+             "key prefix %r, app id %r", settings.kafka_bootstrap,
+             settings_mod.redact_url(settings.redis_url), settings.key_prefix, settings.app_id)
     if created:
         log.info("created topics: %s", ", ".join(created))
 
