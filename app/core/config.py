@@ -63,6 +63,10 @@ class DetectorSettings:
     # error_share_peer_factor x its peers' median share) is abnormal: a node that fails fast
     # leaves no latency to judge. 0 = off.
     max_error_share: float = field(default=0.1, metadata={"lo": 0.0, "hi": 1.0})
+    # A routed node that completed no request since the previous tick while its peers' median
+    # is at least this many is abnormal (reason stalled): a hung node whose heartbeats go on
+    # would otherwise stay routed with nothing to judge. 0 = off.
+    stall_peer_requests: int = field(default=20, metadata={"lo": 0, "hi": 1_000_000})
     # "auto" | "latency" | "tpot" | "normalized"; per-model overrides in model_signals.
     signal: str = field(default="auto", metadata={"choices": SIGNALS})
     # "model=signal,model=signal" overrides of `signal` for single models.

@@ -365,7 +365,7 @@ class FleetEvaluator:
             j = errs[node]   # failed requests since the last tick: new each tick
         p = ms.pairs[node]
         if j.verdict is Verdict.ABNORMAL:
-            if j.reason != Reason.ERROR_RATE:
+            if j.reason not in (Reason.ERROR_RATE, Reason.STALLED):
                 # Fresh-sample and own-history verdicts are new evidence each tick: no hold.
                 fresh_evidence = own_p50 is not None or fresh_tail is not None
                 credit = st.confirm_windows >= 3

@@ -21,7 +21,7 @@ Rationale: docs/rules.md.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, MutableMapping
+from collections.abc import Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 
 from app.core import health
@@ -257,8 +257,8 @@ class ErrorReport:
 
 
 def pool_ticks(st: DetectorSettings) -> int:
-    """How many past ticks' counters a pair keeps: requests are pooled over up to
-    ``max_sample_age_s`` until ``min_samples`` of them are in (a low-rate node)."""
+    """Over how many past ticks a pair's requests are pooled: up to ``max_sample_age_s``
+    until ``min_samples`` of them are in (a low-rate node)."""
     return max(1, math.ceil(st.max_sample_age_s / st.tick_interval_s))
 
 
@@ -270,7 +270,7 @@ def error_judgements(counts: MutableMapping[str, tuple[int, ...]],
     ticks (up to ``max_sample_age_s``) until ``min_samples`` requests are in.
 
     ``counts``: per pair, stage 1's cumulative (requests, failed) at the last
-    :func:`pool_ticks` ticks, oldest first, flat; updated for the next tick. ``since``: node
+    ``max(2, pool_ticks)`` ticks, oldest first, flat; updated for the next tick. ``since``: node
     → a cut-off (the ejection of a pair out of routing): its requests are pooled only over
     ticks at or after it, so a probe round is never judged on failures from before the
     ejection (probes in quarantine before the round still count), and ``probe_min_samples``
@@ -278,11 +278,13 @@ def error_judgements(counts: MutableMapping[str, tuple[int, ...]],
     limit = st.max_error_share
     min_n = st.min_samples
     probe_n = min(st.probe_min_samples, min_n)
-    keep = 2 * pool_ticks(st)
+    pool = pool_ticks(st)
+    keep = 2 * max(2, pool)                 # two ticks at least: the stall rule's last count
     get = counts.get
     shares: dict[str, float] = {}           # node -> failed share since the last tick(s)
     over: list[tuple[str, float, int, int, int]] = []   # past the limit: node, share, n, failed, ticks
     tick_s = st.tick_interval_s
+    idle: list[str] = []                    # no request at all since the last tick
     for node, s in by_node.items():
         req = s.requests_total
         fail = s.failed_total
@@ -290,13 +292,15 @@ def error_judgements(counts: MutableMapping[str, tuple[int, ...]],
         if prev is None or req < prev[-2]:      # new, or counters that went back (a new stage 1)
             counts[node] = (req, fail)
             continue
+        if req == prev[-2]:
+            idle.append(node)
         # The newest past tick with min_samples requests since (the last tick at any rate
         # above min_samples per tick); with a cut-off, only ticks since it (the k-th newest
         # entry was recorded k ticks ago).
         cut = None if not since else since.get(node)
-        first, need = 0, min_n
+        first, need = max(0, len(prev) - 2 * pool), min_n
         if cut is not None:
-            first = max(0, len(prev) - 2 * math.floor((now_s - cut) / tick_s + 1e-9))
+            first = max(first, len(prev) - 2 * math.floor((now_s - cut) / tick_s + 1e-9))
             need = probe_n
         for i in range(len(prev) - 2, first - 1, -2):
             n = req - prev[i]
@@ -307,9 +311,11 @@ def error_judgements(counts: MutableMapping[str, tuple[int, ...]],
                     if share > limit:
                         over.append((node, share, n, failed, (len(prev) - i) // 2))
                 break
-        counts[node] = (*prev[2 - keep:], req, fail) if keep > 2 else (req, fail)
+        counts[node] = (*prev[2 - keep:], req, fail)
+    stalled = (stall_judgements(idle, counts, by_node, pairs, st, now_s)
+               if idle and st.stall_peer_requests > 0 else {})
     if limit <= 0:
-        return ErrorReport()
+        return ErrorReport(stalled)
     # The peers: pairs routed and past warm-up. Of a PairTable only its rare pairs can be
     # neither; another mapping is asked about each pair.
     if isinstance(pairs, PairTable) and shares.keys() <= pairs.keys():
@@ -320,7 +326,7 @@ def error_judgements(counts: MutableMapping[str, tuple[int, ...]],
                 or q.state is HealthState.WARMING}
     peers = list(shares.values()) if not drop else [sh for n, sh in shares.items() if n not in drop]
     failing = sum(1 for node, *_ in over if node not in drop)
-    report = ErrorReport({}, failing, len(peers), peers if len(peers) >= st.min_peers else None)
+    report = ErrorReport(stalled, failing, len(peers), peers if len(peers) >= st.min_peers else None)
     if not over:
         return report
     ref = report.ref
@@ -340,6 +346,44 @@ def error_judgements(counts: MutableMapping[str, tuple[int, ...]],
                               f"{'tick' if ticks == 1 else f'{ticks} ticks'} failed "
                               f"({share:.1%} > {limit:.0%}{peers_part})")
     return report
+
+
+def stall_judgements(idle: Sequence[str], counts: Mapping[str, tuple[int, ...]],
+                     by_node: Mapping[str, WindowSummary], pairs: Mapping[str, PairState],
+                     st: DetectorSettings, now_s: float) -> dict[str, Judgement]:
+    """Routed, warmed-up pairs of ``idle`` (no request since the last tick) that still show
+    signs of life (a heartbeat or sample within the last tick: a dead node goes ``gone``
+    instead), while the median of such pairs' requests since the last tick (``counts``,
+    updated) is at least ``stall_peer_requests`` over ``min_peers`` or more: abnormal,
+    reason ``stalled``."""
+    def serving(node: str) -> bool:
+        p = pairs.get(node)
+        return p is not None and p.routed and p.state is not HealthState.WARMING
+
+    idle = [n for n in idle if serving(n) and (last := by_node[n].last_seen_ts) is not None
+            and now_s - last <= st.tick_interval_s]
+    if not idle:
+        return {}
+    served = [c[-2] - c[-4] for n, c in counts.items()
+              if len(c) >= 4 and n in by_node and serving(n)]
+    if len(served) < st.min_peers:
+        return {}
+    ref = median(served)
+    if ref < st.stall_peer_requests:
+        return {}
+    out: dict[str, Judgement] = {}
+    for node in idle:
+        s = by_node[node]
+        ev = Evidence(signal=s.signal, p50=s.p50, p99=s.p99,
+                      ratio=s.p99 / s.p50 if s.p50 and s.p99 is not None else None,
+                      samples=s.samples, latency_p50_us=s.latency_p50_us,
+                      latency_p99_us=s.latency_p99_us, hardware=s.hardware)
+        out[node] = Judgement(Verdict.ABNORMAL, str(Reason.STALLED), ev,
+                              ref / st.stall_peer_requests,
+                              f"no request completed since the last tick, while its {len(served)} "
+                              f"peers completed {ref:g} each (median; stall_peer_requests="
+                              f"{st.stall_peer_requests})")
+    return out
 
 
 def window_bound_s(s: WindowSummary, now_s: float, st: DetectorSettings) -> float:

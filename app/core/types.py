@@ -63,6 +63,7 @@ class Reason(enum.StrEnum):
     TOO_MANY_PROBE_FAILURES = "too_many_probe_failures"
     FORGOTTEN = "forgotten"                  # retired, then silent for forget_after_s
     ERROR_RATE = "error_rate"                # failed requests far above max_error_share
+    STALLED = "stalled"                      # completed no request while its peers served many
     SILENT = "silent"                        # no sample or heartbeat for silent_after_s: gone
     RETURNED = "returned"                    # a gone pair reported again: warming (or probed)
     RESTARTED = "restarted"                  # a new process instance, or back after a gap: warming

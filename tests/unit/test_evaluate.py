@@ -803,6 +803,65 @@ def _error_run(shares: Mapping[str, float], ticks: int = 4, judged: Mapping[str,
             for k in range(ticks)]
 
 
+def _stall_run(per_tick: int, hung_from: int, back_at: int | None = None, ticks: int = 14,
+               idle: tuple[str, ...] = ("n03",), dead: bool = False,
+               **settings: float) -> list[ModelTick]:
+    """6 nodes taking ``per_tick`` requests a tick; the ``idle`` ones complete none from tick
+    ``hung_from`` (until ``back_at``) while their heartbeats go on (``dead``: they stop)."""
+    ev = FleetEvaluator(DetectorSettings(max_sample_age_s=30.0, **settings))  # type: ignore[arg-type]
+    done = dict.fromkeys((f"n{i:02d}" for i in range(6)), 0)
+    out = []
+    for k in range(ticks):
+        sums = []
+        for node in done:
+            hung = node in idle and k >= hung_from and (back_at is None or k < back_at)
+            done[node] += 0 if hung else per_tick
+            # a hung node's window empties (age bound 30 s: one tick); its heartbeats go on
+            sums.append(summ(node, None, samples=0) if hung and k > hung_from else summ(node, 100.0))
+            seen = T0 + 30.0 * (hung_from - 1 if hung and dead else k) - 1.0
+            sums[-1] = sums[-1]._replace(requests_total=done[node], last_seen_ts=seen)
+        out.append(ev.evaluate("m", sums, T0 + 30.0 * k))
+    return out
+
+
+def test_a_hung_node_whose_heartbeats_go_on_leaves_as_stalled_and_stays_out_while_hung() -> None:
+    ticks = _stall_run(per_tick=300, hung_from=3)
+    trans = [(t.to_state, t.reason) for tk in ticks for t in tk.transitions if t.node_id == "n03"]
+    assert trans[2:5] == [(H.SUSPECT, "stalled"), (H.UNHEALTHY, "stalled"),
+                          (H.QUARANTINED, "quarantine")], trans
+    out_at = next(i for i, tk in enumerate(ticks) if "n03" not in tk.routing)
+    assert out_at == 3 + S.confirm_windows - 1
+    assert all("n03" not in tk.routing for tk in ticks[out_at:])
+    first = next(t for tk in ticks for t in tk.transitions if t.reason == "stalled")
+    assert first.detail is not None and "no request completed since the last tick" in first.detail
+    assert not [t for tk in ticks[1:] for t in tk.transitions if t.node_id != "n03"]
+
+
+def test_a_stalled_node_that_serves_again_is_let_back_in() -> None:
+    ticks = _stall_run(per_tick=300, hung_from=3, back_at=7, ticks=20)
+    assert "n03" not in ticks[6].routing and "n03" in ticks[-1].routing
+
+
+@pytest.mark.parametrize(("per_tick", "idle", "why"), [
+    (10, ("n03",), "peers serve fewer than stall_peer_requests a tick"),
+    (300, ("n00", "n01", "n02", "n03"), "most of the fleet idle: no reference"),
+])
+def test_idle_is_not_stalled_without_busy_peers(per_tick: int, idle: tuple[str, ...], why: str) -> None:
+    ticks = _stall_run(per_tick=per_tick, hung_from=3, idle=idle)
+    assert not [t for tk in ticks for t in tk.transitions if t.reason == "stalled"], why
+
+
+def test_a_dead_node_is_not_stalled_it_goes_silent() -> None:
+    ticks = _stall_run(per_tick=300, hung_from=3, dead=True)
+    reasons = [t.reason for tk in ticks for t in tk.transitions if t.node_id == "n03"]
+    assert "stalled" not in reasons and "silent" in reasons, reasons
+
+
+def test_the_stall_rule_can_be_turned_off() -> None:
+    ticks = _stall_run(per_tick=300, hung_from=3, stall_peer_requests=0)
+    assert all("n03" in tk.routing for tk in ticks)
+
+
 def test_a_node_failing_a_third_of_its_requests_leaves_by_error_rate() -> None:
     ticks = _error_run({"n03": 0.3, "n01": 0.01})
     assert "n03" not in ticks[3].routing and len(ticks[3].routing) == 5

@@ -89,6 +89,7 @@ DETECTOR_TEXT: dict[str, tuple[str, Any]] = {
     "fleet_ratio_factor": ("2", 2.0),
     "shift_factor": ("0", 0.0),
     "max_error_share": ("0.25", 0.25),
+    "stall_peer_requests": ("40", 40),
     "signal": ("tpot", "tpot"),
     "model_signals": ("llama=latency,mistral=normalized", "llama=latency,mistral=normalized"),
     "load_event_fraction": ("0.75", 0.75),
