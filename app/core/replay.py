@@ -62,6 +62,11 @@ class ReplayStats:
     first_bad: list[tuple[int, str, str]] = field(default_factory=list)   # line, reason, message
     bad_samples: int = 0
     late_samples: int = 0        # read when already older than every tick's age bound to come
+    # Routed pairs whose last window held fewer than min_samples judged samples: too few
+    # requests within max_sample_age_s to be judged at all (with the settings, for the hint).
+    thin_pairs: int = 0
+    min_samples: int = 0
+    max_sample_age_s: float = 0.0
     first_ts: float | None = None
     last_ts: float | None = None
 
@@ -82,6 +87,12 @@ class ReplayStats:
             text += (f"; {self.late_samples} samples read after the ticks they belonged to had "
                      "passed (older than max_sample_age_s then): never judged. Is the trace "
                      "sorted by time? Sort it by ts first (e.g. `jq -cs 'sort_by(.ts)[]'`)")
+        if self.thin_pairs:
+            rate = self.min_samples / self.max_sample_age_s
+            text += (f"; {self.thin_pairs} routed (node, model) pairs ended with fewer than "
+                     f"min_samples={self.min_samples} judged samples within max_sample_age_s="
+                     f"{self.max_sample_age_s:g} s: below about {rate:.2g} requests/s they are "
+                     "not judged; raise max_sample_age_s or lower min_samples (--set) to judge them")
         return text
 
 
@@ -394,4 +405,6 @@ def replay(lines: Iterable[bytes | str], settings: DetectorSettings,
             emit(line)
         stats.transitions += len(res.transitions)
         stats.fleet_events += len(res.fleet_events)
+        stats.min_samples, stats.max_sample_age_s = settings.min_samples, settings.max_sample_age_s
+        stats.thin_pairs = sum(1 for s in det.statuses() if s.routed and s.samples < settings.min_samples)
     return det, stats

@@ -633,6 +633,17 @@ def test_a_node_whose_clock_runs_ahead_does_not_move_the_ticks(ahead_s: float) -
         {r[1] for r in story(clean) if r[3] == "admitted"} - {"n03"}
 
 
+def test_the_summary_names_routed_pairs_too_thin_to_be_judged() -> None:
+    # 0.2 requests/s per node: admitted once 100 samples came in since warm-up, then never
+    # 100 within the 300 s age bound again: the summary says so and what to change.
+    _, thin = run(lines(nodes=4, seconds=1500.0, rate=0.2))
+    assert thin.thin_pairs == 4
+    assert "4 routed (node, model) pairs ended with fewer than min_samples=100" in thin.summary()
+    assert "below about 0.33 requests/s" in thin.summary()
+    _, judged = run(lines(nodes=4, seconds=1500.0, rate=0.2), max_sample_age_s=900.0)
+    assert judged.thin_pairs == 0 and "routed (node, model) pairs" not in judged.summary()
+
+
 def test_a_trace_not_in_time_order_is_counted_and_named_in_the_summary() -> None:
     # The same events written node after node instead of in time order: the later nodes'
     # samples arrive after their ticks passed and are never judged; the summary says so.
