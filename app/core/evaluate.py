@@ -71,6 +71,9 @@ from app.core.types import (
     utc_text,
 )
 
+# Verdicts against the peers' reference: without min_peers peers they cannot be judged.
+PEER_REASONS = frozenset({str(Reason.RELATIVE_P50), str(Reason.RELATIVE_P99)})
+
 # Per-pair own baselines are kept for models with at most this many peers (a model may shrink
 # below min_peers); larger models skip the cost.
 OWN_HISTORY_MAX_PEERS = 16
@@ -364,6 +367,11 @@ class FleetEvaluator:
         if j.verdict is not Verdict.ABNORMAL and node in errs:
             j = errs[node]   # failed requests since the last tick: new each tick
         p = ms.pairs[node]
+        if (j.verdict is Verdict.NORMAL and p.abnormal_streak and not norms.enough_peers
+                and p.fault in PEER_REASONS):
+            # The rule that raised the streak has no reference this tick (too few peers):
+            # insufficient data, not a normal window (it would end the streak).
+            j = health.NO_VERDICT
         if j.verdict is Verdict.ABNORMAL:
             if j.reason not in (Reason.ERROR_RATE, Reason.STALLED):
                 # Fresh-sample and own-history verdicts are new evidence each tick: no hold.

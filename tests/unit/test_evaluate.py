@@ -355,6 +355,30 @@ def test_in_a_small_fleet_a_recovered_node_is_let_back_in() -> None:
     assert [t.reason for tk in ticks for t in tk.transitions if t.node_id == "n00"][-1] == "probe_passed"
 
 
+def test_a_tick_without_enough_peers_does_not_end_a_relative_streak() -> None:
+    # n00 is suspect by relative_p50; next tick two peers have too few samples to be peers
+    # (a lull): no reference, so no verdict, and the streak goes on when they are back.
+    ev = FleetEvaluator(S)
+    run(ev, 1, fleet(4))
+
+    def tick(k: int, thin: bool) -> ModelTick:
+        sums = [summ("n00", 300.0), summ("n01", 100.0),
+                summ("n02", 100.0, samples=20 if thin else 500),
+                summ("n03", 100.0, samples=20 if thin else 500)]
+        return ev.evaluate("m", sums, T0 + 30.0 * k)
+
+    first = tick(1, thin=False)
+    assert [(t.node_id, t.to_state, t.reason) for t in first.transitions] == \
+        [("n00", H.SUSPECT, "relative_p50")]
+    lull = tick(2, thin=True)
+    assert [t for t in lull.transitions if t.node_id == "n00"] == []
+    assert ev.pair("m", "n00").abnormal_streak == 1  # type: ignore[union-attr]
+    tick(3, thin=False)
+    out = tick(4, thin=False)
+    assert [(t.to_state, t.reason) for t in out.transitions if t.node_id == "n00"] == \
+        [(H.UNHEALTHY, "relative_p50")]
+
+
 def test_each_probe_round_is_judged_from_its_own_start() -> None:
     ev = FleetEvaluator(S)
     run(ev, 1, fleet(5))
