@@ -37,8 +37,10 @@ async def ensure_topics(settings: Settings, *, timeout_s: float = 30.0) -> list[
     try:
         await asyncio.wait_for(admin.start(), timeout_s)
     except (KafkaError, OSError, TimeoutError) as e:
+        why = str(e) or (f"no answer within {timeout_s:g} s" if isinstance(e, TimeoutError)
+                         else type(e).__name__)
         raise TopicSetupError(settings.topics.latency_events,
-                              f"cannot reach the broker at {settings.kafka_bootstrap} ({e})") from e
+                              f"cannot reach the broker at {settings.kafka_bootstrap} ({why})") from e
     try:
         existing = set(await admin.list_topics())
         brokers = max(1, len((await admin.describe_cluster()).get("brokers", [])))

@@ -5,6 +5,7 @@ Every case here fails before the worker connects to Kafka or Redis (no stack nee
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 from collections.abc import Iterator
@@ -111,3 +112,20 @@ def test_start_up_line_names_kafka_redis_with_password_masked_and_prefix(
     assert "s3cret" not in caplog.text
     assert ("Kafka at 127.0.0.1:9092 (TAILGUARD_KAFKA_BOOTSTRAP), Redis at "
             "redis://u:***@redis.internal:6379/2 (TAILGUARD_REDIS_URL), key prefix 'tg-eu'") in caplog.text
+
+
+async def test_a_broker_that_accepts_but_never_answers_is_named_with_a_cause() -> None:
+    # A listener that takes the connection and says nothing: the error used to end in "()".
+    from app.streaming.errors import StreamingError
+    from app.streaming.topics import ensure_topics
+
+    server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        settings = settings_mod.load({"TAILGUARD_KAFKA_BOOTSTRAP": f"127.0.0.1:{port}"})
+        with pytest.raises(StreamingError) as e:
+            await ensure_topics(settings, timeout_s=0.5)
+    finally:
+        server.close()
+    assert f"cannot reach the broker at 127.0.0.1:{port} (" in str(e.value)
+    assert "()" not in str(e.value), str(e.value)
