@@ -256,6 +256,15 @@ class ErrorReport:
         return None if self.peer_shares is None else median(self.peer_shares)
 
 
+STALL_MIN_S = 10.0   # a stall is judged over the last tick, or this long when ticks are shorter
+
+
+def stall_ticks(st: DetectorSettings) -> int:
+    """Over how many past ticks (at least ``STALL_MIN_S``) a pair must have taken no request
+    to be stalled: a tick shorter than an emitter's batching is no evidence."""
+    return max(1, math.ceil(STALL_MIN_S / st.tick_interval_s - 1e-9))
+
+
 def pool_ticks(st: DetectorSettings) -> int:
     """Over how many past ticks a pair's requests are pooled: up to ``max_sample_age_s``
     until ``min_samples`` of them are in (a low-rate node)."""
@@ -279,7 +288,8 @@ def error_judgements(counts: MutableMapping[str, tuple[int, ...]],
     min_n = st.min_samples
     probe_n = min(st.probe_min_samples, min_n)
     pool = pool_ticks(st)
-    keep = 2 * max(2, pool)                 # two ticks at least: the stall rule's last count
+    span = stall_ticks(st)
+    keep = 2 * max(pool, span + 1)          # the stall rule's span at least
     get = counts.get
     shares: dict[str, float] = {}           # node -> failed share since the last tick(s)
     over: list[tuple[str, float, int, int, int]] = []   # past the limit: node, share, n, failed, ticks
@@ -292,7 +302,7 @@ def error_judgements(counts: MutableMapping[str, tuple[int, ...]],
         if prev is None or req < prev[-2]:      # new, or counters that went back (a new stage 1)
             counts[node] = (req, fail)
             continue
-        if req == prev[-2]:
+        if len(prev) > 2 * span and req == prev[-2 * span]:
             idle.append(node)
         # The newest past tick with min_samples requests since (the last tick at any rate
         # above min_samples per tick); with a cut-off, only ticks since it (the k-th newest
@@ -351,11 +361,11 @@ def error_judgements(counts: MutableMapping[str, tuple[int, ...]],
 def stall_judgements(idle: Sequence[str], counts: Mapping[str, tuple[int, ...]],
                      by_node: Mapping[str, WindowSummary], pairs: Mapping[str, PairState],
                      st: DetectorSettings, now_s: float) -> dict[str, Judgement]:
-    """Routed, warmed-up pairs of ``idle`` (no request since the last tick) that still show
-    signs of life (a heartbeat or sample within the last tick: a dead node goes ``gone``
-    instead), while the median of such pairs' requests since the last tick (``counts``,
-    updated) is at least ``stall_peer_requests`` over ``min_peers`` or more: abnormal,
-    reason ``stalled``."""
+    """Routed, warmed-up pairs of ``idle`` (no request in the last :func:`stall_ticks`
+    ticks) that still show signs of life (a heartbeat or sample within the last tick: a dead
+    node goes ``gone`` instead), while the median of such pairs' requests in those ticks
+    (``counts``, updated) is at least ``stall_peer_requests`` over ``min_peers`` or more:
+    abnormal, reason ``stalled``."""
     def serving(node: str) -> bool:
         p = pairs.get(node)
         return p is not None and p.routed and p.state is not HealthState.WARMING
@@ -364,8 +374,9 @@ def stall_judgements(idle: Sequence[str], counts: Mapping[str, tuple[int, ...]],
             and now_s - last <= st.tick_interval_s]
     if not idle:
         return {}
-    served = [c[-2] - c[-4] for n, c in counts.items()
-              if len(c) >= 4 and n in by_node and serving(n)]
+    span = stall_ticks(st)
+    served = [c[-2] - c[-2 - 2 * span] for n, c in counts.items()
+              if len(c) > 2 * span and n in by_node and serving(n)]
     if len(served) < st.min_peers:
         return {}
     ref = median(served)
@@ -380,9 +391,9 @@ def stall_judgements(idle: Sequence[str], counts: Mapping[str, tuple[int, ...]],
                       latency_p99_us=s.latency_p99_us, hardware=s.hardware)
         out[node] = Judgement(Verdict.ABNORMAL, str(Reason.STALLED), ev,
                               ref / st.stall_peer_requests,
-                              f"no request completed since the last tick, while its {len(served)} "
-                              f"peers completed {ref:g} each (median; stall_peer_requests="
-                              f"{st.stall_peer_requests})")
+                              f"no request completed in the last {span * st.tick_interval_s:g} s, "
+                              f"while its {len(served)} peers completed {ref:g} each (median; "
+                              f"stall_peer_requests={st.stall_peer_requests})")
     return out
 
 

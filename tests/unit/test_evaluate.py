@@ -857,7 +857,7 @@ def test_a_hung_node_whose_heartbeats_go_on_leaves_as_stalled_and_stays_out_whil
     assert out_at == 3 + S.confirm_windows - 1
     assert all("n03" not in tk.routing for tk in ticks[out_at:])
     first = next(t for tk in ticks for t in tk.transitions if t.reason == "stalled")
-    assert first.detail is not None and "no request completed since the last tick" in first.detail
+    assert first.detail is not None and "no request completed in the last 30 s" in first.detail
     assert not [t for tk in ticks[1:] for t in tk.transitions if t.node_id != "n03"]
 
 
@@ -873,6 +873,29 @@ def test_a_stalled_node_that_serves_again_is_let_back_in() -> None:
 def test_idle_is_not_stalled_without_busy_peers(per_tick: int, idle: tuple[str, ...], why: str) -> None:
     ticks = _stall_run(per_tick=per_tick, hung_from=3, idle=idle)
     assert not [t for tk in ticks for t in tk.transitions if t.reason == "stalled"], why
+
+
+def test_with_short_ticks_a_stall_needs_10_s_without_a_request() -> None:
+    # 2-s ticks: an emitter's batch can miss a tick; 3 idle ticks (6 s) are no stall, and a
+    # stall is judged over the last 10 s (5 ticks).
+    st = DetectorSettings(tick_interval_s=2.0, max_sample_age_s=30.0, warmup_s=0.0)
+    ev = FleetEvaluator(st)
+    done = dict.fromkeys((f"n{i:02d}" for i in range(6)), 0)
+
+    def tick(k: int, idle: bool) -> ModelTick:
+        sums = []
+        for node in done:
+            done[node] += 0 if idle and node == "n03" else 60
+            sums.append(summ(node, 100.0)._replace(requests_total=done[node],
+                                                    last_seen_ts=T0 + 2.0 * k - 0.5))
+        return ev.evaluate("m", sums, T0 + 2.0 * k)
+
+    ticks = [tick(k, idle=3 <= k < 6) for k in range(12)]
+    assert not [t for tk in ticks for t in tk.transitions if t.reason == "stalled"]
+    later = [tick(k, idle=k >= 14) for k in range(12, 24)]
+    stalled = [t for tk in later for t in tk.transitions if t.reason == "stalled"]
+    assert stalled and stalled[0].ts == T0 + 2.0 * 18, stalled
+    assert stalled[0].detail is not None and "in the last 10 s" in stalled[0].detail
 
 
 def test_a_dead_node_is_not_stalled_it_goes_silent() -> None:
