@@ -1,8 +1,11 @@
 """Creating the worker's Kafka topics when they are missing.
 
-Guarantee: after :func:`ensure_topics`, every topic of ``settings.topics``
-exists; missing ones are created with ``settings.topic_partitions``
-partitions (replication factor: ``min(3, brokers)``). Existing topics are left
+Guarantee: after :func:`ensure_topics`, every topic of ``settings.topics`` and the
+changelogs of stage 2's tables (:func:`changelog_names`, compacted) exist, each partition
+with a leader; missing ones are created with ``settings.topic_partitions``
+partitions (replication factor: ``min(3, brokers)``). (Left to faust, a changelog created
+while the consumer group formed on a fresh broker could be missing from the first
+assignment, and the worker waited on its table for ever.) Existing topics are left
 as they are — the worker works with any partition count, but the stage-2
 topic (``node-window-stats``) must keep the count its state changelog was
 created with, so change ``TAILGUARD_TOPIC_PARTITIONS`` only with a new
@@ -29,6 +32,14 @@ def topic_names(settings: Settings) -> list[str]:
     return [getattr(settings.topics, f.name) for f in dataclasses.fields(settings.topics)]
 
 
+# Stage 2's faust tables (app.streaming.service); faust names a changelog <app id>-<table>-changelog.
+TABLES = ("health", "judge_since")
+
+
+def changelog_names(settings: Settings) -> list[str]:
+    return [f"{settings.app_id}-{t}-changelog" for t in TABLES]
+
+
 async def ensure_topics(settings: Settings, *, timeout_s: float = 30.0) -> list[str]:
     """Create the missing topics; return the names created."""
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap,
@@ -44,9 +55,13 @@ async def ensure_topics(settings: Settings, *, timeout_s: float = 30.0) -> list[
     try:
         existing = set(await admin.list_topics())
         brokers = max(1, len((await admin.describe_cluster()).get("brokers", [])))
-        missing = [t for t in dict.fromkeys(topic_names(settings)) if t not in existing]
+        changelogs = set(changelog_names(settings))
+        missing = [t for t in dict.fromkeys([*topic_names(settings), *changelogs])
+                   if t not in existing]
         if missing:
-            new = [NewTopic(t, settings.topic_partitions, min(3, brokers)) for t in missing]
+            new = [NewTopic(t, settings.topic_partitions, min(3, brokers),
+                            topic_configs={"cleanup.policy": "compact"} if t in changelogs else None)
+                   for t in missing]
             try:
                 await admin.create_topics(new)
             except TopicAlreadyExistsError:
@@ -54,6 +69,23 @@ async def ensure_topics(settings: Settings, *, timeout_s: float = 30.0) -> list[
             except KafkaError as e:
                 raise TopicSetupError(missing[0], f"could not be created ({e})") from e
             log.info("created topics %s with %d partitions", missing, settings.topic_partitions)
+            await _leaders_elected(admin, missing, timeout_s)
         return missing
     finally:
         await admin.close()
+
+
+async def _leaders_elected(admin: AIOKafkaAdminClient, names: list[str], timeout_s: float) -> None:
+    """Wait until every partition of ``names`` has a leader (a fresh broker takes a moment)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        desc = await admin.describe_topics(names)
+        if len(desc) == len(names) and all(
+                not d.get("error_code") and d.get("partitions")
+                and all(p.get("leader", -1) >= 0 for p in d["partitions"]) for d in desc):
+            return
+        if loop.time() > deadline:
+            raise TopicSetupError(names[0], f"created, but no leader for all its partitions within "
+                                            f"{timeout_s:g} s: is the broker healthy?")
+        await asyncio.sleep(0.1)

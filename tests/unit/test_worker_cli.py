@@ -129,3 +129,16 @@ async def test_a_broker_that_accepts_but_never_answers_is_named_with_a_cause() -
         server.close()
     assert f"cannot reach the broker at 127.0.0.1:{port} (" in str(e.value)
     assert "()" not in str(e.value), str(e.value)
+
+
+def test_the_changelogs_created_before_faust_starts_are_the_ones_its_tables_use(
+        tmp_path: Path) -> None:
+    # ensure_topics creates them (compacted) so that they exist, with leaders, before the
+    # consumer group forms; a name that drifted from faust's would leave the race open.
+    from app.streaming.service import create_app
+    from app.streaming.topics import changelog_names
+
+    settings = settings_mod.load({"TAILGUARD_APP_ID": "tg-changelogs"}, data_dir=str(tmp_path))
+    app = create_app(settings)
+    assert sorted(t.changelog_topic.get_topic_name() for t in app.tables.values()) == \
+        sorted(changelog_names(settings))
