@@ -156,7 +156,7 @@ def replay(lines: Iterable[bytes | str], settings: DetectorSettings,
     # Early lines (module docstring): a node whose clock runs ahead of the fleet's must not
     # move the ticks, or every other node would look silent.
     ahead_s = AHEAD_TICKS * interval
-    latest: dict[str, float] = {}   # node -> latest event time fed to the detector
+    drained_ts: dict[str, float] = {}   # node -> latest event time fed to the detector
     ahead: set[str] = set()         # nodes found ahead of the fleet since the last tick
     early: list[tuple[int, bytes | str]] = []
     early_nodes: set[str] = set()
@@ -188,10 +188,10 @@ def replay(lines: Iterable[bytes | str], settings: DetectorSettings,
         evs = acc.drain()
         # Samples older than the age bound of the next tick to run are judged by no tick.
         too_old = -math.inf if k is None else k * interval - settings.max_sample_age_s
-        if len(latest) > 2 * det.store.series_count() + 64:     # ids the store forgot
+        if len(drained_ts) > 2 * det.store.series_count() + 64:     # ids the store forgot
             alive = {n for n, _m in det.store.keys()}  # noqa: SIM118 (a WindowStore, not a dict)
-            for n in [n for n in latest if n not in alive]:
-                del latest[n]
+            for n in [n for n in drained_ts if n not in alive]:
+                del drained_ts[n]
         for e in evs:
             if isinstance(e, SampleBatch):
                 stats.bad_samples += e.rejected
@@ -199,14 +199,14 @@ def replay(lines: Iterable[bytes | str], settings: DetectorSettings,
                     if e.ts.min() <= too_old:
                         stats.late_samples += int((e.ts <= too_old).sum())
                     t = float(e.ts.max())
-                    if t > latest.get(e.node_id, -math.inf):
-                        latest[e.node_id] = t
-            elif e.ts > latest.get(e.node_id, -math.inf):
-                latest[e.node_id] = e.ts
+                    if t > drained_ts.get(e.node_id, -math.inf):
+                        drained_ts[e.node_id] = t
+            elif e.ts > drained_ts.get(e.node_id, -math.inf):
+                drained_ts[e.node_id] = e.ts
         return evs
 
     def is_early(node: str, ts: float) -> bool:
-        """A single event at or past the next boundary (within the future bound) from a node
+        """An event at or past the next boundary (within the future bound) from a node
         more than ``ahead_s`` past the fleet: the median latest event time of the other
         nodes that sent since the last tick (or, none yet, within ``ahead_s`` before it)."""
         assert k is not None
@@ -217,7 +217,7 @@ def replay(lines: Iterable[bytes | str], settings: DetectorSettings,
         clocks = [t for n, t in acc.latest_by_node().items() if n != node and n not in ahead]
         if not clocks:
             recent = (k - 1) * interval - ahead_s
-            clocks = [t for n, t in latest.items() if t >= recent and n != node and n not in ahead]
+            clocks = [t for n, t in drained_ts.items() if t >= recent and n != node and n not in ahead]
         if not clocks:
             return False
         clocks.sort()
@@ -229,23 +229,43 @@ def replay(lines: Iterable[bytes | str], settings: DetectorSettings,
     def settle_early(*, jump: bool) -> None:
         """The early lines join the windows: as they are while the fleet has not caught up,
         or, a jump of the whole trace, taken in order, ticks and all."""
-        nonlocal seen_max
         lines = list(early)
         early.clear()
         early_nodes.clear()
+        if jump:
+            take_in_order(lines, unbounded=False)
+            return
         for early_lineno, early_raw in lines:
             try:
                 ts = add(early_raw)
             except BadEvent as e:
                 bad(early_lineno, e)
                 continue
-            if jump:
-                accepted(ts)
-                continue
             stats.events += 1
-            if ts > seen_max:
-                seen_max = ts
-                acc.set_now(ts)
+            advance(ts)
+
+    def take_in_order(lines: list[tuple[int, bytes | str]], *, unbounded: bool) -> None:
+        """Add ``lines`` in order, running the ticks each crosses; ``unbounded``: each with no
+        future bound (the lines of a jump may lie far apart; each one taken moves it). A line
+        bad for another reason is counted bad by that reason."""
+        for lineno_, raw_ in lines:
+            if unbounded:
+                acc.set_now(None)
+            try:
+                ts = add(raw_)
+            except BadEvent as e:
+                bad(lineno_, e)
+                continue
+            accepted(ts)
+        if unbounded:
+            acc.set_now(seen_max)
+
+    def advance(ts: float) -> None:
+        """``ts`` was fed: the latest event time (and the future bound) moves up to it."""
+        nonlocal seen_max
+        if ts > seen_max:
+            seen_max = ts
+            acc.set_now(ts)
 
     def bad(lineno: int, e: BadEvent) -> None:
         stats.bad[e.reason] += 1
@@ -253,16 +273,14 @@ def replay(lines: Iterable[bytes | str], settings: DetectorSettings,
             stats.first_bad.append((lineno, e.reason, str(e)[:120]))
 
     def accepted(ts: float) -> None:
-        nonlocal k, seen_max
+        nonlocal k
         stats.events += 1
         if k is None:
             k = math.floor(ts / interval) + 1
             stats.first_ts = ts
         elif ts >= k * interval:
             run_ticks(ts)
-        if ts > seen_max:
-            seen_max = ts
-            acc.set_now(ts)
+        advance(ts)
 
     # Held lines (module docstring): a clock ahead must not jump the ticks past everyone
     # else's events (they would all turn "late" and never be judged).
@@ -277,20 +295,11 @@ def replay(lines: Iterable[bytes | str], settings: DetectorSettings,
         held_nodes.clear()
 
     def take_held() -> None:
-        """Take the held lines as a real gap, in order, each with no future bound: the lines
-        of a jump may lie far apart (each one taken moves the bound). A held line that is bad
-        for another reason is counted bad by that reason."""
-        for held_lineno, held_raw, _ in held:
-            acc.set_now(None)
-            try:
-                ts = add(held_raw)
-            except BadEvent as e:
-                bad(held_lineno, e)
-                continue
-            accepted(ts)
+        """Take the held lines as a real gap (:func:`take_in_order`, unbounded)."""
+        lines = [(held_lineno, held_raw) for held_lineno, held_raw, _ in held]
         held.clear()
         held_nodes.clear()
-        acc.set_now(seen_max)
+        take_in_order(lines, unbounded=True)
 
     def one(lineno: int, raw: bytes | str, pre: Any = _UNDECODED) -> None:
         """One line, the reference path: decode, hold or count it, run the ticks it crosses.
@@ -340,7 +349,6 @@ def replay(lines: Iterable[bytes | str], settings: DetectorSettings,
         """Lines ``base + 1 …`` as :func:`one` would take them one by one: runs of the single
         events the accumulator takes from its typed decoding (below the next boundary, on
         no progress line) added at once, and :func:`one` for each line in between."""
-        nonlocal seen_max
         decoded = acc.decode_lines(raws) if k is not None else None
         if decoded is None:
             for i, raw in enumerate(raws, base + 1):
@@ -361,9 +369,7 @@ def replay(lines: Iterable[bytes | str], settings: DetectorSettings,
                 if held:
                     flush_held()
                 stats.events += j - i
-                if latest > seen_max:
-                    seen_max = latest
-                    acc.set_now(latest)
+                advance(latest)
             if j < n:
                 one(base + j + 1, raws[j], decoded[j])
             i = j + 1

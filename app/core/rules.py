@@ -240,7 +240,8 @@ def normal_with_evidence(j: Judgement, s: WindowSummary, p50: float, p99: float,
 
 @dataclass(frozen=True, slots=True)
 class ErrorReport:
-    """The error-rate rule at one tick: abnormal verdicts (reason ``error_rate``) by node,
+    """The request-count rules at one tick: abnormal verdicts (reason ``error_rate``, or
+    ``stalled``: :func:`stall_judgements`) by node,
     and over the routed, warmed-up pairs with a share this tick: how many are past
     ``max_error_share``, how many there are, and their median share (``ref``; None below
     ``min_peers`` of them: ``peer_shares`` is then None too)."""
@@ -273,13 +274,14 @@ def pool_ticks(st: DetectorSettings) -> int:
 
 def error_judgements(counts: MutableMapping[str, tuple[int, ...]],
                      by_node: Mapping[str, WindowSummary], pairs: Mapping[str, PairState],
-                     st: DetectorSettings, since: Mapping[str, float] | None = None,
-                     now_s: float = 0.0) -> ErrorReport:
+                     st: DetectorSettings, since: Mapping[str, float],
+                     now_s: float) -> ErrorReport:
     """The error-rate rule on the failed requests since the last tick, or over the last few
-    ticks (up to ``max_sample_age_s``) until ``min_samples`` requests are in.
+    ticks (up to ``max_sample_age_s``) until ``min_samples`` requests are in; and the stall
+    rule on the same counters.
 
     ``counts``: per pair, stage 1's cumulative (requests, failed) at the last
-    ``max(2, pool_ticks)`` ticks, oldest first, flat; updated for the next tick. ``since``: node
+    ``max(pool_ticks, stall_ticks + 1)`` ticks, oldest first, flat; updated for the next tick. ``since``: node
     → a cut-off (the ejection of a pair out of routing): its requests are pooled only over
     ticks at or after it, so a probe round is never judged on failures from before the
     ejection (probes in quarantine before the round still count), and ``probe_min_samples``
@@ -294,7 +296,7 @@ def error_judgements(counts: MutableMapping[str, tuple[int, ...]],
     shares: dict[str, float] = {}           # node -> failed share since the last tick(s)
     over: list[tuple[str, float, int, int, int]] = []   # past the limit: node, share, n, failed, ticks
     tick_s = st.tick_interval_s
-    idle: list[str] = []                    # no request at all since the last tick
+    idle: list[str] = []                    # no request at all in the stall rule's span
     for node, s in by_node.items():
         req = s.requests_total
         fail = s.failed_total
@@ -307,7 +309,7 @@ def error_judgements(counts: MutableMapping[str, tuple[int, ...]],
         # The newest past tick with min_samples requests since (the last tick at any rate
         # above min_samples per tick); with a cut-off, only ticks since it (the k-th newest
         # entry was recorded k ticks ago).
-        cut = None if not since else since.get(node)
+        cut = since.get(node) if since else None
         first, need = max(0, len(prev) - 2 * pool), min_n
         if cut is not None:
             first = max(first, len(prev) - 2 * math.floor((now_s - cut) / tick_s + 1e-9))
@@ -345,13 +347,9 @@ def error_judgements(counts: MutableMapping[str, tuple[int, ...]],
     for node, share, n, failed, ticks in over:
         if ref is not None and share <= factor * ref:
             continue
-        s = by_node[node]
-        ratio = s.p99 / s.p50 if s.p50 and s.p99 is not None else None
-        ev = Evidence(signal=s.signal, p50=s.p50, p99=s.p99, ratio=ratio, samples=s.samples,
-                      latency_p50_us=s.latency_p50_us, latency_p99_us=s.latency_p99_us,
-                      hardware=s.hardware)
         peers_part = "" if ref is None else f" and > {factor:g} x peers' {ref:.1%}"
-        out[node] = Judgement(Verdict.ABNORMAL, str(Reason.ERROR_RATE), ev, share / limit,
+        out[node] = Judgement(Verdict.ABNORMAL, str(Reason.ERROR_RATE),
+                              _window_evidence(by_node[node]), share / limit,
                               f"{failed} of {n} requests since the last "
                               f"{'tick' if ticks == 1 else f'{ticks} ticks'} failed "
                               f"({share:.1%} > {limit:.0%}{peers_part})")
@@ -384,17 +382,20 @@ def stall_judgements(idle: Sequence[str], counts: Mapping[str, tuple[int, ...]],
         return {}
     out: dict[str, Judgement] = {}
     for node in idle:
-        s = by_node[node]
-        ev = Evidence(signal=s.signal, p50=s.p50, p99=s.p99,
-                      ratio=s.p99 / s.p50 if s.p50 and s.p99 is not None else None,
-                      samples=s.samples, latency_p50_us=s.latency_p50_us,
-                      latency_p99_us=s.latency_p99_us, hardware=s.hardware)
-        out[node] = Judgement(Verdict.ABNORMAL, str(Reason.STALLED), ev,
+        out[node] = Judgement(Verdict.ABNORMAL, str(Reason.STALLED), _window_evidence(by_node[node]),
                               ref / st.stall_peer_requests,
                               f"no request completed in the last {span * st.tick_interval_s:g} s, "
                               f"while its {len(served)} peers completed {ref:g} each (median; "
                               f"stall_peer_requests={st.stall_peer_requests})")
     return out
+
+
+def _window_evidence(s: WindowSummary) -> Evidence:
+    """The window's numbers as they are, for a verdict on requests rather than latency."""
+    return Evidence(signal=s.signal, p50=s.p50, p99=s.p99,
+                    ratio=s.p99 / s.p50 if s.p50 and s.p99 is not None else None,
+                    samples=s.samples, latency_p50_us=s.latency_p50_us,
+                    latency_p99_us=s.latency_p99_us, hardware=s.hardware)
 
 
 def window_bound_s(s: WindowSummary, now_s: float, st: DetectorSettings) -> float:

@@ -29,8 +29,8 @@ from typing import Any, TextIO, TypeGuard
 import redis.asyncio as aioredis
 
 from app.routing.client import call_redis
-from app.routing.keys import Keys
-from app.routing.status import _age, _status_obj, _text
+from app.routing.keys import Keys, member_text
+from app.routing.status import _age, _status_obj
 from app.settings import load
 from app.text import printable
 
@@ -72,7 +72,7 @@ async def read_explain(redis: aioredis.Redis, key_prefix: str, node: str,
     keys = Keys(key_prefix)
     wanted = models if models is not None else await redis.smembers(keys.models)
     out: list[NodeExplain] = []
-    for m in sorted({_text(x) for x in wanted}):
+    for m in sorted({member_text(x) for x in wanted}):
         async with redis.pipeline(transaction=True) as pipe:
             pipe.hget(keys.nodes(m), node)
             pipe.hget(keys.history(m), node)

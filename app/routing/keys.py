@@ -58,6 +58,11 @@ def decode_model(encoded: str) -> str:
     return unquote(encoded, encoding="utf-8", errors="strict")
 
 
+def member_text(raw: bytes | str) -> str:
+    """A node id or model name as Redis returns it (bytes without ``decode_responses``)."""
+    return raw.decode("utf-8") if isinstance(raw, bytes) else raw
+
+
 @dataclass(frozen=True, slots=True)
 class Keys:
     """Key builders for one prefix. ``Keys("tailguard").routing("m")`` → ``tailguard:routing:m``."""

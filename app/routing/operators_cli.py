@@ -31,7 +31,7 @@ from typing import Any, TextIO
 from redis.exceptions import RedisError
 
 from app.routing.client import call_redis
-from app.routing.keys import Keys
+from app.routing.keys import Keys, member_text
 from app.routing.operators import (
     MODES,
     Action,
@@ -100,23 +100,19 @@ def _override_main(action: Action, what: str, argv: list[str], out: TextIO, err:
     return asyncio.run(_with_redis(settings, err, action, body))
 
 
-def _text(v: bytes | str) -> str:
-    return v.decode("utf-8", "replace") if isinstance(v, bytes) else v
-
-
 async def _unknown_target(redis: Any, keys: Keys, node: str, model: str | None) -> str | None:
     """Why ``node`` (on ``model``) is unknown to the worker's Redis keys, with the nearest
     known names; None when it is known (or Redis will not say: an ACL)."""
     try:
-        models = sorted(map(_text, await redis.smembers(keys.models)))
+        models = sorted(map(member_text, await redis.smembers(keys.models)))
         if model is not None and model not in models:
             near = difflib.get_close_matches(model, models, n=3)
             return (f"no model {model!r} under key prefix {keys.prefix!r}"
                     + (f" (did you mean {', '.join(map(repr, near))}?)" if near else ""))
         nodes: set[str] = set()
         for m in [model] if model is not None else models:
-            nodes.update(map(_text, await redis.hkeys(keys.nodes(m))))
-    except RedisError:
+            nodes.update(map(member_text, await redis.hkeys(keys.nodes(m))))
+    except (RedisError, UnicodeDecodeError):
         return None
     if node in nodes:
         return None

@@ -34,7 +34,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from app.routing.errors import RoutingUnavailable
-from app.routing.keys import DEFAULT_PREFIX, Keys, parse_change_message
+from app.routing.keys import DEFAULT_PREFIX, Keys, member_text, parse_change_message
 from app.routing.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -79,10 +79,6 @@ class ModelRouting:
 
 
 OnChange = Callable[[ModelRouting], Any]
-
-
-def _text(x: bytes | str) -> str:
-    return x.decode("utf-8") if isinstance(x, bytes) else x
 
 
 class RoutingTable:
@@ -228,7 +224,7 @@ class RoutingTable:
     async def models(self) -> list[str]:
         """Every model tailguard has written (the ``P:models`` SET), sorted."""
         raw = await self._redis.smembers(self.keys.models)
-        return sorted(_text(x) for x in raw)
+        return sorted(member_text(x) for x in raw)
 
     async def refresh(self) -> bool:
         """Poll once: reload every wanted model whose version changed. True if Redis answered."""
@@ -284,9 +280,9 @@ class RoutingTable:
                 pipe.smembers(k.held_out(model))
                 raw_version, raw_nodes, raw_quarantine, raw_held = await pipe.execute()
             old = self._cache.get(model)
-            nodes = frozenset(_text(n) for n in raw_nodes)
-            quarantine = {_text(n): float(s) for n, s in raw_quarantine}
-            held = frozenset(_text(n) for n in raw_held).union(quarantine)
+            nodes = frozenset(member_text(n) for n in raw_nodes)
+            quarantine = {member_text(n): float(s) for n, s in raw_quarantine}
+            held = frozenset(member_text(n) for n in raw_held).union(quarantine)
             if not nodes and old is not None and old.nodes:
                 # Keys gone (restart without persistence, manual delete): keep serving.
                 if model not in self._vanished:

@@ -28,7 +28,7 @@ import redis.asyncio as aioredis
 
 from app.core.types import p99_p50_ratio
 from app.routing.client import call_redis
-from app.routing.keys import Keys
+from app.routing.keys import Keys, member_text
 from app.settings import load
 from app.text import printable
 
@@ -59,10 +59,6 @@ class ModelStatus:
         return sorted(set(self.nodes) | self.routing | set(self.quarantine))
 
 
-def _text(x: bytes | str) -> str:
-    return x.decode("utf-8") if isinstance(x, bytes) else x
-
-
 def _status_obj(raw: bytes | str) -> dict[str, Any]:
     try:
         obj = json.loads(raw)
@@ -77,7 +73,7 @@ async def read_status(
     """Every model's status (or just ``models``), sorted by model name."""
     keys = Keys(key_prefix)
     wanted = models if models is not None else await redis.smembers(keys.models)
-    names = sorted({_text(m) for m in wanted})
+    names = sorted({member_text(m) for m in wanted})
     out: list[ModelStatus] = []
     for m in names:
         async with redis.pipeline(transaction=True) as pipe:
@@ -89,9 +85,9 @@ async def read_status(
         out.append(ModelStatus(
             model=m,
             version=int(raw_version) if raw_version is not None else None,
-            routing=frozenset(_text(n) for n in raw_routing),
-            quarantine={_text(n): float(s) for n, s in raw_quarantine},
-            nodes={_text(n): _status_obj(v) for n, v in raw_nodes.items()},
+            routing=frozenset(member_text(n) for n in raw_routing),
+            quarantine={member_text(n): float(s) for n, s in raw_quarantine},
+            nodes={member_text(n): _status_obj(v) for n, v in raw_nodes.items()},
         ))
     return out
 

@@ -30,9 +30,9 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from app.core.peers import median
-from app.routing.keys import Keys
+from app.routing.keys import Keys, member_text
 from app.routing.operators import read_operator_state
-from app.routing.status import _text, read_status
+from app.routing.status import read_status
 
 PAGE_PATH = "/tailguard/"
 DATA_PATH = "/tailguard/status.json"
@@ -73,7 +73,7 @@ async def page_data(redis: aioredis.Redis, key_prefix: str, now_s: float,
             pipe.lrange(keys.events(m), 0, EVENTS_SHOWN - 1)
             pipe.smembers(keys.shadow(m))
             raw_hist, raw_events, raw_shadow = await pipe.execute()
-        history = {_text(n): _json_list(v) for n, v in raw_hist.items()}
+        history = {member_text(n): _json_list(v) for n, v in raw_hist.items()}
         routed = [n for n in ms.all_nodes() if n in ms.routing]
         peers = {k: _median([_num(ms.nodes.get(n, {}).get(k)) for n in routed])
                  for k in ("p50_us", "p99_us", "ratio")}
@@ -101,7 +101,7 @@ async def page_data(redis: aioredis.Redis, key_prefix: str, now_s: float,
         models.append({"model": m, "version": ms.version,
                        "mode": ops.mode_of(m, default_mode),
                        "routing": sorted(ms.routing),
-                       "shadow": sorted(_text(x) for x in raw_shadow),
+                       "shadow": sorted(member_text(x) for x in raw_shadow),
                        "peers": peers, "nodes": nodes, "events": events})
     return {"ts": now_s, "key_prefix": key_prefix, "models": models}
 
