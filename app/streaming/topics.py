@@ -1,12 +1,10 @@
 """Creating the worker's Kafka topics when they are missing.
 
 Guarantee: after :func:`ensure_topics`, every topic of ``settings.topics`` and the
-changelogs of stage 2's tables (:func:`changelog_names`, compacted) exist, each partition
-with a leader; missing ones are created with ``settings.topic_partitions``
-partitions (replication factor: ``min(3, brokers)``). (Left to faust, a changelog created
-while the consumer group formed on a fresh broker could be missing from the first
-assignment, and the worker waited on its table for ever.) Existing topics are left
-as they are — the worker works with any partition count, but the stage-2
+changelogs of stage 2's tables (:func:`changelog_names`, compacted) exist, each new
+partition with a leader (why: docs/operations.md, "Running the worker"); missing ones are
+created with ``settings.topic_partitions`` partitions (replication factor:
+``min(3, brokers)``). Existing topics are left as they are — the worker works with any partition count, but the stage-2
 topic (``node-window-stats``) must keep the count its state changelog was
 created with, so change ``TAILGUARD_TOPIC_PARTITIONS`` only with a new
 ``TAILGUARD_APP_ID``.
