@@ -29,6 +29,7 @@ from app.core import health, liveness
 from app.core.admission import AdmissionNorms, admission_norms, admitting, judge_admission
 from app.core.baseline import baseline_limits, baseline_shift, fold_baseline, follow_signal
 from app.core.config import DetectorSettings
+from app.core.fleet_slow import fleet_slow
 from app.core.guards import eject_within_cap, error_storm, load_event
 from app.core.health import Judgement, PairState, Verdict
 from app.core.model_state import SNAPSHOT_VERSION, ModelState, check_version
@@ -214,6 +215,9 @@ class FleetEvaluator:
             self._judge_thin_failing(ms, peers, errors, verdicts)
 
         signal = signal_of(peers)
+        # Before the baselines fold this tick in: each node against where it was.
+        slow_ev = fleet_slow(model, ms, by_node, signal, now_s, st,
+                             len(peers) <= OWN_HISTORY_MAX_PEERS)
         load, load_ev = load_event(model, ms, verdicts.abnormal, len(peers), now_s,
                                    norms.fleet_p50, signal, st)
         if load:   # nobody is ejected and no streak moves while it lasts
@@ -230,7 +234,8 @@ class FleetEvaluator:
         # 2-significant-digit grid: it needs no precision, and the hint changes less often.
         ms.tail_ref = (float(f"{norms.fleet_p99 * FRESH_TAIL_MARGIN:.2g}")
                        if norms.enough_peers and not norms.multi_class and norms.fleet_p99 else None)
-        fleet_events = live.fleet_events + [e for e in (load_ev, storm_ev, shift_ev) if e is not None]
+        fleet_events = live.fleet_events + [e for e in (load_ev, storm_ev, shift_ev, slow_ev)
+                                            if e is not None]
 
         adm = admission_norms(ms, peers, by_node, norms, signal, now_s, st)
         self._judge_probes(ms, by_node, norms, errors, now_s, verdicts.judgements, own_p50, signal,
