@@ -61,6 +61,18 @@ SERVICE_VALUES: dict[str, tuple[str, Any]] = {
     "TAILGUARD_ALLOWLIST_FILE": ("/etc/tailguard/nodes.txt", "/etc/tailguard/nodes.txt"),
     "TAILGUARD_ALLOWLIST_PATTERN": ("gpu-[0-9]+", "gpu-[0-9]+"),
     "TAILGUARD_ALLOWLIST_REFRESH_S": ("5", 5.0),
+    "TAILGUARD_SCRAPE_FILE_SD": ("/etc/tailguard/targets.json", "/etc/tailguard/targets.json"),
+    "TAILGUARD_SCRAPE_HTTP_SD": ("http://sd.example:8080/targets", "http://sd.example:8080/targets"),
+    "TAILGUARD_SCRAPE_SD_REFRESH_S": ("60", 60.0),
+    "TAILGUARD_SCRAPE_INTERVAL_S": ("15", 15.0),
+    "TAILGUARD_SCRAPE_TIMEOUT_S": ("2.5", 2.5),
+    "TAILGUARD_SCRAPE_CONCURRENCY": ("64", 64),
+    "TAILGUARD_SCRAPE_NODE_LABEL": ("node", "node"),
+    "TAILGUARD_SCRAPE_MODEL_LABEL": ("served_model", "served_model"),
+    "TAILGUARD_SCRAPE_HARDWARE_LABEL": ("gpu", "gpu"),
+    "TAILGUARD_SCRAPE_PROFILE_LABEL": ("server", "server"),
+    "TAILGUARD_SCRAPE_SHARD": ("1/3", "1/3"),
+    "TAILGUARD_SCRAPE_METRICS_PORT": ("9475", 9475),
 }
 # Variables that are only valid together with others (set alongside, left out of "nothing else moved").
 _TLS = {"TAILGUARD_KAFKA_SECURITY_PROTOCOL": "SSL"}
