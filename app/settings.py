@@ -129,6 +129,9 @@ class Settings:
     detector: DetectorSettings = field(default_factory=DetectorSettings)
     # observe: the rules run and publish, the routing set keeps every node (P:mode overrides it)
     mode: str = "enforce"
+    # observe mode asks nodes' agents for diagnostics only when true (the checks load the GPUs
+    # of nodes that observe keeps serving traffic)
+    diagnose_in_observe: bool = False
     # ticks of per-node rule statistics kept in Redis for `tailguard explain` (0: none)
     history_ticks: int = 10
     # Allowlist of node ids (docs/operating.md#allowlist): off while the three sources are

@@ -56,6 +56,7 @@ SERVICE_VALUES: dict[str, tuple[str, Any]] = {
     "TAILGUARD_REPLACE_ATTEMPTS": ("5", 5),
     "TAILGUARD_REPLACE_MAX_AGE_S": ("600.5", 600.5),
     "TAILGUARD_MODE": ("observe", "observe"),
+    "TAILGUARD_DIAGNOSE_IN_OBSERVE": ("true", True),
     "TAILGUARD_HISTORY_TICKS": ("3", 3),
     "TAILGUARD_ALLOWLIST_REDIS_KEY": ("site:nodes", "site:nodes"),
     "TAILGUARD_ALLOWLIST_FILE": ("/etc/tailguard/nodes.txt", "/etc/tailguard/nodes.txt"),
