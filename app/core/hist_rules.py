@@ -47,8 +47,8 @@ from app.core.types import HealthState, Reason, WindowSummary
 HIST_SIGNAL: Final = "_hist"     # the signal of a histogram pair's summary ends so ("itl_hist")
 P50_SHARE: Final = 0.5
 P50_GAP: Final = 0.25
-P99_SHARE: Final = 0.04
-P99_FACTOR: Final = 4.0
+P99_SHARE: Final = 0.02
+P99_FACTOR: Final = 3.0
 P99_FLOOR: Final = 0.01
 ALPHA: Final = 1e-4
 Z: Final = 3.0
