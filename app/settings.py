@@ -145,7 +145,7 @@ class Settings:
     scrape_http_sd: str = ""          # or: a Prometheus http_sd URL
     scrape_sd_refresh_s: float = 30.0  # how often the http_sd URL is read again (the file: on change)
     scrape_interval_s: float = 10.0   # one scrape of every target per interval
-    scrape_timeout_s: float = 5.0     # per target and scrape; <= the interval
+    scrape_timeout_s: float = 0.0     # per target and scrape, <= the interval; 0: min(5 s, the interval)
     scrape_concurrency: int = 256     # scrapes in flight at once
     scrape_node_label: str = "instance"   # the target label that is the node id
     scrape_model_label: str = "model"     # the target label naming the model (servers without a model label)
@@ -208,6 +208,11 @@ class Settings:
                                "observe (publish verdicts, route every node) or enforce")
         _check_allowlist(self)
         _check_scrape(self)
+
+    @property
+    def scrape_timeout(self) -> float:
+        """The per-target scrape timeout in seconds (``scrape_timeout_s``, 0 resolved)."""
+        return self.scrape_timeout_s or min(5.0, self.scrape_interval_s)
 
     @property
     def allowlist_on(self) -> bool:
@@ -298,9 +303,10 @@ def _check_scrape(s: Settings) -> None:
         v = getattr(s, name)
         if not lo <= v <= hi:
             raise SettingError(PREFIX + name.upper(), v, f"a number of seconds in [{lo:g}, {hi:g}]")
-    if not 0 < s.scrape_timeout_s <= s.scrape_interval_s:
+    if not 0 <= s.scrape_timeout_s <= s.scrape_interval_s:
         raise SettingError("TAILGUARD_SCRAPE_TIMEOUT_S", s.scrape_timeout_s,
-                           f"a number of seconds > 0 and <= TAILGUARD_SCRAPE_INTERVAL_S ({s.scrape_interval_s:g})")
+                           f"a number of seconds <= TAILGUARD_SCRAPE_INTERVAL_S ({s.scrape_interval_s:g}); "
+                           "0: 5 s or the interval, whichever is shorter")
     if not 1 <= s.scrape_concurrency <= 10_000:
         raise SettingError("TAILGUARD_SCRAPE_CONCURRENCY", s.scrape_concurrency, "1..10000")
     for name in ("scrape_node_label", "scrape_model_label", "scrape_hardware_label", "scrape_profile_label"):
