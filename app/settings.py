@@ -27,6 +27,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 from app.core.config import DetectorSettings, SettingError, check_regex, field_names, parse_overrides
+from app.k8s.config import check_k8s
 
 PREFIX = "TAILGUARD_"
 
@@ -140,6 +141,22 @@ class Settings:
     allowlist_file: str = ""          # a file of node ids, one a line, # comments
     allowlist_pattern: str = ""       # node ids matching this regular expression (whole)
     allowlist_refresh_s: float = 30.0  # how often the set and the file are read again
+    # Kubernetes: `tailguard k8s-sync` (docs/kubernetes.md). An empty API URL means in the cluster
+    # (https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT); an empty namespace, the service
+    # account's own (else "default").
+    k8s_api_url: str = ""
+    k8s_token_file: str = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    k8s_ca_file: str = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
+    k8s_namespace: str = ""
+    k8s_condition: str = "tailguard.io/routable"   # the readiness gate's condition type
+    k8s_node_id: str = "name"         # name | label:<key> | ip:<port>: how a pod maps to a node id
+    k8s_model_label: str = "tailguard.io/model"    # the pod label holding the model name
+    k8s_lease_name: str = "tailguard-k8s-sync"
+    k8s_lease_duration_s: float = 15.0
+    k8s_resync_s: float = 30.0        # a full pass over the pods at least this often
+    k8s_webhook_listen: str = "127.0.0.1:8443"     # `k8s-sync --webhook` (HTTPS)
+    k8s_webhook_certfile: str = ""
+    k8s_webhook_keyfile: str = ""
     # `tailguard scrape` (docs/scrape.md): targets, their labels, polling.
     scrape_file_sd: str = ""          # a Prometheus file_sd file (JSON or YAML), watched for changes
     scrape_http_sd: str = ""          # or: a Prometheus http_sd URL
@@ -207,6 +224,7 @@ class Settings:
             raise SettingError("TAILGUARD_MODE", self.mode,
                                "observe (publish verdicts, route every node) or enforce")
         _check_allowlist(self)
+        check_k8s(self)
         _check_scrape(self)
 
     @property
@@ -393,6 +411,10 @@ def load(environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings
     det_pairs = {n: env[PREFIX + n.upper()] for n in field_names() if PREFIX + n.upper() in env}
     # Label every field, so that a cross-field error names the variable too.
     detector = parse_overrides(det_pairs, labels={n: PREFIX + n.upper() for n in field_names()})
+    if "TAILGUARD_K8S_API_URL" not in env and env.get("KUBERNETES_SERVICE_HOST"):
+        host = env["KUBERNETES_SERVICE_HOST"]   # in a pod: the apiserver's Service
+        host = f"[{host}]" if ":" in host else host
+        service["k8s_api_url"] = f"https://{host}:{env.get('KUBERNETES_SERVICE_PORT', '443')}"
     service.update(overrides)
     service.setdefault("topics", topics)
     service.setdefault("detector", detector)
