@@ -33,6 +33,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "release": ("app.routing.operators_cli:release_main", "end a node's drain or pin"),
     "mode": ("app.routing.operators_cli:mode_main", "show or set observe/enforce mode"),
     "explain": ("app.routing.explain", "why a node is where it is: its last ticks' rules"),
+    "k8s-sync": ("app.k8s.cli", "keep a pod readiness gate in step with the routing sets (Kubernetes)"),
 }
 
 

@@ -39,8 +39,10 @@ from app.scrape.sd import ScrapeTarget
 log = logging.getLogger("tailguard.scrape")
 
 OPENMETRICS = "application/openmetrics-text"
-#: What the bridge asks for: OpenMetrics first (as Prometheus does), then the text format.
-ACCEPT = f"{OPENMETRICS};version=1.0.0,{OPENMETRICS};version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+#: What the bridge asks for: the text format only. Named at all, OpenMetrics is what prometheus_client
+#: (vLLM, SGLang) serves, and since 0.22 it escapes ``vllm:x`` to ``vllm_x`` there (docs/scrape.md).
+#: A server that sends OpenMetrics anyway is parsed as OpenMetrics.
+ACCEPT = "text/plain;version=0.0.4;q=1.0,*/*;q=0.1"
 
 
 @dataclass(frozen=True, slots=True)

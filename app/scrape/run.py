@@ -69,7 +69,7 @@ def parser() -> argparse.ArgumentParser:
                      "when it changes (TAILGUARD_SCRAPE_FILE_SD)")
     src.add_argument("--http-sd", metavar="URL", help="Prometheus http_sd URL (TAILGUARD_SCRAPE_HTTP_SD)")
     p.add_argument("--interval-s", type=float, help="seconds between scrapes of a target (default 10)")
-    p.add_argument("--timeout-s", type=float, help="per-target timeout (default 5, at most the interval)")
+    p.add_argument("--timeout-s", type=float, help="per-target timeout (default: 5 or the interval, the shorter)")
     p.add_argument("--shard", metavar="I/N", help="scrape only the targets whose stable hash mod N is I")
     p.add_argument("--metrics-port", type=int, help="the bridge's own /metrics port (default 9465, 0: none)")
     p.add_argument("--once", action="store_true", help="scrape twice (one interval apart), publish, exit")
@@ -159,11 +159,11 @@ async def run(s: app_settings.Settings, *, once: bool = False, stop: asyncio.Eve
         await producer.start()
         try:
             bridge = Bridge(HttpFetcher(session), KafkaPublisher(producer, s.topics.latency_events),
-                            timeout_s=s.scrape_timeout_s, concurrency=s.scrape_concurrency, registry=registry)
+                            timeout_s=s.scrape_timeout, concurrency=s.scrape_concurrency, registry=registry)
             bridge.set_targets(first)
             print(f"tailguard scrape: {len(first)} targets from {targets.source}"
                   f"{f' (shard {s.scrape_shard})' if s.scrape_shard else ''}, every {s.scrape_interval_s:g} s "
-                  f"(timeout {s.scrape_timeout_s:g} s), publishing to {s.topics.latency_events} on "
+                  f"(timeout {s.scrape_timeout:g} s), publishing to {s.topics.latency_events} on "
                   f"{s.kafka_bootstrap}", file=sys.stderr, flush=True)
             return await _loop(bridge, targets, s.scrape_interval_s, stop, 2 if once else None)
         finally:

@@ -115,3 +115,11 @@ def test_a_bad_target_file_at_start_is_one_line_naming_it(tmp_path: Path, capsys
     assert run.main(["--file-sd", str(bad), "--metrics-port", "0"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and err.startswith(f"tailguard scrape: {bad}: group 0: node id 'two words'")
+
+
+def test_the_default_timeout_is_five_seconds_or_the_interval() -> None:
+    from app.settings import Settings
+
+    assert Settings().scrape_timeout == 5.0
+    assert Settings(scrape_interval_s=2.0).scrape_timeout == 2.0
+    assert Settings(scrape_interval_s=2.0, scrape_timeout_s=0.5).scrape_timeout == 0.5

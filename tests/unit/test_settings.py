@@ -28,6 +28,9 @@ SERVICE_VALUES: dict[str, tuple[str, Any]] = {
     "TAILGUARD_KEY_PREFIX": ("tg-prod", "tg-prod"),
     "TAILGUARD_APP_ID": ("tailguard-eu", "tailguard-eu"),
     "TAILGUARD_TOPIC_PARTITIONS": ("32", 32),
+    "TAILGUARD_REPLICATION_FACTOR": ("3", 3),
+    "TAILGUARD_REDIS_SENTINELS": ("127.0.0.1:26379,127.0.0.1:26380", "127.0.0.1:26379,127.0.0.1:26380"),
+    "TAILGUARD_REDIS_SENTINEL_MASTER": ("mymaster", "mymaster"),
     "TAILGUARD_METRICS_PORT": ("0", 0),
     "TAILGUARD_WEB_PORT": ("7066", 7066),
     "TAILGUARD_DATA_DIR": ("/var/lib/tailguard", "/var/lib/tailguard"),
@@ -74,6 +77,19 @@ SERVICE_VALUES: dict[str, tuple[str, Any]] = {
     "TAILGUARD_SCRAPE_PROFILE_LABEL": ("server", "server"),
     "TAILGUARD_SCRAPE_SHARD": ("1/3", "1/3"),
     "TAILGUARD_SCRAPE_METRICS_PORT": ("9475", 9475),
+    "TAILGUARD_K8S_API_URL": ("https://10.0.0.1:6443", "https://10.0.0.1:6443"),
+    "TAILGUARD_K8S_TOKEN_FILE": ("/run/tg/token", "/run/tg/token"),
+    "TAILGUARD_K8S_CA_FILE": ("/run/tg/ca.crt", "/run/tg/ca.crt"),
+    "TAILGUARD_K8S_NAMESPACE": ("llm", "llm"),
+    "TAILGUARD_K8S_CONDITION": ("example.com/serving", "example.com/serving"),
+    "TAILGUARD_K8S_NODE_ID": ("label:example.com/node", "label:example.com/node"),
+    "TAILGUARD_K8S_MODEL_LABEL": ("example.com/model", "example.com/model"),
+    "TAILGUARD_K8S_LEASE_NAME": ("tg-sync", "tg-sync"),
+    "TAILGUARD_K8S_LEASE_DURATION_S": ("30", 30.0),
+    "TAILGUARD_K8S_RESYNC_S": ("5", 5.0),
+    "TAILGUARD_K8S_WEBHOOK_LISTEN": ("0.0.0.0:9443", "0.0.0.0:9443"),
+    "TAILGUARD_K8S_WEBHOOK_CERTFILE": ("/tls/tls.crt", "/tls/tls.crt"),
+    "TAILGUARD_K8S_WEBHOOK_KEYFILE": ("/tls/tls.key", "/tls/tls.key"),
 }
 # Variables that are only valid together with others (set alongside, left out of "nothing else moved").
 _TLS = {"TAILGUARD_KAFKA_SECURITY_PROTOCOL": "SSL"}
@@ -85,6 +101,8 @@ COMPANIONS: dict[str, dict[str, str]] = {
     "TAILGUARD_REDIS_SSL_CAFILE": _REDIS_TLS,
     "TAILGUARD_REDIS_SSL_CERTFILE": _REDIS_TLS,
     "TAILGUARD_REDIS_SSL_KEYFILE": _REDIS_TLS | {"TAILGUARD_REDIS_SSL_CERTFILE": "/etc/client.pem"},
+    "TAILGUARD_K8S_WEBHOOK_CERTFILE": {"TAILGUARD_K8S_WEBHOOK_KEYFILE": "/tls/tls.key"},
+    "TAILGUARD_K8S_WEBHOOK_KEYFILE": {"TAILGUARD_K8S_WEBHOOK_CERTFILE": "/tls/tls.crt"},
 }
 DETECTOR_TEXT: dict[str, tuple[str, Any]] = {
     "tick_interval_s": ("2.5", 2.5),
@@ -208,6 +226,8 @@ BAD: list[tuple[str, str, str]] = [
     ("TAILGUARD_KEY_PREFIX", "", "non-empty"),
     ("TAILGUARD_KEY_PREFIX", "tail guard", "without spaces"),
     ("TAILGUARD_TOPIC_PARTITIONS", "0", "1..1024"),
+    ("TAILGUARD_REPLICATION_FACTOR", "-1", "min(3, brokers)"),
+    ("TAILGUARD_REDIS_SENTINELS", "sentinel-without-port", "host:port"),
     ("TAILGUARD_TOPIC_PARTITIONS", "eight", "whole number"),
     ("TAILGUARD_METRICS_PORT", "65536", "0..65535"),
     ("TAILGUARD_METRICS_PORT", "-1", "0..65535"),
