@@ -7,6 +7,8 @@ Each exposition below is written to match the server's real names, labels and de
 
 from __future__ import annotations
 
+import bisect
+
 import pytest
 
 from app.core.events import parse_event
@@ -31,8 +33,9 @@ def hist_text(name: str, bounds: list[float], values: list[float], labels: str =
     """A Prometheus histogram with ``values`` observed (cumulative buckets, _sum, _count)."""
     lab = labels + ("," if labels else "")
     out = [f"# HELP {name} test\n", f"# TYPE {name} histogram\n"] if type_line else []
+    ordered = sorted(values)
     for b in bounds:
-        n = sum(1 for v in values if v <= b * scale + 1e-12)
+        n = bisect.bisect_right(ordered, b * scale + 1e-12)
         out.append(f'{name}_bucket{{{lab}le="{_fmt(b)}"}} {_fmt(n)}\n')
     out.append(f'{name}_bucket{{{lab}le="+Inf"}} {_fmt(len(values))}\n')
     tail = "{" + labels + "}" if labels else ""
