@@ -2,7 +2,7 @@
 
 :func:`load` reads every ``TAILGUARD_*`` variable once and returns a frozen,
 validated :class:`Settings`. A bad value raises
-:class:`~app.core.config.SettingError` naming the variable, the value and what
+:class:`~tailguard.core.contract.config.SettingError` naming the variable, the value and what
 is allowed; ``tailguard`` turns that into a one-line message and exit code 2.
 Unknown ``TAILGUARD_*`` variables are errors too (a typo must not silently
 fall back to a default).
@@ -13,7 +13,7 @@ are ``***``: printing or logging a :class:`Settings` never shows them. Each
 also comes from a file, ``TAILGUARD_<NAME>_FILE`` (a mounted secret; one
 trailing newline is dropped). A password inside ``TAILGUARD_REDIS_URL`` is
 shown as ``***`` by :func:`redact_url`. Turning these settings into client
-options is :mod:`app.security`'s job.
+options is :mod:`tailguard.security`'s job.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-from app.core.config import DetectorSettings, SettingError, check_regex, field_names, parse_overrides
+from tailguard.core.contract.config import DetectorSettings, SettingError, check_regex, field_names, parse_overrides
 
 PREFIX = "TAILGUARD_"
 
@@ -119,7 +119,7 @@ class Settings:
     redis_ssl_certfile: str = ""                 # client certificate, PEM
     redis_ssl_keyfile: str = ""
     redis_ssl_check_hostname: bool = True
-    # The replace hook (app.streaming.replace): one action per retired (node, model).
+    # The replace hook (tailguard.streaming.replace): one action per retired (node, model).
     replace_command: str = ""         # run with /bin/sh -c; node, model, reason in its environment
     replace_webhook_url: str = ""     # or: POST the retirement as JSON here
     replace_timeout_s: float = 60.0   # per attempt

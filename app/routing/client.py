@@ -7,11 +7,11 @@ immediate retry (enough to replace a pooled connection that a Redis restart
 closed).
 
 :func:`connect_for` builds it from the settings, with the credentials and TLS
-options of :func:`app.security.redis_client_options` (``rediss://``, ACL user).
+options of :func:`tailguard.security.redis_client_options` (``rediss://``, ACL user).
 
 :func:`call_redis` is how the ``tailguard`` commands that read or write Redis
 (status, explain, drain/pin/release/mode) run one step: with the same
-credentials and TLS (:func:`connect_for`, after :func:`app.security.check_redis`
+credentials and TLS (:func:`connect_for`, after :func:`tailguard.security.check_redis`
 names a refused login, ACL or certificate), and an unreachable Redis reported
 the same way (password redacted).
 """
@@ -26,7 +26,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
-from app.settings import Settings, redact_url
+from tailguard.settings import Settings, redact_url
 
 
 def connect(url: str, *, timeout_s: float = 2.0, **options: Any) -> aioredis.Redis:
@@ -48,7 +48,7 @@ def connect(url: str, *, timeout_s: float = 2.0, **options: Any) -> aioredis.Red
 
 def connect_for(settings: Settings, *, timeout_s: float = 2.0) -> aioredis.Redis:
     """:func:`connect` to ``settings.redis_url`` with its credentials and TLS settings."""
-    from app.security import redis_client_options
+    from tailguard.security import redis_client_options
 
     return connect(settings.redis_url, timeout_s=timeout_s, **redis_client_options(settings))
 
@@ -61,10 +61,10 @@ async def call_redis(settings: Settings, prog: str, err: TextIO,
     """Run ``body`` on a client for ``settings`` (:func:`connect_for`); None (after a
     message naming ``TAILGUARD_REDIS_URL`` on ``err``) when Redis cannot be reached.
 
-    A refused login, ACL or certificate raises :class:`app.security.AccessRefused`
-    (a ``SettingError`` naming the setting) from :func:`app.security.check_redis`.
+    A refused login, ACL or certificate raises :class:`tailguard.security.AccessRefused`
+    (a ``SettingError`` naming the setting) from :func:`tailguard.security.check_redis`.
     """
-    from app.security import check_redis
+    from tailguard.security import check_redis
 
     await check_redis(settings)
     client = connect_for(settings)

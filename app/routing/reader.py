@@ -2,7 +2,7 @@
 
 :class:`RoutingTable` keeps, per model it was asked about, the routing set, the held-out
 set, the quarantine (node → probe-after Unix time) and the version, as read from the keys of
-:mod:`app.routing.keys`. Each guarantee in full, and how a load balancer uses it: docs/lb.md.
+:mod:`tailguard.routing.keys`. Each guarantee in full, and how a load balancer uses it: docs/lb.md.
 
 Guarantees
 ----------
@@ -33,9 +33,9 @@ from typing import Any, Protocol, Self
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from app.routing.errors import RoutingUnavailable
-from app.routing.keys import DEFAULT_PREFIX, Keys, member_text, parse_change_message
-from app.routing.tasks import cancel_and_wait
+from tailguard.routing.errors import RoutingUnavailable
+from tailguard.routing.keys import DEFAULT_PREFIX, Keys, member_text, parse_change_message
+from tailguard.routing.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The per-pair rules of stage 2: one window summary → one :class:`Judgement`.
 
 Owns the verdicts a pair earns against its model's references (see
-:mod:`app.core.peers`): tail (``p99_p50_ratio``), relative P50 of the window
+:mod:`tailguard.core.judge.peers`): tail (``p99_p50_ratio``), relative P50 of the window
 and of its fresh samples, relative P99, shift (``relative_p50`` on a
 heavy-tailed model), the probe round of a quarantined pair, and the error
 rate of each pair's requests since the last tick. Also the new-evidence
@@ -24,12 +24,12 @@ import math
 from collections.abc import Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 
-from app.core import health
-from app.core.config import DetectorSettings
-from app.core.health import Evidence, Judgement, PairState, Verdict
-from app.core.model_state import PairTable
-from app.core.peers import Limits, Norms, limits, median
-from app.core.types import HealthState, Reason, WindowSummary
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.contract.types import HealthState, Reason, WindowSummary
+from tailguard.core.judge import health
+from tailguard.core.judge.health import Evidence, Judgement, PairState, Verdict
+from tailguard.core.judge.model_state import PairTable
+from tailguard.core.judge.peers import Limits, Norms, limits, median
 
 # Onset credit: a window whose relative severity reached this fraction of the limit counts
 # towards confirmation when the next window is abnormal.

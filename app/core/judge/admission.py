@@ -3,7 +3,7 @@
 A pair tailguard has never routed (``PairState.admitted`` false: first seen, or a retired node
 back as a new instance) is ``warming`` and out of routing. Once its warm-up is over it is
 judged here at every tick, like a probe round: on its judged samples since warm-up ended
-(the window store cuts the rest, see :func:`app.core.health.judge_since`), by the same rules
+(the window store cuts the rest, see :func:`tailguard.core.judge.health.judge_since`), by the same rules
 against the current peers, of which it is not one. :func:`judge_admission` gives no verdict
 below ``min_samples`` such samples, nor on a window that may still hold warm-up samples
 (neither cut by the store at warm-up's end nor bounded by ``max_sample_age_s`` after it).
@@ -11,7 +11,7 @@ While the model has fewer than ``min_peers`` peers (a cold start: a new model, o
 that lost its state; a small fleet) the pairs awaiting admission and those in a probe round
 are judged against each other and the peers together (:func:`admission_norms`), so a fleet
 whose healthy tail is heavy is not refused by the absolute ratio rule, and a slow node is
-not let back in by it. The state machine (:mod:`app.core.health`) admits
+not let back in by it. The state machine (:mod:`tailguard.core.judge.health`) admits
 the pair on a normal verdict and the fleet guard refuses it after ``confirm_windows``
 abnormal ones; until then it counts in no guard and is in no peer set.
 
@@ -26,13 +26,13 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from app.core import health
-from app.core.config import DetectorSettings
-from app.core.health import Judgement, PairState
-from app.core.model_state import ModelState
-from app.core.peers import Norms, Peer, window_norms
-from app.core.rules import judge, judged_since, normal_with_evidence, tail_support_samples
-from app.core.types import HealthState, Reason, WindowSummary
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.contract.types import HealthState, Reason, WindowSummary
+from tailguard.core.judge import health
+from tailguard.core.judge.health import Judgement, PairState
+from tailguard.core.judge.model_state import ModelState
+from tailguard.core.judge.peers import Norms, Peer, window_norms
+from tailguard.core.judge.rules import judge, judged_since, normal_with_evidence, tail_support_samples
 
 
 def admitting(p: PairState, now_s: float, st: DetectorSettings) -> bool:
@@ -43,7 +43,7 @@ def admitting(p: PairState, now_s: float, st: DetectorSettings) -> bool:
 
 def probing(p: PairState, s: WindowSummary, now_s: float, st: DetectorSettings) -> bool:
     """A quarantined pair whose probe round is on and holds ``probe_min_samples`` judged
-    samples (:func:`app.core.rules.judge_probe` judges it)."""
+    samples (:func:`tailguard.core.judge.rules.judge_probe` judges it)."""
     return (p.state is HealthState.QUARANTINED
             and (p.probe_after_ts is None or now_s >= p.probe_after_ts)
             and s.samples >= st.probe_min_samples and s.p50 is not None and s.p50 > 0)

@@ -5,7 +5,7 @@ a heartbeat, event time), and :func:`step`, run once per tick before any rule:
 
 * restart — a routed pair whose stage-1 summary shows a new process ``instance`` or signs
   of life resuming after a gap (``WindowSummary.instance_ts``/``resumed_ts``) warms up
-  again from then (``restarted``; routed if it was admitted, see :func:`app.core.health.restart`);
+  again from then (``restarted``; routed if it was admitted, see :func:`tailguard.core.judge.health.restart`);
   so does a pair awaiting admission, and a retired pair back as a new instance. When at
   least ``load_event_fraction`` of the live pairs resume after a gap in one tick, or while
   telemetry is lost or within ``silent_after_s`` after, the gap was the pipeline's: only
@@ -35,10 +35,10 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.core import health
-from app.core.config import DetectorSettings
-from app.core.health import PairState
-from app.core.types import FleetEvent, HealthState, Reason, Transition, WindowSummary
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.contract.types import FleetEvent, HealthState, Reason, Transition, WindowSummary
+from tailguard.core.judge import health
+from tailguard.core.judge.health import PairState
 
 _AWAY = (HealthState.GONE, HealthState.RETIRED)
 # A crashloop: this many restarts acted on within CRASHLOOP_WINDOW_S; later ones are not.

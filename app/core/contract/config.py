@@ -2,7 +2,7 @@
 
 Guarantees: a :class:`DetectorSettings` that exists is valid; every bad value
 raises :class:`SettingError` at construction naming the setting, the value
-and what is allowed. This module reads no environment: ``app.settings`` maps
+and what is allowed. This module reads no environment: ``tailguard.settings`` maps
 ``TAILGUARD_*`` variables onto it and ``tailguard replay --set`` does the same
 for ``KEY=VALUE`` pairs, both through :func:`parse_overrides`.
 """
@@ -96,7 +96,7 @@ class DetectorSettings:
     max_latency_us: float = field(default=3.6e9, metadata={"lo": 1.0, "hi": 1e15})
     max_future_skew_s: float = field(default=300.0, metadata={"lo": 0.0, "hi": 1e9})
     # Node ids and model names must match this regular expression (whole); "" = the default
-    # rule of app.core.ids: 1-128 characters of printable ASCII 0x21-0x7E except '|'.
+    # rule of tailguard.core.contract.ids: 1-128 characters of printable ASCII 0x21-0x7E except '|'.
     id_pattern: str = ""
     # Floods: new (node, model) pairs stage 1 admits to its windows per model per tick; the
     # samples and heartbeats of further new pairs are dropped (counted, logged once per tick).

@@ -1,7 +1,7 @@
 """Replay: the detector over a sequence of JSON-lines latency events, in event time.
 
 Owns :func:`replay`, the pure part of ``tailguard replay`` (files and stdin:
-:mod:`app.replay_cli`): lines from any iterable in, each output line (a transition or a
+:mod:`tailguard.replay_cli`): lines from any iterable in, each output line (a transition or a
 fleet event, keys in docs/replay.md) to ``emit``. No clock is read anywhere.
 
 Guarantees:
@@ -33,12 +33,12 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
 
-from app.core.accumulate import Accumulator
-from app.core.config import DetectorSettings
-from app.core.detector import Detector
-from app.core.errors import BadEvent
-from app.core.events import Heartbeat, SampleBatch, decode, loads
-from app.core.types import TickResult
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.contract.errors import BadEvent
+from tailguard.core.contract.events import Heartbeat, SampleBatch, decode, loads
+from tailguard.core.contract.types import TickResult
+from tailguard.core.replay.detector import Detector
+from tailguard.core.window.accumulate import Accumulator
 
 PROGRESS_EVERY_LINES = 100_000
 JUMP_CONFIRM_LINES = 20

@@ -2,8 +2,8 @@
 
 Owns the layout of ``docs/contracts-binary.md`` (version 1) and nothing else:
 validation of the values (latency bounds, event time, token counts) is
-:mod:`app.core.events`' job, as for the JSON forms. The emitter writes the
-same bytes with the standard library (``app.emitter.wire``, which imports
+:mod:`tailguard.core.contract.events`' job, as for the JSON forms. The emitter writes the
+same bytes with the standard library (``tailguard.emitter.wire``, which imports
 nothing from the core); a test checks both writers agree byte for byte.
 
 Guarantees:
@@ -13,7 +13,7 @@ Guarantees:
   message is ever read as binary, nor a binary one as JSON.
 * :func:`parse` returns the columns as read-only float64 views of ``raw``
   (no per-sample Python object, no copy) or raises
-  :class:`~app.core.errors.BadEvent` with reason ``bad_binary`` and a
+  :class:`~tailguard.core.contract.errors.BadEvent` with reason ``bad_binary`` and a
   message naming what is wrong (version, flags, lengths, names that are not
   UTF-8, trailing or missing bytes). It raises nothing else for any bytes.
 * :func:`encode` ∘ :func:`parse` is the identity on the values (float64
@@ -29,7 +29,7 @@ from typing import Final, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
-from app.core.errors import BadEvent
+from tailguard.core.contract.errors import BadEvent
 
 F64: TypeAlias = npt.NDArray[np.float64]
 

@@ -1,12 +1,12 @@
 """Stage 2: per model and tick, window summaries → transitions, routing set, fleet events.
 
-:class:`FleetEvaluator` owns the :class:`~app.core.model_state.ModelState` of
+:class:`FleetEvaluator` owns the :class:`~tailguard.core.judge.model_state.ModelState` of
 every model and runs one tick of a model as a fixed sequence of steps:
 forget silent retired pairs, admit new pairs, pick the peers
-(:mod:`app.core.peers`), judge each pair (:mod:`app.core.rules`), decide the
-fleet events and hold every verdict on a load event (:mod:`app.core.guards`,
-:mod:`app.core.baseline`), judge probe rounds, step each pair's state machine
-(:mod:`app.core.health`), eject within the cap, and report.
+(:mod:`tailguard.core.judge.peers`), judge each pair (:mod:`tailguard.core.judge.rules`), decide the
+fleet events and hold every verdict on a load event (:mod:`tailguard.core.judge.guards`,
+:mod:`tailguard.core.judge.baseline`), judge probe rounds, step each pair's state machine
+(:mod:`tailguard.core.judge.health`), eject within the cap, and report.
 
 Guarantees: the tick is deterministic (pairs stepped in node order); a
 transition's ``routed`` is membership of the routing set after the tick;
@@ -25,15 +25,26 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from app.core import health, liveness
-from app.core.admission import AdmissionNorms, admission_norms, admitting, judge_admission
-from app.core.baseline import baseline_limits, baseline_shift, fold_baseline, follow_signal
-from app.core.config import DetectorSettings
-from app.core.guards import eject_within_cap, error_storm, load_event
-from app.core.health import Judgement, PairState, Verdict
-from app.core.model_state import SNAPSHOT_VERSION, ModelState, check_version
-from app.core.own_history import judge_own
-from app.core.peers import (
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.contract.types import (
+    DiagnosticsRequest,
+    FleetEvent,
+    HealthState,
+    ModelTick,
+    NodeStatus,
+    Reason,
+    Transition,
+    WindowSummary,
+    utc_text,
+)
+from tailguard.core.judge import health, liveness
+from tailguard.core.judge.admission import AdmissionNorms, admission_norms, admitting, judge_admission
+from tailguard.core.judge.baseline import baseline_limits, baseline_shift, fold_baseline, follow_signal
+from tailguard.core.judge.guards import eject_within_cap, error_storm, load_event
+from tailguard.core.judge.health import Judgement, PairState, Verdict
+from tailguard.core.judge.model_state import SNAPSHOT_VERSION, ModelState, check_version
+from tailguard.core.judge.own_history import judge_own
+from tailguard.core.judge.peers import (
     Limits,
     Norms,
     PeerNorms,
@@ -45,7 +56,7 @@ from app.core.peers import (
     norms_of,
     signal_of,
 )
-from app.core.rules import (
+from tailguard.core.judge.rules import (
     FRESH_TAIL_MARGIN,
     NEW_EVIDENCE_FRACTION,
     ErrorReport,
@@ -58,17 +69,6 @@ from app.core.rules import (
     quiet_below,
     record_rates,
     tail_support_samples,
-)
-from app.core.types import (
-    DiagnosticsRequest,
-    FleetEvent,
-    HealthState,
-    ModelTick,
-    NodeStatus,
-    Reason,
-    Transition,
-    WindowSummary,
-    utc_text,
 )
 
 # Verdicts against the peers' reference: without min_peers peers they cannot be judged.
@@ -146,7 +146,7 @@ class FleetEvaluator:
 
         Warming pairs (warm-up ends), ejected-unhealthy ones (quarantine starts),
         quarantined ones whose back-off has not passed, and pairs that may still fall
-        silent or be forgotten (:func:`app.core.liveness.waiting`). A quarantined pair
+        silent or be forgotten (:func:`tailguard.core.judge.liveness.waiting`). A quarantined pair
         past its back-off that got no verdict lacks probe samples, and only new
         samples can change that.
         """
@@ -172,7 +172,7 @@ class FleetEvaluator:
 
     def tail_refs(self) -> dict[str, float]:
         """``{model: threshold}``: stage 1 counts each series' fresh samples above it
-        (``WindowSummary.fresh_over``, judged by :func:`app.core.rules.judge_fresh_tail`)."""
+        (``WindowSummary.fresh_over``, judged by :func:`tailguard.core.judge.rules.judge_fresh_tail`)."""
         return {m: ms.tail_ref for m, ms in self._models.items() if ms.tail_ref is not None}
 
     def judge_since_all(self, now_s: float) -> dict[tuple[str, str], float]:
@@ -266,7 +266,7 @@ class FleetEvaluator:
         """Every peer by the rules (below min_peers: its own history; error rate when the
         latency rules find nothing), with the new-evidence hold and onset credit applied.
 
-        A peer that :func:`~app.core.rules.quiet_below` clears (its class's largest values,
+        A peer that :func:`~tailguard.core.judge.rules.quiet_below` clears (its class's largest values,
         else its own) with no fresh-tail count and no failed requests to judge is normal
         with no severity, whatever ``judge`` would add: only its sample rate is recorded;
         the others go through every rule (:meth:`_judge_peer`)."""
@@ -425,7 +425,7 @@ class FleetEvaluator:
                       adm_norms: AdmissionNorms) -> None:
         """Quarantined pairs whose back-off has passed: judge the probe round (below
         min_peers, also against the pair's own history; in the peers' units only). New
-        pairs past warm-up: judge their admission (:mod:`app.core.admission`)."""
+        pairs past warm-up: judge their admission (:mod:`tailguard.core.judge.admission`)."""
         st = self.settings
         pairs = ms.pairs
         for node in pairs.in_order(pairs.rare):   # healthy routed pairs are neither

@@ -1,7 +1,7 @@
 """Cluster-wide latency pools: an even thinning of every ring of the window store, per model.
 
 Owns :class:`ModelPool` and :func:`build_pools`, which ``WindowStore.model_pools`` calls
-with the store's slabs (:mod:`app.core.rings` owns the ring layout and says what a
+with the store's slabs (:mod:`tailguard.core.window.rings` owns the ring layout and says what a
 slab's kept bounds prove).
 
 Guarantees:
@@ -11,7 +11,7 @@ Guarantees:
   judged sample is kept at the same rate; models without a kept sample are left out.
 * Every pool is a view into one buffer filled in one pass over the slabs; with ``qs``
   every pool's exact quantiles (``numpy.quantile``, linear) are selected at once
-  (:func:`app.core.quantiles.segment_quantiles`) and :meth:`ModelPool.quantiles`
+  (:func:`tailguard.core.window.quantiles.segment_quantiles`) and :meth:`ModelPool.quantiles`
   answers them without selecting again.
 * :meth:`ModelPool.digest_dict` is a mergeable t-digest of the pool (same dict format
   as the ``tdigest`` package), for workers that each hold part of a model.
@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
-from app.core.quantiles import digest_dict_of_sorted, exact_quantiles, segment_quantiles
+from tailguard.core.window.quantiles import digest_dict_of_sorted, exact_quantiles, segment_quantiles
 
 if TYPE_CHECKING:
-    from app.core.rings import Slab
+    from tailguard.core.window.rings import Slab
 
 F32: TypeAlias = npt.NDArray[np.float32]
 I64: TypeAlias = npt.NDArray[np.int64]

@@ -82,7 +82,7 @@ class WindowSummary(NamedTuple):
     samples (with a value of ``signal``) from the last ``tick_interval_s`` of
     event time, ``fresh_p50`` is their P50 of ``signal`` — ``None`` below
     ``min_samples`` of them. After an onset the fresh P50 moves a tick before
-    the window's, which still holds older samples (see app.core.evaluate).
+    the window's, which still holds older samples (see tailguard.core.judge.evaluate).
     ``requests_total``/``failed_total`` count every request stage 1 has taken
     for the series (ok or failed, probes included) and the failed ones, since
     the series was first seen by this stage 1: stage 2 takes the difference

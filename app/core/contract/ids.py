@@ -3,7 +3,7 @@
 Owns what a node id or model name may be. The ids come from whoever can write to
 ``latency-events`` and end up in the routing set that load balancers read, in Redis
 keys, in log lines and on an operator's terminal, so the decoder
-(:mod:`app.core.events`) refuses every event whose ids break the rule.
+(:mod:`tailguard.core.contract.events`) refuses every event whose ids break the rule.
 
 Guarantees:
 
@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Final
 
-from app.core.errors import BadEvent
+from tailguard.core.contract.errors import BadEvent
 
 #: Any name of the contract (node_id, model, hardware, instance): at most this many characters.
 MAX_NAME_CHARS: Final = 256

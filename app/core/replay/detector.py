@@ -2,7 +2,7 @@
 
 :class:`Detector` is what a single process (``tailguard replay``, tests, a
 one-worker service) drives: ``observe(events)`` feeds decoded events to the
-:class:`~app.core.window.WindowStore`; ``evaluate(now_s)`` asks the evaluator
+:class:`~tailguard.core.window.window.WindowStore`; ``evaluate(now_s)`` asks the evaluator
 which samples to judge (warm-up, quarantine and probe-round cut-offs), lets the
 store summarise every (node, model) at event time ``now_s`` and evaluates
 every model. It composes, and adds no rule of its own. Each evaluated model's
@@ -26,12 +26,12 @@ import operator
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from app.core.config import DetectorSettings
-from app.core.evaluate import FleetEvaluator
-from app.core.events import Heartbeat, SampleBatch
-from app.core.pools import ModelPool
-from app.core.types import ModelTick, NodeStatus, TickResult, Transition, WindowSummary
-from app.core.window import POOL_SAMPLES_PER_SERIES, WindowStore
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.contract.events import Heartbeat, SampleBatch
+from tailguard.core.contract.types import ModelTick, NodeStatus, TickResult, Transition, WindowSummary
+from tailguard.core.judge.evaluate import FleetEvaluator
+from tailguard.core.window.pools import ModelPool
+from tailguard.core.window.window import POOL_SAMPLES_PER_SERIES, WindowStore
 
 SNAPSHOT_VERSION = 1
 FLEET_QUANTILES = (0.5, 0.99)

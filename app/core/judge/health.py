@@ -1,7 +1,7 @@
 """The health state machine of one (node, model) pair — pure step functions.
 
 Owns :class:`PairState` (a small frozen dataclass) and every rule that moves it between the
-:class:`~app.core.types.HealthState` values: :func:`first_seen`, :func:`step` (one tick's
+:class:`~tailguard.core.contract.types.HealthState` values: :func:`first_seen`, :func:`step` (one tick's
 :class:`Judgement`), :func:`eject` / :func:`keep_in`, :func:`diagnostics`, :func:`go_silent`,
 :func:`come_back` and :func:`restart`. The states, their transitions and admission by
 evidence are drawn in docs/rules.md ("States", "Admission").
@@ -12,10 +12,10 @@ Guarantees:
   nothing here reads a clock.
 * No verdict (insufficient data) never changes a state: the abnormal streak
   neither grows nor resets.
-* A :class:`~app.core.types.Transition` is produced only when the state or the routed flag
+* A :class:`~tailguard.core.contract.types.Transition` is produced only when the state or the routed flag
   changes, or when a probe round fails (a quarantined node's back-off grows) — never every tick.
 * Whether a confirmed node actually leaves routing is decided by the caller
-  (the fleet guard in :mod:`app.core.evaluate`) through :func:`eject` or
+  (the fleet guard in :mod:`tailguard.core.judge.evaluate`) through :func:`eject` or
   :func:`keep_in`; a step alone never takes a routed node out.
 """
 
@@ -26,8 +26,8 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-from app.core.config import DetectorSettings
-from app.core.types import HealthState, Reason, Transition, utc_text
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.contract.types import HealthState, Reason, Transition, utc_text
 
 ROUTED_STATES = frozenset({HealthState.WARMING, HealthState.HEALTHY, HealthState.SUSPECT})
 
@@ -68,7 +68,7 @@ class Judgement:
 
     ``windows``: how many consecutive windows an abnormal verdict adds to the
     streak — 1, or 2 when the evaluator credits the previous window too
-    (onset credit, see :mod:`app.core.evaluate`).
+    (onset credit, see :mod:`tailguard.core.judge.evaluate`).
     """
 
     verdict: Verdict

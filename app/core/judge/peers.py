@@ -27,9 +27,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, overload
 
-from app.core.config import DetectorSettings
-from app.core.health import PairState
-from app.core.types import HealthState, WindowSummary
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.contract.types import HealthState, WindowSummary
+from tailguard.core.judge.health import PairState
 
 # A hardware class with fewer than min_peers peers is judged by P50 against its own baseline
 # (moved with the fleet) once that baseline has this many ticks behind it.
@@ -60,7 +60,7 @@ class Peer(NamedTuple):
     """A routed, warmed-up pair with judged data: its window's P50 and P99/P50.
 
     Immutable; a ``NamedTuple`` rather than a frozen dataclass for the reason
-    :class:`~app.core.types.WindowSummary` is one: one per series per tick.
+    :class:`~tailguard.core.contract.types.WindowSummary` is one: one per series per tick.
     """
 
     node_id: str
@@ -292,7 +292,7 @@ def fresh_norms(peers: Sequence[Peer], base_p50: Mapping[str, float],
 class PeerNorms:
     """Everything one tick takes from the peers' numbers, computed together
     (:func:`norms_of`): each list sorted once, shared by the norms, the slow baseline and
-    the quiet check of the rules (:func:`app.core.rules.quiet_below`)."""
+    the quiet check of the rules (:func:`tailguard.core.judge.rules.quiet_below`)."""
 
     window: Norms                    # as window_norms
     fresh: Norms | None              # as fresh_norms
@@ -311,7 +311,7 @@ _FRESH_P50 = operator.attrgetter("fresh_p50")
 def norms_of(ps: PeerSet, base_p50: Mapping[str, float], base_ticks: Mapping[str, int],
              st: DetectorSettings) -> PeerNorms:
     """:func:`window_norms` and :func:`fresh_norms` over ``peers``, the medians the slow
-    baseline folds in (:func:`app.core.baseline.fold_baseline`) and each class's largest
+    baseline folds in (:func:`tailguard.core.judge.baseline.fold_baseline`) and each class's largest
     values; the same numbers as those functions, with each list sorted once."""
     peers, sums, p50s, ratios = ps, ps.summaries, ps.p50s, ps.ratios
     if not peers:

@@ -2,7 +2,7 @@
 
 The tree::
 
-    CoreError                 base of every domain error raised by app.core
+    CoreError                 base of every domain error raised by tailguard.core
     └── BadEvent              one input message violates the latency-event contract
 
 Bad arguments to functions (wrong types from our own code) raise the
@@ -22,7 +22,7 @@ class BadEvent(CoreError):
     """An input message that is not a valid latency event.
 
     ``reason`` is a short machine-readable slug, stable across releases, for
-    metrics labels and dead-letter headers (see ``app.core.events.REASONS``);
+    metrics labels and dead-letter headers (see ``tailguard.core.contract.events.REASONS``);
     ``field`` names the offending field when there is one; the message says
     what was wrong and what is allowed.
     """

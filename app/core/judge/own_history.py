@@ -21,9 +21,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.core.health import Evidence, Judgement, Verdict
-from app.core.peers import median
-from app.core.types import Reason, WindowSummary
+from tailguard.core.contract.types import Reason, WindowSummary
+from tailguard.core.judge.health import Evidence, Judgement, Verdict
+from tailguard.core.judge.peers import median
 
 HALF_LIFE_S = 600.0
 MIN_TICKS = 4

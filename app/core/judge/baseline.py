@@ -1,6 +1,6 @@
 """The slow per-model baseline: where each hardware class's P50 (and the ratio) usually sit.
 
-Owns the baseline kept in :class:`~app.core.model_state.ModelState` — an EWMA
+Owns the baseline kept in :class:`~tailguard.core.judge.model_state.ModelState` — an EWMA
 in log space, half-life :data:`BASELINE_HALF_LIFE_S` of event time, of each
 hardware class's median P50 and of the peers' median P99/P50 — its limits
 (a node past them counts towards a load event, never towards its own
@@ -21,10 +21,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from app.core.config import DetectorSettings
-from app.core.model_state import ModelState
-from app.core.peers import Peer, classes_of, hw_class, median, signal_of
-from app.core.types import FleetEvent
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.contract.types import FleetEvent
+from tailguard.core.judge.model_state import ModelState
+from tailguard.core.judge.peers import Peer, classes_of, hw_class, median, signal_of
 
 BASELINE_HALF_LIFE_S = 600.0
 # Below the factor the node rules use on purpose: the baseline takes in the onset tick
@@ -99,7 +99,7 @@ def update_baseline(ms: ModelState, peers: Sequence[Peer], now_s: float,
 def fold_baseline(ms: ModelState, class_p50: Mapping[str, float], ratio: float, now_s: float,
                   st: DetectorSettings) -> None:
     """:func:`update_baseline` given the peers' medians: P50 per class (``class_p50``) and
-    P99/P50 (``ratio``), as :class:`~app.core.peers.PeerNorms` holds them."""
+    P99/P50 (``ratio``), as :class:`~tailguard.core.judge.peers.PeerNorms` holds them."""
     dt = st.tick_interval_s if ms.baseline_ts is None else max(0.0, now_s - ms.baseline_ts)
     alpha = 1.0 - 0.5 ** (dt / BASELINE_HALF_LIFE_S)
     ms.baseline_ts = now_s

@@ -1,7 +1,7 @@
 """Stage 2's state of one model, and its snapshot as plain data.
 
-Owns :class:`ModelState`: the :class:`~app.core.health.PairState` of every
-pair of the model, the slow baseline (see :mod:`app.core.baseline`), the
+Owns :class:`ModelState`: the :class:`~tailguard.core.judge.health.PairState` of every
+pair of the model, the slow baseline (see :mod:`tailguard.core.judge.baseline`), the
 open fleet episodes (load event, baseline shift, error storm) and the
 per-pair bookkeeping of the rules (onset credit, new-evidence clock, sample
 rate, error counters, last sign of life of retired pairs), liveness and the
@@ -30,10 +30,10 @@ from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from app.core.health import PairState
-from app.core.liveness import Liveness
-from app.core.own_history import OwnBaselines
-from app.core.types import HealthState
+from tailguard.core.contract.types import HealthState
+from tailguard.core.judge.health import PairState
+from tailguard.core.judge.liveness import Liveness
+from tailguard.core.judge.own_history import OwnBaselines
 
 SNAPSHOT_VERSION: Final = 2
 
@@ -160,7 +160,7 @@ class PairTable(dict[str, PairState]):
 
     def cut_candidates(self, now_s: float, max_age_s: float) -> Iterable[str]:
         """Routed pairs (not warming) whose cut-off the age bound may not cover at ``now_s``:
-        a superset of those :func:`app.core.health.judge_since` gives one for. The ones it
+        a superset of those :func:`tailguard.core.judge.health.judge_since` gives one for. The ones it
         covers are dropped from the index, as they stay covered at any later ``now_s``."""
         cut = self._cut
         if now_s < self._cut_floor:
@@ -194,9 +194,9 @@ class ModelState:
     # Per pair: stage 1's cumulative (requests, failed) at the last few ticks, oldest first,
     # flat (rules.error_judgements).
     counts: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    # Last signs of life, gone pairs, restarts handled, telemetry loss (app.core.liveness).
+    # Last signs of life, gone pairs, restarts handled, telemetry loss (tailguard.core.judge.liveness).
     live: Liveness = field(default_factory=Liveness)
-    # Per-pair P50 baselines: the reference below min_peers (app.core.own_history).
+    # Per-pair P50 baselines: the reference below min_peers (tailguard.core.judge.own_history).
     own: OwnBaselines = field(default_factory=OwnBaselines)
     # The threshold stage 1 counts fresh samples above (rules.judge_fresh_tail): the peers'
     # P99 with a margin, in the signal's units; None without one (few peers, several classes).

@@ -3,10 +3,10 @@
 :class:`WindowStore` owns, for every (node_id, model) it has seen, a ring of the most recent
 ``window_size`` successful samples (probe samples included, flagged), with event time,
 latency and — when the series carries them — the request-size fields, in the slabs of
-:mod:`app.core.rings`. :meth:`WindowStore.summaries` turns them into one
-:class:`~app.core.types.WindowSummary` per series per tick (:mod:`app.core.summarize` says
+:mod:`tailguard.core.window.rings`. :meth:`WindowStore.summaries` turns them into one
+:class:`~tailguard.core.contract.types.WindowSummary` per series per tick (:mod:`tailguard.core.window.summarize` says
 which samples each field is over); :meth:`WindowStore.model_pools` gives the cluster-wide
-pools and mergeable digests per model (:mod:`app.core.pools`).
+pools and mergeable digests per model (:mod:`tailguard.core.window.pools`).
 
 Guarantees:
 
@@ -28,10 +28,11 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from app.core.config import DetectorSettings
-from app.core.events import Heartbeat, SampleBatch
-from app.core.pools import ModelPool, build_pools
-from app.core.rings import (
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.contract.events import Heartbeat, SampleBatch
+from tailguard.core.contract.types import WindowSummary
+from tailguard.core.window.pools import ModelPool, build_pools
+from tailguard.core.window.rings import (
     F64,
     MIN_SLAB_ROWS,
     RESTART_CONFIRM_SIGNS,
@@ -42,8 +43,7 @@ from app.core.rings import (
     SeriesRecord,
     Slab,
 )
-from app.core.summarize import FRESH_TAIL_MAX_SAMPLES, summarize
-from app.core.types import WindowSummary
+from tailguard.core.window.summarize import FRESH_TAIL_MAX_SAMPLES, summarize
 
 __all__ = ["FRESH_TAIL_MAX_SAMPLES", "POOL_SAMPLES_PER_SERIES", "RESTART_CONFIRM_SIGNS", "SNAPSHOT_VERSION",
            "SeriesKey", "WindowStore"]
@@ -320,7 +320,7 @@ class WindowStore:
                   *, out_of_fit: Collection[SeriesKey] = (),
                   digests: bool = False,
                   tail_refs: Mapping[str, float] | None = None) -> list[WindowSummary]:
-        """One summary per known series at event time ``now_s`` (see :mod:`app.core.summarize`).
+        """One summary per known series at event time ``now_s`` (see :mod:`tailguard.core.window.summarize`).
 
         ``judge_since``: ``{key: since_ts}`` cut-offs of judged samples;
         ``out_of_fit``: series left out of the fleet-wide ``normalized`` fit.
@@ -348,7 +348,7 @@ class WindowStore:
         left out; ``models`` restricts the answer. ``qs``: also compute every pool's exact
         quantiles there (``ModelPool.at_qs``, all pools at once).
         Cost: one strided copy of every ring, straight into one buffer holding every pool
-        (:func:`app.core.pools.build_pools`).
+        (:func:`tailguard.core.window.pools.build_pools`).
         """
         if per_series < 1:
             raise ValueError(f"per_series must be >= 1, got {per_series}")

@@ -3,8 +3,8 @@
 Owns :class:`Slab` (``rows`` rings of ``cap`` slots, a numpy row per ring, one column per
 field), the tier constants that size slabs, and :class:`SeriesRecord` (a series' ring, first
 and last seen, request and failure counts, restart bookkeeping). The window store
-(:mod:`app.core.window`) places series in slabs; :mod:`app.core.summarize` and
-:mod:`app.core.pools` read whole slabs at once.
+(:mod:`tailguard.core.window.window`) places series in slabs; :mod:`tailguard.core.window.summarize` and
+:mod:`tailguard.core.window.pools` read whole slabs at once.
 
 Guarantees:
 
@@ -45,7 +45,7 @@ class Slab:
     Per ring, ``ts_lo <= min(ts)``, ``ts_hi >= max(ts)`` and ``lat_lo <= min(lat)`` over
     the ring's filled slots: bounds kept on insert (a slot that leaves the ring can only
     loosen them) and tightened to the exact values when a tick needs them
-    (:mod:`app.core.summarize`), so most full rings are proven "clean" without a pass over them.
+    (:mod:`tailguard.core.window.summarize`), so most full rings are proven "clean" without a pass over them.
     """
 
     __slots__ = ("cap", "fill", "free", "head", "inp", "lat", "lat_lo", "midx", "out", "rows",

@@ -6,7 +6,7 @@ Owns three decisions taken per model and tick after the per-pair rules:
   out of routing (unhealthy-ejected, quarantined, retired), worst severity
   first, and never the last routed node; the rest stay unhealthy *and
   routed* (reason ``ejection_cap``) and leave when room appears. Only
-  admitted pairs count (:mod:`app.core.admission`): a new pair confirmed
+  admitted pairs count (:mod:`tailguard.core.judge.admission`): a new pair confirmed
   abnormal before it was ever routed is refused (ejected, never routed)
   whatever the cap, and counts in neither ``nodes`` nor the pairs out;
 * the load event — at least ``load_event_fraction`` of the peers (and at
@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import math
 
-from app.core import health
-from app.core.baseline import baseline_fleet_p50
-from app.core.config import DetectorSettings
-from app.core.health import PairState
-from app.core.model_state import ModelState
-from app.core.rules import ErrorReport
-from app.core.types import DiagnosticsRequest, FleetEvent, HealthState, Transition
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.contract.types import DiagnosticsRequest, FleetEvent, HealthState, Transition
+from tailguard.core.judge import health
+from tailguard.core.judge.baseline import baseline_fleet_p50
+from tailguard.core.judge.health import PairState
+from tailguard.core.judge.model_state import ModelState
+from tailguard.core.judge.rules import ErrorReport
 
 
 def eject_within_cap(model: str, pairs: dict[str, PairState], candidates: list[PairState],

@@ -8,15 +8,15 @@ rules are in docs/contracts.md, the binary layout in docs/contracts-binary.md.
 
 Guarantees:
 
-* Bad input raises :class:`~app.core.errors.BadEvent` with a ``reason`` slug from
+* Bad input raises :class:`~tailguard.core.contract.errors.BadEvent` with a ``reason`` slug from
   :data:`REASONS` and a message naming the field; nothing else is raised for any bytes.
 * Every value in a returned batch meets the contract (limits from ``settings``, ids by the
-  rule of :mod:`app.core.ids`); ``true``/``false`` are never numbers, unknown keys are ignored.
+  rule of :mod:`tailguard.core.contract.ids`); ``true``/``false`` are never numbers, unknown keys are ignored.
 * A batch whose header is bad is rejected whole; otherwise bad samples are dropped and
   counted in :attr:`SampleBatch.rejected`, and a batch with no good sample raises.
-* The msgspec fast paths (:mod:`app.core.events_fast`) give the same values, drops and
+* The msgspec fast paths (:mod:`tailguard.core.contract.events_fast`) give the same values, drops and
   errors as the general path here (tested). Grouping messages into one batch per series is
-  :mod:`app.core.accumulate`'s job.
+  :mod:`tailguard.core.window.accumulate`'s job.
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ from typing import Any, Final, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
-from app.core import binary, events_fast, ids
-from app.core.config import DetectorSettings
-from app.core.errors import BadEvent
-from app.core.events_fast import FastDecoder, Group, Row
-from app.core.ids import MAX_NAME_CHARS, IdRule
+from tailguard.core.contract import binary, events_fast, ids
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.contract.errors import BadEvent
+from tailguard.core.contract.events_fast import FastDecoder, Group, Row
+from tailguard.core.contract.ids import MAX_NAME_CHARS, IdRule
 
 FloatArray: TypeAlias = npt.NDArray[np.float64]
 BoolArray: TypeAlias = npt.NDArray[np.bool_]
@@ -50,7 +50,7 @@ REASONS: Final = (
     "missing_field",  # a required field is absent or null
     "empty_field",    # node_id/model is ""
     "too_long",       # hardware/instance above 256 chars, or a batch above MAX_BATCH_SAMPLES samples
-    "bad_node_id",    # node_id breaks the id rule (app.core.ids; TAILGUARD_ID_PATTERN)
+    "bad_node_id",    # node_id breaks the id rule (tailguard.core.contract.ids; TAILGUARD_ID_PATTERN)
     "bad_model",      # model breaks the id rule
     "not_allowlisted",  # node_id not on the allowlist (accumulate.Accumulator(allow=…))
     "bad_type",       # node_id/model/hardware not a string, ok/probe not a bool

@@ -1,4 +1,4 @@
-"""Stage 1's per-tick pass: every series' window → one :class:`~app.core.types.WindowSummary`.
+"""Stage 1's per-tick pass: every series' window → one :class:`~tailguard.core.contract.types.WindowSummary`.
 
 Owns :func:`summarize` (``WindowStore.summaries`` delegates to it) and the vectorised passes
 only it uses: judged and probe masks per slab, each model's signal and fleet fit, quantiles of
@@ -11,7 +11,7 @@ Guarantees, at tick ``now_s``:
   quiet node is not judged on old samples); for a series in ``judge_since``, every ``ok``
   sample, probe or not, with ``since_ts <= ts <= now_s``. The fleet-wide ``normalized`` fit is
   made from every series' judged samples except those of the series in ``out_of_fit``.
-* One signal per model (:mod:`app.core.signals`): ``p50``/``p99``/``samples`` over the judged
+* One signal per model (:mod:`tailguard.core.window.signals`): ``p50``/``p99``/``samples`` over the judged
   samples with a value of it, ``latency_p50_us``/``latency_p99_us`` over their raw latency;
   exact quantiles (linear, as ``numpy.quantile``) at any window_size. A series with fewer
   than ``min_samples`` values of its model's signal but as many judged samples is
@@ -35,9 +35,10 @@ from typing import Any, Final, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
-from app.core import signals as sig
-from app.core.config import DetectorSettings
-from app.core.quantiles import (
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.contract.types import WindowSummary
+from tailguard.core.window import signals as sig
+from tailguard.core.window.quantiles import (
     RUN_FLAG,
     U32,
     count_at_most,
@@ -49,8 +50,7 @@ from app.core.quantiles import (
     to_run_keys,
     two_run_quantiles,
 )
-from app.core.rings import F32, F64, I64, MIN_SLAB_ROWS, SeriesKey, SeriesRecord, Slab
-from app.core.types import WindowSummary
+from tailguard.core.window.rings import F32, F64, I64, MIN_SLAB_ROWS, SeriesKey, SeriesRecord, Slab
 
 Bools: TypeAlias = npt.NDArray[np.bool_]
 
@@ -252,7 +252,7 @@ def summarize(slabs: Sequence[Slab], records: Mapping[SeriesKey, SeriesRecord], 
     """One summary per series of ``records`` at event time ``now_s`` (module docstring).
 
     ``slabs``: every slab holding a used ring; ``model_names``: by model index (``midx``). The
-    keyword arguments are :meth:`~app.core.window.WindowStore.summaries`' (its docstring).
+    keyword arguments are :meth:`~tailguard.core.window.window.WindowStore.summaries`' (its docstring).
     """
     age_lo = now_s - settings.max_sample_age_s
     fresh_lo = now_s - settings.tick_interval_s
@@ -454,10 +454,10 @@ def _fast_stats(work: Sequence[tuple[Slab, _Stats]], fresh_lo: float, refs: F64,
 
     One sort per row serves both the window and its fresh samples: the keys are the
     latency bits with the run flag on the samples that are not fresh
-    (:func:`~app.core.quantiles.to_run_keys`), so a sorted row is ``[fresh ascending |
+    (:func:`~tailguard.core.window.quantiles.to_run_keys`), so a sorted row is ``[fresh ascending |
     older ascending]``. The fresh count is where the runs meet, the
     window's P50/P99 selected across both runs
-    (:func:`~app.core.quantiles.select_two_runs`), the fresh P50 read by index and
+    (:func:`~tailguard.core.window.quantiles.select_two_runs`), the fresh P50 read by index and
     ``fresh_over`` counted by a binary search of the fresh run.
     """
     by_cap: dict[int, list[tuple[Slab, _Stats]]] = {}

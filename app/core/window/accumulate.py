@@ -1,14 +1,14 @@
 """Stage 1's message intake: a stream of messages → one batch per series per poll.
 
 Owns :class:`Accumulator` (and :func:`decode_many` on top of it): each message is decoded
-and validated by :mod:`app.core.events` (the contract), and consecutive single events of
-one series and process are grouped into one :class:`~app.core.events.SampleBatch`, so the
+and validated by :mod:`tailguard.core.contract.events` (the contract), and consecutive single events of
+one series and process are grouped into one :class:`~tailguard.core.contract.events.SampleBatch`, so the
 window update is one vectorized call per series rather than one per event.
 
 Guarantees:
 
-* ``add()`` raises :class:`~app.core.errors.BadEvent` for a bad message and leaves the
-  accumulator as it was; what it accepts is exactly what :func:`app.core.events.decode`
+* ``add()`` raises :class:`~tailguard.core.contract.errors.BadEvent` for a bad message and leaves the
+  accumulator as it was; what it accepts is exactly what :func:`tailguard.core.contract.events.decode`
   accepts for the same bytes (with the id rule and, given one, the allowlist).
 * ``drain()`` returns every event added since the last drain; per series and process the
   samples keep arrival order, consecutive batch messages come out as one batch (message
@@ -26,11 +26,11 @@ from typing import Any, Final
 
 import numpy as np
 
-from app.core import events, ids
-from app.core.binary import MAGIC
-from app.core.config import DetectorSettings
-from app.core.errors import BadEvent
-from app.core.events import (
+from tailguard.core.contract import events, ids
+from tailguard.core.contract.binary import MAGIC
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.contract.errors import BadEvent
+from tailguard.core.contract.events import (
     DEFAULT_SETTINGS,
     MAX_TS_S,
     Event,
@@ -45,8 +45,8 @@ from app.core.events import (
     single_row,
     size_column,
 )
-from app.core.events_fast import FastDecoder, Group, Row
-from app.core.ids import Allowlist
+from tailguard.core.contract.events_fast import FastDecoder, Group, Row
+from tailguard.core.contract.ids import Allowlist
 
 _INF: Final = math.inf
 _NAN: Final = math.nan
@@ -65,7 +65,7 @@ class Accumulator:
     :attr:`SampleBatch.parts`), so a poll costs one window update per series.
 
     Node ids and models must meet the id rule of ``settings.id_pattern``
-    (:mod:`app.core.ids`; checked once per new series in a drain, not per event). With
+    (:mod:`tailguard.core.contract.ids`; checked once per new series in a drain, not per event). With
     ``allow``, an otherwise valid message of a node id not on the allowlist raises
     ``BadEvent("not_allowlisted")``.
     """

@@ -1,4 +1,4 @@
-"""The msgspec fast paths of the latency-event decoder (:mod:`app.core.events`).
+"""The msgspec fast paths of the latency-event decoder (:mod:`tailguard.core.contract.events`).
 
 Owns the typed ``msgspec`` decoders of the two JSON shapes that carry almost all
 traffic, and nothing else: a single event whose fields have their contract's types
@@ -13,13 +13,13 @@ Guarantees:
 * Neither method raises for any input bytes. Each returns values only for a message
   it can vouch for, and ``None`` for anything else — a shape it does not take, a value
   outside its bounds, a setting-dependent bound it cannot decide — after which the
-  general path of :mod:`app.core.events` decides. The general path alone words errors.
+  general path of :mod:`tailguard.core.contract.events` decides. The general path alone words errors.
 * What it returns is what the general path would return for the same bytes; the
-  batch policy (:func:`app.core.events` ``_checked``) and the id rule are applied by the
+  batch policy (:func:`tailguard.core.contract.events` ``_checked``) and the id rule are applied by the
   caller to both. ``tests/unit/test_binary.py`` checks fast against general, message by
   message, over valid and invalid inputs. :meth:`FastDecoder.many` decodes each line
   alone, as :meth:`FastDecoder.single` does, and leaves the checks of ``single`` to its
-  caller (:meth:`app.core.accumulate.Accumulator.add_decoded`; tested against ``single``).
+  caller (:meth:`tailguard.core.window.accumulate.Accumulator.add_decoded`; tested against ``single``).
 * :func:`build` returns ``None`` when msgspec is missing (it is a declared dependency):
   the general path then does everything, with the same results.
 """
