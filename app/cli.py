@@ -22,6 +22,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("tailguard.replay_cli", "run the detector offline over a JSON-lines trace"),
     "status": ("tailguard.routing.status", "per-model table of nodes, read from Redis"),
     "simulate": ("tailguard.sim.cli", "run a simulated fleet of inference nodes"),
+    "scrape": ("tailguard.scrape.run",
+               "poll servers' /metrics (vLLM, SGLang, TGI, Triton, Dynamo) into latency events"),
     "proxy": ("tailguard.lb.proxy", "reference HTTP load balancer reading the routing set"),
     "haproxy-sync": ("tailguard.lb.haproxy", "map routing sets onto HAProxy's Runtime API"),
     "probe": ("tailguard.lb.prober", "synthetic probes for quarantined nodes an LB sends nothing"),
@@ -32,6 +34,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "release": ("tailguard.routing.operators_cli:release_main", "end a node's drain or pin"),
     "mode": ("tailguard.routing.operators_cli:mode_main", "show or set observe/enforce mode"),
     "explain": ("tailguard.routing.explain", "why a node is where it is: its last ticks' rules"),
+    "k8s-sync": ("tailguard.k8s.cli", "keep a pod readiness gate in step with the routing sets (Kubernetes)"),
 }
 
 

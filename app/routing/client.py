@@ -24,8 +24,11 @@ from typing import Any, TextIO, TypeVar
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from tailguard.routing.errors import RoutingError
 from tailguard.settings import Settings, redact_url
 
 
@@ -59,7 +62,9 @@ T = TypeVar("T")
 async def call_redis(settings: Settings, prog: str, err: TextIO,
                      body: Callable[[aioredis.Redis], Awaitable[T]]) -> T | None:
     """Run ``body`` on a client for ``settings`` (:func:`connect_for`); None (after a
-    message naming ``TAILGUARD_REDIS_URL`` on ``err``) when Redis cannot be reached.
+    message naming ``TAILGUARD_REDIS_URL`` on ``err``) when Redis cannot be reached, and
+    None after a message saying what Redis answered when it refused a command (a key of the
+    wrong type, a :class:`~tailguard.routing.errors.RoutingError`): that is no unreachable Redis.
 
     A refused login, ACL or certificate raises :class:`tailguard.security.AccessRefused`
     (a ``SettingError`` naming the setting) from :func:`tailguard.security.check_redis`.
@@ -70,10 +75,21 @@ async def call_redis(settings: Settings, prog: str, err: TextIO,
     client = connect_for(settings)
     try:
         return await body(client)
-    except (RedisError, OSError, TimeoutError) as e:
+    except RoutingError as e:
+        print(f"tailguard {prog}: {e}", file=err)
+        return None
+    except ResponseError as e:
+        print(f"tailguard {prog}: Redis at {redact_url(settings.redis_url)} refused a command: "
+              f"{e}", file=err)
+        return None
+    except (RedisConnectionError, RedisTimeoutError, OSError, TimeoutError) as e:
         print(f"tailguard {prog}: cannot reach Redis at {redact_url(settings.redis_url)} "
               f"({type(e).__name__}: {e}). Start it (scripts/redis) or point TAILGUARD_REDIS_URL "
               "at the Redis that tailguard writes to.", file=err)
+        return None
+    except RedisError as e:
+        print(f"tailguard {prog}: Redis at {redact_url(settings.redis_url)} failed: "
+              f"{type(e).__name__}: {e}", file=err)
         return None
     finally:
         await client.aclose()

@@ -3,7 +3,8 @@
 Owns the names of every key and channel (:class:`Keys`; ``P`` = the key prefix, default
 ``tailguard``, ``<m>`` = the encoded model name): ``P:routing:<m>``, ``P:held-out:<m>``,
 ``P:routing:<m>:version``, ``P:quarantine:<m>``, ``P:nodes:<m>``, ``P:models``,
-``P:routing-shadow:<m>``, ``P:history:<m>``, ``P:events:<m>``, ``P:overrides``, ``P:mode``
+``P:routing-shadow:<m>``, ``P:history:<m>``, ``P:events:<m>``, ``P:weights:<m>``
+(:func:`weights_key`), ``P:overrides``, ``P:mode``
 and the channel ``P:routing:changes``; what each holds is the contract in docs/contracts.md
 ("Redis"). Also the values that cross it: :func:`status_json` (a node's status),
 :func:`held_out`, :func:`change_message` / :func:`parse_change_message`.
@@ -115,6 +116,11 @@ class Keys:
     @property
     def channel(self) -> str:
         return f"{self.prefix}:routing:changes"
+
+
+def weights_key(prefix: str, model: str) -> str:
+    """``P:weights:<m>``: the hash node id → routing weight in (0, 1] (absent field = 1.0)."""
+    return f"{Keys(prefix).prefix}:weights:{encode_model(model)}"
 
 
 def status_json(status: NodeStatus, *, updated_ts: float,
