@@ -4,8 +4,10 @@ Owns the per-pair rules (:mod:`.rules`) and the references they compare with
 (:mod:`.peers`, :mod:`.baseline`, :mod:`.own_history`), the health state machine
 of a pair (:mod:`.health`), the fleet guards (:mod:`.guards`), admission of new
 pairs (:mod:`.admission`), liveness (:mod:`.liveness`), one model's state and its
-snapshot (:mod:`.model_state`) and the per-tick evaluator (:mod:`.evaluate`).
+snapshot (:mod:`.model_state`), the bucket rules of histogram pairs
+(:mod:`.hist_rules`) and the per-tick evaluator (:mod:`.evaluate`).
 
-Guarantees: imports only the contract room (never stage 1's internals: a
-summary is all it sees); pure and deterministic given its inputs and ``now_s``.
+Guarantees: imports the contract room and, for histogram pairs, the window
+room's bucket windows; never the replay room. Pure and deterministic given its
+inputs and ``now_s``.
 """

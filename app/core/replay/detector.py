@@ -27,7 +27,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from tailguard.core.contract.config import DetectorSettings
-from tailguard.core.contract.events import Heartbeat, SampleBatch
+from tailguard.core.contract.events import Event, Heartbeat
+from tailguard.core.contract.hist_event import HistogramBatch
 from tailguard.core.contract.types import ModelTick, NodeStatus, TickResult, Transition, WindowSummary
 from tailguard.core.judge.evaluate import FleetEvaluator
 from tailguard.core.window.pools import ModelPool
@@ -52,11 +53,13 @@ class Detector:
         self._pools: dict[str, ModelPool] = {}
         self._digests: dict[str, dict[str, Any]] | None = None
 
-    def observe(self, events: Iterable[SampleBatch | Heartbeat]) -> None:
+    def observe(self, events: Iterable[Event]) -> None:
         store = self.store
         for ev in events:
             if isinstance(ev, Heartbeat):
                 store.observe_heartbeat(ev)
+            elif isinstance(ev, HistogramBatch):
+                store.observe_histogram(ev)
             else:
                 store.observe(ev)
 
