@@ -1,4 +1,4 @@
-"""``tailguard replay FILE|-``: the command line around :func:`app.core.replay.replay`.
+"""``tailguard replay FILE|-``: the command line around :func:`tailguard.core.replay.replay.replay`.
 
 Usage::
 
@@ -8,11 +8,11 @@ Usage::
 This module owns what the pure core may not touch: argparse, opening the
 file (or standard input; a gzip-compressed trace is decompressed on the fly),
 stdout and stderr. What is replayed and how ticks fall in event time is
-:mod:`app.core.replay`'s; its output lines go to stdout unchanged. The input is JSON lines of
+:mod:`tailguard.core.replay.replay`'s; its output lines go to stdout unchanged. The input is JSON lines of
 latency events (any form of the contract, histogram events included) or captured scrapes:
 Prometheus text with a node label and a millisecond timestamp on every sample (``/federate``
 output taken repeatedly), turned into histogram events by
-:func:`app.scrape.convert.events_from_capture`; ``--format auto`` (the default) tells them
+:func:`tailguard.scrape.convert.events_from_capture`; ``--format auto`` (the default) tells them
 apart by the first line that is not blank (``{`` or a binary batch: events; else a capture).
 
 stderr: a one-line summary (events, ticks, transitions, bad lines by reason
@@ -38,13 +38,13 @@ import sys
 from collections.abc import Iterable, Iterator
 from typing import IO, Any, cast
 
-from app.core.config import SettingError, field_names
-from app.core.detector import Detector
-from app.core.quantiles import digest_from_dict, digest_quantiles
-from app.core.replay import ReplayStats, replay
-from app.scrape.convert import ScrapeError, events_from_capture
-from app.settings import parse_set
-from app.text import printable
+from tailguard.core.contract.config import SettingError, field_names
+from tailguard.core.replay.detector import Detector
+from tailguard.core.replay.replay import ReplayStats, replay
+from tailguard.core.window.quantiles import digest_from_dict, digest_quantiles
+from tailguard.scrape.convert import ScrapeError, events_from_capture
+from tailguard.settings import parse_set
+from tailguard.text import printable
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -74,10 +74,10 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-# Unit of each signal's quantiles, and the digits worth printing (app.core.signals).
+# Unit of each signal's quantiles, and the digits worth printing (tailguard.core.window.signals).
 _SIGNAL_UNITS: dict[str | None, tuple[str, int]] = {
     "latency": ("µs", 0), "tpot": ("µs/token", 1), "normalized": ("× expected", 2),
-    # Histogram pairs (app.core.hist_window): interpolated between bucket bounds, for people.
+    # Histogram pairs (tailguard.core.window.hist_window): interpolated between bucket bounds, for people.
     "e2e_hist": ("µs, interpolated", 0), "ttft_hist": ("µs, interpolated", 0),
     "itl_hist": ("µs/token, interpolated", 0)}
 

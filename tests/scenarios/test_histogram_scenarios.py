@@ -1,10 +1,10 @@
 """Issue 24's done-when: the scenario faults through the histogram path, at vLLM's default buckets.
 
 Every ``scenarios/*.toml`` trace is turned into what ``tailguard scrape`` would publish had each
-node been a vLLM server scraped every 10 s (:func:`app.sim.histtrace.histogram_lines`: e2e, and
+node been a vLLM server scraped every 10 s (:func:`tailguard.sim.histtrace.histogram_lines`: e2e, and
 for LLM traffic TTFT and inter-token latency, which vLLM always exports) and replayed through
-:func:`app.core.replay.replay` with default settings. Each scenario's own expectations
-(:func:`app.sim.outcome.check`: which pairs leave, within which deadline, and that the others
+:func:`tailguard.core.replay.replay.replay` with default settings. Each scenario's own expectations
+(:func:`tailguard.sim.outcome.check`: which pairs leave, within which deadline, and that the others
 stay) are the event path's, unchanged.
 """
 
@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from app.core.config import DetectorSettings
-from app.core.events import decode
-from app.core.hist_event import HistogramBatch
-from app.core.replay import replay
-from app.sim import histtrace, outcome, tracegen
-from app.sim import scenario as sc
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.contract.events import decode
+from tailguard.core.contract.hist_event import HistogramBatch
+from tailguard.core.replay.replay import replay
+from tailguard.sim import histtrace, outcome, tracegen
+from tailguard.sim import scenario as sc
 
 ROOT = Path(__file__).resolve().parents[2]
 ALL = sorted(p.stem for p in (ROOT / "scenarios").glob("*.toml"))

@@ -9,11 +9,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from app.core.config import DetectorSettings
-from app.core.detector import Detector
-from app.core.health import Verdict
-from app.core.hist_event import HistogramBatch
-from app.core.hist_rules import (
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.replay.detector import Detector
+from tailguard.core.judge.health import Verdict
+from tailguard.core.contract.hist_event import HistogramBatch
+from tailguard.core.judge.hist_rules import (
     P50_GAP,
     P99_FACTOR,
     P99_FLOOR,
@@ -25,9 +25,9 @@ from app.core.hist_rules import (
     share_above,
     windows_of,
 )
-from app.core.hist_window import HistWindow, bucket_quantile
-from app.core.types import WindowSummary
-from app.core.window import WindowStore
+from tailguard.core.window.hist_window import HistWindow, bucket_quantile
+from tailguard.core.contract.types import WindowSummary
+from tailguard.core.window.window import WindowStore
 
 ST = DetectorSettings()
 B = (0.3, 0.5, 0.8, 1.0)

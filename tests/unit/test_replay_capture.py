@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from test_scrape_convert import _federate
 
-from app.replay_cli import main
-from app.scrape.convert import events_from_capture
+from tailguard.replay_cli import main
+from tailguard.scrape.convert import events_from_capture
 
 T0_MS = 1_764_680_000_000
 
