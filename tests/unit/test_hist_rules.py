@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from tailguard.core.contract.config import DetectorSettings
-from tailguard.core.replay.detector import Detector
-from tailguard.core.judge.health import Verdict
 from tailguard.core.contract.hist_event import HistogramBatch
+from tailguard.core.contract.types import WindowSummary
+from tailguard.core.judge.health import Verdict
 from tailguard.core.judge.hist_rules import (
     P50_GAP,
     P99_FACTOR,
@@ -25,8 +25,8 @@ from tailguard.core.judge.hist_rules import (
     share_above,
     windows_of,
 )
+from tailguard.core.replay.detector import Detector
 from tailguard.core.window.hist_window import HistWindow, bucket_quantile
-from tailguard.core.contract.types import WindowSummary
 from tailguard.core.window.window import WindowStore
 
 ST = DetectorSettings()
