@@ -1,6 +1,6 @@
 """Stage 1: latency events → per-(node, model) windows → one summary per series per tick.
 
-:class:`Stage1` is the Kafka-free logic; :mod:`app.streaming.ingest` feeds it records from
+:class:`Stage1` is the Kafka-free logic; :mod:`tailguard.streaming.ingest` feeds it records from
 the ``latency-events`` partitions this worker owns. Entry points: :meth:`Stage1.ingest` (one
 poll), :meth:`Stage1.summaries`, :meth:`Stage1.cluster_digests`, :meth:`Stage1.forget_silent`.
 Each guarantee in full: docs/operations.md ("Stage 1's windows"), docs/operating.md#floods.
@@ -8,7 +8,7 @@ Each guarantee in full: docs/operations.md ("Stage 1's windows"), docs/operating
 Guarantees:
 
 * Every record reaches the windows or comes back as a
-  :class:`~app.streaming.deadletter.DeadLetter`; a bad record never stops the others of its
+  :class:`~tailguard.streaming.deadletter.DeadLetter`; a bad record never stops the others of its
   poll. Keys and headers are not read here.
 * :meth:`Stage1.summaries` covers only series last seen on a partition this worker still
   owns, oldest-admitted series first.
@@ -27,17 +27,18 @@ import logging
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-from app.core.accumulate import Accumulator
-from app.core.config import DetectorSettings
-from app.core.errors import BadEvent
-from app.core.events import Heartbeat, SampleBatch
-from app.core.ids import Allowlist
-from app.core.types import WindowSummary
-from app.streaming import memory
-from app.streaming.deadletter import DeadLetter, RecordLike
-from app.streaming.memory import GIVE_BACK_MIN, give_back
-from app.streaming.metrics import WorkerMetrics
-from app.streaming.wire import ClusterDigest
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.contract.errors import BadEvent
+from tailguard.core.contract.events import Event, Heartbeat, SampleBatch
+from tailguard.core.contract.hist_event import HistogramBatch
+from tailguard.core.contract.ids import Allowlist
+from tailguard.core.contract.types import WindowSummary
+from tailguard.core.window.accumulate import Accumulator
+from tailguard.streaming import memory
+from tailguard.streaming.deadletter import DeadLetter, RecordLike
+from tailguard.streaming.memory import GIVE_BACK_MIN, give_back
+from tailguard.streaming.metrics import WorkerMetrics
+from tailguard.streaming.wire import ClusterDigest
 
 log = logging.getLogger(__name__)
 
@@ -46,11 +47,13 @@ LATE_LOG_INTERVAL_S = 60.0
 
 
 class WindowStoreLike(Protocol):
-    """What stage 1 needs of ``app.core.window.WindowStore``."""
+    """What stage 1 needs of ``tailguard.core.window.window.WindowStore``."""
 
     def observe(self, batch: SampleBatch) -> Any: ...
 
     def observe_heartbeat(self, hb: Heartbeat) -> Any: ...
+
+    def observe_histogram(self, ev: HistogramBatch) -> Any: ...
 
     def summaries(self, now_s: float,
                   judge_since: Mapping[tuple[str, str], float] | None = None,
@@ -143,6 +146,9 @@ class Stage1:
                 model_pairs[ev.model] = (held or 0) + 1
             if isinstance(ev, Heartbeat):
                 self.store.observe_heartbeat(ev)
+            elif isinstance(ev, HistogramBatch):
+                self.store.observe_histogram(ev)
+                samples += ev.observations
             else:
                 self.store.observe(ev)
                 samples += len(ev)
@@ -197,23 +203,17 @@ class Stage1:
         r[1] += 1
         return not full
 
-    def _refuse_model(self, ev: Heartbeat | SampleBatch) -> int:
-        """Drop ``ev`` of a new model over ``max_models``; how many samples (a heartbeat: 1)."""
-        n = 1 if isinstance(ev, Heartbeat) else len(ev)
-        r = self._models_refused.setdefault(ev.model, [0, 0])
+    def _refuse_model(self, ev: Event) -> int:
+        """Drop ``ev`` of a new model over ``max_models``; how many samples."""
+        return self._refuse(ev, self._models_refused)
+
+    def _refuse(self, ev: Event, table: dict[str, list[int]] | None = None) -> int:
+        """Drop ``ev`` of a new pair over the limit (counted in ``table``, default the
+        new-pair refusals); how many samples (a heartbeat or a histogram interval: 1)."""
+        n = len(ev) if isinstance(ev, SampleBatch) else 1
+        r = (self._refused if table is None else table).setdefault(ev.model, [0, 0])
         r[0] += 1
         r[1] += n
-        return n
-
-    def _refuse(self, ev: Heartbeat | SampleBatch) -> int:
-        """Drop ``ev`` of a new pair over the limit; how many samples (a heartbeat: 1)."""
-        n = 1 if isinstance(ev, Heartbeat) else len(ev)
-        r = self._refused.get(ev.model)
-        if r is None:
-            self._refused[ev.model] = [1, n]
-        else:
-            r[0] += 1
-            r[1] += n
         return n
 
     def _end_admission_tick(self) -> None:
@@ -311,7 +311,7 @@ class Stage1:
         """This tick's summary of every owned series (all series when ``owned_partitions`` is None),
         oldest-admitted series first; starts a new admission tick (``max_new_pairs_per_tick``).
 
-        Stage 2's hints (``app.streaming.stage2.StageHints``): ``judge_since``
+        Stage 2's hints (``tailguard.streaming.stage2.StageHints``): ``judge_since``
         ``{(node, model): ts}`` cut-offs of judged samples
         (``FleetEvaluator.judge_since``); ``out_of_fit`` the pairs out of
         routing, which do not vote in the fleet-wide ``normalized`` fit

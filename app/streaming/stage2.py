@@ -1,10 +1,10 @@
 """Stage 2: per model, window summaries → health verdict, state kept in a changelog table.
 
 :class:`Stage2` is the Kafka-free logic of the stage-2 agent and timer in
-:mod:`app.streaming.service`: it collects the newest summary per node of each model, the
+:mod:`tailguard.streaming.service`: it collects the newest summary per node of each model, the
 workers' cluster digests (``on_cluster``) and diagnostics results, and at each tick turns every
 model this worker owns into a :class:`ModelOutput` with the core's ``FleetEvaluator`` (the
-verdict, plus the summaries and streaks it was made from, for :mod:`app.streaming.edge`).
+verdict, plus the summaries and streaks it was made from, for :mod:`tailguard.streaming.edge`).
 
 Guarantees (in full: docs/operations.md, "Stage 2's state"):
 
@@ -15,6 +15,9 @@ Guarantees (in full: docs/operations.md, "Stage 2's state"):
   retried at the next tick; the verdict is still returned. Large values are packed
   (:func:`pack_value`); one still above ``max_value_bytes`` is counted, not written.
 * **Cluster-wide P50/P99** of the workers' fresh digests, in ``ModelTick``.
+* **Diagnostics that answer the current episode only**: a result counts when its
+  ``request_id`` is the current quarantine episode's request and it arrived after it; the
+  others are dropped, counted by reason (``diagnostics_dropped``) and logged once per reason.
 * **Only owned models**, and **bounded**: one pending summary per (node, model), stale ones
   ignored, at most ``max_models`` models judged (a new one beyond is not, until one is
   forgotten), every summary left unevaluated counted in ``dropped`` by reason.
@@ -38,11 +41,12 @@ from typing import Any, Protocol, TypeAlias
 
 import orjson
 
-from app.core.detector import FLEET_QUANTILES
-from app.core.quantiles import digest_quantiles, merge_digests
-from app.core.types import ModelTick, Transition, WindowSummary
-from app.streaming.memory import GIVE_BACK_MIN, give_back
-from app.streaming.wire import ClusterDigest, DiagnosticsResult
+from tailguard.core.contract.types import ModelTick, Transition, WindowSummary
+from tailguard.core.judge.health import diagnostics_refusal
+from tailguard.core.replay.detector import FLEET_QUANTILES
+from tailguard.core.window.quantiles import digest_quantiles, merge_digests
+from tailguard.streaming.memory import GIVE_BACK_MIN, give_back
+from tailguard.streaming.wire import ClusterDigest, DiagnosticsResult
 
 #: The largest table value written (JSON bytes): under the 1 MB ``max_request_size`` of the
 #: producer, with room for the key and the record's framing.
@@ -53,6 +57,15 @@ PLAIN_MAX_BYTES = 64_000
 _PACKED = "zlib_b64"
 
 SeriesKey: TypeAlias = tuple[str, str]
+
+#: Why a diagnostics result was dropped (reason of ``health.diagnostics_refusal`` → log text).
+DROP_TEXT = {
+    "no_episode": "the node is not out of routing for this model (no open quarantine episode)",
+    "no_request_id": "it carries no request_id (an agent older than the request check?)",
+    "wrong_request": "its request_id is not the current episode's request (an earlier "
+                     "episode's result, or forged)",
+    "before_request": "it arrived before the current episode's request was made",
+}
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +119,7 @@ def decode_hints(items: Iterable[tuple[Any, Any]]) -> StageHints:
 
 
 class EvaluatorLike(Protocol):
-    """What stage 2 needs of ``app.core.evaluate.FleetEvaluator``."""
+    """What stage 2 needs of ``tailguard.core.judge.evaluate.FleetEvaluator``."""
 
     def evaluate(self, model: str, summaries: list[WindowSummary], now_s: float) -> ModelTick: ...
 
@@ -163,7 +176,7 @@ class ModelOutput:
 
     tick: ModelTick
     diagnostics_transitions: tuple[Transition, ...] = ()
-    # What the verdict was made from, for the operator edge (app.streaming.edge): the
+    # What the verdict was made from, for the operator edge (tailguard.streaming.edge): the
     # summaries judged and each node's abnormal streak after the tick.
     summaries: tuple[WindowSummary, ...] = ()
     streaks: Mapping[str, int] = field(default_factory=dict)
@@ -181,6 +194,7 @@ class Stage2:
                  max_pending_diagnostics: int = 10_000,
                  max_value_bytes: int = MAX_VALUE_BYTES,
                  plain_max_bytes: int = PLAIN_MAX_BYTES,
+                 on_diagnostics_dropped: Callable[[str], None] | None = None,
                  max_models: int | None = None, forget_after_s: float | None = None) -> None:
         """``max_models``/``forget_after_s``: None takes the evaluator's settings (0 = off)."""
         if not stale_after_s > 0:
@@ -213,6 +227,10 @@ class Stage2:
         # "model_limit" (of a new model while max_models are judged).
         self.dropped: collections.Counter[str] = collections.Counter()
         self._cluster: dict[str, dict[str, ClusterDigest]] = {}
+        # Diagnostics results that answer no current request (health.diagnostics_refusal), by
+        # reason; each reason is logged once, and reported to ``on_diagnostics_dropped``.
+        self.diagnostics_dropped: collections.Counter[str] = collections.Counter()
+        self.on_diagnostics_dropped = on_diagnostics_dropped
         self._peak_pairs: dict[str, int] = {}    # per model, since its state was last rebuilt
 
     # --- input ---------------------------------------------------------------
@@ -367,6 +385,16 @@ class Stage2:
             peak = pairs
         self._peak_pairs[model] = peak
 
+    def _drop_diagnostics(self, d: DiagnosticsResult, why: str) -> None:
+        self.diagnostics_dropped[why] += 1
+        if self.on_diagnostics_dropped is not None:
+            self.on_diagnostics_dropped(why)
+        if self.diagnostics_dropped[why] == 1:
+            log.warning("dropping a diagnostics result for %r/%r (request %r, recoverable=%s): "
+                        "%s; counted in tailguard_diagnostics_dropped_total{reason=%r}, logged once "
+                        "per reason", d.node_id, d.model, d.request_id, d.recoverable,
+                        DROP_TEXT[why], why)
+
     def _evaluate(self, model: str, now_s: float) -> ModelOutput:
         ev = self.evaluator
         key = state_key(model)
@@ -386,7 +414,11 @@ class Stage2:
             self._restored.add(model)
         diag: list[Transition] = []
         for d in self._diagnostics.pop(model, ()):
-            diag.extend(ev.apply_diagnostics(model, d.node_id, d.recoverable, now_s))
+            why = diagnostics_refusal(ev.pair(model, d.node_id), d.request_id, d.arrived_ts)
+            if why is None:
+                diag.extend(ev.apply_diagnostics(model, d.node_id, d.recoverable, now_s))
+            else:
+                self._drop_diagnostics(d, why)
         horizon = now_s - self.stale_after_s
         pending = self._pending.pop(model, {})
         # The model's last sign of life: its nodes' (stage 1 still reports a silent series

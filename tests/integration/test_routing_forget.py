@@ -8,11 +8,11 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 import redis.asyncio as aioredis
 
-from app.core.types import HealthState, ModelTick, NodeStatus
-from app.routing.apply_script import Extras
-from app.routing.client import connect
-from app.routing.keys import Keys
-from app.routing.writer import RoutingWriter
+from tailguard.core.contract.types import HealthState, ModelTick, NodeStatus
+from tailguard.routing.apply_script import Extras
+from tailguard.routing.client import connect
+from tailguard.routing.keys import Keys
+from tailguard.routing.writer import RoutingWriter
 
 pytestmark = pytest.mark.integration
 

@@ -11,12 +11,12 @@ from prometheus_client import CollectorRegistry
 from stream_fakes import Rec, batch, single, summary
 from test_service_flood import value
 
-from app.core.config import DetectorSettings
-from app.core.evaluate import FleetEvaluator
-from app.core.window import WindowStore
-from app.streaming.metrics import WorkerMetrics
-from app.streaming.stage1 import Stage1
-from app.streaming.stage2 import Stage2
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.judge.evaluate import FleetEvaluator
+from tailguard.core.window.window import WindowStore
+from tailguard.streaming.metrics import WorkerMetrics
+from tailguard.streaming.stage1 import Stage1
+from tailguard.streaming.stage2 import Stage2
 
 NOW = 3_000_000.0
 DET = DetectorSettings(min_samples=10, window_size=100, warmup_s=0.0, tick_interval_s=2.0,
@@ -41,7 +41,7 @@ def test_new_models_over_max_models_are_dropped_counted_and_logged_once_per_tick
         caplog: pytest.LogCaptureFixture) -> None:
     s1, m = make()
     s1.ingest(0, real(), NOW)
-    caplog.set_level(logging.WARNING, logger="app.streaming.stage1")
+    caplog.set_level(logging.WARNING, logger="tailguard.streaming.stage1")
     for k in range(3):                           # 3 polls of one tick, the real model in each
         assert s1.ingest(0, model_flood(k * 1000, 1000) + real(), NOW) == []
     assert sorted(s1.store.models()) == ["llm"] + [f"model-{i:06d}" for i in range(4)]

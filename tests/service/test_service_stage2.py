@@ -10,11 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from stream_fakes import summary
 
-from app.core.config import DetectorSettings
-from app.core.evaluate import FleetEvaluator
-from app.core.quantiles import digest_dict_of_sorted
-from app.core.types import HealthState, WindowSummary
-from app.streaming.stage2 import (
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.contract.types import HealthState, WindowSummary
+from tailguard.core.judge.evaluate import FleetEvaluator
+from tailguard.core.window.quantiles import digest_dict_of_sorted
+from tailguard.streaming.stage2 import (
     Stage2,
     decode_hints,
     encode_hints,
@@ -22,7 +22,7 @@ from app.streaming.stage2 import (
     state_key,
     unpack_value,
 )
-from app.streaming.wire import ClusterDigest, DiagnosticsResult
+from tailguard.streaming.wire import ClusterDigest, DiagnosticsResult
 
 SETTINGS = DetectorSettings(min_samples=10, window_size=100, warmup_s=0.0, confirm_windows=2,
                             backoff_initial_s=600.0, backoff_max_s=600.0)
@@ -302,8 +302,10 @@ def test_newest_summary_per_node_wins() -> None:
 
 def test_unrecoverable_diagnostics_retire_the_node() -> None:
     s2 = Stage2(FleetEvaluator(SETTINGS), {}, stale_after_s=1.5 * T)
-    run_ticks(s2, "m", 1000.0, 4)
-    s2.on_diagnostics(DiagnosticsResult("slow", "m", recoverable=False))
+    (req,) = [r for o in run_ticks(s2, "m", 1000.0, 4) for r in o.tick.diagnostics]
+    # The answer to the request made at the ejection (issue 28: only that one counts).
+    s2.on_diagnostics(DiagnosticsResult("slow", "m", recoverable=False, request_id=req.request_id,
+                                        arrived_ts=req.ts + 1.0))
     outs = run_ticks(s2, "m", 1008.0, 1)
     (t,) = outs[0].diagnostics_transitions
     assert (t.node_id, t.to_state) == ("slow", HealthState.RETIRED)

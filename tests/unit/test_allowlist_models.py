@@ -1,4 +1,4 @@
-"""The allowlist covers model names too (app.core.ids.Allowlist, the settings, the decoder):
+"""The allowlist covers model names too (tailguard.core.contract.ids.Allowlist, the settings, the decoder):
 a flood of model names is dead-lettered before it reaches a window."""
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ import numpy as np
 import orjson
 import pytest
 
-from app.core import binary
-from app.core.accumulate import Accumulator
-from app.core.config import SettingError
-from app.core.errors import BadEvent
-from app.core.ids import Allowlist
-from app.settings import load
-from app.streaming import allowlist
+from tailguard.core.contract import binary
+from tailguard.core.contract.config import SettingError
+from tailguard.core.contract.errors import BadEvent
+from tailguard.core.contract.ids import Allowlist
+from tailguard.core.window.accumulate import Accumulator
+from tailguard.settings import load
+from tailguard.streaming import allowlist
 
 T = 1_764_680_000.0
 

@@ -1,4 +1,4 @@
-"""A fleet that slows down together is announced (app.core.fleet_slow via FleetEvaluator):
+"""A fleet that slows down together is announced (tailguard.core.fleet_slow via FleetEvaluator):
 every live node of a model far slower than its own baseline opens one ``fleet_slow`` event
 with the numbers, and its return closes it with ``fleet_slow_end``."""
 
@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from app.core.config import DetectorSettings
-from app.core.evaluate import FleetEvaluator
-from app.core.model_state import ModelState
-from app.core.types import FleetEvent, ModelTick, WindowSummary
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.contract.types import FleetEvent, ModelTick, WindowSummary
+from tailguard.core.judge.evaluate import FleetEvaluator
+from tailguard.core.judge.model_state import ModelState
 
 S = DetectorSettings(max_sample_age_s=30.0)
 T0 = 1000.0

@@ -3,14 +3,23 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
-from app.core.config import DetectorSettings
-from app.core.types import FleetEvent, HealthState, ModelTick, NodeStatus, Transition, WindowSummary
-from app.routing.operators import OperatorState, Override, parse_override
-from app.streaming.edge import EdgeInput, EdgeOutput, OperatorEdge
-from app.streaming.tickstats import rule_stats
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.contract.types import (
+    DiagnosticsRequest,
+    FleetEvent,
+    HealthState,
+    ModelTick,
+    NodeStatus,
+    Transition,
+    WindowSummary,
+)
+from tailguard.routing.operators import OperatorState, Override, parse_override
+from tailguard.streaming.edge import EdgeInput, EdgeOutput, OperatorEdge
+from tailguard.streaming.tickstats import rule_stats
 
 H, Q, U = HealthState.HEALTHY, HealthState.QUARANTINED, HealthState.UNHEALTHY
 SETTINGS = DetectorSettings(min_samples=10, min_peers=3)
@@ -235,7 +244,7 @@ def test_rule_stats_error_share_needs_the_previous_counters() -> None:
 
 def test_rule_stats_limits_follow_the_cores_factors() -> None:
     # The P99 limit uses relative_p99_factor, the error limit error_share_peer_factor x the
-    # peers' median share when that is above max_error_share (as app.core.rules does).
+    # peers' median share when that is above max_error_share (as tailguard.core.judge.rules does).
     st = DetectorSettings(min_samples=10, min_peers=3, relative_p50_factor=2.0,
                           relative_p99_factor=3.0, max_error_share=0.1,
                           error_share_peer_factor=2.0)
@@ -304,3 +313,15 @@ def test_a_model_with_only_new_nodes_refuses_no_drain_and_writes_no_routing() ->
     out = run(OperatorEdge(SETTINGS), t, OperatorState(overrides=[drain("new")]))
     assert out.tick.routing == frozenset() and out.extras.held_out == {"new"}
     assert out.extras.annotations["new"]["drain_refused"] is False
+
+
+def test_observe_mode_asks_for_no_diagnostics_unless_a_setting_says_so() -> None:
+    req = DiagnosticsRequest(ts=10.0, node_id="slow", model="m", reason="relative_p50")
+    t = replace(fleet_with_slow(), diagnostics=(req,))
+    assert run(OperatorEdge(SETTINGS), t).tick.diagnostics == (req,)
+    # observe keeps the node serving traffic: no DCGM / GEMM run on it by default
+    assert run(OperatorEdge(SETTINGS, "observe"), t).tick.diagnostics == ()
+    assert run(OperatorEdge(SETTINGS, "observe", diagnose_in_observe=True), t).tick.diagnostics == (req,)
+    # the mode set in Redis for the model decides, as for routing
+    ops = OperatorState(modes={"m": "observe"})
+    assert run(OperatorEdge(SETTINGS), t, ops).tick.diagnostics == ()
