@@ -3,12 +3,12 @@
 Four simulated vLLM servers (one 3x slower) serve ``/metrics``. Debian's
 ``prometheus`` (installed by scripts/test) scrapes them every second from
 the same ``file_sd`` file the test writes. At the same time tailguard's bridge
-(:class:`app.scrape.bridge.Bridge` with hist-core's converter) scrapes them into
+(:class:`tailguard.scrape.bridge.Bridge` with hist-core's converter) scrapes them into
 histogram events. Traffic runs in two phases with quiet gaps, in which both
 scrapers catch up: phase A, a gap ending at ``t_a``, phase B, a gap ending at
 ``t_b``. So the interval ``(t_a, t_b]`` holds exactly phase B's requests for both.
 Per node and for q in 0.5 and 0.99, tailguard's quantile (the events of that
-interval summed, :func:`app.core.hist_window.bucket_quantile`) and Prometheus'
+interval summed, :func:`tailguard.core.window.hist_window.bucket_quantile`) and Prometheus'
 ``histogram_quantile`` over the same interval (cumulative buckets at ``t_b``
 minus those at ``t_a``, via ``offset``) must fall in the same bucket or in
 neighbouring ones.
@@ -32,13 +32,13 @@ import aiohttp
 import pytest
 from prometheus_client import CollectorRegistry
 
-from app.scrape.bridge import Bridge
-from app.scrape.run import HttpFetcher
-from app.scrape.sd import parse_groups
-from app.sim import scenario as sc
-from app.sim.exposition import VLLM_E2E
-from app.sim.fleet import Fleet, Listening
-from app.sim.metrics_fleet import MetricsReporter, SelfTraffic, file_sd
+from tailguard.scrape.bridge import Bridge
+from tailguard.scrape.run import HttpFetcher
+from tailguard.scrape.sd import parse_groups
+from tailguard.sim import scenario as sc
+from tailguard.sim.exposition import VLLM_E2E
+from tailguard.sim.fleet import Fleet, Listening
+from tailguard.sim.metrics_fleet import MetricsReporter, SelfTraffic, file_sd
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -139,7 +139,7 @@ def bucket(v: float) -> int:
 
 
 async def test_p50_and_p99_agree_with_prometheus_histogram_quantile_within_one_bucket(tmp_path: Path) -> None:
-    from app.core.hist_window import bucket_quantile
+    from tailguard.core.window.hist_window import bucket_quantile
 
     scenario = sc.loads(SCENARIO, source="agreement.toml")
     reporter = MetricsReporter(scenario, "vllm")

@@ -1,7 +1,7 @@
 """No code in the servers, end to end: 8 simulated vLLM servers → `tailguard scrape` → Kafka → worker → Redis.
 
 The fleet runs in the test's event loop: 8 nodes serving ``/metrics`` as vLLM
-does (:mod:`app.sim.metrics_fleet`), each serving its own requests at 30/s.
+does (:mod:`tailguard.sim.metrics_fleet`), each serving its own requests at 30/s.
 ``tailguard scrape`` (a subprocess) polls them every second from a
 ``file_sd`` file the fleet writes; ``tailguard worker`` (a subprocess, 1 s ticks)
 judges the histogram events. Nothing in the fleet talks to Kafka. Checked:
@@ -25,9 +25,9 @@ from typing import Any
 import pytest
 from worker_harness import ROOT, Worker, WorkerEnv, health_events, routing, wait_for
 
-from app.sim import scenario as sc
-from app.sim.fleet import Fleet, Listening
-from app.sim.metrics_fleet import MetricsReporter, SelfTraffic, file_sd
+from tailguard.sim import scenario as sc
+from tailguard.sim.fleet import Fleet, Listening
+from tailguard.sim.metrics_fleet import MetricsReporter, SelfTraffic, file_sd
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -64,12 +64,12 @@ onset_s = {SILENCE_AT_S}
 
 
 class Scraper:
-    """`python -m app.cli scrape` with the test's settings, its output in a log file."""
+    """`python -m tailguard.cli scrape` with the test's settings, its output in a log file."""
 
     def __init__(self, env: dict[str, str], log_path: Path) -> None:
         self.log_path = log_path
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen([sys.executable, "-m", "app.cli", "scrape"], cwd=ROOT, env=env,
+        self.proc = subprocess.Popen([sys.executable, "-m", "tailguard.cli", "scrape"], cwd=ROOT, env=env,
                                      stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
     def tail(self, n: int = 30) -> str:
