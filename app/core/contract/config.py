@@ -102,6 +102,10 @@ class DetectorSettings:
     # samples and heartbeats of further new pairs are dropped (counted, logged once per tick).
     # A pair over the limit is admitted at a later tick when it reports again. 0 = no limit.
     max_new_pairs_per_tick: int = field(default=1000, metadata={"lo": 0, "hi": 100_000_000})
+    # Floods of model names: the models stage 1 keeps windows of, and stage 2 judges, at most;
+    # the samples and summaries of further models are dropped (counted, logged once per
+    # tick) until a model is forgotten (forget_after_s). 0 = no limit.
+    max_models: int = field(default=1000, metadata={"lo": 0, "hi": 100_000_000})
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

@@ -324,6 +324,9 @@ class ModelTick:
     # the caller did not compute them or no sample was judged.
     fleet_latency_p50_us: float | None = None
     fleet_latency_p99_us: float | None = None
+    # Stage 2 forgot the model (no pair left, no summary for forget_after_s): its routing
+    # state is removed (no statuses, no routing; the writer deletes its keys).
+    forgotten: bool = False
 
 
 @dataclass(frozen=True, slots=True)

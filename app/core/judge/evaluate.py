@@ -40,6 +40,7 @@ from tailguard.core.contract.types import (
 from tailguard.core.judge import health, liveness
 from tailguard.core.judge.admission import AdmissionNorms, admission_norms, admitting, judge_admission
 from tailguard.core.judge.baseline import baseline_limits, baseline_shift, fold_baseline, follow_signal
+from tailguard.core.judge.fleet_slow import fleet_slow
 from tailguard.core.judge.guards import eject_within_cap, error_storm, load_event
 from tailguard.core.judge.health import Judgement, PairState, Verdict
 from tailguard.core.judge.hist_rules import HIST_SIGNAL, HistJudge
@@ -219,6 +220,9 @@ class FleetEvaluator:
                     else _Verdicts(*hist.judge_peers(ms.pairs, peers, errors.judgements)))
         if errors.judgements:
             self._judge_thin_failing(ms, peers, errors, verdicts)
+        # Before the baselines fold this tick in: each node against where it was.
+        slow_ev = fleet_slow(model, ms, by_node, signal, now_s, st,
+                             len(peers) <= OWN_HISTORY_MAX_PEERS)
         load, load_ev = load_event(model, ms, verdicts.abnormal, len(peers), now_s,
                                    norms.fleet_p50, signal, st)
         if load:   # nobody is ejected and no streak moves while it lasts
@@ -235,7 +239,8 @@ class FleetEvaluator:
         # 2-significant-digit grid: it needs no precision, and the hint changes less often.
         ms.tail_ref = (float(f"{norms.fleet_p99 * FRESH_TAIL_MARGIN:.2g}")
                        if norms.enough_peers and not norms.multi_class and norms.fleet_p99 else None)
-        fleet_events = live.fleet_events + [e for e in (load_ev, storm_ev, shift_ev) if e is not None]
+        fleet_events = live.fleet_events + [e for e in (load_ev, storm_ev, shift_ev, slow_ev)
+                                            if e is not None]
 
         adm = admission_norms(ms, peers, by_node, norms, signal, now_s, st)
         self._judge_probes(ms, by_node, norms, errors, now_s, verdicts.judgements, own_p50, signal,

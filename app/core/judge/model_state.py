@@ -35,7 +35,7 @@ from tailguard.core.judge.health import PairState
 from tailguard.core.judge.liveness import Liveness
 from tailguard.core.judge.own_history import OwnBaselines
 
-SNAPSHOT_VERSION: Final = 2
+SNAPSHOT_VERSION: Final = 3
 
 _HEALTHY, _WARMING = HealthState.HEALTHY, HealthState.WARMING
 
@@ -201,6 +201,10 @@ class ModelState:
     # The threshold stage 1 counts fresh samples above (rules.judge_fresh_tail): the peers'
     # P99 with a margin, in the signal's units; None without one (few peers, several classes).
     tail_ref: float | None = None
+    # An open fleet_slow episode (tailguard.core.fleet_slow): node -> its reference P50 frozen at
+    # the opening, in the units of fleet_slow_signal; empty when none is open.
+    fleet_slow: dict[str, float] = field(default_factory=dict)
+    fleet_slow_signal: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.pairs, PairTable):
@@ -229,7 +233,9 @@ class ModelState:
                 "rate_per_s": dict(sorted(self.rate_per_s.items())),
                 "retired_seen": dict(sorted(self.retired_seen.items())),
                 "counts": {n: list(c) for n, c in sorted(self.counts.items())},
-                "live": self.live.to_dict(), "own": self.own.to_dict(), "tail_ref": self.tail_ref}
+                "live": self.live.to_dict(), "own": self.own.to_dict(), "tail_ref": self.tail_ref,
+                "fleet_slow": dict(sorted(self.fleet_slow.items())),
+                "fleet_slow_signal": self.fleet_slow_signal}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelState:
@@ -249,7 +255,9 @@ class ModelState:
                 retired_seen={str(k): float(v) for k, v in d["retired_seen"].items()},
                 counts={str(k): _counts(v) for k, v in d["counts"].items()},
                 live=Liveness.from_dict(d["live"]), own=OwnBaselines.from_dict(d["own"]),
-                tail_ref=None if d["tail_ref"] is None else float(d["tail_ref"]))
+                tail_ref=None if d["tail_ref"] is None else float(d["tail_ref"]),
+                fleet_slow={str(k): float(v) for k, v in d["fleet_slow"].items()},
+                fleet_slow_signal=d["fleet_slow_signal"])
         except KeyError as e:
             raise ValueError(f"model state snapshot (version {SNAPSHOT_VERSION}) lacks the "
                              f"field {e.args[0]!r}; cannot restore") from None
