@@ -34,8 +34,9 @@ from app.core.health import PairState
 from app.core.liveness import Liveness
 from app.core.own_history import OwnBaselines
 from app.core.types import HealthState
+from app.core.weights import WeightState
 
-SNAPSHOT_VERSION: Final = 2
+SNAPSHOT_VERSION: Final = 3
 
 _HEALTHY, _WARMING = HealthState.HEALTHY, HealthState.WARMING
 
@@ -201,6 +202,8 @@ class ModelState:
     # The threshold stage 1 counts fresh samples above (rules.judge_fresh_tail): the peers'
     # P99 with a margin, in the signal's units; None without one (few peers, several classes).
     tail_ref: float | None = None
+    # Routing weights of routed nodes slower than their peers (app.core.weights).
+    weights: WeightState = field(default_factory=WeightState)
 
     def __post_init__(self) -> None:
         if not isinstance(self.pairs, PairTable):
@@ -229,7 +232,8 @@ class ModelState:
                 "rate_per_s": dict(sorted(self.rate_per_s.items())),
                 "retired_seen": dict(sorted(self.retired_seen.items())),
                 "counts": {n: list(c) for n, c in sorted(self.counts.items())},
-                "live": self.live.to_dict(), "own": self.own.to_dict(), "tail_ref": self.tail_ref}
+                "live": self.live.to_dict(), "own": self.own.to_dict(), "tail_ref": self.tail_ref,
+                "weights": self.weights.to_dict()}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelState:
@@ -249,11 +253,12 @@ class ModelState:
                 retired_seen={str(k): float(v) for k, v in d["retired_seen"].items()},
                 counts={str(k): _counts(v) for k, v in d["counts"].items()},
                 live=Liveness.from_dict(d["live"]), own=OwnBaselines.from_dict(d["own"]),
-                tail_ref=None if d["tail_ref"] is None else float(d["tail_ref"]))
+                tail_ref=None if d["tail_ref"] is None else float(d["tail_ref"]),
+                weights=WeightState.from_dict(d["weights"]))
         except KeyError as e:
             raise ValueError(f"model state snapshot (version {SNAPSHOT_VERSION}) lacks the "
                              f"field {e.args[0]!r}; cannot restore") from None
-        except (TypeError, AttributeError, IndexError) as e:
+        except (TypeError, AttributeError, IndexError, ValueError) as e:
             raise ValueError(f"model state snapshot (version {SNAPSHOT_VERSION}) is malformed "
                              f"({e}); cannot restore") from None
 

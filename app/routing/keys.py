@@ -3,10 +3,11 @@
 Owns the names of every key and channel (:class:`Keys`; ``P`` = the key prefix, default
 ``tailguard``, ``<m>`` = the encoded model name): ``P:routing:<m>``, ``P:held-out:<m>``,
 ``P:routing:<m>:version``, ``P:quarantine:<m>``, ``P:nodes:<m>``, ``P:models``,
-``P:routing-shadow:<m>``, ``P:history:<m>``, ``P:events:<m>``, ``P:overrides``, ``P:mode``
-and the channel ``P:routing:changes``; what each holds is the contract in docs/contracts.md
-("Redis"). Also the values that cross it: :func:`status_json` (a node's status),
-:func:`held_out`, :func:`change_message` / :func:`parse_change_message`.
+``P:routing-shadow:<m>``, ``P:history:<m>``, ``P:events:<m>``, ``P:weights:<m>``,
+``P:overrides``, ``P:mode`` and the channel ``P:routing:changes``; what each holds is the
+contract in docs/contracts.md ("Redis"). Also the values that cross it: :func:`status_json`
+(a node's status), :func:`held_out`, :func:`weight_fields` / :func:`parse_weight` (the weights
+hash), :func:`change_message` / :func:`parse_change_message`.
 
 Guarantees:
 
@@ -104,6 +105,9 @@ class Keys:
     def events(self, model: str) -> str:
         return f"{self.prefix}:events:{encode_model(model)}"
 
+    def weights(self, model: str) -> str:
+        return f"{self.prefix}:weights:{encode_model(model)}"
+
     @property
     def overrides(self) -> str:
         return f"{self.prefix}:overrides"
@@ -115,6 +119,37 @@ class Keys:
     @property
     def channel(self) -> str:
         return f"{self.prefix}:routing:changes"
+
+
+def weights_key(prefix: str, model: str) -> str:
+    """``P:weights:<m>``: hash node id → weight in (0, 1) as a decimal string ("0.45"); a
+    routed node with no field has weight 1.0."""
+    return Keys(prefix).weights(model)
+
+
+def weight_text(weight: float) -> str:
+    """A weight as stored in the weights hash: a short decimal string ("0.45", "0.1")."""
+    if not 0.0 < weight <= 1.0:
+        raise ValueError(f"a routing weight must be in (0, 1], got {weight!r}")
+    return f"{weight:.4g}"
+
+
+def weight_fields(weights: Mapping[str, float],
+                  routing: AbstractSet[str]) -> list[tuple[str, str]]:
+    """The (node, weight text) fields of the weights hash: the routed nodes below 1.0, sorted
+    (a node out of routing has no weight)."""
+    return [(n, weight_text(w)) for n, w in sorted(weights.items()) if w < 1.0 and n in routing]
+
+
+def parse_weight(raw: bytes | str | None) -> float | None:
+    """A weights-hash value as a weight in (0, 1], or None when absent or not one."""
+    if raw is None:
+        return None
+    try:
+        w = float(member_text(raw))
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return w if 0.0 < w <= 1.0 else None
 
 
 def status_json(status: NodeStatus, *, updated_ts: float,
@@ -149,6 +184,9 @@ def status_json(status: NodeStatus, *, updated_ts: float,
         "probe_after": num(status.probe_after_ts),
         "updated": updated_ts,
     }
+    if status.weight is not None:
+        d["weight"] = status.weight
+        d["weight_detail"] = status.weight_detail
     if extra:
         d.update(extra)
     return json.dumps(d, separators=(",", ":"), allow_nan=False)

@@ -17,6 +17,9 @@ Guarantees, per model and tick:
   is the core's plus the drained nodes.
 * **Announced once.** A new, changed or ended override publishes one health change; expired
   ones are returned in :attr:`EdgeOutput.expired` for the caller to delete.
+* **Weights.** The core's routing weights are written (``P:weights:<m>``) only when
+  ``TAILGUARD_WEIGHTS=enforce`` and the model's mode is ``enforce``; a pinned node is at full
+  weight, a drained one has none. Otherwise the weights hash is emptied.
 * **History.** Each node's last ``history_len`` ticks go to ``P:history:<m>``.
 """
 
@@ -169,10 +172,19 @@ class OperatorEdge:
                           history={n: "[" + ",".join(j for _, j in h) + "]"
                                    for n, h in history.items()},
                           events=tuple(page_events),
-                          held_out=held_out(tick.statuses, routing) | (drained - routing)),
+                          held_out=held_out(tick.statuses, routing) | (drained - routing),
+                          weights=self._written_weights(tick, enforced, routing, pinned)),
             health_events=tuple(events), mode=mode, expired=expired, overrides=active)
 
     # --- internals -----------------------------------------------------------
+    def _written_weights(self, tick: ModelTick, enforced: bool, routing: frozenset[str],
+                         pinned: set[str]) -> dict[str, float]:
+        """The weights load balancers read: the core's, in enforce mode only (weights and
+        model), for the nodes routed and not pinned."""
+        if not (enforced and self.settings.weights == "enforce"):
+            return {}
+        return {n: w for n, w in tick.weights.items() if n in routing and n not in pinned}
+
     @staticmethod
     def _event(t: Transition, enforced: bool) -> dict[str, Any]:
         d = t.to_event()
