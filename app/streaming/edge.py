@@ -20,6 +20,8 @@ Guarantees, per model and tick:
 * **Weights.** The core's routing weights are written (``P:weights:<m>``) only when
   ``TAILGUARD_WEIGHTS=enforce`` and the model's mode is ``enforce``; a pinned node is at full
   weight, a drained one has none. Otherwise the weights hash is emptied.
+  Weight changes are published either way as ``weight`` events, rate-limited
+  (:mod:`app.streaming.weight_events`), ``enforced`` when written.
 * **History.** Each node's last ``history_len`` ticks go to ``P:history:<m>``.
 """
 
@@ -39,6 +41,7 @@ from app.routing.apply_script import Extras
 from app.routing.keys import held_out
 from app.routing.operators import OperatorState, Override
 from app.streaming.tickstats import Counts, rule_stats, sig4, stats_dict
+from app.streaming.weight_events import WeightAnnouncer
 
 log = logging.getLogger(__name__)
 
@@ -101,11 +104,13 @@ class OperatorEdge:
         self._history: dict[str, dict[str, collections.deque[tuple[tuple[Any, ...], str]]]] = {}
         self._counts: dict[str, Counts] = {}
         self._holding: dict[str, set[str]] = {}
+        self._weights = WeightAnnouncer()
 
     def forget_model(self, model: str) -> None:
         """Another worker owns the model now."""
         for d in (self._announced, self._history, self._counts, self._holding):
             d.pop(model, None)
+        self._weights.forget_model(model)
 
     def apply(self, inp: EdgeInput, ops: OperatorState, now_s: float) -> EdgeOutput:
         tick = inp.tick
@@ -141,8 +146,11 @@ class OperatorEdge:
         if not shadow and known:
             shadow = tick.routing | pinned
 
+        written = self._written_weights(tick, enforced, routing, pinned)
         events = [self._event(t, enforced) for t in inp.transitions]
         events += self._announce(model, active, statuses, routing, refused, now_s)
+        events += self._weights.events(tick, routing, written,
+                                       enforced and self.settings.weights == "enforce", now_s)
         for f in tick.fleet_events:
             holding = self._holding.setdefault(model, set())
             if f.kind in HOLDING_EVENTS:
@@ -173,7 +181,7 @@ class OperatorEdge:
                                    for n, h in history.items()},
                           events=tuple(page_events),
                           held_out=held_out(tick.statuses, routing) | (drained - routing),
-                          weights=self._written_weights(tick, enforced, routing, pinned)),
+                          weights=written),
             health_events=tuple(events), mode=mode, expired=expired, overrides=active)
 
     # --- internals -----------------------------------------------------------
