@@ -3,10 +3,13 @@ rate-limited weight events (app.streaming.edge, app.streaming.weight_events)."""
 
 from __future__ import annotations
 
+from prometheus_client import CollectorRegistry
+
 from app.core.config import DetectorSettings
 from app.core.types import HealthState, ModelTick, NodeStatus, WeightChange, WeightEvidence
 from app.routing.operators import OperatorState, Override
 from app.streaming.edge import EdgeInput, EdgeOutput, OperatorEdge
+from app.streaming.metrics import WorkerMetrics
 from app.streaming.weight_events import WeightAnnouncer
 
 S = DetectorSettings(min_samples=10, min_peers=3)
@@ -73,3 +76,21 @@ def test_weight_events_are_rate_limited_and_the_last_weight_is_always_announced(
     assert ann.events(tick({}, 120.0, routed=("a", "c", "d")), frozenset("acd"), {}, True,
                       120.0) == []
     assert events(130.0, {}) == []
+
+
+def test_the_weight_gauge_follows_routed_nodes() -> None:
+    m = WorkerMetrics(CollectorRegistry())
+
+    def value(node: str) -> float | None:
+        return m.registry.get_sample_value("tailguard_node_weight", {"model": "m", "node": node})
+
+    m.set_weights("m", {"b": 0.45}, frozenset(NODES))
+    assert value("b") == 0.45 and value("a") is None
+    assert m.registry.get_sample_value("tailguard_weighted_nodes", {"model": "m"}) == 1
+    m.set_weights("m", {}, frozenset(NODES))
+    assert value("b") == 1.0                                   # back at full weight
+    m.set_weights("m", {}, frozenset("acd"))
+    assert value("b") is None                                  # out of routing: no series
+    m.set_weights("m", {"c": 0.5}, frozenset(NODES))
+    m.forget_model("m")
+    assert value("c") is None
