@@ -1,10 +1,11 @@
 """``tailguard status [--model M] [--json]`` — the per-model table of nodes, read from Redis.
 
 Reads the ``P:models`` SET and, per model, in one ``MULTI``/``EXEC``: the
-version, the routing SET, the quarantine ZSET and the ``P:nodes:<m>`` HASH
-(keys of :mod:`app.routing.keys`). The ``routed`` column is membership of the
-routing SET — what load balancers actually use — not the status JSON's own
-flag. The ``p99/p50`` column is the ratio of the raw latency columns next to it
+version, the routing SET, the quarantine ZSET, the ``P:nodes:<m>`` HASH and the
+``P:weights:<m>`` HASH (keys of :mod:`app.routing.keys`). The ``routed`` column is
+membership of the routing SET — what load balancers actually use — not the status
+JSON's own flag, with the node's weight when below 1.0 (``yes (weight 0.45)``, from
+the weights hash). The ``p99/p50`` column is the ratio of the raw latency columns next to it
 (computed from ``p99_us``/``p50_us``, so it is right for statuses written by any
 version). A node under an operator override shows it in ``routed`` (``drained``,
 ``pinned``) and ``reason`` (who, why, until when); a node kept in routing only
@@ -28,7 +29,7 @@ import redis.asyncio as aioredis
 
 from app.core.types import p99_p50_ratio
 from app.routing.client import call_redis
-from app.routing.keys import Keys, member_text
+from app.routing.keys import Keys, member_text, parse_weight
 from app.settings import load
 from app.text import printable
 
@@ -42,6 +43,7 @@ class ModelStatus:
     routing: frozenset[str]
     quarantine: dict[str, float] = field(default_factory=dict)
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    weights: dict[str, float] = field(default_factory=dict)   # routed nodes below 1.0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -49,6 +51,7 @@ class ModelStatus:
             "version": self.version,
             "routing": sorted(self.routing),
             "quarantine": dict(sorted(self.quarantine.items())),
+            "weights": dict(sorted(self.weights.items())),
             "nodes": {
                 n: {**self.nodes.get(n, {}), "in_routing_set": n in self.routing}
                 for n in self.all_nodes()
@@ -81,13 +84,16 @@ async def read_status(
             pipe.smembers(keys.routing(m))
             pipe.zrange(keys.quarantine(m), 0, -1, withscores=True)
             pipe.hgetall(keys.nodes(m))
-            raw_version, raw_routing, raw_quarantine, raw_nodes = await pipe.execute()
+            pipe.hgetall(keys.weights(m))
+            raw_version, raw_routing, raw_quarantine, raw_nodes, raw_weights = await pipe.execute()
         out.append(ModelStatus(
             model=m,
             version=int(raw_version) if raw_version is not None else None,
             routing=frozenset(member_text(n) for n in raw_routing),
             quarantine={member_text(n): float(s) for n, s in raw_quarantine},
             nodes={member_text(n): _status_obj(v) for n, v in raw_nodes.items()},
+            weights={member_text(n): w for n, v in raw_weights.items()
+                     if (w := parse_weight(v)) is not None},
         ))
     return out
 
@@ -155,6 +161,8 @@ def format_table(statuses: list[ModelStatus], now_s: float,
                 reason += f"; {_override_text(override, now_s)}"
             elif st.get("mode") == "observe" and st.get("routed_by_rules") is False:
                 routed += " (observe)"
+            elif n in ms.routing and n in ms.weights:
+                routed += f" (weight {ms.weights[n]:g})"
             rows.append((
                 printable(n),
                 str(st.get("state", "?")),

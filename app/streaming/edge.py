@@ -259,6 +259,7 @@ class OperatorEdge:
                 "samples": s.samples, "stats": stats_dict(stats[node]) if node in stats else {},
                 "guards": guards, "probe_after": s.probe_after_ts,
                 "lat": [sig4(s.latency_p50_us), sig4(s.latency_p99_us)], "mode": mode,
+                "weight": s.weight,
             }
             q = hist.get(node)
             if q is None:

@@ -14,7 +14,9 @@ import redis.asyncio as aioredis
 from app.core.types import HealthState, ModelTick, NodeStatus
 from app.routing.apply_script import Extras
 from app.routing.client import connect
+from app.routing.explain import read_explain
 from app.routing.keys import Keys, weights_key
+from app.routing.status import read_status
 from app.routing.writer import RoutingWriter
 
 pytestmark = pytest.mark.integration
@@ -48,6 +50,11 @@ async def test_weights_are_written_with_the_routing_set_and_bump_the_version(
         assert await hash_of(client, weights_key(prefix, MODEL)) == {"b": "0.45"}
         nodes = await client.hgetall(k.nodes(MODEL))
         assert json.loads(nodes[b"b"])["weight"] == 0.45
+        # tailguard status and explain read what load balancers read.
+        (ms,) = await read_status(client, prefix)
+        assert ms.weights == {"b": 0.45} and ms.version == v1
+        (ex,) = await read_explain(client, prefix, "b")
+        assert ex.written_weight == 0.45 and ex.status["weight"] == 0.45
         # The same weights again: nothing changes, no new version.
         assert await w.apply(tick({"a", "b", "c"}, {"b": 0.45}))
         assert w.last_results[MODEL].version == v1 and not w.last_results[MODEL].changed

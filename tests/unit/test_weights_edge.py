@@ -7,7 +7,9 @@ from prometheus_client import CollectorRegistry
 
 from app.core.config import DetectorSettings
 from app.core.types import HealthState, ModelTick, NodeStatus, WeightChange, WeightEvidence
+from app.routing.explain import NodeExplain, render_explain
 from app.routing.operators import OperatorState, Override
+from app.routing.status import ModelStatus, format_table
 from app.streaming.edge import EdgeInput, EdgeOutput, OperatorEdge
 from app.streaming.metrics import WorkerMetrics
 from app.streaming.weight_events import WeightAnnouncer
@@ -94,3 +96,32 @@ def test_the_weight_gauge_follows_routed_nodes() -> None:
     m.set_weights("m", {"c": 0.5}, frozenset(NODES))
     m.forget_model("m")
     assert value("c") is None
+
+
+def test_explain_shows_the_weight_why_and_what_load_balancers_read() -> None:
+    now = 1_764_680_000.0
+    status = {"state": "healthy", "routed": True, "since": now - 60, "reason": "admitted",
+              "signal": "latency", "mode": "enforce", "weight": 0.45,
+              "weight_detail": EVIDENCE.text() + "; last targets 0.45, 0.45, 0.45"}
+    hist = [{"ts": now - 30, "state": "healthy", "routed": True, "streak": 0, "stats": {},
+             "guards": [], "weight": 0.45}]
+    text = render_explain([NodeExplain("b", "m", status, hist, in_routing=True,
+                                       written_weight=0.45)], now)
+    assert "routing weight: 0.45 (P50 1.60x its 4 peers' (latency)" in text
+    assert "load balancers read" not in text
+    assert "weight" in text.splitlines()[-2] and "0.45" in text.splitlines()[-1]
+    observed = render_explain([NodeExplain("b", "m", status, hist, in_routing=True)], now)
+    assert "load balancers read 1 (TAILGUARD_WEIGHTS=observe" in observed
+    full = dict(status, weight=1.0, weight_detail=None)
+    assert "routing weight" not in render_explain([NodeExplain("b", "m", full, hist, True)], now)
+
+
+def test_status_shows_the_weight_load_balancers_read() -> None:
+    ms = ModelStatus(model="m", version=3, routing=frozenset({"a", "b"}),
+                     nodes={"a": {"state": "healthy"}, "b": {"state": "healthy"},
+                            "c": {"state": "quarantined"}},
+                     weights={"b": 0.45, "c": 0.5})       # c: out of routing, not shown
+    rows = {line.split()[0]: line for line in format_table([ms], 100.0).splitlines()[2:]}
+    assert "yes (weight 0.45)" in rows["b"] and "weight" not in rows["a"]
+    assert "weight" not in rows["c"]
+    assert ms.to_dict()["weights"] == {"b": 0.45, "c": 0.5}
