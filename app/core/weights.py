@@ -28,12 +28,14 @@ Rationale (the mapping, the band, the defaults): docs/rules.md ("Routing weights
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Set
+from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
+
 from app.core.config import DetectorSettings
-from app.core.peers import Norms, PeerSet, hw_class, median_sorted
+from app.core.peers import Norms, PeerSet, hw_class
 from app.core.types import NodeStatus, WeightChange, WeightEvidence
 
 # Target weight = (peers' reference x band / node's P50) ** WEIGHT_EXPONENT: a node k times
@@ -53,6 +55,7 @@ MAD_SIGMA = 1.4826
 # of sqrt(pi/2) x sigma / sqrt(n).
 Z99 = 2.3263
 MEDIAN_SE = math.sqrt(math.pi / 2.0)
+_FLOOR_FACTOR = math.exp(BAND_FLOOR)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,10 +125,20 @@ def target_weight(value: float, ref: float, band: float, min_weight: float) -> f
     return quantize((edge / value) ** WEIGHT_EXPONENT, min_weight)
 
 
-def log_spread(logs: list[float]) -> float:
-    """Robust standard deviation (``MAD_SIGMA x MAD``) of sorted ``logs``."""
-    mid = median_sorted(logs)
-    return MAD_SIGMA * median_sorted(sorted(abs(x - mid) for x in logs))
+def log_spread(values: Sequence[float]) -> float:
+    """Robust standard deviation (``MAD_SIGMA x MAD``) of the logs of positive ``values``."""
+    n = len(values)
+    if n >= 256:                        # numpy's sort beats Python's from here on
+        a = np.log(np.asarray(values, dtype=np.float64))
+        return MAD_SIGMA * float(np.median(np.abs(a - np.median(a))))
+    # log is monotonic: the median of the logs is the log of the (geometric) median, and
+    # |log v - log m| orders as max(v/m, m/v): two sorts, three logs.
+    s = sorted(values)
+    half = n // 2
+    m = s[half] if n % 2 else math.sqrt(s[half - 1] * s[half])
+    d = sorted([v / m if v >= m else m / v for v in values])
+    mad = math.log(d[half]) if n % 2 else 0.5 * (math.log(d[half - 1]) + math.log(d[half]))
+    return MAD_SIGMA * mad
 
 
 def noise_band(spread: float, ratio: float, samples: int) -> float:
@@ -145,28 +158,41 @@ def targets(peers: PeerSet, norms: Norms, st: DetectorSettings,
     peers gets none (no evidence: its weight is held)."""
     if not norms.enough_peers or not peers.nodes:
         return {}
-    classes: dict[str, list[int]] = {}
-    for i, s in enumerate(peers.summaries):
-        classes.setdefault(hw_class(s.hardware) if norms.multi_class else "", []).append(i)
+    nodes, sums, p50s = peers.nodes, peers.summaries, peers.p50s
+    groups: list[Sequence[int]]
+    if norms.multi_class:
+        classes: dict[str, list[int]] = {}
+        for i, s in enumerate(sums):
+            classes.setdefault(hw_class(s.hardware), []).append(i)
+        groups = list(classes.values())
+    else:
+        groups = [range(len(nodes))]
+    # The peers in ``want`` (few: the nodes with a weight state), by position.
+    wanted = ({i for i, n in enumerate(nodes) if n in want} if want else set())
     out: dict[str, WeightEvidence] = {}
-    p50s, ratios = peers.p50s, peers.ratios
-    for idx in classes.values():
+    for idx in groups:
         if len(idx) < st.min_peers:
             continue
-        ref = norms.p50_ref(peers.summaries[idx[0]].hardware)
+        ref = norms.p50_ref(sums[idx[0]].hardware)
         if ref is None or not ref > 0:
             continue
-        logs = sorted(math.log(p50s[i]) for i in idx)
-        spread = log_spread(logs)
+        # Most ticks no peer is above the smallest band: no spread to compute.
+        lowest_edge = ref * _FLOOR_FACTOR
+        pick = {i for i in idx if p50s[i] > lowest_edge}
+        if wanted:
+            pick |= wanted.intersection(idx)
+        if not pick:
+            continue
+        spread = log_spread(p50s if len(idx) == len(p50s) else [p50s[i] for i in idx])
         floor = ref * math.exp(max(BAND_FLOOR, NOISE_K * spread))
-        for i in idx:
+        for i in sorted(pick):
             p50 = p50s[i]
-            node = peers.nodes[i]
-            if p50 <= floor and node not in want:
+            if p50 <= floor and i not in wanted:
                 continue                    # within the noise whatever its own: target 1.0
-            s = peers.summaries[i]
-            band = floor / ref if p50 <= floor else noise_band(spread, ratios[i], s.samples)
-            out[node] = WeightEvidence(
+            s = sums[i]
+            band = floor / ref if p50 <= floor else noise_band(spread, peers.ratios[i],
+                                                               s.samples)
+            out[nodes[i]] = WeightEvidence(
                 signal=s.signal, value=p50, ref=ref, band=band,
                 target=target_weight(p50, ref, band, st.min_weight), samples=s.samples,
                 peers=len(idx))
