@@ -2,7 +2,8 @@
 
 Owns :class:`PairState` (a small frozen dataclass) and every rule that moves it between the
 :class:`~app.core.types.HealthState` values: :func:`first_seen`, :func:`step` (one tick's
-:class:`Judgement`), :func:`eject` / :func:`keep_in`, :func:`diagnostics`, :func:`go_silent`,
+:class:`Judgement`), :func:`eject` / :func:`keep_in`, :func:`diagnostics` (and which results count:
+:func:`diagnostics_refusal`), :func:`go_silent`,
 :func:`come_back` and :func:`restart`. The states, their transitions and admission by
 evidence are drawn in docs/rules.md ("States", "Admission").
 
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.core.config import DetectorSettings
-from app.core.types import HealthState, Reason, Transition, utc_text
+from app.core.types import DiagnosticsRequest, HealthState, Reason, Transition, utc_text
 
 ROUTED_STATES = frozenset({HealthState.WARMING, HealthState.HEALTHY, HealthState.SUSPECT})
 
@@ -332,6 +333,38 @@ def keep_in(state: PairState, now_s: float, detail: str) -> tuple[PairState, Tra
     new = dataclasses.replace(state, state=HealthState.UNHEALTHY, since_ts=now_s,
                               reason=str(Reason.EJECTION_CAP), routed=True)
     return new, _transition(state, new, now_s, state.evidence, detail=detail)
+
+
+def episode_request_id(state: PairState) -> str | None:
+    """The ``request_id`` of the diagnostics request of the pair's current quarantine episode.
+
+    The request is made at ejection (``quarantined_at``, kept until re-admission or a
+    restart), so the id is recomputed from the state: None while no episode is open.
+    """
+    if state.quarantined_at is None:
+        return None
+    return DiagnosticsRequest(ts=state.quarantined_at, node_id=state.node_id, model=state.model,
+                              reason="").request_id
+
+
+def diagnostics_refusal(state: PairState | None, request_id: str | None,
+                        arrived_ts: float | None) -> str | None:
+    """Why a diagnostics result does not count for ``state`` (None: it counts).
+
+    A result counts only if it answers the current episode's request (``request_id``)
+    and arrived (``arrived_ts``, when known) no earlier than that request was made:
+    ``no_episode`` (unknown pair, or none open), ``no_request_id``, ``wrong_request`` (an
+    earlier episode's, or forged), ``before_request``.
+    """
+    if state is None or state.quarantined_at is None:
+        return "no_episode"
+    if request_id is None:
+        return "no_request_id"
+    if request_id != episode_request_id(state):
+        return "wrong_request"
+    if arrived_ts is not None and arrived_ts < state.quarantined_at:
+        return "before_request"
+    return None
 
 
 def diagnostics(state: PairState, recoverable: bool,

@@ -128,6 +128,15 @@ class SafeSource:
             self._failed("held-out set", model, e)
             return frozenset()
 
+    async def weights(self, model: str) -> Mapping[str, float]:
+        if not await self._ready(model):
+            return {}
+        try:
+            return await self._inner.weights(model)
+        except Exception as e:  # as in get(): unknown weights are 1.0
+            self._failed("weights", model, e)
+            return {}
+
 
 def add_routing_args(parser: argparse.ArgumentParser) -> None:
     """``--redis-url``, ``--key-prefix``, ``--poll-interval-s`` (defaults from the environment)."""

@@ -3,8 +3,10 @@
 ::
 
     RoutingError                 base of everything this package raises on purpose
-    └── RoutingUnavailable       Redis could not be read and there is no last-known
-                                 routing set to serve instead (reader's first load)
+    ├── RoutingUnavailable       Redis could not be read and there is no last-known
+    │                            routing set to serve instead (reader's first load)
+    └── WrongKeyType             a key of tailguard's layout holds another Redis type
+                                 (something else wrote it): names the key and both types
 
 Bad arguments raise the built-in ``ValueError``/``TypeError``. The writer never
 raises for Redis failures: it keeps the latest desired state, retries, and
@@ -26,4 +28,16 @@ class RoutingUnavailable(RoutingError):
         super().__init__(
             f"cannot read the routing set of model {model!r} from Redis ({cause}); "
             "no last-known set to serve — check that Redis is up and TAILGUARD_REDIS_URL points at it"
+        )
+
+
+class WrongKeyType(RoutingError):
+    """``key`` holds a Redis ``found`` type where tailguard's layout has an ``expected`` one."""
+
+    def __init__(self, key: str, expected: str, found: str) -> None:
+        self.key, self.expected, self.found = key, expected, found
+        super().__init__(
+            f"Redis key {key!r} holds a {found}, tailguard expects a {expected} there: "
+            "something else wrote it (another program sharing TAILGUARD_KEY_PREFIX?); "
+            "delete the key or choose another TAILGUARD_KEY_PREFIX"
         )

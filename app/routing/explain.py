@@ -30,8 +30,9 @@ from typing import Any, TextIO, TypeGuard
 import redis.asyncio as aioredis
 
 from app.routing.client import call_redis
-from app.routing.keys import Keys, member_text, parse_weight
+from app.routing.keys import Keys, member_text
 from app.routing.status import _age, _status_obj
+from app.routing.weighted import parse_weight
 from app.settings import load
 from app.text import printable
 
@@ -97,7 +98,8 @@ async def read_explain(redis: aioredis.Redis, key_prefix: str, node: str,
             hist = [h for h in loaded if isinstance(h, dict)] if isinstance(loaded, list) else []
         out.append(NodeExplain(node, m, _status_obj(raw_status) if raw_status is not None else {},
                                hist, bool(routed), bool(shadowed) if has_shadow else None,
-                               None if probe is None else float(probe), parse_weight(raw_weight)))
+                               None if probe is None else float(probe),
+                               None if raw_weight is None else parse_weight(raw_weight)))
     return out
 
 

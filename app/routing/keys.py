@@ -3,11 +3,12 @@
 Owns the names of every key and channel (:class:`Keys`; ``P`` = the key prefix, default
 ``tailguard``, ``<m>`` = the encoded model name): ``P:routing:<m>``, ``P:held-out:<m>``,
 ``P:routing:<m>:version``, ``P:quarantine:<m>``, ``P:nodes:<m>``, ``P:models``,
-``P:routing-shadow:<m>``, ``P:history:<m>``, ``P:events:<m>``, ``P:weights:<m>``,
-``P:overrides``, ``P:mode`` and the channel ``P:routing:changes``; what each holds is the
-contract in docs/contracts.md ("Redis"). Also the values that cross it: :func:`status_json`
-(a node's status), :func:`held_out`, :func:`weight_fields` / :func:`parse_weight` (the weights
-hash), :func:`change_message` / :func:`parse_change_message`.
+``P:routing-shadow:<m>``, ``P:history:<m>``, ``P:events:<m>``, ``P:weights:<m>``
+(:func:`weights_key`), ``P:overrides``, ``P:mode`` and the channel ``P:routing:changes``; what
+each holds is the contract in docs/contracts.md ("Redis"). Also the values that cross it:
+:func:`status_json` (a node's status), :func:`held_out`, :func:`weight_fields` (the weights
+hash; :mod:`app.routing.weighted` reads it), :func:`change_message` /
+:func:`parse_change_message`.
 
 Guarantees:
 
@@ -139,17 +140,6 @@ def weight_fields(weights: Mapping[str, float],
     """The (node, weight text) fields of the weights hash: the routed nodes below 1.0, sorted
     (a node out of routing has no weight)."""
     return [(n, weight_text(w)) for n, w in sorted(weights.items()) if w < 1.0 and n in routing]
-
-
-def parse_weight(raw: bytes | str | None) -> float | None:
-    """A weights-hash value as a weight in (0, 1], or None when absent or not one."""
-    if raw is None:
-        return None
-    try:
-        w = float(member_text(raw))
-    except (ValueError, UnicodeDecodeError):
-        return None
-    return w if 0.0 < w <= 1.0 else None
 
 
 def status_json(status: NodeStatus, *, updated_ts: float,

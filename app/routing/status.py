@@ -9,8 +9,15 @@ the weights hash). The ``p99/p50`` column is the ratio of the raw latency column
 (computed from ``p99_us``/``p50_us``, so it is right for statuses written by any
 version). A node under an operator override shows it in ``routed`` (``drained``,
 ``pinned``) and ``reason`` (who, why, until when); a node kept in routing only
-by observe mode shows ``(observe)``, and the title the model's mode. Exit codes:
-0 shown, 1 Redis unreachable or ``--model`` unknown, 2 bad settings (via ``tailguard``).
+by observe mode shows ``(observe)``, and the title the model's mode.
+
+A key of the wrong Redis type (something else wrote it) blinds only its own model: the
+other models are shown as usual, and the broken one is shown with what its other keys
+hold and marked ``unreadable``, naming the key, the type found and the type expected
+(:class:`KeyProblem`; ``errors`` in ``--json``). "cannot reach Redis" is said only when
+Redis cannot be reached. Exit codes: 0 shown, 1 Redis unreachable, ``P:models`` unreadable
+or ``--model`` unknown, 2 bad settings (via ``tailguard``), 3 shown but some model's key
+is unreadable (:data:`EXIT_UNREADABLE`).
 """
 
 from __future__ import annotations
@@ -26,23 +33,78 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
 
 from app.core.types import p99_p50_ratio
 from app.routing.client import call_redis
-from app.routing.keys import Keys, member_text, parse_weight
+from app.routing.errors import WrongKeyType
+from app.routing.keys import Keys, member_text
+from app.routing.weighted import parse_weights
 from app.settings import load
 from app.text import printable
+
+EXIT_UNREADABLE = 3
+
+
+@dataclass(frozen=True, slots=True)
+class KeyProblem:
+    """One of a model's keys that could not be read: ``found`` is the Redis type it holds
+    (``TYPE``), ``expected`` the type tailguard writes there."""
+
+    key: str
+    expected: str
+    found: str
+
+    def text(self) -> str:
+        return f"key {printable(self.key)} holds a {self.found}, expected a {self.expected}"
+
+    def to_dict(self) -> dict[str, str]:
+        return {"key": self.key, "expected": self.expected, "found": self.found,
+                "message": self.text()}
+
+
+async def key_problem(redis: aioredis.Redis, key: str, expected: str) -> KeyProblem:
+    """The :class:`KeyProblem` of ``key`` after a read of it failed with a Redis error."""
+    found = await redis.type(key)
+    return KeyProblem(key, expected, member_text(found))
+
+
+async def read_checked(redis: aioredis.Redis, reads: list[tuple[str, str, str]],
+                       list_len: int = 20) -> tuple[list[Any], list[KeyProblem]]:
+    """Run ``reads`` — ``(command, key, expected type)`` with command one of ``get``,
+    ``smembers``, ``zrange`` (with scores), ``hgetall``, ``lrange`` (the first ``list_len``) — in one
+    ``MULTI``/``EXEC``. A read that fails on a key of another type gives ``None`` in its
+    place and a :class:`KeyProblem`; the others are returned as usual."""
+    async with redis.pipeline(transaction=True) as pipe:
+        for command, key, _ in reads:
+            if command == "zrange":
+                pipe.zrange(key, 0, -1, withscores=True)
+            elif command == "lrange":
+                pipe.lrange(key, 0, list_len - 1)
+            else:
+                getattr(pipe, command)(key)
+        raw = await pipe.execute(raise_on_error=False)
+    values: list[Any] = []
+    problems: list[KeyProblem] = []
+    for (_, key, expected), got in zip(reads, raw, strict=True):
+        if isinstance(got, ResponseError):
+            problems.append(await key_problem(redis, key, expected))
+            values.append(None)
+        else:
+            values.append(got)
+    return values, problems
 
 
 @dataclass(frozen=True, slots=True)
 class ModelStatus:
-    """What Redis holds for one model."""
+    """What Redis holds for one model; ``errors`` names its keys that could not be read."""
 
     model: str
     version: int | None
     routing: frozenset[str]
     quarantine: dict[str, float] = field(default_factory=dict)
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    errors: tuple[KeyProblem, ...] = ()
     weights: dict[str, float] = field(default_factory=dict)   # routed nodes below 1.0
 
     def to_dict(self) -> dict[str, Any]:
@@ -56,6 +118,7 @@ class ModelStatus:
                 n: {**self.nodes.get(n, {}), "in_routing_set": n in self.routing}
                 for n in self.all_nodes()
             },
+            "errors": [p.to_dict() for p in self.errors],
         }
 
     def all_nodes(self) -> list[str]:
@@ -73,27 +136,42 @@ def _status_obj(raw: bytes | str) -> dict[str, Any]:
 async def read_status(
     redis: aioredis.Redis, key_prefix: str, models: Iterable[str] | None = None
 ) -> list[ModelStatus]:
-    """Every model's status (or just ``models``), sorted by model name."""
+    """Every model's status (or just ``models``), sorted by model name.
+
+    A model's key of the wrong type is in its ``errors``; ``P:models`` of the wrong type
+    raises :class:`~app.routing.errors.WrongKeyType`."""
     keys = Keys(key_prefix)
-    wanted = models if models is not None else await redis.smembers(keys.models)
+    wanted: Iterable[bytes | str]
+    if models is None:
+        try:
+            wanted = await redis.smembers(keys.models)
+        except ResponseError:
+            problem = await key_problem(redis, keys.models, "set")
+            raise WrongKeyType(problem.key, problem.expected, problem.found) from None
+    else:
+        wanted = models
     names = sorted({member_text(m) for m in wanted})
     out: list[ModelStatus] = []
     for m in names:
-        async with redis.pipeline(transaction=True) as pipe:
-            pipe.get(keys.version(m))
-            pipe.smembers(keys.routing(m))
-            pipe.zrange(keys.quarantine(m), 0, -1, withscores=True)
-            pipe.hgetall(keys.nodes(m))
-            pipe.hgetall(keys.weights(m))
-            raw_version, raw_routing, raw_quarantine, raw_nodes, raw_weights = await pipe.execute()
+        (raw_version, raw_routing, raw_quarantine, raw_nodes, raw_weights), problems = await read_checked(
+            redis, [("get", keys.version(m), "string"), ("smembers", keys.routing(m), "set"),
+                    ("zrange", keys.quarantine(m), "zset"), ("hgetall", keys.nodes(m), "hash"),
+                    ("hgetall", keys.weights(m), "hash")])
+        version: int | None = None
+        if raw_version is not None:
+            try:
+                version = int(raw_version)
+            except ValueError:
+                problems.append(KeyProblem(keys.version(m), "string holding an integer",
+                                           "string holding no integer"))
         out.append(ModelStatus(
             model=m,
-            version=int(raw_version) if raw_version is not None else None,
-            routing=frozenset(member_text(n) for n in raw_routing),
-            quarantine={member_text(n): float(s) for n, s in raw_quarantine},
-            nodes={member_text(n): _status_obj(v) for n, v in raw_nodes.items()},
-            weights={member_text(n): w for n, v in raw_weights.items()
-                     if (w := parse_weight(v)) is not None},
+            version=version,
+            routing=frozenset(member_text(n) for n in raw_routing or ()),
+            quarantine={member_text(n): float(s) for n, s in raw_quarantine or ()},
+            nodes={member_text(n): _status_obj(v) for n, v in (raw_nodes or {}).items()},
+            errors=tuple(problems),
+            weights=parse_weights(raw_weights or {})[0],
         ))
     return out
 
@@ -181,13 +259,18 @@ def format_table(statuses: list[ModelStatus], now_s: float,
         modes = {str(st.get("mode")) for st in ms.nodes.values()} & {"observe", "enforce"}
         if modes:
             title += f"  mode {'/'.join(sorted(modes))}"
+        if ms.errors:
+            title += "  UNREADABLE"
         written = [u for st in ms.nodes.values() if isinstance(u := st.get("updated"), int | float)]
         if written:
             age_s = now_s - max(written)
             title += f"  written {_age(age_s)} ago"
             if stale_after_s is not None and age_s > stale_after_s:
                 title += " (stale: is tailguard worker running?)"
-        lines = [title, "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip()]
+        lines = [title]
+        lines += [f"  unreadable: {p.text()} (something else wrote it: delete the key, "
+                  "tailguard worker rewrites it)" for p in ms.errors]
+        lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)).rstrip())
         lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks)
@@ -227,7 +310,10 @@ async def _run(args: argparse.Namespace, out: TextIO, err: TextIO,
               "(tailguard worker writes them each tick)", file=out)
     else:
         print(format_table(statuses, clock(), 3 * settings.detector.tick_interval_s), file=out)
-    return 0
+    problems = [p for s in statuses for p in s.errors]
+    for p in problems:
+        print(f"tailguard status: model shown as unreadable: {p.text()}", file=err)
+    return EXIT_UNREADABLE if problems else 0
 
 
 def main(argv: list[str], *, out: TextIO | None = None, err: TextIO | None = None,

@@ -11,6 +11,9 @@ Guarantees, per model and tick:
 * **Mode.** ``enforce`` writes the core's routing set; ``observe`` keeps every known node in
   it except ``gone`` ones and new ones not admitted yet. Either way the would-be set is
   written as the shadow set ``P:routing-shadow:<m>``.
+* **Diagnostics requests** go out in ``enforce`` only, and in ``observe`` when
+  ``diagnose_in_observe`` (``TAILGUARD_DIAGNOSE_IN_OBSERVE``): the checks (DCGM, a GEMM run)
+  load a node that observe mode keeps serving traffic.
 * **Overrides** (:mod:`app.routing.operators`), after the mode: a drained node leaves the
   routing set, a pinned one stays in; the drain that would empty a model's routing set (the
   one set last) is refused (``drain_refused``), the others stay applied. The held-out set
@@ -89,7 +92,7 @@ class OperatorEdge:
     """Applies mode and overrides to verdicts; keeps what was announced and the history."""
 
     def __init__(self, settings: DetectorSettings, default_mode: str = "enforce", *,
-                 history_len: int = HISTORY_LEN) -> None:
+                 history_len: int = HISTORY_LEN, diagnose_in_observe: bool = False) -> None:
         if default_mode not in ("observe", "enforce"):
             raise ValueError(f"default_mode must be observe or enforce, got {default_mode!r}")
         if history_len < 0:
@@ -97,6 +100,7 @@ class OperatorEdge:
         self.settings = settings
         self.default_mode = default_mode
         self.history_len = history_len
+        self.diagnose_in_observe = diagnose_in_observe
         # model -> node -> (override, refused) as last announced
         self._announced: dict[str, dict[str, tuple[Override, bool]]] = {}
         # Per model and node: the last ticks' entries as JSON (serialized once), each with a
@@ -175,7 +179,8 @@ class OperatorEdge:
         return EdgeOutput(
             # A node in the written routing set is not quarantined for probers and LBs.
             tick=replace(tick, routing=frozenset(routing), quarantine={
-                n: ts for n, ts in tick.quarantine.items() if n not in routing}),
+                n: ts for n, ts in tick.quarantine.items() if n not in routing},
+                diagnostics=tick.diagnostics if enforced or self.diagnose_in_observe else ()),
             extras=Extras(shadow=frozenset(shadow), annotations=annotations,
                           history={n: "[" + ",".join(j for _, j in h) + "]"
                                    for n, h in history.items()},

@@ -17,6 +17,8 @@ Guarantees:
 * **Any producer, no stall.** Every Kafka codec (:func:`missing_codecs`), committed records
   only; a record aiokafka cannot decode is dead-lettered (``undecodable``) and passed.
 * **Allowlist** (optional): nothing is consumed before it is first read.
+* **Only new diagnostics results.** A results partition without a committed offset is read
+  from its end, not from the earliest record (:meth:`IngestService.skip_old_diagnostics`).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import struct
 import time
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -111,8 +113,9 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
     partitions revoked and not assigned again.
     """
 
-    def __init__(self, owner: IngestService) -> None:
+    def __init__(self, owner: IngestService, consumer: Any = None) -> None:
         self.owner = owner
+        self.consumer = consumer
         self.revoked: set[int] = set()
 
     async def on_partitions_revoked(self, revoked: Any) -> None:
@@ -126,6 +129,9 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
         owner = self.owner
+        if self.consumer is not None:
+            await owner.skip_old_diagnostics(self.consumer, [
+                tp for tp in assigned if tp.topic == owner.diagnostics_topic != owner.topic])
         now = {tp.partition for tp in assigned if tp.topic == owner.topic}
         gone, self.revoked = self.revoked - now, set()
         if gone:
@@ -193,9 +199,24 @@ class IngestService(Service):
             **kafka_client_options(self.settings),
         )
         c.subscribe(list(dict.fromkeys([self.topic, self.diagnostics_topic])),
-                    listener=_Listener(self))
+                    listener=_Listener(self, c))
         await c.start()
         self._consumer = c
+
+    async def skip_old_diagnostics(self, c: Any, partitions: Iterable[Any]) -> None:
+        """Start results partitions this group never committed at their end, not the earliest.
+
+        A result written before this group existed answers no request of its (their episodes
+        are over); the end is committed with the next commit, so that results written while
+        the worker is down are read after a restart. A committed offset is kept.
+        """
+        fresh = [tp for tp in partitions if await c.committed(tp) is None]
+        if fresh:
+            await c.seek_to_end(*fresh)
+            for tp in fresh:   # committed with the next commit: a restart resumes there
+                self._next_offsets[tp] = await c.position(tp)
+            log.info("stage 1 reads %s partitions %s from their end (no committed offset)",
+                     self.diagnostics_topic, sorted(tp.partition for tp in fresh))
 
     async def _refresh_allowlist(self) -> bool:
         """Read the allowlist again; on failure keep the last one (a warning). True when read."""
@@ -364,8 +385,10 @@ class IngestService(Service):
         """Validate ``node-diagnostics-results`` records into ``out``; return the bad ones."""
         dead: list[DeadLetter] = []
         for rec in recs:
+            ts_ms = getattr(rec, "timestamp", None)   # when it arrived (stage 2 compares)
+            arrived_ts = ts_ms / 1000.0 if isinstance(ts_ms, int) and ts_ms > 0 else None
             try:
-                out.append(parse_diagnostics_result(rec.value))
+                out.append(parse_diagnostics_result(rec.value, arrived_ts))
             except BadEvent as e:
                 dead.append(DeadLetter.of(rec, e.reason, str(e)))
                 self.metrics.bad_events.labels(topic=rec.topic, reason=e.reason).inc()

@@ -71,6 +71,10 @@ class WorkerMetrics:
                                          "stale, another worker's model, forgotten pair; "
                                          "send_deadline: not sent by stage 1 within its tick "
                                          "budget)", ["reason"], registry=r)
+        self.diagnostics_dropped = Counter("tailguard_diagnostics_dropped", "diagnostics "
+                                           "results that answer no current request, by reason "
+                                           "(no_episode, no_request_id, wrong_request, "
+                                           "before_request): not applied", ["reason"], registry=r)
         self.samples_dropped = Counter("tailguard_samples_dropped", "samples (and heartbeats) "
                                        "stage 1 did not add to a window, by reason "
                                        "(new_pair_limit: a new pair over "

@@ -12,7 +12,8 @@ Routes (bound to 127.0.0.1 like the rest of faust's web server):
   so ids holding markup or control characters show as text.
 * ``/tailguard/status.json`` — :func:`page_data`: what Redis holds for every
   model (:mod:`app.routing.keys`), so any worker shows the whole fleet, not just
-  the models it owns.
+  the models it owns. A model with a key of the wrong type is shown with what its
+  other keys hold and its ``errors`` naming the key (:class:`app.routing.status.KeyProblem`).
 
 The page reads Redis only (what ``tailguard status``/``explain`` read); a
 worker built without a Redis client (tests with an injected writer) answers
@@ -32,7 +33,7 @@ import redis.asyncio as aioredis
 from app.core.peers import median
 from app.routing.keys import Keys, member_text
 from app.routing.operators import read_operator_state
-from app.routing.status import read_status
+from app.routing.status import read_checked, read_status
 
 PAGE_PATH = "/tailguard/"
 DATA_PATH = "/tailguard/status.json"
@@ -68,11 +69,10 @@ async def page_data(redis: aioredis.Redis, key_prefix: str, now_s: float,
     models: list[dict[str, Any]] = []
     for ms in await read_status(redis, key_prefix):
         m = ms.model
-        async with redis.pipeline(transaction=True) as pipe:
-            pipe.hgetall(keys.history(m))
-            pipe.lrange(keys.events(m), 0, EVENTS_SHOWN - 1)
-            pipe.smembers(keys.shadow(m))
-            raw_hist, raw_events, raw_shadow = await pipe.execute()
+        (raw_hist, raw_events, raw_shadow), problems = await read_checked(
+            redis, [("hgetall", keys.history(m), "hash"), ("lrange", keys.events(m), "list"),
+                    ("smembers", keys.shadow(m), "set")], EVENTS_SHOWN)
+        raw_hist, raw_events, raw_shadow = raw_hist or {}, raw_events or [], raw_shadow or set()
         history = {member_text(n): _json_list(v) for n, v in raw_hist.items()}
         routed = [n for n in ms.all_nodes() if n in ms.routing]
         peers = {k: _median([_num(ms.nodes.get(n, {}).get(k)) for n in routed])
@@ -104,7 +104,8 @@ async def page_data(redis: aioredis.Redis, key_prefix: str, now_s: float,
                        "mode": ops.mode_of(m, default_mode),
                        "routing": sorted(ms.routing),
                        "shadow": sorted(member_text(x) for x in raw_shadow),
-                       "peers": peers, "nodes": nodes, "events": events})
+                       "peers": peers, "nodes": nodes, "events": events,
+                       "errors": [p.to_dict() for p in (*ms.errors, *problems)]})
     return {"ts": now_s, "key_prefix": key_prefix, "models": models}
 
 

@@ -211,6 +211,7 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
         autodiscover=False,
         datadir=data_dir_for(settings),
         topic_partitions=settings.topic_partitions,
+        topic_replication_factor=settings.replication_factor or 1,
         key_serializer="raw",
         value_serializer="raw",
         web_enabled=settings.web_port != 0,
@@ -236,7 +237,9 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
 
     evaluator = FleetEvaluator(det)
     stage1 = Stage1(WindowStore(det), det, metrics)
-    stage2 = Stage2(evaluator, state_table, hints=hints_table, stale_after_s=1.5 * tick_s)
+    stage2 = Stage2(evaluator, state_table, hints=hints_table, stale_after_s=1.5 * tick_s,
+                    on_diagnostics_dropped=lambda why: metrics.diagnostics_dropped.labels(
+                        reason=why).inc())
     owns_writer = writer is None
     redis_client: Any = None
     if writer is None:
@@ -249,7 +252,8 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
         if operators is None:
             operators = RedisOperators(redis_client, settings.key_prefix)
     routing: RoutingSink = writer
-    edge = OperatorEdge(det, settings.mode, history_len=settings.history_ticks)
+    edge = OperatorEdge(det, settings.mode, history_len=settings.history_ticks,
+                        diagnose_in_observe=settings.diagnose_in_observe)
     rt = Runtime(settings, metrics, stage1, stage2, evaluator, writer, edge=edge,
                  operators=operators)
     setattr(app, _RUNTIME_ATTR, rt)

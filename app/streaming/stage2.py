@@ -15,6 +15,9 @@ Guarantees (in full: docs/operations.md, "Stage 2's state"):
   retried at the next tick; the verdict is still returned. Large values are packed
   (:func:`pack_value`); one still above ``max_value_bytes`` is counted, not written.
 * **Cluster-wide P50/P99** of the workers' fresh digests, in ``ModelTick``.
+* **Diagnostics that answer the current episode only**: a result counts when its
+  ``request_id`` is the current quarantine episode's request and it arrived after it; the
+  others are dropped, counted by reason (``diagnostics_dropped``) and logged once per reason.
 * **Only owned models**, and **bounded**: one pending summary per (node, model), stale ones
   ignored, every summary left unevaluated counted in ``dropped`` by reason.
 """
@@ -33,6 +36,7 @@ from typing import Any, Protocol, TypeAlias
 import orjson
 
 from app.core.detector import FLEET_QUANTILES
+from app.core.health import diagnostics_refusal
 from app.core.quantiles import digest_quantiles, merge_digests
 from app.core.types import ModelTick, Transition, WindowSummary
 from app.streaming.memory import GIVE_BACK_MIN, give_back
@@ -47,6 +51,15 @@ PLAIN_MAX_BYTES = 64_000
 _PACKED = "zlib_b64"
 
 SeriesKey: TypeAlias = tuple[str, str]
+
+#: Why a diagnostics result was dropped (reason of ``health.diagnostics_refusal`` → log text).
+DROP_TEXT = {
+    "no_episode": "the node is not out of routing for this model (no open quarantine episode)",
+    "no_request_id": "it carries no request_id (an agent older than the request check?)",
+    "wrong_request": "its request_id is not the current episode's request (an earlier "
+                     "episode's result, or forged)",
+    "before_request": "it arrived before the current episode's request was made",
+}
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +187,8 @@ class Stage2:
                  stale_after_s: float, hints: MutableMapping[bytes, Any] | None = None,
                  max_pending_diagnostics: int = 10_000,
                  max_value_bytes: int = MAX_VALUE_BYTES,
-                 plain_max_bytes: int = PLAIN_MAX_BYTES) -> None:
+                 plain_max_bytes: int = PLAIN_MAX_BYTES,
+                 on_diagnostics_dropped: Callable[[str], None] | None = None) -> None:
         if not stale_after_s > 0:
             raise ValueError(f"stale_after_s must be > 0, got {stale_after_s!r}")
         self.evaluator = evaluator
@@ -198,6 +212,10 @@ class Stage2:
         # "forgotten" (of a pair the evaluator dropped or did not take: silent past forget_after_s).
         self.dropped: collections.Counter[str] = collections.Counter()
         self._cluster: dict[str, dict[str, ClusterDigest]] = {}
+        # Diagnostics results that answer no current request (health.diagnostics_refusal), by
+        # reason; each reason is logged once, and reported to ``on_diagnostics_dropped``.
+        self.diagnostics_dropped: collections.Counter[str] = collections.Counter()
+        self.on_diagnostics_dropped = on_diagnostics_dropped
         self._peak_pairs: dict[str, int] = {}    # per model, since its state was last rebuilt
 
     # --- input ---------------------------------------------------------------
@@ -316,6 +334,16 @@ class Stage2:
             peak = pairs
         self._peak_pairs[model] = peak
 
+    def _drop_diagnostics(self, d: DiagnosticsResult, why: str) -> None:
+        self.diagnostics_dropped[why] += 1
+        if self.on_diagnostics_dropped is not None:
+            self.on_diagnostics_dropped(why)
+        if self.diagnostics_dropped[why] == 1:
+            log.warning("dropping a diagnostics result for %r/%r (request %r, recoverable=%s): "
+                        "%s; counted in tailguard_diagnostics_dropped_total{reason=%r}, logged once "
+                        "per reason", d.node_id, d.model, d.request_id, d.recoverable,
+                        DROP_TEXT[why], why)
+
     def _evaluate(self, model: str, now_s: float) -> ModelOutput:
         ev = self.evaluator
         key = state_key(model)
@@ -335,7 +363,11 @@ class Stage2:
             self._restored.add(model)
         diag: list[Transition] = []
         for d in self._diagnostics.pop(model, ()):
-            diag.extend(ev.apply_diagnostics(model, d.node_id, d.recoverable, now_s))
+            why = diagnostics_refusal(ev.pair(model, d.node_id), d.request_id, d.arrived_ts)
+            if why is None:
+                diag.extend(ev.apply_diagnostics(model, d.node_id, d.recoverable, now_s))
+            else:
+                self._drop_diagnostics(d, why)
         horizon = now_s - self.stale_after_s
         pending = self._pending.pop(model, {})
         summaries = [s for s in pending.values() if s.tick_ts >= horizon]

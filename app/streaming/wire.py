@@ -4,7 +4,8 @@ Two kinds, JSON objects told apart by ``"type"``:
 
 * ``{"type": "summary", …WindowSummary.to_dict()}`` — one per (node, model)
   per stage-1 tick;
-* ``{"type": "diagnostics", "node_id", "model", "recoverable", "ts"}`` — a
+* ``{"type": "diagnostics", "node_id", "model", "recoverable", "ts", "request_id",
+  "arrived_ts"}`` — a
   diagnostics result, re-keyed by model so the worker that owns the model's
   state applies it, in order with the summaries;
 * ``{"type": "cluster", "model", "tick_ts", "source", "nodes", "digest"}`` —
@@ -13,7 +14,7 @@ Two kinds, JSON objects told apart by ``"type"``:
   the workers (:class:`ClusterDigest`).
 
 Also validates the public diagnostics-result input
-(``node-diagnostics-results``: ``{"node_id", "model", "recoverable": bool, …}``).
+(``node-diagnostics-results``: ``{"node_id", "model", "recoverable": bool, "request_id", …}``).
 Guarantee: :func:`decode_stage2` and :func:`parse_diagnostics_result` raise
 :class:`~app.core.errors.BadEvent` (never anything else) for bad bytes.
 """
@@ -39,6 +40,8 @@ class DiagnosticsResult:
     model: str
     recoverable: bool
     ts: float | None = None
+    request_id: str | None = None     # the request it answers (stage 2 checks the episode)
+    arrived_ts: float | None = None   # its Kafka record's timestamp on node-diagnostics-results
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +88,8 @@ def encode_cluster(c: ClusterDigest) -> bytes:
 
 def encode_diagnostics(d: DiagnosticsResult) -> bytes:
     return dumps({"type": "diagnostics", "node_id": d.node_id, "model": d.model,
-                  "recoverable": d.recoverable, "ts": d.ts})
+                  "recoverable": d.recoverable, "ts": d.ts, "request_id": d.request_id,
+                  "arrived_ts": d.arrived_ts})
 
 
 def _str(d: dict[str, Any], key: str, reason: str = "bad_diagnostics") -> str:
@@ -97,8 +101,17 @@ def _str(d: dict[str, Any], key: str, reason: str = "bad_diagnostics") -> str:
     return v
 
 
-def parse_diagnostics_result(raw: bytes | str | None) -> DiagnosticsResult:
-    """Validate one ``node-diagnostics-results`` message."""
+def _number(v: Any) -> float | None:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) \
+        else None
+
+
+def parse_diagnostics_result(raw: bytes | str | None,
+                             arrived_ts: float | None = None) -> DiagnosticsResult:
+    """Validate one ``node-diagnostics-results`` message (``arrived_ts``: its record's time).
+
+    ``request_id`` is optional here (stage 2 drops, and counts, a result without it).
+    """
     if raw is None:
         raise BadEvent("empty_message", "message has no value")
     d = loads(raw)
@@ -109,10 +122,9 @@ def parse_diagnostics_result(raw: bytes | str | None) -> DiagnosticsResult:
     if not isinstance(rec, bool):
         raise BadEvent("bad_diagnostics", f"recoverable must be true or false, got {rec!r:.40}",
                        field="recoverable")
-    ts = d.get("ts")
-    return DiagnosticsResult(_str(d, "node_id"), _str(d, "model"), rec,
-                             float(ts) if isinstance(ts, int | float) and not isinstance(ts, bool)
-                             else None)
+    request_id = None if d.get("request_id") is None else _str(d, "request_id")
+    return DiagnosticsResult(_str(d, "node_id"), _str(d, "model"), rec, _number(d.get("ts")),
+                             request_id, arrived_ts)
 
 
 def _cluster(d: dict[str, Any]) -> ClusterDigest:
@@ -142,8 +154,8 @@ def decode_stage2(raw: bytes | str | None) -> WindowSummary | DiagnosticsResult 
     if not isinstance(d, dict):
         raise BadEvent("not_object", "a stage-2 message must be a JSON object")
     kind = d.pop("type", None)
-    if kind == "diagnostics":
-        return parse_diagnostics_result(raw)
+    if kind == "diagnostics":    # with the time stage 1 saw it arrive
+        return parse_diagnostics_result(raw, _number(d.get("arrived_ts")))
     if kind == "cluster":
         return _cluster(d)
     if kind != "summary":

@@ -68,10 +68,15 @@ async def test_slow_node_leaves_routing_and_health_change_is_published(
         # A diagnostics request was published for the node that became unhealthy, keyed by node.
         reqs = await read_topic(kafka_bootstrap, env.topic("diagnostics_requests"))
         assert [(rec.key, json.loads(rec.value)["node_id"]) for rec in reqs] == [(b"slow", "slow")]
-        # Diagnostics say "not recoverable" → retired; a malformed result is dead-lettered.
+        request_id = json.loads(reqs[0].value)["request_id"]
+        # Diagnostics say "not recoverable" → retired; a malformed result is dead-lettered; one
+        # that answers another request (forged, or of an earlier episode) is dropped.
         await produce(kafka_bootstrap, env.topic("diagnostics_results"), [
             (b"slow", b'{"node_id": "slow", "model": "llm", "recoverable": "maybe"}'),
-            (b"slow", b'{"node_id": "slow", "model": "llm", "recoverable": false}')])
+            (b"slow", b'{"node_id": "slow", "model": "llm", "recoverable": false, '
+                      b'"request_id": "0123456789abcdef0123456789abcdef"}'),
+            (b"slow", json.dumps({"node_id": "slow", "model": "llm", "recoverable": False,
+                                  "request_id": request_id}).encode())])
 
         async def retired() -> list[dict[str, object]]:
             return [e for e in await health_events(kafka_bootstrap, env)
@@ -81,6 +86,7 @@ async def test_slow_node_leaves_routing_and_health_change_is_published(
         (dl,) = await read_topic(kafka_bootstrap, env.topic("dead_letter"))
         assert dict(dl.headers)["tailguard.reason"] == b"bad_diagnostics"
         assert await routing(r, env.name, "llm") == {"n0", "n1", "n2", "n3"}
+        assert "its request_id is not the current episode's request" in worker.log()
         assert worker.proc.poll() is None, worker.tail()
 
 

@@ -18,7 +18,7 @@ from app.core.types import WindowSummary
 from app.core.window import WindowStore
 from app.settings import Settings
 from app.streaming.deadletter import DeadLetter
-from app.streaming.ingest import IngestService
+from app.streaming.ingest import IngestService, _Listener
 from app.streaming.metrics import WorkerMetrics
 from app.streaming.stage1 import Stage1
 from app.streaming.stage2 import StageHints
@@ -217,3 +217,31 @@ async def test_tick_counts_fresh_samples_above_the_hinted_tail_threshold() -> No
     assert {s.node_id: s.fresh_over for s in sink.summaries} == {
         s.node_id: s.fresh_samples for s in sink.summaries}
     assert all(s.fresh_samples > 0 for s in sink.summaries)
+
+
+async def test_results_partitions_without_a_committed_offset_start_at_their_end() -> None:
+    diag = Settings().topics.diagnostics_results
+    fresh, kept = TopicPartition(diag, 0), TopicPartition(diag, 1)
+
+    sought: list[TopicPartition] = []
+
+    class Committed(FakeConsumer):
+        async def committed(self, tp: TopicPartition) -> int | None:
+            return 17 if tp == kept else None
+
+        async def seek_to_end(self, *tps: TopicPartition) -> None:
+            sought.extend(tps)
+
+        async def position(self, tp: TopicPartition) -> int:
+            return 40
+
+    svc, _ = make([], FakeSink())
+    consumer = Committed([], owned={fresh, kept, TopicPartition(TOPIC, 0)})
+    svc._consumer = consumer  # type: ignore[assignment]
+    # Every partition the rebalance gives: latency events keep "earliest" (their windows need
+    # them); a results partition this group never committed starts at its end (a result from
+    # before the group answers no request of it), one it did resumes at the committed offset.
+    await _Listener(svc, consumer).on_partitions_assigned({fresh, kept, TopicPartition(TOPIC, 0)})
+    assert sought == [fresh]
+    await svc.commit()     # the end is committed: results written while it is down are read
+    assert consumer.commits[-1] == {fresh: 40}

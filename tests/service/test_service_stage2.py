@@ -302,8 +302,10 @@ def test_newest_summary_per_node_wins() -> None:
 
 def test_unrecoverable_diagnostics_retire_the_node() -> None:
     s2 = Stage2(FleetEvaluator(SETTINGS), {}, stale_after_s=1.5 * T)
-    run_ticks(s2, "m", 1000.0, 4)
-    s2.on_diagnostics(DiagnosticsResult("slow", "m", recoverable=False))
+    (req,) = [r for o in run_ticks(s2, "m", 1000.0, 4) for r in o.tick.diagnostics]
+    # The answer to the request made at the ejection (issue 28: only that one counts).
+    s2.on_diagnostics(DiagnosticsResult("slow", "m", recoverable=False, request_id=req.request_id,
+                                        arrived_ts=req.ts + 1.0))
     outs = run_ticks(s2, "m", 1008.0, 1)
     (t,) = outs[0].diagnostics_transitions
     assert (t.node_id, t.to_state) == ("slow", HealthState.RETIRED)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from app.core.config import DetectorSettings
-from app.core.types import FleetEvent, HealthState, ModelTick, NodeStatus, Transition, WindowSummary
+from app.core.types import DiagnosticsRequest, FleetEvent, HealthState, ModelTick, NodeStatus, Transition, WindowSummary
 from app.routing.operators import OperatorState, Override, parse_override
 from app.streaming.edge import EdgeInput, EdgeOutput, OperatorEdge
 from app.streaming.tickstats import rule_stats
@@ -304,3 +305,15 @@ def test_a_model_with_only_new_nodes_refuses_no_drain_and_writes_no_routing() ->
     out = run(OperatorEdge(SETTINGS), t, OperatorState(overrides=[drain("new")]))
     assert out.tick.routing == frozenset() and out.extras.held_out == {"new"}
     assert out.extras.annotations["new"]["drain_refused"] is False
+
+
+def test_observe_mode_asks_for_no_diagnostics_unless_a_setting_says_so() -> None:
+    req = DiagnosticsRequest(ts=10.0, node_id="slow", model="m", reason="relative_p50")
+    t = replace(fleet_with_slow(), diagnostics=(req,))
+    assert run(OperatorEdge(SETTINGS), t).tick.diagnostics == (req,)
+    # observe keeps the node serving traffic: no DCGM / GEMM run on it by default
+    assert run(OperatorEdge(SETTINGS, "observe"), t).tick.diagnostics == ()
+    assert run(OperatorEdge(SETTINGS, "observe", diagnose_in_observe=True), t).tick.diagnostics == (req,)
+    # the mode set in Redis for the model decides, as for routing
+    ops = OperatorState(modes={"m": "observe"})
+    assert run(OperatorEdge(SETTINGS), t, ops).tick.diagnostics == ()
