@@ -114,7 +114,7 @@ class WorkerMetrics:
         self.operator_read_failures = Counter("tailguard_operator_read_failures", "failed "
                                               "reads of operator overrides/modes from Redis "
                                               "(the last ones read stay in force)", registry=r)
-        self.node_weight = Gauge("tailguard_node_weight", "routing weight of a routed node "
+        self.node_weight = Gauge("tailguard_node_weight", "routing weight the rules gave a routed node "
                                  "(0..1] for nodes that were weighted below 1.0 while routed "
                                  "(1.0 once back; no series for the others: weight 1.0)",
                                  ["model", "node"], registry=r)
