@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from app.sim.scenario import Scenario
+from tailguard.sim.scenario import Scenario
 
 # No node without a fault is weighted below this (no false down-weighting; docs/rules.md).
 HEALTHY_MIN_WEIGHT = 0.95

@@ -1,7 +1,7 @@
 """Routing-weight changes as health-change events, at most one per node per interval.
 
 :class:`WeightAnnouncer` turns each model's tick (its routing weights,
-:attr:`~app.core.types.ModelTick.weights`, and the core's changes with their evidence) into
+:attr:`~tailguard.core.contract.types.ModelTick.weights`, and the core's changes with their evidence) into
 ``{"type": "weight", ...}`` documents for the health-change topic (docs/contracts.md).
 
 Guarantees, per model and node:
@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from typing import Any
 
-from app.core.types import ModelTick, WeightChange
+from tailguard.core.contract.types import ModelTick, WeightChange
 
 WEIGHT_EVENT_INTERVAL_S = 60.0
 

@@ -8,7 +8,7 @@ import pytest
 import redis.asyncio as aioredis
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from app.routing.client import connect
+from tailguard.routing.client import connect
 
 
 @pytest.fixture
@@ -27,7 +27,7 @@ async def topic(kafka_bootstrap: str, unique_name: Callable[[str], str]) -> Asyn
 
 @pytest.fixture
 async def client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
-    """A client of the shared Redis (``app.routing.client.connect``)."""
+    """A client of the shared Redis (``tailguard.routing.client.connect``)."""
     c = connect(redis_url)
     yield c
     await c.aclose()

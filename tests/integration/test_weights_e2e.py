@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from worker_harness import NODES, Feeder, health_events, routing, running_worker, wait_for
 
-from app.routing.keys import weights_key
+from tailguard.routing.keys import weights_key
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 

@@ -11,13 +11,13 @@ from collections.abc import Mapping
 import pytest
 import redis.asyncio as aioredis
 
-from app.core.types import HealthState, ModelTick, NodeStatus
-from app.routing.apply_script import Extras
-from app.routing.client import connect
-from app.routing.explain import read_explain
-from app.routing.keys import Keys, weights_key
-from app.routing.status import read_status
-from app.routing.writer import RoutingWriter
+from tailguard.core.contract.types import HealthState, ModelTick, NodeStatus
+from tailguard.routing.apply_script import Extras
+from tailguard.routing.client import connect
+from tailguard.routing.explain import read_explain
+from tailguard.routing.keys import Keys, weights_key
+from tailguard.routing.status import read_status
+from tailguard.routing.writer import RoutingWriter
 
 pytestmark = pytest.mark.integration
 

@@ -3,7 +3,7 @@
 A node 1.2–2x slower than its peers is weighted down (a ``"type": "weight"`` line), not
 ejected; a healthy fleet, one whose nodes differ within the noise, and a fleet slower all
 together keep every weight at 1.0 (the shipped scenarios and the backtests assert >= 0.95
-through app.sim.outcome.check and their own checks).
+through tailguard.sim.outcome.check and their own checks).
 """
 
 from __future__ import annotations

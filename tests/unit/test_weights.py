@@ -1,4 +1,4 @@
-"""Routing weights (app.core.weights): the target, its confirmation, the guards, and the
+"""Routing weights (tailguard.core.judge.weights): the target, its confirmation, the guards, and the
 evaluator's tick around them."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from collections.abc import Mapping
 import numpy as np
 import pytest
 
-from app.core.config import DetectorSettings, SettingError
-from app.core.evaluate import FleetEvaluator
-from app.core.peers import PeerSet, norms_of
-from app.core.types import ModelTick, WindowSummary
-from app.core.weights import (
+from tailguard.core.contract.config import DetectorSettings, SettingError
+from tailguard.core.contract.types import ModelTick, WindowSummary
+from tailguard.core.judge.evaluate import FleetEvaluator
+from tailguard.core.judge.peers import PeerSet, norms_of
+from tailguard.core.judge.weights import (
     UP_STEP,
     NodeWeight,
     WeightState,

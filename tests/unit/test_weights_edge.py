@@ -1,18 +1,18 @@
 """Routing weights at the stage-2 edge: what is written per mode and override, and the
-rate-limited weight events (app.streaming.edge, app.streaming.weight_events)."""
+rate-limited weight events (tailguard.streaming.edge, tailguard.streaming.weight_events)."""
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
-from app.core.config import DetectorSettings
-from app.core.types import HealthState, ModelTick, NodeStatus, WeightChange, WeightEvidence
-from app.routing.explain import NodeExplain, render_explain
-from app.routing.operators import OperatorState, Override
-from app.routing.status import ModelStatus, format_table
-from app.streaming.edge import EdgeInput, EdgeOutput, OperatorEdge
-from app.streaming.metrics import WorkerMetrics
-from app.streaming.weight_events import WeightAnnouncer
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.contract.types import HealthState, ModelTick, NodeStatus, WeightChange, WeightEvidence
+from tailguard.routing.explain import NodeExplain, render_explain
+from tailguard.routing.operators import OperatorState, Override
+from tailguard.routing.status import ModelStatus, format_table
+from tailguard.streaming.edge import EdgeInput, EdgeOutput, OperatorEdge
+from tailguard.streaming.metrics import WorkerMetrics
+from tailguard.streaming.weight_events import WeightAnnouncer
 
 S = DetectorSettings(min_samples=10, min_peers=3)
 NODES = ("a", "b", "c", "d")
