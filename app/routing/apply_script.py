@@ -19,6 +19,8 @@ Owns :data:`APPLY_LUA` and how a :class:`~tailguard.core.contract.types.ModelTic
   (reply ``-1``, nothing written); a model with no node admitted yet gets no routing key.
 * **ACL.** Under Redis 7+ ACLs the script checks every command it may call first and
   refuses with ``NOPERM`` before writing anything (Redis does not roll a script back).
+* **Forgetting.** :data:`FORGET_LUA` (:func:`forget_call`) removes a model stage 2 forgot
+  (``ModelTick.forgotten``) in one run: out of ``P:models``, every key of it deleted.
 """
 
 from __future__ import annotations
@@ -213,6 +215,21 @@ return {routing_changed and 1 or 0, (quarantine_changed or held_changed) and 1 o
 
 EVENTS_CAP = 50   # newest health changes / fleet events kept per model (P:events:<m>)
 
+FORGET_LUA = r"""
+-- tailguard: forget one model atomically: out of the models SET, every key deleted.
+-- KEYS: 1 models SET, then the model's keys; ARGV: 1 model. Reply: keys deleted.
+redis.call('SREM', KEYS[1], ARGV[1])
+return redis.call('DEL', unpack(KEYS, 2))
+"""
+
+
+def forget_call(keys: Keys, model: str) -> tuple[list[str], list[str | int]]:
+    """The KEYS and ARGV of :data:`FORGET_LUA` for ``model``."""
+    m = model
+    return ([keys.models, keys.routing(m), keys.version(m), keys.quarantine(m), keys.nodes(m),
+             keys.shadow(m), keys.history(m), keys.events(m), keys.held_out(m), keys.weights(m)],
+            [m])
+
 
 @dataclass(frozen=True, slots=True)
 class Extras:
@@ -249,6 +266,7 @@ class WriteResult:
     refused_empty: bool = False        # an empty routing set for a model that has one: nothing written
     has_routing: bool = True           # a routing set was written (False: none admitted yet)
     weights_changed: bool = False      # the weights hash (it bumps the version too)
+    forgotten: bool = False            # the model's keys were deleted (FORGET_LUA)
 
     @property
     def changed(self) -> bool:

@@ -70,7 +70,8 @@ class WorkerMetrics:
                                          "did not evaluate, by reason (superseded by a newer one, "
                                          "stale, another worker's model, forgotten pair; "
                                          "send_deadline: not sent by stage 1 within its tick "
-                                         "budget)", ["reason"], registry=r)
+                                         "budget; model_limit: a new model over max_models)",
+                                         ["reason"], registry=r)
         self.diagnostics_dropped = Counter("tailguard_diagnostics_dropped", "diagnostics "
                                            "results that answer no current request, by reason "
                                            "(no_episode, no_request_id, wrong_request, "
@@ -78,7 +79,8 @@ class WorkerMetrics:
         self.samples_dropped = Counter("tailguard_samples_dropped", "samples (and heartbeats) "
                                        "stage 1 did not add to a window, by reason "
                                        "(new_pair_limit: a new pair over "
-                                       "max_new_pairs_per_tick)", ["reason"], registry=r)
+                                       "max_new_pairs_per_tick; model_limit: a new model "
+                                       "over max_models)", ["reason"], registry=r)
         self.table_write_failures = Counter("tailguard_table_write_failures", "failed "
                                             "writes of stage-2 state or hints to their "
                                             "changelog tables (retried next tick)", registry=r)

@@ -112,6 +112,10 @@ class DetectorSettings:
     # The routed nodes' total weight stays at least this share of their number (weights are
     # raised together when it would fall below).
     min_total_weight_share: float = field(default=0.75, metadata={"lo": 0.0, "hi": 1.0})
+    # Floods of model names: the models stage 1 keeps windows of, and stage 2 judges, at most;
+    # the samples and summaries of further models are dropped (counted, logged once per
+    # tick) until a model is forgotten (forget_after_s). 0 = no limit.
+    max_models: int = field(default=1000, metadata={"lo": 0, "hi": 100_000_000})
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

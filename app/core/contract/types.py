@@ -383,6 +383,9 @@ class ModelTick:
     # weight 1.0) and how they changed since the model's last tick.
     weights: Mapping[str, float] = field(default_factory=dict)
     weight_changes: tuple[WeightChange, ...] = ()
+    # Stage 2 forgot the model (no pair left, no summary for forget_after_s): its routing
+    # state is removed (no statuses, no routing; the writer deletes its keys).
+    forgotten: bool = False
 
 
 @dataclass(frozen=True, slots=True)
