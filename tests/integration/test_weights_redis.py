@@ -4,6 +4,7 @@ script with the routing set, so that one version always means one (routing set, 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from collections.abc import Mapping
@@ -70,13 +71,19 @@ async def test_weights_are_written_with_the_routing_set_and_bump_the_version(
         # A weight of a node out of routing is never written.
         assert await w.apply(tick({"a", "b"}, {"c": 0.5}))
         assert await client.exists(k.weights(MODEL)) == 0
+        # A model stage 2 forgot loses its weights with its other keys.
+        assert await w.apply(tick({"a", "b"}, {"b": 0.5}))
+        assert await client.exists(k.weights(MODEL)) == 1
+        gone = dataclasses.replace(tick(set()), forgotten=True)
+        assert await w.apply(gone)
+        assert await client.exists(k.weights(MODEL)) == 0
         messages: list[int] = []
         deadline = time.monotonic() + 20
-        while len(messages) < 4 and time.monotonic() < deadline:
+        while len(messages) < 5 and time.monotonic() < deadline:
             msg = await pubsub.get_message(timeout=1.0)
             if msg is not None:
                 messages.append(json.loads(msg["data"])["version"])
-        assert messages == [v1, v1 + 1, v1 + 2, v1 + 3]
+        assert messages[:5] == [v1, v1 + 1, v1 + 2, v1 + 3, v1 + 4]
     finally:
         await pubsub.aclose()
 
