@@ -1,12 +1,12 @@
 """Outside text (a command's output, an HTTP reply, an error) made safe to log and publish.
 
-The replace hook (:mod:`app.streaming.replace`) writes what its action printed to the log,
+The replace hook (:mod:`tailguard.streaming.replace`) writes what its action printed to the log,
 to ``node-replacements`` and to Redis; that text is whatever a shell script, ``kubectl``
 or a fleet API chose to print. :func:`clean` removes terminal escape sequences and control
 characters (a line break becomes `` | ``), so it can neither repaint a terminal nor forge a
 log line. :class:`Redactor` then masks, as ``***``:
 
-* every value it was given (the secret settings: :func:`app.settings.secret_values`);
+* every value it was given (the secret settings: :func:`tailguard.settings.secret_values`);
 * the password of a ``scheme://user:password@`` URL;
 * the value of a ``key=value`` / ``key: value`` pair whose key names a password, secret,
   token, API or access key, credential or auth (``Authorization: Bearer …`` included);

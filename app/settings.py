@@ -2,7 +2,7 @@
 
 :func:`load` reads every ``TAILGUARD_*`` variable once and returns a frozen,
 validated :class:`Settings`. A bad value raises
-:class:`~app.core.config.SettingError` naming the variable, the value and what
+:class:`~tailguard.core.contract.config.SettingError` naming the variable, the value and what
 is allowed; ``tailguard`` turns that into a one-line message and exit code 2.
 Unknown ``TAILGUARD_*`` variables are errors too (a typo must not silently
 fall back to a default).
@@ -13,7 +13,7 @@ are ``***``: printing or logging a :class:`Settings` never shows them. Each
 also comes from a file, ``TAILGUARD_<NAME>_FILE`` (a mounted secret; one
 trailing newline is dropped). A password inside ``TAILGUARD_REDIS_URL`` is
 shown as ``***`` by :func:`redact_url`. Turning these settings into client
-options is :mod:`app.security`'s job.
+options is :mod:`tailguard.security`'s job.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-from app.core.config import DetectorSettings, SettingError, check_regex, field_names, parse_overrides
+from tailguard.core.contract.config import DetectorSettings, SettingError, check_regex, field_names, parse_overrides
+from tailguard.k8s.config import check_k8s
 
 PREFIX = "TAILGUARD_"
 
@@ -94,6 +95,7 @@ class Settings:
     key_prefix: str = "tailguard"
     app_id: str = "tailguard"
     topic_partitions: int = 8
+    replication_factor: int = 0       # of the topics tailguard creates; 0 = min(3, brokers)
     metrics_port: int = 9464          # 0 disables the Prometheus endpoint
     web_port: int = 6066              # faust's own web server
     data_dir: str = ""                # faust table data; "" = a per-user temp dir
@@ -119,7 +121,11 @@ class Settings:
     redis_ssl_certfile: str = ""                 # client certificate, PEM
     redis_ssl_keyfile: str = ""
     redis_ssl_check_hostname: bool = True
-    # The replace hook (app.streaming.replace): one action per retired (node, model).
+    # Redis Sentinel: with sentinels set, clients ask them for the current primary of
+    # redis_sentinel_master (TAILGUARD_REDIS_URL then gives only the db and credentials).
+    redis_sentinels: str = ""                    # host:port[,host:port…] of the sentinels
+    redis_sentinel_master: str = "tailguard"     # the primary's name in the sentinels' config
+    # The replace hook (tailguard.streaming.replace): one action per retired (node, model).
     replace_command: str = ""         # run with /bin/sh -c; node, model, reason in its environment
     # or: POST the retirement as JSON here (a secret: webhook URLs carry tokens)
     replace_webhook_url: Secret = field(default_factory=Secret)
@@ -144,6 +150,39 @@ class Settings:
     allowlist_file: str = ""          # a file of node ids, one a line, # comments
     allowlist_pattern: str = ""       # node ids matching this regular expression (whole)
     allowlist_refresh_s: float = 30.0  # how often the set and the file are read again
+    # Allowlist of model names: off while both are empty; on, events of other models are
+    # dead-lettered (not_allowlisted) — a flood of model names never reaches a window.
+    allowlist_models: str = ""         # model names, comma-separated
+    allowlist_model_pattern: str = ""  # model names matching this regular expression (whole)
+    # Kubernetes: `tailguard k8s-sync` (docs/kubernetes.md). An empty API URL means in the cluster
+    # (https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT); an empty namespace, the service
+    # account's own (else "default").
+    k8s_api_url: str = ""
+    k8s_token_file: str = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    k8s_ca_file: str = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
+    k8s_namespace: str = ""
+    k8s_condition: str = "tailguard.io/routable"   # the readiness gate's condition type
+    k8s_node_id: str = "name"         # name | label:<key> | ip:<port>: how a pod maps to a node id
+    k8s_model_label: str = "tailguard.io/model"    # the pod label holding the model name
+    k8s_lease_name: str = "tailguard-k8s-sync"
+    k8s_lease_duration_s: float = 15.0
+    k8s_resync_s: float = 30.0        # a full pass over the pods at least this often
+    k8s_webhook_listen: str = "127.0.0.1:8443"     # `k8s-sync --webhook` (HTTPS)
+    k8s_webhook_certfile: str = ""
+    k8s_webhook_keyfile: str = ""
+    # `tailguard scrape` (docs/scrape.md): targets, their labels, polling.
+    scrape_file_sd: str = ""          # a Prometheus file_sd file (JSON or YAML), watched for changes
+    scrape_http_sd: str = ""          # or: a Prometheus http_sd URL
+    scrape_sd_refresh_s: float = 30.0  # how often the http_sd URL is read again (the file: on change)
+    scrape_interval_s: float = 10.0   # one scrape of every target per interval
+    scrape_timeout_s: float = 0.0     # per target and scrape, <= the interval; 0: min(5 s, the interval)
+    scrape_concurrency: int = 256     # scrapes in flight at once
+    scrape_node_label: str = "instance"   # the target label that is the node id
+    scrape_model_label: str = "model"     # the target label naming the model (servers without a model label)
+    scrape_hardware_label: str = "hardware"
+    scrape_profile_label: str = "tailguard_profile"  # vllm, sglang, tgi, triton, dynamo, auto, a mapping
+    scrape_shard: str = ""            # I/N: this process scrapes the targets whose hash mod N is I
+    scrape_metrics_port: int = 9465   # the bridge's own Prometheus endpoint (0: none)
 
     def __post_init__(self) -> None:
         if not self.kafka_bootstrap or not all(_is_host_port(h) for h in self.kafka_bootstrap.split(",")):
@@ -163,7 +202,10 @@ class Settings:
             raise SettingError("TAILGUARD_KEY_PREFIX", self.key_prefix, "a non-empty prefix without spaces")
         if not 1 <= self.topic_partitions <= 1024:
             raise SettingError("TAILGUARD_TOPIC_PARTITIONS", self.topic_partitions, "1..1024")
-        for name in ("metrics_port", "web_port"):
+        if not 0 <= self.replication_factor <= 16:
+            raise SettingError("TAILGUARD_REPLICATION_FACTOR", self.replication_factor,
+                               "0 (= min(3, brokers)) or a replication factor 1..16")
+        for name in ("metrics_port", "web_port", "scrape_metrics_port"):
             port = getattr(self, name)
             if not 0 <= port <= 65535:
                 raise SettingError(PREFIX + name.upper(), port, "a TCP port 0..65535")
@@ -177,6 +219,12 @@ class Settings:
             raise SettingError("TAILGUARD_PROXY_LISTEN", self.proxy_listen,
                                "HOST:PORT, e.g. 127.0.0.1:8080 (0.0.0.0:8080 = every interface)")
         _check_security(self)
+        if self.redis_sentinels and not all(_is_host_port(h) for h in self.redis_sentinels.split(",")):
+            raise SettingError("TAILGUARD_REDIS_SENTINELS", self.redis_sentinels,
+                               "host:port[,host:port…] of the Redis sentinels (empty: no Sentinel)")
+        if self.redis_sentinels and not self.redis_sentinel_master.strip():
+            raise SettingError("TAILGUARD_REDIS_SENTINEL_MASTER", self.redis_sentinel_master,
+                               "the name the sentinels monitor the primary under (SENTINEL MONITOR <name> …)")
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):
             raise SettingError("TAILGUARD_LOG_LEVEL", self.log_level, "debug, info, warning or error")
         _check_replace(self)
@@ -194,9 +242,20 @@ class Settings:
             raise SettingError("TAILGUARD_MODE", self.mode,
                                "observe (publish verdicts, route every node) or enforce")
         _check_allowlist(self)
+        check_k8s(self)
+        _check_scrape(self)
+
+    @property
+    def scrape_timeout(self) -> float:
+        """The per-target scrape timeout in seconds (``scrape_timeout_s``, 0 resolved)."""
+        return self.scrape_timeout_s or min(5.0, self.scrape_interval_s)
 
     @property
     def allowlist_on(self) -> bool:
+        return self.allowlist_nodes_on or bool(self.allowlist_models or self.allowlist_model_pattern)
+
+    @property
+    def allowlist_nodes_on(self) -> bool:
         return bool(self.allowlist_redis_key or self.allowlist_file or self.allowlist_pattern)
 
 
@@ -275,7 +334,7 @@ def _check_replace(s: Settings) -> None:
 
 def secret_values(s: Settings) -> list[str]:
     """Every secret's value (and the password in ``TAILGUARD_REDIS_URL``): what must never
-    appear in a log or a message (``app.redact.Redactor`` masks them). For the webhook URL,
+    appear in a log or a message (``tailguard.redact.Redactor`` masks them). For the webhook URL,
     also its password, query and long path segments (tokens are often there)."""
     out = [getattr(s, n).reveal() for n in SECRETS if getattr(s, n)]
     for url in (s.redis_url, s.replace_webhook_url.reveal()):
@@ -305,12 +364,50 @@ def replace_command_env(s: Settings, environ: Mapping[str, str] | None = None) -
 def _check_allowlist(s: Settings) -> None:
     if s.allowlist_pattern:
         check_regex("TAILGUARD_ALLOWLIST_PATTERN", s.allowlist_pattern, "node ids")
+    if s.allowlist_model_pattern:
+        check_regex("TAILGUARD_ALLOWLIST_MODEL_PATTERN", s.allowlist_model_pattern, "model names")
     if s.allowlist_redis_key and any(c.isspace() for c in s.allowlist_redis_key):
         raise SettingError("TAILGUARD_ALLOWLIST_REDIS_KEY", s.allowlist_redis_key,
                            "a Redis key without spaces, e.g. tailguard:allowlist")
     if not 1.0 <= s.allowlist_refresh_s <= 3600.0:
         raise SettingError("TAILGUARD_ALLOWLIST_REFRESH_S", s.allowlist_refresh_s,
                            "a number of seconds in [1, 3600]")
+
+
+_LABEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def parse_shard(var: str, text: str) -> tuple[int, int]:
+    """``"I/N"`` → ``(I, N)`` with ``0 <= I < N``; ``""`` → ``(0, 1)`` (every target)."""
+    if not text:
+        return 0, 1
+    i, sep, n = text.partition("/")
+    if sep and i.isdigit() and n.isdigit() and 0 <= int(i) < int(n) <= 10_000:
+        return int(i), int(n)
+    raise SettingError(var, text, "I/N with 0 <= I < N, e.g. 0/3 (this process scrapes one third)")
+
+
+def _check_scrape(s: Settings) -> None:
+    if s.scrape_file_sd and s.scrape_http_sd:
+        raise SettingError("TAILGUARD_SCRAPE_HTTP_SD", s.scrape_http_sd,
+                           "empty when TAILGUARD_SCRAPE_FILE_SD is set (one source of targets)")
+    if s.scrape_http_sd and urlparse(s.scrape_http_sd).scheme not in ("http", "https"):
+        raise SettingError("TAILGUARD_SCRAPE_HTTP_SD", s.scrape_http_sd, "an http(s):// URL")
+    for name, lo, hi in (("scrape_interval_s", 0.05, 3600.0), ("scrape_sd_refresh_s", 0.05, 86_400.0)):
+        v = getattr(s, name)
+        if not lo <= v <= hi:
+            raise SettingError(PREFIX + name.upper(), v, f"a number of seconds in [{lo:g}, {hi:g}]")
+    if not 0 <= s.scrape_timeout_s <= s.scrape_interval_s:
+        raise SettingError("TAILGUARD_SCRAPE_TIMEOUT_S", s.scrape_timeout_s,
+                           f"a number of seconds <= TAILGUARD_SCRAPE_INTERVAL_S ({s.scrape_interval_s:g}); "
+                           "0: 5 s or the interval, whichever is shorter")
+    if not 1 <= s.scrape_concurrency <= 10_000:
+        raise SettingError("TAILGUARD_SCRAPE_CONCURRENCY", s.scrape_concurrency, "1..10000")
+    for name in ("scrape_node_label", "scrape_model_label", "scrape_hardware_label", "scrape_profile_label"):
+        if not _LABEL_NAME.fullmatch(getattr(s, name)):
+            raise SettingError(PREFIX + name.upper(), getattr(s, name),
+                               "a Prometheus label name: letters, digits, '_', not starting with a digit")
+    parse_shard("TAILGUARD_SCRAPE_SHARD", s.scrape_shard)
 
 
 def _is_host_port(text: str) -> bool:
@@ -323,7 +420,7 @@ SECRETS = tuple(n for n, f in _SERVICE.items() if f.type in ("Secret", Secret))
 # Variables used only by the shell scripts (scripts/lib/common.sh), not by the program.
 SCRIPT_ONLY = tuple(PREFIX + n for n in (
     "CACHE", "RUN", "VENV", "PYTHON", "SKIP_STACK", "KAFKA_PORT", "KAFKA_CONTROLLER_PORT",
-    "KAFKA_SASL_SSL_PORT", "REDIS_PORT", "REDIS_TLS_PORT"))
+    "KAFKA_SASL_SSL_PORT", "KAFKA_BROKERS", "REDIS_PORT", "REDIS_TLS_PORT", "REDIS_HA_PORT"))
 
 
 def secret_file_names() -> dict[str, str]:
@@ -390,6 +487,10 @@ def load(environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings
     det_pairs = {n: env[PREFIX + n.upper()] for n in field_names() if PREFIX + n.upper() in env}
     # Label every field, so that a cross-field error names the variable too.
     detector = parse_overrides(det_pairs, labels={n: PREFIX + n.upper() for n in field_names()})
+    if "TAILGUARD_K8S_API_URL" not in env and env.get("KUBERNETES_SERVICE_HOST"):
+        host = env["KUBERNETES_SERVICE_HOST"]   # in a pod: the apiserver's Service
+        host = f"[{host}]" if ":" in host else host
+        service["k8s_api_url"] = f"https://{host}:{env.get('KUBERNETES_SERVICE_PORT', '443')}"
     service.update(overrides)
     service.setdefault("topics", topics)
     service.setdefault("detector", detector)

@@ -1,8 +1,8 @@
 """The demo: a slow node drags the cluster's P99 up, tailguard takes it out, then lets it back in.
 
-``python -m app.demo`` (what ``./scripts/demo`` runs): the command line.
+``python -m tailguard.demo`` (what ``./scripts/demo`` runs): the command line.
 It prints the plan's detector settings and why they differ from the
-defaults, runs the story once (:func:`app.demo.observe.run_story`) with a
+defaults, runs the story once (:func:`tailguard.demo.observe.run_story`) with a
 live screen, then prints the report, saves the observations
 (``out/demo.json``) and draws ``out/demo.png``. ``--fast`` runs the
 end-to-end test's plan (1-s ticks); ``--replot JSON`` runs nothing and
@@ -23,22 +23,25 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from app import settings as settings_mod
-from app.demo.observe import run_story
-from app.demo.plan import DEMO_PLAN, ROOT, TEST_PLAN, DemoError, Plan, settings_lines
-from app.demo.plot import plot
-from app.demo.render import Screen, render_report
-from app.demo.story import load_run, save_run
-from app.settings import redact_url
+from tailguard import settings as settings_mod
+from tailguard.demo.observe import run_story
+from tailguard.demo.plan import DEMO_PLAN, ROOT, TEST_PLAN, DemoError, Plan, settings_lines, with_source
+from tailguard.demo.plot import plot
+from tailguard.demo.render import Screen, render_report
+from tailguard.demo.story import load_run, save_run
+from tailguard.settings import redact_url
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m app.demo", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tailguard.demo", description=__doc__.split("\n\n")[0])
     p.add_argument("--plot", default=str(ROOT / "out" / "demo.png"), help="PNG to write (default out/demo.png)")
     p.add_argument("--fast", action="store_true", help="the end-to-end test's plan: 1-s ticks, about a minute")
     p.add_argument("--keep-logs", action="store_true", help="keep the children's logs even when all went well")
     p.add_argument("--data", default=str(ROOT / "out" / "demo.json"),
                    help="where to save the run's observations, JSON (default out/demo.json)")
+    p.add_argument("--source", choices=("emitter", "metrics"), default="emitter",
+                   help="where latencies come from: the nodes' emitter (default), or their /metrics as vLLM "
+                        "serves it, polled by `tailguard scrape` (no code in the servers)")
     p.add_argument("--replot", metavar="JSON", default=None,
                    help="run nothing: print the report and redraw the plot of a saved run")
     return p
@@ -51,6 +54,9 @@ async def _main(args: argparse.Namespace, plan: Plan, screen: Screen) -> int:
     screen.progress("detector settings of this demo (* = differs from the production default):")
     for line in settings_lines(plan):
         print(line, file=screen.out)
+    if plan.source == "metrics":
+        screen.progress("latencies from the nodes' /metrics (as vLLM serves it), polled by tailguard scrape "
+                        "every tick: no emitter in the nodes")
     screen.progress(f"the story: {plan.nodes} healthy nodes; {plan.slow_node} becomes {plan.slowdown:g}x slower at "
                     f"t={plan.onset_s:g}s" + ("" if plan.end_s is None else f" and recovers at t={plan.end_s:g}s")
                     + f"; ends by itself (at the latest t={plan.deadline_s:g}s)")
@@ -84,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         plot(story, Path(args.plot))
         print(f"plot: {args.plot}")
         return 0 if story.complete else 1
-    plan = TEST_PLAN if args.fast else DEMO_PLAN
+    plan = with_source(TEST_PLAN if args.fast else DEMO_PLAN, args.source)
     screen = Screen(plan, sys.stdout)
     loop = asyncio.new_event_loop()
     task = loop.create_task(_main(args, plan, screen))

@@ -2,17 +2,17 @@
 
 Two integrations live here:
 
-* :mod:`app.lb.proxy` — ``tailguard proxy``, a reference async HTTP reverse
-  proxy: round-robin over a model's routing set, a small share of probe
+* :mod:`tailguard.lb.proxy` — ``tailguard proxy``, a reference async HTTP reverse
+  proxy: smooth weighted round-robin over a model's routing set, a small share of probe
   traffic to quarantined nodes, fallback to every known backend when the
   routing set is unknown.
-* :mod:`app.lb.haproxy` — ``tailguard haproxy-sync``, which mirrors each
+* :mod:`tailguard.lb.haproxy` — ``tailguard haproxy-sync``, which mirrors each
   model's routing set onto HAProxy servers through the Runtime API.
 
 Both read routing state through :class:`RoutingSource`, a two-method Protocol
-that :class:`app.routing.reader.RoutingTable` satisfies; tests pass a fake.
-The selection and diffing logic (:mod:`app.lb.balance`, the pure half of
-:mod:`app.lb.haproxy`) does no I/O and reads no clock.
+that :class:`tailguard.routing.reader.RoutingTable` satisfies; tests pass a fake.
+The selection and diffing logic (:mod:`tailguard.lb.balance`, the pure half of
+:mod:`tailguard.lb.haproxy`) does no I/O and reads no clock.
 
 Exceptions::
 
@@ -39,8 +39,10 @@ class RoutingSource(Protocol):
     probed. ``held_out`` is the nodes tailguard took out (ejected, quarantined,
     retired, gone, drained): a load balancer with its own server list serves
     the list minus these, so that nodes tailguard has not judged yet get the
-    traffic that admits them. All may raise when nothing is cached and Redis
-    cannot be read; callers treat that as "unknown".
+    traffic that admits them. ``weights`` maps node id → routing weight in
+    (0, 1], from the same version as ``get``'s set; a node without an entry
+    weighs 1.0. All may raise when nothing is cached and Redis cannot be read;
+    callers treat that as "unknown".
     """
 
     async def get(self, model: str) -> frozenset[str]: ...
@@ -48,6 +50,8 @@ class RoutingSource(Protocol):
     async def quarantined(self, model: str) -> Mapping[str, float]: ...
 
     async def held_out(self, model: str) -> frozenset[str]: ...
+
+    async def weights(self, model: str) -> Mapping[str, float]: ...
 
 
 class LbError(Exception):

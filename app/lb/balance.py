@@ -1,4 +1,4 @@
-"""Which node gets the next request: round-robin over the backends not held out, probes, fallback.
+"""Which node gets the next request: (weighted) round-robin over the backends not held out, probes, fallback.
 
 Pure and synchronous: no I/O, no clock (``now_s`` is a parameter), no
 randomness. One :class:`Balancer` per proxy process, used from one event loop.
@@ -12,6 +12,11 @@ Guarantees:
   every *k* consecutive picks while the sets are unchanged). That is the routed
   nodes and the backends tailguard has not judged yet: a new node gets its share
   of traffic, which is the evidence that admits it to the routing set.
+* **Weights.** Given the model's routing weights (node → (0, 1], absent = 1.0), the
+  rotation is nginx's smooth weighted round-robin (:class:`tailguard.routing.weighted.SmoothWeighted`):
+  over any cycle of ``sum(units)`` picks each candidate gets exactly its units, spread out.
+  While every candidate weighs 1.0 the pick is the plain rotation above, unchanged: the same
+  node sequence as without weights. A change of candidates or weights starts a new cycle.
 * **Fallback, never refusal.** When the model is unknown (no routing set and
   nothing held out: "not written yet", or "Redis unreachable before anything was
   cached"), or every known backend is held out, ``pick`` rotates over *every*
@@ -30,6 +35,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from tailguard.routing.weighted import SmoothWeighted, all_full, weight_units
 
 MAX_PROBE_SHARE = 0.5
 _NO_MODEL = ""          # rotation key for requests without a model
@@ -68,6 +75,7 @@ class Balancer:
         self._probe_rr: dict[str, int] = {}
         self._seen: dict[str, int] = {}
         self._cands: dict[tuple[frozenset[str], frozenset[str]], tuple[str, ...]] = {}
+        self._swrr: dict[str, tuple[tuple[str, ...], tuple[int, ...], SmoothWeighted]] = {}
 
     @property
     def backends(self) -> Mapping[str, str]:
@@ -95,9 +103,10 @@ class Balancer:
         *,
         exclude: frozenset[str] = frozenset(),
         held_out: frozenset[str] = frozenset(),
+        weights: Mapping[str, float] | None = None,
     ) -> Pick | None:
-        """The next backend of ``model`` not held out; fallback to all known backends; ``None``
-        if all are excluded."""
+        """The next backend of ``model`` not held out, by ``weights`` (see module docstring);
+        fallback to all known backends; ``None`` if all are excluded."""
         key = model or _NO_MODEL
         cands = self._candidates(held_out, exclude) if routed or held_out else ()
         fallback = not cands
@@ -105,9 +114,24 @@ class Balancer:
             cands = self._all if not exclude else tuple(n for n in self._all if n not in exclude)
             if not cands:
                 return None
-        # Retries rotate separately, so that a failing node does not shift the main rotation.
-        node = _rotate(self._retry_rr if exclude else self._rr, key, cands)
+        if exclude:
+            # Retries rotate separately, so that a failing node does not shift the main rotation.
+            node = _rotate(self._retry_rr, key, cands)
+        elif fallback or not weights or all_full(cands, weights):
+            node = _rotate(self._rr, key, cands)
+        else:
+            node = self._weighted(key, cands, weights)
         return Pick(node, self._urls[node], fallback=fallback)
+
+    def _weighted(self, key: str, cands: tuple[str, ...], weights: Mapping[str, float]) -> str:
+        units = tuple(weight_units(weights.get(n, 1.0)) for n in cands)
+        state = self._swrr.get(key)
+        if state is None or state[0] != cands or state[1] != units:
+            if len(self._swrr) >= _CACHE_LIMIT:
+                self._swrr.clear()
+            state = (cands, units, SmoothWeighted(cands, weights))
+            self._swrr[key] = state
+        return state[2].next()
 
     def probe_due(self, model: str) -> bool:
         """Whether this request of ``model`` is a probe slot (``floor(n × share)`` of *n*)."""

@@ -1,18 +1,23 @@
-"""``tailguard haproxy-sync`` — mirror each model's routing set onto HAProxy servers via the Runtime API.
+"""``tailguard haproxy-sync`` — mirror each model's routing set and weights onto HAProxy via the Runtime API.
 
 Owns :class:`HaproxySync` (and its command line, :func:`main`): HAProxy keeps serving from its
 own configuration; this process only flips servers between ``ready`` and ``maint`` with
-``set server <backend>/<server> state ready|maint`` on the Runtime API socket
-(:class:`SocketRuntimeApi`). ``--backend-map model=backend,…`` names each model's backend; a
-node id maps to the server of the same name unless ``--server-map node=server,…`` says
-otherwise. A server whose node tailguard took out (its held-out set) goes to ``maint``, every
-other server of a mapped backend to ``ready``. In full: docs/lb.md ("HAProxy").
+``set server <backend>/<server> state ready|maint`` and sets their weights with
+``set weight <backend>/<server> <N>%`` on the Runtime API socket (:class:`SocketRuntimeApi`).
+``--backend-map model=backend,…`` names each model's backend; a node id maps to the server of
+the same name unless ``--server-map node=server,…`` says otherwise. A server whose node
+tailguard took out (its held-out set) goes to ``maint``, every other server of a mapped backend
+to ``ready`` at ``N`` = its node's routing weight × 100 (100 % without one; ``--no-weights``
+leaves weights alone). In full: docs/lb.md ("HAProxy").
 
 Guarantees:
 
 * **Only changes are sent.** Each sync reads ``show servers state`` once
   (:func:`parse_servers_state`, format version 1) and :func:`plan_backend` commands only the
-  servers whose forced maintenance flag disagrees with the routing set.
+  servers whose forced maintenance flag or weight (``srv_uweight`` against what ``N``% of
+  ``srv_iweight`` gives) disagrees with the routing set and weights. A held-out server's
+  weight is left alone; a server configured with too small a weight to be graded (``weight 1``
+  makes anything under 100 % a 0) keeps 100 %, with a warning naming it.
 * **Never all servers in maint.** A backend whose model is unknown, whose routing set names
   none of its servers, or all of whose servers would be held out is left exactly as it is.
 * **Converges.** It syncs on every change the reader reports, when a poll of the cached sets
@@ -31,10 +36,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from app.lb import BackendsError, RoutingSource, RuntimeApiError
-from app.lb.maps import load_pairs
-from app.lb.source import add_routing_args, open_routing, run_main, settings_from_args, stop_on_signals
-from app.settings import redact_url
+from tailguard.lb import BackendsError, RoutingSource, RuntimeApiError
+from tailguard.lb.maps import load_pairs
+from tailguard.lb.source import add_routing_args, open_routing, run_main, settings_from_args, stop_on_signals
+from tailguard.settings import redact_url
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +63,8 @@ class ServerState:
     server: str
     op_state: int
     admin_state: int
+    uweight: int | None = None      # the weight in effect (srv_uweight)
+    iweight: int | None = None      # the weight in the configuration (srv_iweight)
 
     @property
     def forced_maint(self) -> bool:
@@ -91,7 +98,9 @@ def parse_servers_state(text: str) -> dict[str, dict[str, ServerState]]:
         f = line.split()
         try:
             st = ServerState(f[idx["be_name"]], f[idx["srv_name"]], int(f[idx["srv_op_state"]]),
-                             int(f[idx["srv_admin_state"]]))
+                             int(f[idx["srv_admin_state"]]),
+                             *(int(f[columns.index(c)]) if c in columns else None
+                               for c in ("srv_uweight", "srv_iweight")))
         except (IndexError, ValueError):
             raise RuntimeApiError(f"malformed 'show servers state' line: {line!r}") from None
         out.setdefault(st.backend, {})[st.server] = st
@@ -107,6 +116,51 @@ class BackendPlan:
     ready: frozenset[str] = frozenset()     # servers that should take traffic
     maint: frozenset[str] = frozenset()     # servers that should not
     skipped: str | None = None
+    notes: tuple[str, ...] = ()             # weights that cannot be applied, and why
+
+
+MAX_WEIGHT = 256    # HAProxy's largest server weight
+
+
+def weight_percent(weight: float) -> int:
+    """A routing weight (0, 1] as the whole percent sent to HAProxy, 1..100."""
+    return min(100, max(1, round(weight * 100)))
+
+
+def effective_weight(iweight: int, percent: int) -> int:
+    """The weight HAProxy gives a server for ``set weight …/… <percent>%`` (src/server.c:
+    ``iweight * percent / 100`` in integers, at most 256)."""
+    return min(MAX_WEIGHT, iweight * percent // 100)
+
+
+def plan_weights(
+    backend: str,
+    servers: Mapping[str, ServerState],
+    ready: frozenset[str],
+    routed: frozenset[str],
+    weights: Mapping[str, float],
+    server_map: Mapping[str, str] | None = None,
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The ``set weight`` commands that give each of ``ready``'s servers its node's weight
+    (routed nodes: ``weights``, absent = 1.0; any other: 100 %), and notes on the servers whose
+    configured weight cannot express it (pure; see module docstring)."""
+    node_of = {srv: node for node, srv in (server_map or {}).items()}
+    commands: list[str] = []
+    notes: list[str] = []
+    for s in sorted(ready):
+        st = servers[s]
+        if st.iweight is None or st.uweight is None:
+            continue
+        node = node_of.get(s, s)
+        percent = weight_percent(weights.get(node, 1.0)) if node in routed else 100
+        if percent < 100 and effective_weight(st.iweight, percent) < 1:
+            notes.append(f"server {backend}/{s} has 'weight {st.iweight}' in the configuration, too small for "
+                         f"a weight of {percent}% (HAProxy would make it 0); give its server line (or "
+                         "default-server) 'weight 100' to let tailguard grade it")
+            percent = 100
+        if effective_weight(st.iweight, percent) != st.uweight:
+            commands.append(f"set weight {backend}/{s} {percent}%")
+    return tuple(commands), tuple(notes)
 
 
 def plan_backend(
@@ -115,9 +169,11 @@ def plan_backend(
     routed: frozenset[str],
     server_map: Mapping[str, str] | None = None,
     held_out: frozenset[str] = frozenset(),
+    weights: Mapping[str, float] | None = None,
 ) -> BackendPlan:
     """The ``set server`` commands that put ``backend``'s held-out servers in maint and the
-    others ready (pure; see module docstring)."""
+    others ready, then, unless ``weights`` is ``None``, the ``set weight`` commands of
+    :func:`plan_weights` (pure; see module docstring)."""
     if servers is None:
         return BackendPlan(backend, skipped=f"backend {backend!r} does not exist in HAProxy")
     if not routed and not held_out:
@@ -135,7 +191,11 @@ def plan_backend(
         return BackendPlan(backend, skipped="every server of the backend is held out: leaving it as it is")
     commands = [f"set server {backend}/{s} state ready" for s in sorted(ready) if servers[s].forced_maint]
     commands += [f"set server {backend}/{s} state maint" for s in sorted(maint) if not servers[s].forced_maint]
-    return BackendPlan(backend, tuple(commands), ready, maint)
+    notes: tuple[str, ...] = ()
+    if weights is not None:
+        weighting, notes = plan_weights(backend, servers, ready, routed, weights, smap)
+        commands += weighting
+    return BackendPlan(backend, tuple(commands), ready, maint, notes=notes)
 
 
 class RuntimeApi(Protocol):
@@ -217,6 +277,7 @@ class HaproxySync:
         poll_interval_s: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
         wake: asyncio.Event | None = None,
+        weights: bool = True,
     ) -> None:
         validate_backend_map(backend_map)
         if not resync_interval_s > 0 or not poll_interval_s > 0:
@@ -229,7 +290,9 @@ class HaproxySync:
         self._poll_interval_s = poll_interval_s
         self._clock = clock
         self._wake = wake or asyncio.Event()
+        self._weights = weights
         self._last_skipped: dict[str, str] = {}
+        self._last_notes: dict[str, tuple[str, ...]] = {}
         self.syncs = 0
         self.commands_sent = 0
         self.failures = 0
@@ -244,10 +307,18 @@ class HaproxySync:
     async def held_out_sets(self) -> dict[str, frozenset[str]]:
         return {m: await self._source.held_out(m) for m in self._backend_map}
 
+    async def weight_maps(self) -> dict[str, dict[str, float]]:
+        """Each mapped model's routing weights (empty with ``weights=False``)."""
+        if not self._weights:
+            return {}
+        return {m: dict(await self._source.weights(m)) for m in self._backend_map}
+
     async def sync_once(self, sets: Mapping[str, frozenset[str]] | None = None,
-                        held: Mapping[str, frozenset[str]] | None = None) -> SyncResult:
+                        held: Mapping[str, frozenset[str]] | None = None,
+                        weights: Mapping[str, Mapping[str, float]] | None = None) -> SyncResult:
         """Read HAProxy's state once and send the commands that make it match ``sets`` (the
-        routing sets) and ``held`` (the held-out sets; both read now when not given).
+        routing sets), ``held`` (the held-out sets) and ``weights`` (the routing weights; each
+        read now when not given).
 
         Raises :class:`RuntimeApiError` when ``show servers state`` fails;
         a refused ``set server`` is recorded in :attr:`SyncResult.errors`.
@@ -256,11 +327,18 @@ class HaproxySync:
             sets = await self.routing_sets()
         if held is None:
             held = await self.held_out_sets()
+        if weights is None:
+            weights = await self.weight_maps()
         state = parse_servers_state(await self._api.command("show servers state"))
         result = SyncResult()
         for model, backend in self._backend_map.items():
             plan = plan_backend(backend, state.get(backend), sets.get(model, frozenset()), self._server_map,
-                                held.get(model, frozenset()))
+                                held.get(model, frozenset()),
+                                weights.get(model, {}) if self._weights else None)
+            if plan.notes != self._last_notes.get(backend, ()):
+                for note in plan.notes:
+                    log.warning("haproxy-sync: model %r: %s", model, note)
+                self._last_notes[backend] = plan.notes
             if plan.skipped:
                 result.skipped[backend] = plan.skipped
                 if self._last_skipped.get(backend) != plan.skipped:
@@ -269,7 +347,7 @@ class HaproxySync:
             for cmd in plan.commands:
                 answer = (await self._api.command(cmd)).strip()
                 if answer:
-                    hint = " (the stats socket needs 'level admin')" if "denied" in answer.lower() else ""
+                    hint = _hint(answer)
                     result.errors.append(f"{cmd}: {answer}{hint}")
                     log.error("haproxy-sync: %r refused: %s%s", cmd, answer, hint)
                 else:
@@ -282,17 +360,18 @@ class HaproxySync:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Sync on changes and every ``resync_interval_s`` until ``stop`` is set."""
-        applied: tuple[dict[str, frozenset[str]], dict[str, frozenset[str]]] | None = None
+        applied: tuple[object, ...] | None = None
         next_full_s = float("-inf")
         healthy = True
         while not stop.is_set():
             self._wake.clear()
             sets = await self.routing_sets()
             held = await self.held_out_sets()
+            weights = await self.weight_maps()
             now_s = self._clock()
-            if (sets, held) != applied or now_s >= next_full_s:
+            if (sets, held, weights) != applied or now_s >= next_full_s:
                 try:
-                    await self.sync_once(sets, held)
+                    await self.sync_once(sets, held, weights)
                 except RuntimeApiError as e:
                     self.failures += 1
                     if healthy:
@@ -302,9 +381,19 @@ class HaproxySync:
                     if not healthy:
                         log.info("haproxy-sync: HAProxy reachable again")
                     healthy = True
-                    applied = (sets, held)   # refused commands are retried at the next full re-sync
+                    applied = (sets, held, weights)   # refused commands are retried at the next full re-sync
                     next_full_s = now_s + self._resync_interval_s
             await _wait_any(stop, self._wake, self._poll_interval_s)
+
+
+def _hint(answer: str) -> str:
+    low = answer.lower()
+    if "denied" in low:
+        return " (the stats socket needs 'level admin')"
+    if "static" in low:
+        return (" (graded weights need a dynamic 'balance' algorithm such as roundrobin or leastconn; "
+                "or run with --no-weights)")
+    return ""
 
 
 async def _wait_any(a: asyncio.Event, b: asyncio.Event, timeout_s: float) -> None:
@@ -336,7 +425,8 @@ def validate_backend_map(backend_map: Mapping[str, str]) -> None:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="tailguard haproxy-sync",
-        description="Put HAProxy servers in maint/ready to match tailguard's routing sets (Runtime API).",
+        description="Put HAProxy servers in maint/ready and set their weights to match tailguard's routing "
+                    "sets and weights (Runtime API).",
     )
     p.add_argument("--socket", required=True,
                    help="HAProxy's stats socket: a UNIX path or host:port ('stats socket … level admin')")
@@ -346,6 +436,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="node_id=server,… or a file: HAProxy server name of each node (default: the node id)")
     p.add_argument("--resync-interval-s", type=float, default=10.0,
                    help="full re-sync period even without changes, to repair HAProxy restarts (default 10)")
+    p.add_argument("--no-weights", dest="weights", action="store_false",
+                   help="leave server weights alone (default: set each ready server's weight to its node's "
+                        "routing weight, 100%% without one)")
     p.add_argument("--once", action="store_true", help="sync once and exit (exit 1 if anything failed)")
     add_routing_args(p)
     return p
@@ -361,7 +454,7 @@ async def _run(args: argparse.Namespace) -> int:
     async with open_routing(settings, poll_interval_s=args.poll_interval_s, on_change=lambda _e: wake.set(),
                             follow=not args.once) as source:
         sync = HaproxySync(api, source, backend_map, server_map, resync_interval_s=args.resync_interval_s,
-                           poll_interval_s=args.poll_interval_s, wake=wake)
+                           poll_interval_s=args.poll_interval_s, wake=wake, weights=args.weights)
         if args.once:
             try:
                 result = await sync.sync_once()

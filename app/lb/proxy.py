@@ -2,9 +2,10 @@
 
 Owns :class:`Proxy` (and its command line, :func:`main`): for every request it finds the
 model (:func:`model_of`: the ``--model-header`` header, else a JSON body's ``"model"``),
-reads the model's routing through a :class:`~app.lb.RoutingSource` (cached: no Redis
-round-trip per request), picks a node with :class:`~app.lb.balance.Balancer` — round-robin
-over the ``--backends`` tailguard has not taken out, or on a probe slot (``--probe-share``) a
+reads the model's routing through a :class:`~tailguard.lb.RoutingSource` (cached: no Redis
+round-trip per request), picks a node with :class:`~tailguard.lb.balance.Balancer` — smooth weighted
+round-robin by tailguard's routing weights (plain round-robin while all are 1.0) over the
+``--backends`` tailguard has not taken out, or on a probe slot (``--probe-share``) a
 quarantined node due for probing, marked ``X-Tailguard-Probe: 1`` — and forwards the request,
 streaming the response back. Each behaviour in full: docs/lb.md ("Reference proxy").
 
@@ -39,11 +40,11 @@ import orjson
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from app.lb import BackendsError, RoutingSource
-from app.lb.balance import MAX_PROBE_SHARE, Balancer, Pick
-from app.lb.maps import load_pairs
-from app.lb.source import add_routing_args, open_routing, run_main, settings_from_args, stop_on_signals
-from app.settings import Settings, redact_url
+from tailguard.lb import BackendsError, RoutingSource
+from tailguard.lb.balance import MAX_PROBE_SHARE, Balancer, Pick
+from tailguard.lb.maps import load_pairs
+from tailguard.lb.source import add_routing_args, open_routing, run_main, settings_from_args, stop_on_signals
+from tailguard.settings import Settings, redact_url
 
 log = logging.getLogger(__name__)
 
@@ -147,10 +148,10 @@ FAILURE_HEARTBEAT_S = 365 * 86_400.0
 
 async def failure_reporter(stack: contextlib.AsyncExitStack, settings: Settings) -> FailureSink:
     """A :data:`FailureSink` that records ``ok: false`` events on ``settings``' latency-events
-    topic through a :class:`~app.emitter.LatencyEmitter` whose lifetime is ``stack``'s. It sends
+    topic through a :class:`~tailguard.emitter.LatencyEmitter` whose lifetime is ``stack``'s. It sends
     no heartbeats on a node's behalf: a dead node must not look alive."""
-    from app.emitter import LatencyEmitter
-    from app.security import check_kafka, kafka_client_options
+    from tailguard.emitter import LatencyEmitter
+    from tailguard.security import check_kafka, kafka_client_options
 
     await check_kafka(settings)   # a refused login or certificate stops the start, in one line
     emitter = await stack.enter_async_context(LatencyEmitter(
@@ -237,14 +238,14 @@ class Proxy:
         return web.Response(text="ok\n")
 
     async def _choose(self, model: str | None, routed: frozenset[str] | None,
-                      held: frozenset[str]) -> Pick | None:
+                      held: frozenset[str], weights: Mapping[str, float]) -> Pick | None:
         if model is not None and self._balancer.probe_due(model):
             quarantined = await self._source.quarantined(model)
             if quarantined:
                 probe = self._balancer.pick_probe(model, routed, quarantined, self._clock())
                 if probe is not None:
                     return probe
-        return self._balancer.pick(model, routed, held_out=held)
+        return self._balancer.pick(model, routed, held_out=held, weights=weights)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
@@ -252,13 +253,15 @@ class Proxy:
         st = self.stats
         st.requests += 1
         held: frozenset[str] = frozenset()
+        weights: Mapping[str, float] = {}
         if model is None:
             st.no_model += 1
             routed = None
         else:
             routed = await self._source.get(model)
             held = await self._source.held_out(model)
-        pick = await self._choose(model, routed, held)
+            weights = await self._source.weights(model)
+        pick = await self._choose(model, routed, held, weights)
         tried: list[str] = []
         attempts = 0    # failed non-probe attempts: a failed probe does not use up the client's retry
         while pick is not None:
@@ -372,7 +375,8 @@ async def serve(proxy: Proxy, host: str, port: int) -> AsyncIterator[int]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="tailguard proxy",
-        description="Reference HTTP load balancer: round-robin over each model's tailguard routing set.",
+        description="Reference HTTP load balancer: smooth weighted round-robin over each model's "
+                    "tailguard routing set (by its routing weights).",
     )
     p.add_argument("--listen", default=None,
                    help="HOST:PORT to listen on (default TAILGUARD_PROXY_LISTEN, 127.0.0.1:8080)")

@@ -1,7 +1,7 @@
 """Test doubles for load-balancer code: a settable routing source and tiny HTTP backends.
 
-* :class:`StaticSource` is a :class:`~app.lb.RoutingSource` whose routing sets
-  and quarantines are plain dicts the test sets; ``fail = True`` makes every
+* :class:`StaticSource` is a :class:`~tailguard.lb.RoutingSource` whose routing sets,
+  quarantines and weights are plain dicts the test sets; ``fail = True`` makes every
   read raise, like a reader with Redis down and nothing cached.
 * :func:`echo_backend` runs one tiny aiohttp server on a free loopback port that
   answers every request with JSON naming its ``node_id``, whether the request
@@ -10,15 +10,15 @@
   in :attr:`EchoBackend.seen`.
 
 * :func:`write_routing` plays tailguard's writer in integration tests: it
-  replaces a model's routing set and quarantine in one ``MULTI``/``EXEC``,
+  replaces a model's routing set, quarantine and weights in one ``MULTI``/``EXEC``,
   bumps the version and publishes the change, with plain redis-py commands
-  (deliberately not :mod:`app.routing.writer`, so that the load balancers are
+  (deliberately not :mod:`tailguard.routing.writer`, so that the load balancers are
   tested against the key contract, not against our own writer).
 * :func:`scratch_redis` gives a client and deletes a test's key prefix after;
   :func:`spawn` starts a subprocess that an exit stack stops;
   :func:`eventually` waits (bounded) until a condition holds.
 
-Used by the unit and integration tests of :mod:`app.lb`, and handy for trying
+Used by the unit and integration tests of :mod:`tailguard.lb`, and handy for trying
 a load-balancer setup by hand.
 """
 
@@ -35,22 +35,24 @@ from typing import Any
 import redis.asyncio as aioredis
 from aiohttp import web
 
-from app.lb import LbError
-from app.routing.keys import Keys, change_message
+from tailguard.lb import LbError
+from tailguard.routing.keys import Keys, change_message, weights_key
 
 
 class StaticSource:
-    """A :class:`~app.lb.RoutingSource` over dicts (see module docstring)."""
+    """A :class:`~tailguard.lb.RoutingSource` over dicts (see module docstring)."""
 
     def __init__(
         self,
         routing: Mapping[str, frozenset[str]] | None = None,
         quarantine: Mapping[str, Mapping[str, float]] | None = None,
         held: Mapping[str, frozenset[str]] | None = None,
+        weights: Mapping[str, Mapping[str, float]] | None = None,
     ) -> None:
         self.routing: dict[str, frozenset[str]] = dict(routing or {})
         self.quarantine: dict[str, dict[str, float]] = {m: dict(q) for m, q in (quarantine or {}).items()}
         self.held: dict[str, frozenset[str]] = dict(held or {})
+        self.weight: dict[str, dict[str, float]] = {m: dict(w) for m, w in (weights or {}).items()}
         self.fail = False
         self.reads = 0
 
@@ -72,6 +74,12 @@ class StaticSource:
         if self.fail:
             raise LbError(f"StaticSource.fail is set (model {model!r})")
         return self.held.get(model, frozenset()) | frozenset(self.quarantine.get(model, {}))
+
+    async def weights(self, model: str) -> Mapping[str, float]:
+        self.reads += 1
+        if self.fail:
+            raise LbError(f"StaticSource.fail is set (model {model!r})")
+        return dict(self.weight.get(model, {}))
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,14 +152,18 @@ async def write_routing(
     nodes: Iterable[str],
     quarantine: Mapping[str, float] | None = None,
     held_out: Iterable[str] = (),
+    weights: Mapping[str, float] | None = None,
 ) -> int:
-    """Replace ``model``'s routing set, quarantine and held-out set as tailguard would;
-    returns the new version."""
+    """Replace ``model``'s routing set, quarantine, held-out set and weights (node → (0, 1],
+    stored as decimal strings in ``P:weights:<m>``) as tailguard would; returns the new version."""
     keys = Keys(key_prefix)
     nodes = sorted(nodes)
     held = sorted(held_out)
+    wkey = weights_key(key_prefix, model)
     async with redis.pipeline(transaction=True) as pipe:
-        pipe.delete(keys.routing(model), keys.quarantine(model), keys.held_out(model))
+        pipe.delete(keys.routing(model), keys.quarantine(model), keys.held_out(model), wkey)
+        if weights:
+            pipe.hset(wkey, mapping={n: f"{w:.6g}" for n, w in weights.items()})
         if nodes:
             pipe.sadd(keys.routing(model), *nodes)
         if quarantine:
@@ -169,7 +181,7 @@ async def write_routing(
 @contextlib.asynccontextmanager
 async def scratch_redis(redis_url: str, key_prefix: str) -> AsyncIterator[aioredis.Redis]:
     """A client for ``redis_url``; on exit every key under ``key_prefix:`` is deleted."""
-    from app.routing.client import connect
+    from tailguard.routing.client import connect
 
     redis = connect(redis_url)
     try:

@@ -3,10 +3,12 @@
 Owns the names of every key and channel (:class:`Keys`; ``P`` = the key prefix, default
 ``tailguard``, ``<m>`` = the encoded model name): ``P:routing:<m>``, ``P:held-out:<m>``,
 ``P:routing:<m>:version``, ``P:quarantine:<m>``, ``P:nodes:<m>``, ``P:models``,
-``P:routing-shadow:<m>``, ``P:history:<m>``, ``P:events:<m>``, ``P:overrides``, ``P:mode``
-and the channel ``P:routing:changes``; what each holds is the contract in docs/contracts.md
-("Redis"). Also the values that cross it: :func:`status_json` (a node's status),
-:func:`held_out`, :func:`change_message` / :func:`parse_change_message`.
+``P:routing-shadow:<m>``, ``P:history:<m>``, ``P:events:<m>``, ``P:weights:<m>``
+(:func:`weights_key`), ``P:overrides``, ``P:mode`` and the channel ``P:routing:changes``; what
+each holds is the contract in docs/contracts.md ("Redis"). Also the values that cross it:
+:func:`status_json` (a node's status), :func:`held_out`, :func:`weight_fields` (the weights
+hash; :mod:`tailguard.routing.weighted` reads it), :func:`change_message` /
+:func:`parse_change_message`.
 
 Guarantees:
 
@@ -15,7 +17,7 @@ Guarantees:
   ``foo``) and keeps every other character; it is injective and :func:`decode_model`
   inverts it. ``P:models`` and the pub/sub messages carry raw names; node ids are stored raw,
   as members and hash fields, never in a key.
-* All keys of one model are written together by one Lua script (:mod:`app.routing.apply_script`):
+* All keys of one model are written together by one Lua script (:mod:`tailguard.routing.apply_script`):
   one Redis (or a primary with replicas), not Redis Cluster, whose slots would split them.
 """
 
@@ -29,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
-from app.core.types import HealthState, NodeStatus
+from tailguard.core.contract.types import HealthState, NodeStatus
 
 DEFAULT_PREFIX = "tailguard"
 
@@ -104,6 +106,9 @@ class Keys:
     def events(self, model: str) -> str:
         return f"{self.prefix}:events:{encode_model(model)}"
 
+    def weights(self, model: str) -> str:
+        return f"{self.prefix}:weights:{encode_model(model)}"
+
     @property
     def overrides(self) -> str:
         return f"{self.prefix}:overrides"
@@ -117,6 +122,26 @@ class Keys:
         return f"{self.prefix}:routing:changes"
 
 
+def weights_key(prefix: str, model: str) -> str:
+    """``P:weights:<m>``: hash node id → weight in (0, 1) as a decimal string ("0.45"); a
+    routed node with no field has weight 1.0."""
+    return Keys(prefix).weights(model)
+
+
+def weight_text(weight: float) -> str:
+    """A weight as stored in the weights hash: a short decimal string ("0.45", "0.1")."""
+    if not 0.0 < weight <= 1.0:
+        raise ValueError(f"a routing weight must be in (0, 1], got {weight!r}")
+    return f"{weight:.4g}"
+
+
+def weight_fields(weights: Mapping[str, float],
+                  routing: AbstractSet[str]) -> list[tuple[str, str]]:
+    """The (node, weight text) fields of the weights hash: the routed nodes below 1.0, sorted
+    (a node out of routing has no weight)."""
+    return [(n, weight_text(w)) for n, w in sorted(weights.items()) if w < 1.0 and n in routing]
+
+
 def status_json(status: NodeStatus, *, updated_ts: float,
                 extra: Mapping[str, Any] | None = None) -> str:
     """The JSON stored in ``P:nodes:<m>`` for one node.
@@ -127,7 +152,7 @@ def status_json(status: NodeStatus, *, updated_ts: float,
     ``hardware``, ``probe_after`` (Unix s, quarantined nodes), ``updated``
     (Unix s of the write). Missing numbers are ``null``, never 0. ``extra`` (from the
     stage-2 edge) adds ``mode``, ``routed_by_rules`` and ``override``
-    (:mod:`app.streaming.edge`).
+    (:mod:`tailguard.streaming.edge`).
     """
     def num(x: float | None) -> float | None:
         return x if x is not None and math.isfinite(x) else None
@@ -149,6 +174,9 @@ def status_json(status: NodeStatus, *, updated_ts: float,
         "probe_after": num(status.probe_after_ts),
         "updated": updated_ts,
     }
+    if status.weight is not None:
+        d["weight"] = status.weight
+        d["weight_detail"] = status.weight_detail
     if extra:
         d.update(extra)
     return json.dumps(d, separators=(",", ":"), allow_nan=False)

@@ -1,20 +1,26 @@
 """The routing reader that load balancers use: a cached, self-refreshing view of the routing sets.
 
 :class:`RoutingTable` keeps, per model it was asked about, the routing set, the held-out
-set, the quarantine (node → probe-after Unix time) and the version, as read from the keys of
-:mod:`app.routing.keys`. Each guarantee in full, and how a load balancer uses it: docs/lb.md.
+set, the quarantine (node → probe-after Unix time), the routing weights (node → (0, 1]) and
+the version, as read from the keys of :mod:`tailguard.routing.keys`. Each guarantee in full, and
+how a load balancer uses it: docs/lb.md.
 
 Guarantees
 ----------
-* **Consistent snapshots.** A model is loaded with one ``MULTI``/``EXEC``: every cached
-  view is one the writer wrote.
+* **Consistent snapshots.** A model is loaded with one ``MULTI``/``EXEC`` (version, routing
+  set, quarantine, held-out set and weights): every cached view, weights included, is one
+  version the writer wrote.
+* **Weights.** :meth:`RoutingTable.weight` is 1.0 for a node without a field (and for every
+  node while tailguard writes no weights); :meth:`RoutingTable.pick` is nginx's smooth
+  weighted round-robin over the routing set (:mod:`tailguard.routing.weighted`).
 * **Fresh.** A model is refreshed on its ``P:routing:changes`` message and by polling the
   version keys every ``poll_interval_s``, so a change is seen within about that even with
   no pub/sub.
 * **Never goes dark.** While Redis is unreachable, or after a model's keys vanished, the
   last-known sets are served unchanged (failures counted through :class:`ReaderMetrics`).
-* **Cheap on the hot path.** :meth:`RoutingTable.nodes`, :meth:`RoutingTable.cached_quarantine`
-  and :meth:`RoutingTable.probe_candidates` are synchronous dict lookups.
+* **Cheap on the hot path.** :meth:`RoutingTable.nodes`, :meth:`RoutingTable.cached_quarantine`,
+  :meth:`RoutingTable.probe_candidates`, :meth:`RoutingTable.cached_weights` and
+  :meth:`RoutingTable.pick` are synchronous, without I/O.
 * An empty set from :meth:`RoutingTable.get` / :meth:`RoutingTable.nodes` means "no data"
   (use every backend); :meth:`RoutingTable.held_out` is what a list-based balancer holds out.
 """
@@ -33,9 +39,10 @@ from typing import Any, Protocol, Self
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from app.routing.errors import RoutingUnavailable
-from app.routing.keys import DEFAULT_PREFIX, Keys, member_text, parse_change_message
-from app.routing.tasks import cancel_and_wait
+from tailguard.routing.errors import RoutingUnavailable
+from tailguard.routing.keys import DEFAULT_PREFIX, Keys, member_text, parse_change_message, weights_key
+from tailguard.routing.tasks import cancel_and_wait
+from tailguard.routing.weighted import SmoothWeighted, parse_weights
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +74,8 @@ class ModelRouting:
     ``version`` is ``None`` when no routing was ever written for the model
     (then ``nodes`` is empty). ``quarantine`` maps node → probe-after Unix s.
     ``held_out``: the nodes tailguard took out (see the module docstring).
-    ``loaded_ts`` is when it was read (the table's clock).
+    ``loaded_ts`` is when it was read (the table's clock). ``weights``: node → routing
+    weight in (0, 1] as written with this version (a node without one weighs 1.0).
     """
 
     model: str
@@ -76,6 +84,11 @@ class ModelRouting:
     quarantine: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
     loaded_ts: float = 0.0
     held_out: frozenset[str] = frozenset()
+    weights: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+
+    def weight(self, node_id: str) -> float:
+        """``node_id``'s routing weight (1.0 without a field)."""
+        return self.weights.get(node_id, 1.0)
 
 
 OnChange = Callable[[ModelRouting], Any]
@@ -92,7 +105,7 @@ class RoutingTable:
             backends = table.nodes("llama-3-70b")         # sync, cached
 
     ``on_change`` (optional) is called with the new :class:`ModelRouting`
-    whenever a model's routing set or quarantine changes; a coroutine
+    whenever a model's routing set, held-out set, quarantine or weights change; a coroutine
     function is awaited. Exceptions it raises are logged, not propagated.
     """
 
@@ -127,6 +140,8 @@ class RoutingTable:
         self._failures = 0
         self._poll_now = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self._bad_weights: dict[str, list[str]] = {}     # model → fields last warned about
+        self._pickers: dict[str, tuple[ModelRouting, SmoothWeighted]] = {}
 
     # -- hot path -------------------------------------------------------------
 
@@ -151,6 +166,31 @@ class RoutingTable:
         """Cached nodes of ``model`` that tailguard took out (see the module docstring)."""
         entry = self._cache.get(model)
         return entry.held_out if entry is not None else frozenset()
+
+    def cached_weights(self, model: str) -> dict[str, float]:
+        """Cached weights of ``model``: node → (0, 1]; a node not in it weighs 1.0."""
+        entry = self._cache.get(model)
+        return dict(entry.weights) if entry is not None else {}
+
+    def weight(self, model: str, node_id: str) -> float:
+        """Cached weight of ``node_id`` for ``model`` (1.0 without a field or without data)."""
+        entry = self._cache.get(model)
+        return entry.weight(node_id) if entry is not None else 1.0
+
+    def pick(self, model: str) -> str | None:
+        """The next node of ``model``'s cached routing set by smooth weighted round-robin
+        (plain round-robin in sorted order while every weight is 1.0); ``None`` while no
+        routing set is cached (no data: use every backend). A new version restarts the cycle.
+        """
+        entry = self._cache.get(model)
+        if entry is None or not entry.nodes:
+            self.nodes(model)       # track it, so that the next poll loads it
+            return None
+        held = self._pickers.get(model)
+        if held is None or held[0] is not entry:
+            held = (entry, SmoothWeighted(sorted(entry.nodes), entry.weights))
+            self._pickers[model] = held
+        return held[1].next()
 
     def probe_candidates(self, model: str, now_s: float) -> frozenset[str]:
         """Quarantined nodes of ``model`` whose probe-after time has come by ``now_s``."""
@@ -192,6 +232,11 @@ class RoutingTable:
     async def held_out(self, model: str) -> frozenset[str]:
         """Nodes of ``model`` that tailguard took out; loads like :meth:`get`."""
         return (await self._ensure(model)).held_out
+
+    async def weights(self, model: str) -> Mapping[str, float]:
+        """Routing weights of ``model`` (node → (0, 1], absent = 1.0), from the same version
+        as :meth:`get`'s set; loads like :meth:`get`."""
+        return (await self._ensure(model)).weights
 
     async def _ensure(self, model: str) -> ModelRouting:
         entry = self._cache.get(model)
@@ -278,11 +323,13 @@ class RoutingTable:
                 pipe.smembers(k.routing(model))
                 pipe.zrange(k.quarantine(model), 0, -1, withscores=True)
                 pipe.smembers(k.held_out(model))
-                raw_version, raw_nodes, raw_quarantine, raw_held = await pipe.execute()
+                pipe.hgetall(weights_key(k.prefix, model))
+                raw_version, raw_nodes, raw_quarantine, raw_held, raw_weights = await pipe.execute()
             old = self._cache.get(model)
             nodes = frozenset(member_text(n) for n in raw_nodes)
             quarantine = {member_text(n): float(s) for n, s in raw_quarantine}
             held = frozenset(member_text(n) for n in raw_held).union(quarantine)
+            weights = self._weights_of(model, raw_weights)
             if not nodes and old is not None and old.nodes:
                 # Keys gone (restart without persistence, manual delete): keep serving.
                 if model not in self._vanished:
@@ -301,13 +348,23 @@ class RoutingTable:
                 quarantine=MappingProxyType(quarantine),
                 loaded_ts=self._clock(),
                 held_out=held,
+                weights=MappingProxyType(weights),
             )
             self._cache[model] = entry
         self._metrics.refreshed(model, entry.version)
         if (old is None or old.nodes != entry.nodes or old.held_out != entry.held_out
-                or dict(old.quarantine) != dict(entry.quarantine)):
+                or dict(old.quarantine) != dict(entry.quarantine) or dict(old.weights) != weights):
             await self._notify(entry)
         return entry
+
+    def _weights_of(self, model: str, raw: Mapping[bytes, bytes]) -> dict[str, float]:
+        weights, bad = parse_weights(raw)
+        if bad and self._bad_weights.get(model) != bad:
+            log.warning("weights of model %r: %d field(s) are not a number in (0, 1] (%s); those "
+                        "nodes weigh 1.0 until tailguard writes valid ones", model, len(bad),
+                        ", ".join(repr(n) for n in bad[:5]))
+        self._bad_weights[model] = bad
+        return weights
 
     async def _notify(self, entry: ModelRouting) -> None:
         if self._on_change is None:

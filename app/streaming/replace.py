@@ -2,7 +2,7 @@
 
 When a (node, model) is retired (diagnostics said not recoverable, or too
 many probe rounds failed), the worker that owns the model runs the action
-configured in :class:`~app.settings.Settings` — a shell command
+configured in :class:`~tailguard.settings.Settings` — a shell command
 (``TAILGUARD_REPLACE_COMMAND``, with ``TAILGUARD_NODE_ID``, ``TAILGUARD_MODEL``,
 ``TAILGUARD_REASON``, ``TAILGUARD_RETIRED_TS``, ``TAILGUARD_RETIREMENT_ID``,
 ``TAILGUARD_ATTEMPT`` in its environment, which holds nothing else of the worker's but
@@ -32,7 +32,7 @@ entry covers are not acted on (turning the hook on does not replace every
 node retired in the past); they are logged once. The hook never stops the
 stream: action, Redis and Kafka failures are logged and retried at the next
 tick or attempt. What the action printed (or the webhook answered) is cleaned of escapes and
-redacted (:class:`app.redact.Redactor`: the secret settings, anything that looks like a
+redacted (:class:`tailguard.redact.Redactor`: the secret settings, anything that looks like a
 credential) before it is logged, published or recorded; ``DETAIL_CHARS`` of it are kept.
 """
 
@@ -52,9 +52,9 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from app.core.types import HealthState, NodeStatus
-from app.redact import Redactor
-from app.settings import Settings, replace_command_env, secret_values
+from tailguard.core.contract.types import HealthState, NodeStatus
+from tailguard.redact import Redactor
+from tailguard.settings import Settings, replace_command_env, secret_values
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ class Action(Protocol):
 class CommandAction:
     """``/bin/sh -c COMMAND``; exit code 0 is success. Values reach it only through its environment.
 
-    ``env``: the whole environment it starts from (:func:`app.settings.replace_command_env`;
+    ``env``: the whole environment it starts from (:func:`tailguard.settings.replace_command_env`;
     default only a standard ``PATH``), plus the retirement's fields: never the worker's own.
     """
 
@@ -341,7 +341,7 @@ class ReplaceHook:
 
 def action_from(settings: Settings, environ: Mapping[str, str] | None = None) -> Action | None:
     """The configured action of ``settings``, or None (``environ``: the worker's, default
-    ``os.environ``, of which the command gets only :func:`~app.settings.replace_command_env`)."""
+    ``os.environ``, of which the command gets only :func:`~tailguard.settings.replace_command_env`)."""
     if settings.replace_command:
         return CommandAction(settings.replace_command, settings.replace_timeout_s,
                              replace_command_env(settings, environ))
@@ -356,7 +356,7 @@ def build_hook(settings: Settings, publish: Callable[[dict[str, Any]], Awaitable
     action = action_from(settings)
     if action is None:
         return None, None
-    from app.routing.client import connect_for
+    from tailguard.routing.client import connect_for
 
     client = connect_for(settings)   # credentials and TLS, like every other Redis client
     hook = ReplaceHook(action, RedisLedger(client, settings.key_prefix), publish,

@@ -53,8 +53,8 @@ class WorkerEnv:
 
     async def create_topics(self) -> None:
         """Create the test's topics up front (the feeder may start before the worker)."""
-        from app.settings import load
-        from app.streaming.topics import ensure_topics
+        from tailguard.settings import load
+        from tailguard.streaming.topics import ensure_topics
 
         env = {k: v for k, v in self.environ().items() if k.startswith("TAILGUARD_")}
         await ensure_topics(load(env))
@@ -87,12 +87,12 @@ class WorkerEnv:
 
 
 class Worker:
-    """One `python -m app.cli worker` subprocess with its log file."""
+    """One `python -m tailguard.cli worker` subprocess with its log file."""
 
     def __init__(self, env: dict[str, str], log_path: Path) -> None:
         self.log_path = log_path
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen([sys.executable, "-m", "app.cli", "worker"], cwd=ROOT,
+        self.proc = subprocess.Popen([sys.executable, "-m", "tailguard.cli", "worker"], cwd=ROOT,
                                      env=env, stdout=self._log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL)
 
@@ -135,18 +135,20 @@ async def wait_for(pred: Callable[[], Awaitable[Any]], timeout_s: float, what: s
 class Feeder:
     """Publishes batch-form latency events for a set of nodes every ``period_s``.
 
-    ``slow``: nodes whose latency is 3× the others' (P50 far above the peers').
+    ``slow``: nodes whose latency is ``slow_factor`` (3) × the others' (P50 far above the peers').
     ``failing``: nodes that also fail as many requests as they serve (a batch with
     ``"ok": false`` next to each good one), at normal latency.
     """
 
     def __init__(self, kafka: str, topic: str, models: dict[str, list[str]],
                  slow: set[tuple[str, str]] | None = None, period_s: float = 0.25,
-                 per_batch: int = 25, failing: set[tuple[str, str]] | None = None) -> None:
+                 per_batch: int = 25, failing: set[tuple[str, str]] | None = None,
+                 slow_factor: float = 3.0) -> None:
         self.kafka, self.topic, self.models = kafka, topic, models
         self.slow = set(slow or ())
         self.failing = set(failing or ())
         self.period_s, self.per_batch = period_s, per_batch
+        self.slow_factor = slow_factor
         self._task: asyncio.Task[None] | None = None
         self.sent = 0
         self.rng = random.Random(7)
@@ -174,7 +176,7 @@ class Feeder:
             now = time.time()
             for model, nodes in self.models.items():
                 for node in nodes:
-                    base = 3000.0 if (node, model) in self.slow else 1000.0
+                    base = 1000.0 * (self.slow_factor if (node, model) in self.slow else 1.0)
                     samples = [[now, base * self.rng.lognormvariate(0, 0.15)]
                                for _ in range(self.per_batch)]
                     await self._producer.send(self.topic, json.dumps(
@@ -258,7 +260,7 @@ async def health_events(kafka: str, env: WorkerEnv) -> list[dict[str, Any]]:
 
 def tailguard_cli(env: WorkerEnv, *args: str, timeout_s: float = 30.0) -> subprocess.CompletedProcess[str]:
     """Run ``tailguard ARGS…`` with the test's settings (its Redis key prefix)."""
-    return subprocess.run([sys.executable, "-m", "app.cli", *args], cwd=ROOT, env=env.environ(),
+    return subprocess.run([sys.executable, "-m", "tailguard.cli", *args], cwd=ROOT, env=env.environ(),
                           capture_output=True, text=True, timeout=timeout_s, check=False)
 
 

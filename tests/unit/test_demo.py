@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from app import demo
-from app.sim.scenario import loads as load_scenario
+from tailguard import demo
+from tailguard.sim.scenario import loads as load_scenario
 
 PLAN = demo.Plan(onset_s=60.0, degraded_s=30.0, backoff_initial_s=20.0, interval_s=2.5)
 

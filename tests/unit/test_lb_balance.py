@@ -6,13 +6,14 @@ does for nodes it took out."""
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.lb.balance import Balancer, Pick
+from tailguard.lb.balance import Balancer, Pick
 
 URLS = {f"n{i}": f"http://127.0.0.1:{9000 + i}" for i in range(5)}
 
@@ -147,3 +148,75 @@ def test_probe_due_count_matches_share(share: float, n: int) -> None:
     b = Balancer(URLS, probe_share=share)
     got = sum(b.probe_due("m") for _ in range(n))
     assert abs(got - n * share) <= 1.0
+
+
+# -- routing weights: smooth weighted round-robin ------------------------------------------
+
+pick_calls = st.lists(st.tuples(st.sampled_from(["m", "other", None]), st.frozensets(node_ids),
+                                st.frozensets(node_ids), st.frozensets(node_ids)), max_size=40)
+
+
+@given(calls=pick_calls, full=st.sampled_from([{}, {"n0": 1.0}, dict.fromkeys(URLS, 1.0) | {"ghost-1": 0.3}]))
+def test_all_weights_full_gives_the_same_sequence_as_no_weights(
+    calls: list[tuple[str | None, frozenset[str], frozenset[str], frozenset[str]]], full: dict[str, float]
+) -> None:
+    # Every candidate at 1.0 (a weight of a node that is not a candidate does not count): byte for
+    # byte the plain rotation, retries and fallbacks included.
+    plain, weighted = Balancer(URLS, probe_share=0.0), Balancer(URLS, probe_share=0.0)
+    for model, routed, held, exclude in calls:
+        held = held | (frozenset({"ghost-1"}) & routed)
+        routed = routed - held
+        assert (plain.pick(model, routed, exclude=exclude, held_out=held)
+                == weighted.pick(model, routed, exclude=exclude, held_out=held, weights=full))
+
+
+def test_weights_give_each_node_its_share_spread_out() -> None:
+    b = Balancer(URLS, probe_share=0.0)
+    routed = frozenset({"n0", "n1", "n2", "n3"})
+    weights = {"n1": 0.625, "n4": 0.1}          # n4 is held out: its weight does not count
+    picks = [b.pick("m", routed, held_out=held_but(routed), weights=weights) for _ in range(3625 * 2)]
+    assert all(p is not None and not p.fallback and not p.probe for p in picks)
+    got = Counter(p.node_id for p in picks if p)
+    assert got == {"n0": 2000, "n1": 1250, "n2": 2000, "n3": 2000}
+    seq = [p.node_id for p in picks if p]
+    assert not any(x == y == "n1" for x, y in itertools.pairwise(seq))
+
+
+def test_a_node_not_judged_yet_weighs_full_beside_weighted_ones() -> None:
+    b = Balancer(URLS, probe_share=0.0)
+    routed = frozenset({"n0", "n1"})            # n2 not routed and not held: 1.0
+    picks = [b.pick("m", routed, held_out=frozenset({"n3", "n4"}), weights={"n1": 0.5}) for _ in range(2500)]
+    assert Counter(p.node_id for p in picks if p) == {"n0": 1000, "n1": 500, "n2": 1000}
+
+
+def test_new_weights_or_candidates_start_a_new_cycle() -> None:
+    b = Balancer(URLS, probe_share=0.0)
+    routed = frozenset({"n0", "n1"})
+    held = held_but(routed)
+    first = [b.pick("m", routed, held_out=held, weights={"n1": 0.5}).node_id for _ in range(3)]  # type: ignore[union-attr]
+    assert first == ["n0", "n1", "n0"]
+    # n1 now 0.25: a fresh cycle of 5 picks, 4 n0 and 1 n1.
+    again = [b.pick("m", routed, held_out=held, weights={"n1": 0.25}).node_id for _ in range(5)]  # type: ignore[union-attr]
+    assert Counter(again) == {"n0": 4, "n1": 1}
+
+
+def test_retries_and_fallback_rotate_plainly_whatever_the_weights() -> None:
+    b = Balancer(URLS, probe_share=0.0)
+    routed = frozenset({"n0", "n1", "n2"})
+    held = held_but(routed)
+    weights = {"n1": 0.1}
+    retries = [b.pick("m", routed, exclude=frozenset({"n2"}), held_out=held, weights=weights) for _ in range(4)]
+    assert [p.node_id for p in retries if p] == ["n0", "n1", "n0", "n1"]
+    fallback = [b.pick("m", None, weights=weights) for _ in range(len(URLS))]
+    assert all(p is not None and p.fallback for p in fallback)
+    assert sorted(p.node_id for p in fallback if p) == sorted(URLS)
+
+
+@given(weights=st.dictionaries(st.sampled_from(sorted(URLS)), st.floats(0.001, 1.0)),
+       routed=st.frozensets(st.sampled_from(sorted(URLS)), min_size=1))
+def test_weighted_pick_never_returns_a_held_out_node(weights: dict[str, float], routed: frozenset[str]) -> None:
+    b = Balancer(URLS, probe_share=0.0)
+    held = held_but(routed)
+    for _ in range(30):
+        p = b.pick("m", routed, held_out=held, weights=weights)
+        assert p is not None and p.node_id in routed and not p.fallback

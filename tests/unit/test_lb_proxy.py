@@ -12,11 +12,11 @@ from contextlib import AsyncExitStack
 import aiohttp
 import pytest
 
-from app.lb import BackendsError
-from app.lb.balance import Balancer
-from app.lb.proxy import FailureSink, Proxy, model_of, parse_backends, parse_listen, serve
-from app.lb.source import SafeSource
-from app.lb.testing import EchoBackend, StaticSource, echo_backend
+from tailguard.lb import BackendsError
+from tailguard.lb.balance import Balancer
+from tailguard.lb.proxy import FailureSink, Proxy, model_of, parse_backends, parse_listen, serve
+from tailguard.lb.source import SafeSource
+from tailguard.lb.testing import EchoBackend, StaticSource, echo_backend
 
 MODEL = "llama-3-70b"
 
@@ -56,10 +56,10 @@ class Fleet:
 
 async def make_fleet(stack: AsyncExitStack, names: list[str], *, probe_share: float = 0.0,
                      extra: dict[str, str] | None = None,
-                     report_failure: FailureSink | None = None) -> Fleet:
+                     report_failure: FailureSink | None = None, source: StaticSource | None = None) -> Fleet:
     backends = {n: await stack.enter_async_context(echo_backend(n)) for n in names}
     urls = {n: b.url for n, b in backends.items()} | (extra or {})
-    source = StaticSource()
+    source = source or StaticSource()
     proxy = Proxy(SafeSource(source), Balancer(urls, probe_share=probe_share), clock=lambda: 1000.0,
                   report_failure=report_failure)
     port = await stack.enter_async_context(serve(proxy, "127.0.0.1", 0))
@@ -92,6 +92,27 @@ async def test_round_robin_over_routed_nodes_only(stack: AsyncExitStack) -> None
     stats = f.proxy.stats.to_dict()
     assert stats["nodes"]["a"]["requests"] == 3 and stats["nodes"]["a"]["by_model"] == {MODEL: 3}
     assert "b" not in stats["nodes"] and stats["fallback"] == 0
+
+
+async def test_weights_shape_the_rotation_and_all_full_is_plain_round_robin(stack: AsyncExitStack) -> None:
+    f = await make_fleet(stack, ["a", "b", "c"])
+    f.route(MODEL, {"a", "b", "c"})
+    f.source.weight[MODEL] = {"a": 1.0, "b": 1.0, "c": 1.0}
+    assert await f.send(6) == ["a", "b", "c"] * 2
+    f.source.weight[MODEL] = {"b": 0.5}                     # a cycle of 2.5 units: a 2, b 1, c 2
+    assert Counter(await f.send(10)) == {"a": 4, "b": 2, "c": 4}
+    assert f.proxy.stats.to_dict()["nodes"]["b"]["requests"] == 4
+    f.source.weight[MODEL] = {}
+    assert Counter(await f.send(6)) == {"a": 2, "b": 2, "c": 2}
+
+
+async def test_unreadable_weights_are_full_weights(stack: AsyncExitStack) -> None:
+    class NoWeights(StaticSource):
+        async def weights(self, model: str) -> dict[str, float]:
+            raise ConnectionError("weights unreadable")
+
+    f = await make_fleet(stack, ["a", "b"], source=NoWeights({MODEL: frozenset({"a", "b"})}))
+    assert await f.send(4) == ["a", "b"] * 2
 
 
 async def test_routing_change_takes_effect_on_the_next_request(stack: AsyncExitStack) -> None:
@@ -265,7 +286,7 @@ def test_parse_backends_and_listen() -> None:
 def test_a_listen_address_in_use_exits_1_naming_it(
     flag: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from app.lb import proxy
+    from tailguard.lb import proxy
 
     monkeypatch.setenv("TAILGUARD_REDIS_URL", closed_port_url().replace("http://", "redis://"))
     with socket.socket() as busy:       # another program listening there

@@ -1,10 +1,10 @@
-"""app.redact: outside text cleaned of escapes and masked of credentials (pure)."""
+"""tailguard.redact: outside text cleaned of escapes and masked of credentials (pure)."""
 
 from __future__ import annotations
 
 import pytest
 
-from app.redact import Redactor, clean
+from tailguard.redact import Redactor, clean
 
 
 @pytest.mark.parametrize(("raw", "want"), [

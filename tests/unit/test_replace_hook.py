@@ -1,4 +1,4 @@
-"""The replace hook with fake ledger and clock (app.streaming.replace); real subprocess and HTTP on loopback."""
+"""The replace hook with fake ledger and clock (tailguard.streaming.replace); real subprocess and HTTP on loopback."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from app.core.types import HealthState, NodeStatus
-from app.redact import Redactor
-from app.settings import Secret, Settings, secret_values
-from app.streaming.replace import (
+from tailguard.core.contract.types import HealthState, NodeStatus
+from tailguard.redact import Redactor
+from tailguard.settings import Secret, Settings, secret_values
+from tailguard.streaming.replace import (
     Attempt,
     CommandAction,
     ReplaceHook,
@@ -235,7 +235,7 @@ async def test_the_actions_output_is_redacted_before_it_is_logged_published_or_r
     h = ReplaceHook(action, ledger, publish, attempts=2, timeout_s=10.0, max_age_s=3600.0,
                     clock=lambda: NOW, sleep=sleep, redact=Redactor(secret_values(s)))
     (r,) = retirements([status("a")])
-    with caplog.at_level("INFO", logger="app.streaming.replace"):
+    with caplog.at_level("INFO", logger="tailguard.streaming.replace"):
         ev = await h.handle(r)
     assert ev is not None and ev["outcome"] == "failed"
     seen = [published[0]["detail"], json.dumps(ledger.records), caplog.text]
@@ -264,7 +264,7 @@ async def test_a_webhook_failure_names_no_part_of_its_secret_url(caplog: pytest.
     h = ReplaceHook(action, FakeLedger(), publish, attempts=1, timeout_s=2.0, max_age_s=3600.0,
                     clock=lambda: NOW, sleep=sleep, redact=Redactor(secret_values(s)))
     (r,) = retirements([status("a")])
-    with caplog.at_level("INFO", logger="app.streaming.replace"):
+    with caplog.at_level("INFO", logger="tailguard.streaming.replace"):
         await h.handle(r)
     for leak in ("hook-pw-77", "tok3n9f8e7d6c5b4a3", "q5ig"):
         assert leak not in published[0]["detail"] and leak not in caplog.text

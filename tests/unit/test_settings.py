@@ -1,7 +1,7 @@
 """Settings: every ``TAILGUARD_*`` variable is read, and every bad value is refused.
 
 Table-driven: each known variable gets a valid non-default value and must come
-out of :func:`app.settings.load` with it; each bad value must raise a
+out of :func:`tailguard.settings.load` with it; each bad value must raise a
 :class:`SettingError` that names the variable, the value and what is allowed.
 The environment is always passed explicitly, so the tests do not depend on
 the shell they run in.
@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from app import cli
-from app import settings as settings_mod
-from app.core.config import DetectorSettings, SettingError, field_names
-from app.settings import Secret, Settings, load
+from tailguard import cli
+from tailguard import settings as settings_mod
+from tailguard.core.contract.config import DetectorSettings, SettingError, field_names
+from tailguard.settings import Secret, Settings, load
 
 # A valid, non-default value for every variable, and the value it must parse to.
 SERVICE_VALUES: dict[str, tuple[str, Any]] = {
@@ -29,6 +29,9 @@ SERVICE_VALUES: dict[str, tuple[str, Any]] = {
     "TAILGUARD_KEY_PREFIX": ("tg-prod", "tg-prod"),
     "TAILGUARD_APP_ID": ("tailguard-eu", "tailguard-eu"),
     "TAILGUARD_TOPIC_PARTITIONS": ("32", 32),
+    "TAILGUARD_REPLICATION_FACTOR": ("3", 3),
+    "TAILGUARD_REDIS_SENTINELS": ("127.0.0.1:26379,127.0.0.1:26380", "127.0.0.1:26379,127.0.0.1:26380"),
+    "TAILGUARD_REDIS_SENTINEL_MASTER": ("mymaster", "mymaster"),
     "TAILGUARD_METRICS_PORT": ("0", 0),
     "TAILGUARD_WEB_PORT": ("7066", 7066),
     "TAILGUARD_DATA_DIR": ("/var/lib/tailguard", "/var/lib/tailguard"),
@@ -63,7 +66,34 @@ SERVICE_VALUES: dict[str, tuple[str, Any]] = {
     "TAILGUARD_ALLOWLIST_REDIS_KEY": ("site:nodes", "site:nodes"),
     "TAILGUARD_ALLOWLIST_FILE": ("/etc/tailguard/nodes.txt", "/etc/tailguard/nodes.txt"),
     "TAILGUARD_ALLOWLIST_PATTERN": ("gpu-[0-9]+", "gpu-[0-9]+"),
+    "TAILGUARD_ALLOWLIST_MODELS": ("llama,qwen", "llama,qwen"),
+    "TAILGUARD_ALLOWLIST_MODEL_PATTERN": ("llama-.*", "llama-.*"),
     "TAILGUARD_ALLOWLIST_REFRESH_S": ("5", 5.0),
+    "TAILGUARD_SCRAPE_FILE_SD": ("/etc/tailguard/targets.json", "/etc/tailguard/targets.json"),
+    "TAILGUARD_SCRAPE_HTTP_SD": ("http://sd.example:8080/targets", "http://sd.example:8080/targets"),
+    "TAILGUARD_SCRAPE_SD_REFRESH_S": ("60", 60.0),
+    "TAILGUARD_SCRAPE_INTERVAL_S": ("15", 15.0),
+    "TAILGUARD_SCRAPE_TIMEOUT_S": ("2.5", 2.5),
+    "TAILGUARD_SCRAPE_CONCURRENCY": ("64", 64),
+    "TAILGUARD_SCRAPE_NODE_LABEL": ("node", "node"),
+    "TAILGUARD_SCRAPE_MODEL_LABEL": ("served_model", "served_model"),
+    "TAILGUARD_SCRAPE_HARDWARE_LABEL": ("gpu", "gpu"),
+    "TAILGUARD_SCRAPE_PROFILE_LABEL": ("server", "server"),
+    "TAILGUARD_SCRAPE_SHARD": ("1/3", "1/3"),
+    "TAILGUARD_SCRAPE_METRICS_PORT": ("9475", 9475),
+    "TAILGUARD_K8S_API_URL": ("https://10.0.0.1:6443", "https://10.0.0.1:6443"),
+    "TAILGUARD_K8S_TOKEN_FILE": ("/run/tg/token", "/run/tg/token"),
+    "TAILGUARD_K8S_CA_FILE": ("/run/tg/ca.crt", "/run/tg/ca.crt"),
+    "TAILGUARD_K8S_NAMESPACE": ("llm", "llm"),
+    "TAILGUARD_K8S_CONDITION": ("example.com/serving", "example.com/serving"),
+    "TAILGUARD_K8S_NODE_ID": ("label:example.com/node", "label:example.com/node"),
+    "TAILGUARD_K8S_MODEL_LABEL": ("example.com/model", "example.com/model"),
+    "TAILGUARD_K8S_LEASE_NAME": ("tg-sync", "tg-sync"),
+    "TAILGUARD_K8S_LEASE_DURATION_S": ("30", 30.0),
+    "TAILGUARD_K8S_RESYNC_S": ("5", 5.0),
+    "TAILGUARD_K8S_WEBHOOK_LISTEN": ("0.0.0.0:9443", "0.0.0.0:9443"),
+    "TAILGUARD_K8S_WEBHOOK_CERTFILE": ("/tls/tls.crt", "/tls/tls.crt"),
+    "TAILGUARD_K8S_WEBHOOK_KEYFILE": ("/tls/tls.key", "/tls/tls.key"),
 }
 # Variables that are only valid together with others (set alongside, left out of "nothing else moved").
 _TLS = {"TAILGUARD_KAFKA_SECURITY_PROTOCOL": "SSL"}
@@ -75,6 +105,8 @@ COMPANIONS: dict[str, dict[str, str]] = {
     "TAILGUARD_REDIS_SSL_CAFILE": _REDIS_TLS,
     "TAILGUARD_REDIS_SSL_CERTFILE": _REDIS_TLS,
     "TAILGUARD_REDIS_SSL_KEYFILE": _REDIS_TLS | {"TAILGUARD_REDIS_SSL_CERTFILE": "/etc/client.pem"},
+    "TAILGUARD_K8S_WEBHOOK_CERTFILE": {"TAILGUARD_K8S_WEBHOOK_KEYFILE": "/tls/tls.key"},
+    "TAILGUARD_K8S_WEBHOOK_KEYFILE": {"TAILGUARD_K8S_WEBHOOK_CERTFILE": "/tls/tls.crt"},
 }
 DETECTOR_TEXT: dict[str, tuple[str, Any]] = {
     "tick_interval_s": ("2.5", 2.5),
@@ -108,6 +140,10 @@ DETECTOR_TEXT: dict[str, tuple[str, Any]] = {
     "max_future_skew_s": ("30", 30.0),
     "id_pattern": ("[a-z0-9.-]{1,63}", "[a-z0-9.-]{1,63}"),
     "max_new_pairs_per_tick": ("50", 50),
+    "weights": ("observe", "observe"),
+    "min_weight": ("0.2", 0.2),
+    "min_total_weight_share": ("0.5", 0.5),
+    "max_models": ("20", 20),
 }
 
 
@@ -198,6 +234,8 @@ BAD: list[tuple[str, str, str]] = [
     ("TAILGUARD_KEY_PREFIX", "", "non-empty"),
     ("TAILGUARD_KEY_PREFIX", "tail guard", "without spaces"),
     ("TAILGUARD_TOPIC_PARTITIONS", "0", "1..1024"),
+    ("TAILGUARD_REPLICATION_FACTOR", "-1", "min(3, brokers)"),
+    ("TAILGUARD_REDIS_SENTINELS", "sentinel-without-port", "host:port"),
     ("TAILGUARD_TOPIC_PARTITIONS", "eight", "whole number"),
     ("TAILGUARD_METRICS_PORT", "65536", "0..65535"),
     ("TAILGUARD_METRICS_PORT", "-1", "0..65535"),
@@ -389,7 +427,7 @@ def test_tailguard_with_bad_setting_exits_2_naming_it(
 
 def test_a_reader_that_closes_the_pipe_ends_the_command_quietly() -> None:
     """`tailguard settings | head -2`: no BrokenPipeError traceback, nothing on stderr."""
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "settings"], env={"PATH": "/usr/bin:/bin"},
+    proc = subprocess.Popen([sys.executable, "-m", "tailguard.cli", "settings"], env={"PATH": "/usr/bin:/bin"},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout is not None and proc.stderr is not None
     proc.stdout.close()                 # the reader is gone before the first line
@@ -414,13 +452,13 @@ def test_help_lists_every_command(argv: list[str], capsys: pytest.CaptureFixture
 def test_console_entry_point_in_a_fresh_process() -> None:
     """The installed program, not just the function: exit codes survive the process boundary."""
     env = {"PATH": "/usr/bin:/bin", "TAILGUARD_LOG_LEVEL": "loud"}
-    bad = subprocess.run([sys.executable, "-m", "app.cli", "settings"], env=env,
+    bad = subprocess.run([sys.executable, "-m", "tailguard.cli", "settings"], env=env,
                          capture_output=True, text=True, timeout=60, check=False)
     assert bad.returncode == 2
     assert "TAILGUARD_LOG_LEVEL='loud'" in bad.stderr
-    unknown = subprocess.run([sys.executable, "-m", "app.cli", "nope"], capture_output=True, text=True,
+    unknown = subprocess.run([sys.executable, "-m", "tailguard.cli", "nope"], capture_output=True, text=True,
                              timeout=60, check=False)
     assert unknown.returncode == 2
-    ok = subprocess.run([sys.executable, "-m", "app.cli", "settings"], env={"PATH": "/usr/bin:/bin"},
+    ok = subprocess.run([sys.executable, "-m", "tailguard.cli", "settings"], env={"PATH": "/usr/bin:/bin"},
                         capture_output=True, text=True, timeout=60, check=False)
     assert ok.returncode == 0 and "TAILGUARD_WINDOW_SIZE=1000" in ok.stdout
