@@ -146,6 +146,9 @@ class TickMetrics(Protocol):
 
     transitions: Any
     fleet_events: Any
+    weight_changes: Any
+
+    def set_weights(self, model: str, weights: Any, routing: Any) -> None: ...
 
     def set_node_states(self, model: str, counts: dict[HealthState, int]) -> None: ...
 
@@ -155,7 +158,7 @@ class TickMetrics(Protocol):
 
 def tick_messages(outputs: Iterable[EdgeOutput], health_topic: str, fleet_topic: str,
                   diagnostics_topic: str, metrics: TickMetrics) -> list[Outgoing]:
-    """A stage-2 tick's messages — every health change (keyed by model), fleet event (keyed
+    """A stage-2 tick's messages — every health or weight change (keyed by model), fleet event (keyed
     by model) and diagnostics request (keyed by node) — and its counters, reported once per
     tick whether or not Kafka takes the messages."""
     out: list[Outgoing] = []
@@ -164,8 +167,11 @@ def tick_messages(outputs: Iterable[EdgeOutput], health_topic: str, fleet_topic:
         key = tick.model.encode()
         for ev in o.health_events:
             out.append(Outgoing(health_topic, key, dumps(ev)))
-            if "operator" not in ev:    # a drain or pin is no state transition
+            if ev.get("type") == "weight":
+                metrics.weight_changes.labels(model=tick.model).inc()
+            elif "operator" not in ev:    # a drain or pin is no state transition
                 metrics.transitions.labels(to=str(ev["to"])).inc()
+        metrics.set_weights(tick.model, tick.weights, tick.routing)
         for f in tick.fleet_events:
             out.append(Outgoing(fleet_topic, key, dumps(f.to_event())))
             metrics.fleet_events.labels(model=tick.model, kind=f.kind).inc()
