@@ -40,9 +40,10 @@ APPLY_LUA = r"""
 -- ARGV: 1 channel, 2 model, 3 #routing, 4 #quarantine, 5 #statuses,
 --       6 #shadow (-1: leave the shadow set alone), 7 #history (-1: leave it alone),
 --       8 #events, 9 events cap, 10 #held-out, 11 #weights, 12 version floor (the last
---       version this writer wrote for the model, 0 if none), then the routing members, then (score, node) pairs, then (node, json) pairs,
---       then the shadow members, then (node, json) history pairs, then event jsons,
---       then the held-out members, then (node, weight) pairs.
+--       version this writer wrote for the model, 0 if none), then the routing members,
+--       then (score, node) pairs, then (node, json) pairs, then the shadow members,
+--       then (node, json) history pairs, then event jsons, then the held-out members,
+--       then (node, weight) pairs.
 -- An empty routing set is written only for a model that has none yet (no node admitted:
 -- the key stays absent); one that would empty an existing set is refused, nothing written.
 -- The weights hash (routed nodes below weight 1) moves with the routing set: a change of
