@@ -76,6 +76,15 @@ class WorkerMetrics:
                                            "results that answer no current request, by reason "
                                            "(no_episode, no_request_id, wrong_request, "
                                            "before_request): not applied", ["reason"], registry=r)
+        self.publish_dropped = Counter("tailguard_publish_dropped", "stage-2 messages (health "
+                                       "changes, fleet events, diagnostics requests) dropped "
+                                       "unpublished: the oldest, when the backlog of a failing "
+                                       "topic outgrew TAILGUARD_PUBLISH_BACKLOG_BYTES",
+                                       ["topic"], registry=r)
+        self.publish_backlog_bytes = Gauge("tailguard_publish_backlog_bytes", "bytes of stage-2 "
+                                           "messages waiting to be published (retried every "
+                                           "tick; routing is written to Redis meanwhile)",
+                                           registry=r)
         self.samples_dropped = Counter("tailguard_samples_dropped", "samples (and heartbeats) "
                                        "stage 1 did not add to a window, by reason "
                                        "(new_pair_limit: a new pair over "
