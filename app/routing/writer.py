@@ -303,10 +303,11 @@ class RoutingWriter:
                 "Redis refused the routing write of model %r (%s: %s); attempt %d, retrying this "
                 "model in %.2fs, other models are still written. Check the type and ACL of its "
                 "keys (%s is a SET, %s a string counter, %s a ZSET, %s a HASH, %s a SET, %s a "
-                "HASH, %s a LIST, %s a SET); load balancers keep its last written set",
+                "HASH, %s a LIST, %s a SET, %s a HASH); load balancers keep its last written set",
                 model, type(error).__name__, error, failures, delay_s,
                 k.routing(model), k.version(model), k.quarantine(model), k.nodes(model),
                 k.shadow(model), k.history(model), k.events(model), k.held_out(model),
+                k.weights(model),
             )
         self._wake.set()
 

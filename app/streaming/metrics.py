@@ -16,7 +16,8 @@ import collections
 import contextlib
 import math
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -115,6 +116,15 @@ class WorkerMetrics:
         self.operator_read_failures = Counter("tailguard_operator_read_failures", "failed "
                                               "reads of operator overrides/modes from Redis "
                                               "(the last ones read stay in force)", registry=r)
+        self.node_weight = Gauge("tailguard_node_weight", "routing weight the rules gave a routed node "
+                                 "(0..1] for nodes that were weighted below 1.0 while routed "
+                                 "(1.0 once back; no series for the others: weight 1.0)",
+                                 ["model", "node"], registry=r)
+        self.weighted_nodes = Gauge("tailguard_weighted_nodes", "routed nodes below weight "
+                                    "1.0 per model", ["model"], registry=r)
+        self.weight_changes = Counter("tailguard_weight_changes", "routing-weight events "
+                                      "published (rate-limited)", ["model"], registry=r)
+        self._weighted: dict[str, set[str]] = {}      # model -> nodes with a node_weight series
         self._server: Any = None
         self._thread: threading.Thread | None = None
 
@@ -160,9 +170,30 @@ class WorkerMetrics:
         self.held_by_cap.labels(model=model).set(
             sum(1 for s in known if s.reason == "ejection_cap" and s.routed))
 
+    def set_weights(self, model: str, weights: Mapping[str, float],
+                    routing: AbstractSet[str]) -> None:
+        """The weight gauges of one model after its tick: ``weights`` (routed nodes below 1.0)
+        and the routing set (a node weighted before and still routed is at 1.0; one that left
+        routing loses its series)."""
+        seen = self._weighted.setdefault(model, set())
+        for node in sorted(seen - weights.keys()):
+            if node in routing:
+                self.node_weight.labels(model=model, node=node).set(1.0)
+            else:
+                seen.discard(node)
+                with contextlib.suppress(KeyError):
+                    self.node_weight.remove(model, node)
+        for node, w in weights.items():
+            self.node_weight.labels(model=model, node=node).set(w)
+            seen.add(node)
+        self.weighted_nodes.labels(model=model).set(sum(1 for w in weights.values() if w < 1.0))
+
     def forget_model(self, model: str) -> None:
+        for node in self._weighted.pop(model, set()):
+            with contextlib.suppress(KeyError):
+                self.node_weight.remove(model, node)
         for g in (self.observe_mode, self.routed_nodes, self.ejection_cap, self.rules_out,
-                  self.held_by_cap):
+                  self.held_by_cap, self.weighted_nodes):
             with contextlib.suppress(KeyError):
                 g.remove(model)
         for action in ("drain", "pin"):

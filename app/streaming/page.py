@@ -5,8 +5,8 @@ Routes (bound to 127.0.0.1 like the rest of faust's web server):
 * ``/tailguard/`` — one self-contained HTML file (``app/streaming/static/status.html``:
   inline CSS and JS, no build step, nothing from a CDN) that fetches
   ``status.json`` every few seconds and renders one table per model (node,
-  state, routed, P50/P99/ratio against the peers' medians, since, reason,
-  override), an inline-SVG latency sparkline per node, and the model's newest
+  state, routed with its routing weight, P50/P99/ratio against the peers' medians, since,
+  reason, override), an inline-SVG latency sparkline per node, and the model's newest
   health changes and fleet events. Every node id, model name and text is put
   into the page with ``textContent``/``setAttribute`` — never parsed as HTML —
   so ids holding markup or control characters show as text.
@@ -89,6 +89,8 @@ async def page_data(redis: aioredis.Redis, key_prefix: str, now_s: float,
                 "p50_us": _num(st.get("p50_us")), "p99_us": _num(st.get("p99_us")),
                 "ratio": _num(st.get("ratio")), "since": _num(st.get("since")),
                 "reason": st.get("reason"), "override": st.get("override"),
+                "weight": ms.weights.get(n, 1.0) if n in ms.routing else None,
+                "weight_detail": st.get("weight_detail"),
                 "probe_after": ms.quarantine.get(n),
                 "history": [[h.get("ts"), *(h.get("lat") or [None, None]), h.get("routed")]
                             for h in history.get(n, []) if isinstance(h, dict)],

@@ -138,6 +138,9 @@ DETECTOR_TEXT: dict[str, tuple[str, Any]] = {
     "max_future_skew_s": ("30", 30.0),
     "id_pattern": ("[a-z0-9.-]{1,63}", "[a-z0-9.-]{1,63}"),
     "max_new_pairs_per_tick": ("50", 50),
+    "weights": ("observe", "observe"),
+    "min_weight": ("0.2", 0.2),
+    "min_total_weight_share": ("0.5", 0.5),
     "max_models": ("20", 20),
 }
 

@@ -72,6 +72,7 @@ from tailguard.core.judge.rules import (
     record_rates,
     tail_support_samples,
 )
+from tailguard.core.judge.weights import NO_WEIGHTS, WeightTick, weigh_model, weigh_statuses
 
 # Verdicts against the peers' reference: without min_peers peers they cannot be judged.
 PEER_REASONS = frozenset({str(Reason.RELATIVE_P50), str(Reason.RELATIVE_P99)})
@@ -251,8 +252,14 @@ class FleetEvaluator:
         diagnostics: list[DiagnosticsRequest] = []
         if not load and not live.telemetry_lost and candidates:
             eject_within_cap(model, ms.pairs, candidates, now_s, st, transitions, diagnostics)
+        wt = None
+        if st.weights != "off":     # after the ejections: only the routed nodes have a weight
+            # Histogram pairs' P50s sit on bucket bounds: no weight from them (docs/rules.md).
+            wt = weigh_model(model, ms.weights, peers, norms, ms.pairs.routing(), now_s, st,
+                             hold=load or live.telemetry_lost or hist is not None)
+        ms.weights = NO_WEIGHTS if wt is None else wt.state
         return self._report(model, ms, by_node, now_s, transitions, fleet_events, diagnostics,
-                            with_statuses)
+                            with_statuses, wt)
 
     # ---- steps of the tick ---------------------------------------------------------------
     def _admit_new(self, model: str, ms: ModelState, by_node: dict[str, WindowSummary],
@@ -506,7 +513,8 @@ class FleetEvaluator:
 
     def _report(self, model: str, ms: ModelState, by_node: dict[str, WindowSummary],
                 now_s: float, transitions: list[Transition], fleet_events: list[FleetEvent],
-                diagnostics: list[DiagnosticsRequest], with_statuses: bool) -> ModelTick:
+                diagnostics: list[DiagnosticsRequest], with_statuses: bool,
+                wt: WeightTick | None = None) -> ModelTick:
         pairs = ms.pairs
         routing = pairs.routing()
         # The contract: ``routed`` is membership of the routing set after the tick, also for
@@ -523,9 +531,13 @@ class FleetEvaluator:
             if t.to_state is HealthState.RETIRED:
                 ms.retired_seen[t.node_id] = now_s
         statuses = self._statuses(model, pairs, by_node) if with_statuses else ()
+        if wt is not None and statuses:
+            statuses = weigh_statuses(statuses, wt)
         return ModelTick(model=model, ts=now_s, transitions=tuple(transitions), routing=routing,
                          quarantine=quarantine, statuses=statuses,
-                         fleet_events=tuple(fleet_events), diagnostics=tuple(diagnostics))
+                         fleet_events=tuple(fleet_events), diagnostics=tuple(diagnostics),
+                         weights=wt.weights if wt is not None else {},
+                         weight_changes=wt.changes if wt is not None else ())
 
     # ---- diagnostics ---------------------------------------------------------------------
     def apply_diagnostics(self, model: str, node_id: str, recoverable: bool,
