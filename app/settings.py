@@ -8,7 +8,7 @@ Unknown ``TAILGUARD_*`` variables are errors too (a typo must not silently
 fall back to a default).
 
 Secrets (:data:`SECRETS`: the Kafka SASL password, the Kafka TLS key password,
-the Redis password) are held as :class:`Secret`, whose ``str`` and ``repr``
+the Redis password, the replace webhook URL) are held as :class:`Secret`, whose ``str`` and ``repr``
 are ``***``: printing or logging a :class:`Settings` never shows them. Each
 also comes from a file, ``TAILGUARD_<NAME>_FILE`` (a mounted secret; one
 trailing newline is dropped). A password inside ``TAILGUARD_REDIS_URL`` is
@@ -127,7 +127,11 @@ class Settings:
     redis_sentinel_master: str = "tailguard"     # the primary's name in the sentinels' config
     # The replace hook (tailguard.streaming.replace): one action per retired (node, model).
     replace_command: str = ""         # run with /bin/sh -c; node, model, reason in its environment
-    replace_webhook_url: str = ""     # or: POST the retirement as JSON here
+    # or: POST the retirement as JSON here (a secret: webhook URLs carry tokens)
+    replace_webhook_url: Secret = field(default_factory=Secret)
+    # names of variables of the worker's environment the command also gets (comma-separated);
+    # otherwise only PATH, the TAILGUARD_REPLACE_* settings and the retirement's fields
+    replace_env: str = ""
     replace_timeout_s: float = 60.0   # per attempt
     replace_attempts: int = 3         # tries before the outcome is "failed"
     replace_max_age_s: float = 3600.0  # older retirements, first seen (hook newly on), are not acted on
@@ -146,6 +150,9 @@ class Settings:
     allowlist_file: str = ""          # a file of node ids, one a line, # comments
     allowlist_pattern: str = ""       # node ids matching this regular expression (whole)
     allowlist_refresh_s: float = 30.0  # how often the set and the file are read again
+    # Stage 2's messages that Kafka did not take yet (a topic refusing writes), kept for retry
+    # at most this many bytes; the oldest are dropped (counted) beyond.
+    publish_backlog_bytes: int = 64 * 1024 * 1024
     # Allowlist of model names: off while both are empty; on, events of other models are
     # dead-lettered (not_allowlisted) — a flood of model names never reaches a window.
     allowlist_models: str = ""         # model names, comma-separated
@@ -223,15 +230,14 @@ class Settings:
                                "the name the sentinels monitor the primary under (SENTINEL MONITOR <name> …)")
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):
             raise SettingError("TAILGUARD_LOG_LEVEL", self.log_level, "debug, info, warning or error")
-        if self.replace_command and self.replace_webhook_url:
-            raise SettingError("TAILGUARD_REPLACE_WEBHOOK_URL", self.replace_webhook_url,
-                               "empty when TAILGUARD_REPLACE_COMMAND is set (one action per retirement)")
-        if self.replace_webhook_url and urlparse(self.replace_webhook_url).scheme not in ("http", "https"):
-            raise SettingError("TAILGUARD_REPLACE_WEBHOOK_URL", self.replace_webhook_url, "an http(s):// URL")
+        _check_replace(self)
         for name in ("replace_timeout_s", "replace_max_age_s"):
             v = getattr(self, name)
             if not (v > 0 and v < float("inf")):
                 raise SettingError(PREFIX + name.upper(), v, "a number of seconds > 0")
+        if not 1024 <= self.publish_backlog_bytes <= 1 << 40:
+            raise SettingError("TAILGUARD_PUBLISH_BACKLOG_BYTES", self.publish_backlog_bytes,
+                               "a number of bytes in [1024, 2^40] (default 64 MiB)")
         if not 1 <= self.replace_attempts <= 100:
             raise SettingError("TAILGUARD_REPLACE_ATTEMPTS", self.replace_attempts, "1..100")
         for f in dataclasses.fields(Topics):
@@ -307,6 +313,58 @@ def _check_security(s: Settings) -> None:
     if s.redis_username and u.username:
         raise SettingError("TAILGUARD_REDIS_USERNAME", s.redis_username, "empty when "
                            "TAILGUARD_REDIS_URL holds a user name already (give it in one place)")
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _check_replace(s: Settings) -> None:
+    url = s.replace_webhook_url.reveal()
+    # The URL is a secret: an error shows its scheme only (a token may be anywhere in it).
+    shown = f"{urlparse(url).scheme}://***" if "://" in url else "***"
+    if s.replace_command and url:
+        raise SettingError("TAILGUARD_REPLACE_WEBHOOK_URL", shown,
+                           "empty when TAILGUARD_REPLACE_COMMAND is set (one action per retirement)")
+    if url and (urlparse(url).scheme not in ("http", "https") or not urlparse(url).hostname):
+        raise SettingError("TAILGUARD_REPLACE_WEBHOOK_URL", shown, "an http(s):// URL")
+    names = [n.strip() for n in s.replace_env.split(",") if n.strip()]
+    if not all(_ENV_NAME.fullmatch(n) for n in names):
+        raise SettingError("TAILGUARD_REPLACE_ENV", s.replace_env,
+                           "comma-separated variable names, e.g. KUBECONFIG,HOME")
+    secret = {PREFIX + n.upper() for n in SECRETS} | set(secret_file_names())
+    for n in names:
+        if n in secret:
+            raise SettingError("TAILGUARD_REPLACE_ENV", s.replace_env,
+                               f"names of variables that hold no tailguard secret (not {n})")
+
+
+def secret_values(s: Settings) -> list[str]:
+    """Every secret's value (and the password in ``TAILGUARD_REDIS_URL``): what must never
+    appear in a log or a message (``tailguard.redact.Redactor`` masks them). For the webhook URL,
+    also its password, query and long path segments (tokens are often there)."""
+    out = [getattr(s, n).reveal() for n in SECRETS if getattr(s, n)]
+    for url in (s.redis_url, s.replace_webhook_url.reveal()):
+        u = urlparse(url)
+        out += [p for p in (u.password, u.query) if p]
+    out += [seg for seg in urlparse(s.replace_webhook_url.reveal()).path.split("/") if len(seg) >= 16]
+    return out
+
+
+def replace_command_env(s: Settings, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment the replace command starts from (the retirement's fields are added).
+
+    ``PATH``, the ``TAILGUARD_REPLACE_*`` variables that hold no secret, and the variables
+    ``TAILGUARD_REPLACE_ENV`` names — nothing else of the worker's environment (its
+    passwords stay in the worker).
+    """
+    env = os.environ if environ is None else environ
+    secret = {PREFIX + n.upper() for n in SECRETS} | set(secret_file_names())
+    out = {"PATH": env.get("PATH", os.defpath)}
+    out |= {k: v for k, v in env.items() if k.startswith(PREFIX + "REPLACE_") and k not in secret}
+    for name in (n.strip() for n in s.replace_env.split(",")):
+        if name and name in env:
+            out[name] = env[name]
+    return out
 
 
 def _check_allowlist(s: Settings) -> None:
