@@ -67,6 +67,7 @@ SERVICE_VALUES: dict[str, tuple[str, Any]] = {
     "TAILGUARD_ALLOWLIST_FILE": ("/etc/tailguard/nodes.txt", "/etc/tailguard/nodes.txt"),
     "TAILGUARD_ALLOWLIST_PATTERN": ("gpu-[0-9]+", "gpu-[0-9]+"),
     "TAILGUARD_ALLOWLIST_MODELS": ("llama,qwen", "llama,qwen"),
+    "TAILGUARD_PUBLISH_BACKLOG_BYTES": ("1048576", 1048576),
     "TAILGUARD_ALLOWLIST_MODEL_PATTERN": ("llama-.*", "llama-.*"),
     "TAILGUARD_ALLOWLIST_REFRESH_S": ("5", 5.0),
     "TAILGUARD_SCRAPE_FILE_SD": ("/etc/tailguard/targets.json", "/etc/tailguard/targets.json"),
