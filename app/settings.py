@@ -28,6 +28,8 @@ from urllib.parse import parse_qs, urlparse
 
 from tailguard.core.contract.config import DetectorSettings, SettingError, check_regex, field_names, parse_overrides
 from tailguard.k8s.config import check_k8s
+from tailguard.kafka_security import KafkaSecurity, parse_bool, read_secret
+from tailguard.kafka_security import validate as validate_kafka_security
 
 PREFIX = "TAILGUARD_"
 
@@ -46,8 +48,6 @@ class Topics:
     replacements: str = "node-replacements"
 
 
-KAFKA_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
-SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,6 +256,13 @@ class Settings:
         """The per-target scrape timeout in seconds (``scrape_timeout_s``, 0 resolved)."""
         return self.scrape_timeout_s or min(5.0, self.scrape_interval_s)
 
+    def kafka_security(self) -> KafkaSecurity:
+        """The Kafka security values, as :mod:`tailguard.kafka_security` (and the agent) take them."""
+        return KafkaSecurity(
+            self.kafka_security_protocol, self.kafka_sasl_mechanism, self.kafka_sasl_username,
+            self.kafka_sasl_password.reveal(), self.kafka_ssl_cafile, self.kafka_ssl_certfile,
+            self.kafka_ssl_keyfile, self.kafka_ssl_key_password.reveal(), self.kafka_ssl_check_hostname)
+
     @property
     def allowlist_on(self) -> bool:
         return self.allowlist_nodes_on or bool(self.allowlist_models or self.allowlist_model_pattern)
@@ -279,26 +286,7 @@ def _check_topic_name(var: str, name: str, max_len: int = 249, why: str = "") ->
 
 
 def _check_security(s: Settings) -> None:
-    proto = s.kafka_security_protocol
-    if proto not in KAFKA_PROTOCOLS:
-        raise SettingError("TAILGUARD_KAFKA_SECURITY_PROTOCOL", proto, ", ".join(KAFKA_PROTOCOLS))
-    if s.kafka_sasl_mechanism not in SASL_MECHANISMS:
-        raise SettingError("TAILGUARD_KAFKA_SASL_MECHANISM", s.kafka_sasl_mechanism, ", ".join(SASL_MECHANISMS))
-    if proto.startswith("SASL_"):
-        if not s.kafka_sasl_username:
-            raise SettingError("TAILGUARD_KAFKA_SASL_USERNAME", "", f"a user name (required with {proto})")
-        if not s.kafka_sasl_password:
-            raise SettingError("TAILGUARD_KAFKA_SASL_PASSWORD", "",
-                               f"a password, or TAILGUARD_KAFKA_SASL_PASSWORD_FILE (required with {proto})")
-    tls = proto in ("SSL", "SASL_SSL")
-    for name in ("kafka_ssl_cafile", "kafka_ssl_certfile", "kafka_ssl_keyfile"):
-        if getattr(s, name) and not tls:
-            raise SettingError(PREFIX + name.upper(), getattr(s, name),
-                               f"empty: TAILGUARD_KAFKA_SECURITY_PROTOCOL={proto} uses no TLS "
-                               "(set it to SSL or SASL_SSL)")
-    if s.kafka_ssl_keyfile and not s.kafka_ssl_certfile:
-        raise SettingError("TAILGUARD_KAFKA_SSL_CERTFILE", "", "the client certificate that "
-                           "TAILGUARD_KAFKA_SSL_KEYFILE belongs to")
+    validate_kafka_security(s.kafka_security(), SettingError)
     if s.redis_ssl_keyfile and not s.redis_ssl_certfile:
         raise SettingError("TAILGUARD_REDIS_SSL_CERTFILE", "", "the client certificate that "
                            "TAILGUARD_REDIS_SSL_KEYFILE belongs to")
@@ -519,19 +507,8 @@ def parse_set(items: list[str], base: DetectorSettings | None = None) -> Detecto
 
 
 def _parse_bool(var: str, text: str) -> bool:
-    low = text.strip().lower()
-    if low in ("1", "true", "yes", "on"):
-        return True
-    if low in ("0", "false", "no", "off"):
-        return False
-    raise SettingError(var, text, "true or false")
+    return parse_bool(var, text, SettingError)
 
 
 def _read_secret(var: str, path: str) -> str:
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except (OSError, UnicodeDecodeError) as e:
-        raise SettingError(var, path, f"a readable file holding the secret ({type(e).__name__})") from None
-    text = text[:-1] if text.endswith("\n") else text
-    return text[:-1] if text.endswith("\r") else text
+    return read_secret(var, path, SettingError)
