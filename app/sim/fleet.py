@@ -7,7 +7,9 @@ of the scenario in one process (one aiohttp server per node, port
 - ``POST /v1/completions`` with a JSON body ``{"model": …, "max_tokens": …}``
   (optional ``prompt`` or ``input_tokens``): sleeps the latency the node's
   model draws (:meth:`Scenario.latency` at the current scenario time) and
-  answers an OpenAI-style completion; ``404`` for a model the node does not
+  answers an OpenAI-style completion (with ``slots``, at most that many at a time: the rest
+  wait in arrival order, and their reported latency includes the wait, as a real server's
+  end-to-end latency does); ``404`` for a model the node does not
   serve, ``400`` for a bad body, ``500`` for a request an ``errors`` fault
   fails;
 - ``GET /healthz`` → ``{"node_id": …, "models": […], "scenario_time_s": …}``.
@@ -77,7 +79,9 @@ class SimNode:
     def __init__(self, scenario: Scenario, index: int, reporter: Reporter, *,
                  scenario_time: Callable[[], float], seed: int,
                  sleep: Callable[[float], Any] = asyncio.sleep,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+                 monotonic: Callable[[], float] = time.monotonic, slots: int | None = None) -> None:
+        if slots is not None and slots < 1:
+            raise ValueError(f"slots must be >= 1 (or None: no limit), got {slots!r}")
         self.scenario = scenario
         self.spec: NodeSpec = scenario.nodes[index]
         self.node_id = self.spec.node_id
@@ -88,6 +92,7 @@ class SimNode:
         self._rng = node_rng(seed, 1_000_000 + index)
         self._models: dict[str, NodeLatency] = {m: scenario.latency(self.node_id, m) for m in self.spec.models}
         self._llm = {m for m in self.spec.models if scenario.model(m).kind == "llm"}
+        self._slots = asyncio.Semaphore(slots) if slots is not None else None
         self.requests = 0
 
     @property
@@ -142,8 +147,9 @@ class SimNode:
             in_tok = max(1, len(body["prompt"]) // 4)
         probe = request.headers.get(PROBE_HEADER, "") == "1"
         t0 = self._mono()
-        s = self.draw(str(model), input_tokens=in_tok, output_tokens=out_tok)
-        await self._sleep(s.latency_s)
+        async with self._slots or contextlib.nullcontext():
+            s = self.draw(str(model), input_tokens=in_tok, output_tokens=out_tok)
+            await self._sleep(s.latency_s)
         elapsed_us = max(1.0, (self._mono() - t0) * 1e6)
         self.requests += 1
         self._report(str(model), elapsed_us, s, probe)
@@ -201,13 +207,14 @@ class Fleet:
     """Runs the nodes of a scenario; an async context manager.
 
     ``time_scale`` compresses the scenario's timeline; ``monotonic`` is the
-    clock scenario time is measured with (injectable for tests).
+    clock scenario time is measured with (injectable for tests); ``slots`` caps each
+    node's concurrent requests (``None``: no cap).
     """
 
     def __init__(self, scenario: Scenario, reporter: Reporter, *, base_port: int,
                  host: str = "127.0.0.1", time_scale: float = 1.0, seed: int | None = None,
                  monotonic: Callable[[], float] = time.monotonic,
-                 on_listen: Callable[[Listening], None] | None = None) -> None:
+                 on_listen: Callable[[Listening], None] | None = None, slots: int | None = None) -> None:
         if not time_scale > 0:
             raise ValueError(f"time_scale must be > 0, got {time_scale!r}")
         if not 0 <= base_port <= 65535 - len(scenario.nodes) + 1:
@@ -219,7 +226,7 @@ class Fleet:
         self._on_listen = on_listen
         seed = scenario.seed if seed is None else seed
         self.nodes = [SimNode(scenario, i, reporter, scenario_time=self.scenario_time, seed=seed,
-                              monotonic=monotonic) for i in range(len(scenario.nodes))]
+                              monotonic=monotonic, slots=slots) for i in range(len(scenario.nodes))]
         self.listening: dict[str, Listening] = {}
         self._runners: list[web.AppRunner] = []
         self._joins: list[asyncio.Task[None]] = []
@@ -300,6 +307,8 @@ def add_parser(sub: Any) -> None:
                    help="stop after this many wall-clock seconds; 0: run until interrupted "
                         "(default: the scenario's duration / time scale)")
     f.add_argument("--seed", type=int, default=None, help="random seed (default: the scenario's)")
+    f.add_argument("--slots", type=int, default=None,
+                   help="requests each node serves at a time; the rest queue (default: no limit)")
     f.add_argument("--bootstrap", default=None, help="Kafka bootstrap servers (default: TAILGUARD_KAFKA_BOOTSTRAP)")
     f.add_argument("--topic", default=None, help="latency topic (default: TAILGUARD_TOPIC_LATENCY_EVENTS)")
     f.add_argument("--heartbeat-interval-s", type=float, default=5.0, help="heartbeat period (default 5)")
@@ -349,7 +358,7 @@ async def _serve(s: Scenario, args: argparse.Namespace, bootstrap: str, topic: s
     async with LatencyEmitter(bootstrap, topic=topic, heartbeat_interval_s=args.heartbeat_interval_s,
                               producer_options=kafka_options) as em:
         async with Fleet(s, em, base_port=args.base_port, host=args.host, time_scale=args.time_scale,
-                         seed=args.seed, on_listen=on_listen) as fleet:
+                         seed=args.seed, on_listen=on_listen, slots=args.slots) as fleet:
             print(f"tailguard simulate fleet: {s.name}: {len(s.nodes)} nodes from {args.host}:{args.base_port}, "
                   f"time scale {args.time_scale:g}, reporting to {bootstrap} topic {topic}", file=sys.stderr)
             with contextlib.suppress(TimeoutError):
