@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("app.replay_cli", "run the detector offline over a JSON-lines trace"),
     "status": ("app.routing.status", "per-model table of nodes, read from Redis"),
     "simulate": ("app.sim.cli", "run a simulated fleet of inference nodes"),
+    "scrape": ("app.scrape.run", "poll servers' /metrics (vLLM, SGLang, TGI, Triton, Dynamo) into latency events"),
     "proxy": ("app.lb.proxy", "reference HTTP load balancer reading the routing set"),
     "haproxy-sync": ("app.lb.haproxy", "map routing sets onto HAProxy's Runtime API"),
     "probe": ("app.lb.prober", "synthetic probes for quarantined nodes an LB sends nothing"),
@@ -32,6 +33,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "release": ("app.routing.operators_cli:release_main", "end a node's drain or pin"),
     "mode": ("app.routing.operators_cli:mode_main", "show or set observe/enforce mode"),
     "explain": ("app.routing.explain", "why a node is where it is: its last ticks' rules"),
+    "k8s-sync": ("app.k8s.cli", "keep a pod readiness gate in step with the routing sets (Kubernetes)"),
 }
 
 

@@ -27,6 +27,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 from app.core.config import DetectorSettings, SettingError, check_regex, field_names, parse_overrides
+from app.k8s.config import check_k8s
 
 PREFIX = "TAILGUARD_"
 
@@ -140,6 +141,35 @@ class Settings:
     allowlist_file: str = ""          # a file of node ids, one a line, # comments
     allowlist_pattern: str = ""       # node ids matching this regular expression (whole)
     allowlist_refresh_s: float = 30.0  # how often the set and the file are read again
+    # Kubernetes: `tailguard k8s-sync` (docs/kubernetes.md). An empty API URL means in the cluster
+    # (https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT); an empty namespace, the service
+    # account's own (else "default").
+    k8s_api_url: str = ""
+    k8s_token_file: str = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    k8s_ca_file: str = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
+    k8s_namespace: str = ""
+    k8s_condition: str = "tailguard.io/routable"   # the readiness gate's condition type
+    k8s_node_id: str = "name"         # name | label:<key> | ip:<port>: how a pod maps to a node id
+    k8s_model_label: str = "tailguard.io/model"    # the pod label holding the model name
+    k8s_lease_name: str = "tailguard-k8s-sync"
+    k8s_lease_duration_s: float = 15.0
+    k8s_resync_s: float = 30.0        # a full pass over the pods at least this often
+    k8s_webhook_listen: str = "127.0.0.1:8443"     # `k8s-sync --webhook` (HTTPS)
+    k8s_webhook_certfile: str = ""
+    k8s_webhook_keyfile: str = ""
+    # `tailguard scrape` (docs/scrape.md): targets, their labels, polling.
+    scrape_file_sd: str = ""          # a Prometheus file_sd file (JSON or YAML), watched for changes
+    scrape_http_sd: str = ""          # or: a Prometheus http_sd URL
+    scrape_sd_refresh_s: float = 30.0  # how often the http_sd URL is read again (the file: on change)
+    scrape_interval_s: float = 10.0   # one scrape of every target per interval
+    scrape_timeout_s: float = 0.0     # per target and scrape, <= the interval; 0: min(5 s, the interval)
+    scrape_concurrency: int = 256     # scrapes in flight at once
+    scrape_node_label: str = "instance"   # the target label that is the node id
+    scrape_model_label: str = "model"     # the target label naming the model (servers without a model label)
+    scrape_hardware_label: str = "hardware"
+    scrape_profile_label: str = "tailguard_profile"  # vllm, sglang, tgi, triton, dynamo, auto, a mapping
+    scrape_shard: str = ""            # I/N: this process scrapes the targets whose hash mod N is I
+    scrape_metrics_port: int = 9465   # the bridge's own Prometheus endpoint (0: none)
 
     def __post_init__(self) -> None:
         if not self.kafka_bootstrap or not all(_is_host_port(h) for h in self.kafka_bootstrap.split(",")):
@@ -159,7 +189,7 @@ class Settings:
             raise SettingError("TAILGUARD_KEY_PREFIX", self.key_prefix, "a non-empty prefix without spaces")
         if not 1 <= self.topic_partitions <= 1024:
             raise SettingError("TAILGUARD_TOPIC_PARTITIONS", self.topic_partitions, "1..1024")
-        for name in ("metrics_port", "web_port"):
+        for name in ("metrics_port", "web_port", "scrape_metrics_port"):
             port = getattr(self, name)
             if not 0 <= port <= 65535:
                 raise SettingError(PREFIX + name.upper(), port, "a TCP port 0..65535")
@@ -194,6 +224,13 @@ class Settings:
             raise SettingError("TAILGUARD_MODE", self.mode,
                                "observe (publish verdicts, route every node) or enforce")
         _check_allowlist(self)
+        check_k8s(self)
+        _check_scrape(self)
+
+    @property
+    def scrape_timeout(self) -> float:
+        """The per-target scrape timeout in seconds (``scrape_timeout_s``, 0 resolved)."""
+        return self.scrape_timeout_s or min(5.0, self.scrape_interval_s)
 
     @property
     def allowlist_on(self) -> bool:
@@ -259,6 +296,42 @@ def _check_allowlist(s: Settings) -> None:
     if not 1.0 <= s.allowlist_refresh_s <= 3600.0:
         raise SettingError("TAILGUARD_ALLOWLIST_REFRESH_S", s.allowlist_refresh_s,
                            "a number of seconds in [1, 3600]")
+
+
+_LABEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def parse_shard(var: str, text: str) -> tuple[int, int]:
+    """``"I/N"`` → ``(I, N)`` with ``0 <= I < N``; ``""`` → ``(0, 1)`` (every target)."""
+    if not text:
+        return 0, 1
+    i, sep, n = text.partition("/")
+    if sep and i.isdigit() and n.isdigit() and 0 <= int(i) < int(n) <= 10_000:
+        return int(i), int(n)
+    raise SettingError(var, text, "I/N with 0 <= I < N, e.g. 0/3 (this process scrapes one third)")
+
+
+def _check_scrape(s: Settings) -> None:
+    if s.scrape_file_sd and s.scrape_http_sd:
+        raise SettingError("TAILGUARD_SCRAPE_HTTP_SD", s.scrape_http_sd,
+                           "empty when TAILGUARD_SCRAPE_FILE_SD is set (one source of targets)")
+    if s.scrape_http_sd and urlparse(s.scrape_http_sd).scheme not in ("http", "https"):
+        raise SettingError("TAILGUARD_SCRAPE_HTTP_SD", s.scrape_http_sd, "an http(s):// URL")
+    for name, lo, hi in (("scrape_interval_s", 0.05, 3600.0), ("scrape_sd_refresh_s", 0.05, 86_400.0)):
+        v = getattr(s, name)
+        if not lo <= v <= hi:
+            raise SettingError(PREFIX + name.upper(), v, f"a number of seconds in [{lo:g}, {hi:g}]")
+    if not 0 <= s.scrape_timeout_s <= s.scrape_interval_s:
+        raise SettingError("TAILGUARD_SCRAPE_TIMEOUT_S", s.scrape_timeout_s,
+                           f"a number of seconds <= TAILGUARD_SCRAPE_INTERVAL_S ({s.scrape_interval_s:g}); "
+                           "0: 5 s or the interval, whichever is shorter")
+    if not 1 <= s.scrape_concurrency <= 10_000:
+        raise SettingError("TAILGUARD_SCRAPE_CONCURRENCY", s.scrape_concurrency, "1..10000")
+    for name in ("scrape_node_label", "scrape_model_label", "scrape_hardware_label", "scrape_profile_label"):
+        if not _LABEL_NAME.fullmatch(getattr(s, name)):
+            raise SettingError(PREFIX + name.upper(), getattr(s, name),
+                               "a Prometheus label name: letters, digits, '_', not starting with a digit")
+    parse_shard("TAILGUARD_SCRAPE_SHARD", s.scrape_shard)
 
 
 def _is_host_port(text: str) -> bool:
@@ -338,6 +411,10 @@ def load(environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings
     det_pairs = {n: env[PREFIX + n.upper()] for n in field_names() if PREFIX + n.upper() in env}
     # Label every field, so that a cross-field error names the variable too.
     detector = parse_overrides(det_pairs, labels={n: PREFIX + n.upper() for n in field_names()})
+    if "TAILGUARD_K8S_API_URL" not in env and env.get("KUBERNETES_SERVICE_HOST"):
+        host = env["KUBERNETES_SERVICE_HOST"]   # in a pod: the apiserver's Service
+        host = f"[{host}]" if ":" in host else host
+        service["k8s_api_url"] = f"https://{host}:{env.get('KUBERNETES_SERVICE_PORT', '443')}"
     service.update(overrides)
     service.setdefault("topics", topics)
     service.setdefault("detector", detector)

@@ -51,6 +51,14 @@ PROBE_HEADER = "X-Tailguard-Probe"
 NODE_HEADER = "X-Tailguard-Node"
 
 
+class MetricsPage(Protocol):
+    """A node's ``/metrics`` (:class:`~app.sim.metrics_fleet.MetricsReporter` has this shape)."""
+
+    def bind(self, scenario_time: Callable[[], float]) -> None: ...
+
+    def page(self, node_id: str, accept: str | None) -> tuple[int, bytes, str]: ...
+
+
 class Reporter(Protocol):
     """Where a node reports its requests (the emitter SDK has this shape)."""
 
@@ -79,10 +87,12 @@ class SimNode:
     def __init__(self, scenario: Scenario, index: int, reporter: Reporter, *,
                  scenario_time: Callable[[], float], seed: int,
                  sleep: Callable[[float], Any] = asyncio.sleep,
-                 monotonic: Callable[[], float] = time.monotonic, slots: int | None = None) -> None:
+                 monotonic: Callable[[], float] = time.monotonic,
+                 metrics: MetricsPage | None = None, slots: int | None = None) -> None:
         if slots is not None and slots < 1:
             raise ValueError(f"slots must be >= 1 (or None: no limit), got {slots!r}")
         self.scenario = scenario
+        self._metrics = metrics
         self.spec: NodeSpec = scenario.nodes[index]
         self.node_id = self.spec.node_id
         self._reporter = reporter
@@ -174,10 +184,17 @@ class SimNode:
             input_tokens=s.input_tokens if tokens else None,
             output_tokens=s.output_tokens if tokens else None, ttft_us=ttft)
 
+    async def metrics_page(self, request: web.Request) -> web.Response:
+        assert self._metrics is not None
+        status, body, content_type = self._metrics.page(self.node_id, request.headers.get("Accept"))
+        return web.Response(status=status, body=body, headers={"Content-Type": content_type})
+
     def app(self) -> web.Application:
         a = web.Application()
         a.router.add_post("/v1/completions", self.completions)
         a.router.add_get("/healthz", self.healthz)
+        if self._metrics is not None:
+            a.router.add_get("/metrics", self.metrics_page)
         return a
 
 
@@ -214,7 +231,8 @@ class Fleet:
     def __init__(self, scenario: Scenario, reporter: Reporter, *, base_port: int,
                  host: str = "127.0.0.1", time_scale: float = 1.0, seed: int | None = None,
                  monotonic: Callable[[], float] = time.monotonic,
-                 on_listen: Callable[[Listening], None] | None = None, slots: int | None = None) -> None:
+                 on_listen: Callable[[Listening], None] | None = None,
+                 metrics: MetricsPage | None = None, slots: int | None = None) -> None:
         if not time_scale > 0:
             raise ValueError(f"time_scale must be > 0, got {time_scale!r}")
         if not 0 <= base_port <= 65535 - len(scenario.nodes) + 1:
@@ -225,8 +243,12 @@ class Fleet:
         self._t0 = monotonic()
         self._on_listen = on_listen
         seed = scenario.seed if seed is None else seed
+        self.seed = seed
         self.nodes = [SimNode(scenario, i, reporter, scenario_time=self.scenario_time, seed=seed,
-                              monotonic=monotonic, slots=slots) for i in range(len(scenario.nodes))]
+                              monotonic=monotonic, metrics=metrics, slots=slots)
+                      for i in range(len(scenario.nodes))]
+        if metrics is not None:
+            metrics.bind(self.scenario_time)
         self.listening: dict[str, Listening] = {}
         self._runners: list[web.AppRunner] = []
         self._joins: list[asyncio.Task[None]] = []
@@ -314,6 +336,14 @@ def add_parser(sub: Any) -> None:
     f.add_argument("--heartbeat-interval-s", type=float, default=5.0, help="heartbeat period (default 5)")
     f.add_argument("--backends-file", default=None,
                    help="write node_id=http://host:port lines here (for `tailguard proxy --backends`)")
+    f.add_argument("--metrics", default=None, metavar="SERVER", choices=("vllm", "sglang", "tgi", "triton", "dynamo"),
+                   help="serve GET /metrics on every node as this server does (vllm, sglang, tgi, triton, dynamo) "
+                        "instead of reporting to Kafka: no emitter, `tailguard scrape` reads them")
+    f.add_argument("--traffic", choices=("self", "http"), default="self",
+                   help="with --metrics: 'self' = every node serves its own requests at the scenario's rates "
+                        "(default), 'http' = only the requests sent to it (a load generator)")
+    f.add_argument("--file-sd", default=None, metavar="PATH",
+                   help="with --metrics: write the nodes as a Prometheus file_sd target list here")
     f.set_defaults(run=_run_fleet_cli)
 
 
@@ -322,22 +352,35 @@ def _run_fleet_cli(args: argparse.Namespace) -> int:
     from app.sim import scenario as sc
 
     s = sc.load(args.scenario)
-    cfg = app_settings.load()
-    bootstrap = args.bootstrap or cfg.kafka_bootstrap
-    topic = args.topic or cfg.topics.latency_events
     if not args.time_scale > 0:
         raise SimError(f"--time-scale must be > 0, got {args.time_scale}")
     duration = args.duration_s if args.duration_s is not None else s.duration_s / args.time_scale
+    if args.metrics:
+        from app.sim.metrics_fleet import serve_metrics
+
+        asyncio.run(serve_metrics(s, args, duration))
+        return 0
+    cfg = app_settings.load()
+    bootstrap = args.bootstrap or cfg.kafka_bootstrap
+    topic = args.topic or cfg.topics.latency_events
     from app.security import kafka_client_options
 
     asyncio.run(_serve(s, args, bootstrap, topic, duration, kafka_client_options(cfg)))
     return 0
 
 
-async def _serve(s: Scenario, args: argparse.Namespace, bootstrap: str, topic: str, duration_s: float,
-                 kafka_options: dict[str, Any] | None = None) -> None:
-    from app.emitter.emitter import LatencyEmitter
+def stop_on_signals() -> asyncio.Event:
+    """An event set by SIGINT or SIGTERM (call inside the running loop)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    return stop
 
+
+def listen_printer(args: argparse.Namespace) -> Callable[[Listening], None]:
+    """Prints a ``listening`` line per node and keeps ``--backends-file`` up to date."""
     backends: dict[str, str] = {}
 
     def on_listen(info: Listening) -> None:
@@ -350,11 +393,15 @@ async def _serve(s: Scenario, args: argparse.Namespace, bootstrap: str, topic: s
         print(json.dumps({"event": "listening", "node_id": info.node_id, "url": info.url,
                           "models": list(info.models), "hardware": info.hardware}), flush=True)
 
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
+    return on_listen
+
+
+async def _serve(s: Scenario, args: argparse.Namespace, bootstrap: str, topic: str, duration_s: float,
+                 kafka_options: dict[str, Any] | None = None) -> None:
+    from app.emitter.emitter import LatencyEmitter
+
+    on_listen = listen_printer(args)
+    stop = stop_on_signals()
     async with LatencyEmitter(bootstrap, topic=topic, heartbeat_interval_s=args.heartbeat_interval_s,
                               producer_options=kafka_options) as em:
         async with Fleet(s, em, base_port=args.base_port, host=args.host, time_scale=args.time_scale,
