@@ -1,7 +1,8 @@
 """Closed-loop benchmark of routing weights: cluster P99 with weights, with round-robin, all healthy.
 
-Run: ``python -m bench.bench_weights [--quick] [--redis URL] [--seeds N]`` (the real Redis of
-``scripts/up``; no Kafka). Each phase, in the same run, is the whole loop in virtual time:
+Run: ``python -m bench.bench_weights [--quick] [--redis URL] [--seeds N] [--report-wait]
+[--set KEY=VALUE …]`` (the real Redis of ``scripts/up``; no Kafka; ``--set`` changes a detector
+setting as ``tailguard worker --set`` does). Each phase, in the same run, is the whole loop in virtual time:
 
 * the simulator's latency model (:meth:`app.sim.scenario.Scenario.latency`): 8 nodes × 4 slots
   (a node serves 4 requests at a time, the rest wait in arrival order), lognormal service times
@@ -15,7 +16,7 @@ Run: ``python -m bench.bench_weights [--quick] [--redis URL] [--seeds N]`` (the 
   ``--report-wait`` its latency includes the wait for a slot, as a server's end-to-end latency
   does, which at this load makes the slow node look several times slower. Reports go to a
   :class:`app.core.detector.Detector` with the default
-  :class:`~app.core.config.DetectorSettings`, ticked every ``tick_interval_s`` (30 s) of event
+  :class:`~app.core.config.DetectorSettings` (and ``--set``), ticked every ``tick_interval_s`` (30 s) of event
   time, each tick written by :class:`app.routing.writer.RoutingWriter` (the worker's Lua
   script). ``weights`` is ``enforce`` in the weighted phases, ``off`` in the "tailguard today"
   ones; the round-robin baseline runs no tailguard at all (the proxy's plain rotation over
@@ -50,6 +51,7 @@ from app.lb.balance import Balancer
 from app.lb.testing import scratch_redis
 from app.routing.reader import RoutingTable
 from app.routing.writer import RoutingWriter
+from app.settings import parse_set
 from app.sim import scenario as sc
 from app.sim.latency import node_rng
 from bench import timing
@@ -109,8 +111,8 @@ class Service:
 class Tailguard:
     """The detector and the writer on one side of Redis, the proxy's reader on the other."""
 
-    def __init__(self, redis: Any, prefix: str, weights: str, epoch_s: float) -> None:
-        self.detector = Detector(DetectorSettings(weights=weights))
+    def __init__(self, redis: Any, prefix: str, settings: DetectorSettings, epoch_s: float) -> None:
+        self.detector = Detector(settings)
         self.writer = RoutingWriter(redis, prefix)
         self.table = RoutingTable(redis, prefix)
         self.epoch_s = epoch_s
@@ -132,7 +134,8 @@ class Tailguard:
         return tick
 
 
-async def run_phase(phase: Phase, redis_url: str, requests: int, seed: int, *, report_wait: bool = False) -> Result:
+async def run_phase(phase: Phase, redis_url: str, requests: int, seed: int, *, report_wait: bool = False,
+                    settings: DetectorSettings | None = None) -> Result:
     s = scenario(phase.factor)
     names = [n.node_id for n in s.nodes]
     service = [Service(s, i, seed) for i in range(NODES)]
@@ -157,7 +160,8 @@ async def run_phase(phase: Phase, redis_url: str, requests: int, seed: int, *, r
 
     prefix = f"tgbench-{uuid.uuid4().hex[:12]}"
     async with scratch_redis(redis_url, prefix) as redis:
-        tg = Tailguard(redis, prefix, "off" if phase.mode == "rr" else phase.mode, s.epoch_s)
+        mode = "off" if phase.mode == "rr" else phase.mode
+        tg = Tailguard(redis, prefix, (settings or DetectorSettings()).replace(weights=mode), s.epoch_s)
         await tg.table.get(MODEL)
         tick_s = tg.detector.settings.tick_interval_s
         for c in range(CLIENTS):
@@ -204,12 +208,13 @@ async def run_phase(phase: Phase, redis_url: str, requests: int, seed: int, *, r
     return result
 
 
-def report(results: list[Result], seeds: list[int], report_wait: bool) -> None:
+def report(results: list[Result], seeds: list[int], report_wait: bool, changed: list[str]) -> None:
     print(f"closed loop in virtual time: {NODES} nodes x {SLOTS} slots, lognormal service (median {P50_MS:g} ms, "
           f"sigma {SIGMA}), {CLIENTS} clients at {LOAD:.0%} load of the healthy fleet; "
           f"{len(results[0].latency_s):,} requests per phase after {WARM_S:g} s, seeds {seeds}; nodes report "
           + ("their end-to-end latency (wait for a slot included)" if report_wait else "their service time"))
-    print("weights: tailguard's Detector (default DetectorSettings, TAILGUARD_WEIGHTS=enforce) on the nodes' "
+    print(f"weights: tailguard's Detector ({', '.join(changed) or 'default DetectorSettings'}, "
+          "TAILGUARD_WEIGHTS=enforce) on the nodes' "
           "reported latencies, written by RoutingWriter's Lua script, read back by RoutingTable, picked by the "
           "proxy's Balancer (smooth weighted round-robin); without weights: TAILGUARD_WEIGHTS=off; round-robin "
           "(the baseline): no tailguard")
@@ -233,9 +238,12 @@ def main() -> None:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--redis", default="redis://127.0.0.1:6379/0")
     p.add_argument("--seeds", type=int, default=None, help="runs with seeds 1..N (default 3, --quick 1)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a detector setting for every phase (as tailguard worker --set), e.g. shift_factor=0")
     p.add_argument("--report-wait", action="store_true",
                    help="nodes report latency including the wait for a slot (default: their service time)")
     args = p.parse_args()
+    settings = parse_set(args.set)
     requests = 30_000 if args.quick else 100_000
     seeds = list(range(1, (args.seeds or (1 if args.quick else 3)) + 1))
     results = []
@@ -247,9 +255,10 @@ def main() -> None:
                        Phase(f"{factor}x node, tailguard weights #{seed}", factor, "enforce")]
         for ph in phases:
             t0 = time.process_time()
-            results.append(asyncio.run(run_phase(ph, args.redis, requests, seed, report_wait=args.report_wait)))
+            results.append(asyncio.run(run_phase(ph, args.redis, requests, seed, report_wait=args.report_wait,
+                                                 settings=settings)))
             print(f"[bench_weights] {ph.name}: {time.process_time() - t0:.0f} s CPU", flush=True)
-    report(results, seeds, args.report_wait)
+    report(results, seeds, args.report_wait, args.set)
 
 
 if __name__ == "__main__":
