@@ -95,6 +95,7 @@ class Settings:
     key_prefix: str = "tailguard"
     app_id: str = "tailguard"
     topic_partitions: int = 8
+    replication_factor: int = 0       # of the topics tailguard creates; 0 = min(3, brokers)
     metrics_port: int = 9464          # 0 disables the Prometheus endpoint
     web_port: int = 6066              # faust's own web server
     data_dir: str = ""                # faust table data; "" = a per-user temp dir
@@ -120,6 +121,10 @@ class Settings:
     redis_ssl_certfile: str = ""                 # client certificate, PEM
     redis_ssl_keyfile: str = ""
     redis_ssl_check_hostname: bool = True
+    # Redis Sentinel: with sentinels set, clients ask them for the current primary of
+    # redis_sentinel_master (TAILGUARD_REDIS_URL then gives only the db and credentials).
+    redis_sentinels: str = ""                    # host:port[,host:port…] of the sentinels
+    redis_sentinel_master: str = "tailguard"     # the primary's name in the sentinels' config
     # The replace hook (app.streaming.replace): one action per retired (node, model).
     replace_command: str = ""         # run with /bin/sh -c; node, model, reason in its environment
     replace_webhook_url: str = ""     # or: POST the retirement as JSON here
@@ -189,6 +194,9 @@ class Settings:
             raise SettingError("TAILGUARD_KEY_PREFIX", self.key_prefix, "a non-empty prefix without spaces")
         if not 1 <= self.topic_partitions <= 1024:
             raise SettingError("TAILGUARD_TOPIC_PARTITIONS", self.topic_partitions, "1..1024")
+        if not 0 <= self.replication_factor <= 16:
+            raise SettingError("TAILGUARD_REPLICATION_FACTOR", self.replication_factor,
+                               "0 (= min(3, brokers)) or a replication factor 1..16")
         for name in ("metrics_port", "web_port", "scrape_metrics_port"):
             port = getattr(self, name)
             if not 0 <= port <= 65535:
@@ -203,6 +211,12 @@ class Settings:
             raise SettingError("TAILGUARD_PROXY_LISTEN", self.proxy_listen,
                                "HOST:PORT, e.g. 127.0.0.1:8080 (0.0.0.0:8080 = every interface)")
         _check_security(self)
+        if self.redis_sentinels and not all(_is_host_port(h) for h in self.redis_sentinels.split(",")):
+            raise SettingError("TAILGUARD_REDIS_SENTINELS", self.redis_sentinels,
+                               "host:port[,host:port…] of the Redis sentinels (empty: no Sentinel)")
+        if self.redis_sentinels and not self.redis_sentinel_master.strip():
+            raise SettingError("TAILGUARD_REDIS_SENTINEL_MASTER", self.redis_sentinel_master,
+                               "the name the sentinels monitor the primary under (SENTINEL MONITOR <name> …)")
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):
             raise SettingError("TAILGUARD_LOG_LEVEL", self.log_level, "debug, info, warning or error")
         if self.replace_command and self.replace_webhook_url:
@@ -344,7 +358,7 @@ SECRETS = tuple(n for n, f in _SERVICE.items() if f.type in ("Secret", Secret))
 # Variables used only by the shell scripts (scripts/lib/common.sh), not by the program.
 SCRIPT_ONLY = tuple(PREFIX + n for n in (
     "CACHE", "RUN", "VENV", "PYTHON", "SKIP_STACK", "KAFKA_PORT", "KAFKA_CONTROLLER_PORT",
-    "KAFKA_SASL_SSL_PORT", "REDIS_PORT", "REDIS_TLS_PORT"))
+    "KAFKA_SASL_SSL_PORT", "KAFKA_BROKERS", "REDIS_PORT", "REDIS_TLS_PORT", "REDIS_HA_PORT"))
 
 
 def secret_file_names() -> dict[str, str]:

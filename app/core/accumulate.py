@@ -46,6 +46,7 @@ from app.core.events import (
     size_column,
 )
 from app.core.events_fast import FastDecoder, Group, Row
+from app.core.hist_event import HistogramBatch
 from app.core.ids import Allowlist
 
 _INF: Final = math.inf
@@ -244,9 +245,9 @@ class Accumulator:
         elif plain is not None:
             self._out.append(_build_plain(key, plain))
         self._pending += 1
-        if pending is not None or plain is not None or isinstance(ev, Heartbeat):
+        if pending is not None or plain is not None or not isinstance(ev, SampleBatch):
             self._runs.pop(key, None)
-        if isinstance(ev, Heartbeat):
+        if not isinstance(ev, SampleBatch):     # a heartbeat or a histogram: one interval, no run
             self._out.append(ev)
             return ev.ts
         run = self._runs.get(key)
@@ -275,7 +276,7 @@ class Accumulator:
                 if isinstance(e, SampleBatch):
                     if e.ts.size:
                         see(e.node_id, float(e.ts.max()))
-                elif isinstance(e, Heartbeat):
+                elif isinstance(e, Heartbeat | HistogramBatch):
                     see(e.node_id, e.ts)
         return out
 

@@ -28,7 +28,8 @@ from typing import Any
 
 from app.core.config import DetectorSettings
 from app.core.evaluate import FleetEvaluator
-from app.core.events import Heartbeat, SampleBatch
+from app.core.events import Event, Heartbeat
+from app.core.hist_event import HistogramBatch
 from app.core.pools import ModelPool
 from app.core.types import ModelTick, NodeStatus, TickResult, Transition, WindowSummary
 from app.core.window import POOL_SAMPLES_PER_SERIES, WindowStore
@@ -52,11 +53,13 @@ class Detector:
         self._pools: dict[str, ModelPool] = {}
         self._digests: dict[str, dict[str, Any]] | None = None
 
-    def observe(self, events: Iterable[SampleBatch | Heartbeat]) -> None:
+    def observe(self, events: Iterable[Event]) -> None:
         store = self.store
         for ev in events:
             if isinstance(ev, Heartbeat):
                 store.observe_heartbeat(ev)
+            elif isinstance(ev, HistogramBatch):
+                store.observe_histogram(ev)
             else:
                 store.observe(ev)
 

@@ -31,6 +31,7 @@ from app.core.baseline import baseline_limits, baseline_shift, fold_baseline, fo
 from app.core.config import DetectorSettings
 from app.core.guards import eject_within_cap, error_storm, load_event
 from app.core.health import Judgement, PairState, Verdict
+from app.core.hist_rules import HIST_SIGNAL, HistJudge
 from app.core.model_state import SNAPSHOT_VERSION, ModelState, check_version
 from app.core.own_history import judge_own
 from app.core.peers import (
@@ -207,13 +208,17 @@ class FleetEvaluator:
         follow_signal(ms, peers)   # a baseline is in the units of its signal
         pn = norms_of(peers, ms.baseline_p50, ms.baseline_ticks, st)
         norms = pn.window
+        signal = signal_of(peers)
+        # Histogram pairs: bucket exceedance tests (hist_rules) instead of the sample rules.
+        hist = (HistJudge.for_model(peers, by_node, ms.pairs, now_s, st)
+                if _hist_model(signal, by_node) else None)
         # Too few peers for a median: each pair's P50 against its own history (own_history).
-        own_p50 = dict(zip(peers.nodes, peers.p50s, strict=True)) if not norms.enough_peers else None
-        verdicts = self._judge_peers(ms, peers, pn, errors, now_s, own_p50)
+        own_p50 = (dict(zip(peers.nodes, peers.p50s, strict=True))
+                   if not norms.enough_peers and hist is None else None)
+        verdicts = (self._judge_peers(ms, peers, pn, errors, now_s, own_p50) if hist is None
+                    else _Verdicts(*hist.judge_peers(ms.pairs, peers, errors.judgements)))
         if errors.judgements:
             self._judge_thin_failing(ms, peers, errors, verdicts)
-
-        signal = signal_of(peers)
         load, load_ev = load_event(model, ms, verdicts.abnormal, len(peers), now_s,
                                    norms.fleet_p50, signal, st)
         if load:   # nobody is ejected and no streak moves while it lasts
@@ -235,6 +240,8 @@ class FleetEvaluator:
         adm = admission_norms(ms, peers, by_node, norms, signal, now_s, st)
         self._judge_probes(ms, by_node, norms, errors, now_s, verdicts.judgements, own_p50, signal,
                            adm)
+        if hist is not None:
+            hist.judge_rounds(ms.pairs, by_node, errors.judgements, now_s, verdicts.judgements)
         candidates = self._step_pairs(ms, verdicts.judgements, now_s, transitions)
         diagnostics: list[DiagnosticsRequest] = []
         if not load and not live.telemetry_lost and candidates:
@@ -611,3 +618,11 @@ class FleetEvaluator:
             raise ValueError(f"evaluator snapshot has no 'models' mapping ({models!r}); "
                              "cannot restore")
         self._models = {str(m): ModelState.from_dict(d) for m, d in models.items()}
+
+
+def _hist_model(signal: str | None, by_node: Mapping[str, WindowSummary]) -> bool:
+    """Judged by the histogram rules: its peers are histogram pairs (or, with no peers yet,
+    its pairs are)."""
+    if signal is not None:
+        return signal.endswith(HIST_SIGNAL)
+    return any(s.signal.endswith(HIST_SIGNAL) for s in by_node.values())

@@ -34,6 +34,7 @@ from app.core import binary, events_fast, ids
 from app.core.config import DetectorSettings
 from app.core.errors import BadEvent
 from app.core.events_fast import FastDecoder, Group, Row
+from app.core.hist_event import HistogramBatch, parse_histogram
 from app.core.ids import MAX_NAME_CHARS, IdRule
 
 FloatArray: TypeAlias = npt.NDArray[np.float64]
@@ -63,6 +64,9 @@ REASONS: Final = (
     "empty_batch",    # "samples" is []
     "bad_sample",     # a sample is not a list of 2 or 5 numbers
     "bad_binary",     # starts like a binary batch (0xF5 'T' 'G') but its layout is broken
+    "bad_histogram",  # a histogram event's bounds_s/counts/sum_s/requests/failed break the form
+    "bad_metric",     # a histogram event's metric is not e2e, ttft or itl
+    "bad_interval",   # a histogram event's interval_s is not a number in (0, 86400]
 )
 
 _INF: Final = math.inf
@@ -145,7 +149,7 @@ class Heartbeat:
         return (self.node_id, self.model)
 
 
-Event: TypeAlias = SampleBatch | Heartbeat
+Event: TypeAlias = SampleBatch | Heartbeat | HistogramBatch
 
 
 # Event time is seconds since the epoch; 1e11 s is the year 5138. A larger ts is
@@ -474,6 +478,12 @@ def _heartbeat(d: Mapping[str, Any], fut_limit: float, now_s: float | None,
     return Heartbeat(node, model, hw, float(ts), _hardware(d, "instance"))
 
 
+def _histogram(d: Mapping[str, Any], fut_limit: float, now_s: float | None,
+               rule: IdRule) -> HistogramBatch:
+    hb = _heartbeat(d, fut_limit, now_s, rule)      # the fields every form shares
+    return parse_histogram(d, hb.node_id, hb.model, hb.hardware, hb.ts, hb.instance)
+
+
 # ---------------------------------------------------------------- public API
 
 def batch_of_row(row: Row, group: Group) -> SampleBatch:
@@ -503,11 +513,13 @@ def parse_event(obj: Any, *, now_s: float | None = None,
         return batch_of_row(row, group)
     if kind == "heartbeat":
         return _heartbeat(obj, fut_limit, now_s, rule)
+    if kind == "histogram":
+        return _histogram(obj, fut_limit, now_s, rule)
     if kind == "batch":
         raise BadEvent("missing_field", "a batch needs samples: [[ts, latency_us], …]",
                        field="samples")
     raise BadEvent("unknown_form", f"unknown event type {kind!r:.40}; expected none or"
-                   " \"single\" (a latency event), \"batch\" or \"heartbeat\"", field="type")
+                   " \"single\" (a latency event), \"batch\", \"heartbeat\" or \"histogram\"", field="type")
 
 
 def loads(raw: bytes | str) -> Any:

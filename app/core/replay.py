@@ -37,7 +37,7 @@ from app.core.accumulate import Accumulator
 from app.core.config import DetectorSettings
 from app.core.detector import Detector
 from app.core.errors import BadEvent
-from app.core.events import Heartbeat, SampleBatch, decode, loads
+from app.core.events import Event, SampleBatch, decode, loads
 from app.core.types import TickResult
 
 PROGRESS_EVERY_LINES = 100_000
@@ -122,7 +122,7 @@ def _event_at(raw: bytes | str, now_s: float, settings: DetectorSettings) -> tup
         ev = decode(raw, now_s=now_s, settings=settings)
     except BadEvent:
         return None
-    if isinstance(ev, Heartbeat):
+    if not isinstance(ev, SampleBatch):
         return ev.node_id, ev.ts
     return (ev.node_id, float(ev.ts.max())) if ev.ts.size else None
 
@@ -184,7 +184,7 @@ def replay(lines: Iterable[bytes | str], settings: DetectorSettings,
                 k += 1
             quiet_tick = silent
 
-    def drain() -> list[SampleBatch | Heartbeat]:
+    def drain() -> list[Event]:
         evs = acc.drain()
         # Samples older than the age bound of the next tick to run are judged by no tick.
         too_old = -math.inf if k is None else k * interval - settings.max_sample_age_s

@@ -30,6 +30,8 @@ import numpy.typing as npt
 
 from app.core.config import DetectorSettings
 from app.core.events import Heartbeat, SampleBatch
+from app.core.hist_event import HistogramBatch
+from app.core.hist_window import HistWindows
 from app.core.pools import ModelPool, build_pools
 from app.core.rings import (
     F64,
@@ -70,6 +72,7 @@ class WindowStore:
         self._series: dict[SeriesKey, SeriesRecord] = {}
         self._models: dict[str, int] = {}
         self._model_names: list[str] = []
+        self._hists = HistWindows(settings)     # histogram pairs' intervals (app.core.hist_window)
 
     # ------------------------------------------------------------ bookkeeping
 
@@ -103,6 +106,7 @@ class WindowStore:
     def forget(self, node_id: str, model: str) -> bool:
         """Drop a series and its window; ``False`` if it was unknown."""
         s = self._series.pop((node_id, model), None)
+        self._hists.forget((node_id, model))
         if s is None:
             return False
         if s.chunk is not None:
@@ -226,6 +230,25 @@ class WindowStore:
             s.hardware = hb.hardware
         s.seen(hb.ts, hb.ts, hb.instance, self.settings.restart_gap_s)
 
+    def observe_histogram(self, ev: HistogramBatch) -> None:
+        """Add one interval of a histogram pair: a sign of life, its requests (counted from the
+        e2e histogram, the one whose observations are requests) and its bucket counts."""
+        s = self._get(ev.node_id, ev.model)
+        if ev.hardware is not None:
+            s.hardware = ev.hardware
+        before = s.instance_ts
+        s.seen(ev.ts, ev.ts, ev.instance, self.settings.restart_gap_s)
+        if s.instance_ts != before and s.instance_ts is not None:
+            self._hists.restarted(ev.key, s.instance_ts - ev.interval_s)
+        if ev.metric == "e2e":
+            n = ev.observations if ev.requests is None else max(ev.requests, ev.observations)
+            s.requests += n
+            if ev.failed:
+                s.failures += ev.failed
+                b = int(ev.ts)
+                s.failed[b] = s.failed.get(b, 0) + ev.failed
+        self._hists.observe(ev)
+
     def observe(self, batch: SampleBatch) -> None:
         """Add a batch's samples (vectorized; arrival order = array order)."""
         s = self._get(batch.node_id, batch.model)
@@ -330,9 +353,17 @@ class WindowStore:
         ``tail_refs``: ``{model: threshold}`` in the model's signal units; series with at most
         ``FRESH_TAIL_MAX_SAMPLES`` fresh samples get ``fresh_over`` counted against it.
         """
-        return summarize(self._slabs(), self._series, self._model_names, self.settings, now_s,
-                         judge_since=judge_since, out_of_fit=out_of_fit, digests=digests,
-                         tail_refs=tail_refs)
+        out = summarize(self._slabs(), self._series, self._model_names, self.settings, now_s,
+                        judge_since=judge_since, out_of_fit=out_of_fit, digests=digests,
+                        tail_refs=tail_refs)
+        hists = self._hists
+        for i, sm in enumerate(out):
+            key = (sm.node_id, sm.model)
+            if key in hists:
+                fields = hists.summary_fields(key, now_s, (judge_since or {}).get(key))
+                if fields is not None:
+                    out[i] = sm._replace(**fields)
+        return out
 
     def model_pools(self, now_s: float, *, per_series: int = POOL_SAMPLES_PER_SERIES,
                     models: Collection[str] | None = None,
@@ -414,6 +445,9 @@ class WindowStore:
             for k in ("input_tokens", "output_tokens", "ttft_us"):
                 if k in w:
                     item[k] = [None if v != v else v for v in w[k].tolist()]
+            hist = self._hists.snapshot_of((node, model))
+            if hist is not None:
+                item["hist"] = hist
             series.append(item)
         return {"version": SNAPSHOT_VERSION, "window_size": self._window, "series": series}
 
@@ -427,8 +461,11 @@ class WindowStore:
         self._series.clear()
         self._models.clear()
         self._model_names.clear()
+        self._hists = HistWindows(self.settings)
         for item in data["series"]:
             s = self._get(item["node_id"], item["model"])
+            if item.get("hist") is not None:
+                self._hists.restore_of((s.node_id, s.model), item["hist"])
             s.hardware = item.get("hardware")
             s.first_seen_ts = item.get("first_seen_ts")
             s.last_seen_ts = item.get("last_seen_ts")

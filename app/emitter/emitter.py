@@ -347,7 +347,11 @@ class LatencyEmitter:
         options: dict[str, Any] = {
             "bootstrap_servers": self._bootstrap,
             "client_id": "tailguard-emitter",
-            "acks": 1,
+            # A write is acknowledged once every in-sync replica has it (2 of 3 with the
+            # worker's topic settings), and idempotence keeps the producer's retries from
+            # duplicating or reordering it: a broker's loss loses no acknowledged event.
+            "acks": "all",
+            "enable_idempotence": True,
             "request_timeout_ms": int(self._request_timeout_s * 1000),
         }
         options.update(self._producer_options)

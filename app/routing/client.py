@@ -7,7 +7,9 @@ immediate retry (enough to replace a pooled connection that a Redis restart
 closed).
 
 :func:`connect_for` builds it from the settings, with the credentials and TLS
-options of :func:`app.security.redis_client_options` (``rediss://``, ACL user).
+options of :func:`app.security.redis_client_options` (``rediss://``, ACL user); with
+``TAILGUARD_REDIS_SENTINELS`` set it is a Sentinel-managed client
+(:func:`connect_sentinel`) that finds the current primary again after a failover.
 
 :func:`call_redis` is how the ``tailguard`` commands that read or write Redis
 (status, explain, drain/pin/release/mode) run one step: with the same
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from typing import Any, TextIO, TypeVar
+from urllib.parse import parse_qs, urlparse
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
@@ -49,11 +52,43 @@ def connect(url: str, *, timeout_s: float = 2.0, **options: Any) -> aioredis.Red
     )
 
 
+def connect_sentinel(sentinels: str, master: str, *, db: int = 0, timeout_s: float = 2.0,
+                     **options: Any) -> aioredis.Redis:
+    """A client of the primary that the sentinels at ``sentinels`` (``host:port,…``) name
+    ``master``. Each new connection asks them where the primary is, so after a failover
+    the client's next retry reaches the new one; ``options`` as for :func:`connect`."""
+    from redis.asyncio.sentinel import Sentinel
+
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+    hosts = [(h.rsplit(":", 1)[0].strip("[]"), int(h.rsplit(":", 1)[1]))
+             for h in (x.strip() for x in sentinels.split(",")) if h]
+    sentinel = Sentinel(hosts, sentinel_kwargs={"socket_connect_timeout": timeout_s,
+                                                "socket_timeout": timeout_s})
+    client: aioredis.Redis = sentinel.master_for(
+        master, socket_connect_timeout=timeout_s, socket_timeout=timeout_s,
+        retry=Retry(NoBackoff(), 1), decode_responses=False, db=db, **options)
+    return client
+
+
 def connect_for(settings: Settings, *, timeout_s: float = 2.0) -> aioredis.Redis:
-    """:func:`connect` to ``settings.redis_url`` with its credentials and TLS settings."""
+    """:func:`connect` to ``settings.redis_url`` with its credentials and TLS settings
+    (through the sentinels when ``settings.redis_sentinels`` is set)."""
     from app.security import redis_client_options
 
-    return connect(settings.redis_url, timeout_s=timeout_s, **redis_client_options(settings))
+    options = redis_client_options(settings)
+    if settings.redis_sentinels:
+        url = urlparse(settings.redis_url)
+        db = int(url.path.removeprefix("/") or parse_qs(url.query).get("db", ["0"])[0])
+        if url.username and "username" not in options:
+            options["username"] = url.username
+        if url.password and "password" not in options:
+            options["password"] = url.password
+        if url.scheme == "rediss":
+            options["ssl"] = True
+        return connect_sentinel(settings.redis_sentinels, settings.redis_sentinel_master,
+                                db=db, timeout_s=timeout_s, **options)
+    return connect(settings.redis_url, timeout_s=timeout_s, **options)
 
 
 T = TypeVar("T")

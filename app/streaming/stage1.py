@@ -28,7 +28,8 @@ from typing import Any, Protocol
 from app.core.accumulate import Accumulator
 from app.core.config import DetectorSettings
 from app.core.errors import BadEvent
-from app.core.events import Heartbeat, SampleBatch
+from app.core.events import Event, Heartbeat, SampleBatch
+from app.core.hist_event import HistogramBatch
 from app.core.ids import Allowlist
 from app.core.types import WindowSummary
 from app.streaming import memory
@@ -49,6 +50,8 @@ class WindowStoreLike(Protocol):
     def observe(self, batch: SampleBatch) -> Any: ...
 
     def observe_heartbeat(self, hb: Heartbeat) -> Any: ...
+
+    def observe_histogram(self, ev: HistogramBatch) -> Any: ...
 
     def summaries(self, now_s: float,
                   judge_since: Mapping[tuple[str, str], float] | None = None,
@@ -124,6 +127,9 @@ class Stage1:
                 admitted[ev.model] = n_new + 1
             if isinstance(ev, Heartbeat):
                 self.store.observe_heartbeat(ev)
+            elif isinstance(ev, HistogramBatch):
+                self.store.observe_histogram(ev)
+                samples += ev.observations
             else:
                 self.store.observe(ev)
                 samples += len(ev)
@@ -166,9 +172,10 @@ class Stage1:
         r[1] += 1
         return True
 
-    def _refuse(self, ev: Heartbeat | SampleBatch) -> int:
-        """Drop ``ev`` of a new pair over the limit; how many samples (a heartbeat: 1)."""
-        n = 1 if isinstance(ev, Heartbeat) else len(ev)
+    def _refuse(self, ev: Event) -> int:
+        """Drop ``ev`` of a new pair over the limit; how many samples (a heartbeat or a
+        histogram interval: 1)."""
+        n = len(ev) if isinstance(ev, SampleBatch) else 1
         r = self._refused.get(ev.model)
         if r is None:
             self._refused[ev.model] = [1, n]

@@ -3,8 +3,11 @@
 Guarantee: after :func:`ensure_topics`, every topic of ``settings.topics`` and the
 changelogs of stage 2's tables (:func:`changelog_names`, compacted) exist, each new
 partition with a leader (why: docs/operations.md, "Running the worker"); missing ones are
-created with ``settings.topic_partitions`` partitions (replication factor:
-``min(3, brokers)``). Existing topics are left as they are — the worker works with any partition count, but the stage-2
+created with ``settings.topic_partitions`` partitions and ``settings.replication_factor``
+replicas (0: ``min(3, brokers)``), with ``min.insync.replicas`` one below the replication
+factor from 3 replicas on, so an acknowledged write survives one broker's loss
+(docs/operations.md, "Production topology"). Existing topics are left as they are — the
+worker works with any partition count, but the stage-2
 topic (``node-window-stats``) must keep the count its state changelog was
 created with, so change ``TAILGUARD_TOPIC_PARTITIONS`` only with a new
 ``TAILGUARD_APP_ID``.
@@ -38,8 +41,31 @@ def changelog_names(settings: Settings) -> list[str]:
     return [f"{settings.app_id}-{t}-changelog" for t in TABLES]
 
 
-async def ensure_topics(settings: Settings, *, timeout_s: float = 30.0) -> list[str]:
-    """Create the missing topics; return the names created."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class TopicSetup:
+    created: list[str]           # the topics this call created
+    replication_factor: int      # the one new topics get (the setting, or min(3, brokers))
+
+
+def replication_for(settings: Settings, brokers: int) -> int:
+    """The replication factor of new topics; a setting above the broker count is refused."""
+    if settings.replication_factor > brokers:
+        raise TopicSetupError(settings.topics.latency_events,
+                              f"TAILGUARD_REPLICATION_FACTOR={settings.replication_factor} needs at "
+                              f"least as many brokers, and {settings.kafka_bootstrap} has {brokers}: "
+                              "lower it, or 0 for min(3, brokers)")
+    return settings.replication_factor or min(3, brokers)
+
+
+def topic_configs(replication_factor: int, *, compacted: bool) -> dict[str, str]:
+    configs = {"cleanup.policy": "compact"} if compacted else {}
+    if replication_factor >= 3:
+        configs["min.insync.replicas"] = str(replication_factor - 1)
+    return configs
+
+
+async def ensure_topics(settings: Settings, *, timeout_s: float = 30.0) -> TopicSetup:
+    """Create the missing topics; say which, and with how many replicas."""
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap,
                                 request_timeout_ms=int(timeout_s * 1000),
                                 **kafka_client_options(settings))
@@ -53,12 +79,13 @@ async def ensure_topics(settings: Settings, *, timeout_s: float = 30.0) -> list[
     try:
         existing = set(await admin.list_topics())
         brokers = max(1, len((await admin.describe_cluster()).get("brokers", [])))
+        rf = replication_for(settings, brokers)
         changelogs = set(changelog_names(settings))
         missing = [t for t in dict.fromkeys([*topic_names(settings), *changelogs])
                    if t not in existing]
         if missing:
-            new = [NewTopic(t, settings.topic_partitions, min(3, brokers),
-                            topic_configs={"cleanup.policy": "compact"} if t in changelogs else None)
+            new = [NewTopic(t, settings.topic_partitions, rf,
+                            topic_configs=topic_configs(rf, compacted=t in changelogs) or None)
                    for t in missing]
             try:
                 await admin.create_topics(new)
@@ -66,9 +93,10 @@ async def ensure_topics(settings: Settings, *, timeout_s: float = 30.0) -> list[
                 pass  # another worker won the race
             except KafkaError as e:
                 raise TopicSetupError(missing[0], f"could not be created ({e})") from e
-            log.info("created topics %s with %d partitions", missing, settings.topic_partitions)
+            log.info("created topics %s with %d partitions, %d replicas", missing,
+                     settings.topic_partitions, rf)
             await _leaders_elected(admin, missing, timeout_s)
-        return missing
+        return TopicSetup(missing, rf)
     finally:
         await admin.close()
 

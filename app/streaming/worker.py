@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import socket
@@ -103,7 +104,7 @@ def main(argv: list[str]) -> int:
         loop.run_until_complete(check_redis(settings))
         loop.run_until_complete(check_kafka(settings))
         loop.run_until_complete(allowlist.check(settings))   # a source it cannot read: exit 1
-        created = loop.run_until_complete(ensure_topics(settings))
+        setup = loop.run_until_complete(ensure_topics(settings))
     except StreamingError as e:
         print(f"tailguard worker: {e}", file=sys.stderr)
         return 1
@@ -113,14 +114,15 @@ def main(argv: list[str]) -> int:
     log.info("Kafka at %s (TAILGUARD_KAFKA_BOOTSTRAP), Redis at %s (TAILGUARD_REDIS_URL), "
              "key prefix %r, app id %r", settings.kafka_bootstrap,
              settings_mod.redact_url(settings.redis_url), settings.key_prefix, settings.app_id)
-    if created:
-        log.info("created topics: %s", ", ".join(created))
+    if setup.created:
+        log.info("created topics: %s", ", ".join(setup.created))
 
     import faust
 
     from app.streaming.service import create_app
 
-    app = create_app(settings)
+    # faust's own topics get the replication factor of the others.
+    app = create_app(dataclasses.replace(settings, replication_factor=setup.replication_factor))
     worker = faust.Worker(app, loglevel=settings.log_level.upper(),
                           override_logging=False, quiet=True)
     worker.execute_from_commandline()  # returns only via SystemExit

@@ -16,6 +16,7 @@ import pytest
 from app import cli
 from app import settings as settings_mod
 from app.streaming import worker
+from app.streaming.topics import TopicSetup
 
 
 @pytest.fixture(autouse=True)
@@ -90,8 +91,11 @@ def test_start_up_line_names_kafka_redis_with_password_masked_and_prefix(
 ) -> None:
     # Logged once the start-up checks passed (a refused start stays one line on stderr);
     # the checks and the app are stand-ins here: no stack needed.
-    async def passes(*_: object) -> list[str]:
-        return []
+    async def passes(*_: object) -> None:
+        return None
+
+    async def no_topics(*_: object) -> TopicSetup:
+        return TopicSetup([], 1)
 
     class Started(Exception):
         pass
@@ -99,8 +103,9 @@ def test_start_up_line_names_kafka_redis_with_password_masked_and_prefix(
     def create_app(*_: object) -> None:
         raise Started
 
-    for name in ("check_redis", "check_kafka", "ensure_topics"):
+    for name in ("check_redis", "check_kafka"):
         monkeypatch.setattr(worker, name, passes)
+    monkeypatch.setattr(worker, "ensure_topics", no_topics)
     monkeypatch.setattr(worker.allowlist, "check", passes)
     monkeypatch.setattr("app.streaming.service.create_app", create_app)
     monkeypatch.setenv("TAILGUARD_REDIS_URL", "redis://u:s3cret@redis.internal:6379/2")
@@ -129,6 +134,20 @@ async def test_a_broker_that_accepts_but_never_answers_is_named_with_a_cause() -
         server.close()
     assert f"cannot reach the broker at 127.0.0.1:{port} (" in str(e.value)
     assert "()" not in str(e.value), str(e.value)
+
+
+def test_new_topics_get_the_replication_setting_or_min_3_brokers_and_an_isr_below_it() -> None:
+    from app.streaming.errors import StreamingError
+    from app.streaming.topics import replication_for, topic_configs
+
+    default = settings_mod.load({})
+    assert [replication_for(default, b) for b in (1, 2, 3, 5)] == [1, 2, 3, 3]
+    assert replication_for(settings_mod.load({"TAILGUARD_REPLICATION_FACTOR": "2"}), 3) == 2
+    with pytest.raises(StreamingError, match="TAILGUARD_REPLICATION_FACTOR=3 needs at least"):
+        replication_for(settings_mod.load({"TAILGUARD_REPLICATION_FACTOR": "3"}), 1)
+    assert topic_configs(3, compacted=False) == {"min.insync.replicas": "2"}
+    assert topic_configs(1, compacted=True) == {"cleanup.policy": "compact"}
+    assert topic_configs(2, compacted=False) == {}
 
 
 def test_the_changelogs_created_before_faust_starts_are_the_ones_its_tables_use(

@@ -1,0 +1,159 @@
+"""A Redis Sentinel failover in the middle of routing writes, on real Redis servers.
+
+``scripts/redis-sentinel`` runs a primary, a replica and 3 sentinels beside the shared stack.
+The worker and a :class:`~app.routing.reader.RoutingTable` reach Redis only through the
+sentinels (``TAILGUARD_REDIS_SENTINELS``). The primary is killed with SIGKILL while both
+models are written every tick:
+
+* the reader never sees a routing version go backward;
+* both models are written again within 2 ticks of the sentinels' promotion of the replica;
+* a node that slows down after the failover leaves the routing set the readers see.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+from worker_harness import HEALTHY, NODES, ROOT, Feeder, wait_for
+
+from app import settings as settings_mod
+from app.routing.client import connect_for
+from app.routing.reader import RoutingTable
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+TICK_S = 1.0
+MODELS = ("llm", "emb")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+class Sentinels:
+    def __init__(self, run_dir: Path) -> None:
+        base = next((b for b in (16379, 17379, 18379, 19379)
+                     if all(_free(p) for p in (b, b + 1, b + 10000, b + 10001, b + 10002))), None)
+        assert base is not None, "no free ports for a Redis primary, replica and 3 sentinels"
+        self.port = base
+        self.run_dir = run_dir
+        self.sentinels = ",".join(f"127.0.0.1:{base + 10000 + i}" for i in range(3))
+        self.env = {**os.environ, "TAILGUARD_RUN": str(run_dir), "TAILGUARD_REDIS_HA_PORT": str(base)}
+
+    def run(self, *args: str) -> str:
+        done = subprocess.run([str(ROOT / "scripts" / "redis-sentinel"), *args], env=self.env,
+                              capture_output=True, text=True, timeout=60, check=False)
+        assert done.returncode == 0, f"scripts/redis-sentinel {' '.join(args)}: {done.stderr[-2000:]}"
+        return done.stdout
+
+    def primary_pid(self) -> int:
+        return int((self.run_dir / "redis-ha" / "primary.pid").read_text().strip())
+
+
+@pytest.fixture(scope="module")
+def sentinels(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sentinels]:
+    s = Sentinels(tmp_path_factory.mktemp("redis-ha"))
+    s.run("start")
+    try:
+        yield s
+    finally:
+        s.run("stop")
+
+
+async def _primary_port(s: Sentinels) -> int:
+    sentinel = aioredis.Redis(host="127.0.0.1", port=s.port + 10000)
+    try:
+        _, port = await sentinel.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", "tailguard")
+        return int(port)
+    finally:
+        await sentinel.aclose()
+
+
+async def test_a_sentinel_failover_keeps_versions_monotonic_and_writes_going(
+        sentinels: Sentinels, kafka_bootstrap: str, unique_name: Callable[[str], str],
+        tmp_path: Path) -> None:
+    from worker_harness import Worker, WorkerEnv
+
+    name = unique_name("sentinel")
+    redis_env = {"TAILGUARD_REDIS_SENTINELS": sentinels.sentinels,
+                 "TAILGUARD_REDIS_SENTINEL_MASTER": "tailguard",
+                 "TAILGUARD_TICK_INTERVAL_S": str(TICK_S)}
+    env = WorkerEnv(name, kafka_bootstrap, f"redis://127.0.0.1:{sentinels.port}/0", redis_env)
+    await env.create_topics()
+    settings = settings_mod.load({k: v for k, v in env.environ().items() if k.startswith("TAILGUARD_")})
+    client = connect_for(settings)
+    table = RoutingTable(client, name, poll_interval_s=0.1)
+    seen: dict[str, list[int]] = {m: [] for m in MODELS}
+    worker = Worker(env.environ(), tmp_path / "worker.log")
+
+    async def watch() -> None:
+        while True:
+            for m in MODELS:
+                v = table.version(m)
+                if v is not None and (not seen[m] or seen[m][-1] != v):
+                    seen[m].append(v)
+            await asyncio.sleep(0.05)
+
+    async def written_ts(m: str) -> float:
+        """The newest ``updated`` (Unix s) of model ``m``'s node statuses (written every tick)."""
+        raw = await client.hgetall(f"{name}:nodes:{m}")
+        return max((json.loads(v).get("updated") or 0.0 for v in raw.values()), default=0.0)
+
+    try:
+        async with Feeder(kafka_bootstrap, env.topic("latency_events"),
+                          {m: list(NODES) for m in MODELS}) as feed:
+            await table.__aenter__()
+            watcher = asyncio.create_task(watch())
+            try:
+                for m in MODELS:
+                    await table.get(m)
+
+                async def all_in() -> bool:
+                    return all(set(table.nodes(m)) == set(NODES) for m in MODELS)
+                await wait_for(all_in, 90, "both models fully routed, seen through the sentinels",
+                               worker.tail)
+                old = await _primary_port(sentinels)
+                os.kill(sentinels.primary_pid(), signal.SIGKILL)
+                killed_s = time.time()
+
+                async def promoted() -> bool:
+                    return await _primary_port(sentinels) != old
+                await wait_for(promoted, 30, "the sentinels to promote the replica", worker.tail)
+                promoted_s = time.time()
+
+                async def written_again() -> bool:
+                    return all([await written_ts(m) > promoted_s for m in MODELS])
+                await wait_for(written_again, 2 * TICK_S + 5, "both models written on the new primary",
+                               worker.tail)
+                assert time.time() - promoted_s <= 2 * TICK_S + 1.5, (
+                    f"writes resumed {time.time() - promoted_s:.1f} s after the promotion "
+                    f"({promoted_s - killed_s:.1f} s after the kill)")
+
+                feed.slow.add(("slow", "llm"))
+
+                async def slow_out() -> bool:
+                    return set(table.nodes("llm")) == HEALTHY
+                await wait_for(slow_out, 90, "the slow node out of the routing set the reader sees",
+                               worker.tail)
+                assert worker.proc.poll() is None, worker.tail()
+            finally:
+                watcher.cancel()
+                await asyncio.gather(watcher, return_exceptions=True)
+                await table.aclose()
+    finally:
+        worker.stop()
+        await client.aclose()
+    for m in MODELS:
+        assert seen[m] == sorted(seen[m]), (m, seen[m])
+    assert len(seen["llm"]) >= 2, seen
