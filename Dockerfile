@@ -10,17 +10,18 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /opt/tailguard
 # Dependencies first, so that a code change does not re-download them.
-COPY pyproject.toml README.md ./
-RUN mkdir -p app && touch app/__init__.py \
-    && pip install '.[worker]' \
-    && pip uninstall -y tailguard
+# (the base and `worker` requirements, read from pyproject.toml; the package itself comes later)
+COPY pyproject.toml ./
+RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
+print('\n'.join(p['dependencies'] + p['optional-dependencies']['worker']))" > /tmp/requirements.txt \
+    && pip install -r /tmp/requirements.txt && rm /tmp/requirements.txt
 # Then the code (and the scenario files the simulator reads); .dockerignore keeps the rest out.
 COPY . .
 RUN pip install --no-deps . \
     && useradd --system --home-dir /var/lib/tailguard --create-home tailguard
 
 USER tailguard
-# faust keeps its table state (RocksDB/in-memory changelog cache) here.
+# faust's data directory (its tables are in memory, rebuilt from their changelog topics on start).
 ENV TAILGUARD_DATA_DIR=/var/lib/tailguard
 VOLUME ["/var/lib/tailguard"]
 # 9464: Prometheus metrics; 6066: faust's web server.

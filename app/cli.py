@@ -3,7 +3,7 @@
 Each subcommand lives in the module that owns it and exposes
 ``main(argv: list[str]) -> int`` (or the function named after ``:``); this file only dispatches, so that
 ``tailguard replay`` never imports faust and ``tailguard status`` never
-imports numpy. A :class:`~app.core.config.SettingError` anywhere becomes a
+imports numpy. A :class:`~tailguard.core.contract.config.SettingError` anywhere becomes a
 one-line message naming the setting, and exit code 2. A reader that closes the
 pipe (``tailguard settings | head -2``) ends the command quietly, exit code 1.
 """
@@ -15,25 +15,26 @@ import io
 import os
 import sys
 
-from app.core.config import SettingError
+from tailguard.core.contract.config import SettingError
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "worker": ("app.streaming.worker", "run the service (faust worker) against Kafka and Redis"),
-    "replay": ("app.replay_cli", "run the detector offline over a JSON-lines trace"),
-    "status": ("app.routing.status", "per-model table of nodes, read from Redis"),
-    "simulate": ("app.sim.cli", "run a simulated fleet of inference nodes"),
-    "scrape": ("app.scrape.run", "poll servers' /metrics (vLLM, SGLang, TGI, Triton, Dynamo) into latency events"),
-    "proxy": ("app.lb.proxy", "reference HTTP load balancer reading the routing set"),
-    "haproxy-sync": ("app.lb.haproxy", "map routing sets onto HAProxy's Runtime API"),
-    "probe": ("app.lb.prober", "synthetic probes for quarantined nodes an LB sends nothing"),
-    "settings": ("app.settings_cli", "print every TAILGUARD_* setting and its value"),
-    "diagnose": ("app.agent.cli", "diagnostics agent for an inference node (GPU checks → verdict)"),
-    "drain": ("app.routing.operators_cli:drain_main", "take a node out of routing (operator)"),
-    "pin": ("app.routing.operators_cli:pin_main", "keep a node in routing whatever the rules say"),
-    "release": ("app.routing.operators_cli:release_main", "end a node's drain or pin"),
-    "mode": ("app.routing.operators_cli:mode_main", "show or set observe/enforce mode"),
-    "explain": ("app.routing.explain", "why a node is where it is: its last ticks' rules"),
-    "k8s-sync": ("app.k8s.cli", "keep a pod readiness gate in step with the routing sets (Kubernetes)"),
+    "worker": ("tailguard.streaming.worker", "run the service (faust worker) against Kafka and Redis"),
+    "replay": ("tailguard.replay_cli", "run the detector offline over a JSON-lines trace"),
+    "status": ("tailguard.routing.status", "per-model table of nodes, read from Redis"),
+    "simulate": ("tailguard.sim.cli", "run a simulated fleet of inference nodes"),
+    "scrape": ("tailguard.scrape.run",
+               "poll servers' /metrics (vLLM, SGLang, TGI, Triton, Dynamo) into latency events"),
+    "proxy": ("tailguard.lb.proxy", "reference HTTP load balancer reading the routing set"),
+    "haproxy-sync": ("tailguard.lb.haproxy", "map routing sets onto HAProxy's Runtime API"),
+    "probe": ("tailguard.lb.prober", "synthetic probes for quarantined nodes an LB sends nothing"),
+    "settings": ("tailguard.settings_cli", "print every TAILGUARD_* setting and its value"),
+    "diagnose": ("tailguard.agent.cli", "diagnostics agent for an inference node (GPU checks → verdict)"),
+    "drain": ("tailguard.routing.operators_cli:drain_main", "take a node out of routing (operator)"),
+    "pin": ("tailguard.routing.operators_cli:pin_main", "keep a node in routing whatever the rules say"),
+    "release": ("tailguard.routing.operators_cli:release_main", "end a node's drain or pin"),
+    "mode": ("tailguard.routing.operators_cli:mode_main", "show or set observe/enforce mode"),
+    "explain": ("tailguard.routing.explain", "why a node is where it is: its last ticks' rules"),
+    "k8s-sync": ("tailguard.k8s.cli", "keep a pod readiness gate in step with the routing sets (Kubernetes)"),
 }
 
 
@@ -72,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout = os.fdopen(devnull, "w")
         return 1
     except ModuleNotFoundError as e:
-        if not e.name or e.name.split(".")[0] == "app":
+        if not e.name or e.name.split(".")[0] == "tailguard":
             raise
         # The base install is the emitter's (aiokafka, orjson); the commands need the service's.
         print(f"tailguard {name}: the Python package {e.name!r} is missing; the tailguard commands need "

@@ -1,4 +1,4 @@
-"""``tailguard replay FILE|-``: the command line around :func:`app.core.replay.replay`.
+"""``tailguard replay FILE|-``: the command line around :func:`tailguard.core.replay.replay.replay`.
 
 Usage::
 
@@ -7,7 +7,7 @@ Usage::
 This module owns what the pure core may not touch: argparse, opening the
 file (or standard input; a gzip-compressed trace is decompressed on the fly),
 stdout and stderr. What is replayed and how ticks fall in event time is
-:mod:`app.core.replay`'s; its output lines go to stdout unchanged.
+:mod:`tailguard.core.replay.replay`'s; its output lines go to stdout unchanged.
 
 stderr: a one-line summary (events, ticks, transitions, bad lines by reason
 with the line numbers of the first few) is printed at the end; ``--summary``
@@ -30,12 +30,12 @@ import io
 import sys
 from typing import IO, Any, cast
 
-from app.core.config import SettingError, field_names
-from app.core.detector import Detector
-from app.core.quantiles import digest_from_dict, digest_quantiles
-from app.core.replay import ReplayStats, replay
-from app.settings import parse_set
-from app.text import printable
+from tailguard.core.contract.config import SettingError, field_names
+from tailguard.core.replay.detector import Detector
+from tailguard.core.replay.replay import ReplayStats, replay
+from tailguard.core.window.quantiles import digest_from_dict, digest_quantiles
+from tailguard.settings import parse_set
+from tailguard.text import printable
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -53,7 +53,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-# Unit of each signal's quantiles, and the digits worth printing (app.core.signals).
+# Unit of each signal's quantiles, and the digits worth printing (tailguard.core.window.signals).
 _SIGNAL_UNITS: dict[str | None, tuple[str, int]] = {
     "latency": ("µs", 0), "tpot": ("µs/token", 1), "normalized": ("× expected", 2)}
 

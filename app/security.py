@@ -2,7 +2,7 @@
 
 Every Kafka and Redis client of the package gets its security options here,
 from the ``TAILGUARD_KAFKA_*`` / ``TAILGUARD_REDIS_*`` settings
-(:class:`app.settings.Settings`):
+(:class:`tailguard.settings.Settings`):
 
 * :func:`kafka_client_options` — keyword arguments for aiokafka's producer,
   consumer and admin client (and ``aiokafka.conn.create_conn``):
@@ -13,7 +13,7 @@ from the ``TAILGUARD_KAFKA_*`` / ``TAILGUARD_REDIS_*`` settings
   arguments of ``redis.asyncio.Redis.from_url`` (TLS with ``rediss://``).
 
 Guarantees: a TLS file that is missing or not PEM raises
-:class:`~app.core.config.SettingError` naming the setting, before any
+:class:`~tailguard.core.contract.config.SettingError` naming the setting, before any
 connection. :func:`check_kafka` and :func:`check_redis` connect once, within a
 timeout, and turn a refused login or an untrusted certificate into
 :class:`AccessRefused` — a ``SettingError`` whose one-line message names the
@@ -31,8 +31,8 @@ import ssl
 from typing import Any
 from urllib.parse import urlparse
 
-from app.core.config import SettingError
-from app.settings import Settings, redact_url
+from tailguard.core.contract.config import SettingError
+from tailguard.settings import Settings, redact_url
 
 TLS_PROTOCOLS = ("SSL", "SASL_SSL")
 
@@ -200,7 +200,7 @@ async def check_redis(s: Settings, *, timeout_s: float = 5.0) -> None:
     """PING Redis once with the credentials and TLS settings (see module docstring)."""
     from redis.exceptions import AuthenticationError, NoPermissionError, RedisError, ResponseError
 
-    from app.routing.client import connect_for
+    from tailguard.routing.client import connect_for
 
     where = f"Redis at {redact_url(s.redis_url)}"
     user = s.redis_username or urlparse(s.redis_url).username or "default"

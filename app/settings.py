@@ -2,7 +2,7 @@
 
 :func:`load` reads every ``TAILGUARD_*`` variable once and returns a frozen,
 validated :class:`Settings`. A bad value raises
-:class:`~app.core.config.SettingError` naming the variable, the value and what
+:class:`~tailguard.core.contract.config.SettingError` naming the variable, the value and what
 is allowed; ``tailguard`` turns that into a one-line message and exit code 2.
 Unknown ``TAILGUARD_*`` variables are errors too (a typo must not silently
 fall back to a default).
@@ -13,7 +13,7 @@ are ``***``: printing or logging a :class:`Settings` never shows them. Each
 also comes from a file, ``TAILGUARD_<NAME>_FILE`` (a mounted secret; one
 trailing newline is dropped). A password inside ``TAILGUARD_REDIS_URL`` is
 shown as ``***`` by :func:`redact_url`. Turning these settings into client
-options is :mod:`app.security`'s job.
+options is :mod:`tailguard.security`'s job.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-from app.core.config import DetectorSettings, SettingError, check_regex, field_names, parse_overrides
-from app.k8s.config import check_k8s
+from tailguard.core.contract.config import DetectorSettings, SettingError, check_regex, field_names, parse_overrides
+from tailguard.k8s.config import check_k8s
 
 PREFIX = "TAILGUARD_"
 
@@ -125,7 +125,7 @@ class Settings:
     # redis_sentinel_master (TAILGUARD_REDIS_URL then gives only the db and credentials).
     redis_sentinels: str = ""                    # host:port[,host:port…] of the sentinels
     redis_sentinel_master: str = "tailguard"     # the primary's name in the sentinels' config
-    # The replace hook (app.streaming.replace): one action per retired (node, model).
+    # The replace hook (tailguard.streaming.replace): one action per retired (node, model).
     replace_command: str = ""         # run with /bin/sh -c; node, model, reason in its environment
     replace_webhook_url: str = ""     # or: POST the retirement as JSON here
     replace_timeout_s: float = 60.0   # per attempt

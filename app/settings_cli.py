@@ -1,14 +1,14 @@
 """``tailguard settings``: print the effective value of every setting.
 
 Secrets print as ``***`` and a password inside ``TAILGUARD_REDIS_URL`` too
-(:class:`app.settings.Secret`, :func:`app.settings.redact_url`).
+(:class:`tailguard.settings.Secret`, :func:`tailguard.settings.redact_url`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from app import settings as settings_mod
+from tailguard import settings as settings_mod
 
 
 def main(argv: list[str]) -> int:

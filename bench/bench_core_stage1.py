@@ -16,12 +16,12 @@ from typing import Any
 
 import numpy as np
 
-from app.core import events, quantiles
-from app.core.accumulate import Accumulator
-from app.core.config import DetectorSettings
-from app.core.events import SampleBatch, decode
-from app.core.window import WindowStore
 from bench.timing import best, row
+from tailguard.core.contract import events, quantiles
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.contract.events import SampleBatch, decode
+from tailguard.core.window.accumulate import Accumulator
+from tailguard.core.window.window import WindowStore
 
 # ---------------------------------------------------------------- quantiles
 
@@ -231,12 +231,12 @@ def bench_decode(quick: bool) -> None:
 
 def bench_replay(quick: bool) -> None:
     try:
-        from app.core.replay import replay
+        from tailguard.core.replay.replay import replay
     except ImportError:
         return
     n = 60_000 if quick else 300_000
     lines = make_lines(n, 100, sized=False)
-    print(f"tailguard replay end to end (app.core.replay.replay), {n:,} single events, 100 nodes")
+    print(f"tailguard replay end to end (tailguard.core.replay.replay.replay), {n:,} single events, 100 nodes")
     emitted: list[str] = []
     t = best(lambda: replay(lines, DetectorSettings(), emitted.append), 3)
     row("events/s incl. ticks and evaluation", f"{n / t:,.0f} ev/s",

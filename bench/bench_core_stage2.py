@@ -37,15 +37,15 @@ import tracemalloc
 
 import numpy as np
 
-from app.core.config import DetectorSettings
-from app.core.detector import FLEET_QUANTILES, Detector
-from app.core.errors import BadEvent
-from app.core.evaluate import FleetEvaluator
-from app.core.events import Heartbeat, SampleBatch, decode
-from app.core.replay import replay
-from app.core.types import WindowSummary
-from app.streaming.stage2 import MAX_VALUE_BYTES, pack_value
 from bench.timing import best, best_alternating, row
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.contract.errors import BadEvent
+from tailguard.core.contract.events import Heartbeat, SampleBatch, decode
+from tailguard.core.contract.types import WindowSummary
+from tailguard.core.judge.evaluate import FleetEvaluator
+from tailguard.core.replay.detector import FLEET_QUANTILES, Detector
+from tailguard.core.replay.replay import replay
+from tailguard.streaming.stage2 import MAX_VALUE_BYTES, pack_value
 
 T0 = 1_764_680_000.0
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import numpy as np
 import orjson
 
-from app.core import binary
-from app.core.accumulate import Accumulator
 from bench.timing import best, row
+from tailguard.core.contract import binary
+from tailguard.core.window.accumulate import Accumulator
 
 T = 1_764_680_000.0
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"

@@ -1,4 +1,4 @@
-"""Benchmark of the operator edge (``app.streaming.edge``) on one large model.
+"""Benchmark of the operator edge (``tailguard.streaming.edge``) on one large model.
 
 Run: ``python -m bench.bench_edge [--quick]``. One model of 10,000 nodes (2,000
 with ``--quick``), every history full (``TAILGUARD_HISTORY_TICKS`` 10), one
@@ -14,11 +14,11 @@ import argparse
 import json
 import tracemalloc
 
-from app.core.config import DetectorSettings
-from app.core.types import HealthState, ModelTick, NodeStatus, WindowSummary
-from app.routing.operators import OperatorState, Override
-from app.streaming.edge import EdgeInput, OperatorEdge
 from bench.timing import best, row
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.contract.types import HealthState, ModelTick, NodeStatus, WindowSummary
+from tailguard.routing.operators import OperatorState, Override
+from tailguard.streaming.edge import EdgeInput, OperatorEdge
 
 
 def _fleet(n: int) -> tuple[ModelTick, tuple[WindowSummary, ...]]:

@@ -19,9 +19,9 @@ from typing import Any
 
 import orjson
 
-from app.emitter import LatencyEmitter, SyncEmitter
 from bench import timing
 from bench.timing import best
+from tailguard.emitter import LatencyEmitter, SyncEmitter
 
 
 def row(label: str, value: str, note: str = "") -> None:

@@ -1,8 +1,8 @@
 """Benchmark of a cardinality flood: memory given back, and the tick's cost during it.
 
 Run: ``python -m bench.bench_flood [--quick] [--ids N] [--limit N]``. In one fresh
-process, stage 1 (:class:`~app.streaming.stage1.Stage1` on the real ``WindowStore``)
-and stage 2 (:class:`~app.streaming.stage2.Stage2` on the real ``FleetEvaluator``)
+process, stage 1 (:class:`~tailguard.streaming.stage1.Stage1` on the real ``WindowStore``)
+and stage 2 (:class:`~tailguard.streaming.stage2.Stage2` on the real ``FleetEvaluator``)
 run on simulated time (tick 2 s): 6 real nodes report 50 samples per tick each; then
 ``--ids`` distinct node ids (200,000; 20,000 with ``--quick``) send one single-event
 JSON record each, for one model, read in polls of 5,000 beside the real traffic;
@@ -24,12 +24,12 @@ import os
 import time
 from dataclasses import dataclass
 
-from app.core.config import DetectorSettings
-from app.core.evaluate import FleetEvaluator
-from app.core.window import WindowStore
-from app.streaming.stage1 import Stage1
-from app.streaming.stage2 import Stage2
 from bench.timing import row
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.judge.evaluate import FleetEvaluator
+from tailguard.core.window.window import WindowStore
+from tailguard.streaming.stage1 import Stage1
+from tailguard.streaming.stage2 import Stage2
 
 T0 = 1_764_680_000.0
 TICK_S = 2.0
@@ -93,7 +93,7 @@ def main() -> None:
     ap.add_argument("--ids", type=int, default=None)
     ap.add_argument("--limit", type=int, default=DetectorSettings().max_new_pairs_per_tick)
     a = ap.parse_args()
-    logging.getLogger("app.streaming.stage1").setLevel(logging.ERROR)   # one line per tick
+    logging.getLogger("tailguard.streaming.stage1").setLevel(logging.ERROR)   # one line per tick
     n_ids = a.ids or (20_000 if a.quick else 200_000)
     f = Fleet(a.limit)
     for _ in range(30):

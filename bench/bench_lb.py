@@ -22,13 +22,13 @@ import uuid
 
 import aiohttp
 
-from app.lb.balance import Balancer
-from app.lb.proxy import Proxy, serve
-from app.lb.source import open_routing
-from app.lb.testing import echo_backend, scratch_redis, write_routing
-from app.routing.keys import Keys
-from app.settings import Settings
 from bench import timing
+from tailguard.lb.balance import Balancer
+from tailguard.lb.proxy import Proxy, serve
+from tailguard.lb.source import open_routing
+from tailguard.lb.testing import echo_backend, scratch_redis, write_routing
+from tailguard.routing.keys import Keys
+from tailguard.settings import Settings
 
 MODEL = "llama-3-70b"
 NODES = [f"gpu-node-{i:02d}" for i in range(8)]

@@ -6,7 +6,7 @@ message, the binary batch of docs/contracts-binary.md with the same samples,
 and single events) it:
 
 1. produces a backlog of latency events to a fresh topic (8 partitions);
-2. starts ``tailguard worker`` (``python -m app.cli worker``, the real
+2. starts ``tailguard worker`` (``python -m tailguard.cli worker``, the real
    service: aiokafka stage-1 ingestion in a faust worker, windows, stage-2
    agents, ticks) on that topic and reads its Prometheus counter
    ``tailguard_samples_in_total`` every 50 ms until every sample is in;
@@ -87,7 +87,7 @@ def backlog(form: str, messages: int, nodes: int = 200, slow: str | None = None,
     """
     import numpy as np
 
-    from app.core import binary
+    from tailguard.core.contract import binary
 
     rng = random.Random(1)
     now = time.time()
@@ -210,7 +210,7 @@ def run_tailguard(bootstrap: str, topic: str, samples: int, timeout_s: float) ->
 
 
 def _measure(env: dict[str, str], log: Any, port: int, samples: int, timeout_s: float) -> float:
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "worker"], cwd=ROOT, env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "tailguard.cli", "worker"], cwd=ROOT, env=env,
                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + timeout_s
@@ -274,8 +274,8 @@ async def read_all(bootstrap: str, topic: str, idle_s: float = 2.0) -> list[Any]
 
 def scale_out(bootstrap: str, n_workers: int, messages: int, timeout_s: float = 300) -> None:
     """``n_workers`` workers of one group over a binary backlog on 8 partitions (module doc)."""
-    from app.settings import load
-    from app.streaming.topics import ensure_topics
+    from tailguard.settings import load
+    from tailguard.streaming.topics import ensure_topics
 
     name = f"bench-scale{n_workers}-{uuid.uuid4().hex[:8]}"
     topic = f"{name}-latency-events"
@@ -287,7 +287,7 @@ def scale_out(bootstrap: str, n_workers: int, messages: int, timeout_s: float = 
     asyncio.run(ensure_topics(load({k: v for k, v in envs[0].items() if k.startswith("TAILGUARD_")})))
     logs = [tempfile.NamedTemporaryFile(prefix=f"tailguard-scale{i}-", suffix=".log", delete=False)  # noqa: SIM115
             for i in range(n_workers)]
-    procs = [subprocess.Popen([sys.executable, "-m", "app.cli", "worker"], cwd=ROOT, env=env,
+    procs = [subprocess.Popen([sys.executable, "-m", "tailguard.cli", "worker"], cwd=ROOT, env=env,
                               stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
              for env, log in zip(envs, logs, strict=True)]
     health_topic = envs[0]["TAILGUARD_TOPIC_HEALTH_CHANGES"]
@@ -394,11 +394,11 @@ def naive_worker_main(topic: str, seconds: float, out_path: str, variant: str,
     """
     import faust
 
-    from app.core.accumulate import Accumulator
-    from app.core.config import DetectorSettings
-    from app.core.errors import BadEvent
-    from app.core.events import Heartbeat, decode
-    from app.core.window import WindowStore
+    from tailguard.core.contract.config import DetectorSettings
+    from tailguard.core.contract.errors import BadEvent
+    from tailguard.core.contract.events import Heartbeat, decode
+    from tailguard.core.window.accumulate import Accumulator
+    from tailguard.core.window.window import WindowStore
 
     name = f"bench-{variant}-{uuid.uuid4().hex[:10]}"
     app = faust.App(name, broker=f"kafka://{os.environ.get('TAILGUARD_KAFKA_BOOTSTRAP', '127.0.0.1:9092')}",

@@ -1,33 +1,32 @@
 """Closed-loop benchmark of routing weights: cluster P99 with weights, with round-robin, all healthy.
 
 Run: ``python -m bench.bench_weights [--quick] [--redis URL] [--seeds N] [--report-wait]
-[--set KEY=VALUE …]`` (the real Redis of ``scripts/up``; no Kafka; ``--set`` changes a detector
-setting as ``tailguard worker --set`` does). Each phase, in the same run, is the whole loop in virtual time:
+[--set KEY=VALUE …]`` (the real Redis of ``scripts/up``; no Kafka; ``--set`` changes a
+detector setting as ``tailguard worker --set`` does). Each phase, in the same run, is the
+whole loop in virtual time:
 
-* the simulator's latency model (:meth:`app.sim.scenario.Scenario.latency`): 8 nodes × 4 slots
-  (a node serves 4 requests at a time, the rest wait in arrival order), lognormal service times
-  (median 100 ms, σ 0.5); one node ``factor``× slower (a ``slowdown`` fault) in the slow phases;
-* the reference proxy's own dispatch, :class:`app.lb.balance.Balancer` (smooth weighted
-  round-robin, probe share 0.02 as ``tailguard proxy``'s default), fed what the proxy's
-  :class:`app.routing.reader.RoutingTable` reads from Redis: routing set, held-out set,
-  quarantine, weights;
+* the simulator's latency model (``Scenario.latency``): 8 nodes × 4 slots (a node serves 4
+  requests at a time, the rest wait in arrival order), lognormal service times (median 100 ms,
+  σ 0.5); one node ``factor``× slower (a ``slowdown`` fault) in the slow phases;
+* the reference proxy's own dispatch, ``tailguard.lb.balance.Balancer`` (smooth weighted
+  round-robin, probe share 0.02 as ``tailguard proxy``'s default), fed what its
+  ``RoutingTable`` reads from Redis: routing set, held-out set, quarantine, weights;
 * tailguard: every completed request is reported with its service time (the slowdown as the
-  issue poses it: a node 1.6x slower on P50 is below every ejection rule); with
-  ``--report-wait`` its latency includes the wait for a slot, as a server's end-to-end latency
-  does, which at this load makes the slow node look several times slower. Reports go to a
-  :class:`app.core.detector.Detector` with the default
-  :class:`~app.core.config.DetectorSettings` (and ``--set``), ticked every ``tick_interval_s`` (30 s) of event
-  time, each tick written by :class:`app.routing.writer.RoutingWriter` (the worker's Lua
-  script). ``weights`` is ``enforce`` in the weighted phases, ``off`` in the "tailguard today"
-  ones; the round-robin baseline runs no tailguard at all (the proxy's plain rotation over
-  every backend, what a balancer that only reads a routing set naming all 8 nodes does);
+  issue poses it); with ``--report-wait`` its latency includes the wait for a slot, as a
+  server's end-to-end latency does. Reports go to a ``Detector`` (stage 1 + stage 2) with the
+  default ``DetectorSettings`` (and ``--set``), ticked every ``tick_interval_s`` (30 s) of
+  event time; each tick is written by ``RoutingWriter`` (the worker's Lua script).
+  ``weights`` is ``enforce`` in the weighted phases, ``off`` in the "without weights" ones;
+  the round-robin baseline runs no tailguard at all (the proxy's plain rotation over every
+  backend: what a balancer reading a routing set that names all 8 nodes does);
 * a closed loop of ``CLIENTS`` clients, each waiting an exponential think time between a
   response and its next request, sized so that the healthy fleet is ``LOAD`` busy.
 
-Virtual time, because on a shared machine wall-clock sleeps measure the machine (docs/performance.md).
-The latencies of ``requests`` requests after ``WARM_S`` (admission, then the weights'
-confirmation) are the phase's; the output is each phase's P99 as a ratio of the all-healthy
-fleet's (same seed), and what tailguard did (the slow node's weight, routed nodes).
+Virtual time, because on a shared machine wall-clock sleeps measure the machine
+(docs/performance.md). The latencies of ``requests`` requests after ``WARM_S`` (admission,
+then the weights' confirmation) are the phase's; the output is each phase's P99 as a ratio of
+the all-healthy fleet's (same seed), and what tailguard did (the slow node's weight, its
+ticks out of routing).
 """
 
 from __future__ import annotations
@@ -44,17 +43,17 @@ from typing import Any
 
 import numpy as np
 
-from app.core.config import DetectorSettings
-from app.core.detector import Detector
-from app.core.events import parse_event
-from app.lb.balance import Balancer
-from app.lb.testing import scratch_redis
-from app.routing.reader import RoutingTable
-from app.routing.writer import RoutingWriter
-from app.settings import parse_set
-from app.sim import scenario as sc
-from app.sim.latency import node_rng
 from bench import timing
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.contract.events import parse_event
+from tailguard.core.replay.detector import Detector
+from tailguard.lb.balance import Balancer
+from tailguard.lb.testing import scratch_redis
+from tailguard.routing.reader import RoutingTable
+from tailguard.routing.writer import RoutingWriter
+from tailguard.settings import parse_set
+from tailguard.sim import scenario as sc
+from tailguard.sim.latency import node_rng
 
 MODEL = "resnet-50"
 NODES, SLOTS = 8, 4

@@ -32,9 +32,9 @@ from typing import Any
 
 import numpy as np
 
-from app.core.config import DetectorSettings
-from app.core.detector import Detector
-from app.core.events import Heartbeat, SampleBatch
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.contract.events import Heartbeat, SampleBatch
+from tailguard.core.replay.detector import Detector
 
 T0 = 1_764_680_000.0
 TICK_S = 30.0
@@ -149,8 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=7)
     args = ap.parse_args(argv)
     if args.record:
-        import app
-        print(f"recording the build at {os.path.dirname(os.path.dirname(app.__file__))}",
+        import tailguard
+        print(f"recording the build at {os.path.dirname(os.path.dirname(tailguard.__file__))}",
               file=sys.stderr)
         with open(args.record, "w") as f:
             f.write("\n".join(run(args.series, args.seed, args.ticks)) + "\n")

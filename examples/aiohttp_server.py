@@ -22,9 +22,9 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from app.emitter import AIOHTTP_INFO_KEY, LatencyEmitter, Recorder, aiohttp_middleware
-from app.security import kafka_client_options
-from app.settings import load
+from tailguard.emitter import AIOHTTP_INFO_KEY, LatencyEmitter, Recorder, aiohttp_middleware
+from tailguard.security import kafka_client_options
+from tailguard.settings import load
 
 TPOT_S = 0.002       # simulated time per output token
 

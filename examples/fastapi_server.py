@@ -20,9 +20,9 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 
-from app.emitter import LatencyEmitter, LatencyMiddleware
-from app.security import kafka_client_options
-from app.settings import load
+from tailguard.emitter import LatencyEmitter, LatencyMiddleware
+from tailguard.security import kafka_client_options
+from tailguard.settings import load
 
 NODE_ID = os.environ.get("TG_NODE_ID", "gpu-node-02")
 MODEL = os.environ.get("TG_MODEL", "llama-3-8b")

@@ -35,9 +35,9 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from app.emitter import PROBE_HEADER, LatencyEmitter, Recorder
-from app.security import kafka_client_options
-from app.settings import load
+from tailguard.emitter import PROBE_HEADER, LatencyEmitter, Recorder
+from tailguard.security import kafka_client_options
+from tailguard.settings import load
 
 log = logging.getLogger("vllm_proxy")
 ROUTES = ("/v1/completions", "/v1/chat/completions")

@@ -12,13 +12,13 @@ module            owns
                   checks) into findings — no subprocess, no clock
 ``verdict``       the pure, table-driven decision: findings → verdict with evidence
 ``checks``        running the tools, each with its own timeout, skipped when absent
-``gemm``          the GEMM timing program (``python -m app.agent.gemm``, needs torch)
+``gemm``          the GEMM timing program (``python -m tailguard.agent.gemm``, needs torch)
 ``config``        the agent's configuration (TOML file + flags), validated at start
 ``runner``        the Kafka loop: consume requests, run the suite, publish results
 ``cli``           ``tailguard diagnose``
 ================  ==========================================================
 
-Guarantee: this package imports nothing from ``app.core``, ``app.streaming``,
+Guarantee: this package imports nothing from ``tailguard.core``, ``tailguard.streaming``,
 faust, numpy or redis (``tests/unit/test_agent_imports.py``); it needs only
 aiokafka and orjson (``pip install 'tailguard[agent]'``), and ``--once`` needs
 neither.

@@ -1,7 +1,7 @@
-"""``python -m app.agent`` = ``tailguard diagnose``."""
+"""``python -m tailguard.agent`` = ``tailguard diagnose``."""
 
 import sys
 
-from app.agent.cli import main
+from tailguard.agent.cli import main
 
 raise SystemExit(main(sys.argv[1:]))

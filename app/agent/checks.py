@@ -7,7 +7,7 @@ alone, so they do not disturb each other's numbers):
    this driver does not know);
 2. at once: ``compute_apps`` (stray processes), ``xid`` (``dmesg``, else
    ``journalctl -k``) and the user checks from the config file;
-3. ``gemm`` — :mod:`app.agent.gemm` in a subprocess (needs torch with CUDA);
+3. ``gemm`` — :mod:`tailguard.agent.gemm` in a subprocess (needs torch with CUDA);
 4. ``dcgmi`` — ``dcgmi diag -r <level>`` when DCGM is installed.
 
 Guarantees: a check whose tool is absent (or not permitted) is ``skipped``
@@ -33,9 +33,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.agent import parse
-from app.agent.config import AgentConfig, NodeSpec, UserCheck
-from app.agent.findings import CheckOutcome, CheckStatus, Finding
+from tailguard.agent import parse
+from tailguard.agent.config import AgentConfig, NodeSpec, UserCheck
+from tailguard.agent.findings import CheckOutcome, CheckStatus, Finding
 
 log = logging.getLogger(__name__)
 KILL_GRACE_S = 2.0
@@ -216,7 +216,7 @@ class Suite:
 
     async def gemm(self, node: NodeSpec, peer_tflops: float | None) -> CheckOutcome:
         name, timeout = "gemm", self.cfg.timeout("gemm")
-        argv = list(self.cfg.gemm_command) or [sys.executable, "-m", "app.agent.gemm"]
+        argv = list(self.cfg.gemm_command) or [sys.executable, "-m", "tailguard.agent.gemm"]
         argv += ["--size", str(self.cfg.gemm_size), "--iters", str(self.cfg.gemm_iters)]
         if node.gpus is not None:
             argv += ["--gpus", ",".join(str(g) for g in node.gpus)]

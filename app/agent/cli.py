@@ -17,10 +17,10 @@ import signal
 import sys
 import time
 
-from app import text
-from app.agent.checks import Suite
-from app.agent.config import AgentConfigError, load_config
-from app.agent.runner import Agent, Request, build_result
+from tailguard import text
+from tailguard.agent.checks import Suite
+from tailguard.agent.config import AgentConfigError, load_config
+from tailguard.agent.runner import Agent, Request, build_result
 
 
 def _parser() -> argparse.ArgumentParser:

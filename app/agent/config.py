@@ -8,7 +8,7 @@ agent reads only what it shares with the worker — ``TAILGUARD_KAFKA_BOOTSTRAP`
 — so one environment file can serve both. Everything else is in the file
 (see docs/diagnostics.md for a full example); flags win over the file.
 
-This module does not import ``app.settings`` (which pulls in the detector's
+This module does not import ``tailguard.settings`` (which pulls in the detector's
 configuration): the agent is installed without the worker's dependencies.
 """
 
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from app.agent.parse import FATAL_XIDS
+from tailguard.agent.parse import FATAL_XIDS
 
 CHECK_NAMES = ("nvidia_smi", "compute_apps", "xid", "dcgmi", "gemm")
 ON_FAIL = ("recoverable", "not_recoverable", "inconclusive")
@@ -74,7 +74,7 @@ class AgentConfig:
     gemm_iters: int = 50
     gemm_min_ratio: float = 0.7
     gemm_history: int = 20
-    gemm_command: tuple[str, ...] = ()       # () → python -m app.agent.gemm; same JSON if yours
+    gemm_command: tuple[str, ...] = ()       # () → python -m tailguard.agent.gemm; same JSON if yours
     user_checks: tuple[UserCheck, ...] = ()
 
     def __post_init__(self) -> None:

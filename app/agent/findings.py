@@ -2,7 +2,7 @@
 
 A *finding* is one fact a check observed that bears on the verdict
 (``kind`` names it, e.g. ``ecc_uncorrectable`` or ``thermal_throttle``); the
-verdict table (:mod:`app.agent.verdict`) says what each kind means. A
+verdict table (:mod:`tailguard.agent.verdict`) says what each kind means. A
 *check outcome* is what one check did: ``ok`` (ran, findings or not),
 ``skipped`` (its tool is absent or not permitted: ``note`` says why),
 ``timeout`` or ``error``. Everything here is plain data with ``to_dict()`` for

@@ -1,4 +1,4 @@
-"""``python -m app.agent.gemm``: a fixed half-precision GEMM, timed on each GPU.
+"""``python -m tailguard.agent.gemm``: a fixed half-precision GEMM, timed on each GPU.
 
 Prints one JSON line: ``{"tflops": {"0": 231.4, …}, "size": N, "iters": K,
 "devices": {"0": "NVIDIA A100-SXM4-80GB"}}``, or ``{"skip": "why"}`` when
@@ -18,7 +18,7 @@ from typing import Any
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m app.agent.gemm")
+    p = argparse.ArgumentParser(prog="python -m tailguard.agent.gemm")
     p.add_argument("--size", type=int, default=8192)
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--gpus", default="", help="comma-separated CUDA device indices (default all)")

@@ -2,7 +2,7 @@
 
 Each function takes what a tool printed (and, where a judgement needs it,
 the node's configuration or the time as an argument) and returns
-:class:`~app.agent.findings.Finding` objects. The tools' formats:
+:class:`~tailguard.agent.findings.Finding` objects. The tools' formats:
 
 * ``nvidia-smi --query-gpu=<GPU_FIELDS> --format=csv,noheader,nounits`` — one
   CSV line per GPU; ``[N/A]``/``[Not Supported]`` mean "not reported"; a GPU
@@ -12,7 +12,7 @@ the node's configuration or the time as an argument) and returns
 * the kernel log (``dmesg --time-format=iso`` or ``journalctl -k -o short-iso``):
   ``NVRM: Xid (PCI:0000:3b:00): 79, pid=…, GPU has fallen off the bus.``
 * ``dcgmi diag -r 1`` — a table of ``| test | Pass/Fail/Skip/Warn |`` rows.
-* the GEMM program (:mod:`app.agent.gemm`) and user checks — JSON.
+* the GEMM program (:mod:`tailguard.agent.gemm`) and user checks — JSON.
 
 Guarantee: no parser raises on malformed text; what cannot be read is left
 out (and a check with nothing readable reports it in its note).
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from app.agent.findings import Finding
+from tailguard.agent.findings import Finding
 
 GPU_FIELDS: tuple[str, ...] = (
     "index", "name", "pci.bus_id", "memory.used", "memory.total", "utilization.gpu",

@@ -44,11 +44,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from app import __version__
-from app.agent.checks import Suite, SuiteReport
-from app.agent.config import AgentConfig, NodeSpec
-from app.agent.findings import CheckOutcome
-from app.agent.verdict import decide, finding_dicts, summarize
+from tailguard import __version__
+from tailguard.agent.checks import Suite, SuiteReport
+from tailguard.agent.config import AgentConfig, NodeSpec
+from tailguard.agent.findings import CheckOutcome
+from tailguard.agent.verdict import decide, finding_dicts, summarize
 
 log = logging.getLogger("tailguard.agent")
 PUBLISH_RETRY_MAX_S = 10.0

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-from app.agent.findings import CheckOutcome, Finding, Verdict
+from tailguard.agent.findings import CheckOutcome, Finding, Verdict
 
 Klass = Literal["not_recoverable", "recoverable", "evidence"]
 

@@ -1,6 +1,6 @@
 """The demos: a slow node drags the cluster's P99 up, tailguard takes it out, then lets it back in.
 
-``python -m app.demo`` (or ``./scripts/demo``) runs the real system on
+``python -m tailguard.demo`` (or ``./scripts/demo``) runs the real system on
 127.0.0.1 against the Kafka and Redis that ``scripts/up`` started, as child
 processes of its own: ``tailguard worker`` with short ticks; ``tailguard
 simulate fleet``, 8 simulated inference nodes reporting every request through
@@ -12,22 +12,22 @@ down by 1.6x for good, below the ejection rules: tailguard weights it down
 (the graded phase). It shows each node's state live, then reports the
 cluster P99 in each phase and draws ``out/demo.png``.
 
-Modules, one job each: :mod:`~app.demo.plan` (the timeline and settings),
-:mod:`~app.demo.stack` (names, environment, child processes, cleanup),
-:mod:`~app.demo.observe` (the live loop over Kafka, Redis and the load
-generator's output), :mod:`~app.demo.story` (observations → phases, pure),
-:mod:`~app.demo.render` (screen and report), :mod:`~app.demo.plot` (PNG),
-``__main__`` (the command line). :mod:`~app.demo.minimal` is the Kafka-free
+Modules, one job each: :mod:`~tailguard.demo.plan` (the timeline and settings),
+:mod:`~tailguard.demo.stack` (names, environment, child processes, cleanup),
+:mod:`~tailguard.demo.observe` (the live loop over Kafka, Redis and the load
+generator's output), :mod:`~tailguard.demo.story` (observations → phases, pure),
+:mod:`~tailguard.demo.render` (screen and report), :mod:`~tailguard.demo.plot` (PNG),
+``__main__`` (the command line). :mod:`~tailguard.demo.minimal` is the Kafka-free
 demo: the pure detector over generated events, routing sets in Redis
-(``python -m app.demo.minimal``).
+(``python -m tailguard.demo.minimal``).
 """
 
-from app.demo.observe import HealthFeed, observe, run_story
-from app.demo.plan import DEMO_PLAN, MODEL, ROOT, RUN_PREFIX, TEST_PLAN, DemoError, Plan, settings_lines
-from app.demo.plot import plot
-from app.demo.render import Screen, compact_line, render_report, render_table
-from app.demo.stack import Child, RunNames, Stack, child_env, running_stack
-from app.demo.story import (
+from tailguard.demo.observe import HealthFeed, observe, run_story
+from tailguard.demo.plan import DEMO_PLAN, MODEL, ROOT, RUN_PREFIX, TEST_PLAN, DemoError, Plan, settings_lines
+from tailguard.demo.plot import plot
+from tailguard.demo.render import Screen, compact_line, render_report, render_table
+from tailguard.demo.stack import Child, RunNames, Stack, child_env, running_stack
+from tailguard.demo.story import (
     Graded,
     HealthChange,
     Interval,

@@ -1,8 +1,8 @@
 """The demo: a slow node drags the cluster's P99 up, tailguard takes it out, then lets it back in.
 
-``python -m app.demo`` (what ``./scripts/demo`` runs): the command line.
+``python -m tailguard.demo`` (what ``./scripts/demo`` runs): the command line.
 It prints the plan's detector settings and why they differ from the
-defaults, runs the story once (:func:`app.demo.observe.run_story`) with a
+defaults, runs the story once (:func:`tailguard.demo.observe.run_story`) with a
 live screen, then prints the report, saves the observations
 (``out/demo.json``) and draws ``out/demo.png``. ``--fast`` runs the
 end-to-end test's plan (1-s ticks); ``--replot JSON`` runs nothing and
@@ -23,17 +23,17 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from app import settings as settings_mod
-from app.demo.observe import run_story
-from app.demo.plan import DEMO_PLAN, ROOT, TEST_PLAN, DemoError, Plan, settings_lines
-from app.demo.plot import plot
-from app.demo.render import Screen, render_report
-from app.demo.story import load_run, save_run
-from app.settings import redact_url
+from tailguard import settings as settings_mod
+from tailguard.demo.observe import run_story
+from tailguard.demo.plan import DEMO_PLAN, ROOT, TEST_PLAN, DemoError, Plan, settings_lines
+from tailguard.demo.plot import plot
+from tailguard.demo.render import Screen, render_report
+from tailguard.demo.story import load_run, save_run
+from tailguard.settings import redact_url
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m app.demo", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tailguard.demo", description=__doc__.split("\n\n")[0])
     p.add_argument("--plot", default=str(ROOT / "out" / "demo.png"), help="PNG to write (default out/demo.png)")
     p.add_argument("--fast", action="store_true", help="the end-to-end test's plan: 1-s ticks, about a minute")
     p.add_argument("--keep-logs", action="store_true", help="keep the children's logs even when all went well")

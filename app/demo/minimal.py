@@ -4,19 +4,19 @@ What it really does (nothing is staged):
 
 1. generates per-request latencies for 8 nodes serving one model
    (lognormal, P50 180 ms), as batch-form latency events — the JSON the
-   emitter SDK puts on Kafka — and decodes them with :mod:`app.core.events`;
-2. feeds them to the pure detector (:class:`app.core.detector.Detector`) and
+   emitter SDK puts on Kafka — and decodes them with :mod:`tailguard.core.contract.events`;
+2. feeds them to the pure detector (:class:`tailguard.core.replay.detector.Detector`) and
    evaluates a tick every ``tick_interval_s`` of simulated time, printing each
    node's state, P50, P99 and ratio; from ``--degrade-at-s`` one node serves
    every request 3x slower;
 3. writes each tick's routing set to the real Redis with
-   :class:`app.routing.writer.RoutingWriter` (the same atomic write the
+   :class:`tailguard.routing.writer.RoutingWriter` (the same atomic write the
    worker does) and, at the end, reads the set back with a plain Redis client,
    as a load balancer would, to show the node is gone.
 
 It uses short ticks (5 s of simulated time, not the default 30 s) and
 simulated time runs faster than the wall clock, so the story takes seconds.
-No Kafka here: the full demo (``python -m app.demo``) runs the worker, a simulated fleet
+No Kafka here: the full demo (``python -m tailguard.demo``) runs the worker, a simulated fleet
 behind a load balancer, and real traffic. Exit status 0 when the slow node
 left the routing set, in the detector and in Redis; 1 otherwise.
 """
@@ -32,11 +32,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from app import settings as settings_mod
-from app.core.config import DetectorSettings
-from app.core.detector import Detector
-from app.core.events import decode
-from app.core.types import ModelTick, TickResult
+from tailguard import settings as settings_mod
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.contract.events import decode
+from tailguard.core.contract.types import ModelTick, TickResult
+from tailguard.core.replay.detector import Detector
 
 MODEL = "llama-3-70b"
 NODES = tuple(f"gpu-node-{i:02d}" for i in range(1, 9))
@@ -51,7 +51,7 @@ DEMO_DETECTOR = DetectorSettings(
 
 
 def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m app.demo.minimal", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tailguard.demo.minimal", description=__doc__.split("\n\n")[0])
     p.add_argument("--slow-node", default="gpu-node-05", choices=NODES)
     p.add_argument("--degrade-at-s", type=float, default=20.0, help="simulated seconds (default 20)")
     p.add_argument("--duration-s", type=float, default=70.0, help="simulated seconds (default 70)")
@@ -115,8 +115,8 @@ async def run(args: argparse.Namespace) -> int:
     writer = None
     redis = None
     if not args.no_redis:
-        from app.routing.client import connect_for
-        from app.routing.writer import RoutingWriter
+        from tailguard.routing.client import connect_for
+        from tailguard.routing.writer import RoutingWriter
 
         redis = connect_for(service)
         writer = RoutingWriter(redis, prefix)

@@ -1,12 +1,12 @@
 """Watching a demo run: the health-change feed, the Redis statuses, the load generator's output.
 
 :func:`run_story` runs the whole story once against the real stack
-(:func:`app.demo.stack.running_stack`) and returns the analysed
-:class:`~app.demo.story.Story`. Every ``refresh_s`` :func:`observe` reads
+(:func:`tailguard.demo.stack.running_stack`) and returns the analysed
+:class:`~tailguard.demo.story.Story`. Every ``refresh_s`` :func:`observe` reads
 the load generator's new interval lines, the model's node statuses from
 Redis (``<prefix>:nodes:<model>``) and the health changes
 (:class:`HealthFeed`, the run's ``node-health-changes`` topic from the
-beginning, in the background), hands a :class:`~app.demo.story.View` to the
+beginning, in the background), hands a :class:`~tailguard.demo.story.View` to the
 screen, and stops when the story is complete or at the plan's deadline. The
 same function drives ``tests/integration/test_e2e_story.py`` with 1-s ticks.
 """
@@ -25,9 +25,9 @@ import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from app.demo.plan import MODEL, DemoError, Plan
-from app.demo.stack import Progress, Stack, running_stack
-from app.demo.story import (
+from tailguard.demo.plan import MODEL, DemoError, Plan
+from tailguard.demo.stack import Progress, Stack, running_stack
+from tailguard.demo.story import (
     HealthChange,
     Observations,
     Show,
@@ -40,9 +40,9 @@ from app.demo.story import (
     parse_interval,
     story_done,
 )
-from app.routing.explain import explain_text
-from app.routing.status import ModelStatus, read_status
-from app.security import kafka_client_options, redis_client_options
+from tailguard.routing.explain import explain_text
+from tailguard.routing.status import ModelStatus, read_status
+from tailguard.security import kafka_client_options, redis_client_options
 
 
 async def topic_partitions(bootstrap: str, topic: str, timeout_s: float = 15.0,

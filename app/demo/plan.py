@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.core.config import DetectorSettings
+from tailguard.core.contract.config import DetectorSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "llama-3-70b"

@@ -15,7 +15,7 @@ import math
 import statistics
 from pathlib import Path
 
-from app.demo.story import Story
+from tailguard.demo.story import Story
 
 _STATE_COLORS = {"suspect": "#e6a700", "unhealthy": "#d62728", "quarantined": "#9467bd", "healthy": "#2ca02c",
                  "retired": "#000000"}

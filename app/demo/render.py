@@ -3,7 +3,7 @@
 :class:`Screen` redraws a node table on a terminal (state, routed, P50, P99,
 P99/P50, samples, requests per interval, the latest health changes) and
 prints one compact line per refresh otherwise (a log file, CI).
-:func:`render_report` turns a :class:`~app.demo.story.Story` into the
+:func:`render_report` turns a :class:`~tailguard.demo.story.Story` into the
 report: the cluster P99 of each phase and its ratio to the all-healthy
 phase, when and why the slow node was removed and re-admitted, failed probe
 rounds, the graded phase (a node weighted down: the P99 before and after),
@@ -18,9 +18,9 @@ import math
 import time
 from typing import TextIO
 
-from app.demo.plan import MODEL, Plan
-from app.demo.story import Graded, NodeView, Phase, Story, View
-from app.text import printable
+from tailguard.demo.plan import MODEL, Plan
+from tailguard.demo.story import Graded, NodeView, Phase, Story, View
+from tailguard.text import printable
 
 
 def _f(x: float | None, fmt: str = ".0f") -> str:

@@ -10,7 +10,7 @@ so runs never collide with each other or with other users of the stack; on
 every exit path (end, error, cancellation) the children are stopped by pid
 and the run's topics and Redis keys are deleted (best effort, and it says
 what is left behind). A child that dies, or a wait that times out, raises
-:class:`~app.demo.plan.DemoError` with the end of the child's log.
+:class:`~tailguard.demo.plan.DemoError` with the end of the child's log.
 """
 
 from __future__ import annotations
@@ -38,14 +38,14 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from redis.exceptions import RedisError
 
-from app import settings as settings_mod
-from app.core.config import DetectorSettings
-from app.demo.plan import MODEL, ROOT, RUN_PREFIX, DemoError, Plan
-from app.security import kafka_client_options, redis_client_options
-from app.settings import redact_url
-from app.sim.scenario import loads as load_scenario
-from app.streaming.errors import StreamingError
-from app.streaming.topics import ensure_topics
+from tailguard import settings as settings_mod
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.demo.plan import MODEL, ROOT, RUN_PREFIX, DemoError, Plan
+from tailguard.security import kafka_client_options, redis_client_options
+from tailguard.settings import redact_url
+from tailguard.sim.scenario import loads as load_scenario
+from tailguard.streaming.errors import StreamingError
+from tailguard.streaming.topics import ensure_topics
 
 # --------------------------------------------------------------------------- names and environment
 
@@ -133,7 +133,7 @@ class Child:
 
 
 def tailguard_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "app.cli", *args]
+    return [sys.executable, "-m", "tailguard.cli", *args]
 
 
 async def wait_until(pred: Callable[[], Any], timeout_s: float, what: str, children: Sequence[Child] = (),

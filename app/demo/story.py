@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app.demo.plan import Plan
-from app.text import printable
+from tailguard.demo.plan import Plan
+from tailguard.text import printable
 
 # --------------------------------------------------------------------------- observations
 

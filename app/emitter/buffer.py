@@ -26,7 +26,7 @@ import collections
 import heapq
 from collections.abc import Iterable
 
-from app.emitter.wire import SEQ, T_IN, Sample, SeriesKey
+from tailguard.emitter.wire import SEQ, T_IN, Sample, SeriesKey
 
 
 def _seq(s: Sample) -> int:

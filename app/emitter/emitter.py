@@ -1,6 +1,6 @@
 """``LatencyEmitter``: publish per-request latencies to Kafka without slowing requests.
 
-What it owns: a bounded in-memory buffer (:class:`~app.emitter.buffer.SeriesBuffer`),
+What it owns: a bounded in-memory buffer (:class:`~tailguard.emitter.buffer.SeriesBuffer`),
 one background asyncio task (the *flusher*) and one aiokafka producer. Its length is one
 concept's: the flusher's send, retry and back-off states only make sense together. Entry
 points: :meth:`LatencyEmitter.record`, :meth:`~LatencyEmitter.heartbeat`, ``start``/``stop``
@@ -12,7 +12,7 @@ Guarantees:
   may be called from any thread (``ValueError`` only for programming errors).
 * Memory is bounded: at most ``max_buffered`` samples wait (the oldest are dropped and
   counted when Kafka is slow or down) and ``max_in_flight`` messages are unacknowledged.
-* A series is sent at ``max_batch`` samples or after ``linger_s`` (:mod:`app.emitter.wire`).
+* A series is sent at ``max_batch`` samples or after ``linger_s`` (:mod:`tailguard.emitter.wire`).
 * Delivery is at least once within the buffer's bound (retriable errors re-buffer, with
   back-off); Kafka down at start does not fail :meth:`start`.
 * Accounting: ``recorded == sent + dropped + buffered + in_flight`` whenever idle (tested).
@@ -35,8 +35,8 @@ from typing import Any, Final, Protocol
 
 from aiokafka.errors import KafkaError, KafkaTimeoutError, RequestTimedOutError
 
-from app.emitter.buffer import SeriesBuffer
-from app.emitter.wire import (
+from tailguard.emitter.buffer import SeriesBuffer
+from tailguard.emitter.wire import (
     WIRE_FORMATS,
     Sample,
     SeriesKey,

@@ -1,6 +1,6 @@
 """Request timing for web servers: a generic ASGI middleware, and what the aiohttp one shares.
 
-The aiohttp middleware is in :mod:`app.emitter.middleware_aiohttp` (it needs
+The aiohttp middleware is in :mod:`tailguard.emitter.middleware_aiohttp` (it needs
 aiohttp, which the emitter's install does not bring). Both time each HTTP
 request from the moment the middleware sees it until the handler (or ASGI
 app) has returned — for a streamed response, until its last chunk was

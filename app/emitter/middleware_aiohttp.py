@@ -1,11 +1,11 @@
 """The aiohttp request-timing middleware (``web.Application(middlewares=[aiohttp_middleware(…)])``).
 
-It behaves exactly like the ASGI :class:`~app.emitter.middleware.LatencyMiddleware`
-(same guarantees, listed in :mod:`app.emitter.middleware`), and lives apart
+It behaves exactly like the ASGI :class:`~tailguard.emitter.middleware.LatencyMiddleware`
+(same guarantees, listed in :mod:`tailguard.emitter.middleware`), and lives apart
 because it imports aiohttp: an emitter-only install (aiokafka, orjson) does
-not have it, and ``app.emitter`` imports this module only when one of its
+not have it, and ``tailguard.emitter`` imports this module only when one of its
 names is asked for. A handler refines its record through
-``request[AIOHTTP_INFO_KEY]`` (a :class:`~app.emitter.middleware.RequestInfo`).
+``request[AIOHTTP_INFO_KEY]`` (a :class:`~tailguard.emitter.middleware.RequestInfo`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from app.emitter.middleware import INFO_KEY, PROBE_HEADER, Recorder, RequestInfo, default_is_ok, finish_request
+from tailguard.emitter.middleware import INFO_KEY, PROBE_HEADER, Recorder, RequestInfo, default_is_ok, finish_request
 
 # The key of the RequestInfo in an aiohttp request: ``request[AIOHTTP_INFO_KEY].output_tokens = n``.
 if TYPE_CHECKING or hasattr(web, "RequestKey"):  # noqa: SIM108 (mypy sees one type only as a statement)

@@ -1,6 +1,6 @@
 """``SyncEmitter``: the emitter for servers that are not asyncio (threads, WSGI, gRPC).
 
-Runs a :class:`~app.emitter.emitter.LatencyEmitter` on its own event loop in a
+Runs a :class:`~tailguard.emitter.emitter.LatencyEmitter` on its own event loop in a
 daemon thread. Guarantees:
 
 * :meth:`SyncEmitter.record` has the same signature and contract as
@@ -22,8 +22,8 @@ import atexit
 import threading
 from typing import Any
 
-from app.emitter.emitter import EmitterStats, LatencyEmitter
-from app.emitter.errors import EmitterStartError
+from tailguard.emitter.emitter import EmitterStats, LatencyEmitter
+from tailguard.emitter.errors import EmitterStartError
 
 
 class SyncEmitter:

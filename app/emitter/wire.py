@@ -1,7 +1,7 @@
 """What the emitter puts on the wire: Kafka key and value (binary or JSON) per message.
 
 Owns the mapping from buffered samples to the latency-event contract
-(ARCHITECTURE.md, "Latency event"); nothing else in :mod:`app.emitter` knows
+(ARCHITECTURE.md, "Latency event"); nothing else in :mod:`tailguard.emitter` knows
 the JSON layout. Guarantees:
 
 * Samples go out in the contract's batch form: by default its binary layout
@@ -17,7 +17,7 @@ the JSON layout. Guarantees:
 * The batch form has no per-sample ``ok``/``probe``. Failed requests and
   probe samples are sent as *separate batches* with batch-level
   ``"ok": false`` and/or ``"probe": true`` (which
-  :func:`app.core.events.decode` applies to every sample of that batch). So
+  :func:`tailguard.core.contract.events.decode` applies to every sample of that batch). So
   one flush of a series is up to four messages, one per (ok, probe) group;
   the ordinary group (ok, not probe) carries no flag at all.
 * ``hardware`` is omitted when unknown (``None``), never sent as ``null``.
@@ -25,7 +25,7 @@ the JSON layout. Guarantees:
 * Every message carries the emitter's ``instance`` (random per process start) when given.
 * The Kafka message key is ``node_id|model`` (UTF-8), so all messages of a
   series land on one partition, in order.
-* Every message decodes with :func:`app.core.events.decode` (tested), as
+* Every message decodes with :func:`tailguard.core.contract.events.decode` (tested), as
   long as the sample values came through :func:`sample_values` (the
   emitter's ``record()`` calls it).
 """
@@ -71,7 +71,7 @@ def _row(s: Sample) -> list[float | int | None]:
     return [s[2], s[3], s[4], s[5], s[6]]
 
 
-# The binary layout (docs/contracts-binary.md; app.core.binary reads it): magic, version,
+# The binary layout (docs/contracts-binary.md; tailguard.core.contract.binary reads it): magic, version,
 # flags, reserved, four name lengths, sample count; names; zero padding to 8; columns.
 _BIN_HEADER: Final = struct.Struct("<3sBBBHHHHI")
 _BIN_MAGIC: Final = b"\xf5TG"

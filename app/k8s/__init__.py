@@ -1,11 +1,11 @@
 """Kubernetes edge of tailguard: ``tailguard k8s-sync`` keeps a pod readiness gate in step with
 the routing set, so that Services, Ingresses and Gateways stop sending to a slow pod.
 
-Modules: :mod:`app.k8s.api` (a small async client of the apiserver's REST API, with a seam
-for a fake transport), :mod:`app.k8s.plan` (pure: pods + routing → the condition each pod
-should carry), :mod:`app.k8s.lease` (leader election through a ``coordination.k8s.io`` Lease),
-:mod:`app.k8s.sync` (the controller), :mod:`app.k8s.webhook` (the mutating admission webhook)
-and :mod:`app.k8s.cli` (the command). In full: docs/kubernetes.md.
+Modules: :mod:`tailguard.k8s.api` (a small async client of the apiserver's REST API, with a seam
+for a fake transport), :mod:`tailguard.k8s.plan` (pure: pods + routing → the condition each pod
+should carry), :mod:`tailguard.k8s.lease` (leader election through a ``coordination.k8s.io`` Lease),
+:mod:`tailguard.k8s.sync` (the controller), :mod:`tailguard.k8s.webhook` (the mutating admission webhook)
+and :mod:`tailguard.k8s.cli` (the command). In full: docs/kubernetes.md.
 
 Exceptions::
 

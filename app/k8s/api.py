@@ -10,9 +10,9 @@ Guarantees:
 * **One condition per PATCH.** :meth:`Client.patch_pod_condition` sends a strategic-merge
   patch of ``pods/<name>/status`` holding only that condition: the kubelet's own conditions
   (and other controllers' gates) are untouched, since conditions merge on ``type``.
-* **Errors name their cause.** HTTP 403 becomes :class:`~app.k8s.Forbidden` naming the verb and
-  resource that the service account lacks; 410 on a watch becomes :class:`~app.k8s.Gone` (the
-  caller re-lists); no answer becomes :class:`~app.k8s.ApiUnreachable` naming the URL.
+* **Errors name their cause.** HTTP 403 becomes :class:`~tailguard.k8s.Forbidden` naming the verb and
+  resource that the service account lacks; 410 on a watch becomes :class:`~tailguard.k8s.Gone` (the
+  caller re-lists); no answer becomes :class:`~tailguard.k8s.ApiUnreachable` naming the URL.
 * **Watches resume.** :meth:`Client.watch_pods` starts from a ``resourceVersion`` and asks for
   bookmarks, so the caller can resume after a timeout without re-listing.
 """
@@ -29,7 +29,7 @@ from urllib.parse import quote, urlencode
 
 import aiohttp
 
-from app.k8s import ApiUnreachable, Forbidden, Gone, K8sError
+from tailguard.k8s import ApiUnreachable, Forbidden, Gone, K8sError
 
 JSON = "application/json"
 STRATEGIC_MERGE = "application/strategic-merge-patch+json"

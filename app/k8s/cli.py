@@ -2,8 +2,8 @@
 admission webhook) against the apiserver and the routing set in Redis.
 
 Owns start-up: which namespace, which credentials (``TAILGUARD_K8S_*``, in a pod the mounted
-service account), the RBAC check, and wiring :class:`~app.k8s.sync.PodCache`,
-:class:`~app.k8s.sync.K8sSync`, :class:`~app.k8s.lease.LeaderElector`, the routing reader and
+service account), the RBAC check, and wiring :class:`~tailguard.k8s.sync.PodCache`,
+:class:`~tailguard.k8s.sync.K8sSync`, :class:`~tailguard.k8s.lease.LeaderElector`, the routing reader and
 the metrics endpoint together until SIGTERM.
 
 Guarantees:
@@ -26,14 +26,14 @@ import sys
 import uuid
 from pathlib import Path
 
-from app.k8s import K8sError
-from app.k8s.api import AiohttpTransport, Client, Permission
-from app.k8s.lease import LeaderElector
-from app.k8s.metrics import SyncMetrics
-from app.k8s.plan import NodeIdRule
-from app.k8s.sync import AlwaysLeader, K8sSync, Leadership, PodCache
-from app.lb.source import add_routing_args, run_main, settings_from_args, stop_on_signals
-from app.settings import Settings, redact_url
+from tailguard.k8s import K8sError
+from tailguard.k8s.api import AiohttpTransport, Client, Permission
+from tailguard.k8s.lease import LeaderElector
+from tailguard.k8s.metrics import SyncMetrics
+from tailguard.k8s.plan import NodeIdRule
+from tailguard.k8s.sync import AlwaysLeader, K8sSync, Leadership, PodCache
+from tailguard.lb.source import add_routing_args, run_main, settings_from_args, stop_on_signals
+from tailguard.settings import Settings, redact_url
 
 log = logging.getLogger(__name__)
 
@@ -100,9 +100,9 @@ async def _run(args: argparse.Namespace) -> int:
 
 async def _serve(args: argparse.Namespace, settings: Settings, namespace: str, rule: NodeIdRule,
                  client: Client) -> int:
-    from app.routing.client import connect_for
-    from app.routing.reader import RoutingTable
-    from app.security import check_redis
+    from tailguard.routing.client import connect_for
+    from tailguard.routing.reader import RoutingTable
+    from tailguard.security import check_redis
 
     prog = "tailguard k8s-sync"
     try:
@@ -138,7 +138,7 @@ async def _serve(args: argparse.Namespace, settings: Settings, namespace: str, r
                            max_ejected_fraction=settings.detector.max_ejected_fraction, leadership=leadership,
                            metrics=metrics, resync_s=settings.k8s_resync_s, wake=wake)
             if args.webhook:
-                from app.k8s.webhook import start_webhook
+                from tailguard.k8s.webhook import start_webhook
                 runner = await start_webhook(settings.k8s_webhook_listen, settings.k8s_webhook_certfile,
                                              settings.k8s_webhook_keyfile, settings.k8s_condition, metrics)
             metrics.serve(settings.metrics_port, settings.metrics_host)

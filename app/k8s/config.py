@@ -1,4 +1,4 @@
-"""The ``TAILGUARD_K8S_*`` settings' rules (pure): what :class:`app.settings.Settings` checks for
+"""The ``TAILGUARD_K8S_*`` settings' rules (pure): what :class:`tailguard.settings.Settings` checks for
 ``tailguard k8s-sync``, kept beside the code that uses them. Reads no environment."""
 
 from __future__ import annotations
@@ -7,16 +7,16 @@ import re
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
-from app.core.config import SettingError
-from app.k8s.plan import QUALIFIED_NAME, NodeIdRule
+from tailguard.core.contract.config import SettingError
+from tailguard.k8s.plan import QUALIFIED_NAME, NodeIdRule
 
 if TYPE_CHECKING:
-    from app.settings import Settings
+    from tailguard.settings import Settings
 
 
 
 def check_k8s(s: Settings) -> None:
-    """Validate the ``TAILGUARD_K8S_*`` settings (called by :class:`app.settings.Settings`)."""
+    """Validate the ``TAILGUARD_K8S_*`` settings (called by :class:`tailguard.settings.Settings`)."""
     if s.k8s_api_url and urlparse(s.k8s_api_url).scheme not in ("https", "http"):
         raise SettingError("TAILGUARD_K8S_API_URL", s.k8s_api_url, "the apiserver's https:// URL, or empty "
                            "in the cluster")

@@ -28,8 +28,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from app.k8s import K8sError
-from app.k8s.api import Client, Lease
+from tailguard.k8s import K8sError
+from tailguard.k8s.api import Client, Lease
 
 log = logging.getLogger(__name__)
 

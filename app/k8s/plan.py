@@ -3,7 +3,7 @@
 Owns :class:`PodView` (what ``k8s-sync`` needs of a pod), :class:`NodeIdRule` (how a pod
 maps to a tailguard node id: its name, one of its labels, or ``<pod IP>:<port>``) and
 :func:`plan` (pods + each model's held-out set → the condition patches to send). No I/O, no
-clock: :mod:`app.k8s.sync` feeds it and sends what it returns.
+clock: :mod:`tailguard.k8s.sync` feeds it and sends what it returns.
 
 Guarantees:
 

@@ -2,16 +2,16 @@
 
 Owns :class:`PodCache` (the pods of one namespace, kept by list + watch from a
 ``resourceVersion``) and :class:`K8sSync` (each pass: pods + the routing table's held-out
-sets → :func:`app.k8s.plan.plan` → one strategic-merge PATCH per pod whose condition must
-change). It reads routing through :class:`app.routing.reader.RoutingTable` (pub/sub + version
-polling), and acts only while its :class:`~app.k8s.lease.LeaderElector` holds the Lease.
+sets → :func:`tailguard.k8s.plan.plan` → one strategic-merge PATCH per pod whose condition must
+change). It reads routing through :class:`tailguard.routing.reader.RoutingTable` (pub/sub + version
+polling), and acts only while its :class:`~tailguard.k8s.lease.LeaderElector` holds the Lease.
 
 Guarantees:
 
 * **Fast.** A pod event or a routing change wakes a pass at once (a new gated pod gets its
   condition within one round trip); a full pass also runs every ``resync_s``.
 * **Fail-safe.** While Redis is unreachable no pass runs, so every pod keeps its last
-  condition; a model whose routing was never read gets no patch; :func:`~app.k8s.plan.plan`
+  condition; a model whose routing was never read gets no patch; :func:`~tailguard.k8s.plan.plan`
   never sets False on more pods than the guard allows.
 * **One leader.** Only the Lease holder patches; a new leader computes the same conditions
   from the same Redis, so a takeover changes none.
@@ -30,17 +30,17 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Protocol
 
-from app.k8s import ApiUnreachable, Forbidden, Gone, K8sError
-from app.k8s.api import Client
-from app.k8s.metrics import SyncMetrics
-from app.k8s.plan import FALSE, TRUE, NodeIdRule, Patch, PodView, plan, pod_view
-from app.routing.errors import RoutingUnavailable
+from tailguard.k8s import ApiUnreachable, Forbidden, Gone, K8sError
+from tailguard.k8s.api import Client
+from tailguard.k8s.metrics import SyncMetrics
+from tailguard.k8s.plan import FALSE, TRUE, NodeIdRule, Patch, PodView, plan, pod_view
+from tailguard.routing.errors import RoutingUnavailable
 
 log = logging.getLogger(__name__)
 
 
 class Routing(Protocol):
-    """What the controller reads of the routing sets (:class:`app.routing.reader.RoutingTable`)."""
+    """What the controller reads of the routing sets (:class:`tailguard.routing.reader.RoutingTable`)."""
 
     @property
     def reachable(self) -> bool: ...

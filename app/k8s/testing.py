@@ -1,8 +1,8 @@
-"""A fake apiserver behind the :class:`~app.k8s.api.Transport` seam, for unit tests (as httpx's
+"""A fake apiserver behind the :class:`~tailguard.k8s.api.Transport` seam, for unit tests (as httpx's
 ``MockTransport``): pods, their status patches and watch, Leases with optimistic concurrency,
 and SelfSubjectAccessReviews answered from a set of denied permissions.
 
-It implements only what :class:`~app.k8s.api.Client` calls, with the apiserver's semantics
+It implements only what :class:`~tailguard.k8s.api.Client` calls, with the apiserver's semantics
 that matter here: a strategic-merge patch of ``pods/<name>/status`` merges conditions by
 ``type``; every write bumps a resourceVersion; a Lease write at a stale resourceVersion is a
 409; a denied verb is a 403 with the apiserver's message form.
@@ -17,7 +17,7 @@ import re
 from collections.abc import AsyncIterator
 from typing import Any
 
-from app.k8s.api import Response
+from tailguard.k8s.api import Response
 
 
 def pod(name: str, *, namespace: str = "default", model: str | None = "m", gated: bool = True,
@@ -94,7 +94,7 @@ class FakeApiServer:
 
     async def request(self, method: str, path: str, *, body: bytes | None = None,
                       content_type: str = "application/json") -> Response:
-        from app.k8s import ApiUnreachable
+        from tailguard.k8s import ApiUnreachable
 
         self.requests.append((method, path))
         if self.unreachable:
@@ -160,7 +160,7 @@ class FakeApiServer:
         return Response(405, b'{"message": "method not allowed"}')
 
     async def stream(self, path: str, *, timeout_s: float) -> AsyncIterator[bytes]:
-        from app.k8s import ApiUnreachable
+        from tailguard.k8s import ApiUnreachable
 
         self.requests.append(("WATCH", path))
         if self.unreachable:

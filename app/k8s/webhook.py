@@ -26,7 +26,7 @@ from typing import Any
 
 from aiohttp import web
 
-from app.k8s.metrics import SyncMetrics
+from tailguard.k8s.metrics import SyncMetrics
 
 log = logging.getLogger(__name__)
 

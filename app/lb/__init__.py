@@ -2,17 +2,17 @@
 
 Two integrations live here:
 
-* :mod:`app.lb.proxy` — ``tailguard proxy``, a reference async HTTP reverse
+* :mod:`tailguard.lb.proxy` — ``tailguard proxy``, a reference async HTTP reverse
   proxy: smooth weighted round-robin over a model's routing set, a small share of probe
   traffic to quarantined nodes, fallback to every known backend when the
   routing set is unknown.
-* :mod:`app.lb.haproxy` — ``tailguard haproxy-sync``, which mirrors each
+* :mod:`tailguard.lb.haproxy` — ``tailguard haproxy-sync``, which mirrors each
   model's routing set onto HAProxy servers through the Runtime API.
 
 Both read routing state through :class:`RoutingSource`, a two-method Protocol
-that :class:`app.routing.reader.RoutingTable` satisfies; tests pass a fake.
-The selection and diffing logic (:mod:`app.lb.balance`, the pure half of
-:mod:`app.lb.haproxy`) does no I/O and reads no clock.
+that :class:`tailguard.routing.reader.RoutingTable` satisfies; tests pass a fake.
+The selection and diffing logic (:mod:`tailguard.lb.balance`, the pure half of
+:mod:`tailguard.lb.haproxy`) does no I/O and reads no clock.
 
 Exceptions::
 

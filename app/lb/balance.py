@@ -13,7 +13,7 @@ Guarantees:
   nodes and the backends tailguard has not judged yet: a new node gets its share
   of traffic, which is the evidence that admits it to the routing set.
 * **Weights.** Given the model's routing weights (node → (0, 1], absent = 1.0), the
-  rotation is nginx's smooth weighted round-robin (:class:`app.routing.weighted.SmoothWeighted`):
+  rotation is nginx's smooth weighted round-robin (:class:`tailguard.routing.weighted.SmoothWeighted`):
   over any cycle of ``sum(units)`` picks each candidate gets exactly its units, spread out.
   While every candidate weighs 1.0 the pick is the plain rotation above, unchanged: the same
   node sequence as without weights. A change of candidates or weights starts a new cycle.
@@ -36,7 +36,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from app.routing.weighted import SmoothWeighted, all_full, weight_units
+from tailguard.routing.weighted import SmoothWeighted, all_full, weight_units
 
 MAX_PROBE_SHARE = 0.5
 _NO_MODEL = ""          # rotation key for requests without a model

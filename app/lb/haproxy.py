@@ -36,10 +36,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from app.lb import BackendsError, RoutingSource, RuntimeApiError
-from app.lb.maps import load_pairs
-from app.lb.source import add_routing_args, open_routing, run_main, settings_from_args, stop_on_signals
-from app.settings import redact_url
+from tailguard.lb import BackendsError, RoutingSource, RuntimeApiError
+from tailguard.lb.maps import load_pairs
+from tailguard.lb.source import add_routing_args, open_routing, run_main, settings_from_args, stop_on_signals
+from tailguard.settings import redact_url
 
 log = logging.getLogger(__name__)
 

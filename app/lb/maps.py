@@ -6,7 +6,7 @@
 lines and ``#`` comments ignored; commas also separate pairs) or a JSON
 object of strings. Guarantees: keys are unique and non-empty, values are
 non-empty, surrounding whitespace is stripped; anything else raises
-:class:`~app.lb.BackendsError` naming the flag and the offending entry.
+:class:`~tailguard.lb.BackendsError` naming the flag and the offending entry.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 
-from app.lb import BackendsError
+from tailguard.lb import BackendsError
 
 
 def parse_pairs(text: str, *, flag: str) -> dict[str, str]:

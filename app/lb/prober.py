@@ -4,7 +4,7 @@ Behind HAProxy (``tailguard haproxy-sync`` puts a quarantined node in
 ``maint``) or any load balancer without probe traffic, a quarantined node gets
 no requests, so it can never show that it recovered. This command sends it a
 little synthetic traffic: every ``1 / rate_per_node`` seconds it reads each
-model's quarantine through a :class:`~app.lb.RoutingSource` and sends every
+model's quarantine through a :class:`~tailguard.lb.RoutingSource` and sends every
 node whose probe time has come one request (``--method``, ``--path``,
 ``--body`` with ``{model}`` replaced by the model), marked
 ``X-Tailguard-Probe: 1``. The node's emitter records it as ``probe: true``
@@ -41,9 +41,9 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from app.lb import RoutingSource
-from app.lb.proxy import PROBE_HEADER, FailureSink, open_lb_inputs, parse_backends
-from app.lb.source import add_routing_args, run_main, stop_on_signals
+from tailguard.lb import RoutingSource
+from tailguard.lb.proxy import PROBE_HEADER, FailureSink, open_lb_inputs, parse_backends
+from tailguard.lb.source import add_routing_args, run_main, stop_on_signals
 
 log = logging.getLogger(__name__)
 

@@ -2,8 +2,8 @@
 
 Owns :class:`Proxy` (and its command line, :func:`main`): for every request it finds the
 model (:func:`model_of`: the ``--model-header`` header, else a JSON body's ``"model"``),
-reads the model's routing through a :class:`~app.lb.RoutingSource` (cached: no Redis
-round-trip per request), picks a node with :class:`~app.lb.balance.Balancer` — smooth weighted
+reads the model's routing through a :class:`~tailguard.lb.RoutingSource` (cached: no Redis
+round-trip per request), picks a node with :class:`~tailguard.lb.balance.Balancer` — smooth weighted
 round-robin by tailguard's routing weights (plain round-robin while all are 1.0) over the
 ``--backends`` tailguard has not taken out, or on a probe slot (``--probe-share``) a
 quarantined node due for probing, marked ``X-Tailguard-Probe: 1`` — and forwards the request,
@@ -40,11 +40,11 @@ import orjson
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from app.lb import BackendsError, RoutingSource
-from app.lb.balance import MAX_PROBE_SHARE, Balancer, Pick
-from app.lb.maps import load_pairs
-from app.lb.source import add_routing_args, open_routing, run_main, settings_from_args, stop_on_signals
-from app.settings import Settings, redact_url
+from tailguard.lb import BackendsError, RoutingSource
+from tailguard.lb.balance import MAX_PROBE_SHARE, Balancer, Pick
+from tailguard.lb.maps import load_pairs
+from tailguard.lb.source import add_routing_args, open_routing, run_main, settings_from_args, stop_on_signals
+from tailguard.settings import Settings, redact_url
 
 log = logging.getLogger(__name__)
 
@@ -148,10 +148,10 @@ FAILURE_HEARTBEAT_S = 365 * 86_400.0
 
 async def failure_reporter(stack: contextlib.AsyncExitStack, settings: Settings) -> FailureSink:
     """A :data:`FailureSink` that records ``ok: false`` events on ``settings``' latency-events
-    topic through a :class:`~app.emitter.LatencyEmitter` whose lifetime is ``stack``'s. It sends
+    topic through a :class:`~tailguard.emitter.LatencyEmitter` whose lifetime is ``stack``'s. It sends
     no heartbeats on a node's behalf: a dead node must not look alive."""
-    from app.emitter import LatencyEmitter
-    from app.security import check_kafka, kafka_client_options
+    from tailguard.emitter import LatencyEmitter
+    from tailguard.security import check_kafka, kafka_client_options
 
     await check_kafka(settings)   # a refused login or certificate stops the start, in one line
     emitter = await stack.enter_async_context(LatencyEmitter(

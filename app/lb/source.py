@@ -1,14 +1,14 @@
 """Opening the routing set for a load balancer, reading it without ever failing a request, CLI plumbing.
 
 :func:`open_routing` is the one place that builds the real
-:class:`app.routing.reader.RoutingTable` (with the fail-fast Redis client of
-:mod:`app.routing.client`) from ``TAILGUARD_REDIS_URL`` / ``TAILGUARD_KEY_PREFIX``
+:class:`tailguard.routing.reader.RoutingTable` (with the fail-fast Redis client of
+:mod:`tailguard.routing.client`) from ``TAILGUARD_REDIS_URL`` / ``TAILGUARD_KEY_PREFIX``
 or the ``--redis-url`` / ``--key-prefix`` flags that :func:`add_routing_args`
 adds to both load-balancer commands. It first PINGs Redis once
-(:func:`app.security.check_redis`): a refused login or certificate stops the
+(:func:`tailguard.security.check_redis`): a refused login or certificate stops the
 command with one line naming the setting.
 
-:class:`SafeSource` wraps any :class:`~app.lb.RoutingSource` so that a read
+:class:`SafeSource` wraps any :class:`~tailguard.lb.RoutingSource` so that a read
 error becomes "unknown" (an empty set, no quarantine) and is logged at most
 once per ``log_every_s`` per model: a load balancer keeps dispatching (to the
 last-known set that the reader serves, or to every known backend) while
@@ -31,9 +31,9 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
-from app import text
-from app.lb import LbError, RoutingSource
-from app.settings import Settings, load
+from tailguard import text
+from tailguard.lb import LbError, RoutingSource
+from tailguard.settings import Settings, load
 
 log = logging.getLogger(__name__)
 
@@ -167,9 +167,9 @@ async def open_routing(
     whenever a model's routing set or quarantine changes. ``follow=False``
     starts no pub/sub or polling (one-shot reads, e.g. ``haproxy-sync --once``).
     """
-    from app.routing.client import connect_for
-    from app.routing.reader import RoutingTable
-    from app.security import check_redis
+    from tailguard.routing.client import connect_for
+    from tailguard.routing.reader import RoutingTable
+    from tailguard.security import check_redis
 
     if not poll_interval_s > 0:
         raise ValueError(f"--poll-interval-s must be > 0, got {poll_interval_s!r}")

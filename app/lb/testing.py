@@ -1,6 +1,6 @@
 """Test doubles for load-balancer code: a settable routing source and tiny HTTP backends.
 
-* :class:`StaticSource` is a :class:`~app.lb.RoutingSource` whose routing sets,
+* :class:`StaticSource` is a :class:`~tailguard.lb.RoutingSource` whose routing sets,
   quarantines and weights are plain dicts the test sets; ``fail = True`` makes every
   read raise, like a reader with Redis down and nothing cached.
 * :func:`echo_backend` runs one tiny aiohttp server on a free loopback port that
@@ -12,13 +12,13 @@
 * :func:`write_routing` plays tailguard's writer in integration tests: it
   replaces a model's routing set, quarantine and weights in one ``MULTI``/``EXEC``,
   bumps the version and publishes the change, with plain redis-py commands
-  (deliberately not :mod:`app.routing.writer`, so that the load balancers are
+  (deliberately not :mod:`tailguard.routing.writer`, so that the load balancers are
   tested against the key contract, not against our own writer).
 * :func:`scratch_redis` gives a client and deletes a test's key prefix after;
   :func:`spawn` starts a subprocess that an exit stack stops;
   :func:`eventually` waits (bounded) until a condition holds.
 
-Used by the unit and integration tests of :mod:`app.lb`, and handy for trying
+Used by the unit and integration tests of :mod:`tailguard.lb`, and handy for trying
 a load-balancer setup by hand.
 """
 
@@ -35,12 +35,12 @@ from typing import Any
 import redis.asyncio as aioredis
 from aiohttp import web
 
-from app.lb import LbError
-from app.routing.keys import Keys, change_message, weights_key
+from tailguard.lb import LbError
+from tailguard.routing.keys import Keys, change_message, weights_key
 
 
 class StaticSource:
-    """A :class:`~app.lb.RoutingSource` over dicts (see module docstring)."""
+    """A :class:`~tailguard.lb.RoutingSource` over dicts (see module docstring)."""
 
     def __init__(
         self,
@@ -181,7 +181,7 @@ async def write_routing(
 @contextlib.asynccontextmanager
 async def scratch_redis(redis_url: str, key_prefix: str) -> AsyncIterator[aioredis.Redis]:
     """A client for ``redis_url``; on exit every key under ``key_prefix:`` is deleted."""
-    from app.routing.client import connect
+    from tailguard.routing.client import connect
 
     redis = connect(redis_url)
     try:

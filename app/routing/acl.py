@@ -2,11 +2,11 @@
 
 :func:`acl_rules` returns the rules of an ACL user (``ACL SETUSER <name> on
 >password <rules>``) for a key prefix. ``role="worker"`` is what the worker
-(the routing writer, :mod:`app.routing.writer`, and the operator edge that
+(the routing writer, :mod:`tailguard.routing.writer`, and the operator edge that
 expires overrides) and ``tailguard drain/pin/release/mode`` need;
 ``role="reader"`` what load balancers, ``tailguard proxy``/``probe``/
 ``haproxy-sync``, ``tailguard status`` and ``tailguard explain`` need
-(:mod:`app.routing.reader`, :mod:`app.routing.status`, :mod:`app.routing.explain`).
+(:mod:`tailguard.routing.reader`, :mod:`tailguard.routing.status`, :mod:`tailguard.routing.explain`).
 
 Commands called inside the writer's Lua script are checked against the ACL
 too, so they are listed. ``hello`` is for RESP3 clients; ``client|setinfo``
@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from app.routing.keys import Keys
+from tailguard.routing.keys import Keys
 
-# PING at start (app.security.check_redis); HELLO for RESP3 clients.
+# PING at start (tailguard.security.check_redis); HELLO for RESP3 clients.
 _CONNECTION = ("ping", "hello")
 # The routing reader: polls versions, loads a model in MULTI/EXEC, follows the channel.
 # tailguard explain and the status page: a node's status/history (HGET), its membership in the

@@ -1,9 +1,9 @@
 """One model's verdict as one run of a Redis Lua script: atomic, idempotent, never empty.
 
-Owns :data:`APPLY_LUA` and how a :class:`~app.core.types.ModelTick` (plus the stage-2 edge's
+Owns :data:`APPLY_LUA` and how a :class:`~tailguard.core.contract.types.ModelTick` (plus the stage-2 edge's
 :class:`Extras`) becomes its keys and arguments (:func:`script_call`) and its reply a
 :class:`WriteResult` (:func:`parse_reply`). The retries around it are
-:mod:`app.routing.writer`'s; the key layout is :mod:`app.routing.keys`'.
+:mod:`tailguard.routing.writer`'s; the key layout is :mod:`tailguard.routing.keys`'.
 
 * **Atomic.** Redis runs a script without interleaving other commands: a reader sees the
   whole previous state of the model (routing set, version, quarantine, statuses, held-out
@@ -26,8 +26,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.core.types import ModelTick
-from app.routing.keys import Keys, held_out, status_json
+from tailguard.core.contract.types import ModelTick
+from tailguard.routing.keys import Keys, held_out, status_json
 
 APPLY_LUA = r"""
 -- tailguard: write one model's routing verdict atomically.
@@ -185,13 +185,13 @@ EVENTS_CAP = 50   # newest health changes / fleet events kept per model (P:event
 
 @dataclass(frozen=True, slots=True)
 class Extras:
-    """What the stage-2 edge writes next to a verdict (see :mod:`app.routing.keys`).
+    """What the stage-2 edge writes next to a verdict (see :mod:`tailguard.routing.keys`).
 
     ``shadow``: the would-be routing set (None: leave the key alone);
     ``annotations``: extra fields merged into a node's status JSON;
     ``history``: node → JSON of its tick history (None: leave the key alone);
     ``events``: JSON documents pushed onto the model's event list, oldest first;
-    ``held_out``: the nodes to hold out (None: :func:`app.routing.keys.held_out` of the tick).
+    ``held_out``: the nodes to hold out (None: :func:`tailguard.routing.keys.held_out` of the tick).
     """
 
     shadow: frozenset[str] | None = None

@@ -7,13 +7,13 @@ immediate retry (enough to replace a pooled connection that a Redis restart
 closed).
 
 :func:`connect_for` builds it from the settings, with the credentials and TLS
-options of :func:`app.security.redis_client_options` (``rediss://``, ACL user); with
+options of :func:`tailguard.security.redis_client_options` (``rediss://``, ACL user); with
 ``TAILGUARD_REDIS_SENTINELS`` set it is a Sentinel-managed client
 (:func:`connect_sentinel`) that finds the current primary again after a failover.
 
 :func:`call_redis` is how the ``tailguard`` commands that read or write Redis
 (status, explain, drain/pin/release/mode) run one step: with the same
-credentials and TLS (:func:`connect_for`, after :func:`app.security.check_redis`
+credentials and TLS (:func:`connect_for`, after :func:`tailguard.security.check_redis`
 names a refused login, ACL or certificate), and an unreachable Redis reported
 the same way (password redacted).
 """
@@ -31,8 +31,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from app.routing.errors import RoutingError
-from app.settings import Settings, redact_url
+from tailguard.routing.errors import RoutingError
+from tailguard.settings import Settings, redact_url
 
 
 def connect(url: str, *, timeout_s: float = 2.0, **options: Any) -> aioredis.Redis:
@@ -74,7 +74,7 @@ def connect_sentinel(sentinels: str, master: str, *, db: int = 0, timeout_s: flo
 def connect_for(settings: Settings, *, timeout_s: float = 2.0) -> aioredis.Redis:
     """:func:`connect` to ``settings.redis_url`` with its credentials and TLS settings
     (through the sentinels when ``settings.redis_sentinels`` is set)."""
-    from app.security import redis_client_options
+    from tailguard.security import redis_client_options
 
     options = redis_client_options(settings)
     if settings.redis_sentinels:
@@ -99,12 +99,12 @@ async def call_redis(settings: Settings, prog: str, err: TextIO,
     """Run ``body`` on a client for ``settings`` (:func:`connect_for`); None (after a
     message naming ``TAILGUARD_REDIS_URL`` on ``err``) when Redis cannot be reached, and
     None after a message saying what Redis answered when it refused a command (a key of the
-    wrong type, a :class:`~app.routing.errors.RoutingError`): that is no unreachable Redis.
+    wrong type, a :class:`~tailguard.routing.errors.RoutingError`): that is no unreachable Redis.
 
-    A refused login, ACL or certificate raises :class:`app.security.AccessRefused`
-    (a ``SettingError`` naming the setting) from :func:`app.security.check_redis`.
+    A refused login, ACL or certificate raises :class:`tailguard.security.AccessRefused`
+    (a ``SettingError`` naming the setting) from :func:`tailguard.security.check_redis`.
     """
-    from app.security import check_redis
+    from tailguard.security import check_redis
 
     await check_redis(settings)
     client = connect_for(settings)

@@ -10,7 +10,7 @@
 
 Bad arguments raise the built-in ``ValueError``/``TypeError``. The writer never
 raises for Redis failures: it keeps the latest desired state, retries, and
-reports through :class:`~app.routing.writer.WriterMetrics`.
+reports through :class:`~tailguard.routing.writer.WriterMetrics`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``tailguard explain NODE [--model M] [--json]`` — why a node is where it is, from Redis.
 
-Reads what the worker's stage-2 edge writes each tick (:mod:`app.streaming.edge`):
+Reads what the worker's stage-2 edge writes each tick (:mod:`tailguard.streaming.edge`):
 the node's status JSON (``P:nodes:<m>``), its tick history (``P:history:<m>``:
 each rule's statistic against its limit, the abnormal streak, the guards that
 held it, the next probe time), routing and shadow membership, the quarantine
@@ -28,11 +28,11 @@ from typing import Any, TextIO, TypeGuard
 
 import redis.asyncio as aioredis
 
-from app.routing.client import call_redis
-from app.routing.keys import Keys, member_text
-from app.routing.status import _age, _status_obj
-from app.settings import load
-from app.text import printable
+from tailguard.routing.client import call_redis
+from tailguard.routing.keys import Keys, member_text
+from tailguard.routing.status import _age, _status_obj
+from tailguard.settings import load
+from tailguard.text import printable
 
 RULES = (("p50", "P50 vs peers"), ("fresh_p50", "fresh P50"), ("p99", "P99 vs peers"),
          ("ratio", "P99/P50"), ("err", "error share"))

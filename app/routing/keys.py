@@ -16,7 +16,7 @@ Guarantees:
   ``foo``) and keeps every other character; it is injective and :func:`decode_model`
   inverts it. ``P:models`` and the pub/sub messages carry raw names; node ids are stored raw,
   as members and hash fields, never in a key.
-* All keys of one model are written together by one Lua script (:mod:`app.routing.apply_script`):
+* All keys of one model are written together by one Lua script (:mod:`tailguard.routing.apply_script`):
   one Redis (or a primary with replicas), not Redis Cluster, whose slots would split them.
 """
 
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
-from app.core.types import HealthState, NodeStatus
+from tailguard.core.contract.types import HealthState, NodeStatus
 
 DEFAULT_PREFIX = "tailguard"
 
@@ -133,7 +133,7 @@ def status_json(status: NodeStatus, *, updated_ts: float,
     ``hardware``, ``probe_after`` (Unix s, quarantined nodes), ``updated``
     (Unix s of the write). Missing numbers are ``null``, never 0. ``extra`` (from the
     stage-2 edge) adds ``mode``, ``routed_by_rules`` and ``override``
-    (:mod:`app.streaming.edge`).
+    (:mod:`tailguard.streaming.edge`).
     """
     def num(x: float | None) -> float | None:
         return x if x is not None and math.isfinite(x) else None

@@ -1,8 +1,8 @@
 """Operator controls in Redis: overrides (drain, pin) and the observe/enforce mode.
 
-Owns the values of ``P:overrides`` and ``P:mode`` (:mod:`app.routing.keys`):
+Owns the values of ``P:overrides`` and ``P:mode`` (:mod:`tailguard.routing.keys`):
 the ``tailguard drain|pin|release|mode`` commands write them, the worker's
-stage-2 edge (:mod:`app.streaming.edge`) reads them every tick.
+stage-2 edge (:mod:`tailguard.streaming.edge`) reads them every tick.
 
 * ``P:overrides`` HASH: field = JSON ``["node", "model"]`` (``null`` model: every
   model the node serves), value = JSON of :class:`Override`. A model-specific
@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 import redis.asyncio as aioredis
 
-from app.routing.keys import Keys
+from tailguard.routing.keys import Keys
 
 Action = Literal["drain", "pin"]
 ACTIONS: tuple[Action, ...] = ("drain", "pin")

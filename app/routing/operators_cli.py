@@ -11,8 +11,8 @@
   a mode, show) the mode; ``default`` removes the setting, so ``TAILGUARD_MODE``
   (or the every-model setting) applies again.
 
-The worker applies a change at its next tick (see :mod:`app.streaming.edge`);
-these commands only write :mod:`app.routing.operators`' keys. Exit codes: 0
+The worker applies a change at its next tick (see :mod:`tailguard.streaming.edge`);
+these commands only write :mod:`tailguard.routing.operators`' keys. Exit codes: 0
 done, 1 Redis unreachable or nothing to release, 2 bad arguments or settings.
 """
 
@@ -30,9 +30,9 @@ from typing import Any, TextIO
 
 from redis.exceptions import RedisError
 
-from app.routing.client import call_redis
-from app.routing.keys import Keys, member_text
-from app.routing.operators import (
+from tailguard.routing.client import call_redis
+from tailguard.routing.keys import Keys, member_text
+from tailguard.routing.operators import (
     MODES,
     Action,
     Override,
@@ -41,8 +41,8 @@ from app.routing.operators import (
     set_mode,
     set_override,
 )
-from app.settings import Settings, load
-from app.text import printable
+from tailguard.settings import Settings, load
+from tailguard.text import printable
 
 
 def _ttl(text: str) -> float:

@@ -2,7 +2,7 @@
 
 :class:`RoutingTable` keeps, per model it was asked about, the routing set, the held-out
 set, the quarantine (node → probe-after Unix time), the routing weights (node → (0, 1]) and
-the version, as read from the keys of :mod:`app.routing.keys`. Each guarantee in full, and
+the version, as read from the keys of :mod:`tailguard.routing.keys`. Each guarantee in full, and
 how a load balancer uses it: docs/lb.md.
 
 Guarantees
@@ -12,7 +12,7 @@ Guarantees
   version the writer wrote.
 * **Weights.** :meth:`RoutingTable.weight` is 1.0 for a node without a field (and for every
   node while tailguard writes no weights); :meth:`RoutingTable.pick` is nginx's smooth
-  weighted round-robin over the routing set (:mod:`app.routing.weighted`).
+  weighted round-robin over the routing set (:mod:`tailguard.routing.weighted`).
 * **Fresh.** A model is refreshed on its ``P:routing:changes`` message and by polling the
   version keys every ``poll_interval_s``, so a change is seen within about that even with
   no pub/sub.
@@ -39,10 +39,10 @@ from typing import Any, Protocol, Self
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from app.routing.errors import RoutingUnavailable
-from app.routing.keys import DEFAULT_PREFIX, Keys, member_text, parse_change_message, weights_key
-from app.routing.tasks import cancel_and_wait
-from app.routing.weighted import SmoothWeighted, parse_weights
+from tailguard.routing.errors import RoutingUnavailable
+from tailguard.routing.keys import DEFAULT_PREFIX, Keys, member_text, parse_change_message, weights_key
+from tailguard.routing.tasks import cancel_and_wait
+from tailguard.routing.weighted import SmoothWeighted, parse_weights
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 Reads the ``P:models`` SET and, per model, in one ``MULTI``/``EXEC``: the
 version, the routing SET, the quarantine ZSET and the ``P:nodes:<m>`` HASH
-(keys of :mod:`app.routing.keys`). The ``routed`` column is membership of the
+(keys of :mod:`tailguard.routing.keys`). The ``routed`` column is membership of the
 routing SET — what load balancers actually use — not the status JSON's own
 flag. The ``p99/p50`` column is the ratio of the raw latency columns next to it
 (computed from ``p99_us``/``p50_us``, so it is right for statuses written by any
@@ -34,12 +34,12 @@ from typing import Any, TextIO
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from app.core.types import p99_p50_ratio
-from app.routing.client import call_redis
-from app.routing.errors import WrongKeyType
-from app.routing.keys import Keys, member_text
-from app.settings import load
-from app.text import printable
+from tailguard.core.contract.types import p99_p50_ratio
+from tailguard.routing.client import call_redis
+from tailguard.routing.errors import WrongKeyType
+from tailguard.routing.keys import Keys, member_text
+from tailguard.settings import load
+from tailguard.text import printable
 
 EXIT_UNREADABLE = 3
 
@@ -135,7 +135,7 @@ async def read_status(
     """Every model's status (or just ``models``), sorted by model name.
 
     A model's key of the wrong type is in its ``errors``; ``P:models`` of the wrong type
-    raises :class:`~app.routing.errors.WrongKeyType`."""
+    raises :class:`~tailguard.routing.errors.WrongKeyType`."""
     keys = Keys(key_prefix)
     wanted: Iterable[bytes | str]
     if models is None:

@@ -1,7 +1,7 @@
 """Routing weights on the read side: parsing the weights hash, and nginx's smooth weighted round-robin.
 
-Pure: no I/O, no clock, no randomness. Used by :class:`app.routing.reader.RoutingTable`
-(its weighted pick) and by the reference proxy's :class:`app.lb.balance.Balancer`.
+Pure: no I/O, no clock, no randomness. Used by :class:`tailguard.routing.reader.RoutingTable`
+(its weighted pick) and by the reference proxy's :class:`tailguard.lb.balance.Balancer`.
 
 Guarantees:
 

@@ -1,6 +1,6 @@
 """The Redis routing writer: every model's latest verdict reaches Redis, whatever Redis does.
 
-:class:`RoutingWriter` runs :mod:`app.routing.apply_script` (one atomic script run per
+:class:`RoutingWriter` runs :mod:`tailguard.routing.apply_script` (one atomic script run per
 model and tick) and owns what happens around it:
 
 * **Redis outages never reach the caller.** On a connection error or timeout
@@ -33,8 +33,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from app.core.types import ModelTick
-from app.routing.apply_script import (
+from tailguard.core.contract.types import ModelTick
+from tailguard.routing.apply_script import (
     APPLY_LUA,
     NO_EXTRAS,
     Extras,
@@ -43,8 +43,8 @@ from app.routing.apply_script import (
     script_call,
     validate,
 )
-from app.routing.keys import DEFAULT_PREFIX, Keys
-from app.routing.tasks import cancel_and_wait
+from tailguard.routing.keys import DEFAULT_PREFIX, Keys
+from tailguard.routing.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ class RoutingWriter:
     last attempt to write what is still pending. Without the context manager,
     call :meth:`flush` yourself to retry.
 
-    ``redis`` should fail fast (see :func:`app.routing.client.connect`);
+    ``redis`` should fail fast (see :func:`tailguard.routing.client.connect`);
     ``write_timeout_s`` bounds one script run regardless. ``where`` (the redacted URL
     and the setting that holds it) is named in the warnings of a failing connection.
     """

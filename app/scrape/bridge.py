@@ -34,7 +34,7 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from app.scrape.sd import ScrapeTarget
+from tailguard.scrape.sd import ScrapeTarget
 
 log = logging.getLogger("tailguard.scrape")
 
@@ -75,7 +75,7 @@ ConverterFactory = Callable[[ScrapeTarget], Converter]
 
 def default_converter(target: ScrapeTarget) -> Converter:
     """hist-core's ``TargetConverter`` for ``target`` (imported late: the bridge's tests inject fakes)."""
-    convert = importlib.import_module("app.scrape.convert")
+    convert = importlib.import_module("tailguard.scrape.convert")
     conv: Converter = convert.TargetConverter(convert.Target(
         node_id=target.node_id, model=target.model, hardware=target.hardware, profile=target.profile))
     return conv

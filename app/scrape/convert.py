@@ -2,7 +2,7 @@
 
 Owns :class:`TargetConverter` (one per scrape target): it parses a scrape's Prometheus text or
 OpenMetrics with ``prometheus_client``'s parsers, reads the latency series of the target's
-:mod:`~app.scrape.profiles` profile (given, or detected from the metric names), and returns the
+:mod:`~tailguard.scrape.profiles` profile (given, or detected from the metric names), and returns the
 histogram events of docs/contracts.md: per (model, metric) the NON-cumulative bucket counts since
 the previous scrape, with the request and failed counts of the interval. A model whose series did
 not move gets a heartbeat instead (the target answered: a sign of life, so a hung server whose
@@ -31,7 +31,7 @@ from typing import Any
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as _om_families
 from prometheus_client.parser import text_string_to_metric_families as _text_families
 
-from app.scrape.profiles import PROFILES, CounterSpec, HistogramSpec, ServerProfile, detect
+from tailguard.scrape.profiles import PROFILES, CounterSpec, HistogramSpec, ServerProfile, detect
 
 _SUFFIXES = ("_bucket", "_count", "_sum", "_created", "_total")
 START_TIME = "process_start_time_seconds"

@@ -28,11 +28,11 @@ from typing import Any
 import aiohttp
 from prometheus_client import CollectorRegistry
 
-from app import settings as app_settings
-from app.core.config import SettingError
-from app.core.ids import rule
-from app.scrape.bridge import ACCEPT, Bridge, CycleStats, Fetched
-from app.scrape.sd import FileSource, HttpSource, LabelNames, ScrapeTarget, SdError, in_shard
+from tailguard import settings as app_settings
+from tailguard.core.contract.config import SettingError
+from tailguard.core.contract.ids import rule
+from tailguard.scrape.bridge import ACCEPT, Bridge, CycleStats, Fetched
+from tailguard.scrape.sd import FileSource, HttpSource, LabelNames, ScrapeTarget, SdError, in_shard
 
 log = logging.getLogger("tailguard.scrape")
 PROGRESS_EVERY_S = 60.0
@@ -146,7 +146,7 @@ async def run(s: app_settings.Settings, *, once: bool = False, stop: asyncio.Eve
     """Scrape until ``stop`` is set (or twice with ``once``); the last cycle's stats."""
     from aiokafka import AIOKafkaProducer
 
-    from app.security import check_kafka, kafka_client_options
+    from tailguard.security import check_kafka, kafka_client_options
 
     stop = stop or asyncio.Event()
     registry = registry or CollectorRegistry()

@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from app.core.ids import DEFAULT_RULE, IdRule
+from tailguard.core.contract.ids import DEFAULT_RULE, IdRule
 
 
 class SdError(Exception):

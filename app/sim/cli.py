@@ -24,12 +24,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import cast
 
-from app.sim.scenario import SimError
+from tailguard.sim.scenario import SimError
 
 
 def _trace(args: argparse.Namespace) -> int:
-    from app.sim import scenario as sc
-    from app.sim import tracegen
+    from tailguard.sim import scenario as sc
+    from tailguard.sim import tracegen
 
     s = sc.load(args.scenario)
     trace = tracegen.generate(s, args.seed)
@@ -45,8 +45,8 @@ def _trace(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from app.sim import outcome
-    from app.sim import scenario as sc
+    from tailguard.sim import outcome
+    from tailguard.sim import scenario as sc
 
     s = sc.load(args.scenario)
     text = sys.stdin.read() if args.replay_output == "-" else Path(args.replay_output).read_text("utf-8")
@@ -85,7 +85,7 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("replay_output", help="file with replay's JSON lines, or - for stdin")
     c.set_defaults(run=_check)
 
-    from app.sim import fleet, load
+    from tailguard.sim import fleet, load
 
     fleet.add_parser(sub)
     load.add_parser(sub)

@@ -15,7 +15,7 @@ of the scenario in one process (one aiohttp server per node, port
 - ``GET /healthz`` → ``{"node_id": …, "models": […], "scenario_time_s": …}``.
 
 Every request is reported through a :class:`Reporter` (the emitter SDK's
-:class:`~app.emitter.emitter.LatencyEmitter` in production) with the
+:class:`~tailguard.emitter.emitter.LatencyEmitter` in production) with the
 measured latency; requests carrying ``X-Tailguard-Probe: 1`` (set by the load
 balancer) are reported with ``probe=True``; each (node, model) heartbeats
 from the moment the node joins. LLM models report token counts and TTFT as
@@ -44,15 +44,15 @@ from typing import Any, Protocol
 import numpy as np
 from aiohttp import web
 
-from app.sim.latency import LLM, NodeLatency, node_rng
-from app.sim.scenario import NodeSpec, Scenario, SimError
+from tailguard.sim.latency import LLM, NodeLatency, node_rng
+from tailguard.sim.scenario import NodeSpec, Scenario, SimError
 
 PROBE_HEADER = "X-Tailguard-Probe"
 NODE_HEADER = "X-Tailguard-Node"
 
 
 class MetricsPage(Protocol):
-    """A node's ``/metrics`` (:class:`~app.sim.metrics_fleet.MetricsReporter` has this shape)."""
+    """A node's ``/metrics`` (:class:`~tailguard.sim.metrics_fleet.MetricsReporter` has this shape)."""
 
     def bind(self, scenario_time: Callable[[], float]) -> None: ...
 
@@ -348,22 +348,22 @@ def add_parser(sub: Any) -> None:
 
 
 def _run_fleet_cli(args: argparse.Namespace) -> int:
-    from app import settings as app_settings
-    from app.sim import scenario as sc
+    from tailguard import settings as app_settings
+    from tailguard.sim import scenario as sc
 
     s = sc.load(args.scenario)
     if not args.time_scale > 0:
         raise SimError(f"--time-scale must be > 0, got {args.time_scale}")
     duration = args.duration_s if args.duration_s is not None else s.duration_s / args.time_scale
     if args.metrics:
-        from app.sim.metrics_fleet import serve_metrics
+        from tailguard.sim.metrics_fleet import serve_metrics
 
         asyncio.run(serve_metrics(s, args, duration))
         return 0
     cfg = app_settings.load()
     bootstrap = args.bootstrap or cfg.kafka_bootstrap
     topic = args.topic or cfg.topics.latency_events
-    from app.security import kafka_client_options
+    from tailguard.security import kafka_client_options
 
     asyncio.run(_serve(s, args, bootstrap, topic, duration, kafka_client_options(cfg)))
     return 0
@@ -398,7 +398,7 @@ def listen_printer(args: argparse.Namespace) -> Callable[[Listening], None]:
 
 async def _serve(s: Scenario, args: argparse.Namespace, bootstrap: str, topic: str, duration_s: float,
                  kafka_options: dict[str, Any] | None = None) -> None:
-    from app.emitter.emitter import LatencyEmitter
+    from tailguard.emitter.emitter import LatencyEmitter
 
     on_listen = listen_printer(args)
     stop = stop_on_signals()

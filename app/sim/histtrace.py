@@ -1,6 +1,6 @@
 """A scenario's requests as the histogram events a scraped server would give, for replay.
 
-:func:`histogram_lines` turns a :class:`~app.sim.tracegen.Trace` into what ``tailguard scrape``
+:func:`histogram_lines` turns a :class:`~tailguard.sim.tracegen.Trace` into what ``tailguard scrape``
 would publish for it had every node been a server exporting latency histograms (vLLM's default
 buckets, :data:`VLLM_BUCKETS`, unless told otherwise), scraped every ``interval_s``: per node,
 model and interval, the NON-cumulative bucket counts of the requests that completed in it
@@ -11,7 +11,7 @@ scrape answered); nothing while a node is silent. A restart (fault ``restart``) 
 server's counters, so later events carry a new ``instance`` as the converter would give them.
 
 Guarantees: deterministic (the trace is); lines in event-time order, as JSON text; every line
-passes the contract (:func:`app.core.events.decode`).
+passes the contract (:func:`tailguard.core.contract.events.decode`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from app.sim.tracegen import Stream, Trace
+from tailguard.sim.tracegen import Stream, Trace
 
 VLLM_BUCKETS: Final[Mapping[str, tuple[float, ...]]] = {
     "e2e": (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,

@@ -31,8 +31,8 @@ from typing import Any, TextIO
 import aiohttp
 import numpy as np
 
-from app.sim.latency import RequestSizes, node_rng
-from app.sim.scenario import SimError
+from tailguard.sim.latency import RequestSizes, node_rng
+from tailguard.sim.scenario import SimError
 
 NODE_HEADER = "X-Tailguard-Node"
 
@@ -193,7 +193,7 @@ def _run_cli(args: argparse.Namespace) -> int:
         raise SimError(str(e)) from None
     sizes = None
     if args.trace:
-        from app.sim.scenario import request_sizes
+        from tailguard.sim.scenario import request_sizes
 
         sizes = request_sizes(args.trace)
     out: TextIO = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout  # noqa: SIM115

@@ -1,8 +1,8 @@
 """A simulated fleet seen through ``/metrics``: each node as a vLLM, SGLang, TGI, Triton or Dynamo server.
 
-Owns :class:`MetricsReporter` (the fleet's :class:`~app.sim.fleet.Reporter`
+Owns :class:`MetricsReporter` (the fleet's :class:`~tailguard.sim.fleet.Reporter`
 when it serves ``/metrics``: every request a node serves lands in that node's
-:class:`~app.sim.exposition.NodeExposition`), :class:`SelfTraffic` (each node
+:class:`~tailguard.sim.exposition.NodeExposition`), :class:`SelfTraffic` (each node
 serves its own requests at the scenario's rates, with no HTTP client needed)
 and :func:`file_sd` (the Prometheus ``file_sd`` target list of the fleet).
 
@@ -31,9 +31,9 @@ from typing import Any
 
 import numpy as np
 
-from app.sim.exposition import SERVERS, NodeExposition
-from app.sim.latency import Draws, node_rng
-from app.sim.scenario import Scenario, SimError
+from tailguard.sim.exposition import SERVERS, NodeExposition
+from tailguard.sim.latency import Draws, node_rng
+from tailguard.sim.scenario import Scenario, SimError
 
 #: The target label that names a target's server profile (``tailguard scrape`` reads it).
 PROFILE_LABEL = "tailguard_profile"
@@ -56,7 +56,7 @@ class MetricsReporter:
         self._life: dict[str, str] = {}
 
     def bind(self, scenario_time: Callable[[], float]) -> None:
-        """The fleet's scenario clock (set by :class:`~app.sim.fleet.Fleet`)."""
+        """The fleet's scenario clock (set by :class:`~tailguard.sim.fleet.Fleet`)."""
         self._now_s = scenario_time
 
     def serving(self, node_id: str, t_s: float | None = None) -> bool:
@@ -178,7 +178,7 @@ async def serve_metrics(s: Scenario, args: Any, duration_s: float) -> None:
     import dataclasses
     import sys
 
-    from app.sim.fleet import Fleet, Listening, listen_printer, stop_on_signals
+    from tailguard.sim.fleet import Fleet, Listening, listen_printer, stop_on_signals
 
     # A server measures what it serves: tokens and TTFT whatever the scenario's emitter settings.
     s = dataclasses.replace(s, emit_tokens=True, emit_ttft=True)

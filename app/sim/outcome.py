@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from app.sim.scenario import Scenario
+from tailguard.sim.scenario import Scenario
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,13 +2,13 @@
 
 Owns the scenario format — every key, its default and what is allowed — and its
 validation. The annotated format is in docs/simulator.md ("Scenario file format"); the
-values a file parses into are the frozen dataclasses of :mod:`app.sim.spec`, re-exported here.
+values a file parses into are the frozen dataclasses of :mod:`tailguard.sim.spec`, re-exported here.
 
 Entry points:
 
 * :func:`load` (a file) and :func:`loads` (TOML text) parse and validate into a frozen
   :class:`Scenario`, using the stdlib ``tomllib``.
-* :meth:`Scenario.latency` builds the pure :class:`~app.sim.latency.NodeLatency` of one
+* :meth:`Scenario.latency` builds the pure :class:`~tailguard.sim.latency.NodeLatency` of one
   (node, model).
 
 Guarantees: every problem raises :class:`ScenarioError` naming the file, the key (dotted
@@ -25,8 +25,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from app.sim.latency import HARDWARE_SPEED
-from app.sim.spec import (  # the values a file parses into; re-exported (sc.Scenario …)
+from tailguard.sim.latency import HARDWARE_SPEED
+from tailguard.sim.spec import (  # the values a file parses into; re-exported (sc.Scenario …)
     EPOCH_S,
     FAULT_KINDS,
     MODEL_KINDS,

@@ -1,6 +1,6 @@
 """The simulated world of a scenario: fleet, models, faults, expectations — as values.
 
-Owns the frozen dataclasses a scenario file (:mod:`app.sim.scenario`) parses into:
+Owns the frozen dataclasses a scenario file (:mod:`tailguard.sim.scenario`) parses into:
 :class:`ModelSpec`, :class:`NodeSpec`, :class:`FaultSpec`, the expectations
 (:class:`EjectExpectation`, :class:`GoneExpectation`, :class:`Expect`) and
 :class:`Scenario`, whose methods answer what the trace generator and the live fleet ask:
@@ -20,7 +20,7 @@ from functools import cache
 
 import numpy as np
 
-from app.sim.latency import (
+from tailguard.sim.latency import (
     HARDWARE_SPEED,
     LLM,
     BoolArray,
@@ -243,7 +243,7 @@ class Scenario:
 @cache
 def request_sizes(trace: str) -> RequestSizes:
     """The shipped Azure LLM trace ``trace`` ("conv" or "code") as a size table."""
-    from app.data import load_request_sizes
+    from tailguard.data import load_request_sizes
 
     tokens: IntArray = np.asarray(load_request_sizes(trace), dtype=np.int64)
     return RequestSizes(trace, tokens)

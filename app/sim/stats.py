@@ -1,9 +1,9 @@
 """Healthy-node spread of the shipped LLM traces under the simulator's LLM model.
 
-``python -m app.sim.stats [--samples N] [--window 1000] [--seed S]`` draws
+``python -m tailguard.sim.stats [--samples N] [--window 1000] [--seed S]`` draws
 requests of one healthy node from each Azure trace (``conv``, ``code``) with
 the default LLM parameters (TTFT = 50 ms + 0.25 ms × input tokens, TPOT =
-30 ms, 5 % jitter; see :class:`~app.sim.latency.LLM`) and prints, per trace:
+30 ms, 5 % jitter; see :class:`~tailguard.sim.latency.LLM`) and prints, per trace:
 the raw-latency P99/P50 over all samples, the median P99/P50 of
 ``window``-sample windows and the share of those windows above 3.0 (the
 seed's threshold), and the same P99/P50 for the per-token time signal
@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from app.sim.latency import LLM, NodeLatency, node_rng
-from app.sim.scenario import TRACES, request_sizes
+from tailguard.sim.latency import LLM, NodeLatency, node_rng
+from tailguard.sim.scenario import TRACES, request_sizes
 
 
 def spread(values: np.ndarray, window: int) -> dict[str, float]:
@@ -44,7 +44,7 @@ def measure(trace: str, *, samples: int, window: int, seed: int) -> dict[str, An
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m app.sim.stats", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m tailguard.sim.stats", description=__doc__.split("\n\n")[0])
     p.add_argument("--samples", type=int, default=200_000, help="requests drawn per trace (default 200000)")
     p.add_argument("--window", type=int, default=1000, help="window size in samples (default 1000)")
     p.add_argument("--seed", type=int, default=1)

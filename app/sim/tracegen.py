@@ -10,7 +10,7 @@ heartbeats. Event time is ``scenario.epoch_s`` + seconds since the start,
 ``ts`` is the request's completion; lines are in event-time order.
 
 Guarantees: the same scenario and seed give byte-identical output; each
-stream has its own generator (:func:`~app.sim.latency.node_rng`), so
+stream has its own generator (:func:`~tailguard.sim.latency.node_rng`), so
 adding a node or a fault never changes the other streams' samples.
 """
 
@@ -23,8 +23,8 @@ from typing import Literal, TextIO
 
 import numpy as np
 
-from app.sim.latency import BoolArray, FloatArray, IntArray, node_rng
-from app.sim.scenario import Scenario
+from tailguard.sim.latency import BoolArray, FloatArray, IntArray, node_rng
+from tailguard.sim.scenario import Scenario
 
 Format = Literal["single", "batch"]
 

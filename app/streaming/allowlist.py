@@ -2,7 +2,7 @@
 
 Owns the I/O half of the allowlist: reading ``TAILGUARD_ALLOWLIST_FILE`` (one node id a
 line, ``#`` comments) and the Redis SET ``TAILGUARD_ALLOWLIST_REDIS_KEY`` into an
-:class:`~app.core.ids.Allowlist` (with ``TAILGUARD_ALLOWLIST_PATTERN``); the check
+:class:`~tailguard.core.contract.ids.Allowlist` (with ``TAILGUARD_ALLOWLIST_PATTERN``); the check
 itself is pure and runs in the decoder (``Accumulator(allow=…)``), so every event of a
 node id not on the list is dead-lettered with reason ``not_allowlisted``.
 
@@ -23,9 +23,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from app.core.ids import Allowlist
-from app.settings import Settings
-from app.streaming.errors import AllowlistError
+from tailguard.core.contract.ids import Allowlist
+from tailguard.settings import Settings
+from tailguard.streaming.errors import AllowlistError
 
 
 def _read_file(path: str) -> list[str]:
@@ -66,7 +66,7 @@ async def check(settings: Settings) -> Allowlist | None:
         return None
     redis = None
     if settings.allowlist_redis_key:
-        from app.routing.client import connect_for
+        from tailguard.routing.client import connect_for
 
         redis = connect_for(settings)
     try:

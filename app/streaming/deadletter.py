@@ -7,7 +7,7 @@ original bytes, its key the original key, and these headers are added to the
 original ones (values UTF-8 text):
 
 ======================  =====================================================
-``tailguard.reason``    machine slug (``app.core.events.REASONS`` or
+``tailguard.reason``    machine slug (``tailguard.core.contract.events.REASONS`` or
                         ``empty_message``/``bad_diagnostics``)
 ``tailguard.error``     the human message (what was wrong, what is allowed)
 ``tailguard.topic``     source topic

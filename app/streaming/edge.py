@@ -1,7 +1,7 @@
 """Stage 2's operator edge: the mode, operator overrides and the explain history.
 
 :class:`OperatorEdge` sits between the core's verdict (one model's
-:class:`~app.core.types.ModelTick`, in an :class:`EdgeInput`) and what is written and
+:class:`~tailguard.core.contract.types.ModelTick`, in an :class:`EdgeInput`) and what is written and
 published (:class:`EdgeOutput`). The core never sees the mode or the overrides: its state,
 streaks, ejection cap and probe rounds are computed exactly as without them. What each
 mode and override does, in full: docs/operating.md.
@@ -14,7 +14,7 @@ Guarantees, per model and tick:
 * **Diagnostics requests** go out in ``enforce`` only, and in ``observe`` when
   ``diagnose_in_observe`` (``TAILGUARD_DIAGNOSE_IN_OBSERVE``): the checks (DCGM, a GEMM run)
   load a node that observe mode keeps serving traffic.
-* **Overrides** (:mod:`app.routing.operators`), after the mode: a drained node leaves the
+* **Overrides** (:mod:`tailguard.routing.operators`), after the mode: a drained node leaves the
   routing set, a pinned one stays in; the drain that would empty a model's routing set (the
   one set last) is refused (``drain_refused``), the others stay applied. The held-out set
   is the core's plus the drained nodes.
@@ -33,12 +33,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from app.core.config import DetectorSettings
-from app.core.types import HealthState, ModelTick, NodeStatus, Transition, WindowSummary, utc_text
-from app.routing.apply_script import Extras
-from app.routing.keys import held_out
-from app.routing.operators import OperatorState, Override
-from app.streaming.tickstats import Counts, rule_stats, sig4, stats_dict
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.contract.types import HealthState, ModelTick, NodeStatus, Transition, WindowSummary, utc_text
+from tailguard.routing.apply_script import Extras
+from tailguard.routing.keys import held_out
+from tailguard.routing.operators import OperatorState, Override
+from tailguard.streaming.tickstats import Counts, rule_stats, sig4, stats_dict
 
 log = logging.getLogger(__name__)
 

@@ -2,13 +2,13 @@
 
 ::
 
-    StreamingError          base of everything app.streaming raises on purpose
+    StreamingError          base of everything tailguard.streaming raises on purpose
     ├── TopicSetupError     a topic could not be created or has the wrong shape
     └── AllowlistError      a configured node-id allowlist source cannot be read
 
 Bad arguments raise the built-in ``ValueError``/``TypeError``. Bad *input
 messages* never raise out of the service: they are counted, logged with their
-Kafka coordinates and dead-lettered (:mod:`app.streaming.deadletter`).
+Kafka coordinates and dead-lettered (:mod:`tailguard.streaming.deadletter`).
 """
 
 from __future__ import annotations

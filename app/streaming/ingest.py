@@ -2,7 +2,7 @@
 
 :class:`IngestService` reads ``latency-events`` and ``node-diagnostics-results`` with its own
 consumer group (``<app_id>-stage1``), in bulk (``getmany()``), hands each poll to
-:class:`~app.streaming.stage1.Stage1` and sends its summaries and cluster digests each tick.
+:class:`~tailguard.streaming.stage1.Stage1` and sends its summaries and cluster digests each tick.
 Why not a faust agent, and each guarantee in full: docs/operations.md, docs/operating.md#floods.
 
 Guarantees:
@@ -40,16 +40,16 @@ from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import CorruptRecordException, UnsupportedCodecError
 from mode import Service
 
-from app.core.errors import BadEvent
-from app.core.ids import Allowlist
-from app.core.types import WindowSummary
-from app.security import kafka_client_options
-from app.settings import Settings
-from app.streaming.deadletter import DeadLetter
-from app.streaming.metrics import WorkerMetrics
-from app.streaming.stage1 import Stage1
-from app.streaming.stage2 import StageHints
-from app.streaming.wire import ClusterDigest, DiagnosticsResult, parse_diagnostics_result
+from tailguard.core.contract.errors import BadEvent
+from tailguard.core.contract.ids import Allowlist
+from tailguard.core.contract.types import WindowSummary
+from tailguard.security import kafka_client_options
+from tailguard.settings import Settings
+from tailguard.streaming.deadletter import DeadLetter
+from tailguard.streaming.metrics import WorkerMetrics
+from tailguard.streaming.stage1 import Stage1
+from tailguard.streaming.stage2 import StageHints
+from tailguard.streaming.wire import ClusterDigest, DiagnosticsResult, parse_diagnostics_result
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ each test (and each in-process worker) gets its own and nothing leaks
 through the global default registry. :meth:`WorkerMetrics.serve` starts the
 HTTP endpoint (``TAILGUARD_METRICS_PORT``; 0 disables it).
 
-It also implements :class:`app.routing.writer.WriterMetrics`, so the Redis
+It also implements :class:`tailguard.routing.writer.WriterMetrics`, so the Redis
 writer's failures land on the same registry.
 """
 
@@ -21,7 +21,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from app.core.types import HealthState, ModelTick
+from tailguard.core.contract.types import HealthState, ModelTick
 
 _TICK_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
@@ -116,7 +116,7 @@ class WorkerMetrics:
         self._server: Any = None
         self._thread: threading.Thread | None = None
 
-    # --- WriterMetrics (app.routing.writer) ---------------------------------
+    # --- WriterMetrics (tailguard.routing.writer) ---------------------------------
     def write_failed(self, model: str, error: BaseException) -> None:
         self.redis_write_failures.labels(model=model).inc()
 

@@ -11,9 +11,9 @@ Routes (bound to 127.0.0.1 like the rest of faust's web server):
   into the page with ``textContent``/``setAttribute`` — never parsed as HTML —
   so ids holding markup or control characters show as text.
 * ``/tailguard/status.json`` — :func:`page_data`: what Redis holds for every
-  model (:mod:`app.routing.keys`), so any worker shows the whole fleet, not just
+  model (:mod:`tailguard.routing.keys`), so any worker shows the whole fleet, not just
   the models it owns. A model with a key of the wrong type is shown with what its
-  other keys hold and its ``errors`` naming the key (:class:`app.routing.status.KeyProblem`).
+  other keys hold and its ``errors`` naming the key (:class:`tailguard.routing.status.KeyProblem`).
 
 The page reads Redis only (what ``tailguard status``/``explain`` read); a
 worker built without a Redis client (tests with an injected writer) answers
@@ -30,10 +30,10 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from app.core.peers import median
-from app.routing.keys import Keys, member_text
-from app.routing.operators import read_operator_state
-from app.routing.status import read_checked, read_status
+from tailguard.core.judge.peers import median
+from tailguard.routing.keys import Keys, member_text
+from tailguard.routing.operators import read_operator_state
+from tailguard.routing.status import read_checked, read_status
 
 PAGE_PATH = "/tailguard/"
 DATA_PATH = "/tailguard/status.json"
@@ -41,7 +41,7 @@ EVENTS_SHOWN = 20
 
 
 def page_html() -> str:
-    return resources.files("app.streaming").joinpath("static/status.html").read_text("utf-8")
+    return resources.files("tailguard.streaming").joinpath("static/status.html").read_text("utf-8")
 
 
 def _num(x: object) -> float | None:

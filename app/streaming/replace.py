@@ -2,7 +2,7 @@
 
 When a (node, model) is retired (diagnostics said not recoverable, or too
 many probe rounds failed), the worker that owns the model runs the action
-configured in :class:`~app.settings.Settings` — a shell command
+configured in :class:`~tailguard.settings.Settings` — a shell command
 (``TAILGUARD_REPLACE_COMMAND``, with ``TAILGUARD_NODE_ID``, ``TAILGUARD_MODEL``,
 ``TAILGUARD_REASON``, ``TAILGUARD_RETIRED_TS``, ``TAILGUARD_RETIREMENT_ID``,
 ``TAILGUARD_ATTEMPT`` in its environment) or an HTTP POST of the retirement
@@ -48,8 +48,8 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from app.core.types import HealthState, NodeStatus
-from app.settings import Settings
+from tailguard.core.contract.types import HealthState, NodeStatus
+from tailguard.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -338,7 +338,7 @@ def build_hook(settings: Settings, publish: Callable[[dict[str, Any]], Awaitable
     action = action_from(settings)
     if action is None:
         return None, None
-    from app.routing.client import connect_for
+    from tailguard.routing.client import connect_for
 
     client = connect_for(settings)   # credentials and TLS, like every other Redis client
     hook = ReplaceHook(action, RedisLedger(client, settings.key_prefix), publish,

@@ -1,14 +1,14 @@
 """The faust app: topics, the stage-1 ingestion service, stage-2 agents, tables, ticks.
 
-:func:`create_app` builds one :class:`faust.App` from :class:`~app.settings.Settings` (no
+:func:`create_app` builds one :class:`faust.App` from :class:`~tailguard.settings.Settings` (no
 module-level app, nothing read from the environment here); :func:`runtime_of` gives its
 :class:`Runtime`. One worker process runs (in detail: docs/operations.md, "Running the worker"):
 
-* stage-1 ingestion (:class:`~app.streaming.ingest.IngestService`): ``latency-events`` →
+* stage-1 ingestion (:class:`~tailguard.streaming.ingest.IngestService`): ``latency-events`` →
   windows; every ``tick_interval_s`` summaries and cluster digests → ``node-window-stats``;
 * the stage-2 agent over ``node-window-stats`` and the stage-2 tick, :func:`stage2_offset_s`
   after each stage-1 tick: it evaluates the owned models, stores their state in the ``health``
-  table, publishes, writes Redis after the operator edge (:mod:`app.streaming.edge`) and offers
+  table, publishes, writes Redis after the operator edge (:mod:`tailguard.streaming.edge`) and offers
   retired nodes to the replace hook;
 * the ``judge_since`` GlobalTable (stage 2's hints for every stage 1) and the status page.
 
@@ -36,30 +36,30 @@ from aiokafka.partitioner import murmur2
 from mode import Service
 from prometheus_client import CollectorRegistry
 
-from app.core.errors import BadEvent
-from app.core.evaluate import FleetEvaluator
-from app.core.ids import Allowlist
-from app.core.types import HealthState, ModelTick, WindowSummary
-from app.core.window import WindowStore
-from app.routing.apply_script import Extras
-from app.routing.keys import Keys
-from app.routing.operators import (
+from tailguard.core.contract.errors import BadEvent
+from tailguard.core.contract.ids import Allowlist
+from tailguard.core.contract.types import HealthState, ModelTick, WindowSummary
+from tailguard.core.judge.evaluate import FleetEvaluator
+from tailguard.core.window.window import WindowStore
+from tailguard.routing.apply_script import Extras
+from tailguard.routing.keys import Keys
+from tailguard.routing.operators import (
     OperatorState,
     Override,
     delete_if_unchanged,
     read_operator_state,
 )
-from app.security import faust_broker_credentials
-from app.settings import Settings, redact_url
-from app.streaming import allowlist
-from app.streaming.deadletter import DeadLetter
-from app.streaming.edge import EdgeInput, EdgeOutput, OperatorEdge
-from app.streaming.ingest import IngestService, next_boundary, sleep_until
-from app.streaming.metrics import WorkerMetrics
-from app.streaming.replace import ReplaceHook, build_hook
-from app.streaming.stage1 import Stage1
-from app.streaming.stage2 import ModelOutput, Stage2, StageHints, decode_hints, state_key
-from app.streaming.wire import (
+from tailguard.security import faust_broker_credentials
+from tailguard.settings import Settings, redact_url
+from tailguard.streaming import allowlist
+from tailguard.streaming.deadletter import DeadLetter
+from tailguard.streaming.edge import EdgeInput, EdgeOutput, OperatorEdge
+from tailguard.streaming.ingest import IngestService, next_boundary, sleep_until
+from tailguard.streaming.metrics import WorkerMetrics
+from tailguard.streaming.replace import ReplaceHook, build_hook
+from tailguard.streaming.stage1 import Stage1
+from tailguard.streaming.stage2 import ModelOutput, Stage2, StageHints, decode_hints, state_key
+from tailguard.streaming.wire import (
     ClusterDigest,
     DiagnosticsResult,
     decode_stage2,
@@ -77,7 +77,7 @@ MAX_UNPUBLISHED_TICKS = 10_000   # model-ticks kept for re-publishing while Kafk
 
 
 class RoutingSink(Protocol):
-    """Where verdicts go: ``app.routing.writer.RoutingWriter`` or a test fake."""
+    """Where verdicts go: ``tailguard.routing.writer.RoutingWriter`` or a test fake."""
 
     async def apply(self, tick: ModelTick, extras: Extras = ...) -> bool: ...
 
@@ -193,7 +193,7 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
                operators: OperatorSource | None = None) -> Any:
     """Build the worker's faust app (see the module docstring).
 
-    ``writer``: the routing sink; default a :class:`~app.routing.writer.RoutingWriter`
+    ``writer``: the routing sink; default a :class:`~tailguard.routing.writer.RoutingWriter`
     on ``settings.redis_url`` whose lifetime is the app's. ``operators``: where
     overrides and modes are read each tick; default the same Redis as the
     writer's (none when a ``writer`` is given: no overrides, ``TAILGUARD_MODE``). ``registry``: the
@@ -243,8 +243,8 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
     owns_writer = writer is None
     redis_client: Any = None
     if writer is None:
-        from app.routing.client import connect_for
-        from app.routing.writer import RoutingWriter
+        from tailguard.routing.client import connect_for
+        from tailguard.routing.writer import RoutingWriter
 
         redis_client = connect_for(settings)
         writer = RoutingWriter(redis_client, settings.key_prefix, metrics=metrics,
@@ -287,7 +287,7 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
     load_allowlist: Callable[[], Awaitable[Allowlist]] | None = None
     if settings.allowlist_on:
         if settings.allowlist_redis_key:
-            from app.routing.client import connect_for
+            from tailguard.routing.client import connect_for
 
             allow_redis = connect_for(settings)
 
@@ -326,7 +326,7 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
     app.service(_Lifecycle)
     app.service(_Ingest)
     if settings.web_port != 0:
-        from app.streaming import page
+        from tailguard.streaming import page
 
         page.register(app, lambda: redis_client, settings.key_prefix, settings.mode, clock)
 
@@ -397,7 +397,7 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
         return outputs
 
     async def at_the_edge(outputs: list[ModelOutput], now_s: float) -> list[EdgeOutput]:
-        """Mode and operator overrides on each verdict (app.streaming.edge)."""
+        """Mode and operator overrides on each verdict (tailguard.streaming.edge)."""
         if operators is not None and outputs:
             try:
                 rt.operator_state = await operators.read()
@@ -496,6 +496,6 @@ def runtime_of(app: Any) -> Runtime:
     """The :class:`Runtime` of an app built by :func:`create_app`."""
     rt = getattr(app, _RUNTIME_ATTR, None)
     if not isinstance(rt, Runtime):
-        raise TypeError("not an app built by app.streaming.service.create_app")
+        raise TypeError("not an app built by tailguard.streaming.service.create_app")
     return rt
 

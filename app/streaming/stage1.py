@@ -1,6 +1,6 @@
 """Stage 1: latency events → per-(node, model) windows → one summary per series per tick.
 
-:class:`Stage1` is the Kafka-free logic; :mod:`app.streaming.ingest` feeds it records from
+:class:`Stage1` is the Kafka-free logic; :mod:`tailguard.streaming.ingest` feeds it records from
 the ``latency-events`` partitions this worker owns. Entry points: :meth:`Stage1.ingest` (one
 poll), :meth:`Stage1.summaries`, :meth:`Stage1.cluster_digests`, :meth:`Stage1.forget_silent`.
 Each guarantee in full: docs/operations.md ("Stage 1's windows"), docs/operating.md#floods.
@@ -8,7 +8,7 @@ Each guarantee in full: docs/operations.md ("Stage 1's windows"), docs/operating
 Guarantees:
 
 * Every record reaches the windows or comes back as a
-  :class:`~app.streaming.deadletter.DeadLetter`; a bad record never stops the others of its
+  :class:`~tailguard.streaming.deadletter.DeadLetter`; a bad record never stops the others of its
   poll. Keys and headers are not read here.
 * :meth:`Stage1.summaries` covers only series last seen on a partition this worker still
   owns, oldest-admitted series first.
@@ -25,18 +25,18 @@ import logging
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-from app.core.accumulate import Accumulator
-from app.core.config import DetectorSettings
-from app.core.errors import BadEvent
-from app.core.events import Event, Heartbeat, SampleBatch
-from app.core.hist_event import HistogramBatch
-from app.core.ids import Allowlist
-from app.core.types import WindowSummary
-from app.streaming import memory
-from app.streaming.deadletter import DeadLetter, RecordLike
-from app.streaming.memory import GIVE_BACK_MIN, give_back
-from app.streaming.metrics import WorkerMetrics
-from app.streaming.wire import ClusterDigest
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.contract.errors import BadEvent
+from tailguard.core.contract.events import Event, Heartbeat, SampleBatch
+from tailguard.core.contract.hist_event import HistogramBatch
+from tailguard.core.contract.ids import Allowlist
+from tailguard.core.contract.types import WindowSummary
+from tailguard.core.window.accumulate import Accumulator
+from tailguard.streaming import memory
+from tailguard.streaming.deadletter import DeadLetter, RecordLike
+from tailguard.streaming.memory import GIVE_BACK_MIN, give_back
+from tailguard.streaming.metrics import WorkerMetrics
+from tailguard.streaming.wire import ClusterDigest
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ LATE_LOG_INTERVAL_S = 60.0
 
 
 class WindowStoreLike(Protocol):
-    """What stage 1 needs of ``app.core.window.WindowStore``."""
+    """What stage 1 needs of ``tailguard.core.window.window.WindowStore``."""
 
     def observe(self, batch: SampleBatch) -> Any: ...
 
@@ -256,7 +256,7 @@ class Stage1:
         """This tick's summary of every owned series (all series when ``owned_partitions`` is None),
         oldest-admitted series first; starts a new admission tick (``max_new_pairs_per_tick``).
 
-        Stage 2's hints (``app.streaming.stage2.StageHints``): ``judge_since``
+        Stage 2's hints (``tailguard.streaming.stage2.StageHints``): ``judge_since``
         ``{(node, model): ts}`` cut-offs of judged samples
         (``FleetEvaluator.judge_since``); ``out_of_fit`` the pairs out of
         routing, which do not vote in the fleet-wide ``normalized`` fit

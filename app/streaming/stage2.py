@@ -1,10 +1,10 @@
 """Stage 2: per model, window summaries → health verdict, state kept in a changelog table.
 
 :class:`Stage2` is the Kafka-free logic of the stage-2 agent and timer in
-:mod:`app.streaming.service`: it collects the newest summary per node of each model, the
+:mod:`tailguard.streaming.service`: it collects the newest summary per node of each model, the
 workers' cluster digests (``on_cluster``) and diagnostics results, and at each tick turns every
 model this worker owns into a :class:`ModelOutput` with the core's ``FleetEvaluator`` (the
-verdict, plus the summaries and streaks it was made from, for :mod:`app.streaming.edge`).
+verdict, plus the summaries and streaks it was made from, for :mod:`tailguard.streaming.edge`).
 
 Guarantees (in full: docs/operations.md, "Stage 2's state"):
 
@@ -35,12 +35,12 @@ from typing import Any, Protocol, TypeAlias
 
 import orjson
 
-from app.core.detector import FLEET_QUANTILES
-from app.core.health import diagnostics_refusal
-from app.core.quantiles import digest_quantiles, merge_digests
-from app.core.types import ModelTick, Transition, WindowSummary
-from app.streaming.memory import GIVE_BACK_MIN, give_back
-from app.streaming.wire import ClusterDigest, DiagnosticsResult
+from tailguard.core.contract.types import ModelTick, Transition, WindowSummary
+from tailguard.core.judge.health import diagnostics_refusal
+from tailguard.core.replay.detector import FLEET_QUANTILES
+from tailguard.core.window.quantiles import digest_quantiles, merge_digests
+from tailguard.streaming.memory import GIVE_BACK_MIN, give_back
+from tailguard.streaming.wire import ClusterDigest, DiagnosticsResult
 
 #: The largest table value written (JSON bytes): under the 1 MB ``max_request_size`` of the
 #: producer, with room for the key and the record's framing.
@@ -113,7 +113,7 @@ def decode_hints(items: Iterable[tuple[Any, Any]]) -> StageHints:
 
 
 class EvaluatorLike(Protocol):
-    """What stage 2 needs of ``app.core.evaluate.FleetEvaluator``."""
+    """What stage 2 needs of ``tailguard.core.judge.evaluate.FleetEvaluator``."""
 
     def evaluate(self, model: str, summaries: list[WindowSummary], now_s: float) -> ModelTick: ...
 
@@ -170,7 +170,7 @@ class ModelOutput:
 
     tick: ModelTick
     diagnostics_transitions: tuple[Transition, ...] = ()
-    # What the verdict was made from, for the operator edge (app.streaming.edge): the
+    # What the verdict was made from, for the operator edge (tailguard.streaming.edge): the
     # summaries judged and each node's abnormal streak after the tick.
     summaries: tuple[WindowSummary, ...] = ()
     streaks: Mapping[str, int] = field(default_factory=dict)

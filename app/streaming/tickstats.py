@@ -37,9 +37,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from app.core.config import DetectorSettings
-from app.core.peers import median
-from app.core.types import HealthState, NodeStatus, WindowSummary
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.contract.types import HealthState, NodeStatus, WindowSummary
+from tailguard.core.judge.peers import median
 
 Counts = dict[str, tuple[int, int]]   # node -> (requests_total, failed_total)
 

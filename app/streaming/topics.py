@@ -22,9 +22,9 @@ import logging
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
 
-from app.security import kafka_client_options
-from app.settings import Settings
-from app.streaming.errors import TopicSetupError
+from tailguard.security import kafka_client_options
+from tailguard.settings import Settings
+from tailguard.streaming.errors import TopicSetupError
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ def topic_names(settings: Settings) -> list[str]:
     return [getattr(settings.topics, f.name) for f in dataclasses.fields(settings.topics)]
 
 
-# Stage 2's faust tables (app.streaming.service); faust names a changelog <app id>-<table>-changelog.
+# Stage 2's faust tables (tailguard.streaming.service); faust names a changelog <app id>-<table>-changelog.
 TABLES = ("health", "judge_since")
 
 

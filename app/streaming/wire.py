@@ -16,7 +16,7 @@ Two kinds, JSON objects told apart by ``"type"``:
 Also validates the public diagnostics-result input
 (``node-diagnostics-results``: ``{"node_id", "model", "recoverable": bool, "request_id", …}``).
 Guarantee: :func:`decode_stage2` and :func:`parse_diagnostics_result` raise
-:class:`~app.core.errors.BadEvent` (never anything else) for bad bytes.
+:class:`~tailguard.core.contract.errors.BadEvent` (never anything else) for bad bytes.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from app.core.errors import BadEvent
-from app.core.events import loads
-from app.core.quantiles import digest_from_dict
-from app.core.types import WindowSummary
+from tailguard.core.contract.errors import BadEvent
+from tailguard.core.contract.events import loads
+from tailguard.core.contract.types import WindowSummary
+from tailguard.core.window.quantiles import digest_from_dict
 
 
 @dataclass(frozen=True, slots=True)

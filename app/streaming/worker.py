@@ -1,10 +1,10 @@
 """``tailguard worker``: run the streaming service (a faust worker) in this process.
 
 Reads the settings once (``TAILGUARD_*``), creates the missing topics, builds
-the app with :func:`app.streaming.service.create_app` and runs faust's
+the app with :func:`tailguard.streaming.service.create_app` and runs faust's
 :class:`faust.Worker` until SIGINT/SIGTERM. Before that it connects once to
-Redis and to Kafka (:func:`app.security.check_redis`, :func:`~app.security.check_kafka`)
-and reads the node-id allowlist when one is configured (:func:`app.streaming.allowlist.check`).
+Redis and to Kafka (:func:`tailguard.security.check_redis`, :func:`~tailguard.security.check_kafka`)
+and reads the node-id allowlist when one is configured (:func:`tailguard.streaming.allowlist.check`).
 Exit code 0 on a clean stop, 2 on a bad setting (a ``TAILGUARD_DATA_DIR`` it cannot
 create or write too) or a login or certificate that
 Redis or Kafka refuses (one line naming the setting), 1 when the broker cannot be reached,
@@ -23,13 +23,13 @@ import os
 import socket
 import sys
 
-from app import settings as settings_mod
-from app import text
-from app.core.config import SettingError
-from app.security import check_kafka, check_redis
-from app.streaming import allowlist
-from app.streaming.errors import StreamingError
-from app.streaming.topics import ensure_topics
+from tailguard import settings as settings_mod
+from tailguard import text
+from tailguard.core.contract.config import SettingError
+from tailguard.security import check_kafka, check_redis
+from tailguard.streaming import allowlist
+from tailguard.streaming.errors import StreamingError
+from tailguard.streaming.topics import ensure_topics
 
 log = logging.getLogger("tailguard.worker")
 
@@ -80,14 +80,14 @@ def main(argv: list[str]) -> int:
         settings = settings_mod.load(detector=settings_mod.parse_set(args.set, settings.detector))
     text.basic_config(level=settings.log_level.upper(),
                       format="[%(asctime)s] [%(process)d] [%(levelname)s] %(name)s: %(message)s")
-    from app.streaming.ingest import missing_codecs
+    from tailguard.streaming.ingest import missing_codecs
 
     if missing := missing_codecs():
         print(f"tailguard worker: cannot decompress {'/'.join(missing)} record batches, which "
               "kcat/librdkafka and the Java producer send when compression is on; install "
               "cramjam (pip install 'cramjam>=2.8,<3', a tailguard dependency)", file=sys.stderr)
         return 1
-    from app.streaming.service import data_dir_for
+    from tailguard.streaming.service import data_dir_for
 
     check_data_dir(data_dir_for(settings))
     for problem in (listen_problem("TAILGUARD_METRICS_HOST", "TAILGUARD_METRICS_PORT",
@@ -119,7 +119,7 @@ def main(argv: list[str]) -> int:
 
     import faust
 
-    from app.streaming.service import create_app
+    from tailguard.streaming.service import create_app
 
     # faust's own topics get the replication factor of the others.
     app = create_app(dataclasses.replace(settings, replication_factor=setup.replication_factor))

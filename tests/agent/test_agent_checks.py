@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from gpu_fakes import fake_env
 
-from app.agent.checks import Suite, run_tool
-from app.agent.config import AgentConfig, NodeSpec, UserCheck
-from app.agent.verdict import decide
+from tailguard.agent.checks import Suite, run_tool
+from tailguard.agent.config import AgentConfig, NodeSpec, UserCheck
+from tailguard.agent.verdict import decide
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,6 +1,6 @@
 """Backtest of ``tailguard replay`` on fleets that change, from a generator of this file.
 
-Independent of ``app.sim``: each node here has a life (join, leave), optional restarts (a
+Independent of ``tailguard.sim``: each node here has a life (join, leave), optional restarts (a
 silence, then a warm-up 6x slower decaying over 90 s, a new ``instance`` when the producer
 sends one), optional heartbeats every 10 s, Poisson arrivals and lognormal latency; faults
 make a node 3x slower. Traces go through the command-line entry point on a file, the way a
@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.replay_cli import main
+from tailguard.replay_cli import main
 
 pytestmark = pytest.mark.slow
 

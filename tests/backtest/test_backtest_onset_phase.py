@@ -4,7 +4,7 @@ The shipped scenario ``scenarios/llm_tpot_2_5x_no_tokens.toml`` (conversation
 request sizes from the Azure trace in ``app/data``, 8 nodes at 20 req/s, events
 with raw latency only, ``ts`` = completion) puts its onset at 300 s. Here the
 onset moves across one tick interval, traces come from the project's generator
-(``app.sim.tracegen``) and the real ``tailguard replay`` entry point judges a
+(``tailguard.sim.tracegen``) and the real ``tailguard replay`` entry point judges a
 file, with default settings. The guarantee checked is issue 6's: the slowed
 node is out of routing within 120 s of onset whatever the onset's phase, and
 no other node leaves.
@@ -14,7 +14,7 @@ Why the phase matters: requests that the slow-down hits complete late, so the
 after onset. When the onset falls just before a tick, that tick sees nothing
 and three confirming windows end 121 s after onset. The P50 of the samples
 since the previous tick is already ~1.7x at the first tick after onset and
-earns onset credit (``app.core.evaluate``), so two more windows suffice.
+earns onset credit (``tailguard.core.judge.evaluate``), so two more windows suffice.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from pathlib import Path
 
 import pytest
 
-from app.replay_cli import main
-from app.sim import outcome, tracegen
-from app.sim import scenario as sc
+from tailguard.replay_cli import main
+from tailguard.sim import outcome, tracegen
+from tailguard.sim import scenario as sc
 
 ROOT = Path(__file__).resolve().parents[2]
 TICK_S = 30.0                                   # the default tick_interval_s

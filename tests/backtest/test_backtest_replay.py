@@ -1,10 +1,10 @@
 """Backtest of ``tailguard replay`` against independently generated traces.
 
-These traces do not come from ``app.sim``: a small generator in this file draws
+These traces do not come from ``tailguard.sim``: a small generator in this file draws
 its own fleets (lognormal, bimodal and LLM latency = TTFT + TPOT x output
 tokens with request sizes from the shipped Azure LLM trace, ``app/data``),
 injects faults at onsets that are not aligned to ticks, and runs the real
-command-line entry point (``app.replay_cli.main``) on a file, the way a
+command-line entry point (``tailguard.replay_cli.main``) on a file, the way a
 user or an external evaluation does. Each test asserts the outcome a user
 expects: which (node, model) pairs leave routing (a transition with
 ``routed: false``), how soon after onset, and that nothing else does.
@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.replay_cli import main
+from tailguard.replay_cli import main
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "app" / "data"
 T0 = 1_764_680_007.3          # not a multiple of any tick interval

@@ -1,4 +1,4 @@
-"""Redis ACL users with exactly the documented rules (app.routing.acl), for one test.
+"""Redis ACL users with exactly the documented rules (tailguard.routing.acl), for one test.
 
 ``async with acl_users(admin, unique_name) as make:`` then ``await make(prefix, role,
 without=())`` → ``(user, password)``: a new user with ``acl_rules(prefix, role)`` less the
@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import redis.asyncio as aioredis
 
-from app.routing.acl import acl_rules
+from tailguard.routing.acl import acl_rules
 
 MakeUser = Callable[..., Awaitable[tuple[str, str]]]
 

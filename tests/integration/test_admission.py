@@ -37,13 +37,13 @@ from worker_harness import (
     wait_for,
 )
 
-from app.emitter import LatencyEmitter
-from app.lb.balance import Balancer
-from app.lb.haproxy import SocketRuntimeApi, parse_servers_state
-from app.lb.proxy import Proxy, serve
-from app.lb.source import open_routing
-from app.lb.testing import EchoBackend, echo_backend
-from app.settings import Settings
+from tailguard.emitter import LatencyEmitter
+from tailguard.lb.balance import Balancer
+from tailguard.lb.haproxy import SocketRuntimeApi, parse_servers_state
+from tailguard.lb.proxy import Proxy, serve
+from tailguard.lb.source import open_routing
+from tailguard.lb.testing import EchoBackend, echo_backend
+from tailguard.settings import Settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

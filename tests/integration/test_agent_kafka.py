@@ -24,7 +24,7 @@ from worker_harness import ROOT, produce, read_topic, wait_for
 sys.path.insert(0, str(ROOT / "tests" / "agent"))
 from gpu_fakes import fake_env
 
-from app.streaming.wire import parse_diagnostics_result
+from tailguard.streaming.wire import parse_diagnostics_result
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -66,7 +66,7 @@ def agents(kafka: str, req: str, res: str, cases: list[str], tmp_path: Path,
                         "TAILGUARD_TOPIC_DIAGNOSTICS_RESULTS": res})
             log = open(tmp_path / f"agent-{case}.log", "ab")  # noqa: SIM115 - closed with the process
             procs[case] = subprocess.Popen(
-                [sys.executable, "-m", "app.cli", "diagnose", "--node", case, "--config", str(conf),
+                [sys.executable, "-m", "tailguard.cli", "diagnose", "--node", case, "--config", str(conf),
                  "--group", f"{req}-{case}-{group_suffix}"],
                 cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
             log.close()

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import redis
 
-from app.demo import minimal as demo_min
+from tailguard.demo import minimal as demo_min
 
 pytestmark = pytest.mark.integration
 

@@ -1,11 +1,11 @@
 """The demo's story end to end, through the real stack and the reference proxy, with 1-s ticks.
 
-``app.demo.run_story`` starts ``tailguard worker``, a simulated fleet of 8
+``tailguard.demo.run_story`` starts ``tailguard worker``, a simulated fleet of 8
 nodes (``tailguard simulate fleet``), ``tailguard proxy`` and the load
 generator as child processes against the real Kafka and Redis, with a run
 name of their own (``tgdemo-<random>``: app id, topics, key prefix), and
 deletes the run's topics and keys afterwards. One node serves every request
-3x slower from t=20 s to t=30 s (``app.demo.TEST_PLAN``). Checked:
+3x slower from t=20 s to t=30 s (``tailguard.demo.TEST_PLAN``). Checked:
 
 - the weak link is real: while the slow node is routed, the client-side
   cluster P99 is far above the all-healthy P99 (else the rest proves nothing);
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from app import demo
+from tailguard import demo
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
 

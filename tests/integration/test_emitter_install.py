@@ -2,7 +2,7 @@
 
 The package is installed (from a copy of the source, so that no build output
 lands in the work tree) into an empty virtual environment, with pip's cache.
-In it: ``app.emitter`` imports, faust/redis/numpy/aiohttp are absent, a
+In it: ``tailguard.emitter`` imports (beside a server's own ``app`` package), faust/redis/numpy/aiohttp are absent, a
 ``SyncEmitter`` delivers events to the real broker (read back here and
 decoded by the core's parser), and ``tailguard worker`` says which extra it
 needs instead of a traceback.
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaConsumer
 
-from app.core.events import Heartbeat, SampleBatch, decode
+from tailguard.core.contract.events import Heartbeat, SampleBatch, decode
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -54,7 +54,7 @@ async def test_the_emitter_extra_alone_runs_the_emitter(emitter_venv: Path, topi
     script = textwrap.dedent(
         """
         import importlib.util, json, sys, time
-        from app.emitter import SyncEmitter, LatencyMiddleware
+        from tailguard.emitter import SyncEmitter, LatencyMiddleware
         absent = [m for m in sys.argv[3:] if importlib.util.find_spec(m) is None]
         with SyncEmitter(sys.argv[1], topic=sys.argv[2], linger_s=0.05) as em:
             em.heartbeat("gpu-node-07", "llama-3-70b", hardware="A100")
@@ -97,3 +97,33 @@ def test_a_service_command_names_the_worker_extra(emitter_venv: Path) -> None:
     assert proc.returncode == 2
     assert "pip install 'tailguard[worker]'" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.timeout(600)
+def test_a_server_with_its_own_app_package_imports_both(emitter_venv: Path, tmp_path: Path) -> None:
+    """The installed import package is ``tailguard``: a server's own ``app`` package (FastAPI's
+    convention) is neither shadowed by it nor shadows it."""
+    project = tmp_path / "server"
+    (project / "app").mkdir(parents=True)
+    (project / "app" / "__init__.py").write_text('WHOSE = "the server\'s own app"\n', encoding="utf-8")
+    (project / "app" / "main.py").write_text("from app import WHOSE\n", encoding="utf-8")
+    script = textwrap.dedent(
+        """
+        import json, pathlib, sys, sysconfig
+        import app.main
+        import tailguard
+        from tailguard.emitter import SyncEmitter
+        site = pathlib.Path(sysconfig.get_paths()["purelib"])
+        print(json.dumps({"whose": app.main.WHOSE, "app_file": app.__file__, "tailguard_file": tailguard.__file__,
+                          "emitter": SyncEmitter.__module__, "site_app": (site / "app").exists()}))
+        """
+    )
+    proc = subprocess.run([str(emitter_venv), "-c", script], capture_output=True, text=True, timeout=120,
+                          check=False, cwd=project)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["whose"] == "the server's own app"
+    assert Path(out["app_file"]).resolve() == (project / "app" / "__init__.py").resolve()
+    assert Path(out["tailguard_file"]).resolve().is_relative_to(emitter_venv.parent.parent.resolve())
+    assert out["emitter"].startswith("tailguard.emitter")
+    assert out["site_app"] is False, "the install put a top-level `app` package into site-packages"

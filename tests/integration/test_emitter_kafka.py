@@ -14,8 +14,8 @@ from collections.abc import Callable
 import pytest
 from aiokafka import AIOKafkaConsumer
 
-from app.core.events import Heartbeat, SampleBatch, decode
-from app.emitter import LatencyEmitter, SyncEmitter
+from tailguard.core.contract.events import Heartbeat, SampleBatch, decode
+from tailguard.emitter import LatencyEmitter, SyncEmitter
 
 pytestmark = pytest.mark.integration
 

@@ -31,8 +31,8 @@ import redis.asyncio as aioredis
 from prometheus_client.parser import text_string_to_metric_families
 from worker_harness import Feeder, Worker, WorkerEnv, free_port, read_topic, routing
 
-from app.core.types import WindowSummary
-from app.streaming.wire import decode_stage2
+from tailguard.core.contract.types import WindowSummary
+from tailguard.streaming.wire import decode_stage2
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

@@ -68,7 +68,7 @@ async def test_without_cramjam_snappy_lz4_zstd_batches_are_undecodable(
     probe = textwrap.dedent(f"""
         import asyncio, json, sys
         from aiokafka import AIOKafkaConsumer
-        from app.streaming.ingest import missing_codecs
+        from tailguard.streaming.ingest import missing_codecs
         print("missing", ",".join(missing_codecs()))
         async def main():
             for codec, topic in {json.dumps(topics)}.items():
@@ -91,7 +91,7 @@ async def test_without_cramjam_snappy_lz4_zstd_batches_are_undecodable(
     assert out.stdout.split("\n") == [
         "missing snappy,lz4,zstd", "gzip ok 200", "snappy UnsupportedCodecError",
         "lz4 UnsupportedCodecError", "zstd UnsupportedCodecError", ""], out.stdout + out.stderr
-    worker = subprocess.run([sys.executable, "-m", "app.cli", "worker"], env=env, cwd=ROOT,
+    worker = subprocess.run([sys.executable, "-m", "tailguard.cli", "worker"], env=env, cwd=ROOT,
                             capture_output=True, text=True, timeout=60)
     assert worker.returncode == 1, worker.stderr
     assert "cannot decompress snappy/lz4/zstd" in worker.stderr and "cramjam" in worker.stderr

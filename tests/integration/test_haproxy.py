@@ -24,9 +24,9 @@ import aiohttp
 import pytest
 import redis.asyncio as aioredis
 
-from app.lb import RuntimeApiError
-from app.lb.haproxy import ServerState, SocketRuntimeApi, parse_servers_state
-from app.lb.testing import EchoBackend, echo_backend, eventually, scratch_redis, spawn, write_routing
+from tailguard.lb import RuntimeApiError
+from tailguard.lb.haproxy import ServerState, SocketRuntimeApi, parse_servers_state
+from tailguard.lb.testing import EchoBackend, echo_backend, eventually, scratch_redis, spawn, write_routing
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -120,7 +120,7 @@ async def start_sync(stack: AsyncExitStack, tmp: Path, sock: str, redis_url: str
     log = open(tmp / "sync.log", "wb")  # noqa: SIM115 - closed by the exit stack
     stack.callback(log.close)
     await spawn(
-        stack, sys.executable, "-m", "app.cli", "haproxy-sync", "--socket", sock, "--backend-map",
+        stack, sys.executable, "-m", "tailguard.cli", "haproxy-sync", "--socket", sock, "--backend-map",
         f"{MODEL}={BACKEND}", "--redis-url", redis_url, "--key-prefix", prefix, "--poll-interval-s", "0.2",
         "--resync-interval-s", "1", *extra, stdout=log, stderr=log, env=dict(os.environ),
     )
@@ -166,7 +166,7 @@ async def test_routing_changes_reach_haproxy_and_its_traffic(rig: Rig, tmp_path:
 async def sync_once(rig: Rig, redis_url: str) -> tuple[list[str], str]:
     """Run ``tailguard haproxy-sync --once``; the commands it printed, and its log."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "app.cli", "haproxy-sync", "--once", "--socket", rig.sock,
+        sys.executable, "-m", "tailguard.cli", "haproxy-sync", "--once", "--socket", rig.sock,
         "--backend-map", f"{MODEL}={BACKEND}", "--redis-url", redis_url, "--key-prefix", rig.prefix,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )

@@ -41,7 +41,7 @@ from worker_harness import (
     wait_for,
 )
 
-from app.emitter import LatencyEmitter
+from tailguard.emitter import LatencyEmitter
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 

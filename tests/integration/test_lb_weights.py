@@ -1,6 +1,6 @@
 """Routing weights reach the load balancers: a REAL HAProxy, and the reference proxy, over the REAL Redis.
 
-The test plays tailguard's writer with plain redis-py (:func:`app.lb.testing.write_routing`:
+The test plays tailguard's writer with plain redis-py (:func:`tailguard.lb.testing.write_routing`:
 routing set and ``P:weights:<m>`` in one ``MULTI``/``EXEC``, with the weight a node 1.6× slower
 than its peers gets, 0.625), so the load balancers are checked against the key contract.
 
@@ -22,12 +22,12 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from app.lb.balance import Balancer
-from app.lb.haproxy import SocketRuntimeApi
-from app.lb.proxy import Proxy, serve
-from app.lb.source import open_routing
-from app.lb.testing import echo_backend, eventually, scratch_redis, write_routing
-from app.settings import Settings
+from tailguard.lb.balance import Balancer
+from tailguard.lb.haproxy import SocketRuntimeApi
+from tailguard.lb.proxy import Proxy, serve
+from tailguard.lb.source import open_routing
+from tailguard.lb.testing import echo_backend, eventually, scratch_redis, write_routing
+from tailguard.settings import Settings
 from tests.integration.test_haproxy import BACKEND, MODEL, NODES, Rig, start_haproxy, start_sync
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

@@ -1,4 +1,4 @@
-"""The documented minimal Redis ACL (app.routing.acl) covers the operator features, on the real Redis.
+"""The documented minimal Redis ACL (tailguard.routing.acl) covers the operator features, on the real Redis.
 
 Each test makes its own ACL users (exactly ``acl_rules(prefix, role)``, less the commands
 ``without``) for its own key prefix on the plain local Redis and deletes them afterwards.
@@ -22,13 +22,13 @@ import redis.asyncio as aioredis
 from acl_users import MakeUser, acl_users
 from redis.exceptions import NoPermissionError
 
-from app.core.types import HealthState, ModelTick, NodeStatus
-from app.routing import explain, operators_cli
-from app.routing.apply_script import Extras
-from app.routing.keys import Keys
-from app.routing.operators import read_operator_state
-from app.routing.writer import RoutingWriter
-from app.streaming.page import page_data
+from tailguard.core.contract.types import HealthState, ModelTick, NodeStatus
+from tailguard.routing import explain, operators_cli
+from tailguard.routing.apply_script import Extras
+from tailguard.routing.keys import Keys
+from tailguard.routing.operators import read_operator_state
+from tailguard.routing.writer import RoutingWriter
+from tailguard.streaming.page import page_data
 
 pytestmark = pytest.mark.integration
 

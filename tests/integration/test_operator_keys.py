@@ -1,4 +1,4 @@
-"""Operator overrides and modes in the real Redis (app.routing.operators), and the writer's
+"""Operator overrides and modes in the real Redis (tailguard.routing.operators), and the writer's
 extras (shadow set, history, events) written in the same script as the routing set."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 import redis.asyncio as aioredis
 
-from app.core.types import HealthState, ModelTick, NodeStatus
-from app.routing.apply_script import EVENTS_CAP, Extras
-from app.routing.keys import Keys
-from app.routing.operators import (
+from tailguard.core.contract.types import HealthState, ModelTick, NodeStatus
+from tailguard.routing.apply_script import EVENTS_CAP, Extras
+from tailguard.routing.keys import Keys
+from tailguard.routing.operators import (
     Override,
     clear_overrides,
     delete_if_unchanged,
@@ -20,7 +20,7 @@ from app.routing.operators import (
     set_mode,
     set_override,
 )
-from app.routing.writer import RoutingWriter
+from tailguard.routing.writer import RoutingWriter
 
 pytestmark = pytest.mark.integration
 

@@ -1,7 +1,7 @@
 """The reference proxy in front of 3 loopback backends, routing read from the REAL Redis.
 
 The test plays tailguard: it writes the routing set, version, quarantine and
-change message with plain redis-py (app.lb.testing.write_routing) under a
+change message with plain redis-py (tailguard.lb.testing.write_routing) under a
 unique key prefix, and checks that the proxy follows: a removed node gets no
 traffic except marked probes, a re-added node gets its share again, an
 unreachable Redis means "route to every backend", never an error.
@@ -26,13 +26,13 @@ import pytest
 import redis.asyncio as aioredis
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from app.core.events import SampleBatch, decode
-from app.lb import RoutingSource
-from app.lb.balance import Balancer
-from app.lb.proxy import Proxy, serve
-from app.lb.source import open_routing
-from app.lb.testing import EchoBackend, echo_backend, eventually, scratch_redis, spawn, write_routing
-from app.settings import Settings
+from tailguard.core.contract.events import SampleBatch, decode
+from tailguard.lb import RoutingSource
+from tailguard.lb.balance import Balancer
+from tailguard.lb.proxy import Proxy, serve
+from tailguard.lb.source import open_routing
+from tailguard.lb.testing import EchoBackend, echo_backend, eventually, scratch_redis, spawn, write_routing
+from tailguard.settings import Settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -142,7 +142,7 @@ async def test_cli_proxy_follows_the_routing_set(redis_url: str, unique_name: Ca
         await write_routing(r, prefix, MODEL, ["node-a", "node-b"], held_out=["node-c"])
         spec = ",".join(f"{n}={b.url}" for n, b in backends.items())
         proc = await spawn(
-            stack, sys.executable, "-m", "app.cli", "proxy", "--listen", "127.0.0.1:0", "--backends", spec,
+            stack, sys.executable, "-m", "tailguard.cli", "proxy", "--listen", "127.0.0.1:0", "--backends", spec,
             "--model-header", "X-Model", "--probe-share", "0", "--redis-url", redis_url, "--key-prefix", prefix,
             "--poll-interval-s", "0.2", stderr=asyncio.subprocess.PIPE, env=dict(os.environ),
         )
@@ -195,7 +195,7 @@ async def test_cli_proxy_reports_what_a_dead_node_cannot(
         env = dict(os.environ, TAILGUARD_KAFKA_BOOTSTRAP=kafka_bootstrap,
                    TAILGUARD_TOPIC_LATENCY_EVENTS=topic)
         proc = await spawn(
-            stack, sys.executable, "-m", "app.cli", "proxy", "--listen", "127.0.0.1:0", "--backends",
+            stack, sys.executable, "-m", "tailguard.cli", "proxy", "--listen", "127.0.0.1:0", "--backends",
             f"node-a={alive.url},dead={dead_url}", "--probe-share", "0", "--redis-url", redis_url,
             "--key-prefix", prefix, "--poll-interval-s", "0.2", "--report-failures",
             stderr=asyncio.subprocess.PIPE, env=env)
@@ -234,7 +234,7 @@ async def test_cli_probe_sends_marked_probes_to_due_quarantined_nodes_only(
                             {"node-b": time.time() - 1.0, "node-c": time.time() + 3600.0})
         spec = ",".join(f"{n}={b.url}" for n, b in backends.items())
         proc = await spawn(
-            stack, sys.executable, "-m", "app.cli", "probe", "--backends", spec, "--model", MODEL,
+            stack, sys.executable, "-m", "tailguard.cli", "probe", "--backends", spec, "--model", MODEL,
             "--rate-per-node", "10", "--redis-url", redis_url, "--key-prefix", prefix,
             "--poll-interval-s", "0.2", stderr=asyncio.subprocess.PIPE, env=dict(os.environ))
         assert proc.stderr is not None

@@ -1,7 +1,7 @@
 """A Redis Sentinel failover in the middle of routing writes, on real Redis servers.
 
 ``scripts/redis-sentinel`` runs a primary, a replica and 3 sentinels beside the shared stack.
-The worker and a :class:`~app.routing.reader.RoutingTable` reach Redis only through the
+The worker and a :class:`~tailguard.routing.reader.RoutingTable` reach Redis only through the
 sentinels (``TAILGUARD_REDIS_SENTINELS``). The primary is killed with SIGKILL while both
 models are written every tick:
 
@@ -26,9 +26,9 @@ import pytest
 import redis.asyncio as aioredis
 from worker_harness import HEALTHY, NODES, ROOT, Feeder, wait_for
 
-from app import settings as settings_mod
-from app.routing.client import connect_for
-from app.routing.reader import RoutingTable
+from tailguard import settings as settings_mod
+from tailguard.routing.client import connect_for
+from tailguard.routing.reader import RoutingTable
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

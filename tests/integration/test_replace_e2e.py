@@ -34,7 +34,7 @@ from worker_harness import (
 sys.path.insert(0, str(ROOT / "tests" / "agent"))
 from gpu_fakes import fake_env
 
-from app.streaming.replace import LEDGER_TTL_S, RedisLedger
+from tailguard.streaming.replace import LEDGER_TTL_S, RedisLedger
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -54,7 +54,7 @@ async def test_slow_node_quarantined_diagnosed_not_recoverable_retired_and_repla
         "TAILGUARD_KAFKA_BOOTSTRAP", "TAILGUARD_TOPIC_DIAGNOSTICS_REQUESTS", "TAILGUARD_TOPIC_DIAGNOSTICS_RESULTS")})
     (tmp_path / "agent.toml").write_text(f'state_dir = "{tmp_path}"\n')
     agent_log = open(tmp_path / "agent.log", "ab")  # noqa: SIM115 - closed below
-    agent = subprocess.Popen([sys.executable, "-m", "app.cli", "diagnose", "--node", "slow",
+    agent = subprocess.Popen([sys.executable, "-m", "tailguard.cli", "diagnose", "--node", "slow",
                               "--config", str(tmp_path / "agent.toml"), "--group", env.name + "-agent"],
                              cwd=ROOT, env=agent_env, stdout=agent_log, stderr=subprocess.STDOUT)
 

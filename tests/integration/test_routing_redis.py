@@ -23,14 +23,14 @@ import redis
 import redis.asyncio as aioredis
 from prometheus_client import CollectorRegistry
 
-from app.core.types import HealthState, ModelTick, NodeStatus
-from app.routing import status
-from app.routing.client import connect
-from app.routing.errors import RoutingUnavailable
-from app.routing.keys import Keys
-from app.routing.reader import RoutingTable
-from app.routing.writer import RoutingWriter
-from app.streaming.metrics import WorkerMetrics
+from tailguard.core.contract.types import HealthState, ModelTick, NodeStatus
+from tailguard.routing import status
+from tailguard.routing.client import connect
+from tailguard.routing.errors import RoutingUnavailable
+from tailguard.routing.keys import Keys
+from tailguard.routing.reader import RoutingTable
+from tailguard.routing.writer import RoutingWriter
+from tailguard.streaming.metrics import WorkerMetrics
 
 pytestmark = pytest.mark.integration
 
@@ -604,7 +604,7 @@ def test_a_db_past_the_servers_databases_is_one_line_naming_the_url(
 ) -> None:
     from urllib.parse import urlparse
 
-    from app import cli
+    from tailguard import cli
 
     monkeypatch.setenv("TAILGUARD_REDIS_URL", urlparse(redis_url)._replace(path="/99").geturl())
     for argv in (["status"], ["drain", "gpu-x", "--model", MODEL]):

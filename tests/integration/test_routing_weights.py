@@ -1,6 +1,6 @@
 """RoutingTable's weights against the real Redis: one version with its set, the weighted pick.
 
-The test plays tailguard's writer with plain redis-py (:func:`app.lb.testing.write_routing`:
+The test plays tailguard's writer with plain redis-py (:func:`tailguard.lb.testing.write_routing`:
 routing set, held-out set, ``P:weights:<m>`` and version in one ``MULTI``/``EXEC``), so the
 reader is checked against the key contract, not against our own writer.
 """
@@ -15,10 +15,10 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 import redis.asyncio as aioredis
 
-from app.lb.testing import eventually, scratch_redis, write_routing
-from app.routing.client import connect
-from app.routing.keys import Keys, weights_key
-from app.routing.reader import ModelRouting, RoutingTable
+from tailguard.lb.testing import eventually, scratch_redis, write_routing
+from tailguard.routing.client import connect
+from tailguard.routing.keys import Keys, weights_key
+from tailguard.routing.reader import ModelRouting, RoutingTable
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -48,7 +48,7 @@ async def test_weights_come_with_the_set_of_their_version(rig: tuple[aioredis.Re
     await write_routing(r, prefix, MODEL, ["a", "b", "c"], weights={"b": 0.5})
     await r.hset(weights_key(prefix, MODEL), "c", "heavy")
     await r.incr(Keys(prefix).version(MODEL))
-    with caplog.at_level(logging.WARNING, logger="app.routing.reader"):
+    with caplog.at_level(logging.WARNING, logger="tailguard.routing.reader"):
         assert await table.refresh()
     assert table.cached_weights(MODEL) == {"b": 0.5}
     assert table.weight(MODEL, "c") == 1.0

@@ -8,7 +8,7 @@ start in ``$TAILGUARD_RUN/secure``. These tests FAIL (never skip) when that is
 missing.
 
 Each test makes its own Redis ACL users with exactly the documented rules
-(:func:`app.routing.acl.acl_rules`) for its own key prefix, so a command that
+(:func:`tailguard.routing.acl.acl_rules`) for its own key prefix, so a command that
 tailguard needs but the ACL lacks fails here. Shown:
 
 * the worker (consumer, faust app, producers, topic admin), the emitter and
@@ -44,10 +44,10 @@ import redis.asyncio as aioredis
 from acl_users import acl_users
 from worker_harness import HEALTHY, NODES, ROOT, Worker, WorkerEnv, free_port, routing, wait_for
 
-from app.emitter import LatencyEmitter
-from app.lb.testing import echo_backend, spawn
-from app.security import kafka_client_options
-from app.settings import load
+from tailguard.emitter import LatencyEmitter
+from tailguard.lb.testing import echo_backend, spawn
+from tailguard.security import kafka_client_options
+from tailguard.settings import load
 
 pytestmark = [pytest.mark.integration]
 
@@ -188,7 +188,7 @@ async def test_worker_emitter_and_proxy_end_to_end_over_sasl_ssl_and_redis_tls_a
             proxy_env.update({**secure_stack.kafka_env(), **reader_redis,
                               "TAILGUARD_TOPIC_LATENCY_EVENTS": env.topic("latency_events")})
             proc = await spawn(
-                stack, sys.executable, "-m", "app.cli", "proxy", "--listen", "127.0.0.1:0", "--backends",
+                stack, sys.executable, "-m", "tailguard.cli", "proxy", "--listen", "127.0.0.1:0", "--backends",
                 ",".join(f"{n}={b.url}" for n, b in backends.items()), "--model-header", "X-Model",
                 "--probe-share", "0", "--key-prefix", name, "--poll-interval-s", "0.2", "--report-failures",
                 stderr=asyncio.subprocess.PIPE, env=proxy_env, cwd=ROOT)
@@ -238,7 +238,7 @@ async def test_worker_emitter_and_proxy_end_to_end_over_sasl_ssl_and_redis_tls_a
     assert "Redis refused" not in log and "NOPERM" not in log, log[-3000:]
     settings_env = {k: v for k, v in os.environ.items() if not k.startswith("TAILGUARD_")}
     settings_env.update({**secure_stack.kafka_env(), **worker_redis})
-    shown = subprocess.run([sys.executable, "-m", "app.cli", "settings"], env=settings_env, cwd=ROOT,
+    shown = subprocess.run([sys.executable, "-m", "tailguard.cli", "settings"], env=settings_env, cwd=ROOT,
                            capture_output=True, text=True, timeout=60, check=False)
     assert shown.returncode == 0, shown.stderr
     assert "TAILGUARD_KAFKA_SASL_PASSWORD=***" in shown.stdout
@@ -253,7 +253,7 @@ def _start_refused(argv: list[str], env: dict[str, str], timeout_s: float = 60.0
     """Run ``tailguard ARGV``; its exit code and its non-empty output lines (stdout + stderr)."""
     full = {k: v for k, v in os.environ.items() if not k.startswith("TAILGUARD_")} | env
     t0 = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "app.cli", *argv], env=full, cwd=ROOT, stdin=subprocess.DEVNULL,
+    done = subprocess.run([sys.executable, "-m", "tailguard.cli", *argv], env=full, cwd=ROOT, stdin=subprocess.DEVNULL,
                           capture_output=True, text=True, timeout=timeout_s, check=False)
     lines = [ln for ln in (done.stdout + done.stderr).splitlines() if ln.strip()]
     assert time.monotonic() - t0 < 45, "refusal took too long"
@@ -328,9 +328,9 @@ async def test_a_missing_permission_is_refused_before_the_writer_writes_anything
     first, so a user without +publish gets NOPERM, counted for that model, and no key changes."""
     from test_routing_redis import tick
 
-    from app.routing.client import connect_for
-    from app.routing.keys import Keys
-    from app.routing.writer import RoutingWriter
+    from tailguard.routing.client import connect_for
+    from tailguard.routing.keys import Keys
+    from tailguard.routing.writer import RoutingWriter
 
     prefix = unique_name("sec-noperm")
     client = connect_for(load(await acl_user(prefix, "worker", without=("publish",))))
@@ -362,7 +362,7 @@ async def test_a_missing_permission_is_refused_before_the_writer_writes_anything
 async def test_redis_client_certificate_over_tls(secure_stack: SecureStack, acl_user: AclUser,
                                                  unique_name: Callable[[str], str]) -> None:
     """mTLS: the client certificate the stack's CA signed is accepted (Redis verifies it when sent)."""
-    from app.routing.client import connect_for
+    from tailguard.routing.client import connect_for
 
     env = await acl_user(unique_name("sec-mtls"), "reader")
     env |= {"TAILGUARD_REDIS_SSL_CERTFILE": str(secure_stack.dir / "client.pem"),

@@ -20,12 +20,12 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from app.core.events import Heartbeat, SampleBatch, decode
-from app.emitter.emitter import LatencyEmitter
-from app.sim import cli
-from app.sim import scenario as sc
-from app.sim.fleet import PROBE_HEADER, Fleet
-from app.sim.load import LoadSpec, run
+from tailguard.core.contract.events import Heartbeat, SampleBatch, decode
+from tailguard.emitter.emitter import LatencyEmitter
+from tailguard.sim import cli
+from tailguard.sim import scenario as sc
+from tailguard.sim.fleet import PROBE_HEADER, Fleet
+from tailguard.sim.load import LoadSpec, run
 
 pytestmark = pytest.mark.integration
 
@@ -133,7 +133,8 @@ async def test_fleet_cli_serves_and_writes_backends(kafka_bootstrap: str, unique
         break
     assert port, "no two free consecutive ports on 127.0.0.1"
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "app.cli", "simulate", "fleet", str(scen), "--base-port", str(port), "--duration-s", "20",
+        sys.executable, "-m", "tailguard.cli", "simulate", "fleet", str(scen), "--base-port", str(port),
+        "--duration-s", "20",
         "--bootstrap", kafka_bootstrap, "--topic", unique_name("sim-cli"), "--backends-file", str(backends),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     try:

@@ -25,7 +25,7 @@ import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from app.settings import env_names
+from tailguard.settings import env_names
 
 pytestmark = pytest.mark.integration
 
@@ -150,7 +150,7 @@ async def test_worker_starts_and_joins_its_consumer_group(
     admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
     await admin.start()
     with log_path.open("wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "app.cli", "worker"], env=env, stdout=log,
+        proc = subprocess.Popen([sys.executable, "-m", "tailguard.cli", "worker"], env=env, stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
         members: dict[str, list[dict[str, object]]] = {}

@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from app.core.types import HealthState, ModelTick, NodeStatus
-from app.routing import status
-from app.routing.client import connect
-from app.routing.keys import Keys
-from app.routing.writer import RoutingWriter
-from app.streaming.page import page_data
+from tailguard.core.contract.types import HealthState, ModelTick, NodeStatus
+from tailguard.routing import status
+from tailguard.routing.client import connect
+from tailguard.routing.keys import Keys
+from tailguard.routing.writer import RoutingWriter
+from tailguard.streaming.page import page_data
 
 pytestmark = pytest.mark.integration
 

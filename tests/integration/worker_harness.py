@@ -53,8 +53,8 @@ class WorkerEnv:
 
     async def create_topics(self) -> None:
         """Create the test's topics up front (the feeder may start before the worker)."""
-        from app.settings import load
-        from app.streaming.topics import ensure_topics
+        from tailguard.settings import load
+        from tailguard.streaming.topics import ensure_topics
 
         env = {k: v for k, v in self.environ().items() if k.startswith("TAILGUARD_")}
         await ensure_topics(load(env))
@@ -87,12 +87,12 @@ class WorkerEnv:
 
 
 class Worker:
-    """One `python -m app.cli worker` subprocess with its log file."""
+    """One `python -m tailguard.cli worker` subprocess with its log file."""
 
     def __init__(self, env: dict[str, str], log_path: Path) -> None:
         self.log_path = log_path
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen([sys.executable, "-m", "app.cli", "worker"], cwd=ROOT,
+        self.proc = subprocess.Popen([sys.executable, "-m", "tailguard.cli", "worker"], cwd=ROOT,
                                      env=env, stdout=self._log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL)
 
@@ -258,7 +258,7 @@ async def health_events(kafka: str, env: WorkerEnv) -> list[dict[str, Any]]:
 
 def tailguard_cli(env: WorkerEnv, *args: str, timeout_s: float = 30.0) -> subprocess.CompletedProcess[str]:
     """Run ``tailguard ARGS…`` with the test's settings (its Redis key prefix)."""
-    return subprocess.run([sys.executable, "-m", "app.cli", *args], cwd=ROOT, env=env.environ(),
+    return subprocess.run([sys.executable, "-m", "tailguard.cli", *args], cwd=ROOT, env=env.environ(),
                           capture_output=True, text=True, timeout=timeout_s, check=False)
 
 

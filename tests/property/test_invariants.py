@@ -18,10 +18,10 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.core.config import DetectorSettings
-from app.core.evaluate import FleetEvaluator
-from app.core.replay import replay
-from app.core.types import WindowSummary
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.contract.types import WindowSummary
+from tailguard.core.judge.evaluate import FleetEvaluator
+from tailguard.core.replay.replay import replay
 
 T0 = 1_000_000.0
 

@@ -1,10 +1,10 @@
 """Stage 2's fast paths decide exactly as the rules they stand in for.
 
-* :func:`app.core.peers.norms_of` gives the numbers of ``window_norms``, ``fresh_norms``
+* :func:`tailguard.core.judge.peers.norms_of` gives the numbers of ``window_norms``, ``fresh_norms``
   and the slow baseline's medians (``update_baseline``), bit for bit;
-* :func:`app.core.rules.quiet_below` clears a class only when ``judge`` finds every one of
+* :func:`tailguard.core.judge.rules.quiet_below` clears a class only when ``judge`` finds every one of
   its peers normal with no onset severity, and clears one pair only when ``judge`` does;
-* :func:`app.core.rules.record_rates` records the rates ``new_fraction`` records.
+* :func:`tailguard.core.judge.rules.record_rates` records the rates ``new_fraction`` records.
 """
 
 from __future__ import annotations
@@ -15,12 +15,13 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.core import health
-from app.core.baseline import fold_baseline, update_baseline
-from app.core.config import DetectorSettings
-from app.core.health import PairState
-from app.core.model_state import ModelState
-from app.core.peers import (
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.contract.types import HealthState, WindowSummary
+from tailguard.core.judge import health
+from tailguard.core.judge.baseline import fold_baseline, update_baseline
+from tailguard.core.judge.health import PairState
+from tailguard.core.judge.model_state import ModelState
+from tailguard.core.judge.peers import (
     Peer,
     fresh_norms,
     gather_peers,
@@ -28,8 +29,7 @@ from app.core.peers import (
     norms_of,
     window_norms,
 )
-from app.core.rules import judge, new_fraction, quiet_below, record_rates
-from app.core.types import HealthState, WindowSummary
+from tailguard.core.judge.rules import judge, new_fraction, quiet_below, record_rates
 
 NOW = 1_000_000.0
 

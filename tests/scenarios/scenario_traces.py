@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from app.core.config import DetectorSettings
-from app.core.detector import Detector
-from app.core.replay import ReplayStats, replay
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.replay.detector import Detector
+from tailguard.core.replay.replay import ReplayStats, replay
 
 T0 = 1_764_680_000.0          # a tick boundary (multiple of 30 s)
 Z99 = 2.3263478740408408      # standard normal 99th percentile

@@ -2,8 +2,8 @@
 
 The traces come from ``scenarios/llm_*.toml`` (request sizes drawn from the
 shipped Azure conversation / code traces, latency = TTFT + TPOT × decode
-steps, see ``app.sim.latency``) and run through
-:func:`app.core.replay.replay` with default detector settings:
+steps, see ``tailguard.sim.latency``) and run through
+:func:`tailguard.core.replay.replay.replay` with default detector settings:
 
 - a healthy fleet (conversation, code), with token fields and TTFT, with
   token fields only, and with neither: no node leaves routing;
@@ -24,12 +24,12 @@ from pathlib import Path
 
 import pytest
 
-from app.core.config import DetectorSettings
-from app.core.detector import Detector
-from app.core.replay import replay
-from app.core.types import TickResult
-from app.sim import outcome, tracegen
-from app.sim import scenario as sc
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.contract.types import TickResult
+from tailguard.core.replay.detector import Detector
+from tailguard.core.replay.replay import replay
+from tailguard.sim import outcome, tracegen
+from tailguard.sim import scenario as sc
 
 ROOT = Path(__file__).resolve().parents[2]
 SEEDS = (1, 2, 3)

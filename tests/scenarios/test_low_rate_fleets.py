@@ -6,7 +6,7 @@ window spans 200 s, so consecutive 30-s windows share ~85 % of their samples and
 one noisy tail would last three "consecutive" windows; right after warm-up a
 window holds ~200 samples and its P99 rests on ~2 requests; and among 40 nodes
 some healthy one sits far above the median ratio. The rules in
-:mod:`app.core.evaluate` that keep them in: tail rules need a P99 resting on 5
+:mod:`tailguard.core.judge.evaluate` that keep them in: tail rules need a P99 resting on 5
 samples, a tail verdict counts towards confirmation only when half its window is
 new, and the tail limit follows the peers' own spread. A node 2.5x slower per
 token in such a fleet is still caught (by its P50).
@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from app.core.config import DetectorSettings
-from app.core.replay import replay
-from app.sim import outcome, tracegen
-from app.sim import scenario as sc
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.replay.replay import replay
+from tailguard.sim import outcome, tracegen
+from tailguard.sim import scenario as sc
 
 ROOT = Path(__file__).resolve().parents[2]
 

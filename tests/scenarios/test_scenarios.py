@@ -12,8 +12,8 @@ import itertools
 import pytest
 from scenario_traces import T0, Mod, Node, Outcome, Scenario, run
 
-from app.core.config import DetectorSettings
-from app.core.types import HealthState
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.contract.types import HealthState
 
 ONSET = 400.0
 DETECT_WITHIN_S = 120.0
@@ -216,7 +216,7 @@ def test_same_trace_same_output_and_bad_lines_counted() -> None:
     lines = sc.lines()
     lines[100:100] = [b"not json", b'{"node_id": "x", "model": "m", "latency_us": -1, "ts": 1}', b""]
     out: list[str] = []
-    from app.core.replay import replay
+    from tailguard.core.replay.replay import replay
 
     _, stats = replay(lines, sc.detector_settings(), out.append)
     assert stats.bad == {"bad_json": 1, "bad_latency": 1}

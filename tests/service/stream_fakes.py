@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from app.core.types import ModelTick, WindowSummary
-from app.routing.apply_script import NO_EXTRAS, Extras
+from tailguard.core.contract.types import ModelTick, WindowSummary
+from tailguard.routing.apply_script import NO_EXTRAS, Extras
 
 
 @dataclass(frozen=True)

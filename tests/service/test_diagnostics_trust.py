@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from stream_fakes import summary
 
-from app.core.config import DetectorSettings
-from app.core.evaluate import FleetEvaluator
-from app.core.types import DiagnosticsRequest, HealthState
-from app.streaming.stage2 import ModelOutput, Stage2
-from app.streaming.wire import DiagnosticsResult
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.contract.types import DiagnosticsRequest, HealthState
+from tailguard.core.judge.evaluate import FleetEvaluator
+from tailguard.streaming.stage2 import ModelOutput, Stage2
+from tailguard.streaming.wire import DiagnosticsResult
 
 SETTINGS = DetectorSettings(min_samples=10, window_size=100, warmup_s=0.0, confirm_windows=2,
                             backoff_initial_s=4.0, backoff_max_s=4.0, probe_min_samples=10)
@@ -107,7 +107,7 @@ def test_a_result_that_answers_no_current_request_does_nothing(
         result: Any, reason: str, caplog: pytest.LogCaptureFixture) -> None:
     s2, clock, dropped = fresh()
     req = eject(s2, clock)
-    with caplog.at_level(logging.WARNING, logger="app.streaming.stage2"):
+    with caplog.at_level(logging.WARNING, logger="tailguard.streaming.stage2"):
         for _ in range(3):
             s2.on_diagnostics(result(req))
             assert tick(s2, clock, slow=True).diagnostics_transitions == ()

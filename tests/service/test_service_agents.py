@@ -7,9 +7,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from stream_fakes import FakeRouting, summary
 
-from app.settings import Settings
-from app.streaming.service import create_app, runtime_of
-from app.streaming.wire import DiagnosticsResult, encode_diagnostics, encode_summary
+from tailguard.settings import Settings
+from tailguard.streaming.service import create_app, runtime_of
+from tailguard.streaming.wire import DiagnosticsResult, encode_diagnostics, encode_summary
 
 
 def make_app() -> Any:

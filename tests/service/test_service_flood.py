@@ -12,16 +12,16 @@ from aiokafka import TopicPartition
 from prometheus_client import CollectorRegistry
 from stream_fakes import Rec, batch, single, summary
 
-from app.core.config import DetectorSettings
-from app.core.evaluate import FleetEvaluator
-from app.core.types import WindowSummary
-from app.core.window import WindowStore
-from app.settings import Settings
-from app.streaming import ingest
-from app.streaming.ingest import IngestService
-from app.streaming.metrics import WorkerMetrics
-from app.streaming.stage1 import Stage1
-from app.streaming.stage2 import Stage2
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.contract.types import WindowSummary
+from tailguard.core.judge.evaluate import FleetEvaluator
+from tailguard.core.window.window import WindowStore
+from tailguard.settings import Settings
+from tailguard.streaming import ingest
+from tailguard.streaming.ingest import IngestService
+from tailguard.streaming.metrics import WorkerMetrics
+from tailguard.streaming.stage1 import Stage1
+from tailguard.streaming.stage2 import Stage2
 
 NOW = 3_000_000.0
 DET = DetectorSettings(min_samples=10, window_size=100, warmup_s=0.0, tick_interval_s=2.0,
@@ -52,7 +52,7 @@ def test_new_pairs_over_the_limit_are_dropped_counted_and_logged_once_per_tick(
     s1, m = make()
     s1.ingest(0, real(), NOW)
     s1.summaries(NOW)                                   # a tick: the real series are known
-    caplog.set_level(logging.WARNING, logger="app.streaming.stage1")
+    caplog.set_level(logging.WARNING, logger="tailguard.streaming.stage1")
     for k in range(4):                                  # 4 polls of one tick
         assert s1.ingest(0, flood(k * 1000, 1000) + real(), NOW) == []   # never dead-lettered
     assert s1.store.series_count() == 6 + 50

@@ -11,14 +11,14 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from stream_fakes import Rec, single
 
-from app.core.config import DetectorSettings
-from app.core.window import WindowStore
-from app.settings import Settings
-from app.streaming import ingest
-from app.streaming.deadletter import MAX_OUT_BYTES, DeadLetter
-from app.streaming.ingest import IngestService, _Listener, missing_codecs
-from app.streaming.metrics import WorkerMetrics
-from app.streaming.stage1 import Stage1
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.window.window import WindowStore
+from tailguard.settings import Settings
+from tailguard.streaming import ingest
+from tailguard.streaming.deadletter import MAX_OUT_BYTES, DeadLetter
+from tailguard.streaming.ingest import IngestService, _Listener, missing_codecs
+from tailguard.streaming.metrics import WorkerMetrics
+from tailguard.streaming.stage1 import Stage1
 
 NOW = 2_000_000.0
 DET = DetectorSettings(min_samples=10, window_size=100, warmup_s=0.0)
@@ -41,7 +41,7 @@ def test_odd_values_are_dead_lettered_good_ones_kept(value: bytes | None, reason
 
 
 def test_an_unexpected_parser_error_is_dead_lettered(monkeypatch: pytest.MonkeyPatch) -> None:
-    import app.streaming.stage1 as stage1_mod
+    import tailguard.streaming.stage1 as stage1_mod
 
     class Boom:
         def __init__(self, **_: Any) -> None:

@@ -11,14 +11,14 @@ from prometheus_client import CollectorRegistry
 from stream_fakes import Rec, batch, single
 from test_service_ingest import FakeConsumer, FakeSink
 
-from app.core import binary
-from app.core.config import DetectorSettings
-from app.core.ids import Allowlist
-from app.core.window import WindowStore
-from app.settings import Settings
-from app.streaming.ingest import IngestService
-from app.streaming.metrics import WorkerMetrics
-from app.streaming.stage1 import Stage1
+from tailguard.core.contract import binary
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.contract.ids import Allowlist
+from tailguard.core.window.window import WindowStore
+from tailguard.settings import Settings
+from tailguard.streaming.ingest import IngestService
+from tailguard.streaming.metrics import WorkerMetrics
+from tailguard.streaming.stage1 import Stage1
 
 NOW = 2_000_000.0
 DET = DetectorSettings(min_samples=10, window_size=100, warmup_s=0.0)
@@ -57,7 +57,7 @@ async def test_the_allowlist_is_loaded_before_consuming_refreshed_and_kept_on_fa
         monkeypatch: Any) -> None:
     async def no_sleep(s: float) -> None:
         return None
-    monkeypatch.setattr("app.streaming.ingest.asyncio.sleep", no_sleep)
+    monkeypatch.setattr("tailguard.streaming.ingest.asyncio.sleep", no_sleep)
     lists: list[Allowlist | Exception] = [ConnectionError("redis down"),
                                           Allowlist(frozenset({"gpu-1"})),
                                           ConnectionError("redis down again"),
@@ -97,8 +97,8 @@ async def test_the_allowlist_is_loaded_before_consuming_refreshed_and_kept_on_fa
 
 
 def test_allowlist_settings_are_validated_naming_the_variable(tmp_path: Any) -> None:
-    from app import settings as app_settings
-    from app.core.config import SettingError
+    from tailguard import settings as app_settings
+    from tailguard.core.contract.config import SettingError
 
     with pytest.raises(SettingError) as e:
         app_settings.load({"TAILGUARD_ALLOWLIST_PATTERN": "gpu-("})
@@ -111,8 +111,8 @@ def test_allowlist_settings_are_validated_naming_the_variable(tmp_path: Any) -> 
 
 
 async def test_an_unreadable_allowlist_file_is_an_error_naming_the_setting(tmp_path: Any) -> None:
-    from app.streaming import allowlist
-    from app.streaming.errors import AllowlistError
+    from tailguard.streaming import allowlist
+    from tailguard.streaming.errors import AllowlistError
 
     path = tmp_path / "nodes.txt"
     s = Settings(allowlist_file=str(path), allowlist_pattern=r"spare-\d+")

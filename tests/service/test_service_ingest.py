@@ -12,17 +12,17 @@ from aiokafka import TopicPartition
 from prometheus_client import CollectorRegistry
 from stream_fakes import Rec, batch, llm_batch, single
 
-from app.core.config import DetectorSettings
-from app.core.quantiles import digest_quantiles, merge_digests
-from app.core.types import WindowSummary
-from app.core.window import WindowStore
-from app.settings import Settings
-from app.streaming.deadletter import DeadLetter
-from app.streaming.ingest import IngestService, _Listener
-from app.streaming.metrics import WorkerMetrics
-from app.streaming.stage1 import Stage1
-from app.streaming.stage2 import StageHints
-from app.streaming.wire import ClusterDigest, DiagnosticsResult
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.contract.types import WindowSummary
+from tailguard.core.window.quantiles import digest_quantiles, merge_digests
+from tailguard.core.window.window import WindowStore
+from tailguard.settings import Settings
+from tailguard.streaming.deadletter import DeadLetter
+from tailguard.streaming.ingest import IngestService, _Listener
+from tailguard.streaming.metrics import WorkerMetrics
+from tailguard.streaming.stage1 import Stage1
+from tailguard.streaming.stage2 import StageHints
+from tailguard.streaming.wire import ClusterDigest, DiagnosticsResult
 
 NOW = 2_000_000.0
 DET = DetectorSettings(min_samples=10, window_size=100, warmup_s=0.0)
@@ -93,7 +93,7 @@ async def test_poll_windows_good_records_and_dead_letters_bad_ones(monkeypatch: 
 
     async def no_sleep(s: float) -> None:
         sleeps.append(s)
-    monkeypatch.setattr("app.streaming.ingest.asyncio.sleep", no_sleep)
+    monkeypatch.setattr("tailguard.streaming.ingest.asyncio.sleep", no_sleep)
     tp0, tp1 = TopicPartition(TOPIC, 0), TopicPartition(TOPIC, 1)
     poll = {tp0: [Rec(single("a", "m", 5.0, NOW - 1), offset=7), Rec(b"bad", offset=8)],
             tp1: [Rec(batch("b", "m", [9.0] * 12, NOW - 1), offset=3, partition=1)]}
@@ -112,7 +112,7 @@ async def test_diagnostics_results_are_forwarded_and_bad_ones_dead_lettered(
         monkeypatch: Any) -> None:
     async def no_sleep(s: float) -> None:
         pass
-    monkeypatch.setattr("app.streaming.ingest.asyncio.sleep", no_sleep)
+    monkeypatch.setattr("tailguard.streaming.ingest.asyncio.sleep", no_sleep)
     diag = Settings().topics.diagnostics_results
     tp = TopicPartition(diag, 0)
     poll = {tp: [Rec(b'{"node_id": "n", "model": "m", "recoverable": false}', offset=4,

@@ -9,11 +9,11 @@ import numpy as np
 from prometheus_client import CollectorRegistry
 from stream_fakes import Rec, batch, llm_batch, single
 
-from app.core import binary
-from app.core.config import DetectorSettings
-from app.core.window import WindowStore
-from app.streaming.metrics import WorkerMetrics
-from app.streaming.stage1 import Stage1
+from tailguard.core.contract import binary
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.window.window import WindowStore
+from tailguard.streaming.metrics import WorkerMetrics
+from tailguard.streaming.stage1 import Stage1
 
 NOW = 1_000_000.0
 SETTINGS = DetectorSettings(min_samples=10, window_size=100, warmup_s=0.0)
@@ -104,7 +104,7 @@ def test_samples_too_old_to_judge_are_counted_and_reported(caplog: Any) -> None:
     recs = [Rec(batch("a", "m", [1000.0] * 30, old_ts), offset=0),
             Rec(single("b", "m", 1000.0, NOW - 1), offset=1),
             Rec(single("b", "m", 1000.0, old_ts), offset=2)]
-    with caplog.at_level(logging.WARNING, logger="app.streaming.stage1"):
+    with caplog.at_level(logging.WARNING, logger="tailguard.streaming.stage1"):
         assert s1.ingest(0, recs, NOW) == []
         s1.ingest(0, [Rec(single("b", "m", 1000.0, old_ts), offset=3)], NOW + 1)
     assert value(m, "tailguard_late_samples_total") == 32
@@ -115,7 +115,7 @@ def test_samples_too_old_to_judge_are_counted_and_reported(caplog: Any) -> None:
     sums = {s.node_id: s for s in s1.summaries(NOW)}
     assert sums["a"].samples == 0 and sums["b"].samples == 1    # never judged
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="app.streaming.stage1"):
+    with caplog.at_level(logging.WARNING, logger="tailguard.streaming.stage1"):
         s1.ingest(0, [Rec(single("b", "m", 1000.0, NOW + 60), offset=4)], NOW + 61)
     (msg,) = [r.getMessage() for r in caplog.records]        # a minute on: the one held back
     assert "1 of 2 samples" in msg

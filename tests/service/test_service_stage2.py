@@ -10,11 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from stream_fakes import summary
 
-from app.core.config import DetectorSettings
-from app.core.evaluate import FleetEvaluator
-from app.core.quantiles import digest_dict_of_sorted
-from app.core.types import HealthState, WindowSummary
-from app.streaming.stage2 import (
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.contract.types import HealthState, WindowSummary
+from tailguard.core.judge.evaluate import FleetEvaluator
+from tailguard.core.window.quantiles import digest_dict_of_sorted
+from tailguard.streaming.stage2 import (
     Stage2,
     decode_hints,
     encode_hints,
@@ -22,7 +22,7 @@ from app.streaming.stage2 import (
     state_key,
     unpack_value,
 )
-from app.streaming.wire import ClusterDigest, DiagnosticsResult
+from tailguard.streaming.wire import ClusterDigest, DiagnosticsResult
 
 SETTINGS = DetectorSettings(min_samples=10, window_size=100, warmup_s=0.0, confirm_windows=2,
                             backoff_initial_s=600.0, backoff_max_s=600.0)

@@ -15,14 +15,14 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from stream_fakes import Rec, summary
 
-from app.core.errors import BadEvent
-from app.core.quantiles import digest_dict_of_sorted
-from app.core.types import HealthState
-from app.streaming.deadletter import DeadLetter
-from app.streaming.ingest import next_boundary
-from app.streaming.metrics import WorkerMetrics
-from app.streaming.service import partition_for, stage2_offset_s
-from app.streaming.wire import (
+from tailguard.core.contract.errors import BadEvent
+from tailguard.core.contract.types import HealthState
+from tailguard.core.window.quantiles import digest_dict_of_sorted
+from tailguard.streaming.deadletter import DeadLetter
+from tailguard.streaming.ingest import next_boundary
+from tailguard.streaming.metrics import WorkerMetrics
+from tailguard.streaming.service import partition_for, stage2_offset_s
+from tailguard.streaming.wire import (
     ClusterDigest,
     DiagnosticsResult,
     decode_stage2,
@@ -104,7 +104,7 @@ def test_dead_letter_headers_keep_original_and_add_coordinates() -> None:
 def test_dead_letters_are_logged_at_powers_of_two_of_their_reason(
         caplog: pytest.LogCaptureFixture) -> None:
     d = DeadLetter.of(Rec(b"junk", offset=7), "bad_json", "not valid JSON")
-    with caplog.at_level("WARNING", logger="app.streaming.deadletter"):
+    with caplog.at_level("WARNING", logger="tailguard.streaming.deadletter"):
         for nth in range(1, 301):
             d.log(nth)
     logged = [r.getMessage() for r in caplog.records]

@@ -15,15 +15,15 @@ import pytest
 from prometheus_client import CollectorRegistry
 from stream_fakes import Rec, single
 
-from app.core.config import DetectorSettings
-from app.core.detector import Detector
-from app.core.evaluate import FleetEvaluator
-from app.core.events import SampleBatch, decode
-from app.core.types import WindowSummary
-from app.core.window import WindowStore
-from app.streaming.metrics import WorkerMetrics
-from app.streaming.stage1 import Stage1
-from app.streaming.wire import decode_stage2, encode_summary
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.contract.events import SampleBatch, decode
+from tailguard.core.contract.types import WindowSummary
+from tailguard.core.judge.evaluate import FleetEvaluator
+from tailguard.core.replay.detector import Detector
+from tailguard.core.window.window import WindowStore
+from tailguard.streaming.metrics import WorkerMetrics
+from tailguard.streaming.stage1 import Stage1
+from tailguard.streaming.wire import decode_stage2, encode_summary
 
 SETTINGS = DetectorSettings()
 

@@ -1,17 +1,17 @@
-"""The fleet guards and liveness count admitted pairs only (app.core.guards, app.core.liveness,
-app.core.admission): a crowd of new ids moves neither the ejection cap nor telemetry loss."""
+"""The fleet guards and liveness count admitted pairs only (tailguard.core.judge.guards, tailguard.core.judge.liveness,
+tailguard.core.judge.admission): a crowd of new ids moves neither the ejection cap nor telemetry loss."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from app.core import health
-from app.core.config import DetectorSettings
-from app.core.evaluate import FleetEvaluator
-from app.core.guards import eject_within_cap
-from app.core.health import PairState
-from app.core.types import DiagnosticsRequest, Transition, WindowSummary
-from app.core.types import HealthState as H
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.contract.types import DiagnosticsRequest, Transition, WindowSummary
+from tailguard.core.contract.types import HealthState as H
+from tailguard.core.judge import health
+from tailguard.core.judge.evaluate import FleetEvaluator
+from tailguard.core.judge.guards import eject_within_cap
+from tailguard.core.judge.health import PairState
 
 S = DetectorSettings(max_sample_age_s=30.0, max_ejected_fraction=0.5)
 T0 = 1000.0

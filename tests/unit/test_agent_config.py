@@ -1,4 +1,4 @@
-"""The agent's configuration and its import isolation (app.agent needs no worker dependency)."""
+"""The agent's configuration and its import isolation (tailguard.agent needs no worker dependency)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from app.agent.config import AgentConfigError, NodeSpec, default_group, load_config
+from tailguard.agent.config import AgentConfigError, NodeSpec, default_group, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("faust", "mode", "redis", "numpy", "fastdigest", "aiohttp", "prometheus_client")
@@ -22,19 +22,21 @@ def _modules(code: str) -> list[str]:
 
 
 def test_agent_package_imports_nothing_of_the_worker() -> None:
-    mods = _modules("import app.agent.cli, app.agent.runner, app.agent.checks, app.agent.gemm")
+    mods = _modules("import tailguard.agent.cli, tailguard.agent.runner, tailguard.agent.checks, tailguard.agent.gemm")
     bad = [m for m in mods if m.split(".")[0] in HEAVY
-           or m.startswith(("app.core", "app.streaming", "app.settings", "app.routing"))]
+           or m.startswith(("tailguard.core", "tailguard.streaming", "tailguard.settings", "tailguard.routing"))]
     assert bad == [], bad
-    assert "app.agent.verdict" in mods  # the import ran at all
+    assert "tailguard.agent.verdict" in mods  # the import ran at all
     assert "aiokafka" not in mods       # imported only when the Kafka loop starts (--once needs none)
 
 
 def test_tailguard_diagnose_entry_point_stays_light() -> None:
-    # `tailguard diagnose` goes through app.cli, which imports only the stdlib-only app.core.config.
-    mods = _modules("import app.cli, importlib; importlib.import_module(app.cli.COMMANDS['diagnose'][0])")
+    # `tailguard diagnose` goes through tailguard.cli, which imports only the stdlib-only
+    # tailguard.core.contract.config.
+    mods = _modules("import tailguard.cli, importlib; importlib.import_module(tailguard.cli.COMMANDS['diagnose'][0])")
     assert [m for m in mods if m.split(".")[0] in HEAVY] == []
-    assert [m for m in mods if m.startswith("app.core.")] == ["app.core.config"]
+    assert [m for m in mods if m.startswith("tailguard.core.")] == ["tailguard.core.contract",
+                                                                    "tailguard.core.contract.config"]
 
 
 def test_file_flags_and_environment(tmp_path: Path) -> None:

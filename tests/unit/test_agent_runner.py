@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from app.agent.checks import SuiteReport
-from app.agent.config import AgentConfig, NodeSpec
-from app.agent.findings import CheckOutcome, Finding
-from app.agent.runner import Agent, BadRequest, Request, parse_request
-from app.streaming.wire import parse_diagnostics_result
+from tailguard.agent.checks import SuiteReport
+from tailguard.agent.config import AgentConfig, NodeSpec
+from tailguard.agent.findings import CheckOutcome, Finding
+from tailguard.agent.runner import Agent, BadRequest, Request, parse_request
+from tailguard.streaming.wire import parse_diagnostics_result
 
 NOW = 1_800_000_000.0
 

@@ -1,12 +1,12 @@
-"""The agent's verdict table and parsers: pure, no subprocess (app.agent.verdict, app.agent.parse)."""
+"""The agent's verdict table and parsers: pure, no subprocess (tailguard.agent.verdict, tailguard.agent.parse)."""
 
 from __future__ import annotations
 
 import pytest
 
-from app.agent import parse
-from app.agent.findings import CheckOutcome, Finding
-from app.agent.verdict import KIND_CLASS, decide
+from tailguard.agent import parse
+from tailguard.agent.findings import CheckOutcome, Finding
+from tailguard.agent.verdict import KIND_CLASS, decide
 
 
 def _o(*kinds: str, status: str = "ok", name: str = "c") -> CheckOutcome:

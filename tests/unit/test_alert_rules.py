@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 from prometheus_client import CollectorRegistry
 
-from app.streaming.metrics import WorkerMetrics
+from tailguard.streaming.metrics import WorkerMetrics
 
 ALERTS = Path(__file__).resolve().parents[2] / "deploy" / "prometheus" / "alerts.yml"
 SUFFIXES = {"counter": ("_total",), "gauge": ("",), "histogram": ("_count", "_sum", "_bucket")}

@@ -1,4 +1,4 @@
-"""The binary batch form (app.core.binary, docs/contracts-binary.md) and the typed JSON path.
+"""The binary batch form (tailguard.core.contract.binary, docs/contracts-binary.md) and the typed JSON path.
 
 Both fast paths must give what the general JSON path gives: the same values,
 drops and errors. The emitter's stdlib writer and the core's numpy writer must
@@ -15,11 +15,11 @@ import numpy as np
 import orjson
 import pytest
 
-from app.core import binary, events, ids
-from app.core.accumulate import Accumulator
-from app.core.errors import BadEvent
-from app.core.events import SampleBatch, decode
-from app.emitter.wire import Sample, encode_batches, encode_binary
+from tailguard.core.contract import binary, events, ids
+from tailguard.core.contract.errors import BadEvent
+from tailguard.core.contract.events import SampleBatch, decode
+from tailguard.core.window.accumulate import Accumulator
+from tailguard.emitter.wire import Sample, encode_batches, encode_binary
 
 T = 1_764_680_000.0
 SERIES = ("gpu-node-07", "llama-3-70b", "A100")
@@ -304,8 +304,8 @@ def test_consecutive_batches_of_a_series_come_out_as_one_with_their_message_size
 
 
 def test_a_joined_batch_leaves_the_window_store_as_its_messages_one_by_one() -> None:
-    from app.core.config import DetectorSettings
-    from app.core.window import WindowStore
+    from tailguard.core.contract.config import DetectorSettings
+    from tailguard.core.window.window import WindowStore
 
     settings = DetectorSettings(restart_gap_s=5.0, window_size=100, min_samples=1)
     rng = np.random.default_rng(3)

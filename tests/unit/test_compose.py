@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 import yaml
 
-from app import cli
-from app.settings import env_names, load, secret_file_names
-from app.sim import scenario
+from tailguard import cli
+from tailguard.settings import env_names, load, secret_file_names
+from tailguard.sim import scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,8 +1,8 @@
-"""``app.core`` stays pure: no Kafka, Redis or faust, no clock, no environment.
+"""``tailguard.core`` stays pure: no Kafka, Redis or faust, no clock, no environment.
 
 ruff's TID251 bans the imports by name; this test catches what a linter
 cannot: a core module that imports some non-core module which pulls faust,
-aiokafka or redis in. It imports every ``app.core`` module in a fresh
+aiokafka or redis in. It imports every ``tailguard.core`` module in a fresh
 interpreter and reports which module dragged in what. It also reads the
 sources (as syntax trees, so docstrings may mention them) for wall-clock and
 environment reads: time is a parameter in the core (STYLE.md).
@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-import app.core
+import tailguard.core
 
-CORE_DIR = Path(app.core.__file__).parent
+CORE_DIR = Path(tailguard.core.__file__).parent
 BANNED_MODULES = ("faust", "mode", "aiokafka", "kafka", "redis")
 # (module, attribute) reads that bring the wall clock or the environment into the core.
 BANNED_ATTRS = {
@@ -34,8 +34,8 @@ BANNED_ATTRS = {
 
 
 def core_modules() -> list[str]:
-    names = ["app.core"]
-    names += [m.name for m in pkgutil.walk_packages([str(CORE_DIR)], prefix="app.core.")]
+    names = ["tailguard.core"]
+    names += [m.name for m in pkgutil.walk_packages([str(CORE_DIR)], prefix="tailguard.core.")]
     return sorted(names)
 
 
@@ -58,18 +58,18 @@ def banned_imports_by_module(modules: list[str]) -> dict[str, list[str]]:
         [sys.executable, "-c", probe, ",".join(BANNED_MODULES), *modules],
         capture_output=True, text=True, timeout=120, check=False,
     )
-    assert proc.returncode == 0, f"importing app.core failed:\n{proc.stderr}"
+    assert proc.returncode == 0, f"importing tailguard.core failed:\n{proc.stderr}"
     result: dict[str, list[str]] = json.loads(proc.stdout.strip().splitlines()[-1])
     return result
 
 
 def test_there_are_core_modules_to_check() -> None:
-    assert {"app.core", "app.core.config", "app.core.types"} <= set(core_modules())
+    assert {"tailguard.core", "tailguard.core.contract.config", "tailguard.core.contract.types"} <= set(core_modules())
 
 
 def test_importing_the_core_pulls_in_no_kafka_redis_or_faust() -> None:
     offenders = {m: b for m, b in banned_imports_by_module(core_modules()).items() if b}
-    assert offenders == {}, f"app.core modules import I/O libraries: {offenders}"
+    assert offenders == {}, f"tailguard.core modules import I/O libraries: {offenders}"
 
 
 def test_the_import_probe_can_see_a_banned_import() -> None:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from app import demo
-from app.sim.scenario import loads as load_scenario
+from tailguard import demo
+from tailguard.sim.scenario import loads as load_scenario
 
 PLAN = demo.Plan(onset_s=60.0, degraded_s=30.0, backoff_initial_s=20.0, interval_s=2.5)
 
@@ -240,7 +240,7 @@ def test_a_saved_run_keeps_the_weights(tmp_path: Path) -> None:
 
 
 def test_node_view_reads_the_weight_of_the_status_json() -> None:
-    from app.demo.story import node_view
+    from tailguard.demo.story import node_view
 
     assert node_view({"state": "healthy", "routed": True, "weight": 0.45}, 0.0).weight == 0.45
     assert node_view({"state": "healthy", "routed": True}, 0.0).weight is None

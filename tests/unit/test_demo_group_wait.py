@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from aiokafka.errors import GroupLoadInProgressError, UnknownError
 
-from app.demo.stack import _group_stable
+from tailguard.demo.stack import _group_stable
 
 
 class _Admin:

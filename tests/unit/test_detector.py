@@ -1,4 +1,4 @@
-"""The detector façade: WindowStore + FleetEvaluator composed (app.core.detector)."""
+"""The detector façade: WindowStore + FleetEvaluator composed (tailguard.core.replay.detector)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from app.core.config import DetectorSettings
-from app.core.detector import Detector
-from app.core.events import Heartbeat, SampleBatch
-from app.core.types import HealthState
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.contract.events import Heartbeat, SampleBatch
+from tailguard.core.contract.types import HealthState
+from tailguard.core.replay.detector import Detector
 
 S = DetectorSettings()
 T0 = 1_764_680_010.0          # a multiple of 30

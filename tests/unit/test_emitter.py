@@ -15,8 +15,8 @@ import orjson
 import pytest
 from aiokafka.errors import KafkaConnectionError, KafkaTimeoutError, TopicAuthorizationFailedError
 
-from app.core.events import Heartbeat, SampleBatch, decode
-from app.emitter import EmitterStats, LatencyEmitter
+from tailguard.core.contract.events import Heartbeat, SampleBatch, decode
+from tailguard.emitter import EmitterStats, LatencyEmitter
 
 GUARD_S = 10.0
 

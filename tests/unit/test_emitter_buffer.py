@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.emitter.buffer import SeriesBuffer
-from app.emitter.wire import Sample, SeriesKey
+from tailguard.emitter.buffer import SeriesBuffer
+from tailguard.emitter.wire import Sample, SeriesKey
 
 A: SeriesKey = ("node-a", "llama", None)
 B: SeriesKey = ("node-b", "llama", "A100")

@@ -8,8 +8,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from app.emitter import AIOHTTP_INFO_KEY, LatencyMiddleware, RequestInfo, aiohttp_middleware
-from app.emitter.middleware import Message, Scope
+from tailguard.emitter import AIOHTTP_INFO_KEY, LatencyMiddleware, RequestInfo, aiohttp_middleware
+from tailguard.emitter.middleware import Message, Scope
 
 
 class Calls:

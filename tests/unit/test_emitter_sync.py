@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from app.core.events import SampleBatch, decode
-from app.emitter import EmitterStartError, SyncEmitter
+from tailguard.core.contract.events import SampleBatch, decode
+from tailguard.emitter import EmitterStartError, SyncEmitter
 
 
 class AckingProducer:

@@ -1,4 +1,4 @@
-"""What the emitter puts on the wire decodes with app.core.events.decode, sample for sample."""
+"""What the emitter puts on the wire decodes with tailguard.core.contract.events.decode, sample for sample."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.core.events import Heartbeat, SampleBatch, decode
-from app.emitter.wire import (
+from tailguard.core.contract.events import Heartbeat, SampleBatch, decode
+from tailguard.emitter.wire import (
     Sample,
     SeriesKey,
     check_series,

@@ -1,4 +1,4 @@
-"""Table-driven tests of the per-model rules and fleet guards (app.core.evaluate)."""
+"""Table-driven tests of the per-model rules and fleet guards (tailguard.core.judge.evaluate)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from collections.abc import Callable, Mapping
 import numpy as np
 import pytest
 
-from app.core.config import DetectorSettings
-from app.core.evaluate import FleetEvaluator
-from app.core.peers import median
-from app.core.types import HealthState as H
-from app.core.types import ModelTick, Reason, WindowSummary
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.contract.types import HealthState as H
+from tailguard.core.contract.types import ModelTick, Reason, WindowSummary
+from tailguard.core.judge.evaluate import FleetEvaluator
+from tailguard.core.judge.peers import median
 
 # Windows hold the last tick interval only (age bound 30 s): consecutive windows share no
 # samples, so each abnormal one is new evidence (see test_tail_verdict_on_an_overlapping_window_*).
@@ -88,7 +88,7 @@ def test_steady_fleet_emits_nothing_after_first_tick() -> None:
 
 
 def test_two_nodes_without_own_history_get_no_relative_p50_verdict() -> None:
-    # Below min_peers the P50 reference is each node's own baseline (app.core.own_history),
+    # Below min_peers the P50 reference is each node's own baseline (tailguard.core.judge.own_history),
     # which needs own_history.MIN_TICKS normal windows first: before that, no verdict.
     ev = FleetEvaluator(S)
     run(ev, 1, fleet(2))

@@ -11,11 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.core import events
-from app.core.accumulate import Accumulator, decode_many
-from app.core.config import DetectorSettings
-from app.core.errors import BadEvent, CoreError
-from app.core.events import (
+from tailguard.core.contract import events
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.contract.errors import BadEvent, CoreError
+from tailguard.core.contract.events import (
     MAX_BATCH_SAMPLES,
     REASONS,
     Heartbeat,
@@ -23,6 +22,7 @@ from app.core.events import (
     decode,
     parse_event,
 )
+from tailguard.core.window.accumulate import Accumulator, decode_many
 
 BASE: dict[str, Any] = {"node_id": "gpu-node-07", "model": "llama-3-70b",
                         "latency_us": 183000, "ts": 1764680000.123}

@@ -7,8 +7,8 @@ import socket
 
 import pytest
 
-from app.routing import explain, operators_cli, status
-from app.routing.explain import NodeExplain, render_explain
+from tailguard.routing import explain, operators_cli, status
+from tailguard.routing.explain import NodeExplain, render_explain
 
 NOW = 1_764_680_000.0
 

@@ -1,5 +1,5 @@
 """Low-rate tails: stage 1's count of fresh samples above the model's threshold and stage 2's
-binomial verdict on it (app.core.window ``fresh_over``, app.core.rules.judge_fresh_tail)."""
+binomial verdict on it (tailguard.core.window.window ``fresh_over``, tailguard.core.judge.rules.judge_fresh_tail)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import math
 import numpy as np
 import pytest
 
-from app.core import rules
-from app.core.config import DetectorSettings
-from app.core.evaluate import FleetEvaluator
-from app.core.events import SampleBatch
-from app.core.types import WindowSummary
-from app.core.window import FRESH_TAIL_MAX_SAMPLES, WindowStore
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.contract.events import SampleBatch
+from tailguard.core.contract.types import WindowSummary
+from tailguard.core.judge import rules
+from tailguard.core.judge.evaluate import FleetEvaluator
+from tailguard.core.window.window import FRESH_TAIL_MAX_SAMPLES, WindowStore
 
 S = DetectorSettings()
 

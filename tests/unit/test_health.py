@@ -1,4 +1,4 @@
-"""Table-driven tests of the per-pair state machine (app.core.health)."""
+"""Table-driven tests of the per-pair state machine (tailguard.core.judge.health)."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import dataclasses
 
 import pytest
 
-from app.core import health
-from app.core.config import DetectorSettings
-from app.core.health import Evidence, Judgement, PairState, Verdict
-from app.core.types import HealthState as H
-from app.core.types import Reason
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.contract.types import HealthState as H
+from tailguard.core.contract.types import Reason
+from tailguard.core.judge import health
+from tailguard.core.judge.health import Evidence, Judgement, PairState, Verdict
 
 S = DetectorSettings()
 EV = Evidence(signal="latency", p50=100.0, p99=500.0, ratio=5.0, samples=500, peers_p50=100.0,

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from app.core.accumulate import decode_many
-from app.core.errors import BadEvent
-from app.core.events import REASONS, decode, parse_event
-from app.core.hist_event import HistogramBatch
+from tailguard.core.contract.errors import BadEvent
+from tailguard.core.contract.events import REASONS, decode, parse_event
+from tailguard.core.contract.hist_event import HistogramBatch
+from tailguard.core.window.accumulate import decode_many
 
 GOOD: dict[str, Any] = {
     "type": "histogram", "node_id": "vllm-3", "model": "meta-llama/Llama-3.1-8B-Instruct",

@@ -1,4 +1,4 @@
-"""The id rule and the allowlist (app.core.ids), at every decode path of app.core.events."""
+"""The id rule and the allowlist (tailguard.core.contract.ids), at every decode path of core.contract.events."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ import numpy as np
 import orjson
 import pytest
 
-from app import settings as app_settings
-from app.core import binary, events, ids
-from app.core.accumulate import Accumulator, decode_many
-from app.core.config import DetectorSettings, SettingError
-from app.core.errors import BadEvent
-from app.core.events import SampleBatch, decode
-from app.core.ids import Allowlist, IdRule
+from tailguard import settings as app_settings
+from tailguard.core.contract import binary, events, ids
+from tailguard.core.contract.config import DetectorSettings, SettingError
+from tailguard.core.contract.errors import BadEvent
+from tailguard.core.contract.events import SampleBatch, decode
+from tailguard.core.contract.ids import Allowlist, IdRule
+from tailguard.core.window.accumulate import Accumulator, decode_many
 
 T = 1_764_680_000.0
 

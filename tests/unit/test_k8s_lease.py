@@ -3,9 +3,9 @@ the duration and not before, a clean release hands over at once."""
 
 from __future__ import annotations
 
-from app.k8s.api import Client
-from app.k8s.lease import LeaderElector
-from app.k8s.testing import FakeApiServer
+from tailguard.k8s.api import Client
+from tailguard.k8s.lease import LeaderElector
+from tailguard.k8s.testing import FakeApiServer
 
 
 class Clock:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from app.k8s.plan import FALSE, TRUE, ModelPlan, NodeIdRule, PodView, plan, pod_view
-from app.k8s.testing import pod
+from tailguard.k8s.plan import FALSE, TRUE, ModelPlan, NodeIdRule, PodView, plan, pod_view
+from tailguard.k8s.testing import pod
 
 COND = "tailguard.io/routable"
 NAME = NodeIdRule.parse("name")
@@ -93,8 +93,8 @@ def test_bad_node_id_rules_are_refused(bad: str) -> None:
 
 
 def test_settings_validate_the_k8s_variables() -> None:
-    from app.core.config import SettingError
-    from app.settings import load
+    from tailguard.core.contract.config import SettingError
+    from tailguard.settings import load
 
     for var, value in (("TAILGUARD_K8S_NODE_ID", "ip:x"), ("TAILGUARD_K8S_CONDITION", "not a name"),
                        ("TAILGUARD_K8S_API_URL", "ftp://x"), ("TAILGUARD_K8S_LEASE_DURATION_S", "0.5"),

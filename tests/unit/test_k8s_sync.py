@@ -1,4 +1,4 @@
-"""``k8s-sync`` against a fake apiserver (app.k8s.testing) and a fake routing table."""
+"""``k8s-sync`` against a fake apiserver (tailguard.k8s.testing) and a fake routing table."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ from dataclasses import dataclass, field
 import pytest
 from prometheus_client import CollectorRegistry
 
-from app.k8s import Forbidden
-from app.k8s.api import Client
-from app.k8s.metrics import SyncMetrics
-from app.k8s.plan import FALSE, TRUE, NodeIdRule
-from app.k8s.sync import K8sSync, PodCache
-from app.k8s.testing import FakeApiServer, pod
-from app.routing.errors import RoutingUnavailable
+from tailguard.k8s import Forbidden
+from tailguard.k8s.api import Client
+from tailguard.k8s.metrics import SyncMetrics
+from tailguard.k8s.plan import FALSE, TRUE, NodeIdRule
+from tailguard.k8s.sync import K8sSync, PodCache
+from tailguard.k8s.testing import FakeApiServer, pod
+from tailguard.routing.errors import RoutingUnavailable
 
 COND = "tailguard.io/routable"
 

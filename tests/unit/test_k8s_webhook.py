@@ -6,10 +6,10 @@ import base64
 import json
 from typing import Any
 
-from app.k8s.api import Client, Permission
-from app.k8s.cli import missing_line, missing_permissions
-from app.k8s.testing import FakeApiServer
-from app.k8s.webhook import review
+from tailguard.k8s.api import Client, Permission
+from tailguard.k8s.cli import missing_line, missing_permissions
+from tailguard.k8s.testing import FakeApiServer
+from tailguard.k8s.webhook import review
 
 COND = "tailguard.io/routable"
 

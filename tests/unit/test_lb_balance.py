@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.lb.balance import Balancer, Pick
+from tailguard.lb.balance import Balancer, Pick
 
 URLS = {f"n{i}": f"http://127.0.0.1:{9000 + i}" for i in range(5)}
 

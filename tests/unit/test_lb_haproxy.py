@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.lb import BackendsError, RuntimeApiError
-from app.lb.haproxy import (
+from tailguard.lb import BackendsError, RuntimeApiError
+from tailguard.lb.haproxy import (
     CMAINT,
     FDRAIN,
     FMAINT,
@@ -24,7 +24,7 @@ from app.lb.haproxy import (
     plan_backend,
     validate_backend_map,
 )
-from app.lb.testing import StaticSource
+from tailguard.lb.testing import StaticSource
 
 # Captured from HAProxy 2.6 (Debian 12): node-a ready, node-b forced maint, node-c `disabled` in the config.
 REAL_STATE = """1

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.lb.haproxy import (
+from tailguard.lb.haproxy import (
     FDRAIN,
     FMAINT,
     OP_RUNNING,
@@ -18,7 +18,7 @@ from app.lb.haproxy import (
     plan_weights,
     weight_percent,
 )
-from app.lb.testing import StaticSource
+from tailguard.lb.testing import StaticSource
 from tests.unit.test_lb_haproxy import REAL_STATE
 
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from app.lb import BackendsError
-from app.lb.maps import load_pairs, parse_pairs
+from tailguard.lb import BackendsError
+from tailguard.lb.maps import load_pairs, parse_pairs
 
 
 def test_inline_pairs() -> None:

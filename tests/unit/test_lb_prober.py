@@ -11,8 +11,8 @@ from contextlib import AsyncExitStack
 import aiohttp
 import pytest
 
-from app.lb.prober import Prober, ProbeRequest, build_parser, run_prober
-from app.lb.testing import StaticSource, echo_backend
+from tailguard.lb.prober import Prober, ProbeRequest, build_parser, run_prober
+from tailguard.lb.testing import StaticSource, echo_backend
 
 MODEL = "llama-3-70b"
 NOW = 1000.0

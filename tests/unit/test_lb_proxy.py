@@ -12,11 +12,11 @@ from contextlib import AsyncExitStack
 import aiohttp
 import pytest
 
-from app.lb import BackendsError
-from app.lb.balance import Balancer
-from app.lb.proxy import FailureSink, Proxy, model_of, parse_backends, parse_listen, serve
-from app.lb.source import SafeSource
-from app.lb.testing import EchoBackend, StaticSource, echo_backend
+from tailguard.lb import BackendsError
+from tailguard.lb.balance import Balancer
+from tailguard.lb.proxy import FailureSink, Proxy, model_of, parse_backends, parse_listen, serve
+from tailguard.lb.source import SafeSource
+from tailguard.lb.testing import EchoBackend, StaticSource, echo_backend
 
 MODEL = "llama-3-70b"
 
@@ -286,7 +286,7 @@ def test_parse_backends_and_listen() -> None:
 def test_a_listen_address_in_use_exits_1_naming_it(
     flag: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from app.lb import proxy
+    from tailguard.lb import proxy
 
     monkeypatch.setenv("TAILGUARD_REDIS_URL", closed_port_url().replace("http://", "redis://"))
     with socket.socket() as busy:       # another program listening there

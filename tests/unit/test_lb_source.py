@@ -7,8 +7,8 @@ from collections.abc import Mapping
 
 import pytest
 
-from app.lb.source import SafeSource
-from app.lb.testing import StaticSource
+from tailguard.lb.source import SafeSource
+from tailguard.lb.testing import StaticSource
 
 
 class FakeClock:

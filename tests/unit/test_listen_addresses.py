@@ -12,10 +12,10 @@ import socket
 import pytest
 from prometheus_client import CollectorRegistry
 
-from app.lb.proxy import build_parser, listen_address
-from app.settings import Settings, load
-from app.streaming.metrics import WorkerMetrics
-from app.streaming.service import create_app
+from tailguard.lb.proxy import build_parser, listen_address
+from tailguard.settings import Settings, load
+from tailguard.streaming.metrics import WorkerMetrics
+from tailguard.streaming.service import create_app
 
 
 def _free_port() -> int:

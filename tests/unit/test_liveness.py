@@ -1,4 +1,4 @@
-"""Stage 2 on a changing fleet (app.core.liveness through FleetEvaluator): gone, returned,
+"""Stage 2 on a changing fleet (tailguard.core.judge.liveness through FleetEvaluator): gone, returned,
 restarted, telemetry lost, forgotten, bounded state, tiny models judged by their own history,
 and peers from workers that chose different signals."""
 
@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 
-from app.core.config import DetectorSettings
-from app.core.evaluate import FleetEvaluator
-from app.core.types import HealthState as H
-from app.core.types import ModelTick, WindowSummary
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.contract.types import HealthState as H
+from tailguard.core.contract.types import ModelTick, WindowSummary
+from tailguard.core.judge.evaluate import FleetEvaluator
 
 S = DetectorSettings(max_sample_age_s=30.0)   # consecutive windows share no sample
 T0 = 1000.0

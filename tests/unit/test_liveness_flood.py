@@ -1,12 +1,12 @@
 """A flood of one-event node ids (warming pairs that all fall silent) neither reads as a
-telemetry loss nor freezes the ejection of a slow real node (app.core.liveness)."""
+telemetry loss nor freezes the ejection of a slow real node (tailguard.core.judge.liveness)."""
 
 from __future__ import annotations
 
-from app.core.config import DetectorSettings
-from app.core.evaluate import FleetEvaluator
-from app.core.types import HealthState as H
-from app.core.types import ModelTick, WindowSummary
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.contract.types import HealthState as H
+from tailguard.core.contract.types import ModelTick, WindowSummary
+from tailguard.core.judge.evaluate import FleetEvaluator
 
 S = DetectorSettings(max_sample_age_s=30.0, warmup_s=600.0, silent_after_s=60.0,
                      forget_after_s=900.0)

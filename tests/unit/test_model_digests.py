@@ -16,18 +16,18 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from app.core.config import DetectorSettings
-from app.core.detector import Detector
-from app.core.events import Heartbeat, SampleBatch
-from app.core.quantiles import (
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.contract.events import Heartbeat, SampleBatch
+from tailguard.core.replay.detector import Detector
+from tailguard.core.window.quantiles import (
     digest_dict_of_sorted,
     digest_from_dict,
     digest_of,
     digest_quantiles,
     merge_digests,
 )
-from app.core.window import WindowStore
-from app.replay_cli import main
+from tailguard.core.window.window import WindowStore
+from tailguard.replay_cli import main
 
 S = DetectorSettings()
 T0 = 1_764_680_010.0           # a multiple of 30

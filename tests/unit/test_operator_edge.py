@@ -7,11 +7,19 @@ from dataclasses import replace
 
 import pytest
 
-from app.core.config import DetectorSettings
-from app.core.types import DiagnosticsRequest, FleetEvent, HealthState, ModelTick, NodeStatus, Transition, WindowSummary
-from app.routing.operators import OperatorState, Override, parse_override
-from app.streaming.edge import EdgeInput, EdgeOutput, OperatorEdge
-from app.streaming.tickstats import rule_stats
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.contract.types import (
+    DiagnosticsRequest,
+    FleetEvent,
+    HealthState,
+    ModelTick,
+    NodeStatus,
+    Transition,
+    WindowSummary,
+)
+from tailguard.routing.operators import OperatorState, Override, parse_override
+from tailguard.streaming.edge import EdgeInput, EdgeOutput, OperatorEdge
+from tailguard.streaming.tickstats import rule_stats
 
 H, Q, U = HealthState.HEALTHY, HealthState.QUARANTINED, HealthState.UNHEALTHY
 SETTINGS = DetectorSettings(min_samples=10, min_peers=3)
@@ -236,7 +244,7 @@ def test_rule_stats_error_share_needs_the_previous_counters() -> None:
 
 def test_rule_stats_limits_follow_the_cores_factors() -> None:
     # The P99 limit uses relative_p99_factor, the error limit error_share_peer_factor x the
-    # peers' median share when that is above max_error_share (as app.core.rules does).
+    # peers' median share when that is above max_error_share (as tailguard.core.judge.rules does).
     st = DetectorSettings(min_samples=10, min_peers=3, relative_p50_factor=2.0,
                           relative_p99_factor=3.0, max_error_share=0.1,
                           error_share_peer_factor=2.0)

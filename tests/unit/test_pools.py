@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.core.config import DetectorSettings
-from app.core.events import SampleBatch
-from app.core.quantiles import exact_quantiles, segment_quantiles
-from app.core.window import WindowStore
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.contract.events import SampleBatch
+from tailguard.core.window.quantiles import exact_quantiles, segment_quantiles
+from tailguard.core.window.window import WindowStore
 
 S = DetectorSettings()
 T0 = 1_764_680_010.0

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from app.core.quantiles import (
+from tailguard.core.window.quantiles import (
     BRACKET_MIN,
     RUN_FLAG,
     SPLIT_WIDTH,

@@ -7,8 +7,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from app.cli import COMMANDS
-from app.settings import HOOK_ENV, PREFIX, SCRIPT_ONLY, Settings, env_names, secret_file_names
+from tailguard.cli import COMMANDS
+from tailguard.settings import HOOK_ENV, PREFIX, SCRIPT_ONLY, Settings, env_names, secret_file_names
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGURATION = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")

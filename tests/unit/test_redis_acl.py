@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from app.routing.acl import READER_COMMANDS, WORKER_COMMANDS, acl_rules
+from tailguard.routing.acl import READER_COMMANDS, WORKER_COMMANDS, acl_rules
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,4 +1,4 @@
-"""The replace hook with fake ledger and clock (app.streaming.replace); real subprocess and HTTP on loopback."""
+"""The replace hook with fake ledger and clock (tailguard.streaming.replace); real subprocess and HTTP on loopback."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from app.core.types import HealthState, NodeStatus
-from app.settings import Secret, Settings
-from app.streaming.replace import (
+from tailguard.core.contract.types import HealthState, NodeStatus
+from tailguard.settings import Secret, Settings
+from tailguard.streaming.replace import (
     Attempt,
     CommandAction,
     ReplaceHook,

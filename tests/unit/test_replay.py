@@ -18,15 +18,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app import replay_cli
-from app.core import replay as core_replay
-from app.core.accumulate import Accumulator
-from app.core.config import DetectorSettings
-from app.core.detector import Detector
-from app.core.events import Heartbeat, SampleBatch
-from app.core.replay import replay
-from app.core.types import HealthState, NodeStatus, TickResult
-from app.replay_cli import main
+from tailguard import replay_cli
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.contract.events import Heartbeat, SampleBatch
+from tailguard.core.contract.types import HealthState, NodeStatus, TickResult
+from tailguard.core.replay import replay as core_replay
+from tailguard.core.replay.detector import Detector
+from tailguard.core.replay.replay import replay
+from tailguard.core.window.accumulate import Accumulator
+from tailguard.replay_cli import main
 
 T0 = 1_764_680_000.0   # 20 s past a multiple of 30 (1764679980)
 
@@ -237,9 +237,9 @@ def test_progress_lines_on_request(tmp_path: Path, capsys: pytest.CaptureFixture
 
 
 def test_cli_dispatch_knows_replay() -> None:
-    from app.cli import COMMANDS
+    from tailguard.cli import COMMANDS
 
-    assert COMMANDS["replay"][0] == "app.replay_cli"
+    assert COMMANDS["replay"][0] == "tailguard.replay_cli"
 
 
 def test_main_reads_a_gzip_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -344,7 +344,7 @@ KINDS = (["plain"] * 12 + ["late"] * 3
 def _trace(kinds: list[str], seed: int) -> list[bytes | str]:
     """A trace of the given line kinds: 6 nodes x 2 models (n5 slow after a while),
     slightly out of order, with every kind of odd line the contract knows."""
-    from app.core import binary
+    from tailguard.core.contract import binary
     rng = np.random.default_rng(seed)
     t = T0
     out: list[bytes | str] = []

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.core.types import HealthState, NodeStatus
-from app.routing.keys import (
+from tailguard.core.contract.types import HealthState, NodeStatus
+from tailguard.routing.keys import (
     Keys,
     change_message,
     decode_model,

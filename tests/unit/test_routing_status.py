@@ -7,8 +7,8 @@ import socket
 
 import pytest
 
-from app.routing import status
-from app.routing.status import ModelStatus, format_table
+from tailguard.routing import status
+from tailguard.routing.status import ModelStatus, format_table
 
 NOW = 10_000.0
 

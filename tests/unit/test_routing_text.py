@@ -1,11 +1,11 @@
-"""Names from the wire are printed safely (app.text) by `tailguard status` and in logs."""
+"""Names from the wire are printed safely (tailguard.text) by `tailguard status` and in logs."""
 
 from __future__ import annotations
 
 import pytest
 
-from app.routing.status import ModelStatus, format_table
-from app.text import printable
+from tailguard.routing.status import ModelStatus, format_table
+from tailguard.text import printable
 
 
 @pytest.mark.parametrize(("raw", "shown"), [
@@ -33,7 +33,7 @@ def test_log_messages_with_control_characters_are_written_escaped() -> None:
     import io
     import logging
 
-    from app.text import PrintableMessages
+    from tailguard.text import PrintableMessages
 
     out = io.StringIO()
     handler = logging.StreamHandler(out)

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.routing.weighted import SmoothWeighted, all_full, parse_weight, parse_weights, weight_units
+from tailguard.routing.weighted import SmoothWeighted, all_full, parse_weight, parse_weights, weight_units
 
 
 @pytest.mark.parametrize(("raw", "expected"), [

@@ -19,9 +19,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoPermissionError, ReadOnlyError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from app.core.types import HealthState, ModelTick, NodeStatus
-from app.routing.apply_script import NO_EXTRAS, Extras
-from app.routing.writer import RoutingWriter
+from tailguard.core.contract.types import HealthState, ModelTick, NodeStatus
+from tailguard.routing.apply_script import NO_EXTRAS, Extras
+from tailguard.routing.writer import RoutingWriter
 
 
 class FakeScript:

@@ -10,8 +10,8 @@ from typing import ClassVar
 import pytest
 from prometheus_client import CollectorRegistry
 
-from app.scrape.bridge import Bridge, Fetched
-from app.scrape.sd import ScrapeTarget
+from tailguard.scrape.bridge import Bridge, Fetched
+from tailguard.scrape.sd import ScrapeTarget
 
 
 def target(node: str, model: str | None = None) -> ScrapeTarget:

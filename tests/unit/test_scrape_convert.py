@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from app.core.events import parse_event
-from app.scrape.convert import ScrapeError, Target, TargetConverter, events_from_capture
-from app.scrape.profiles import PROFILES, detect, profile_from_mapping
+from tailguard.core.contract.events import parse_event
+from tailguard.scrape.convert import ScrapeError, Target, TargetConverter, events_from_capture
+from tailguard.scrape.profiles import PROFILES, detect, profile_from_mapping
 
 VLLM_E2E = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
             120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]

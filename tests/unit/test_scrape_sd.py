@@ -8,7 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from app.scrape.sd import FileSource, HttpSource, LabelNames, ScrapeTarget, SdError, in_shard, parse_groups, shard_of
+from tailguard.scrape.sd import (
+    FileSource,
+    HttpSource,
+    LabelNames,
+    ScrapeTarget,
+    SdError,
+    in_shard,
+    parse_groups,
+    shard_of,
+)
 
 GROUPS = [
     {"targets": ["10.0.0.1:8000", "10.0.0.2:8000"], "labels": {"hardware": "H100", "tailguard_profile": "vllm"}},
@@ -86,7 +95,7 @@ def test_shards_split_a_list_without_overlap_and_stably() -> None:
 
 def test_scrape_without_targets_names_the_setting(capsys: pytest.CaptureFixture[str],
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    from app import cli
+    from tailguard import cli
 
     for var in ("TAILGUARD_SCRAPE_FILE_SD", "TAILGUARD_SCRAPE_HTTP_SD"):
         monkeypatch.delenv(var, raising=False)
@@ -96,7 +105,7 @@ def test_scrape_without_targets_names_the_setting(capsys: pytest.CaptureFixture[
 
 
 def test_scrape_timeout_above_the_interval_names_the_setting(capsys: pytest.CaptureFixture[str]) -> None:
-    from app import cli
+    from tailguard import cli
 
     assert cli.main(["scrape", "--file-sd", "t.json", "--interval-s", "2", "--timeout-s", "3"]) == 2
     assert "TAILGUARD_SCRAPE_TIMEOUT_S" in capsys.readouterr().err
@@ -104,12 +113,12 @@ def test_scrape_timeout_above_the_interval_names_the_setting(capsys: pytest.Capt
 
 def test_a_bad_target_file_at_start_is_one_line_naming_it(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    from app.scrape import run
+    from tailguard.scrape import run
 
     async def no_kafka_check(*_: object, **__: object) -> None:
         return None
 
-    monkeypatch.setattr("app.security.check_kafka", no_kafka_check)
+    monkeypatch.setattr("tailguard.security.check_kafka", no_kafka_check)
     bad = tmp_path / "t.json"
     bad.write_text('[{"targets": ["h:1"], "labels": {"instance": "two words"}}]')
     assert run.main(["--file-sd", str(bad), "--metrics-port", "0"]) == 2
@@ -118,7 +127,7 @@ def test_a_bad_target_file_at_start_is_one_line_naming_it(tmp_path: Path, capsys
 
 
 def test_the_default_timeout_is_five_seconds_or_the_interval() -> None:
-    from app.settings import Settings
+    from tailguard.settings import Settings
 
     assert Settings().scrape_timeout == 5.0
     assert Settings(scrape_interval_s=2.0).scrape_timeout == 2.0

@@ -9,9 +9,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from app.scrape.run import Targets
-from app.scrape.sd import SdError, shard_of
-from app.settings import Settings
+from tailguard.scrape.run import Targets
+from tailguard.scrape.sd import SdError, shard_of
+from tailguard.settings import Settings
 
 GROUPS = [{"targets": [f"10.0.0.{i}:8000" for i in range(1, 31)], "labels": {"tailguard_profile": "vllm"}}]
 

@@ -14,16 +14,16 @@ from pathlib import Path
 import faust
 import pytest
 
-from app import cli
-from app.core.config import SettingError
-from app.security import (
+from tailguard import cli
+from tailguard.core.contract.config import SettingError
+from tailguard.security import (
     AccessRefused,
     faust_broker_credentials,
     kafka_client_options,
     redis_client_options,
     tls_context,
 )
-from app.settings import Secret, Settings, load, redact_url
+from tailguard.settings import Secret, Settings, load, redact_url
 
 SASL_SSL = {"TAILGUARD_KAFKA_SECURITY_PROTOCOL": "SASL_SSL", "TAILGUARD_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
             "TAILGUARD_KAFKA_SASL_USERNAME": "tg"}
@@ -190,7 +190,7 @@ class _RefusingRedis:
 def test_a_db_the_server_refuses_is_one_line_naming_the_url(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from app.routing import client
+    from tailguard.routing import client
 
     monkeypatch.setattr(client, "connect_for", lambda settings, timeout_s=2.0: _RefusingRedis())
     monkeypatch.setenv("TAILGUARD_REDIS_URL", "redis://tg:hunter2@127.0.0.1:6379/99")

@@ -1,7 +1,7 @@
 """Settings: every ``TAILGUARD_*`` variable is read, and every bad value is refused.
 
 Table-driven: each known variable gets a valid non-default value and must come
-out of :func:`app.settings.load` with it; each bad value must raise a
+out of :func:`tailguard.settings.load` with it; each bad value must raise a
 :class:`SettingError` that names the variable, the value and what is allowed.
 The environment is always passed explicitly, so the tests do not depend on
 the shell they run in.
@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from app import cli
-from app import settings as settings_mod
-from app.core.config import DetectorSettings, SettingError, field_names
-from app.settings import Secret, Settings, load
+from tailguard import cli
+from tailguard import settings as settings_mod
+from tailguard.core.contract.config import DetectorSettings, SettingError, field_names
+from tailguard.settings import Secret, Settings, load
 
 # A valid, non-default value for every variable, and the value it must parse to.
 SERVICE_VALUES: dict[str, tuple[str, Any]] = {
@@ -371,7 +371,7 @@ def test_tailguard_with_bad_setting_exits_2_naming_it(
 
 def test_a_reader_that_closes_the_pipe_ends_the_command_quietly() -> None:
     """`tailguard settings | head -2`: no BrokenPipeError traceback, nothing on stderr."""
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "settings"], env={"PATH": "/usr/bin:/bin"},
+    proc = subprocess.Popen([sys.executable, "-m", "tailguard.cli", "settings"], env={"PATH": "/usr/bin:/bin"},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout is not None and proc.stderr is not None
     proc.stdout.close()                 # the reader is gone before the first line
@@ -396,13 +396,13 @@ def test_help_lists_every_command(argv: list[str], capsys: pytest.CaptureFixture
 def test_console_entry_point_in_a_fresh_process() -> None:
     """The installed program, not just the function: exit codes survive the process boundary."""
     env = {"PATH": "/usr/bin:/bin", "TAILGUARD_LOG_LEVEL": "loud"}
-    bad = subprocess.run([sys.executable, "-m", "app.cli", "settings"], env=env,
+    bad = subprocess.run([sys.executable, "-m", "tailguard.cli", "settings"], env=env,
                          capture_output=True, text=True, timeout=60, check=False)
     assert bad.returncode == 2
     assert "TAILGUARD_LOG_LEVEL='loud'" in bad.stderr
-    unknown = subprocess.run([sys.executable, "-m", "app.cli", "nope"], capture_output=True, text=True,
+    unknown = subprocess.run([sys.executable, "-m", "tailguard.cli", "nope"], capture_output=True, text=True,
                              timeout=60, check=False)
     assert unknown.returncode == 2
-    ok = subprocess.run([sys.executable, "-m", "app.cli", "settings"], env={"PATH": "/usr/bin:/bin"},
+    ok = subprocess.run([sys.executable, "-m", "tailguard.cli", "settings"], env={"PATH": "/usr/bin:/bin"},
                         capture_output=True, text=True, timeout=60, check=False)
     assert ok.returncode == 0 and "TAILGUARD_WINDOW_SIZE=1000" in ok.stdout

@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from app.core import signals as sig
-from app.data import load_request_sizes
+from tailguard.core.window import signals as sig
+from tailguard.data import load_request_sizes
 
 TPOT_US = 30_000.0
 

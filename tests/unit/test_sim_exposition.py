@@ -12,7 +12,7 @@ import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_families
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.sim.exposition import SERVERS, NodeExposition, dynamo_buckets, tgi_buckets
+from tailguard.sim.exposition import SERVERS, NodeExposition, dynamo_buckets, tgi_buckets
 
 OM_ACCEPT = "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"
 

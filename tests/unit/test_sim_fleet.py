@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from app.sim import scenario as sc
-from app.sim import spec
-from app.sim.fleet import NODE_HEADER, PROBE_HEADER, Fleet, SimNode
-from app.sim.latency import RequestSizes
-from app.sim.load import Recorder
+from tailguard.sim import scenario as sc
+from tailguard.sim import spec
+from tailguard.sim.fleet import NODE_HEADER, PROBE_HEADER, Fleet, SimNode
+from tailguard.sim.latency import RequestSizes
+from tailguard.sim.load import Recorder
 
 SCEN = """
 duration_s = 600

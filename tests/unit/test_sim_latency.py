@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.sim.latency import (
+from tailguard.sim.latency import (
     LLM,
     Z99,
     Errors,

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.sim import scenario as sc
-from app.sim.fleet import Fleet
-from app.sim.metrics_fleet import PROFILE_LABEL, MetricsReporter, SelfTraffic, file_sd
-from app.sim.scenario import SimError
+from tailguard.sim import scenario as sc
+from tailguard.sim.fleet import Fleet
+from tailguard.sim.metrics_fleet import PROFILE_LABEL, MetricsReporter, SelfTraffic, file_sd
+from tailguard.sim.scenario import SimError
 
 SCEN = """
 duration_s = 600

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from app.sim import scenario as sc
-from app.sim import spec
-from app.sim.latency import LLM, Lognormal, Slowdown, TailDegradation, Warmup
+from tailguard.sim import scenario as sc
+from tailguard.sim import spec
+from tailguard.sim.latency import LLM, Lognormal, Slowdown, TailDegradation, Warmup
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = sorted((ROOT / "scenarios").glob("*.toml"))
@@ -96,7 +96,7 @@ factor = 2
 def test_llm_model_scales_ttft_and_tpot_per_node(monkeypatch: pytest.MonkeyPatch) -> None:
     import numpy as np
 
-    from app.sim.latency import RequestSizes
+    from tailguard.sim.latency import RequestSizes
 
     monkeypatch.setattr(spec, "request_sizes", lambda trace: RequestSizes(trace, np.array([[10, 5]])))
     s = sc.loads("""

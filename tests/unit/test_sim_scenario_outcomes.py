@@ -4,7 +4,7 @@ Runs ``scenarios/*.toml`` (the issue-3 list; the LLM ones are in
 ``tests/scenarios/test_llm_scenarios.py``) through the ``tailguard replay``
 code path with default settings plus the scenario's ``[detector]`` table
 (single event form; the batch form for one fault scenario) and checks the
-outcome with :func:`app.sim.outcome.check`.
+outcome with :func:`tailguard.sim.outcome.check`.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from app.core.config import parse_overrides
-from app.core.replay import replay
-from app.sim import outcome, tracegen
-from app.sim import scenario as sc
+from tailguard.core.contract.config import parse_overrides
+from tailguard.core.replay.replay import replay
+from tailguard.sim import outcome, tracegen
+from tailguard.sim import scenario as sc
 
 ROOT = Path(__file__).resolve().parents[2]
 PLAIN = sorted(p for p in (ROOT / "scenarios").glob("*.toml") if not p.stem.startswith("llm_"))

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.core.events import Heartbeat, SampleBatch, decode
-from app.sim import cli, outcome, spec, tracegen
-from app.sim import scenario as sc
-from app.sim.latency import RequestSizes
+from tailguard.core.contract.events import Heartbeat, SampleBatch, decode
+from tailguard.sim import cli, outcome, spec, tracegen
+from tailguard.sim import scenario as sc
+from tailguard.sim.latency import RequestSizes
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -8,11 +8,11 @@ import dataclasses
 import pickle
 import random
 
-from app.core import health
-from app.core.config import DetectorSettings
-from app.core.health import PairState
-from app.core.model_state import ModelState, PairTable
-from app.core.types import HealthState
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.contract.types import HealthState
+from tailguard.core.judge import health
+from tailguard.core.judge.health import PairState
+from tailguard.core.judge.model_state import ModelState, PairTable
 
 ST = DetectorSettings()
 STATES = [HealthState.WARMING, HealthState.HEALTHY, HealthState.SUSPECT, HealthState.UNHEALTHY,
@@ -87,8 +87,8 @@ def test_restored_and_copied_tables_keep_their_indexes() -> None:
 def test_summaries_grouped_by_model_as_groupby_does() -> None:
     import itertools
 
-    from app.core.detector import _by_model
-    from app.core.types import WindowSummary
+    from tailguard.core.contract.types import WindowSummary
+    from tailguard.core.replay.detector import _by_model
 
     rng = random.Random(1)
     for _ in range(50):

@@ -1,4 +1,4 @@
-"""The health-change event's numbers (app.core.types.Transition.to_event)."""
+"""The health-change event's numbers (tailguard.core.contract.types.Transition.to_event)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app.core.types import HealthState, Transition, p99_p50_ratio
+from tailguard.core.contract.types import HealthState, Transition, p99_p50_ratio
 
 CONTRACT_KEYS = {"event_id", "ts", "node_id", "model", "from", "to", "routed", "reason",
                  "p50_us", "p99_us", "ratio", "samples"}

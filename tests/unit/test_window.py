@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.core.config import DetectorSettings
-from app.core.events import Heartbeat, SampleBatch
-from app.core.types import WindowSummary
-from app.core.window import WindowStore
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.contract.events import Heartbeat, SampleBatch
+from tailguard.core.contract.types import WindowSummary
+from tailguard.core.window.window import WindowStore
 
 S = DetectorSettings(window_size=100, min_samples=10, max_sample_age_s=60.0)
 
@@ -370,7 +370,7 @@ def test_summaries_do_not_change_the_store() -> None:
 
 
 def test_digest_extra_is_mergeable_dict() -> None:
-    from app.core.quantiles import digest_from_dict
+    from tailguard.core.window.quantiles import digest_from_dict
 
     store = WindowStore(S)
     store.observe(mk("a", np.arange(100.0), np.arange(1, 101.0)))

@@ -6,9 +6,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.core.config import DetectorSettings
-from app.core.events import SampleBatch
-from app.core.window import WindowStore
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.contract.events import SampleBatch
+from tailguard.core.window.window import WindowStore
 
 S = DetectorSettings(window_size=100, min_samples=10, max_sample_age_s=600.0)
 NOW = 10_000.0

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from app import cli
-from app import settings as settings_mod
-from app.streaming import worker
-from app.streaming.topics import TopicSetup
+from tailguard import cli
+from tailguard import settings as settings_mod
+from tailguard.streaming import worker
+from tailguard.streaming.topics import TopicSetup
 
 
 @pytest.fixture(autouse=True)
@@ -107,7 +107,7 @@ def test_start_up_line_names_kafka_redis_with_password_masked_and_prefix(
         monkeypatch.setattr(worker, name, passes)
     monkeypatch.setattr(worker, "ensure_topics", no_topics)
     monkeypatch.setattr(worker.allowlist, "check", passes)
-    monkeypatch.setattr("app.streaming.service.create_app", create_app)
+    monkeypatch.setattr("tailguard.streaming.service.create_app", create_app)
     monkeypatch.setenv("TAILGUARD_REDIS_URL", "redis://u:s3cret@redis.internal:6379/2")
     monkeypatch.setenv("TAILGUARD_KEY_PREFIX", "tg-eu")
     monkeypatch.setenv("TAILGUARD_WEB_PORT", "0")
@@ -121,8 +121,8 @@ def test_start_up_line_names_kafka_redis_with_password_masked_and_prefix(
 
 async def test_a_broker_that_accepts_but_never_answers_is_named_with_a_cause() -> None:
     # A listener that takes the connection and says nothing: the error used to end in "()".
-    from app.streaming.errors import StreamingError
-    from app.streaming.topics import ensure_topics
+    from tailguard.streaming.errors import StreamingError
+    from tailguard.streaming.topics import ensure_topics
 
     server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
@@ -137,8 +137,8 @@ async def test_a_broker_that_accepts_but_never_answers_is_named_with_a_cause() -
 
 
 def test_new_topics_get_the_replication_setting_or_min_3_brokers_and_an_isr_below_it() -> None:
-    from app.streaming.errors import StreamingError
-    from app.streaming.topics import replication_for, topic_configs
+    from tailguard.streaming.errors import StreamingError
+    from tailguard.streaming.topics import replication_for, topic_configs
 
     default = settings_mod.load({})
     assert [replication_for(default, b) for b in (1, 2, 3, 5)] == [1, 2, 3, 3]
@@ -154,8 +154,8 @@ def test_the_changelogs_created_before_faust_starts_are_the_ones_its_tables_use(
         tmp_path: Path) -> None:
     # ensure_topics creates them (compacted) so that they exist, with leaders, before the
     # consumer group forms; a name that drifted from faust's would leave the race open.
-    from app.streaming.service import create_app
-    from app.streaming.topics import changelog_names
+    from tailguard.streaming.service import create_app
+    from tailguard.streaming.topics import changelog_names
 
     settings = settings_mod.load({"TAILGUARD_APP_ID": "tg-changelogs"}, data_dir=str(tmp_path))
     app = create_app(settings)

@@ -1,0 +1,280 @@
+"""Stage 2 for histogram pairs: exceedance tests that respect the buckets' resolution.
+
+Owns the verdicts on pairs whose summaries carry bucket counts (``extra["hist"]``, from
+:mod:`tailguard.core.window.hist_window`). A bucket histogram cannot say where inside a bucket a request
+fell, so no rule here compares interpolated quantiles. Per metric (``itl``, ``ttft``, ``e2e``)
+and hardware class, the **reference** is the pointwise median of the peers' CDFs at the bucket
+bounds; its P50 bound ``b50`` is the first bound where that CDF reaches 0.5 (so at most half the
+peers' requests lie above it: ``q50``), ``b99`` likewise for 0.99 (``q99``). A node is then judged
+by the share of its own requests above those bounds — exact counts, no interpolation:
+
+* ``relative_p50`` — its share above ``b50`` exceeds ``max(P50_SHARE, q50 + P50_GAP)`` by more
+  than ``Z`` binomial standard deviations: most of its requests are slower than the bucket that
+  holds the peers' median, and by far more than the peers' own share there.
+* ``relative_p99`` — its share above ``b99`` is at least ``max(P99_SHARE, P99_FACTOR × q99)``
+  and a healthy node (share ``max(q99, 1 %)``) would reach its count with probability < ``ALPHA``.
+
+The noise margins use the window's requests, not its observations (an ``itl`` histogram counts
+tokens: one request's tokens are not independent). A bucketless window (Triton's counters)
+is judged by its mean: above ``relative_p50_factor`` × the peers' median mean. A node whose
+bounds differ from its class's (the most common bounds) is not judged on that metric, nor is
+a class with fewer than ``min_peers`` peers. Any metric abnormal makes the node abnormal
+(per-token metrics first: the verdict's ``signal`` names the one that fired).
+
+Guarantees: pure; verdicts depend on counts only (relabelling nodes changes nothing); a
+uniform fleet's expected share above ``b50`` is at most 0.5, far below the limit.
+Rationale and the resolution limits of each server's default buckets: docs/scrape.md.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.contract.types import HealthState, Reason, WindowSummary
+from tailguard.core.judge import health
+from tailguard.core.judge.admission import admitting
+from tailguard.core.judge.health import Evidence, Judgement, PairState, Verdict
+from tailguard.core.judge.model_state import PairTable
+from tailguard.core.judge.peers import PeerSet, hw_class, median
+from tailguard.core.judge.rules import binomial_sf
+from tailguard.core.window.hist_window import PREFERENCE, US_PER_S, HistWindow, bucket_quantile
+
+HIST_SIGNAL: Final = "_hist"     # the signal of a histogram pair's summary ends so ("itl_hist")
+P50_SHARE: Final = 0.5
+P50_GAP: Final = 0.25
+P99_SHARE: Final = 0.02
+P99_FACTOR: Final = 3.0
+P99_FLOOR: Final = 0.01
+ALPHA: Final = 1e-4
+Z: Final = 3.0
+
+
+def windows_of(s: WindowSummary) -> dict[str, HistWindow] | None:
+    """The histogram windows a summary carries, by metric; None for a sample pair."""
+    raw = s.extra.get("hist") if s.extra else None
+    if not isinstance(raw, Mapping):
+        return None
+    out: dict[str, HistWindow] = {}
+    for metric, d in raw.items():
+        w = HistWindow.from_dict(d) if isinstance(d, Mapping) else None
+        if w is not None and w.requests > 0 and w.observations > 0:
+            out[str(metric)] = w
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Reference:
+    """The peers of one class on one metric (module docstring)."""
+
+    bounds_s: tuple[float, ...]
+    cdf: tuple[float, ...]            # median peer CDF at each finite bound
+    peers: int
+    k50: int | None                   # index of b50 in bounds_s; None: the median is in +Inf
+    k99: int | None
+    mean_s: float | None              # bucketless: the median of the peers' means
+
+    @property
+    def q50(self) -> float:
+        return 1.0 - self.cdf[self.k50] if self.k50 is not None else 0.5
+
+    @property
+    def q99(self) -> float:
+        return 1.0 - self.cdf[self.k99] if self.k99 is not None else 0.01
+
+
+def reference(wins: Sequence[HistWindow]) -> Reference | None:
+    """The reference of ``wins`` (one class's peers, one metric, same bounds)."""
+    if not wins:
+        return None
+    bounds = wins[0].bounds_s
+    if not bounds:
+        means = [w.sum_s / w.observations for w in wins if w.sum_s is not None]
+        return Reference((), (), len(wins), None, None, median(means) if means else None)
+    cdfs = []
+    for w in wins:
+        n, acc, row = w.observations, 0, []
+        for c in w.counts[:-1]:
+            acc += c
+            row.append(acc / n)
+        cdfs.append(row)
+    cdf = tuple(median([row[k] for row in cdfs]) for k in range(len(bounds)))
+    k50 = next((k for k, f in enumerate(cdf) if f >= 0.5), None)
+    k99 = next((k for k, f in enumerate(cdf) if f >= 0.99), None)
+    return Reference(bounds, cdf, len(wins), k50, k99, None)
+
+
+def share_above(w: HistWindow, k: int) -> float:
+    """The share of ``w``'s observations above bound ``k`` (exact: bucket edges only)."""
+    return sum(w.counts[k + 1:]) / w.observations
+
+
+def judge_metric(metric: str, w: HistWindow, ref: Reference, s: WindowSummary,
+                 st: DetectorSettings) -> Judgement:
+    """One node's window on one metric against its reference (module docstring)."""
+    n = min(w.requests, w.observations)
+    ev = _evidence(metric, w, ref, s)
+    if not ref.bounds_s:
+        if ref.mean_s is None or w.sum_s is None:
+            return health.NO_VERDICT
+        mean = w.sum_s / w.observations
+        lim = st.relative_p50_factor * ref.mean_s
+        if mean > lim:
+            return Judgement(Verdict.ABNORMAL, str(Reason.RELATIVE_P50), ev, mean / lim,
+                             f"{metric} mean {mean:.3g} s > {st.relative_p50_factor:g} x the peers'"
+                             f" median mean ({ref.mean_s:.3g} s; no buckets exported)")
+        return Judgement(Verdict.NORMAL, str(Reason.NORMAL), ev, mean / lim)
+    sev = 0.0
+    if ref.k50 is not None:
+        x = share_above(w, ref.k50)
+        lim = max(P50_SHARE, ref.q50 + P50_GAP)
+        margin = Z * math.sqrt(lim * (1.0 - lim) / n) if lim < 1.0 else 0.0
+        sev = x / (lim + margin) if lim + margin > 0 else 0.0
+        if x > lim + margin:
+            return Judgement(Verdict.ABNORMAL, str(Reason.RELATIVE_P50), ev, sev,
+                             f"{x:.1%} of its {metric} above {ref.bounds_s[ref.k50]:g} s, the bucket"
+                             f" bound of the peers' P50 ({ref.q50:.1%} of theirs; limit {lim + margin:.1%},"
+                             f" {n} requests, {ref.peers} peers)")
+    if ref.k99 is not None:
+        x99 = share_above(w, ref.k99)
+        lim99 = max(P99_SHARE, P99_FACTOR * ref.q99)
+        if x99 >= lim99:
+            k = round(x99 * n)
+            p_value = binomial_sf(k, n, max(ref.q99, P99_FLOOR))
+            if p_value < ALPHA:
+                return Judgement(Verdict.ABNORMAL, str(Reason.RELATIVE_P99), ev, x99 / lim99,
+                                 f"{x99:.1%} of its {metric} above {ref.bounds_s[ref.k99]:g} s, the"
+                                 f" bucket bound of the peers' P99 ({ref.q99:.2%} of theirs;"
+                                 f" p = {p_value:.1e} for a healthy node, {n} requests)")
+        sev = max(sev, x99 / lim99)
+    return Judgement(Verdict.NORMAL, str(Reason.NORMAL), ev, sev)
+
+
+def _evidence(metric: str, w: HistWindow, ref: Reference, s: WindowSummary) -> Evidence:
+    """The numbers of a verdict, for people: interpolated quantiles (never judged)."""
+    def us(q: float, win_bounds: tuple[float, ...], counts: tuple[int, ...], sum_s: float | None) -> float | None:
+        v = bucket_quantile(win_bounds, counts, q, sum_s)
+        return None if v is None else v * US_PER_S
+
+    p50, p99 = us(0.5, w.bounds_s, w.counts, w.sum_s), us(0.99, w.bounds_s, w.counts, w.sum_s)
+    peers_p50 = (ref.bounds_s[ref.k50] * US_PER_S if ref.k50 is not None
+                 else None if ref.mean_s is None else ref.mean_s * US_PER_S)
+    return Evidence(signal=f"{metric}_hist", p50=p50, p99=p99,
+                    ratio=None if not p50 or p99 is None else p99 / p50, samples=w.requests,
+                    peers_p50=peers_p50, latency_p50_us=s.latency_p50_us,
+                    latency_p99_us=s.latency_p99_us, hardware=s.hardware)
+
+
+class HistJudge:
+    """The references of one model at one tick, built from its peers' windows."""
+
+    def __init__(self, peers: Mapping[str, WindowSummary], st: DetectorSettings,
+                 newcomers: Mapping[str, WindowSummary] | None = None) -> None:
+        """``peers``: the model's peers; ``newcomers``: the pairs awaiting admission or in a
+        probe round, which join a class's reference only while it has fewer than
+        ``min_peers`` peers (a cold start: new pairs are judged against each other)."""
+        self.st = st
+        # (metric, class) -> (bounds the class uses, reference)
+        self._refs: dict[tuple[str, str], tuple[tuple[float, ...], Reference]] = {}
+        by = _windows_by_class(peers)
+        extra = _windows_by_class(newcomers or {})
+        for key in by.keys() | extra.keys():
+            wins = by.get(key, [])
+            if len(wins) < st.min_peers:
+                wins = wins + [w for w in extra.get(key, []) if w.requests >= st.min_samples]
+            tally = Counter(w.bounds_s for w in wins)
+            if not tally:
+                continue
+            bounds = max(sorted(tally), key=lambda b: tally[b])
+            same = [w for w in wins if w.bounds_s == bounds]
+            if len(same) >= st.min_peers:
+                ref = reference(same)
+                if ref is not None:
+                    self._refs[key] = (bounds, ref)
+
+    @classmethod
+    def for_model(cls, peers: PeerSet, by_node: Mapping[str, WindowSummary], pairs: PairTable,
+                  now_s: float, st: DetectorSettings) -> HistJudge:
+        newcomers = {node: s for node in pairs.in_order(pairs.rare)
+                     if (s := by_node.get(node)) is not None and _in_round(pairs[node], now_s, st)}
+        return cls(dict(zip(peers.nodes, peers.summaries, strict=True)), st, newcomers)
+
+    @staticmethod
+    def applies(summaries: Mapping[str, WindowSummary]) -> bool:
+        return any(windows_of(s) is not None for s in summaries.values())
+
+    def judge(self, s: WindowSummary, *, normal_reason: str = str(Reason.NORMAL),
+              min_requests: int | None = None) -> Judgement:
+        """A node's verdict: abnormal on any metric (per-token first), else normal on at least
+        one judged metric, else no verdict."""
+        wins = windows_of(s)
+        if not wins:
+            return health.NO_VERDICT
+        need = self.st.min_samples if min_requests is None else min_requests
+        cls = hw_class(s.hardware)
+        normal: Judgement | None = None
+        for metric in PREFERENCE:
+            w = wins.get(metric)
+            got = self._refs.get((metric, cls))
+            if w is None or got is None or w.requests < need or w.bounds_s != got[0]:
+                continue
+            j = judge_metric(metric, w, got[1], s, self.st)
+            if j.verdict is Verdict.ABNORMAL:
+                return j
+            if j.verdict is Verdict.NORMAL and normal is None:
+                normal = j
+        if normal is None:
+            return health.NO_VERDICT
+        return Judgement(Verdict.NORMAL, normal_reason, normal.evidence, normal.severity)
+
+    def judge_peers(self, pairs: Mapping[str, PairState], ps: PeerSet, errs: Mapping[str, Judgement],
+                    ) -> tuple[dict[str, Judgement], dict[str, float], int]:
+        """Every peer (the evaluator's ``_judge_peers`` for a histogram model): verdicts by node
+        (failed requests and stalls as for sample pairs), no onset credit, and how many are
+        abnormal (the load-event count)."""
+        out: dict[str, Judgement] = {}
+        abnormal = 0
+        for node, s in zip(ps.nodes, ps.summaries, strict=True):
+            j = self.judge(s)
+            if j.verdict is not Verdict.ABNORMAL and node in errs:
+                j = errs[node]
+            p = pairs[node]
+            if j.verdict is Verdict.ABNORMAL:
+                abnormal += 1
+            if j.verdict is Verdict.ABNORMAL or p.state is not HealthState.HEALTHY or p.abnormal_streak:
+                out[node] = j
+        return out, {}, abnormal
+
+    def judge_rounds(self, pairs: PairTable, by_node: Mapping[str, WindowSummary],
+                     errs: Mapping[str, Judgement], now_s: float, judgements: dict[str, Judgement]) -> None:
+        """Admission and probe rounds of histogram pairs, by the same tests against the peers
+        (their windows start at the cut stage 1 was given: warm-up's end, the round's start)."""
+        st = self.st
+        for node in pairs.in_order(pairs.rare):
+            p = pairs[node]
+            s = by_node.get(node)
+            if s is None or not _in_round(p, now_s, st) or windows_of(s) is None:
+                continue
+            new = p.state is HealthState.WARMING
+            judgements[node] = errs.get(node) or self.judge(
+                s, normal_reason=str(Reason.ADMITTED if new else Reason.NORMAL),
+                min_requests=st.min_samples if new else st.probe_min_samples)
+
+
+def _in_round(p: PairState, now_s: float, st: DetectorSettings) -> bool:
+    """Awaiting admission past warm-up, or quarantined with its probe round on."""
+    if p.state is HealthState.WARMING:
+        return admitting(p, now_s, st)
+    return p.state is HealthState.QUARANTINED and (p.probe_after_ts is None or now_s >= p.probe_after_ts)
+
+
+def _windows_by_class(summaries: Mapping[str, WindowSummary]) -> dict[tuple[str, str], list[HistWindow]]:
+    by: dict[tuple[str, str], list[HistWindow]] = {}
+    for s in summaries.values():
+        for metric, w in (windows_of(s) or {}).items():
+            by.setdefault((metric, hw_class(s.hardware)), []).append(w)
+    return by

@@ -1,0 +1,137 @@
+"""The detector façade: stage 1 (windows) + stage 2 (evaluation) in one object.
+
+:class:`Detector` is what a single process (``tailguard replay``, tests, a
+one-worker service) drives: ``observe(events)`` feeds decoded events to the
+:class:`~tailguard.core.window.window.WindowStore`; ``evaluate(now_s)`` asks the evaluator
+which samples to judge (warm-up, quarantine and probe-round cut-offs), lets the
+store summarise every (node, model) at event time ``now_s`` and evaluates
+every model. It composes, and adds no rule of its own. Each evaluated model's
+tick also carries the cluster-wide raw-latency P50/P99
+(``ModelTick.fleet_latency_p50_us``/``_p99_us``): exact quantiles of the
+model's pool (``WindowStore.model_pools``: an even thinning of every node's
+judged samples, ``fleet_digest_per_series`` per series at most; 0 turns them
+off and leaves the fields None). ``fleet_digests`` gives the same pools as
+mergeable t-digest dicts, built on first access and kept until the next tick.
+
+Guarantees: pure and deterministic (time is ``now_s``; models are evaluated
+in sorted order); ``snapshot()`` is plain JSON-able data and a detector
+restored from it produces the same future as the original.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import operator
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.contract.events import Event, Heartbeat
+from tailguard.core.contract.hist_event import HistogramBatch
+from tailguard.core.contract.types import ModelTick, NodeStatus, TickResult, Transition, WindowSummary
+from tailguard.core.judge.evaluate import FleetEvaluator
+from tailguard.core.window.pools import ModelPool
+from tailguard.core.window.window import POOL_SAMPLES_PER_SERIES, WindowStore
+
+SNAPSHOT_VERSION = 1
+FLEET_QUANTILES = (0.5, 0.99)
+_MODEL = operator.attrgetter("model")
+
+
+class Detector:
+    """WindowStore + FleetEvaluator. Not thread-safe."""
+
+    fleet_digest_per_series = POOL_SAMPLES_PER_SERIES
+
+    def __init__(self, settings: DetectorSettings | None = None) -> None:
+        self.settings = settings or DetectorSettings()
+        self.store = WindowStore(self.settings)
+        self.evaluator = FleetEvaluator(self.settings)
+        self._last: dict[str, ModelTick] = {}
+        # The last tick's cluster-wide pools per model, and their digests once asked for.
+        self._pools: dict[str, ModelPool] = {}
+        self._digests: dict[str, dict[str, Any]] | None = None
+
+    def observe(self, events: Iterable[Event]) -> None:
+        store = self.store
+        for ev in events:
+            if isinstance(ev, Heartbeat):
+                store.observe_heartbeat(ev)
+            elif isinstance(ev, HistogramBatch):
+                store.observe_histogram(ev)
+            else:
+                store.observe(ev)
+
+    def evaluate(self, now_s: float, *, with_statuses: bool = True) -> TickResult:
+        """One tick at event time ``now_s`` over every model known to either stage."""
+        ev = self.evaluator
+        forget_s = self.settings.forget_after_s
+        if forget_s > 0:
+            self.store.forget_silent(now_s - forget_s)
+        summaries = self.store.summaries(now_s, ev.judge_since_all(now_s),
+                                         out_of_fit=ev.out_of_fit_all(), tail_refs=ev.tail_refs())
+        groups = _by_model(summaries)
+        models = sorted(groups.keys() | set(ev.models()))
+        per_series = self.fleet_digest_per_series
+        self._pools = (self.store.model_pools(now_s, per_series=per_series, models=groups.keys(),
+                                              qs=FLEET_QUANTILES)
+                       if per_series > 0 else {})
+        self._digests = None
+        ticks = tuple(self._with_fleet_quantiles(
+            ev.evaluate(m, groups.get(m, ()), now_s, with_statuses=with_statuses))
+            for m in models)
+        for t in ticks:
+            self._last[t.model] = t
+        return TickResult(ts=now_s, models=ticks)
+
+    @property
+    def fleet_digests(self) -> dict[str, dict[str, Any]]:
+        """The last tick's cluster-wide pool of each model as a t-digest dict
+        (``ModelPool.digest_dict``: mergeable across workers with ``merge_digests``)."""
+        if self._digests is None:
+            self._digests = {m: pool.digest_dict() for m, pool in self._pools.items()}
+        return self._digests
+
+    def _with_fleet_quantiles(self, tick: ModelTick) -> ModelTick:
+        pool = self._pools.get(tick.model)
+        if pool is None:
+            return tick
+        p50, p99 = pool.quantiles(FLEET_QUANTILES)
+        return dataclasses.replace(tick, fleet_latency_p50_us=p50, fleet_latency_p99_us=p99)
+
+    def apply_diagnostics(self, model: str, node_id: str, recoverable: bool,
+                          now_s: float) -> list[Transition]:
+        return self.evaluator.apply_diagnostics(model, node_id, recoverable, now_s)
+
+    def statuses(self) -> list[NodeStatus]:
+        """Per-(node, model) status as of the last tick (with statuses) of each model."""
+        return [s for m in sorted(self._last) for s in self._last[m].statuses]
+
+    def routing(self) -> dict[str, frozenset[str]]:
+        return {m: t.routing for m, t in sorted(self._last.items())}
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"version": SNAPSHOT_VERSION, "store": self.store.snapshot(),
+                "evaluator": self.evaluator.snapshot()}
+
+    def restore(self, data: Mapping[str, Any]) -> None:
+        if data.get("version") != SNAPSHOT_VERSION:
+            raise ValueError(f"detector snapshot version {data.get('version')!r} is not "
+                             f"supported ({SNAPSHOT_VERSION})")
+        self.store.restore(data["store"])
+        self.evaluator.restore(dict(data["evaluator"]))
+        self._last = {}
+
+
+def _by_model(summaries: list[WindowSummary]) -> dict[str, list[WindowSummary]]:
+    """Each model's summaries. ``summaries`` is sorted by model (``WindowStore.summaries``), so
+    each model's run is found by bisection instead of a look at every summary."""
+    out: dict[str, list[WindowSummary]] = {}
+    i, n = 0, len(summaries)
+    while i < n:
+        m = summaries[i].model
+        j = bisect.bisect_right(summaries, m, lo=i, key=_MODEL)
+        out[m] = summaries[i:j]
+        i = j
+    return out

@@ -1,0 +1,416 @@
+"""Replay: the detector over a sequence of JSON-lines latency events, in event time.
+
+Owns :func:`replay`, the pure part of ``tailguard replay`` (files and stdin:
+:mod:`tailguard.replay_cli`): lines from any iterable in, each output line (a transition or a
+fleet event, keys in docs/replay.md) to ``emit``. No clock is read anywhere.
+
+Guarantees:
+
+* Ticks at the multiples of ``tick_interval_s`` of event time, each evaluated once as soon
+  as an event at or past it is read (every earlier event already in the windows), plus a
+  final tick after the last event. An out-of-order event joins its window and counts from
+  the next tick on. Empty ticks where nothing can change are skipped (they print nothing).
+* A line more than ``max_future_skew_s`` past the latest event time is held back; held
+  lines are a real jump of the trace, taken in order, once ``JUMP_CONFIRM_LINES`` come in
+  a row from ``JUMP_CONFIRM_NODES`` nodes (or ``JUMP_ALONE_LINES`` from one), or at the end
+  of the trace unless other nodes sent events; else they are bad input (``future_ts``).
+* An event past the next boundary from a node ``AHEAD_TICKS`` intervals ahead of the
+  fleet (the other nodes' median latest time) is early: it runs no tick. The fleet's next
+  line adds the early lines as they are; a run of them confirmed like held lines is a jump.
+* Bad lines are skipped and counted in :class:`ReplayStats` (by reason, first line numbers);
+  so are samples read too late for any tick to judge them (a trace not in time order).
+* The same trace and settings give the same output, for any ``chunk_lines`` (1 is the
+  line-by-line reference path).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from itertools import islice
+from typing import Any
+
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.contract.errors import BadEvent
+from tailguard.core.contract.events import Event, SampleBatch, decode, loads
+from tailguard.core.contract.types import TickResult
+from tailguard.core.replay.detector import Detector
+from tailguard.core.window.accumulate import Accumulator
+
+PROGRESS_EVERY_LINES = 100_000
+JUMP_CONFIRM_LINES = 20
+JUMP_CONFIRM_NODES = 2
+JUMP_ALONE_LINES = 1000
+AHEAD_TICKS = 2      # a node this many tick intervals ahead of the fleet's clock does not move it
+FIRST_BAD_LINES = 5
+_UNDECODED: Any = object()
+CHUNK_LINES = 2_000
+
+
+@dataclass(slots=True)
+class ReplayStats:
+    lines: int = 0
+    events: int = 0
+    ticks: int = 0
+    skipped_ticks: int = 0
+    transitions: int = 0
+    fleet_events: int = 0
+    bad: Counter[str] = field(default_factory=Counter)
+    first_bad: list[tuple[int, str, str]] = field(default_factory=list)   # line, reason, message
+    bad_samples: int = 0
+    late_samples: int = 0        # read when already older than every tick's age bound to come
+    # Routed pairs whose last window held fewer than min_samples judged samples: too few
+    # requests within max_sample_age_s to be judged at all (with the settings, for the hint).
+    thin_pairs: int = 0
+    min_samples: int = 0
+    max_sample_age_s: float = 0.0
+    first_ts: float | None = None
+    last_ts: float | None = None
+
+    def summary(self) -> str:
+        span = ("" if self.first_ts is None or self.last_ts is None
+                else f", event time {self.first_ts:.3f}..{self.last_ts:.3f}")
+        text = (f"replay: {self.lines} lines, {self.events} events{span}, {self.ticks} ticks"
+                + (f" ({self.skipped_ticks} quiet ticks skipped)" if self.skipped_ticks else "")
+                + f", {self.transitions} transitions, {self.fleet_events} fleet events")
+        nbad = sum(self.bad.values())
+        text += f", {nbad} bad lines skipped"
+        if nbad:
+            text += " (" + ", ".join(f"{r}: {n}" for r, n in sorted(self.bad.items())) + ")"
+            text += "; first: " + "; ".join(f"line {ln} {r}: {msg}" for ln, r, msg in self.first_bad)
+        if self.bad_samples:
+            text += f"; {self.bad_samples} bad samples dropped from batches"
+        if self.late_samples:
+            text += (f"; {self.late_samples} samples read after the ticks they belonged to had "
+                     "passed (older than max_sample_age_s then): never judged. Is the trace "
+                     "sorted by time? Sort it by ts first (e.g. `jq -cs 'sort_by(.ts)[]'`)")
+        if self.thin_pairs:
+            rate = self.min_samples / self.max_sample_age_s
+            text += (f"; {self.thin_pairs} routed (node, model) pairs ended with fewer than "
+                     f"min_samples={self.min_samples} judged samples within max_sample_age_s="
+                     f"{self.max_sample_age_s:g} s: below about {rate:.2g} requests/s they are "
+                     "not judged; raise max_sample_age_s or lower min_samples (--set) to judge them")
+        return text
+
+
+def tick_lines(result: TickResult) -> list[str]:
+    """The stdout lines of one tick: transitions, then fleet events, per model."""
+    out: list[str] = []
+    for m in result.models:
+        for t in m.transitions:
+            out.append(json.dumps({"type": "transition", **t.to_event()}))
+        for e in m.fleet_events:
+            out.append(json.dumps(e.to_event()))
+    return out
+
+
+def _single_at(e: Any) -> tuple[str, float] | None:
+    """``(node, ts)`` of a typed-decoded single event (:meth:`Accumulator.decode_lines`),
+    None for anything else (a batch, a heartbeat, a line that did not decode)."""
+    if e is None or e.samples is not None or e.latency_us is None or e.ts is None:
+        return None
+    return e.node_id, e.ts
+
+
+def _event_at(raw: bytes | str, now_s: float, settings: DetectorSettings) -> tuple[str, float] | None:
+    """``(node, latest ts)`` of a batch or heartbeat by the general decoding, without adding
+    it anywhere; None for a bad line."""
+    try:
+        ev = decode(raw, now_s=now_s, settings=settings)
+    except BadEvent:
+        return None
+    if not isinstance(ev, SampleBatch):
+        return ev.node_id, ev.ts
+    return (ev.node_id, float(ev.ts.max())) if ev.ts.size else None
+
+
+def _node_of(raw: bytes | str) -> str | None:
+    """The node id of a held line (a JSON event), None when it has none to read."""
+    try:
+        obj = loads(raw)
+    except (ValueError, TypeError, RecursionError):
+        return None
+    node = obj.get("node_id") if isinstance(obj, dict) else None
+    return node if isinstance(node, str) else None
+
+
+def replay(lines: Iterable[bytes | str], settings: DetectorSettings,
+           emit: Callable[[str], object], *, detector: Detector | None = None,
+           progress: Callable[[ReplayStats], object] | None = None,
+           chunk_lines: int = CHUNK_LINES) -> tuple[Detector, ReplayStats]:
+    """Replay ``lines`` through a detector; ``emit`` receives each output line (no newline).
+
+    ``chunk_lines``: lines decoded at once (1: line by line, the reference path; the
+    output and the stats are the same for any value)."""
+    det = detector or Detector(settings)
+    stats = ReplayStats()
+    acc = Accumulator(settings=settings)
+    interval = settings.tick_interval_s
+    quiet_after_s = settings.max_sample_age_s + interval
+    k: int | None = None          # next boundary is k * interval
+    seen_max = -math.inf          # latest event time of events already fed to ticks
+    quiet_tick = False
+    # Early lines (module docstring): a node whose clock runs ahead of the fleet's must not
+    # move the ticks, or every other node would look silent.
+    ahead_s = AHEAD_TICKS * interval
+    drained_ts: dict[str, float] = {}   # node -> latest event time fed to the detector
+    ahead: set[str] = set()         # nodes found ahead of the fleet since the last tick
+    early: list[tuple[int, bytes | str]] = []
+    early_nodes: set[str] = set()
+
+    def run_ticks(upto_ts: float) -> None:
+        nonlocal k, quiet_tick
+        assert k is not None
+        ahead.clear()
+        det.observe(drain())
+        while k * interval <= upto_ts:
+            now = k * interval
+            res = det.evaluate(now, with_statuses=False)
+            stats.ticks += 1
+            out = tick_lines(res)
+            for line in out:
+                emit(line)
+            stats.transitions += len(res.transitions)
+            stats.fleet_events += len(res.fleet_events)
+            silent = not out and now - seen_max > quiet_after_s
+            if silent and quiet_tick and not det.evaluator.waiting_on_time(now):
+                skip_to = max(k + 1, math.floor(upto_ts / interval))
+                stats.skipped_ticks += skip_to - k - 1
+                k = skip_to
+            else:
+                k += 1
+            quiet_tick = silent
+
+    def drain() -> list[Event]:
+        evs = acc.drain()
+        # Samples older than the age bound of the next tick to run are judged by no tick.
+        too_old = -math.inf if k is None else k * interval - settings.max_sample_age_s
+        if len(drained_ts) > 2 * det.store.series_count() + 64:     # ids the store forgot
+            alive = {n for n, _m in det.store.keys()}  # noqa: SIM118 (a WindowStore, not a dict)
+            for n in [n for n in drained_ts if n not in alive]:
+                del drained_ts[n]
+        for e in evs:
+            if isinstance(e, SampleBatch):
+                stats.bad_samples += e.rejected
+                if e.ts.size:
+                    if e.ts.min() <= too_old:
+                        stats.late_samples += int((e.ts <= too_old).sum())
+                    t = float(e.ts.max())
+                    if t > drained_ts.get(e.node_id, -math.inf):
+                        drained_ts[e.node_id] = t
+            elif e.ts > drained_ts.get(e.node_id, -math.inf):
+                drained_ts[e.node_id] = e.ts
+        return evs
+
+    def is_early(node: str, ts: float) -> bool:
+        """An event at or past the next boundary (within the future bound) from a node
+        more than ``ahead_s`` past the fleet: the median latest event time of the other
+        nodes that sent since the last tick (or, none yet, within ``ahead_s`` before it)."""
+        assert k is not None
+        if ts < k * interval or ts > seen_max + settings.max_future_skew_s:
+            return False
+        if node in ahead:
+            return True
+        clocks = [t for n, t in acc.latest_by_node().items() if n != node and n not in ahead]
+        if not clocks:
+            recent = (k - 1) * interval - ahead_s
+            clocks = [t for n, t in drained_ts.items() if t >= recent and n != node and n not in ahead]
+        if not clocks:
+            return False
+        clocks.sort()
+        if ts - clocks[(len(clocks) - 1) // 2] <= ahead_s:
+            return False
+        ahead.add(node)
+        return True
+
+    def settle_early(*, jump: bool) -> None:
+        """The early lines join the windows: as they are while the fleet has not caught up,
+        or, a jump of the whole trace, taken in order, ticks and all."""
+        lines = list(early)
+        early.clear()
+        early_nodes.clear()
+        if jump:
+            take_in_order(lines, unbounded=False)
+            return
+        for early_lineno, early_raw in lines:
+            try:
+                ts = add(early_raw)
+            except BadEvent as e:
+                bad(early_lineno, e)
+                continue
+            stats.events += 1
+            advance(ts)
+
+    def take_in_order(lines: list[tuple[int, bytes | str]], *, unbounded: bool) -> None:
+        """Add ``lines`` in order, running the ticks each crosses; ``unbounded``: each with no
+        future bound (the lines of a jump may lie far apart; each one taken moves it). A line
+        bad for another reason is counted bad by that reason."""
+        for lineno_, raw_ in lines:
+            if unbounded:
+                acc.set_now(None)
+            try:
+                ts = add(raw_)
+            except BadEvent as e:
+                bad(lineno_, e)
+                continue
+            accepted(ts)
+        if unbounded:
+            acc.set_now(seen_max)
+
+    def advance(ts: float) -> None:
+        """``ts`` was fed: the latest event time (and the future bound) moves up to it."""
+        nonlocal seen_max
+        if ts > seen_max:
+            seen_max = ts
+            acc.set_now(ts)
+
+    def bad(lineno: int, e: BadEvent) -> None:
+        stats.bad[e.reason] += 1
+        if len(stats.first_bad) < FIRST_BAD_LINES:
+            stats.first_bad.append((lineno, e.reason, str(e)[:120]))
+
+    def accepted(ts: float) -> None:
+        nonlocal k
+        stats.events += 1
+        if k is None:
+            k = math.floor(ts / interval) + 1
+            stats.first_ts = ts
+        elif ts >= k * interval:
+            run_ticks(ts)
+        advance(ts)
+
+    # Held lines (module docstring): a clock ahead must not jump the ticks past everyone
+    # else's events (they would all turn "late" and never be judged).
+    held: list[tuple[int, bytes | str, BadEvent]] = []
+    held_nodes: set[str | None] = set()
+    add = acc.add
+
+    def flush_held() -> None:
+        for held_lineno, _, held_err in held:
+            bad(held_lineno, held_err)
+        held.clear()
+        held_nodes.clear()
+
+    def take_held() -> None:
+        """Take the held lines as a real gap (:func:`take_in_order`, unbounded)."""
+        lines = [(held_lineno, held_raw) for held_lineno, held_raw, _ in held]
+        held.clear()
+        held_nodes.clear()
+        take_in_order(lines, unbounded=True)
+
+    def one(lineno: int, raw: bytes | str, pre: Any = _UNDECODED) -> None:
+        """One line, the reference path: decode, hold or count it, run the ticks it crosses.
+        ``pre``: its typed decoding, when the caller has it."""
+        if k is not None:
+            if pre is _UNDECODED:
+                typed = acc.decode_lines([raw])
+                pre = None if typed is None else typed[0]
+            at = _single_at(pre)
+            if at is None and early and raw.strip():   # only while early lines wait
+                at = _event_at(raw, seen_max, settings)
+            if at is not None and is_early(*at):
+                early.append((lineno, raw))
+                early_nodes.add(at[0])
+                if len(early) >= JUMP_ALONE_LINES or (len(early) >= JUMP_CONFIRM_LINES
+                                                      and len(early_nodes) >= JUMP_CONFIRM_NODES):
+                    settle_early(jump=True)
+                return
+            if early and at is not None and at[1] <= seen_max + settings.max_future_skew_s:
+                settle_early(jump=False)           # the fleet is behind, or has caught up
+        try:
+            ts = add(raw)
+        except BadEvent as e:
+            if not raw.strip():        # a blank line is no event (and never decodes)
+                return
+            if e.reason == "future_ts" and k is not None:
+                held.append((lineno, raw, e))
+                if len(held_nodes) < JUMP_CONFIRM_NODES:     # read a node id only while it counts
+                    held_nodes.add(_node_of(raw))
+                if len(held) >= JUMP_ALONE_LINES or (len(held) >= JUMP_CONFIRM_LINES
+                                                     and len(held_nodes) >= JUMP_CONFIRM_NODES):
+                    take_held()
+            else:
+                bad(lineno, e)
+            return
+        if held:
+            flush_held()
+        if ts <= seen_max and k is not None and ts < k * interval:
+            stats.events += 1          # accepted(ts) of an event inside the current tick
+        else:
+            accepted(ts)
+        if progress is not None and lineno % PROGRESS_EVERY_LINES == 0:
+            stats.lines, stats.last_ts = lineno, seen_max
+            progress(stats)
+
+    def chunk(base: int, raws: list[bytes | str]) -> None:
+        """Lines ``base + 1 …`` as :func:`one` would take them one by one: runs of the single
+        events the accumulator takes from its typed decoding (below the next boundary, on
+        no progress line) added at once, and :func:`one` for each line in between."""
+        decoded = acc.decode_lines(raws) if k is not None else None
+        if decoded is None:
+            for i, raw in enumerate(raws, base + 1):
+                one(i, raw)
+            return
+        n = len(raws)
+        i = 0
+        while i < n:
+            assert k is not None
+            if early:                  # one by one until the early lines are settled
+                one(base + i + 1, raws[i], decoded[i])
+                i += 1
+                continue
+            # A progress line goes to one(), which reports it.
+            stop = n if progress is None else min(n, i + -(base + i + 1) % PROGRESS_EVERY_LINES)
+            j, latest = acc.add_decoded(decoded, i, stop, k * interval)
+            if j > i:
+                if held:
+                    flush_held()
+                stats.events += j - i
+                advance(latest)
+            if j < n:
+                one(base + j + 1, raws[j], decoded[j])
+            i = j + 1
+
+    lineno = 0
+    if chunk_lines <= 1:
+        for lineno, raw in enumerate(lines, 1):
+            one(lineno, raw)
+    else:
+        source = iter(lines)
+        while True:
+            raws: list[bytes | str] = []
+            try:
+                raws.extend(islice(source, chunk_lines))
+            except Exception:
+                chunk(lineno, raws)    # the lines before a read error, as line by line
+                raise
+            if not raws:
+                break
+            chunk(lineno, raws)
+            lineno += len(raws)
+    if held or early:   # the trace ends after a gap: a jump unless other nodes' clocks say otherwise
+        known = {n for n, _m in det.store.keys()}  # noqa: SIM118 (a WindowStore, not a dict)
+        if held and (len(held_nodes) >= JUMP_CONFIRM_NODES or known <= held_nodes):
+            take_held()
+        elif held:
+            flush_held()
+        if early and (len(early_nodes) >= JUMP_CONFIRM_NODES or known <= early_nodes):
+            settle_early(jump=True)
+        elif early:
+            settle_early(jump=False)
+    stats.lines = lineno
+    stats.last_ts = None if k is None else seen_max
+    if k is not None:
+        det.observe(drain())
+        res = det.evaluate(k * interval)
+        stats.ticks += 1
+        for line in tick_lines(res):
+            emit(line)
+        stats.transitions += len(res.transitions)
+        stats.fleet_events += len(res.fleet_events)
+        stats.min_samples, stats.max_sample_age_s = settings.min_samples, settings.max_sample_age_s
+        stats.thin_pairs = sum(1 for s in det.statuses() if s.routed and s.samples < settings.min_samples)
+    return det, stats

@@ -1,0 +1,86 @@
+"""The import picture of the package: the core's rooms in stage order, and no module circles.
+
+- ``tailguard.core`` is four rooms, each importing only from the rooms before it:
+  contract <- window (stage 1) <- judge (stage 2) <- replay. A judge module that
+  imports the window room, or a contract module that imports a stage, fails here.
+- No ``app/`` source imports the old package name ``app`` (the import package is ``tailguard``).
+
+Imports are read from the sources as syntax trees (function-level imports
+included), so what a module imports only inside a function counts too.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+APP = ROOT / "app"
+ROOMS = ("contract", "window", "judge", "replay")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(APP).with_suffix("").parts
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(("tailguard", *parts))
+
+
+def imports_of(path: Path, source: str | None = None) -> set[str]:
+    """Absolute module names ``path`` (or ``source`` placed at ``path``) imports anywhere,
+    relative imports resolved."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8") if source is None else source)):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            found.add(base)
+            found.update(f"{base}.{a.name}" for a in node.names)  # `from pkg import module`
+    return found
+
+
+def room_of(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[:2] == ["tailguard", "core"] and len(parts) > 2 and parts[2] in ROOMS:
+        return parts[2]
+    return None
+
+
+def test_every_core_module_lives_in_a_room() -> None:
+    loose = [p.name for p in (APP / "core").glob("*.py") if p.name != "__init__.py"]
+    assert loose == [], f"app/core/ modules outside the rooms {ROOMS}: {loose}"
+    for room in ROOMS:
+        assert ast.get_docstring(ast.parse((APP / "core" / room / "__init__.py").read_text(encoding="utf-8"))), room
+
+
+def test_no_room_imports_a_later_room() -> None:
+    bad: dict[str, list[str]] = {}
+    for path in sorted((APP / "core").rglob("*.py")):
+        mine = room_of(module_name(path))
+        if mine is None:
+            continue
+        later = sorted({m for m in imports_of(path)
+                        if (r := room_of(m)) is not None and ROOMS.index(r) > ROOMS.index(mine)})
+        if later:
+            bad[str(path.relative_to(ROOT))] = later
+    assert bad == {}, f"a room imports a later stage's room (order: {' <- '.join(ROOMS)}): {bad}"
+
+
+def test_the_room_rule_sees_a_backward_import() -> None:
+    """The check can fail: a window module importing the judge room is caught, relative or absolute."""
+    probe = APP / "core" / "window" / "probe.py"  # never written: the source is passed in
+    for source in ("from tailguard.core.judge import health\n", "from ..judge.rules import Judgement\n",
+                   "def f():\n    import tailguard.core.replay.detector\n"):
+        assert {room_of(m) for m in imports_of(probe, source)} & {"judge", "replay"}, source
+
+
+def test_no_source_imports_the_old_package_name() -> None:
+    bad = sorted(str(p.relative_to(ROOT)) for p in APP.rglob("*.py")
+                 if any(m == "app" or m.startswith("app.") for m in imports_of(p)))
+    assert bad == [], f"these import `app…`; the package is `tailguard` : {bad}"
