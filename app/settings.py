@@ -146,6 +146,10 @@ class Settings:
     allowlist_file: str = ""          # a file of node ids, one a line, # comments
     allowlist_pattern: str = ""       # node ids matching this regular expression (whole)
     allowlist_refresh_s: float = 30.0  # how often the set and the file are read again
+    # Allowlist of model names: off while both are empty; on, events of other models are
+    # dead-lettered (not_allowlisted) — a flood of model names never reaches a window.
+    allowlist_models: str = ""         # model names, comma-separated
+    allowlist_model_pattern: str = ""  # model names matching this regular expression (whole)
     # Kubernetes: `tailguard k8s-sync` (docs/kubernetes.md). An empty API URL means in the cluster
     # (https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT); an empty namespace, the service
     # account's own (else "default").
@@ -248,6 +252,10 @@ class Settings:
 
     @property
     def allowlist_on(self) -> bool:
+        return self.allowlist_nodes_on or bool(self.allowlist_models or self.allowlist_model_pattern)
+
+    @property
+    def allowlist_nodes_on(self) -> bool:
         return bool(self.allowlist_redis_key or self.allowlist_file or self.allowlist_pattern)
 
 
@@ -304,6 +312,8 @@ def _check_security(s: Settings) -> None:
 def _check_allowlist(s: Settings) -> None:
     if s.allowlist_pattern:
         check_regex("TAILGUARD_ALLOWLIST_PATTERN", s.allowlist_pattern, "node ids")
+    if s.allowlist_model_pattern:
+        check_regex("TAILGUARD_ALLOWLIST_MODEL_PATTERN", s.allowlist_model_pattern, "model names")
     if s.allowlist_redis_key and any(c.isspace() for c in s.allowlist_redis_key):
         raise SettingError("TAILGUARD_ALLOWLIST_REDIS_KEY", s.allowlist_redis_key,
                            "a Redis key without spaces, e.g. tailguard:allowlist")

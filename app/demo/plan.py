@@ -16,6 +16,7 @@ No I/O here.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from tailguard.core.contract.config import DetectorSettings
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "llama-3-70b"
 RUN_PREFIX = "tgdemo"
+SOURCES = ("emitter", "metrics")
 
 
 class DemoError(Exception):
@@ -54,6 +56,9 @@ class Plan:
     refresh_s: float = 2.5             # how often the table is refreshed
     settle_s: float = 15.0             # keep measuring this long after re-admission
     deadline_s: float = 200.0          # give up at this fleet time
+    # Where latencies come from: "emitter" (each node reports every request to Kafka) or
+    # "metrics" (each node serves /metrics as vLLM does; `tailguard scrape` polls it: no emitter).
+    source: str = "emitter"
     # The graded phase: graded_node serves every request graded_slowdown x slower from
     # graded_onset_s on (below relative_p50_factor: weighted down, not removed); measured for
     # graded_s. None: no graded phase.
@@ -64,6 +69,8 @@ class Plan:
 
     def __post_init__(self) -> None:
         detector = self.detector()  # validates
+        if self.source not in SOURCES:
+            raise ValueError(f"source={self.source!r} must be one of {', '.join(SOURCES)}")
         if self.graded_node is not None:
             if self.graded_node not in self.node_ids or self.graded_node == self.slow_node:
                 raise ValueError(f"graded_node={self.graded_node!r} must be a node other than {self.slow_node}")
@@ -73,6 +80,9 @@ class Plan:
             if self.graded_onset_s < (self.end_s or self.onset_s) or self.graded_end_s > self.deadline_s:
                 raise ValueError(f"graded_onset_s={self.graded_onset_s!r} must come after the slow node's story "
                                  f"and leave graded_s={self.graded_s!r} before deadline_s={self.deadline_s!r}")
+            if self.source != "emitter":
+                raise ValueError(f"graded_node needs source='emitter' (got {self.source!r}): models judged "
+                                 "from scraped histograms get no routing weights")
         if not 1 <= int(self.slow_node.rsplit("-", 1)[-1]) <= self.nodes:
             raise ValueError(f"slow_node={self.slow_node!r} is not one of gpu-node-01..{self.nodes:02d}")
         if self.degraded_s is not None and self.degraded_s <= 0:
@@ -128,6 +138,19 @@ DEMO_PLAN = Plan(graded_node="gpu-node-03", graded_onset_s=175.0, graded_s=50.0,
 TEST_PLAN = Plan(tick_interval_s=1.0, confirm_windows=3, warmup_s=3.0, window_size=100, min_samples=50,
                  backoff_initial_s=8.0, rate_per_s=200.0, onset_s=20.0, degraded_s=10.0, interval_s=1.0,
                  refresh_s=1.0, settle_s=5.0, deadline_s=110.0)
+
+
+
+def with_source(plan: Plan, source: str) -> Plan:
+    """``plan`` told from ``source``. From /metrics, latencies are 600 ms (not 180 ms): vLLM's
+    e2e buckets start at 0.3 s, so 180 ms and its 3x would sit in its first two buckets; and
+    there is no graded phase."""
+    if source == plan.source:
+        return plan
+    # No graded phase from /metrics: models judged from histograms get no routing weights.
+    return dataclasses.replace(plan, source=source, p50_ms=600.0 if source == "metrics" else Plan().p50_ms,
+                               graded_node=plan.graded_node if source == "emitter" else None)
+
 
 _WHY = {
     "tick_interval_s": "evaluate every {v:g} s instead of 30 s, so the story fits in a few minutes",

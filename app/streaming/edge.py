@@ -20,6 +20,11 @@ Guarantees, per model and tick:
   is the core's plus the drained nodes.
 * **Announced once.** A new, changed or ended override publishes one health change; expired
   ones are returned in :attr:`EdgeOutput.expired` for the caller to delete.
+* **Weights.** The core's routing weights are written (``P:weights:<m>``) only when
+  ``TAILGUARD_WEIGHTS=enforce`` and the model's mode is ``enforce``; a pinned node is at full
+  weight, a drained one has none. Otherwise the weights hash is emptied.
+  Weight changes are published either way as ``weight`` events, rate-limited
+  (:mod:`tailguard.streaming.weight_events`), ``enforced`` when written.
 * **History.** Each node's last ``history_len`` ticks go to ``P:history:<m>``.
 """
 
@@ -39,6 +44,7 @@ from tailguard.routing.apply_script import Extras
 from tailguard.routing.keys import held_out
 from tailguard.routing.operators import OperatorState, Override
 from tailguard.streaming.tickstats import Counts, rule_stats, sig4, stats_dict
+from tailguard.streaming.weight_events import WeightAnnouncer
 
 log = logging.getLogger(__name__)
 
@@ -102,11 +108,13 @@ class OperatorEdge:
         self._history: dict[str, dict[str, collections.deque[tuple[tuple[Any, ...], str]]]] = {}
         self._counts: dict[str, Counts] = {}
         self._holding: dict[str, set[str]] = {}
+        self._weights = WeightAnnouncer()
 
     def forget_model(self, model: str) -> None:
         """Another worker owns the model now."""
         for d in (self._announced, self._history, self._counts, self._holding):
             d.pop(model, None)
+        self._weights.forget_model(model)
 
     def apply(self, inp: EdgeInput, ops: OperatorState, now_s: float) -> EdgeOutput:
         tick = inp.tick
@@ -142,8 +150,11 @@ class OperatorEdge:
         if not shadow and known:
             shadow = tick.routing | pinned
 
+        written = self._written_weights(tick, enforced, routing, pinned)
         events = [self._event(t, enforced) for t in inp.transitions]
         events += self._announce(model, active, statuses, routing, refused, now_s)
+        events += self._weights.events(tick, routing, written,
+                                       enforced and self.settings.weights == "enforce", now_s)
         for f in tick.fleet_events:
             holding = self._holding.setdefault(model, set())
             if f.kind in HOLDING_EVENTS:
@@ -174,10 +185,19 @@ class OperatorEdge:
                           history={n: "[" + ",".join(j for _, j in h) + "]"
                                    for n, h in history.items()},
                           events=tuple(page_events),
-                          held_out=held_out(tick.statuses, routing) | (drained - routing)),
+                          held_out=held_out(tick.statuses, routing) | (drained - routing),
+                          weights=written),
             health_events=tuple(events), mode=mode, expired=expired, overrides=active)
 
     # --- internals -----------------------------------------------------------
+    def _written_weights(self, tick: ModelTick, enforced: bool, routing: frozenset[str],
+                         pinned: set[str]) -> dict[str, float]:
+        """The weights load balancers read: the core's, in enforce mode only (weights and
+        model), for the nodes routed and not pinned."""
+        if not (enforced and self.settings.weights == "enforce"):
+            return {}
+        return {n: w for n, w in tick.weights.items() if n in routing and n not in pinned}
+
     @staticmethod
     def _event(t: Transition, enforced: bool) -> dict[str, Any]:
         d = t.to_event()
@@ -244,6 +264,7 @@ class OperatorEdge:
                 "samples": s.samples, "stats": stats_dict(stats[node]) if node in stats else {},
                 "guards": guards, "probe_after": s.probe_after_ts,
                 "lat": [sig4(s.latency_p50_us), sig4(s.latency_p99_us)], "mode": mode,
+                "weight": s.weight,
             }
             q = hist.get(node)
             if q is None:

@@ -428,8 +428,11 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
             key = state_key(tick.model)
             for ev in out.health_events:
                 futs.append(await health.send(key=key, value=dumps(ev)))
-                if "operator" not in ev:    # a drain or pin is no state transition
+                if ev.get("type") == "weight":
+                    metrics.weight_changes.labels(model=tick.model).inc()
+                elif "operator" not in ev:    # a drain or pin is no state transition
                     metrics.transitions.labels(to=str(ev["to"])).inc()
+            metrics.set_weights(tick.model, tick.weights, tick.routing)
             for f in tick.fleet_events:
                 futs.append(await fleet.send(key=key, value=dumps(f.to_event())))
                 metrics.fleet_events.labels(model=tick.model, kind=f.kind).inc()

@@ -14,7 +14,7 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -72,22 +72,6 @@ async def wait_for(cond: Callable[[], bool | Awaitable[bool]], what: str,
 
 def _text_set(raw: set[bytes]) -> set[str]:
     return {x.decode() for x in raw}
-
-
-@pytest.fixture
-async def client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
-    c = connect(redis_url)
-    yield c
-    await c.aclose()
-
-
-@pytest.fixture
-async def prefix(client: aioredis.Redis, unique_name: Callable[[str], str]) -> AsyncIterator[str]:
-    p = unique_name("routing")
-    yield p
-    keys = [k async for k in client.scan_iter(match=f"{p}:*")]
-    if keys:
-        await client.delete(*keys)
 
 
 # -- our own throwaway redis-server ---------------------------------------------
@@ -252,8 +236,8 @@ async def test_empty_routing_is_refused_and_the_last_set_stays(
     # Redis holds: another writer's set), writing nothing.
     got = await w._script(keys=[k.routing(MODEL), k.version(MODEL), k.quarantine(MODEL),
                                 k.nodes(MODEL), k.models, k.shadow(MODEL), k.history(MODEL),
-                                k.events(MODEL), k.held_out(MODEL)],
-                          args=[k.channel, MODEL, 0, 0, 0, -1, -1, 0, 50, 0])
+                                k.events(MODEL), k.held_out(MODEL), k.weights(MODEL)],
+                          args=[k.channel, MODEL, 0, 0, 0, -1, -1, 0, 50, 0, 0])
     assert [int(x) for x in got][:2] == [0, -1]
     assert _text_set(await client.smembers(k.routing(MODEL))) == {"a", "b"}
     assert await client.get(k.version(MODEL)) == v1

@@ -64,6 +64,8 @@ SERVICE_VALUES: dict[str, tuple[str, Any]] = {
     "TAILGUARD_ALLOWLIST_REDIS_KEY": ("site:nodes", "site:nodes"),
     "TAILGUARD_ALLOWLIST_FILE": ("/etc/tailguard/nodes.txt", "/etc/tailguard/nodes.txt"),
     "TAILGUARD_ALLOWLIST_PATTERN": ("gpu-[0-9]+", "gpu-[0-9]+"),
+    "TAILGUARD_ALLOWLIST_MODELS": ("llama,qwen", "llama,qwen"),
+    "TAILGUARD_ALLOWLIST_MODEL_PATTERN": ("llama-.*", "llama-.*"),
     "TAILGUARD_ALLOWLIST_REFRESH_S": ("5", 5.0),
     "TAILGUARD_SCRAPE_FILE_SD": ("/etc/tailguard/targets.json", "/etc/tailguard/targets.json"),
     "TAILGUARD_SCRAPE_HTTP_SD": ("http://sd.example:8080/targets", "http://sd.example:8080/targets"),
@@ -136,6 +138,10 @@ DETECTOR_TEXT: dict[str, tuple[str, Any]] = {
     "max_future_skew_s": ("30", 30.0),
     "id_pattern": ("[a-z0-9.-]{1,63}", "[a-z0-9.-]{1,63}"),
     "max_new_pairs_per_tick": ("50", 50),
+    "weights": ("observe", "observe"),
+    "min_weight": ("0.2", 0.2),
+    "min_total_weight_share": ("0.5", 0.5),
+    "max_models": ("20", 20),
 }
 
 

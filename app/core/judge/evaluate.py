@@ -40,6 +40,7 @@ from tailguard.core.contract.types import (
 from tailguard.core.judge import health, liveness
 from tailguard.core.judge.admission import AdmissionNorms, admission_norms, admitting, judge_admission
 from tailguard.core.judge.baseline import baseline_limits, baseline_shift, fold_baseline, follow_signal
+from tailguard.core.judge.fleet_slow import fleet_slow
 from tailguard.core.judge.guards import eject_within_cap, error_storm, load_event
 from tailguard.core.judge.health import Judgement, PairState, Verdict
 from tailguard.core.judge.hist_rules import HIST_SIGNAL, HistJudge
@@ -71,6 +72,7 @@ from tailguard.core.judge.rules import (
     record_rates,
     tail_support_samples,
 )
+from tailguard.core.judge.weights import NO_WEIGHTS, WeightTick, weigh_model, weigh_statuses
 
 # Verdicts against the peers' reference: without min_peers peers they cannot be judged.
 PEER_REASONS = frozenset({str(Reason.RELATIVE_P50), str(Reason.RELATIVE_P99)})
@@ -219,6 +221,9 @@ class FleetEvaluator:
                     else _Verdicts(*hist.judge_peers(ms.pairs, peers, errors.judgements)))
         if errors.judgements:
             self._judge_thin_failing(ms, peers, errors, verdicts)
+        # Before the baselines fold this tick in: each node against where it was.
+        slow_ev = fleet_slow(model, ms, by_node, signal, now_s, st,
+                             len(peers) <= OWN_HISTORY_MAX_PEERS)
         load, load_ev = load_event(model, ms, verdicts.abnormal, len(peers), now_s,
                                    norms.fleet_p50, signal, st)
         if load:   # nobody is ejected and no streak moves while it lasts
@@ -235,7 +240,8 @@ class FleetEvaluator:
         # 2-significant-digit grid: it needs no precision, and the hint changes less often.
         ms.tail_ref = (float(f"{norms.fleet_p99 * FRESH_TAIL_MARGIN:.2g}")
                        if norms.enough_peers and not norms.multi_class and norms.fleet_p99 else None)
-        fleet_events = live.fleet_events + [e for e in (load_ev, storm_ev, shift_ev) if e is not None]
+        fleet_events = live.fleet_events + [e for e in (load_ev, storm_ev, shift_ev, slow_ev)
+                                            if e is not None]
 
         adm = admission_norms(ms, peers, by_node, norms, signal, now_s, st)
         self._judge_probes(ms, by_node, norms, errors, now_s, verdicts.judgements, own_p50, signal,
@@ -246,8 +252,14 @@ class FleetEvaluator:
         diagnostics: list[DiagnosticsRequest] = []
         if not load and not live.telemetry_lost and candidates:
             eject_within_cap(model, ms.pairs, candidates, now_s, st, transitions, diagnostics)
+        wt = None
+        if st.weights != "off":     # after the ejections: only the routed nodes have a weight
+            # Histogram pairs' P50s sit on bucket bounds: no weight from them (docs/rules.md).
+            wt = weigh_model(model, ms.weights, peers, norms, ms.pairs.routing(), now_s, st,
+                             hold=load or live.telemetry_lost or hist is not None)
+        ms.weights = NO_WEIGHTS if wt is None else wt.state
         return self._report(model, ms, by_node, now_s, transitions, fleet_events, diagnostics,
-                            with_statuses)
+                            with_statuses, wt)
 
     # ---- steps of the tick ---------------------------------------------------------------
     def _admit_new(self, model: str, ms: ModelState, by_node: dict[str, WindowSummary],
@@ -501,7 +513,8 @@ class FleetEvaluator:
 
     def _report(self, model: str, ms: ModelState, by_node: dict[str, WindowSummary],
                 now_s: float, transitions: list[Transition], fleet_events: list[FleetEvent],
-                diagnostics: list[DiagnosticsRequest], with_statuses: bool) -> ModelTick:
+                diagnostics: list[DiagnosticsRequest], with_statuses: bool,
+                wt: WeightTick | None = None) -> ModelTick:
         pairs = ms.pairs
         routing = pairs.routing()
         # The contract: ``routed`` is membership of the routing set after the tick, also for
@@ -518,9 +531,13 @@ class FleetEvaluator:
             if t.to_state is HealthState.RETIRED:
                 ms.retired_seen[t.node_id] = now_s
         statuses = self._statuses(model, pairs, by_node) if with_statuses else ()
+        if wt is not None and statuses:
+            statuses = weigh_statuses(statuses, wt)
         return ModelTick(model=model, ts=now_s, transitions=tuple(transitions), routing=routing,
                          quarantine=quarantine, statuses=statuses,
-                         fleet_events=tuple(fleet_events), diagnostics=tuple(diagnostics))
+                         fleet_events=tuple(fleet_events), diagnostics=tuple(diagnostics),
+                         weights=wt.weights if wt is not None else {},
+                         weight_changes=wt.changes if wt is not None else ())
 
     # ---- diagnostics ---------------------------------------------------------------------
     def apply_diagnostics(self, model: str, node_id: str, recoverable: bool,
