@@ -136,10 +136,13 @@ def _graded_lines(plan: Plan, g: Graded, healthy: Phase) -> list[str]:
     lines = ["", f"graded: {g.node} serves every request {plan.graded_slowdown:g}x slower from "
                  f"t={plan.graded_onset_s:g}s on, below the ejection rules:",
              _phase_line(g.full, healthy), _phase_line(g.weighted, healthy)]
-    if g.weighted_s is not None:
-        lines.append(f"  weighted down to {_f(g.weight, 'g')} at t={g.weighted_s:.1f}s "
-                     f"({g.weighted_s - plan.graded_onset_s:.1f} s after it slowed down), "
-                     + ("and taken out later (see the warning below)." if g.left_routing else "never out of routing."))
+    if g.weighted_s is not None and g.settled_s is not None:
+        lines.append(f"  weighted down from t={g.weighted_s:.1f}s ({g.weighted_s - plan.graded_onset_s:.1f} s after "
+                     f"it slowed down), to {_f(g.weight, 'g')} at t={g.settled_s:.1f}s; "
+                     + ("taken out later (see the warning below)." if g.left_routing else "never out of routing."))
+    if g.full_share is not None and g.weighted_share is not None:
+        lines.append(f"  its share of the requests: {g.full_share:.1%} at full weight (1/{plan.nodes} = "
+                     f"{1 / plan.nodes:.1%}), {g.weighted_share:.1%} weighted down.")
     else:
         lines.append(f"  {g.node} was NOT weighted down before the run ended"
                      + (" (it was taken out)." if g.left_routing else "."))

@@ -162,11 +162,14 @@ class Graded:
     """The graded phase: the graded node slower than its peers, at full weight, then weighted down."""
 
     node: str
-    full: Phase                     # from its onset until the proxy has its weight
-    weighted: Phase                 # weighted down, to the end
+    full: Phase                     # from its onset until the proxy has a weight below 1.0
+    weighted: Phase                 # from its lowest weight on, to the end
     weighted_s: float | None        # the first snapshot with its weight below 1.0 (fleet time)
     weight: float | None            # its lowest weight seen
+    settled_s: float | None         # the first snapshot at that weight
     left_routing: bool              # taken out after its onset (it should not be)
+    full_share: float | None = None       # its share of the requests in ``full``
+    weighted_share: float | None = None   # … and in ``weighted``
 
     @property
     def ok(self) -> bool:
@@ -235,12 +238,22 @@ def analyze_graded(plan: Plan, obs: Observations, end_s: float) -> Graded | None
     views = [(sn.t_s, sn.nodes.get(node)) for sn in obs.snapshots if sn.t_s >= on]
     weights = [(t, v.weight) for t, v in views if v is not None and v.weight is not None]
     weighted_s = next((t for t, w in weights if w < 1.0), None)
+    lowest = min((w for _, w in weights), default=None)
+    settled_s = next((t for t, w in weights if w == lowest), None) if weighted_s is not None else None
     label = f"{node} {plan.graded_slowdown:g}x slower"
     full = phase(f"{label}, full weight", obs.intervals, on, weighted_s + lag if weighted_s is not None else end_s)
-    weighted = (phase(f"{label}, weighted down", obs.intervals, weighted_s + lag, end_s) if weighted_s is not None
-                else phase(f"{label}, weighted down", [], end_s, end_s))
+    weighted = (phase(f"{label}, weighted {lowest:g}", obs.intervals, settled_s + lag, end_s)
+                if settled_s is not None else phase(f"{label}, weighted down", [], end_s, end_s))
     left = any(c.node_id == node and c.t_s >= on and c.left_routing for c in obs.changes)
-    return Graded(node, full, weighted, weighted_s, min((w for _, w in weights), default=None), left)
+    return Graded(node, full, weighted, weighted_s, lowest, settled_s, left,
+                  _share(node, obs.intervals, full), _share(node, obs.intervals, weighted))
+
+
+def _share(node: str, intervals: Sequence[Interval], p: Phase) -> float | None:
+    """``node``'s share of the requests of the intervals wholly inside ``p``."""
+    inside = [iv for iv in intervals if iv.t0_s >= p.t0_s - 1e-6 and iv.t1_s <= p.t1_s + 1e-6]
+    total = sum(sum(iv.by_node.values()) for iv in inside)
+    return sum(iv.by_node.get(node, 0) for iv in inside) / total if total else None
 
 
 def analyze(plan: Plan, obs: Observations, end_s: float) -> Story:
@@ -346,7 +359,7 @@ Show = Callable[[View], None]
 def current_phase(plan: Plan, obs: Observations, t_s: float) -> str:
     if plan.graded_node is not None and t_s >= plan.graded_onset_s:
         g = analyze_graded(plan, obs, t_s)
-        now = "" if g is None or g.weighted_s is None else f": weighted down to {g.weight:g} at t={g.weighted_s:.0f}s"
+        now = "" if g is None or g.settled_s is None else f": weighted down to {g.weight:g} at t={g.settled_s:.0f}s"
         return (f"graded phase: {plan.graded_node} is {plan.graded_slowdown:g}x slower, below the ejection rules"
                 + (now or ": waiting for tailguard to weight it down"))
     if t_s < plan.onset_s:

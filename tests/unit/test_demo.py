@@ -171,16 +171,19 @@ GRADED = demo.Plan(onset_s=60.0, degraded_s=30.0, backoff_initial_s=20.0, interv
 
 def graded_observations(weight_from_s: float | None, *, p99_full: float = 450.0, p99_weighted: float = 390.0,
                         extra: list[demo.HealthChange] | None = None) -> demo.Observations:
-    """The slow node's story to 160 s, then intervals to 225 s; gpu-node-03 weighted 0.45 from
-    ``weight_from_s`` in the snapshots (every 2.5 s)."""
+    """The slow node's story to 160 s, then intervals to 225 s; gpu-node-03 weighted 0.9 from
+    ``weight_from_s`` and 0.45 from 5 s later in the snapshots (every 2.5 s); it serves 50 of
+    400 requests per interval at full weight, 25 once weighted."""
     obs = observations({"healthy": 370, "degraded": 820, "removed": 380, "back": 372}, [*STORY_CHANGES, *(extra or [])])
     for k in range(65, 91):
         t1 = 2.5 * k
         late = weight_from_s is not None and t1 - 2.5 >= weight_from_s + 1.0
-        obs.intervals.append(interval(t1, 372.0 if t1 <= 175 else p99_weighted if late else p99_full))
+        iv = interval(t1, 372.0 if t1 <= 175 else p99_weighted if late else p99_full)
+        iv.by_node.update({"gpu-node-03": 25 if late else 50, "gpu-node-01": 375 if late else 350})
+        obs.intervals.append(iv)
     for k in range(1, 91):
         t = 2.5 * k
-        w = 0.45 if weight_from_s is not None and t >= weight_from_s else 1.0
+        w = 1.0 if weight_from_s is None or t < weight_from_s else 0.9 if t < weight_from_s + 5.0 else 0.45
         obs.snapshots.append(demo.Snapshot(t, {"gpu-node-03": demo.NodeView(
             "healthy", True, 290.0, 600.0, 2.0, 200, None, w)}, frozenset(PLAN.node_ids)))
     return obs
@@ -190,14 +193,17 @@ def test_the_graded_node_is_cut_at_its_weight_and_the_main_story_ends_where_it_b
     s = demo.analyze(GRADED, graded_observations(195.0), 225.0)
     g = s.graded
     assert g is not None and g.node == "gpu-node-03"
-    assert (g.weighted_s, g.weight, g.left_routing, g.ok) == (195.0, 0.45, False, True)
+    assert (g.weighted_s, g.weight, g.settled_s, g.left_routing, g.ok) == (195.0, 0.45, 200.0, False, True)
     assert (g.full.t0_s, g.full.t1_s, g.full.p99_ms) == (175.0, 196.0, 450.0)
-    assert (g.weighted.t0_s, g.weighted.t1_s, g.weighted.p99_ms) == (196.0, 225.0, 390.0)
+    assert (g.weighted.t0_s, g.weighted.t1_s, g.weighted.p99_ms) == (201.0, 225.0, 390.0)
+    assert (g.full_share, g.weighted_share) == (0.125, 0.0625)
     assert s.readmitted.t1_s == 175.0 and s.readmitted.p99_ms == 372      # not mixed with the graded phase
     assert s.complete
     report = demo.render_report(s)
     assert "graded: gpu-node-03 serves every request 1.6x slower from t=175s on" in report
-    assert "weighted down to 0.45 at t=195.0s (20.0 s after it slowed down), never out of routing." in report
+    assert ("weighted down from t=195.0s (20.0 s after it slowed down), to 0.45 at t=200.0s; never out of routing."
+            in report)
+    assert "its share of the requests: 12.5% at full weight (1/8 = 12.5%), 6.2% weighted down." in report
     assert "cluster P99 450 ms at full weight, 390 ms weighted down (0.87x)." in report
     assert "result: ok" in report
 
@@ -217,7 +223,7 @@ def test_the_story_waits_for_the_graded_phase_and_says_where_it_is() -> None:
     assert not demo.story_done(GRADED, obs, 200.0)
     assert demo.story_done(GRADED, obs, 225.0)
     assert "waiting for tailguard" in demo.current_phase(GRADED, graded_observations(None), 180.0)
-    assert "weighted down to 0.45 at t=195s" in demo.current_phase(GRADED, obs, 200.0)
+    assert "weighted down to 0.45 at t=200s" in demo.current_phase(GRADED, obs, 202.0)
     assert "graded" not in demo.current_phase(GRADED, obs, 170.0)
 
 
