@@ -8,7 +8,7 @@ Unknown ``TAILGUARD_*`` variables are errors too (a typo must not silently
 fall back to a default).
 
 Secrets (:data:`SECRETS`: the Kafka SASL password, the Kafka TLS key password,
-the Redis password) are held as :class:`Secret`, whose ``str`` and ``repr``
+the Redis password, the replace webhook URL) are held as :class:`Secret`, whose ``str`` and ``repr``
 are ``***``: printing or logging a :class:`Settings` never shows them. Each
 also comes from a file, ``TAILGUARD_<NAME>_FILE`` (a mounted secret; one
 trailing newline is dropped). A password inside ``TAILGUARD_REDIS_URL`` is
@@ -28,6 +28,8 @@ from urllib.parse import parse_qs, urlparse
 
 from tailguard.core.contract.config import DetectorSettings, SettingError, check_regex, field_names, parse_overrides
 from tailguard.k8s.config import check_k8s
+from tailguard.kafka_security import KafkaSecurity, parse_bool, read_secret
+from tailguard.kafka_security import validate as validate_kafka_security
 
 PREFIX = "TAILGUARD_"
 
@@ -46,8 +48,6 @@ class Topics:
     replacements: str = "node-replacements"
 
 
-KAFKA_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
-SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +127,11 @@ class Settings:
     redis_sentinel_master: str = "tailguard"     # the primary's name in the sentinels' config
     # The replace hook (tailguard.streaming.replace): one action per retired (node, model).
     replace_command: str = ""         # run with /bin/sh -c; node, model, reason in its environment
-    replace_webhook_url: str = ""     # or: POST the retirement as JSON here
+    # or: POST the retirement as JSON here (a secret: webhook URLs carry tokens)
+    replace_webhook_url: Secret = field(default_factory=Secret)
+    # names of variables of the worker's environment the command also gets (comma-separated);
+    # otherwise only PATH, the TAILGUARD_REPLACE_* settings and the retirement's fields
+    replace_env: str = ""
     replace_timeout_s: float = 60.0   # per attempt
     replace_attempts: int = 3         # tries before the outcome is "failed"
     replace_max_age_s: float = 3600.0  # older retirements, first seen (hook newly on), are not acted on
@@ -146,6 +150,9 @@ class Settings:
     allowlist_file: str = ""          # a file of node ids, one a line, # comments
     allowlist_pattern: str = ""       # node ids matching this regular expression (whole)
     allowlist_refresh_s: float = 30.0  # how often the set and the file are read again
+    # Stage 2's messages that Kafka did not take yet (a topic refusing writes), kept for retry
+    # at most this many bytes; the oldest are dropped (counted) beyond.
+    publish_backlog_bytes: int = 64 * 1024 * 1024
     # Allowlist of model names: off while both are empty; on, events of other models are
     # dead-lettered (not_allowlisted) — a flood of model names never reaches a window.
     allowlist_models: str = ""         # model names, comma-separated
@@ -223,15 +230,14 @@ class Settings:
                                "the name the sentinels monitor the primary under (SENTINEL MONITOR <name> …)")
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):
             raise SettingError("TAILGUARD_LOG_LEVEL", self.log_level, "debug, info, warning or error")
-        if self.replace_command and self.replace_webhook_url:
-            raise SettingError("TAILGUARD_REPLACE_WEBHOOK_URL", self.replace_webhook_url,
-                               "empty when TAILGUARD_REPLACE_COMMAND is set (one action per retirement)")
-        if self.replace_webhook_url and urlparse(self.replace_webhook_url).scheme not in ("http", "https"):
-            raise SettingError("TAILGUARD_REPLACE_WEBHOOK_URL", self.replace_webhook_url, "an http(s):// URL")
+        _check_replace(self)
         for name in ("replace_timeout_s", "replace_max_age_s"):
             v = getattr(self, name)
             if not (v > 0 and v < float("inf")):
                 raise SettingError(PREFIX + name.upper(), v, "a number of seconds > 0")
+        if not 1024 <= self.publish_backlog_bytes <= 1 << 40:
+            raise SettingError("TAILGUARD_PUBLISH_BACKLOG_BYTES", self.publish_backlog_bytes,
+                               "a number of bytes in [1024, 2^40] (default 64 MiB)")
         if not 1 <= self.replace_attempts <= 100:
             raise SettingError("TAILGUARD_REPLACE_ATTEMPTS", self.replace_attempts, "1..100")
         for f in dataclasses.fields(Topics):
@@ -249,6 +255,13 @@ class Settings:
     def scrape_timeout(self) -> float:
         """The per-target scrape timeout in seconds (``scrape_timeout_s``, 0 resolved)."""
         return self.scrape_timeout_s or min(5.0, self.scrape_interval_s)
+
+    def kafka_security(self) -> KafkaSecurity:
+        """The Kafka security values, as :mod:`tailguard.kafka_security` (and the agent) take them."""
+        return KafkaSecurity(
+            self.kafka_security_protocol, self.kafka_sasl_mechanism, self.kafka_sasl_username,
+            self.kafka_sasl_password.reveal(), self.kafka_ssl_cafile, self.kafka_ssl_certfile,
+            self.kafka_ssl_keyfile, self.kafka_ssl_key_password.reveal(), self.kafka_ssl_check_hostname)
 
     @property
     def allowlist_on(self) -> bool:
@@ -273,26 +286,7 @@ def _check_topic_name(var: str, name: str, max_len: int = 249, why: str = "") ->
 
 
 def _check_security(s: Settings) -> None:
-    proto = s.kafka_security_protocol
-    if proto not in KAFKA_PROTOCOLS:
-        raise SettingError("TAILGUARD_KAFKA_SECURITY_PROTOCOL", proto, ", ".join(KAFKA_PROTOCOLS))
-    if s.kafka_sasl_mechanism not in SASL_MECHANISMS:
-        raise SettingError("TAILGUARD_KAFKA_SASL_MECHANISM", s.kafka_sasl_mechanism, ", ".join(SASL_MECHANISMS))
-    if proto.startswith("SASL_"):
-        if not s.kafka_sasl_username:
-            raise SettingError("TAILGUARD_KAFKA_SASL_USERNAME", "", f"a user name (required with {proto})")
-        if not s.kafka_sasl_password:
-            raise SettingError("TAILGUARD_KAFKA_SASL_PASSWORD", "",
-                               f"a password, or TAILGUARD_KAFKA_SASL_PASSWORD_FILE (required with {proto})")
-    tls = proto in ("SSL", "SASL_SSL")
-    for name in ("kafka_ssl_cafile", "kafka_ssl_certfile", "kafka_ssl_keyfile"):
-        if getattr(s, name) and not tls:
-            raise SettingError(PREFIX + name.upper(), getattr(s, name),
-                               f"empty: TAILGUARD_KAFKA_SECURITY_PROTOCOL={proto} uses no TLS "
-                               "(set it to SSL or SASL_SSL)")
-    if s.kafka_ssl_keyfile and not s.kafka_ssl_certfile:
-        raise SettingError("TAILGUARD_KAFKA_SSL_CERTFILE", "", "the client certificate that "
-                           "TAILGUARD_KAFKA_SSL_KEYFILE belongs to")
+    validate_kafka_security(s.kafka_security(), SettingError)
     if s.redis_ssl_keyfile and not s.redis_ssl_certfile:
         raise SettingError("TAILGUARD_REDIS_SSL_CERTFILE", "", "the client certificate that "
                            "TAILGUARD_REDIS_SSL_KEYFILE belongs to")
@@ -307,6 +301,58 @@ def _check_security(s: Settings) -> None:
     if s.redis_username and u.username:
         raise SettingError("TAILGUARD_REDIS_USERNAME", s.redis_username, "empty when "
                            "TAILGUARD_REDIS_URL holds a user name already (give it in one place)")
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _check_replace(s: Settings) -> None:
+    url = s.replace_webhook_url.reveal()
+    # The URL is a secret: an error shows its scheme only (a token may be anywhere in it).
+    shown = f"{urlparse(url).scheme}://***" if "://" in url else "***"
+    if s.replace_command and url:
+        raise SettingError("TAILGUARD_REPLACE_WEBHOOK_URL", shown,
+                           "empty when TAILGUARD_REPLACE_COMMAND is set (one action per retirement)")
+    if url and (urlparse(url).scheme not in ("http", "https") or not urlparse(url).hostname):
+        raise SettingError("TAILGUARD_REPLACE_WEBHOOK_URL", shown, "an http(s):// URL")
+    names = [n.strip() for n in s.replace_env.split(",") if n.strip()]
+    if not all(_ENV_NAME.fullmatch(n) for n in names):
+        raise SettingError("TAILGUARD_REPLACE_ENV", s.replace_env,
+                           "comma-separated variable names, e.g. KUBECONFIG,HOME")
+    secret = {PREFIX + n.upper() for n in SECRETS} | set(secret_file_names())
+    for n in names:
+        if n in secret:
+            raise SettingError("TAILGUARD_REPLACE_ENV", s.replace_env,
+                               f"names of variables that hold no tailguard secret (not {n})")
+
+
+def secret_values(s: Settings) -> list[str]:
+    """Every secret's value (and the password in ``TAILGUARD_REDIS_URL``): what must never
+    appear in a log or a message (``tailguard.redact.Redactor`` masks them). For the webhook URL,
+    also its password, query and long path segments (tokens are often there)."""
+    out = [getattr(s, n).reveal() for n in SECRETS if getattr(s, n)]
+    for url in (s.redis_url, s.replace_webhook_url.reveal()):
+        u = urlparse(url)
+        out += [p for p in (u.password, u.query) if p]
+    out += [seg for seg in urlparse(s.replace_webhook_url.reveal()).path.split("/") if len(seg) >= 16]
+    return out
+
+
+def replace_command_env(s: Settings, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment the replace command starts from (the retirement's fields are added).
+
+    ``PATH``, the ``TAILGUARD_REPLACE_*`` variables that hold no secret, and the variables
+    ``TAILGUARD_REPLACE_ENV`` names — nothing else of the worker's environment (its
+    passwords stay in the worker).
+    """
+    env = os.environ if environ is None else environ
+    secret = {PREFIX + n.upper() for n in SECRETS} | set(secret_file_names())
+    out = {"PATH": env.get("PATH", os.defpath)}
+    out |= {k: v for k, v in env.items() if k.startswith(PREFIX + "REPLACE_") and k not in secret}
+    for name in (n.strip() for n in s.replace_env.split(",")):
+        if name and name in env:
+            out[name] = env[name]
+    return out
 
 
 def _check_allowlist(s: Settings) -> None:
@@ -461,19 +507,8 @@ def parse_set(items: list[str], base: DetectorSettings | None = None) -> Detecto
 
 
 def _parse_bool(var: str, text: str) -> bool:
-    low = text.strip().lower()
-    if low in ("1", "true", "yes", "on"):
-        return True
-    if low in ("0", "false", "no", "off"):
-        return False
-    raise SettingError(var, text, "true or false")
+    return parse_bool(var, text, SettingError)
 
 
 def _read_secret(var: str, path: str) -> str:
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except (OSError, UnicodeDecodeError) as e:
-        raise SettingError(var, path, f"a readable file holding the secret ({type(e).__name__})") from None
-    text = text[:-1] if text.endswith("\n") else text
-    return text[:-1] if text.endswith("\r") else text
+    return read_secret(var, path, SettingError)

@@ -39,10 +39,11 @@ APPLY_LUA = r"""
 --       6 shadow routing SET, 7 history HASH, 8 events LIST, 9 held-out SET, 10 weights HASH
 -- ARGV: 1 channel, 2 model, 3 #routing, 4 #quarantine, 5 #statuses,
 --       6 #shadow (-1: leave the shadow set alone), 7 #history (-1: leave it alone),
---       8 #events, 9 events cap, 10 #held-out, 11 #weights,
---       then the routing members, then (score, node) pairs, then (node, json) pairs,
---       then the shadow members, then (node, json) history pairs, then event jsons,
---       then the held-out members, then (node, weight) pairs.
+--       8 #events, 9 events cap, 10 #held-out, 11 #weights, 12 version floor (the last
+--       version this writer wrote for the model, 0 if none), then the routing members,
+--       then (score, node) pairs, then (node, json) pairs, then the shadow members,
+--       then (node, json) history pairs, then event jsons, then the held-out members,
+--       then (node, weight) pairs.
 -- An empty routing set is written only for a model that has none yet (no node admitted:
 -- the key stays absent); one that would empty an existing set is refused, nothing written.
 -- The weights hash (routed nodes below weight 1) moves with the routing set: a change of
@@ -63,12 +64,13 @@ local n_events = tonumber(ARGV[8])
 local events_cap = tonumber(ARGV[9])
 local n_held = tonumber(ARGV[10])
 local n_weights = tonumber(ARGV[11])
+local version_floor = tonumber(ARGV[12])
 if n_routing == nil or n_quarantine == nil or n_status == nil or n_shadow == nil
     or n_history == nil or n_events == nil or events_cap == nil or n_held == nil
-    or n_weights == nil then
+    or n_weights == nil or version_floor == nil then
   return redis.error_reply('ERR tailguard: malformed counts')
 end
-local first_r = 12
+local first_r = 13
 local first_q = first_r + n_routing
 local first_s = first_q + 2 * n_quarantine
 local first_w = first_s + 2 * n_status
@@ -194,8 +196,16 @@ if n_events > 0 then
 end
 
 local version
-if routing_changed or quarantine_changed or held_changed or weights_changed then
-  if redis.call('EXISTS', version_key) == 0 then
+-- A replica promoted after a failover may lack the last writes it was not sent: its version
+-- is then below one readers saw. The writer's floor moves it past that (readers never see a
+-- version go back), whether or not the content changed.
+local stored = tonumber(redis.call('GET', version_key))
+local behind = stored ~= nil and stored < version_floor
+if routing_changed or quarantine_changed or held_changed or weights_changed or behind then
+  if behind then
+    version = version_floor + 1
+    redis.call('SET', version_key, string.format('%.0f', version))
+  elseif stored == nil then
     -- A new (or lost) version key starts at the server's time in ms, so that a version
     -- never repeats after Redis lost its data: readers compare versions with ~=.
     local t = redis.call('TIME')
@@ -204,9 +214,13 @@ if routing_changed or quarantine_changed or held_changed or weights_changed then
   else
     version = redis.call('INCR', version_key)
   end
+  if version <= version_floor then
+    version = version_floor + 1
+    redis.call('SET', version_key, string.format('%.0f', version))
+  end
   redis.call('PUBLISH', channel, cjson.encode({model = model, version = version}))
 else
-  version = tonumber(redis.call('GET', version_key))
+  version = stored
 end
 return {routing_changed and 1 or 0, (quarantine_changed or held_changed) and 1 or 0, version,
   weights_changed and 1 or 0}
@@ -297,9 +311,10 @@ def validate(tick: ModelTick) -> None:
             )
 
 
-def script_call(keys: Keys, tick: ModelTick, extras: Extras,
-                now_ts: float) -> tuple[list[str], list[str | int]]:
-    """The KEYS and ARGV of :data:`APPLY_LUA` for ``tick`` (statuses stamped ``now_ts``)."""
+def script_call(keys: Keys, tick: ModelTick, extras: Extras, now_ts: float,
+                version_floor: int = 0) -> tuple[list[str], list[str | int]]:
+    """The KEYS and ARGV of :data:`APPLY_LUA` for ``tick`` (statuses stamped ``now_ts``;
+    ``version_floor``: the last version written for the model, which the new one exceeds)."""
     k, m = keys, tick.model
     routing = sorted(tick.routing)
     quarantine = [(repr(float(ts)), node) for node, ts in sorted(tick.quarantine.items())]
@@ -315,7 +330,7 @@ def script_call(keys: Keys, tick: ModelTick, extras: Extras,
     args: list[str | int] = [
         k.channel, m, len(routing), len(quarantine), len(statuses),
         -1 if shadow is None else len(shadow), -1 if history is None else len(history),
-        len(extras.events), EVENTS_CAP, len(held), len(weights),
+        len(extras.events), EVENTS_CAP, len(held), len(weights), version_floor,
         *routing, *_flat(quarantine), *_flat(sorted(statuses.items())),
         *(shadow or ()), *_flat(history or ()), *extras.events, *held, *_flat(weights),
     ]

@@ -348,7 +348,9 @@ class RoutingWriter:
             async with asyncio.timeout(self._write_timeout_s):
                 await self._forget_script(keys=keys, args=args)
             return WriteResult(tick.model, 0, True, True, has_routing=False, forgotten=True)
-        keys, args = script_call(self.keys, tick, extras, self._clock())
+        last = self.last_results.get(tick.model)
+        keys, args = script_call(self.keys, tick, extras, self._clock(),
+                                 version_floor=last.version if last is not None else 0)
         async with asyncio.timeout(self._write_timeout_s):
             raw = await self._script(keys=keys, args=args)
         return parse_reply(tick, raw)

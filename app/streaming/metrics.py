@@ -76,6 +76,15 @@ class WorkerMetrics:
                                            "results that answer no current request, by reason "
                                            "(no_episode, no_request_id, wrong_request, "
                                            "before_request): not applied", ["reason"], registry=r)
+        self.publish_dropped = Counter("tailguard_publish_dropped", "stage-2 messages (health "
+                                       "changes, fleet events, diagnostics requests) dropped "
+                                       "unpublished: the oldest, when the backlog of a failing "
+                                       "topic outgrew TAILGUARD_PUBLISH_BACKLOG_BYTES",
+                                       ["topic"], registry=r)
+        self.publish_backlog_bytes = Gauge("tailguard_publish_backlog_bytes", "bytes of stage-2 "
+                                           "messages waiting to be published (retried every "
+                                           "tick; routing is written to Redis meanwhile)",
+                                           registry=r)
         self.samples_dropped = Counter("tailguard_samples_dropped", "samples (and heartbeats) "
                                        "stage 1 did not add to a window, by reason "
                                        "(new_pair_limit: a new pair over "
@@ -116,6 +125,13 @@ class WorkerMetrics:
         self.operator_read_failures = Counter("tailguard_operator_read_failures", "failed "
                                               "reads of operator overrides/modes from Redis "
                                               "(the last ones read stay in force)", registry=r)
+        self._weight_metrics(r)
+        self._weighted: dict[str, set[str]] = {}      # model -> nodes with a node_weight series
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+
+    def _weight_metrics(self, r: CollectorRegistry) -> None:
+        """The routing-weight metrics (tailguard.core.judge.weights)."""
         self.node_weight = Gauge("tailguard_node_weight", "routing weight the rules gave a routed node "
                                  "(0..1] for nodes that were weighted below 1.0 while routed "
                                  "(1.0 once back; no series for the others: weight 1.0)",
@@ -124,9 +140,6 @@ class WorkerMetrics:
                                     "1.0 per model", ["model"], registry=r)
         self.weight_changes = Counter("tailguard_weight_changes", "routing-weight events "
                                       "published (rate-limited)", ["model"], registry=r)
-        self._weighted: dict[str, set[str]] = {}      # model -> nodes with a node_weight series
-        self._server: Any = None
-        self._thread: threading.Thread | None = None
 
     # --- WriterMetrics (tailguard.routing.writer) ---------------------------------
     def write_failed(self, model: str, error: BaseException) -> None:

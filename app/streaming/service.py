@@ -22,7 +22,6 @@ retries the latest verdict in the background).
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import os
 import tempfile
@@ -38,7 +37,7 @@ from prometheus_client import CollectorRegistry
 
 from tailguard.core.contract.errors import BadEvent
 from tailguard.core.contract.ids import Allowlist
-from tailguard.core.contract.types import HealthState, ModelTick, WindowSummary
+from tailguard.core.contract.types import ModelTick, WindowSummary
 from tailguard.core.judge.evaluate import FleetEvaluator
 from tailguard.core.window.window import WindowStore
 from tailguard.routing.apply_script import Extras
@@ -56,6 +55,7 @@ from tailguard.streaming.deadletter import DeadLetter
 from tailguard.streaming.edge import EdgeInput, EdgeOutput, OperatorEdge
 from tailguard.streaming.ingest import IngestService, next_boundary, sleep_until
 from tailguard.streaming.metrics import WorkerMetrics
+from tailguard.streaming.publisher import Publisher, tick_messages
 from tailguard.streaming.replace import ReplaceHook, build_hook
 from tailguard.streaming.stage1 import Stage1
 from tailguard.streaming.stage2 import ModelOutput, Stage2, StageHints, decode_hints, state_key
@@ -73,7 +73,8 @@ log = logging.getLogger(__name__)
 
 STAGE2_TAKE = 2000
 STAGE2_OFFSET_MAX_S = 5.0
-MAX_UNPUBLISHED_TICKS = 10_000   # model-ticks kept for re-publishing while Kafka is down
+# Of each stage-2 tick, the share that publishing to Kafka may take after the routing write.
+PUBLISH_BUDGET_FRACTION = 0.25
 
 
 class RoutingSink(Protocol):
@@ -140,7 +141,7 @@ class Runtime:
     gauged_models: set[str] = field(default_factory=set)
     dropped_reported: dict[str, int] = field(default_factory=dict)   # stage2.dropped exported
     replace_hook: ReplaceHook | None = None
-    unpublished: list[EdgeOutput] = field(default_factory=list)
+    publisher: Publisher | None = None
     edge: OperatorEdge | None = None
     operators: OperatorSource | None = None
     operator_state: OperatorState = field(default_factory=OperatorState)
@@ -257,6 +258,13 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
     rt = Runtime(settings, metrics, stage1, stage2, evaluator, writer, edge=edge,
                  operators=operators)
     setattr(app, _RUNTIME_ATTR, rt)
+    by_name = {t.get_topic_name(): t for t in (health, fleet, diag_req)}
+
+    async def send(topic: str, key: bytes | None, value: bytes) -> Any:
+        return await by_name[topic].send(key=key, value=value)
+    publisher = rt.publisher = Publisher(
+        send, max_bytes=settings.publish_backlog_bytes,
+        on_dropped=lambda topic, n: metrics.publish_dropped.labels(topic=topic).inc(n))
     changelogs = [t.changelog_topic.get_topic_name() for t in (state_table, hints_table)]
     written = [t.get_topic_name() for t in (stats, health, fleet, diag_req, dlq, replacements)] + changelogs
 
@@ -385,12 +393,13 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
         rt.gauged_models = now_owned
         metrics.last_tick_ts.set(now_s)
         edged = await at_the_edge(outputs, now_s)
-        # At least once: what a failed publish left behind goes out first at the next tick
-        # (consumers drop the repeats by event_id); bounded, the oldest are dropped first.
-        pending = [*rt.unpublished, *edged][-MAX_UNPUBLISHED_TICKS:]
-        rt.unpublished = pending
-        await publish(pending)
-        rt.unpublished = []
+        # Redis first, every tick: routing never waits on Kafka. The tick's messages then go
+        # to a backlog bounded in bytes, published within a budget and retried (publisher).
+        await write_routing(edged)
+        publisher.add(tick_messages(edged, topics.health_changes, topics.fleet_events,
+                                    topics.diagnostics_requests, metrics))
+        await publisher.publish(PUBLISH_BUDGET_FRACTION * tick_s)
+        metrics.publish_backlog_bytes.set(publisher.nbytes)
         if hook is not None:   # level-triggered: every retired status, every tick (replace.py)
             # Observe mode acts on nothing: its models' retired nodes are not replaced.
             hook.offer(s for d in edged if d.mode == "enforce" for s in d.tick.statuses)
@@ -421,32 +430,7 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
                         log.exception("deleting an expired override of %r failed", o.node_id)
         return edged
 
-    async def publish(outputs: list[EdgeOutput]) -> None:
-        futs = []
-        for out in outputs:
-            tick = out.tick
-            key = state_key(tick.model)
-            for ev in out.health_events:
-                futs.append(await health.send(key=key, value=dumps(ev)))
-                if ev.get("type") == "weight":
-                    metrics.weight_changes.labels(model=tick.model).inc()
-                elif "operator" not in ev:    # a drain or pin is no state transition
-                    metrics.transitions.labels(to=str(ev["to"])).inc()
-            metrics.set_weights(tick.model, tick.weights, tick.routing)
-            for f in tick.fleet_events:
-                futs.append(await fleet.send(key=key, value=dumps(f.to_event())))
-                metrics.fleet_events.labels(model=tick.model, kind=f.kind).inc()
-            for r in tick.diagnostics:
-                futs.append(await diag_req.send(key=r.node_id.encode(),
-                                                value=dumps(r.to_event())))
-            counts: collections.Counter[HealthState] = collections.Counter(
-                s.state for s in tick.statuses)
-            metrics.set_node_states(tick.model, dict(counts))
-            metrics.set_cluster_latency(tick.model, tick.fleet_latency_p50_us,
-                                        tick.fleet_latency_p99_us)
-        await asyncio.gather(*futs)
-        if outputs:
-            await app.producer.flush()
+    async def write_routing(outputs: list[EdgeOutput]) -> None:
         for out in outputs:
             try:
                 await routing.apply(out.tick, out.extras)

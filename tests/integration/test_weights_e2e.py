@@ -30,8 +30,7 @@ async def test_a_node_1_6x_slower_is_weighted_down_and_stays_routed(
             assert await routing(r, env.name, "llm") == set(NODES)       # weighted, not out
 
             async def weight_events() -> list[dict[str, object]]:
-                return [e for e in await health_events(kafka_bootstrap, env)
-                        if e.get("type") == "weight"]
+                return await health_events(kafka_bootstrap, env, weights=True)
             events = await wait_for(weight_events, 20, "a weight event", worker.tail)
         ev = events[0]
         assert (ev["node_id"], ev["model"], ev["previous_weight"]) == ("slow", "llm", 1.0)
@@ -41,5 +40,5 @@ async def test_a_node_1_6x_slower_is_weighted_down_and_stays_routed(
         assert {e["node_id"] for e in events} == {"slow"}
         # No transition took anybody out of routing.
         assert not [e for e in await health_events(kafka_bootstrap, env)
-                    if e.get("type") is None and e["routed"] is False and e["to"] != "warming"]
+                    if e["routed"] is False and e["to"] != "warming"]
         assert worker.proc.poll() is None, worker.tail()

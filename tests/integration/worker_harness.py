@@ -253,9 +253,13 @@ async def routing(r: Any, prefix: str, model: str) -> set[str]:
     return {m.decode() for m in await r.smembers(f"{prefix}:routing:{model}")}
 
 
-async def health_events(kafka: str, env: WorkerEnv) -> list[dict[str, Any]]:
+async def health_events(kafka: str, env: WorkerEnv, *,
+                        weights: bool = False) -> list[dict[str, Any]]:
+    """The health-change topic's state changes (and operator announcements), in order;
+    ``weights``: its routing-weight events (``"type": "weight"``) instead."""
     recs = await read_topic(kafka, env.topic("health_changes"))
-    return [json.loads(r.value) for r in sorted(recs, key=lambda r: (r.timestamp, r.offset))]
+    evs = [json.loads(r.value) for r in sorted(recs, key=lambda r: (r.timestamp, r.offset))]
+    return [e for e in evs if (e.get("type") == "weight") == weights]
 
 
 def tailguard_cli(env: WorkerEnv, *args: str, timeout_s: float = 30.0) -> subprocess.CompletedProcess[str]:

@@ -224,3 +224,23 @@ def test_a_confirmed_abnormal_node_is_still_ejected() -> None:
     ev = FleetEvaluator(S)
     out = run(ev, 5, fleet(n3=3.0))
     assert "n3" not in out[-1].routing and "n3" not in out[-1].weights
+
+
+@pytest.mark.parametrize("factor", [1.3, 1.6])
+def test_a_steadily_slow_node_does_not_flap(factor: float) -> None:
+    # Window P50s from 1000 lognormal samples each (sigma 0.5), one node `factor` slower, for
+    # 300 ticks: it is weighted down once (one or two confirmed moves) and then stays put.
+    rng = np.random.default_rng(11)
+    ws = WeightState()
+    seen = []
+    for k in range(300):
+        p50s = {f"n{i}": float(np.median(rng.lognormal(math.log(100 * (factor if i == 3 else 1)),
+                                                        0.5, 1000))) for i in range(8)}
+        ps = peer_set(p50s, ratio=math.exp(2.326 * 0.5), samples=1000)
+        wt = weigh_model("m", ws, ps, norms_of(ps, {}, {}, S).window, frozenset(p50s),
+                         T0 + 30 * k, S)
+        ws = wt.state
+        seen.append(wt.weights.get("n3", 1.0))
+        assert set(wt.weights) <= {"n3"}
+    moves = sum(1 for a, b in itertools.pairwise(seen) if a != b)
+    assert seen[-1] < 0.95 and moves <= 4, (moves, sorted(set(seen)))

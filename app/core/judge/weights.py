@@ -13,8 +13,9 @@ Guarantees:
   :data:`BAND_FLOOR` and :data:`NOISE_K` robust standard deviations of the peers' log P50s and
   of the node's own log-median estimate (:func:`noise_band`).
 * A weight is in ``[min_weight, 1]`` on a :data:`WEIGHT_STEP` grid; it moves down only when the
-  last ``confirm_windows`` targets are all below it (to the highest of them), up only when they
-  are all above it (by at most :data:`UP_STEP` per tick).
+  last ``confirm_windows`` targets are all :data:`DEAD_BAND` or more below it (to the highest of
+  them), up only when they are all that far above it or at 1.0 (by at most :data:`UP_STEP` per
+  tick). So a weight below 1.0 is at most 0.9.
 * Nothing moves without evidence: below ``min_peers`` peers, on a load event, or for a routed
   node with no judged window this tick, weights and their confirmation are held.
 * Only routed nodes have a weight; a node that leaves routing loses its state (it comes back
@@ -45,6 +46,9 @@ WEIGHT_EXPONENT = 2.0
 WEIGHT_STEP = 0.05
 # The most a weight rises in one tick once its recovery is confirmed.
 UP_STEP = 0.1
+# A weight moves only when every recent target is at least this far from it (two grid steps):
+# a window's P50 noise moves the target by about one step, and it must not move the weight.
+DEAD_BAND = 0.1
 # The noise band: at least this log factor (a node within 10 % of its peers is never weighted)…
 BAND_FLOOR = math.log(1.1)
 # …and at least this many robust standard deviations of the noise.
@@ -201,15 +205,17 @@ def targets(peers: PeerSet, norms: Norms, st: DetectorSettings,
 
 def step(nw: NodeWeight, target: float, confirm: int) -> NodeWeight:
     """One window's ``target`` into ``nw``: down to the highest of the last ``confirm``
-    targets when all are below the weight, up by at most :data:`UP_STEP` (to the lowest of
-    them) when all are above it; else the weight stays."""
+    targets when all are at least :data:`DEAD_BAND` below the weight, up by at most
+    :data:`UP_STEP` (to the lowest of them) when all are at least :data:`DEAD_BAND` above it
+    (or all 1.0); else the weight stays."""
     recent = (*nw.recent, target)[-confirm:]
     w = nw.weight
     if len(recent) == confirm:
-        if max(recent) < w:
-            return NodeWeight(max(recent), recent)
+        hi = max(recent)
+        if hi <= w - DEAD_BAND + 1e-9:
+            return NodeWeight(hi, recent)
         lo = min(recent)
-        if lo > w:
+        if lo > w and lo >= min(1.0, w + DEAD_BAND) - 1e-9:
             return NodeWeight(min(lo, round(w + UP_STEP, 4)), recent)
     return NodeWeight(w, recent)
 
