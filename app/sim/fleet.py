@@ -356,7 +356,11 @@ def _run_fleet_cli(args: argparse.Namespace) -> int:
     if not args.time_scale > 0:
         raise SimError(f"--time-scale must be > 0, got {args.time_scale}")
     duration = args.duration_s if args.duration_s is not None else s.duration_s / args.time_scale
+    if args.slots is not None and args.slots < 1:
+        raise SimError(f"--slots must be >= 1, got {args.slots}")
     if args.metrics:
+        if args.slots is not None:
+            raise SimError("--slots applies to the nodes that report through the emitter, not with --metrics")
         from tailguard.sim.metrics_fleet import serve_metrics
 
         asyncio.run(serve_metrics(s, args, duration))
