@@ -30,6 +30,7 @@ from tailguard.core.judge import health
 from tailguard.core.judge.health import Evidence, Judgement, PairState, Verdict
 from tailguard.core.judge.model_state import PairTable
 from tailguard.core.judge.peers import Limits, Norms, limits, median
+from tailguard.core.judge.shift import probe_shift_hold, shift_severity
 
 # Onset credit: a window whose relative severity reached this fraction of the limit counts
 # towards confirmation when the next window is abnormal.
@@ -87,13 +88,7 @@ def judge(s: WindowSummary, p50: float, ratio: float, samples: int, norms: Norms
     sev_p99 = p50 * ratio / lim.d99 if tail and lim.d99 > 0 else 0.0
     # Shift: request sizes dilute a per-token slowdown in raw latency; three statistics
     # agreeing is not noise.
-    sev_shift = 0.0
-    if (st.shift_factor and tail and sev_p50 and sev_p99 and norms.fleet_ratio is not None
-            and norms.fleet_ratio > st.ratio_threshold):
-        # Each statistic as a multiple of its reference (severity × its factor).
-        over = ((sev_p50 * f50, sev_p99 * f99, sev_fresh * f50) if sev_fresh
-                else (sev_p50 * f50, sev_p99 * f99))
-        sev_shift = min(over) / st.shift_factor
+    sev_shift = shift_severity(sev_p50, sev_p99, sev_fresh, norms, st) if tail else 0.0
     if (sev_tail <= 1.0 and sev_p50 <= 1.0 and sev_p99 <= 1.0 and sev_fresh <= 1.0
             and sev_shift <= 1.0):
         rel = max(sev_p50, sev_p99, sev_fresh, sev_shift)
@@ -207,13 +202,17 @@ def judge_probe(s: WindowSummary, norms: Norms, st: DetectorSettings) -> Judgeme
     rules against the current peers, the fresh-tail rule included (no verdict below
     ``probe_min_samples``)."""
     need = st.probe_min_samples
+    lim = limits(norms, None, s.hardware, st)
     if s.samples >= need and s.p50 is not None and s.p99 is not None and s.p50 > 0:
         p50, p99, n = s.p50, s.p99, s.samples
-        j = judge(s, p50, p99 / p50, n, norms, st, p99)
+        j = judge(s, p50, p99 / p50, n, norms, st, p99, lim=lim)
         # A node ejected on its fresh tail stays out while that tail lasts (no bounce).
         tail = (judge_fresh_tail(s, st, norms.p50_ref(s.hardware))
                 if s.fresh_over and j.verdict is Verdict.NORMAL else None)
-        return tail or normal_with_evidence(j, s, p50, p99, n, norms, str(Reason.NORMAL))
+        hold = (probe_shift_hold(s, p50, p99, n, norms, lim, st, ONSET_CREDIT_FRACTION,
+                                 tail_support_samples(st))
+                if j.verdict is Verdict.NORMAL else None)
+        return tail or hold or normal_with_evidence(j, s, p50, p99, n, norms, str(Reason.NORMAL))
     elif (judged_since(s) is None and s.probe_samples >= need
           and s.probe_p50 is not None and s.probe_p99 is not None and s.probe_p50 > 0):
         # Only for a window cut by no one (stage 1 did not know the round yet): a cut
@@ -223,8 +222,10 @@ def judge_probe(s: WindowSummary, norms: Norms, st: DetectorSettings) -> Judgeme
         p50, p99, n = s.probe_p50, s.probe_p99, s.probe_samples
     else:
         return health.NO_VERDICT
-    return normal_with_evidence(judge(s, p50, p99 / p50, n, norms, st, p99), s, p50, p99, n, norms,
-                                str(Reason.NORMAL))
+    j = judge(s, p50, p99 / p50, n, norms, st, p99, lim=lim)
+    hold = probe_shift_hold(s, p50, p99, n, norms, lim, st, ONSET_CREDIT_FRACTION,
+                                 tail_support_samples(st)) if j.verdict is Verdict.NORMAL else None
+    return hold or normal_with_evidence(j, s, p50, p99, n, norms, str(Reason.NORMAL))
 
 
 def normal_with_evidence(j: Judgement, s: WindowSummary, p50: float, p99: float, n: int,
