@@ -2,12 +2,18 @@
 
 Usage::
 
-    tailguard replay [--set KEY=VALUE]... [--summary] [--progress] FILE|-
+    tailguard replay [--set KEY=VALUE]... [--summary] [--progress] [--format auto|events|capture]
+                     [--node-label L] [--hardware-label L] [--model-label L] [--profile P] FILE|-
 
 This module owns what the pure core may not touch: argparse, opening the
 file (or standard input; a gzip-compressed trace is decompressed on the fly),
 stdout and stderr. What is replayed and how ticks fall in event time is
-:mod:`tailguard.core.replay.replay`'s; its output lines go to stdout unchanged.
+:mod:`tailguard.core.replay.replay`'s; its output lines go to stdout unchanged. The input is JSON lines of
+latency events (any form of the contract, histogram events included) or captured scrapes:
+Prometheus text with a node label and a millisecond timestamp on every sample (``/federate``
+output taken repeatedly), turned into histogram events by
+:func:`tailguard.scrape.convert.events_from_capture`; ``--format auto`` (the default) tells them
+apart by the first line that is not blank (``{`` or a binary batch: events; else a capture).
 
 stderr: a one-line summary (events, ticks, transitions, bad lines by reason
 with the line numbers of the first few) is printed at the end; ``--summary``
@@ -18,8 +24,8 @@ raw-latency P50/P99 at the last tick (``model M: cluster P50 … ms, P99 … ms
 ``PROGRESS_EVERY_LINES`` lines.
 
 Exit codes: 0 — replayed (bad lines do not change it); 1 — the file cannot
-be opened or read (the message names it); 2 — bad command line or a bad
-``--set`` (the message names the setting and what is allowed).
+be opened or read, or a capture cannot be converted (the message names it and the block); 2 —
+bad command line or a bad ``--set`` (the message names the setting and what is allowed).
 """
 
 from __future__ import annotations
@@ -27,13 +33,16 @@ from __future__ import annotations
 import argparse
 import gzip
 import io
+import json
 import sys
+from collections.abc import Iterable, Iterator
 from typing import IO, Any, cast
 
 from tailguard.core.contract.config import SettingError, field_names
 from tailguard.core.replay.detector import Detector
 from tailguard.core.replay.replay import ReplayStats, replay
 from tailguard.core.window.quantiles import digest_from_dict, digest_quantiles
+from tailguard.scrape.convert import ScrapeError, events_from_capture
 from tailguard.settings import parse_set
 from tailguard.text import printable
 
@@ -50,12 +59,27 @@ def _parser() -> argparse.ArgumentParser:
                    help="print a final per-(node, model) table to stderr")
     p.add_argument("--progress", action="store_true", default=None,
                    help="print progress to stderr (default: when stderr is a terminal)")
+    p.add_argument("--format", choices=("auto", "events", "capture"), default="auto",
+                   help="events: JSON lines of latency events (histogram events included); capture:"
+                        " captured scrapes (/federate text, ms timestamps); auto (default): by the"
+                        " first line")
+    p.add_argument("--node-label", default="instance",
+                   help="capture: the label naming each target's node (default instance)")
+    p.add_argument("--hardware-label", default="hardware",
+                   help="capture: the label naming its hardware class (default hardware)")
+    p.add_argument("--model-label", default="model",
+                   help="capture: the label naming the model of servers without one, TGI (default model)")
+    p.add_argument("--profile", default="auto",
+                   help="capture: vllm, sglang, tgi, triton, dynamo or auto (default: from the metric names)")
     return p
 
 
 # Unit of each signal's quantiles, and the digits worth printing (tailguard.core.window.signals).
 _SIGNAL_UNITS: dict[str | None, tuple[str, int]] = {
-    "latency": ("µs", 0), "tpot": ("µs/token", 1), "normalized": ("× expected", 2)}
+    "latency": ("µs", 0), "tpot": ("µs/token", 1), "normalized": ("× expected", 2),
+    # Histogram pairs (tailguard.core.window.hist_window): interpolated between bucket bounds, for people.
+    "e2e_hist": ("µs, interpolated", 0), "ttft_hist": ("µs, interpolated", 0),
+    "itl_hist": ("µs/token, interpolated", 0)}
 
 
 def _status_table(det: Detector) -> str:
@@ -98,6 +122,22 @@ def fleet_lines(det: Detector) -> list[str]:
     return out
 
 
+def _is_capture(stream: IO[bytes]) -> bool:
+    """Whether the first line that is not blank looks like Prometheus text, not an event."""
+    peek = getattr(stream, "peek", None)       # BufferedReader and GzipFile (_maybe_gunzip)
+    head: bytes = peek(65536) if peek is not None else b""
+    first = next((ln.strip() for ln in head.splitlines() if ln.strip()), b"")
+    return bool(first) and not first.startswith(b"{") and not first.startswith(b"\xf5TG")
+
+
+def _capture_events(stream: IO[bytes], args: argparse.Namespace) -> Iterator[str]:
+    """A capture's histogram events as JSON lines (converted as read; see the module docstring)."""
+    text = (line.decode("utf-8", "replace") for line in stream)
+    for ev in events_from_capture(text, node_label=args.node_label, hardware_label=args.hardware_label,
+                                  model_label=args.model_label, profile=args.profile):
+        yield json.dumps(ev)
+
+
 def _num(v: float | None, digits: int = 0) -> str:
     return "-" if v is None else f"{v:.{digits}f}"
 
@@ -136,9 +176,15 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         with stream:
-            det, stats = replay(stream, settings, emit, progress=progress if show_progress else None)
+            lines: Iterable[bytes | str] = stream
+            if args.format == "capture" or (args.format == "auto" and _is_capture(stream)):
+                lines = _capture_events(stream, args)
+            det, stats = replay(lines, settings, emit, progress=progress if show_progress else None)
     except OSError as e:
         print(f"tailguard replay: cannot read {name}: {e.strerror or e}", file=sys.stderr)
+        return 1
+    except ScrapeError as e:
+        print(f"tailguard replay: {name} is not a capture tailguard can read: {e}", file=sys.stderr)
         return 1
     out.flush()
     print(stats.summary(), file=sys.stderr)

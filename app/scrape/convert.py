@@ -31,7 +31,7 @@ from typing import Any
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as _om_families
 from prometheus_client.parser import text_string_to_metric_families as _text_families
 
-from tailguard.scrape.profiles import PROFILES, CounterSpec, HistogramSpec, ServerProfile, detect
+from tailguard.scrape.profiles import PROFILES, CounterSpec, HistogramSpec, ServerProfile, detect, escaped
 
 _SUFFIXES = ("_bucket", "_count", "_sum", "_created", "_total")
 START_TIME = "process_start_time_seconds"
@@ -158,7 +158,7 @@ class TargetConverter:
             by_base.setdefault(_base(s.name), []).append(s)
         durations: dict[str, float] = {}
         for spec in profile.histograms:
-            name = next((n for n in spec.names if n in by_base), None)
+            name = next((e for n in spec.names for e in escaped(n) if e in by_base), None)
             if name is None:
                 continue
             if spec.mean_of:
@@ -169,7 +169,8 @@ class TargetConverter:
                 self._read_histogram(snap, spec, by_base[name], profile)
         success: dict[str, float] = {}
         for c in profile.counters:
-            self._read_counter(snap, success, c, by_base.get(c.name, ()), profile)
+            self._read_counter(snap, success, c, next((by_base[e] for e in escaped(c.name) if e in by_base), ()),
+                               profile)
         has_requests = any(c.role == "requests" for c in profile.counters)
         for m, v in success.items():
             if has_requests:
@@ -206,7 +207,9 @@ class TargetConverter:
             les: dict[float, float] = d["le"]
             if not les:
                 continue
-            bounds = tuple(sorted(b for b in les if b != math.inf))
+            # A bound <= 0 (Dynamo's rounded log buckets start at le="0") holds no latency: its
+            # bucket merges into the next, which the cumulative counts do by themselves.
+            bounds = tuple(sorted(b for b in les if 0 < b < math.inf))
             total = les.get(math.inf, d["count"])
             cum = [les[b] for b in bounds] + [total]
             snap.hists[(m, spec.metric)] = _Hist(bounds, cum, d["sum"], d["count"] or total)

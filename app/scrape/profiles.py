@@ -53,8 +53,8 @@ class ServerProfile:
     model_label: str | None = None   # None: one model per server, from the target's model
 
     def names(self) -> frozenset[str]:
-        """Every base name this profile reads (for detection)."""
-        return frozenset(n for h in self.histograms for n in h.names)
+        """Every base name this profile reads (for detection), escaped forms included."""
+        return frozenset(e for h in self.histograms for n in h.names for e in escaped(n))
 
 
 VLLM: Final = ServerProfile(
@@ -63,7 +63,8 @@ VLLM: Final = ServerProfile(
      HistogramSpec("ttft", ("vllm:time_to_first_token_seconds",)),
      # vLLM >= 0.11 exports inter_token_latency; older releases time_per_output_token.
      HistogramSpec("itl", ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"))),
-    (CounterSpec("outcome", "vllm:request_success", "finished_reason", frozenset({"error"})),),
+    # abort: a request the engine ended without finishing it (its failures, and client cancels).
+    (CounterSpec("outcome", "vllm:request_success", "finished_reason", frozenset({"abort", "error"})),),
     model_label="model_name",
 )
 SGLANG: Final = ServerProfile(
@@ -71,6 +72,8 @@ SGLANG: Final = ServerProfile(
     (HistogramSpec("e2e", ("sglang:e2e_request_latency_seconds",)),
      HistogramSpec("ttft", ("sglang:time_to_first_token_seconds",)),
      HistogramSpec("itl", ("sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds"))),
+    # Aborted requests are SGLang's failures (it has no error counter).
+    (CounterSpec("requests", "sglang:num_requests"), CounterSpec("failed", "sglang:num_aborted_requests")),
     model_label="model_name",
 )
 TGI: Final = ServerProfile(
@@ -100,6 +103,13 @@ DYNAMO: Final = ServerProfile(
 )
 
 PROFILES: Final[Mapping[str, ServerProfile]] = {p.name: p for p in (VLLM, SGLANG, TGI, TRITON, DYNAMO)}
+
+
+def escaped(name: str) -> tuple[str, ...]:
+    """``name`` and, for a name with ``:``, its underscore form: ``prometheus_client`` writes
+    ``vllm:…`` as ``vllm_…`` in OpenMetrics samples unless asked for UTF-8 names, and a
+    Prometheus that scraped it so stores (and federates) the underscore names (docs/scrape.md)."""
+    return (name, name.replace(":", "_")) if ":" in name else (name,)
 
 
 def detect(sample_names: Collection[str], profiles: Mapping[str, ServerProfile] = PROFILES,

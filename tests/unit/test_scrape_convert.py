@@ -7,6 +7,9 @@ Each exposition below is written to match the server's real names, labels and de
 
 from __future__ import annotations
 
+import bisect
+from typing import Any
+
 import pytest
 
 from tailguard.core.contract.events import parse_event
@@ -31,8 +34,9 @@ def hist_text(name: str, bounds: list[float], values: list[float], labels: str =
     """A Prometheus histogram with ``values`` observed (cumulative buckets, _sum, _count)."""
     lab = labels + ("," if labels else "")
     out = [f"# HELP {name} test\n", f"# TYPE {name} histogram\n"] if type_line else []
+    ordered = sorted(values)
     for b in bounds:
-        n = sum(1 for v in values if v <= b * scale + 1e-12)
+        n = bisect.bisect_right(ordered, b * scale + 1e-12)
         out.append(f'{name}_bucket{{{lab}le="{_fmt(b)}"}} {_fmt(n)}\n')
     out.append(f'{name}_bucket{{{lab}le="+Inf"}} {_fmt(len(values))}\n')
     tail = "{" + labels + "}" if labels else ""
@@ -307,3 +311,47 @@ def test_capture_without_timestamps_is_refused() -> None:
     text = hist_text("vllm:e2e_request_latency_seconds", VLLM_E2E, [0.2], 'instance="a",model_name="m"')
     with pytest.raises(ScrapeError, match="no timestamp"):
         list(events_from_capture(text.splitlines()))
+
+
+@pytest.mark.parametrize("server", ["vllm", "sglang", "tgi", "triton", "dynamo"])
+@pytest.mark.parametrize("openmetrics", [False, True])
+def test_the_simulators_expositions_convert(server: str, openmetrics: bool) -> None:
+    """scrape-edge's simulated servers (their exact names, labels and buckets) through the converter:
+    exact counts per interval, failures, and a restart."""
+    import numpy as np
+
+    from tailguard.sim.exposition import NodeExposition
+
+    node = NodeExposition(server)
+    accept = "application/openmetrics-text; version=1.0.0" if openmetrics else None
+
+    def scrape(n: NodeExposition, ts: float) -> list[dict[str, Any]]:
+        body, ctype = n.render(accept)
+        return conv.observe(body.decode(), ts, openmetrics=ctype.startswith("application/openmetrics-text"))
+
+    def serve(n: NodeExposition, k: int, fail: int = 0) -> None:
+        lat = np.full(k, 0.7)
+        ok = np.arange(k) >= fail
+        n.observe("llama", lat, ok, np.full(k, 0.05), np.full(k, 33, dtype=np.int64))
+
+    conv = TargetConverter(Target(f"{server}-0", model="llama"))
+    serve(node, 5)
+    assert scrape(node, 0.0) == []
+    serve(node, 12, fail=2)
+    evs = scrape(node, 10.0)
+    assert conv.profile is not None and conv.profile.name == server
+    e2e = next(e for e in evs if e["metric"] == "e2e")
+    assert e2e["model"] == "llama" and sum(e2e["counts"]) == 12 and e2e["requests"] == 12
+    if e2e["bounds_s"]:
+        assert e2e["counts"][bisect.bisect_left(e2e["bounds_s"], 0.7)] == 12
+    else:      # Triton's counters: a mean
+        assert e2e["sum_s"] / 12 == pytest.approx(0.7)
+    if server != "sglang":     # SGLang counts aborts, not errors
+        assert e2e["failed"] == 2
+    for e in evs:
+        parse_event(e)
+    restarted = NodeExposition(server)
+    serve(restarted, 3)
+    evs = scrape(restarted, 20.0)
+    e2e = next(e for e in evs if e["metric"] == "e2e")
+    assert sum(e2e["counts"]) == 3 and e2e["instance"] == f"{server}-0#20"

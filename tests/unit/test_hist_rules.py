@@ -1,0 +1,201 @@
+"""Histogram pairs: stage 1's windows of bucket counts and stage 2's exceedance tests, against
+exact answers (hand-counted shares, exact binomial tails)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.contract.hist_event import HistogramBatch
+from tailguard.core.contract.types import WindowSummary
+from tailguard.core.judge.health import Verdict
+from tailguard.core.judge.hist_rules import (
+    P50_GAP,
+    P99_FACTOR,
+    P99_FLOOR,
+    P99_SHARE,
+    HistJudge,
+    Z,
+    judge_metric,
+    reference,
+    share_above,
+    windows_of,
+)
+from tailguard.core.replay.detector import Detector
+from tailguard.core.window.hist_window import HistWindow, bucket_quantile
+from tailguard.core.window.window import WindowStore
+
+ST = DetectorSettings()
+B = (0.3, 0.5, 0.8, 1.0)
+
+
+def win(counts: list[int], requests: int | None = None, bounds: tuple[float, ...] = B) -> HistWindow:
+    return HistWindow(bounds, tuple(counts), sum(counts) if requests is None else requests, None, 30.0)
+
+
+def summary(node: str, wins: dict[str, HistWindow], hardware: str | None = "A100") -> WindowSummary:
+    return WindowSummary(node, "m", 0.0, "e2e_hist", 1000, 1.0, 2.0, None, None, hardware=hardware,
+                         extra={"hist": {k: w.to_dict() for k, w in wins.items()}})
+
+
+def test_bucket_quantile_is_prometheus_interpolation() -> None:
+    # 10 in (0, 0.3], 30 in (0.3, 0.5], 10 in (0.5, 0.8]: rank 25 of 50 is 15 into the 2nd bucket.
+    assert bucket_quantile(B, (10, 30, 10, 0, 0), 0.5) == pytest.approx(0.3 + 0.2 * 15 / 30)
+    assert bucket_quantile(B, (10, 30, 10, 0, 0), 0.1) == pytest.approx(0.3 * 5 / 10)
+    assert bucket_quantile(B, (0, 0, 0, 0, 7), 0.5) == 1.0          # in +Inf: the highest finite bound
+    assert bucket_quantile((), (4,), 0.5, 2.0) == 0.5               # bucketless: the mean
+    assert bucket_quantile(B, (0, 0, 0, 0, 0), 0.5) is None
+
+
+def test_reference_is_the_median_cdf_and_its_p50_p99_bounds() -> None:
+    peers = [win([60, 39, 1, 0, 0]), win([40, 58, 2, 0, 0]), win([55, 44, 0, 1, 0])]
+    ref = reference(peers)
+    assert ref is not None
+    # CDFs at 0.3: .60, .40, .55 -> median .55; at 0.5: .99, .98, .99 -> .99; at 0.8: 1, 1, .99 -> 1.
+    assert ref.cdf == pytest.approx((0.55, 0.99, 1.0, 1.0))
+    assert ref.k50 == 0 and ref.q50 == pytest.approx(0.45)
+    assert ref.k99 == 1 and ref.q99 == pytest.approx(0.01)
+    assert share_above(win([10, 30, 10, 0, 0]), 0) == pytest.approx(0.8)
+
+
+def test_p50_exceedance_limit_is_exact() -> None:
+    ref = reference([win([90, 10, 0, 0, 0])] * 3)      # q50 = 0.10 above b50 = 0.3
+    assert ref is not None and ref.k50 == 0
+    n = 400
+    lim = max(0.5, ref.q50 + P50_GAP)
+    limit = lim + Z * math.sqrt(lim * (1 - lim) / n)
+    above_ok = max(k for k in range(n + 1) if k / n <= limit)   # at the limit: normal; one more: abnormal
+    s = summary("x", {})
+    j = judge_metric("e2e", win([n - above_ok, above_ok, 0, 0, 0]), ref, s, ST)
+    assert j.verdict is Verdict.NORMAL
+    j = judge_metric("e2e", win([n - above_ok - 1, above_ok + 1, 0, 0, 0]), ref, s, ST)
+    assert j.verdict is Verdict.ABNORMAL and j.reason == "relative_p50"
+    assert "above 0.3 s" in (j.detail or "")
+
+
+def test_p50_margin_uses_requests_not_token_observations() -> None:
+    ref = reference([win([90, 10, 0, 0, 0])] * 3)
+    assert ref is not None
+    # 62 % above b50: abnormal on 4000 independent requests, not on 4000 tokens of 40 requests.
+    tokens = [1520, 2480, 0, 0, 0]
+    assert judge_metric("itl", win(tokens, requests=4000), ref, summary("x", {}), ST).verdict is Verdict.ABNORMAL
+    assert judge_metric("itl", win(tokens, requests=40), ref, summary("x", {}), ST).verdict is Verdict.NORMAL
+
+
+def _binom_sf(k: int, n: int, p: float) -> float:
+    return sum(math.comb(n, i) * p ** i * (1 - p) ** (n - i) for i in range(k, n + 1))
+
+
+def test_p99_exceedance_needs_share_and_binomial_significance() -> None:
+    # Peers: 0.5 % above b99 = 0.5 s (k99 = 1); limit max(2 %, 3 x 0.5 %) = 2 %, healthy share 1 %.
+    ref = reference([win([600, 397, 3, 0, 0])] * 3)
+    assert ref is not None and ref.k99 == 1 and ref.q99 == pytest.approx(0.003)
+    s = summary("x", {})
+    n = 1000
+    lim = max(P99_SHARE, P99_FACTOR * ref.q99)
+    p0 = max(ref.q99, P99_FLOOR)
+    # the smallest count that is both >= the share limit and significant at 1e-4
+    k = next(k for k in range(n) if k / n >= lim and _binom_sf(k, n, p0) < 1e-4)
+    j = judge_metric("e2e", win([600, 400 - k, k, 0, 0]), ref, s, ST)
+    assert j.verdict is Verdict.ABNORMAL and j.reason == "relative_p99"
+    j = judge_metric("e2e", win([600, 400 - k + 1, k - 1, 0, 0]), ref, s, ST)
+    assert j.verdict is Verdict.NORMAL
+
+
+def test_uniform_fleet_is_normal_and_relabelling_changes_nothing() -> None:
+    rng = np.random.default_rng(3)
+    peers = {}
+    for i in range(8):
+        lat = 0.18 * np.exp(rng.normal(0, 0.3, 600))
+        counts = np.bincount(np.searchsorted(B, lat), minlength=len(B) + 1).tolist()
+        peers[f"n{i}"] = summary(f"n{i}", {"e2e": win(counts)})
+    hj = HistJudge(peers, ST)
+    assert all(hj.judge(s).verdict is Verdict.NORMAL for s in peers.values())
+    relabelled = {f"z{7 - i}": s._replace(node_id=f"z{7 - i}") for i, s in enumerate(peers.values())}
+    hj2 = HistJudge(relabelled, ST)
+    assert [hj.judge(s).detail for s in peers.values()] == [hj2.judge(s).detail for s in relabelled.values()]
+
+
+def test_other_buckets_or_too_few_peers_give_no_verdict() -> None:
+    same = {f"n{i}": summary(f"n{i}", {"e2e": win([90, 10, 0, 0, 0], requests=200)}) for i in range(3)}
+    odd = summary("odd", {"e2e": win([0, 0, 200], requests=200, bounds=(0.25, 2.0))})
+    hj = HistJudge({**same, "odd": odd}, ST)
+    assert hj.judge(odd).verdict is Verdict.NONE                 # refused: its buckets are not its peers'
+    assert hj.judge(same["n0"]).verdict is Verdict.NORMAL
+    two = HistJudge(dict(list(same.items())[:2]), ST)             # below min_peers (3)
+    assert two.judge(same["n0"]).verdict is Verdict.NONE
+    # another hardware class of one node is not judged against the A100s
+    a10 = summary("a10", {"e2e": win([0, 0, 0, 0, 200], requests=200)}, hardware="A10")
+    assert HistJudge({**same, "a10": a10}, ST).judge(a10).verdict is Verdict.NONE
+
+
+def test_per_token_metric_fires_first() -> None:
+    itl_b = (0.025, 0.05, 0.075, 0.1)
+    peers = {f"n{i}": summary(f"n{i}", {"e2e": win([50, 50, 0, 0, 0], requests=300),
+                                       "itl": win([0, 3000, 0, 0, 0], requests=300, bounds=itl_b)})
+             for i in range(4)}
+    slow = summary("n0", {"e2e": win([50, 50, 0, 0, 0], requests=300),
+                          "itl": win([0, 0, 1500, 1500, 0], requests=300, bounds=itl_b)})
+    j = HistJudge({**peers, "n0": slow}, ST).judge(slow)
+    assert j.verdict is Verdict.ABNORMAL and j.evidence is not None and j.evidence.signal == "itl_hist"
+
+
+def _ev(node: str, ts: float, counts: list[int], **kw: Any) -> HistogramBatch:
+    return HistogramBatch(node, "m", "A100", kw.pop("metric", "e2e"), ts, 10.0, B, tuple(counts),
+                          kw.pop("sum_s", None), kw.pop("requests", None), kw.pop("failed", None),
+                          kw.pop("instance", None))
+
+
+def test_stage1_window_spans_a_tick_and_min_samples_and_respects_cuts() -> None:
+    st = DetectorSettings()
+    store = WindowStore(st)
+    for k in range(1, 31):                      # 30 scrapes, 40 requests each
+        store.observe_histogram(_ev("a", 1000.0 + 10 * k, [40, 0, 0, 0, 0], failed=2 if k == 30 else 0))
+    (s,) = store.summaries(1300.0)
+    w = (windows_of(s) or {})["e2e"]
+    assert (w.requests, w.span_s) == (120, 30.0)          # 3 scrapes reach both 30 s and 100 requests
+    assert s.signal == "e2e_hist" and s.samples == 120 and s.requests_total == 1200 and s.failed_total == 2
+    (s,) = store.summaries(1300.0, {("a", "m"): 1285.0})  # cut: only intervals starting at/after it
+    assert (windows_of(s) or {})["e2e"].requests == 40 and s.probe_samples == 40
+    # a restart (new instance) drops the old process's intervals
+    store.observe_histogram(_ev("a", 1310.0, [5, 0, 0, 0, 0], instance="a#1310"))
+    store.observe_histogram(_ev("a", 1320.0, [5, 0, 0, 0, 0], instance="a#1320"))
+    (s,) = store.summaries(1320.0)
+    assert (windows_of(s) or {})["e2e"].requests == 5 and s.instance_ts == 1320.0
+
+
+def test_store_snapshot_and_the_summary_wire_form_keep_the_buckets() -> None:
+    store = WindowStore(ST)
+    for k in range(1, 6):
+        store.observe_histogram(_ev("a", 100.0 + 10 * k, [10, 20, 5, 0, 1], instance="a"))
+    again = WindowStore(ST)
+    again.restore(store.snapshot())
+    assert again.summaries(150.0) == store.summaries(150.0)
+    (s,) = store.summaries(150.0)
+    back = WindowSummary.from_dict(s.to_dict())            # stage 1 -> Kafka -> stage 2
+    assert windows_of(back) == windows_of(s) and (windows_of(s) or {})["e2e"].counts == (30, 60, 15, 0, 3)
+
+
+def test_detector_ejects_a_slow_histogram_node_and_keeps_the_others() -> None:
+    det = Detector(ST)
+    rng = np.random.default_rng(5)
+    out_at = None
+    for k in range(1, 90):
+        ts = 1_764_680_000.0 + 10 * k
+        evs = []
+        for i in range(6):
+            f = 3.0 if i == 2 and k > 40 else 1.0
+            lat = 0.18 * f * np.exp(rng.normal(0, 0.3, 200))
+            counts = np.bincount(np.searchsorted(B, lat), minlength=len(B) + 1).tolist()
+            evs.append(_ev(f"n{i}", ts, counts, requests=200, instance=f"n{i}"))
+        det.observe(evs)
+        if k % 3 == 0:
+            for t in det.evaluate(ts).transitions:
+                assert t.node_id == "n2" or t.reason in ("first_seen", "admitted"), t
+                if t.node_id == "n2" and not t.routed and out_at is None and t.to_state == "unhealthy":
+                    out_at = ts
+    assert out_at is not None and out_at - (1_764_680_000.0 + 400) <= 120
