@@ -35,6 +35,7 @@ import faust
 from mode import Service
 from prometheus_client import CollectorRegistry
 
+from tailguard.collector import collector_paused
 from tailguard.core.contract.errors import BadEvent
 from tailguard.core.contract.ids import Allowlist
 from tailguard.core.contract.types import WindowSummary
@@ -184,7 +185,7 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
     app = _faust_app(settings)
     t = _Topics.declare(app, settings)
     evaluator = FleetEvaluator(det)
-    stage1 = Stage1(WindowStore(det), det, metrics)
+    stage1 = Stage1(WindowStore(det, pause_collector=collector_paused), det, metrics)
     stage2 = Stage2(evaluator, t.state_table, hints=t.hints_table, stale_after_s=1.5 * det.tick_interval_s,
                     on_diagnostics_dropped=lambda why: metrics.diagnostics_dropped.labels(
                         reason=why).inc())

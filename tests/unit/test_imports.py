@@ -84,3 +84,10 @@ def test_no_source_imports_the_old_package_name() -> None:
     bad = sorted(str(p.relative_to(ROOT)) for p in APP.rglob("*.py")
                  if any(m == "app" or m.startswith("app.") for m in imports_of(p)))
     assert bad == [], f"these import `app…`; the package is `tailguard` : {bad}"
+
+
+def test_the_core_calls_no_garbage_collector() -> None:
+    """Pausing the collector is the caller's choice (tailguard.collector), never the core's."""
+    bad = sorted(str(p.relative_to(ROOT)) for p in (APP / "core").rglob("*.py")
+                 if any(m == "gc" or m.startswith("gc.") for m in imports_of(p)))
+    assert bad == [], f"core modules import gc: {bad}"

@@ -24,10 +24,9 @@ Guarantees, at tick ``now_s``:
 
 from __future__ import annotations
 
-import gc
 import operator
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from itertools import repeat
 from typing import Any, Final, TypeAlias
@@ -218,24 +217,6 @@ _instance_ts_of: Final = operator.attrgetter("instance_ts")
 _resumed_ts_of: Final = operator.attrgetter("resumed_ts")
 
 
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector while one tuple per series is made.
-
-    Every allocation of a container counts towards the collector's next pass, and a
-    tick makes tens of thousands (summaries and their sort keys, none of them in a
-    cycle): paused, the collector runs once after the batch instead of many times
-    during it, and its older generations, whose passes cost most, far less often.
-    """
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
-
-
 def _optional(values: npt.NDArray[Any], none: Bools) -> list[Any]:
     """``values`` as Python numbers, ``None`` where ``none``."""
     out = values.astype(object)
@@ -248,11 +229,14 @@ def summarize(slabs: Sequence[Slab], records: Mapping[SeriesKey, SeriesRecord], 
               judge_since: Mapping[SeriesKey, float] | None = None,
               out_of_fit: Collection[SeriesKey] = (),
               digests: bool = False,
-              tail_refs: Mapping[str, float] | None = None) -> list[WindowSummary]:
+              tail_refs: Mapping[str, float] | None = None,
+              pause: Callable[[], AbstractContextManager[object]] = nullcontext) -> list[WindowSummary]:
     """One summary per series of ``records`` at event time ``now_s`` (module docstring).
 
     ``slabs``: every slab holding a used ring; ``model_names``: by model index (``midx``). The
-    keyword arguments are :meth:`~tailguard.core.window.window.WindowStore.summaries`' (its docstring).
+    keyword arguments are :meth:`~tailguard.core.window.window.WindowStore.summaries`' (its docstring);
+    ``pause``: entered while one tuple per series is made (the caller's choice, e.g.
+    :func:`tailguard.collector.collector_paused`; the core calls no ``gc``).
     """
     age_lo = now_s - settings.max_sample_age_s
     fresh_lo = now_s - settings.tick_interval_s
@@ -311,7 +295,7 @@ def summarize(slabs: Sequence[Slab], records: Mapping[SeriesKey, SeriesRecord], 
     stats = [_chunk_stats(ch, st, plans, fresh_lo, refs, settings.min_samples)
              for ch, st in zip(chunks, states, strict=True)]
     _fast_stats(list(zip(chunks, stats, strict=True)), fresh_lo, refs, settings.min_samples)
-    with _collector_paused():
+    with pause():
         results.extend(_build(list(zip(chunks, states, stats, strict=True)), plans,
                               now_s, age_lo, digests, settings.min_samples))
         for s in records.values():

@@ -22,7 +22,8 @@ Guarantees:
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Final
 
 import numpy as np
@@ -58,8 +59,12 @@ POOL_SAMPLES_PER_SERIES: Final = 128
 class WindowStore:
     """Sliding windows of every (node_id, model); see the module docstring."""
 
-    def __init__(self, settings: DetectorSettings) -> None:
+    def __init__(self, settings: DetectorSettings, *,
+                 pause_collector: Callable[[], AbstractContextManager[object]] = nullcontext) -> None:
+        """``pause_collector``: entered around each summary pass's allocations (the caller may
+        pause Python's garbage collector there: :func:`tailguard.collector.collector_paused`)."""
         self.settings = settings
+        self.pause_collector = pause_collector
         self._window = settings.window_size
         caps: list[int] = []
         c = TIER_BASE
@@ -355,7 +360,7 @@ class WindowStore:
         """
         out = summarize(self._slabs(), self._series, self._model_names, self.settings, now_s,
                         judge_since=judge_since, out_of_fit=out_of_fit, digests=digests,
-                        tail_refs=tail_refs)
+                        tail_refs=tail_refs, pause=self.pause_collector)
         hists = self._hists
         for i, sm in enumerate(out):
             key = (sm.node_id, sm.model)
