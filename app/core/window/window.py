@@ -34,6 +34,7 @@ from tailguard.core.contract.events import Heartbeat, SampleBatch
 from tailguard.core.contract.hist_event import HistogramBatch
 from tailguard.core.contract.types import WindowSummary
 from tailguard.core.window.hist_window import HistWindows
+from tailguard.core.window.passes import FRESH_TAIL_MAX_SAMPLES
 from tailguard.core.window.pools import ModelPool, build_pools
 from tailguard.core.window.rings import (
     F64,
@@ -46,7 +47,7 @@ from tailguard.core.window.rings import (
     SeriesRecord,
     Slab,
 )
-from tailguard.core.window.summarize import FRESH_TAIL_MAX_SAMPLES, summarize
+from tailguard.core.window.summarize import summarize
 
 __all__ = ["FRESH_TAIL_MAX_SAMPLES", "POOL_SAMPLES_PER_SERIES", "RESTART_CONFIRM_SIGNS", "SNAPSHOT_VERSION",
            "SeriesKey", "WindowStore"]
@@ -61,10 +62,8 @@ class WindowStore:
 
     def __init__(self, settings: DetectorSettings, *,
                  pause_collector: Callable[[], AbstractContextManager[object]] = nullcontext) -> None:
-        """``pause_collector``: entered around each summary pass's allocations (the caller may
-        pause Python's garbage collector there: :func:`tailguard.collector.collector_paused`)."""
         self.settings = settings
-        self.pause_collector = pause_collector
+        self.pause_collector = pause_collector   # summarize()'s pause: the caller's gc choice
         self._window = settings.window_size
         caps: list[int] = []
         c = TIER_BASE
