@@ -98,7 +98,7 @@ class Settings:
     replication_factor: int = 0       # of the topics tailguard creates; 0 = min(3, brokers)
     metrics_port: int = 9464          # 0 disables the Prometheus endpoint
     web_port: int = 6066              # faust's own web server
-    data_dir: str = ""                # faust table data; "" = a per-user temp dir
+    data_dir: str = ""                # faust table data; "" = a temp dir per app id and process
     log_level: str = "info"
     # Listen addresses: loopback unless told otherwise (0.0.0.0 = every interface).
     metrics_host: str = "127.0.0.1"   # the Prometheus endpoint
