@@ -52,7 +52,8 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="tailguard replay",
         description="Run the detector offline over a JSON-lines file of latency events, in event "
-                    "time. One JSON line per health transition (and fleet event) on stdout.")
+                    "time. One JSON line per health transition (routing-weight change, fleet "
+                    "event) on stdout.")
     p.add_argument("file", metavar="FILE|-", help="JSON-lines trace; - reads standard input")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a detector setting (repeatable): " + ", ".join(field_names()))

@@ -8,7 +8,7 @@ Unknown ``TAILGUARD_*`` variables are errors too (a typo must not silently
 fall back to a default).
 
 Secrets (:data:`SECRETS`: the Kafka SASL password, the Kafka TLS key password,
-the Redis password) are held as :class:`Secret`, whose ``str`` and ``repr``
+the Redis password, the replace webhook URL) are held as :class:`Secret`, whose ``str`` and ``repr``
 are ``***``: printing or logging a :class:`Settings` never shows them. Each
 also comes from a file, ``TAILGUARD_<NAME>_FILE`` (a mounted secret; one
 trailing newline is dropped). A password inside ``TAILGUARD_REDIS_URL`` is
@@ -26,8 +26,9 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-from tailguard.core.contract.config import DetectorSettings, SettingError, check_regex, field_names, parse_overrides
+from tailguard.core.contract.config import DetectorSettings, SettingError, field_names, parse_overrides
 from tailguard.k8s.config import check_k8s
+from tailguard.settings_checks import check_allowlist, check_security
 
 PREFIX = "TAILGUARD_"
 
@@ -44,10 +45,6 @@ class Topics:
     diagnostics_results: str = "node-diagnostics-results"
     dead_letter: str = "latency-events-dlq"
     replacements: str = "node-replacements"
-
-
-KAFKA_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
-SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +124,11 @@ class Settings:
     redis_sentinel_master: str = "tailguard"     # the primary's name in the sentinels' config
     # The replace hook (tailguard.streaming.replace): one action per retired (node, model).
     replace_command: str = ""         # run with /bin/sh -c; node, model, reason in its environment
-    replace_webhook_url: str = ""     # or: POST the retirement as JSON here
+    # or: POST the retirement as JSON here (a secret: webhook URLs carry tokens)
+    replace_webhook_url: Secret = field(default_factory=Secret)
+    # names of variables of the worker's environment the command also gets (comma-separated);
+    # otherwise only PATH, the TAILGUARD_REPLACE_* settings and the retirement's fields
+    replace_env: str = ""
     replace_timeout_s: float = 60.0   # per attempt
     replace_attempts: int = 3         # tries before the outcome is "failed"
     replace_max_age_s: float = 3600.0  # older retirements, first seen (hook newly on), are not acted on
@@ -146,6 +147,13 @@ class Settings:
     allowlist_file: str = ""          # a file of node ids, one a line, # comments
     allowlist_pattern: str = ""       # node ids matching this regular expression (whole)
     allowlist_refresh_s: float = 30.0  # how often the set and the file are read again
+    # Stage 2's messages that Kafka did not take yet (a topic refusing writes), kept for retry
+    # at most this many bytes; the oldest are dropped (counted) beyond.
+    publish_backlog_bytes: int = 64 * 1024 * 1024
+    # Allowlist of model names: off while both are empty; on, events of other models are
+    # dead-lettered (not_allowlisted) — a flood of model names never reaches a window.
+    allowlist_models: str = ""         # model names, comma-separated
+    allowlist_model_pattern: str = ""  # model names matching this regular expression (whole)
     # Kubernetes: `tailguard k8s-sync` (docs/kubernetes.md). An empty API URL means in the cluster
     # (https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT); an empty namespace, the service
     # account's own (else "default").
@@ -210,7 +218,7 @@ class Settings:
         if not (sep and host.strip("[]") and port.isdigit() and int(port) <= 65535):
             raise SettingError("TAILGUARD_PROXY_LISTEN", self.proxy_listen,
                                "HOST:PORT, e.g. 127.0.0.1:8080 (0.0.0.0:8080 = every interface)")
-        _check_security(self)
+        check_security(self)
         if self.redis_sentinels and not all(_is_host_port(h) for h in self.redis_sentinels.split(",")):
             raise SettingError("TAILGUARD_REDIS_SENTINELS", self.redis_sentinels,
                                "host:port[,host:port…] of the Redis sentinels (empty: no Sentinel)")
@@ -219,15 +227,14 @@ class Settings:
                                "the name the sentinels monitor the primary under (SENTINEL MONITOR <name> …)")
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):
             raise SettingError("TAILGUARD_LOG_LEVEL", self.log_level, "debug, info, warning or error")
-        if self.replace_command and self.replace_webhook_url:
-            raise SettingError("TAILGUARD_REPLACE_WEBHOOK_URL", self.replace_webhook_url,
-                               "empty when TAILGUARD_REPLACE_COMMAND is set (one action per retirement)")
-        if self.replace_webhook_url and urlparse(self.replace_webhook_url).scheme not in ("http", "https"):
-            raise SettingError("TAILGUARD_REPLACE_WEBHOOK_URL", self.replace_webhook_url, "an http(s):// URL")
+        _check_replace(self)
         for name in ("replace_timeout_s", "replace_max_age_s"):
             v = getattr(self, name)
             if not (v > 0 and v < float("inf")):
                 raise SettingError(PREFIX + name.upper(), v, "a number of seconds > 0")
+        if not 1024 <= self.publish_backlog_bytes <= 1 << 40:
+            raise SettingError("TAILGUARD_PUBLISH_BACKLOG_BYTES", self.publish_backlog_bytes,
+                               "a number of bytes in [1024, 2^40] (default 64 MiB)")
         if not 1 <= self.replace_attempts <= 100:
             raise SettingError("TAILGUARD_REPLACE_ATTEMPTS", self.replace_attempts, "1..100")
         for f in dataclasses.fields(Topics):
@@ -237,7 +244,7 @@ class Settings:
         if self.mode not in ("observe", "enforce"):
             raise SettingError("TAILGUARD_MODE", self.mode,
                                "observe (publish verdicts, route every node) or enforce")
-        _check_allowlist(self)
+        check_allowlist(self)
         check_k8s(self)
         _check_scrape(self)
 
@@ -248,6 +255,10 @@ class Settings:
 
     @property
     def allowlist_on(self) -> bool:
+        return self.allowlist_nodes_on or bool(self.allowlist_models or self.allowlist_model_pattern)
+
+    @property
+    def allowlist_nodes_on(self) -> bool:
         return bool(self.allowlist_redis_key or self.allowlist_file or self.allowlist_pattern)
 
 
@@ -264,52 +275,56 @@ def _check_topic_name(var: str, name: str, max_len: int = 249, why: str = "") ->
                                       f"'.', '_', '-'{why}")
 
 
-def _check_security(s: Settings) -> None:
-    proto = s.kafka_security_protocol
-    if proto not in KAFKA_PROTOCOLS:
-        raise SettingError("TAILGUARD_KAFKA_SECURITY_PROTOCOL", proto, ", ".join(KAFKA_PROTOCOLS))
-    if s.kafka_sasl_mechanism not in SASL_MECHANISMS:
-        raise SettingError("TAILGUARD_KAFKA_SASL_MECHANISM", s.kafka_sasl_mechanism, ", ".join(SASL_MECHANISMS))
-    if proto.startswith("SASL_"):
-        if not s.kafka_sasl_username:
-            raise SettingError("TAILGUARD_KAFKA_SASL_USERNAME", "", f"a user name (required with {proto})")
-        if not s.kafka_sasl_password:
-            raise SettingError("TAILGUARD_KAFKA_SASL_PASSWORD", "",
-                               f"a password, or TAILGUARD_KAFKA_SASL_PASSWORD_FILE (required with {proto})")
-    tls = proto in ("SSL", "SASL_SSL")
-    for name in ("kafka_ssl_cafile", "kafka_ssl_certfile", "kafka_ssl_keyfile"):
-        if getattr(s, name) and not tls:
-            raise SettingError(PREFIX + name.upper(), getattr(s, name),
-                               f"empty: TAILGUARD_KAFKA_SECURITY_PROTOCOL={proto} uses no TLS "
-                               "(set it to SSL or SASL_SSL)")
-    if s.kafka_ssl_keyfile and not s.kafka_ssl_certfile:
-        raise SettingError("TAILGUARD_KAFKA_SSL_CERTFILE", "", "the client certificate that "
-                           "TAILGUARD_KAFKA_SSL_KEYFILE belongs to")
-    if s.redis_ssl_keyfile and not s.redis_ssl_certfile:
-        raise SettingError("TAILGUARD_REDIS_SSL_CERTFILE", "", "the client certificate that "
-                           "TAILGUARD_REDIS_SSL_KEYFILE belongs to")
-    u = urlparse(s.redis_url)
-    for name in ("redis_ssl_cafile", "redis_ssl_certfile", "redis_ssl_keyfile"):
-        if getattr(s, name) and u.scheme != "rediss":
-            raise SettingError(PREFIX + name.upper(), getattr(s, name),
-                               "empty, or TAILGUARD_REDIS_URL with rediss:// (TLS)")
-    if s.redis_password and u.password is not None:
-        raise SettingError("TAILGUARD_REDIS_PASSWORD", "***", "empty when TAILGUARD_REDIS_URL "
-                           "holds a password already (give it in one place)")
-    if s.redis_username and u.username:
-        raise SettingError("TAILGUARD_REDIS_USERNAME", s.redis_username, "empty when "
-                           "TAILGUARD_REDIS_URL holds a user name already (give it in one place)")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-def _check_allowlist(s: Settings) -> None:
-    if s.allowlist_pattern:
-        check_regex("TAILGUARD_ALLOWLIST_PATTERN", s.allowlist_pattern, "node ids")
-    if s.allowlist_redis_key and any(c.isspace() for c in s.allowlist_redis_key):
-        raise SettingError("TAILGUARD_ALLOWLIST_REDIS_KEY", s.allowlist_redis_key,
-                           "a Redis key without spaces, e.g. tailguard:allowlist")
-    if not 1.0 <= s.allowlist_refresh_s <= 3600.0:
-        raise SettingError("TAILGUARD_ALLOWLIST_REFRESH_S", s.allowlist_refresh_s,
-                           "a number of seconds in [1, 3600]")
+def _check_replace(s: Settings) -> None:
+    url = s.replace_webhook_url.reveal()
+    # The URL is a secret: an error shows its scheme only (a token may be anywhere in it).
+    shown = f"{urlparse(url).scheme}://***" if "://" in url else "***"
+    if s.replace_command and url:
+        raise SettingError("TAILGUARD_REPLACE_WEBHOOK_URL", shown,
+                           "empty when TAILGUARD_REPLACE_COMMAND is set (one action per retirement)")
+    if url and (urlparse(url).scheme not in ("http", "https") or not urlparse(url).hostname):
+        raise SettingError("TAILGUARD_REPLACE_WEBHOOK_URL", shown, "an http(s):// URL")
+    names = [n.strip() for n in s.replace_env.split(",") if n.strip()]
+    if not all(_ENV_NAME.fullmatch(n) for n in names):
+        raise SettingError("TAILGUARD_REPLACE_ENV", s.replace_env,
+                           "comma-separated variable names, e.g. KUBECONFIG,HOME")
+    secret = {PREFIX + n.upper() for n in SECRETS} | set(secret_file_names())
+    for n in names:
+        if n in secret:
+            raise SettingError("TAILGUARD_REPLACE_ENV", s.replace_env,
+                               f"names of variables that hold no tailguard secret (not {n})")
+
+
+def secret_values(s: Settings) -> list[str]:
+    """Every secret's value (and the password in ``TAILGUARD_REDIS_URL``): what must never
+    appear in a log or a message (``tailguard.redact.Redactor`` masks them). For the webhook URL,
+    also its password, query and long path segments (tokens are often there)."""
+    out = [getattr(s, n).reveal() for n in SECRETS if getattr(s, n)]
+    for url in (s.redis_url, s.replace_webhook_url.reveal()):
+        u = urlparse(url)
+        out += [p for p in (u.password, u.query) if p]
+    out += [seg for seg in urlparse(s.replace_webhook_url.reveal()).path.split("/") if len(seg) >= 16]
+    return out
+
+
+def replace_command_env(s: Settings, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment the replace command starts from (the retirement's fields are added).
+
+    ``PATH``, the ``TAILGUARD_REPLACE_*`` variables that hold no secret, and the variables
+    ``TAILGUARD_REPLACE_ENV`` names — nothing else of the worker's environment (its
+    passwords stay in the worker).
+    """
+    env = os.environ if environ is None else environ
+    secret = {PREFIX + n.upper() for n in SECRETS} | set(secret_file_names())
+    out = {"PATH": env.get("PATH", os.defpath)}
+    out |= {k: v for k, v in env.items() if k.startswith(PREFIX + "REPLACE_") and k not in secret}
+    for name in (n.strip() for n in s.replace_env.split(",")):
+        if name and name in env:
+            out[name] = env[name]
+    return out
 
 
 _LABEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

@@ -10,7 +10,8 @@ alternative, the ratio against it in the same run:
   (:func:`seed_transcription`, the baseline of issue 14: replay >= 2x it) and
   a naive loop that decodes and observes one event at a time;
 * one tick at 10,000 (node, model) series: stage 2 alone
-  (``FleetEvaluator.evaluate`` on ready summaries, with and without statuses)
+  (``FleetEvaluator.evaluate`` on ready summaries, with and without statuses, and with
+  routing weights against ``weights=off``)
   and the whole façade (``Detector.evaluate``: summaries + evaluation) on
   full 1000-sample windows of healthy pairs past warm-up (steady state), against
   the seed's sketch (sort every window, pick P50/P99 by index, compare in a Python
@@ -218,6 +219,17 @@ def bench_stage2(quick: bool) -> None:
         t_stat = best(functools.partial(_stage2_tick, ev, summ, now, True))
         row(f"stage 2 evaluate, {models} models x {nodes} nodes", f"{t_plain * 1e3:8.1f} ms",
             f"{t_plain / series * 1e6:.2f} µs/series; with statuses {t_stat * 1e3:.1f} ms")
+        # Routing weights (the default) against TAILGUARD_WEIGHTS=off, alternated in one run.
+        runs = {}
+        for mode in ("off", "enforce"):
+            e = FleetEvaluator(DetectorSettings(weights=mode))
+            for m, s in summ.items():
+                e.evaluate(m, s, T0)
+                e.evaluate(m, s, T0 + 30)
+            runs[mode] = functools.partial(_stage2_tick, e, summ, [T0 + 60], False)
+        t = best_alternating(runs)
+        row("  routing weights on / off", f"{t['enforce'] / t['off']:8.2f} x",
+            f"off {t['off'] * 1e3:.1f} ms, on {t['enforce'] * 1e3:.1f} ms")
 
 
 def bench_facade(quick: bool) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from tailguard import settings as settings_mod
 from tailguard.demo.observe import run_story
-from tailguard.demo.plan import DEMO_PLAN, ROOT, TEST_PLAN, DemoError, Plan, settings_lines
+from tailguard.demo.plan import DEMO_PLAN, ROOT, TEST_PLAN, DemoError, Plan, settings_lines, with_source
 from tailguard.demo.plot import plot
 from tailguard.demo.render import Screen, render_report
 from tailguard.demo.story import load_run, save_run
@@ -39,6 +39,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--keep-logs", action="store_true", help="keep the children's logs even when all went well")
     p.add_argument("--data", default=str(ROOT / "out" / "demo.json"),
                    help="where to save the run's observations, JSON (default out/demo.json)")
+    p.add_argument("--source", choices=("emitter", "metrics"), default="emitter",
+                   help="where latencies come from: the nodes' emitter (default), or their /metrics as vLLM "
+                        "serves it, polled by `tailguard scrape` (no code in the servers)")
     p.add_argument("--replot", metavar="JSON", default=None,
                    help="run nothing: print the report and redraw the plot of a saved run")
     return p
@@ -51,6 +54,9 @@ async def _main(args: argparse.Namespace, plan: Plan, screen: Screen) -> int:
     screen.progress("detector settings of this demo (* = differs from the production default):")
     for line in settings_lines(plan):
         print(line, file=screen.out)
+    if plan.source == "metrics":
+        screen.progress("latencies from the nodes' /metrics (as vLLM serves it), polled by tailguard scrape "
+                        "every tick: no emitter in the nodes")
     screen.progress(f"the story: {plan.nodes} healthy nodes; {plan.slow_node} becomes {plan.slowdown:g}x slower at "
                     f"t={plan.onset_s:g}s" + ("" if plan.end_s is None else f" and recovers at t={plan.end_s:g}s")
                     + f"; ends by itself (at the latest t={plan.deadline_s:g}s)")
@@ -84,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         plot(story, Path(args.plot))
         print(f"plot: {args.plot}")
         return 0 if story.complete else 1
-    plan = TEST_PLAN if args.fast else DEMO_PLAN
+    plan = with_source(TEST_PLAN if args.fast else DEMO_PLAN, args.source)
     screen = Screen(plan, sys.stdout)
     loop = asyncio.new_event_loop()
     task = loop.create_task(_main(args, plan, screen))

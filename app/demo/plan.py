@@ -14,6 +14,7 @@ No I/O here.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from tailguard.core.contract.config import DetectorSettings
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "llama-3-70b"
 RUN_PREFIX = "tgdemo"
+SOURCES = ("emitter", "metrics")
 
 
 class DemoError(Exception):
@@ -52,9 +54,14 @@ class Plan:
     refresh_s: float = 2.5             # how often the table is refreshed
     settle_s: float = 15.0             # keep measuring this long after re-admission
     deadline_s: float = 200.0          # give up at this fleet time
+    # Where latencies come from: "emitter" (each node reports every request to Kafka) or
+    # "metrics" (each node serves /metrics as vLLM does; `tailguard scrape` polls it: no emitter).
+    source: str = "emitter"
 
     def __post_init__(self) -> None:
         self.detector()  # validates
+        if self.source not in SOURCES:
+            raise ValueError(f"source={self.source!r} must be one of {', '.join(SOURCES)}")
         if not 1 <= int(self.slow_node.rsplit("-", 1)[-1]) <= self.nodes:
             raise ValueError(f"slow_node={self.slow_node!r} is not one of gpu-node-01..{self.nodes:02d}")
         if self.degraded_s is not None and self.degraded_s <= 0:
@@ -98,6 +105,16 @@ DEMO_PLAN = Plan()
 TEST_PLAN = Plan(tick_interval_s=1.0, confirm_windows=3, warmup_s=3.0, window_size=100, min_samples=50,
                  backoff_initial_s=8.0, rate_per_s=200.0, onset_s=20.0, degraded_s=10.0, interval_s=1.0,
                  refresh_s=1.0, settle_s=5.0, deadline_s=110.0)
+
+
+
+def with_source(plan: Plan, source: str) -> Plan:
+    """``plan`` told from ``source``. From /metrics, latencies are 600 ms (not 180 ms): vLLM's
+    e2e buckets start at 0.3 s, so 180 ms and its 3x would sit in its first two buckets."""
+    if source == plan.source:
+        return plan
+    return dataclasses.replace(plan, source=source, p50_ms=600.0 if source == "metrics" else Plan().p50_ms)
+
 
 _WHY = {
     "tick_interval_s": "evaluate every {v:g} s instead of 30 s, so the story fits in a few minutes",

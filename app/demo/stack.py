@@ -210,7 +210,8 @@ async def running_stack(plan: Plan, *, kafka_bootstrap: str, redis_url: str, run
         await _start(stack, env, progress)
         yield stack
     finally:
-        progress("stopping the load generator, proxy, fleet and worker")
+        progress("stopping the load generator, proxy, " + ("scrape bridge, " if plan.source == "metrics" else "")
+                 + "fleet and worker")
         for c in reversed(stack.children):
             await c.stop()
         await _delete_run_data(stack, progress)
@@ -250,9 +251,14 @@ async def _start(stack: Stack, env: dict[str, str], progress: Progress) -> None:
     scenario.write_text(plan.scenario_toml(), encoding="utf-8")
     load_scenario(scenario.read_text(encoding="utf-8"), source=str(scenario))  # fail here, not in the child
     backends = d / "backends.txt"
-    progress(f"starting {plan.nodes} simulated nodes (tailguard simulate fleet {scenario.name})")
+    targets = d / "targets.json"
+    metrics = plan.source == "metrics"
+    progress(f"starting {plan.nodes} simulated nodes (tailguard simulate fleet {scenario.name}"
+             + (" --metrics vllm: each serves /metrics, none reports to Kafka)" if metrics else ")"))
+    source_args = ["--metrics", "vllm", "--traffic", "http", "--file-sd", str(targets)] if metrics else \
+        ["--heartbeat-interval-s", "2"]
     fleet = Child("fleet", tailguard_cmd("simulate", "fleet", str(scenario), "--base-port", "0",
-                                         "--backends-file", str(backends), "--heartbeat-interval-s", "2",
+                                         "--backends-file", str(backends), *source_args,
                                          "--duration-s", str(plan.deadline_s + 60)), env, d / "fleet.log")
     stack.children.append(fleet)
 
@@ -265,6 +271,12 @@ async def _start(stack: Stack, env: dict[str, str], progress: Progress) -> None:
         async with http.get(first_url + "/healthz") as resp:
             scenario_time_s = float((await resp.json())["scenario_time_s"])
         stack.fleet_t0 = (t_req + time.time()) / 2 - scenario_time_s
+    if metrics:
+        progress(f"starting the scrape bridge (tailguard scrape --file-sd {targets.name}, every "
+                 f"{plan.tick_interval_s:g} s)")
+        stack.children.append(Child("scrape", tailguard_cmd(
+            "scrape", "--file-sd", str(targets), "--interval-s", str(plan.tick_interval_s),
+            "--metrics-port", "0"), env, d / "scrape.log"))
 
     port = free_port()
     stack.proxy_url = f"http://127.0.0.1:{port}"

@@ -13,10 +13,14 @@ Owns :data:`APPLY_LUA` and how a :class:`~tailguard.core.contract.types.ModelTic
   rewritten, bumps the version and publishes ``{"model", "version"}``; statuses are always
   refreshed. A new version key starts at the server's clock in ms, so versions never repeat
   after Redis lost its data.
+* **Weights with routing.** ``P:weights:<m>`` (routed nodes below weight 1.0) is written by
+  the same run: a change of it bumps the version like a change of the routing set.
 * **Never empties routing.** An empty routing set for a model that has one is refused
   (reply ``-1``, nothing written); a model with no node admitted yet gets no routing key.
 * **ACL.** Under Redis 7+ ACLs the script checks every command it may call first and
   refuses with ``NOPERM`` before writing anything (Redis does not roll a script back).
+* **Forgetting.** :data:`FORGET_LUA` (:func:`forget_call`) removes a model stage 2 forgot
+  (``ModelTick.forgotten``) in one run: out of ``P:models``, every key of it deleted.
 """
 
 from __future__ import annotations
@@ -27,24 +31,29 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tailguard.core.contract.types import ModelTick
-from tailguard.routing.keys import Keys, held_out, status_json
+from tailguard.routing.keys import Keys, held_out, status_json, weight_fields
 
 APPLY_LUA = r"""
 -- tailguard: write one model's routing verdict atomically.
 -- KEYS: 1 routing SET, 2 version, 3 quarantine ZSET, 4 nodes HASH, 5 models SET,
---       6 shadow routing SET, 7 history HASH, 8 events LIST, 9 held-out SET
+--       6 shadow routing SET, 7 history HASH, 8 events LIST, 9 held-out SET, 10 weights HASH
 -- ARGV: 1 channel, 2 model, 3 #routing, 4 #quarantine, 5 #statuses,
 --       6 #shadow (-1: leave the shadow set alone), 7 #history (-1: leave it alone),
---       8 #events, 9 events cap, 10 #held-out,
---       then the routing members, then (score, node) pairs, then (node, json) pairs,
---       then the shadow members, then (node, json) history pairs, then event jsons,
---       then the held-out members.
+--       8 #events, 9 events cap, 10 #held-out, 11 #weights, 12 version floor (the last
+--       version this writer wrote for the model, 0 if none), then the routing members,
+--       then (score, node) pairs, then (node, json) pairs, then the shadow members,
+--       then (node, json) history pairs, then event jsons, then the held-out members,
+--       then (node, weight) pairs.
 -- An empty routing set is written only for a model that has none yet (no node admitted:
 -- the key stays absent); one that would empty an existing set is refused, nothing written.
--- Returns {routing_changed 0|1, quarantine_changed 0|1 (or -1: refused), version}.
+-- The weights hash (routed nodes below weight 1) moves with the routing set: a change of
+-- either bumps the one version, so a reader of one version sees both.
+-- Returns {routing_changed 0|1, quarantine_changed 0|1 (or -1: refused), version,
+--          weights_changed 0|1}.
 local routing_key, version_key, quarantine_key, nodes_key, models_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local shadow_key, history_key, events_key, held_key = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+local weights_key = KEYS[10]
 local channel, model = ARGV[1], ARGV[2]
 local n_routing = tonumber(ARGV[3])
 local n_quarantine = tonumber(ARGV[4])
@@ -54,18 +63,22 @@ local n_history = tonumber(ARGV[7])
 local n_events = tonumber(ARGV[8])
 local events_cap = tonumber(ARGV[9])
 local n_held = tonumber(ARGV[10])
+local n_weights = tonumber(ARGV[11])
+local version_floor = tonumber(ARGV[12])
 if n_routing == nil or n_quarantine == nil or n_status == nil or n_shadow == nil
-    or n_history == nil or n_events == nil or events_cap == nil or n_held == nil then
+    or n_history == nil or n_events == nil or events_cap == nil or n_held == nil
+    or n_weights == nil or version_floor == nil then
   return redis.error_reply('ERR tailguard: malformed counts')
 end
-local first_r = 11
+local first_r = 13
 local first_q = first_r + n_routing
 local first_s = first_q + 2 * n_quarantine
 local first_w = first_s + 2 * n_status
 local first_h = first_w + math.max(n_shadow, 0)
 local first_e = first_h + 2 * math.max(n_history, 0)
 local first_o = first_e + n_events
-if #ARGV ~= first_o - 1 + n_held then
+local first_g = first_o + n_held
+if #ARGV ~= first_g - 1 + 2 * n_weights then
   return redis.error_reply('ERR tailguard: argument count does not match the counts')
 end
 
@@ -81,6 +94,8 @@ if redis.acl_check_cmd then
     {'DEL', shadow_key}, {'SADD', shadow_key, 'n'}, {'DEL', history_key}, {'HSET', history_key, 'n', 'v'},
     {'LPUSH', events_key, 'e'}, {'LTRIM', events_key, '0', '0'}, {'EXISTS', routing_key},
     {'SCARD', held_key}, {'SISMEMBER', held_key, 'n'}, {'DEL', held_key}, {'SADD', held_key, 'n'},
+    {'HGETALL', weights_key}, {'DEL', weights_key},
+    {'HSET', weights_key, 'n', 'v'},
   }
   for _, c in ipairs(checks) do
     if not redis.acl_check_cmd(unpack(c)) then
@@ -101,7 +116,7 @@ local function put(cmd, key, from, to)
 end
 
 if n_routing < 1 and redis.call('EXISTS', routing_key) == 1 then
-  return {0, -1, 0}   -- never empty a routing set: the last written one stays
+  return {0, -1, 0, 0}   -- never empty a routing set: the last written one stays
 end
 
 -- same size and every wanted (distinct) member present => same set
@@ -119,7 +134,22 @@ end
 
 local routing_changed = redis.call('EXISTS', version_key) == 0
   or not same_set(routing_key, first_r, first_q - 1)
-local held_changed = not same_set(held_key, first_o, #ARGV)
+local held_changed = not same_set(held_key, first_o, first_g - 1)
+
+local have = redis.call('HGETALL', weights_key)   -- small: the nodes below weight 1 only
+local weights_changed = #have ~= 2 * n_weights
+if not weights_changed then
+  local current = {}
+  for i = 1, #have, 2 do
+    current[have[i]] = have[i + 1]
+  end
+  for i = first_g, #ARGV, 2 do
+    if current[ARGV[i]] ~= ARGV[i + 1] then
+      weights_changed = true
+      break
+    end
+  end
+end
 
 local quarantine_changed = redis.call('ZCARD', quarantine_key) ~= n_quarantine
 if not quarantine_changed then
@@ -142,7 +172,11 @@ if quarantine_changed then
 end
 if held_changed then
   redis.call('DEL', held_key)
-  put('SADD', held_key, first_o, #ARGV)
+  put('SADD', held_key, first_o, first_g - 1)
+end
+if weights_changed then
+  redis.call('DEL', weights_key)
+  put('HSET', weights_key, first_g, #ARGV)
 end
 
 redis.call('DEL', nodes_key)
@@ -157,13 +191,21 @@ if n_history >= 0 then
   put('HSET', history_key, first_h, first_e - 1)
 end
 if n_events > 0 then
-  put('LPUSH', events_key, first_e, #ARGV)
+  put('LPUSH', events_key, first_e, first_o - 1)
   redis.call('LTRIM', events_key, 0, events_cap - 1)
 end
 
 local version
-if routing_changed or quarantine_changed or held_changed then
-  if redis.call('EXISTS', version_key) == 0 then
+-- A replica promoted after a failover may lack the last writes it was not sent: its version
+-- is then below one readers saw. The writer's floor moves it past that (readers never see a
+-- version go back), whether or not the content changed.
+local stored = tonumber(redis.call('GET', version_key))
+local behind = stored ~= nil and stored < version_floor
+if routing_changed or quarantine_changed or held_changed or weights_changed or behind then
+  if behind then
+    version = version_floor + 1
+    redis.call('SET', version_key, string.format('%.0f', version))
+  elseif stored == nil then
     -- A new (or lost) version key starts at the server's time in ms, so that a version
     -- never repeats after Redis lost its data: readers compare versions with ~=.
     local t = redis.call('TIME')
@@ -172,15 +214,35 @@ if routing_changed or quarantine_changed or held_changed then
   else
     version = redis.call('INCR', version_key)
   end
+  if version <= version_floor then
+    version = version_floor + 1
+    redis.call('SET', version_key, string.format('%.0f', version))
+  end
   redis.call('PUBLISH', channel, cjson.encode({model = model, version = version}))
 else
-  version = tonumber(redis.call('GET', version_key))
+  version = stored
 end
-return {routing_changed and 1 or 0, (quarantine_changed or held_changed) and 1 or 0, version}
+return {routing_changed and 1 or 0, (quarantine_changed or held_changed) and 1 or 0, version,
+  weights_changed and 1 or 0}
 """
 
 
 EVENTS_CAP = 50   # newest health changes / fleet events kept per model (P:events:<m>)
+
+FORGET_LUA = r"""
+-- tailguard: forget one model atomically: out of the models SET, every key deleted.
+-- KEYS: 1 models SET, then the model's keys; ARGV: 1 model. Reply: keys deleted.
+redis.call('SREM', KEYS[1], ARGV[1])
+return redis.call('DEL', unpack(KEYS, 2))
+"""
+
+
+def forget_call(keys: Keys, model: str) -> tuple[list[str], list[str | int]]:
+    """The KEYS and ARGV of :data:`FORGET_LUA` for ``model``."""
+    m = model
+    return ([keys.models, keys.routing(m), keys.version(m), keys.quarantine(m), keys.nodes(m),
+             keys.shadow(m), keys.history(m), keys.events(m), keys.held_out(m), keys.weights(m)],
+            [m])
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,7 +253,9 @@ class Extras:
     ``annotations``: extra fields merged into a node's status JSON;
     ``history``: node → JSON of its tick history (None: leave the key alone);
     ``events``: JSON documents pushed onto the model's event list, oldest first;
-    ``held_out``: the nodes to hold out (None: :func:`tailguard.routing.keys.held_out` of the tick).
+    ``held_out``: the nodes to hold out (None: :func:`tailguard.routing.keys.held_out` of the tick);
+    ``weights``: the routed nodes' weights below 1.0 to write (None: the tick's ``weights``;
+    empty: the weights hash is deleted, as in ``TAILGUARD_WEIGHTS=observe|off``).
     """
 
     shadow: frozenset[str] | None = None
@@ -199,6 +263,7 @@ class Extras:
     history: Mapping[str, str] | None = None
     events: tuple[str, ...] = ()
     held_out: frozenset[str] | None = None     # None: derived from the tick (keys.held_out)
+    weights: Mapping[str, float] | None = None  # None: the tick's
 
 
 NO_EXTRAS = Extras()
@@ -214,10 +279,12 @@ class WriteResult:
     quarantine_changed: bool           # the quarantine or the held-out set
     refused_empty: bool = False        # an empty routing set for a model that has one: nothing written
     has_routing: bool = True           # a routing set was written (False: none admitted yet)
+    weights_changed: bool = False      # the weights hash (it bumps the version too)
+    forgotten: bool = False            # the model's keys were deleted (FORGET_LUA)
 
     @property
     def changed(self) -> bool:
-        return self.routing_changed or self.quarantine_changed
+        return self.routing_changed or self.quarantine_changed or self.weights_changed
 
 
 def _flat(pairs: Iterable[tuple[str, str]]) -> list[str]:
@@ -244,9 +311,10 @@ def validate(tick: ModelTick) -> None:
             )
 
 
-def script_call(keys: Keys, tick: ModelTick, extras: Extras,
-                now_ts: float) -> tuple[list[str], list[str | int]]:
-    """The KEYS and ARGV of :data:`APPLY_LUA` for ``tick`` (statuses stamped ``now_ts``)."""
+def script_call(keys: Keys, tick: ModelTick, extras: Extras, now_ts: float,
+                version_floor: int = 0) -> tuple[list[str], list[str | int]]:
+    """The KEYS and ARGV of :data:`APPLY_LUA` for ``tick`` (statuses stamped ``now_ts``;
+    ``version_floor``: the last version written for the model, which the new one exceeds)."""
     k, m = keys, tick.model
     routing = sorted(tick.routing)
     quarantine = [(repr(float(ts)), node) for node, ts in sorted(tick.quarantine.items())]
@@ -257,21 +325,24 @@ def script_call(keys: Keys, tick: ModelTick, extras: Extras,
     history = None if extras.history is None else sorted(extras.history.items())
     held = sorted(held_out(tick.statuses, tick.routing) if extras.held_out is None
                   else extras.held_out)
+    weights = weight_fields(tick.weights if extras.weights is None else extras.weights,
+                            tick.routing)
     args: list[str | int] = [
         k.channel, m, len(routing), len(quarantine), len(statuses),
         -1 if shadow is None else len(shadow), -1 if history is None else len(history),
-        len(extras.events), EVENTS_CAP, len(held),
+        len(extras.events), EVENTS_CAP, len(held), len(weights), version_floor,
         *routing, *_flat(quarantine), *_flat(sorted(statuses.items())),
-        *(shadow or ()), *_flat(history or ()), *extras.events, *held,
+        *(shadow or ()), *_flat(history or ()), *extras.events, *held, *_flat(weights),
     ]
     return ([k.routing(m), k.version(m), k.quarantine(m), k.nodes(m), k.models,
-             k.shadow(m), k.history(m), k.events(m), k.held_out(m)], args)
+             k.shadow(m), k.history(m), k.events(m), k.held_out(m), k.weights(m)], args)
 
 
 def parse_reply(tick: ModelTick, raw: Sequence[Any]) -> WriteResult:
-    """The script's reply ``{routing_changed, quarantine_changed or -1, version}``."""
-    routing_changed, quarantine_changed, version = (int(x) for x in raw)
+    """The script's reply ``{routing_changed, quarantine_changed or -1, version,
+    weights_changed}``."""
+    routing_changed, quarantine_changed, version, weights_changed = (int(x) for x in raw)
     if quarantine_changed < 0:
         return WriteResult(tick.model, version, False, False, refused_empty=True)
     return WriteResult(tick.model, version, bool(routing_changed), bool(quarantine_changed),
-                       has_routing=bool(tick.routing))
+                       has_routing=bool(tick.routing), weights_changed=bool(weights_changed))

@@ -4,7 +4,8 @@ Reads what the worker's stage-2 edge writes each tick (:mod:`tailguard.streaming
 the node's status JSON (``P:nodes:<m>``), its tick history (``P:history:<m>``:
 each rule's statistic against its limit, the abnormal streak, the guards that
 held it, the next probe time), routing and shadow membership, the quarantine
-score and the operator override. No worker internals: any machine that reaches
+score, the operator override and the routing weight (the one the rules gave, why, and
+the one written for load balancers in ``P:weights:<m>``). No worker internals: any machine that reaches
 the Redis can explain.
 
 :func:`read_explain` gathers it (one ``MULTI``/``EXEC`` per model);
@@ -31,6 +32,7 @@ import redis.asyncio as aioredis
 from tailguard.routing.client import call_redis
 from tailguard.routing.keys import Keys, member_text
 from tailguard.routing.status import _age, _status_obj
+from tailguard.routing.weighted import parse_weight
 from tailguard.settings import load
 from tailguard.text import printable
 
@@ -59,11 +61,13 @@ class NodeExplain:
     in_routing: bool = False
     in_shadow: bool | None = None       # None: no shadow set written (an older worker)
     probe_after: float | None = None
+    written_weight: float | None = None  # its field in P:weights:<m> (None: none, weight 1.0)
 
     def to_dict(self) -> dict[str, Any]:
         return {"node_id": self.node_id, "model": self.model, "status": self.status,
                 "history": self.history, "in_routing": self.in_routing,
-                "in_shadow": self.in_shadow, "probe_after": self.probe_after}
+                "in_shadow": self.in_shadow, "probe_after": self.probe_after,
+                "written_weight": self.written_weight}
 
 
 async def read_explain(redis: aioredis.Redis, key_prefix: str, node: str,
@@ -80,7 +84,9 @@ async def read_explain(redis: aioredis.Redis, key_prefix: str, node: str,
             pipe.exists(keys.shadow(m))
             pipe.sismember(keys.shadow(m), node)
             pipe.zscore(keys.quarantine(m), node)
-            raw_status, raw_hist, routed, has_shadow, shadowed, probe = await pipe.execute()
+            pipe.hget(keys.weights(m), node)
+            (raw_status, raw_hist, routed, has_shadow, shadowed, probe,
+             raw_weight) = await pipe.execute()
         if raw_status is None and raw_hist is None and not routed:
             continue
         hist: list[dict[str, Any]] = []
@@ -92,7 +98,8 @@ async def read_explain(redis: aioredis.Redis, key_prefix: str, node: str,
             hist = [h for h in loaded if isinstance(h, dict)] if isinstance(loaded, list) else []
         out.append(NodeExplain(node, m, _status_obj(raw_status) if raw_status is not None else {},
                                hist, bool(routed), bool(shadowed) if has_shadow else None,
-                               None if probe is None else float(probe)))
+                               None if probe is None else float(probe),
+                               None if raw_weight is None else parse_weight(raw_weight)))
     return out
 
 
@@ -147,6 +154,9 @@ def render_explain(items: list[NodeExplain], now_s: float, *, ticks: int = 8) ->
                      + (f", since {_age(now_s - since)} ago" if since is not None and _is_num(since)
                         else "")
                      + f"; reason {st.get('reason', '-')}")
+        weight = _weight_line(it)
+        if weight:
+            lines.append(weight)
         if it.in_shadow is not None and it.in_shadow != it.in_routing:
             lines.append(f"  enforce mode would {'route' if it.in_shadow else 'not route'} it "
                          "(shadow set)")
@@ -174,7 +184,8 @@ def render_explain(items: list[NodeExplain], now_s: float, *, ticks: int = 8) ->
         else:
             lines.append(f"  last {min(ticks, len(hist))} ticks (signal {signal or '?'}; "
                          "value > limit breaks the rule):")
-            header = ["time", "state", "routed", "streak", *(name for _, name in RULES), "guards"]
+            header = ["time", "state", "routed", "streak", *(name for _, name in RULES),
+                      "weight", "guards"]
             rows = [header]
             for h in hist[-ticks:]:
                 stats = h.get("stats")
@@ -183,12 +194,29 @@ def render_explain(items: list[NodeExplain], now_s: float, *, ticks: int = 8) ->
                 rows.append([_clock(h.get("ts")), str(h.get("state", "?")),
                              "yes" if h.get("routed") else "no", str(h.get("streak", 0)),
                              *(_cell(stats.get(k), k, signal) for k, _ in RULES),
+                             f"{h['weight']:g}" if _is_num(h.get("weight")) else "-",
                              ",".join(str(g) for g in h.get("guards", [])) or "-"])
             widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
             lines += ["    " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
                       for r in rows]
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks)
+
+
+def _weight_line(it: NodeExplain) -> str | None:
+    """The routing weight the rules gave the node, why, and what load balancers read."""
+    st = it.status
+    w, detail = st.get("weight"), st.get("weight_detail")
+    if not _is_num(w) or (w >= 1.0 and not detail and it.written_weight is None):
+        return None
+    text = f"  routing weight: {w:g}"
+    if detail:
+        text += f" ({detail})"
+    written = 1.0 if it.written_weight is None else it.written_weight
+    if it.in_routing and written != w:
+        text += (f"; load balancers read {written:g} (TAILGUARD_WEIGHTS=observe, observe mode "
+                 "or a pin)")
+    return text
 
 
 async def explain_text(redis: aioredis.Redis, key_prefix: str, node: str,

@@ -4,10 +4,11 @@ Owns the names of every key and channel (:class:`Keys`; ``P`` = the key prefix, 
 ``tailguard``, ``<m>`` = the encoded model name): ``P:routing:<m>``, ``P:held-out:<m>``,
 ``P:routing:<m>:version``, ``P:quarantine:<m>``, ``P:nodes:<m>``, ``P:models``,
 ``P:routing-shadow:<m>``, ``P:history:<m>``, ``P:events:<m>``, ``P:weights:<m>``
-(:func:`weights_key`), ``P:overrides``, ``P:mode``
-and the channel ``P:routing:changes``; what each holds is the contract in docs/contracts.md
-("Redis"). Also the values that cross it: :func:`status_json` (a node's status),
-:func:`held_out`, :func:`change_message` / :func:`parse_change_message`.
+(:func:`weights_key`), ``P:overrides``, ``P:mode`` and the channel ``P:routing:changes``; what
+each holds is the contract in docs/contracts.md ("Redis"). Also the values that cross it:
+:func:`status_json` (a node's status), :func:`held_out`, :func:`weight_fields` (the weights
+hash; :mod:`tailguard.routing.weighted` reads it), :func:`change_message` /
+:func:`parse_change_message`.
 
 Guarantees:
 
@@ -105,6 +106,9 @@ class Keys:
     def events(self, model: str) -> str:
         return f"{self.prefix}:events:{encode_model(model)}"
 
+    def weights(self, model: str) -> str:
+        return f"{self.prefix}:weights:{encode_model(model)}"
+
     @property
     def overrides(self) -> str:
         return f"{self.prefix}:overrides"
@@ -119,8 +123,23 @@ class Keys:
 
 
 def weights_key(prefix: str, model: str) -> str:
-    """``P:weights:<m>``: the hash node id → routing weight in (0, 1] (absent field = 1.0)."""
-    return f"{Keys(prefix).prefix}:weights:{encode_model(model)}"
+    """``P:weights:<m>``: hash node id → weight in (0, 1) as a decimal string ("0.45"); a
+    routed node with no field has weight 1.0."""
+    return Keys(prefix).weights(model)
+
+
+def weight_text(weight: float) -> str:
+    """A weight as stored in the weights hash: a short decimal string ("0.45", "0.1")."""
+    if not 0.0 < weight <= 1.0:
+        raise ValueError(f"a routing weight must be in (0, 1], got {weight!r}")
+    return f"{weight:.4g}"
+
+
+def weight_fields(weights: Mapping[str, float],
+                  routing: AbstractSet[str]) -> list[tuple[str, str]]:
+    """The (node, weight text) fields of the weights hash: the routed nodes below 1.0, sorted
+    (a node out of routing has no weight)."""
+    return [(n, weight_text(w)) for n, w in sorted(weights.items()) if w < 1.0 and n in routing]
 
 
 def status_json(status: NodeStatus, *, updated_ts: float,
@@ -155,6 +174,9 @@ def status_json(status: NodeStatus, *, updated_ts: float,
         "probe_after": num(status.probe_after_ts),
         "updated": updated_ts,
     }
+    if status.weight is not None:
+        d["weight"] = status.weight
+        d["weight_detail"] = status.weight_detail
     if extra:
         d.update(extra)
     return json.dumps(d, separators=(",", ":"), allow_nan=False)

@@ -1,10 +1,11 @@
 """``tailguard status [--model M] [--json]`` — the per-model table of nodes, read from Redis.
 
 Reads the ``P:models`` SET and, per model, in one ``MULTI``/``EXEC``: the
-version, the routing SET, the quarantine ZSET and the ``P:nodes:<m>`` HASH
-(keys of :mod:`tailguard.routing.keys`). The ``routed`` column is membership of the
-routing SET — what load balancers actually use — not the status JSON's own
-flag. The ``p99/p50`` column is the ratio of the raw latency columns next to it
+version, the routing SET, the quarantine ZSET, the ``P:nodes:<m>`` HASH and the
+``P:weights:<m>`` HASH (keys of :mod:`tailguard.routing.keys`). The ``routed`` column is
+membership of the routing SET — what load balancers actually use — not the status
+JSON's own flag, with the node's weight when below 1.0 (``yes (weight 0.45)``, from
+the weights hash). The ``p99/p50`` column is the ratio of the raw latency columns next to it
 (computed from ``p99_us``/``p50_us``, so it is right for statuses written by any
 version). A node under an operator override shows it in ``routed`` (``drained``,
 ``pinned``) and ``reason`` (who, why, until when); a node kept in routing only
@@ -38,6 +39,7 @@ from tailguard.core.contract.types import p99_p50_ratio
 from tailguard.routing.client import call_redis
 from tailguard.routing.errors import WrongKeyType
 from tailguard.routing.keys import Keys, member_text
+from tailguard.routing.weighted import parse_weights
 from tailguard.settings import load
 from tailguard.text import printable
 
@@ -103,6 +105,7 @@ class ModelStatus:
     quarantine: dict[str, float] = field(default_factory=dict)
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
     errors: tuple[KeyProblem, ...] = ()
+    weights: dict[str, float] = field(default_factory=dict)   # routed nodes below 1.0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -110,6 +113,7 @@ class ModelStatus:
             "version": self.version,
             "routing": sorted(self.routing),
             "quarantine": dict(sorted(self.quarantine.items())),
+            "weights": dict(sorted(self.weights.items())),
             "nodes": {
                 n: {**self.nodes.get(n, {}), "in_routing_set": n in self.routing}
                 for n in self.all_nodes()
@@ -149,9 +153,10 @@ async def read_status(
     names = sorted({member_text(m) for m in wanted})
     out: list[ModelStatus] = []
     for m in names:
-        (raw_version, raw_routing, raw_quarantine, raw_nodes), problems = await read_checked(
+        (raw_version, raw_routing, raw_quarantine, raw_nodes, raw_weights), problems = await read_checked(
             redis, [("get", keys.version(m), "string"), ("smembers", keys.routing(m), "set"),
-                    ("zrange", keys.quarantine(m), "zset"), ("hgetall", keys.nodes(m), "hash")])
+                    ("zrange", keys.quarantine(m), "zset"), ("hgetall", keys.nodes(m), "hash"),
+                    ("hgetall", keys.weights(m), "hash")])
         version: int | None = None
         if raw_version is not None:
             try:
@@ -166,6 +171,7 @@ async def read_status(
             quarantine={member_text(n): float(s) for n, s in raw_quarantine or ()},
             nodes={member_text(n): _status_obj(v) for n, v in (raw_nodes or {}).items()},
             errors=tuple(problems),
+            weights=parse_weights(raw_weights or {})[0],
         ))
     return out
 
@@ -233,6 +239,8 @@ def format_table(statuses: list[ModelStatus], now_s: float,
                 reason += f"; {_override_text(override, now_s)}"
             elif st.get("mode") == "observe" and st.get("routed_by_rules") is False:
                 routed += " (observe)"
+            elif n in ms.routing and n in ms.weights:
+                routed += f" (weight {ms.weights[n]:g})"
             rows.append((
                 printable(n),
                 str(st.get("state", "?")),

@@ -13,6 +13,9 @@ model and tick) and owns what happens around it:
   pending and retried on its own back-off while the other models are written.
 * **Never empties routing.** An empty set for a model known to have one is refused here
   too, before Redis is asked; events of a verdict superseded unwritten go with the next.
+  A model stage 2 forgot (``ModelTick.forgotten``) is the one exception: its keys are
+  deleted and it leaves ``P:models`` in one script run (:data:`FORGET_LUA`), retried
+  like any verdict until it is done or superseded.
 * ``EVALSHA`` with redis-py's reload on ``NOSCRIPT`` (a restarted server).
 
 Metrics go through the :class:`WriterMetrics` protocol (no Prometheus import here).
@@ -36,9 +39,11 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from tailguard.core.contract.types import ModelTick
 from tailguard.routing.apply_script import (
     APPLY_LUA,
+    FORGET_LUA,
     NO_EXTRAS,
     Extras,
     WriteResult,
+    forget_call,
     parse_reply,
     script_call,
     validate,
@@ -133,6 +138,7 @@ class RoutingWriter:
         self._write_timeout_s = write_timeout_s
         self._where = f" at {where}" if where else ""   # named in the connection warnings
         self._script = redis.register_script(APPLY_LUA)
+        self._forget_script: Any = None      # registered when a model is first forgotten
         self._pending: dict[str, tuple[ModelTick, Extras]] = {}
         self._lock = asyncio.Lock()
         self._failures = 0          # consecutive failed attempts (connection errors)
@@ -171,7 +177,7 @@ class RoutingWriter:
         tick (a programming error).
         """
         validate(tick)
-        if not tick.routing and (tick.model in self._routed_models or any(
+        if not tick.routing and not tick.forgotten and (tick.model in self._routed_models or any(
                 p[0].routing for p in (self._pending.get(tick.model),) if p is not None)):
             # Known here to have a set (written, or a verdict waiting): never emptied, never
             # superseded by an empty one. (The script refuses it too, against what Redis holds.)
@@ -297,10 +303,11 @@ class RoutingWriter:
                 "Redis refused the routing write of model %r (%s: %s); attempt %d, retrying this "
                 "model in %.2fs, other models are still written. Check the type and ACL of its "
                 "keys (%s is a SET, %s a string counter, %s a ZSET, %s a HASH, %s a SET, %s a "
-                "HASH, %s a LIST, %s a SET); load balancers keep its last written set",
+                "HASH, %s a LIST, %s a SET, %s a HASH); load balancers keep its last written set",
                 model, type(error).__name__, error, failures, delay_s,
                 k.routing(model), k.version(model), k.quarantine(model), k.nodes(model),
                 k.shadow(model), k.history(model), k.events(model), k.held_out(model),
+                k.weights(model),
             )
         self._wake.set()
 
@@ -322,6 +329,11 @@ class RoutingWriter:
         if result.refused_empty:
             self._refuse_empty(result.model)
             return
+        if result.forgotten:
+            self._routed_models.discard(result.model)
+            self.last_results.pop(result.model, None)
+            log.info("model %r forgotten: its routing keys are deleted", result.model)
+            return
         if result.has_routing:
             self._routed_models.add(result.model)
         self._metrics.written(result.model, changed=result.changed, version=result.version)
@@ -329,7 +341,16 @@ class RoutingWriter:
             log.debug("model %r routing version %d", result.model, result.version)
 
     async def _write(self, tick: ModelTick, extras: Extras) -> WriteResult:
-        keys, args = script_call(self.keys, tick, extras, self._clock())
+        if tick.forgotten:
+            keys, args = forget_call(self.keys, tick.model)
+            if self._forget_script is None:
+                self._forget_script = self._redis.register_script(FORGET_LUA)
+            async with asyncio.timeout(self._write_timeout_s):
+                await self._forget_script(keys=keys, args=args)
+            return WriteResult(tick.model, 0, True, True, has_routing=False, forgotten=True)
+        last = self.last_results.get(tick.model)
+        keys, args = script_call(self.keys, tick, extras, self._clock(),
+                                 version_floor=last.version if last is not None else 0)
         async with asyncio.timeout(self._write_timeout_s):
             raw = await self._script(keys=keys, args=args)
         return parse_reply(tick, raw)

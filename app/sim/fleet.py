@@ -326,9 +326,10 @@ def add_parser(sub: Any) -> None:
     f.add_argument("--heartbeat-interval-s", type=float, default=5.0, help="heartbeat period (default 5)")
     f.add_argument("--backends-file", default=None,
                    help="write node_id=http://host:port lines here (for `tailguard proxy --backends`)")
-    f.add_argument("--metrics", default=None, metavar="SERVER", choices=("vllm", "sglang", "tgi", "triton", "dynamo"),
-                   help="serve GET /metrics on every node as this server does (vllm, sglang, tgi, triton, dynamo) "
-                        "instead of reporting to Kafka: no emitter, `tailguard scrape` reads them")
+    f.add_argument("--metrics", nargs="?", const="vllm", default=None, metavar="SERVER",
+                   choices=("vllm", "sglang", "tgi", "triton", "dynamo"),
+                   help="serve GET /metrics on every node as this server does (vllm, the default, sglang, tgi, "
+                        "triton, dynamo) instead of reporting to Kafka: no emitter, `tailguard scrape` reads them")
     f.add_argument("--traffic", choices=("self", "http"), default="self",
                    help="with --metrics: 'self' = every node serves its own requests at the scenario's rates "
                         "(default), 'http' = only the requests sent to it (a load generator)")

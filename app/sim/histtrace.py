@@ -23,16 +23,10 @@ from typing import Any, Final
 
 import numpy as np
 
+from tailguard.sim.exposition import VLLM_E2E, VLLM_ITL, VLLM_TTFT
 from tailguard.sim.tracegen import Stream, Trace
 
-VLLM_BUCKETS: Final[Mapping[str, tuple[float, ...]]] = {
-    "e2e": (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
-            120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0),
-    "ttft": (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
-             7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0),
-    "itl": (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-            10.0, 20.0, 40.0, 80.0),
-}
+VLLM_BUCKETS: Final[Mapping[str, tuple[float, ...]]] = {"e2e": VLLM_E2E, "ttft": VLLM_TTFT, "itl": VLLM_ITL}
 
 
 def _counts(bounds: Sequence[float], values_s: np.ndarray, weights: np.ndarray | None = None) -> list[int]:

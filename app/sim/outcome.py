@@ -2,9 +2,11 @@
 
 :func:`check` takes the lines ``tailguard replay`` writes (transitions with
 ``ts``, ``node_id``, ``model``, ``to``, ``routed``; fleet events with
-``"type": "fleet"``) as parsed dicts and returns an :class:`Outcome` listing
-every broken expectation in words, with numbers (seconds after onset). Pure:
-no I/O.
+``"type": "fleet"``; routing-weight changes with ``"type": "weight"``) as parsed
+dicts and returns an :class:`Outcome` listing every broken expectation in words,
+with numbers (seconds after onset). A scenario whose other nodes stay
+(``others_stay``) also expects every node without a fault to keep a weight of at
+least :data:`HEALTHY_MIN_WEIGHT`. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from tailguard.sim.scenario import Scenario
+
+# No node without a fault is weighted below this (no false down-weighting; docs/rules.md).
+HEALTHY_MIN_WEIGHT = 0.95
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +32,9 @@ class Outcome:
     fleet_events: int
     #: (node, model) -> seconds after the start when it first left routing as gone (silent)
     gone_at_s: Mapping[tuple[str, str], float] = dataclasses.field(default_factory=dict)
+    #: (node, model) -> (lowest routing weight, seconds after the start when it first got it)
+    lowest_weight: Mapping[tuple[str, str], tuple[float, float]] = dataclasses.field(
+        default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -39,7 +47,14 @@ def check(scenario: Scenario, records: Iterable[Mapping[str, Any]]) -> Outcome:
     gone: dict[tuple[str, str], float] = {}
     fleet = 0
     kinds: set[str] = set()
+    low: dict[tuple[str, str], tuple[float, float]] = {}
     for rec in records:
+        if rec.get("type") == "weight":
+            key = (str(rec["node_id"]), str(rec["model"]))
+            w = float(rec["weight"])
+            if w < low.get(key, (1.0, 0.0))[0]:
+                low[key] = (w, float(rec["ts"]) - scenario.epoch_s)
+            continue
         if rec.get("type") == "fleet":
             fleet += 1
             kinds.add(str(rec.get("kind")))
@@ -100,6 +115,12 @@ def check(scenario: Scenario, records: Iterable[Mapping[str, Any]]) -> Outcome:
             if key not in expected:
                 problems.append(f"{key[0]}/{key[1]} was taken out of routing at {t:.1f} s "
                                 "but the scenario expects it to stay")
+        faulty = {(n, m.name) for f in scenario.faults for n in f.nodes for m in scenario.models
+                  if f.applies(n, m.name)}
+        for key, (w, t) in sorted(low.items()):
+            if key not in faulty and key not in expected and w < HEALTHY_MIN_WEIGHT:
+                problems.append(f"{key[0]}/{key[1]} has no fault but was weighted down to {w:g} "
+                                f"at {t:.1f} s (at least {HEALTHY_MIN_WEIGHT:g} expected)")
     if scenario.expect.fleet_event is True and fleet == 0:
         problems.append("no fleet-level event was reported; the scenario expects one")
     if scenario.expect.fleet_event is False and fleet > 0:
@@ -108,4 +129,4 @@ def check(scenario: Scenario, records: Iterable[Mapping[str, Any]]) -> Outcome:
         if kind not in kinds:
             problems.append(f"no {kind!r} fleet event was reported; the scenario expects one "
                             f"(reported: {', '.join(sorted(kinds)) or 'none'})")
-    return Outcome(tuple(problems), ejected, readmitted, fleet, gone)
+    return Outcome(tuple(problems), ejected, readmitted, fleet, gone, low)

@@ -1,8 +1,10 @@
-"""Loading the node-id allowlist for the worker's ingest edge (docs/operating.md#allowlist).
+"""Loading the allowlist (node ids, model names) for the worker's ingest edge
+(docs/operating.md#allowlist).
 
 Owns the I/O half of the allowlist: reading ``TAILGUARD_ALLOWLIST_FILE`` (one node id a
 line, ``#`` comments) and the Redis SET ``TAILGUARD_ALLOWLIST_REDIS_KEY`` into an
-:class:`~tailguard.core.contract.ids.Allowlist` (with ``TAILGUARD_ALLOWLIST_PATTERN``); the check
+:class:`~tailguard.core.contract.ids.Allowlist` (with ``TAILGUARD_ALLOWLIST_PATTERN``, and the
+model names of ``TAILGUARD_ALLOWLIST_MODELS``/``TAILGUARD_ALLOWLIST_MODEL_PATTERN``); the check
 itself is pure and runs in the decoder (``Accumulator(allow=…)``), so every event of a
 node id not on the list is dead-lettered with reason ``not_allowlisted``.
 
@@ -57,7 +59,10 @@ async def load(settings: Settings, redis: Any | None) -> Allowlist:
                                  " ids on TAILGUARD_REDIS_URL") from None
         lines += [m.decode("utf-8", "replace") if isinstance(m, bytes) else str(m)
                   for m in members]
-    return Allowlist.parse_lines(lines, settings.allowlist_pattern)
+    return Allowlist.parse_lines(lines, settings.allowlist_pattern,
+                                 models=settings.allowlist_models.split(","),
+                                 model_pattern=settings.allowlist_model_pattern,
+                                 nodes_on=settings.allowlist_nodes_on)
 
 
 async def check(settings: Settings) -> Allowlist | None:

@@ -20,6 +20,11 @@ Guarantees, per model and tick:
   is the core's plus the drained nodes.
 * **Announced once.** A new, changed or ended override publishes one health change; expired
   ones are returned in :attr:`EdgeOutput.expired` for the caller to delete.
+* **Weights.** The core's routing weights are written (``P:weights:<m>``) only when
+  ``TAILGUARD_WEIGHTS=enforce`` and the model's mode is ``enforce``; a pinned node is at full
+  weight, a drained one has none. Otherwise the weights hash is emptied.
+  Weight changes are published either way as ``weight`` events, rate-limited
+  (:mod:`tailguard.streaming.weight_events`), ``enforced`` when written.
 * **History.** Each node's last ``history_len`` ticks go to ``P:history:<m>``.
 """
 
@@ -47,6 +52,7 @@ from tailguard.routing.apply_script import Extras
 from tailguard.routing.keys import held_out
 from tailguard.routing.operators import OperatorState, Override
 from tailguard.streaming.tickstats import Counts, rule_stats, sig4, stats_dict
+from tailguard.streaming.weight_events import WeightAnnouncer
 
 log = logging.getLogger(__name__)
 
@@ -113,11 +119,13 @@ class OperatorEdge:
         self._history: dict[str, dict[str, collections.deque[tuple[tuple[Any, ...], str]]]] = {}
         self._counts: dict[str, Counts] = {}
         self._holding: dict[str, set[str]] = {}
+        self._weights = WeightAnnouncer()
 
     def forget_model(self, model: str) -> None:
         """Another worker owns the model now."""
         for d in (self._announced, self._history, self._counts, self._holding):
             d.pop(model, None)
+        self._weights.forget_model(model)
 
     def apply(self, inp: EdgeInput, ops: OperatorState, now_s: float) -> EdgeOutput:
         """One model's verdict through the mode and the overrides: what to write and publish."""
@@ -130,8 +138,12 @@ class OperatorEdge:
         known |= tick.routing
         active, expired = self._overrides(ops, model, known, now_s)
         routing, shadow, refused = self._routing(tick, enforced, statuses, known, active)
+        pinned = {n for n, o in active.items() if o.action == "pin"}
+        written = self._written_weights(tick, enforced, frozenset(routing), pinned)
         events = [self._event(t, enforced) for t in inp.transitions]
         events += self._announce(model, active, statuses, routing, refused, now_s)
+        events += self._weights.events(tick, frozenset(routing), written,
+                                       enforced and self.settings.weights == "enforce", now_s)
         self._follow_holding(model, tick.fleet_events)
         history = self._history_of(inp, model, now_s, mode, statuses, routing, active, refused)
         drained = {n for n, o in active.items() if o.action == "drain"}
@@ -141,7 +153,7 @@ class OperatorEdge:
                 n: ts for n, ts in tick.quarantine.items() if n not in routing},
                 diagnostics=tick.diagnostics if enforced or self.diagnose_in_observe else ()),
             extras=self._page(tick, mode, statuses, routing, shadow, active, refused, drained, events,
-                              history),
+                              history, written),
             health_events=tuple(events), mode=mode, expired=expired, overrides=active)
 
     # --- the steps of apply --------------------------------------------------
@@ -208,7 +220,8 @@ class OperatorEdge:
     def _page(tick: ModelTick, mode: str, statuses: Mapping[str, NodeStatus], routing: frozenset[str] | set[str],
               shadow: frozenset[str] | set[str], active: Mapping[str, Override], refused: set[str],
               drained: set[str], events: list[dict[str, Any]],
-              history: Mapping[str, collections.deque[tuple[tuple[Any, ...], str]]]) -> Extras:
+              history: Mapping[str, collections.deque[tuple[tuple[Any, ...], str]]],
+              written: dict[str, float]) -> Extras:
         """What the routing write carries for the page and ``tailguard status``, as JSON."""
         annotations = {n: {"mode": mode, "routed_by_rules": n in tick.routing,
                            "override": None if n not in active else active[n].to_dict(),
@@ -219,9 +232,18 @@ class OperatorEdge:
         return Extras(shadow=frozenset(shadow), annotations=annotations,
                       history={n: "[" + ",".join(j for _, j in h) + "]" for n, h in history.items()},
                       events=tuple(page_events),
-                      held_out=held_out(tick.statuses, routing) | (drained - routing))
+                      held_out=held_out(tick.statuses, routing) | (drained - routing),
+                      weights=written)
 
     # --- internals -----------------------------------------------------------
+    def _written_weights(self, tick: ModelTick, enforced: bool, routing: frozenset[str],
+                         pinned: set[str]) -> dict[str, float]:
+        """The weights load balancers read: the core's, in enforce mode only (weights and
+        model), for the nodes routed and not pinned."""
+        if not (enforced and self.settings.weights == "enforce"):
+            return {}
+        return {n: w for n, w in tick.weights.items() if n in routing and n not in pinned}
+
     @staticmethod
     def _event(t: Transition, enforced: bool) -> dict[str, Any]:
         d = t.to_event()
@@ -288,6 +310,7 @@ class OperatorEdge:
                 "samples": s.samples, "stats": stats_dict(stats[node]) if node in stats else {},
                 "guards": guards, "probe_after": s.probe_after_ts,
                 "lat": [sig4(s.latency_p50_us), sig4(s.latency_p99_us)], "mode": mode,
+                "weight": s.weight,
             }
             q = hist.get(node)
             if q is None:

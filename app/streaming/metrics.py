@@ -16,7 +16,8 @@ import collections
 import contextlib
 import math
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -69,15 +70,26 @@ class WorkerMetrics:
                                          "did not evaluate, by reason (superseded by a newer one, "
                                          "stale, another worker's model, forgotten pair; "
                                          "send_deadline: not sent by stage 1 within its tick "
-                                         "budget)", ["reason"], registry=r)
+                                         "budget; model_limit: a new model over max_models)",
+                                         ["reason"], registry=r)
         self.diagnostics_dropped = Counter("tailguard_diagnostics_dropped", "diagnostics "
                                            "results that answer no current request, by reason "
                                            "(no_episode, no_request_id, wrong_request, "
                                            "before_request): not applied", ["reason"], registry=r)
+        self.publish_dropped = Counter("tailguard_publish_dropped", "stage-2 messages (health "
+                                       "changes, fleet events, diagnostics requests) dropped "
+                                       "unpublished: the oldest, when the backlog of a failing "
+                                       "topic outgrew TAILGUARD_PUBLISH_BACKLOG_BYTES",
+                                       ["topic"], registry=r)
+        self.publish_backlog_bytes = Gauge("tailguard_publish_backlog_bytes", "bytes of stage-2 "
+                                           "messages waiting to be published (retried every "
+                                           "tick; routing is written to Redis meanwhile)",
+                                           registry=r)
         self.samples_dropped = Counter("tailguard_samples_dropped", "samples (and heartbeats) "
                                        "stage 1 did not add to a window, by reason "
                                        "(new_pair_limit: a new pair over "
-                                       "max_new_pairs_per_tick)", ["reason"], registry=r)
+                                       "max_new_pairs_per_tick; model_limit: a new model "
+                                       "over max_models)", ["reason"], registry=r)
         self.table_write_failures = Counter("tailguard_table_write_failures", "failed "
                                             "writes of stage-2 state or hints to their "
                                             "changelog tables (retried next tick)", registry=r)
@@ -113,8 +125,21 @@ class WorkerMetrics:
         self.operator_read_failures = Counter("tailguard_operator_read_failures", "failed "
                                               "reads of operator overrides/modes from Redis "
                                               "(the last ones read stay in force)", registry=r)
+        self._weight_metrics(r)
+        self._weighted: dict[str, set[str]] = {}      # model -> nodes with a node_weight series
         self._server: Any = None
         self._thread: threading.Thread | None = None
+
+    def _weight_metrics(self, r: CollectorRegistry) -> None:
+        """The routing-weight metrics (tailguard.core.judge.weights)."""
+        self.node_weight = Gauge("tailguard_node_weight", "routing weight the rules gave a routed node "
+                                 "(0..1] for nodes that were weighted below 1.0 while routed "
+                                 "(1.0 once back; no series for the others: weight 1.0)",
+                                 ["model", "node"], registry=r)
+        self.weighted_nodes = Gauge("tailguard_weighted_nodes", "routed nodes below weight "
+                                    "1.0 per model", ["model"], registry=r)
+        self.weight_changes = Counter("tailguard_weight_changes", "routing-weight events "
+                                      "published (rate-limited)", ["model"], registry=r)
 
     # --- WriterMetrics (tailguard.routing.writer) ---------------------------------
     def write_failed(self, model: str, error: BaseException) -> None:
@@ -158,9 +183,30 @@ class WorkerMetrics:
         self.held_by_cap.labels(model=model).set(
             sum(1 for s in known if s.reason == "ejection_cap" and s.routed))
 
+    def set_weights(self, model: str, weights: Mapping[str, float],
+                    routing: AbstractSet[str]) -> None:
+        """The weight gauges of one model after its tick: ``weights`` (routed nodes below 1.0)
+        and the routing set (a node weighted before and still routed is at 1.0; one that left
+        routing loses its series)."""
+        seen = self._weighted.setdefault(model, set())
+        for node in sorted(seen - weights.keys()):
+            if node in routing:
+                self.node_weight.labels(model=model, node=node).set(1.0)
+            else:
+                seen.discard(node)
+                with contextlib.suppress(KeyError):
+                    self.node_weight.remove(model, node)
+        for node, w in weights.items():
+            self.node_weight.labels(model=model, node=node).set(w)
+            seen.add(node)
+        self.weighted_nodes.labels(model=model).set(sum(1 for w in weights.values() if w < 1.0))
+
     def forget_model(self, model: str) -> None:
+        for node in self._weighted.pop(model, set()):
+            with contextlib.suppress(KeyError):
+                self.node_weight.remove(model, node)
         for g in (self.observe_mode, self.routed_nodes, self.ejection_cap, self.rules_out,
-                  self.held_by_cap):
+                  self.held_by_cap, self.weighted_nodes):
             with contextlib.suppress(KeyError):
                 g.remove(model)
         for action in ("drain", "pin"):

@@ -5,15 +5,17 @@ Routes (bound to 127.0.0.1 like the rest of faust's web server):
 * ``/tailguard/`` — one self-contained HTML file (``app/streaming/static/status.html``:
   inline CSS and JS, no build step, nothing from a CDN) that fetches
   ``status.json`` every few seconds and renders one table per model (node,
-  state, routed, P50/P99/ratio against the peers' medians, since, reason,
-  override), an inline-SVG latency sparkline per node, and the model's newest
+  state, routed with its routing weight, P50/P99/ratio against the peers' medians, since,
+  reason, override), an inline-SVG latency sparkline per node, and the model's newest
   health changes and fleet events. Every node id, model name and text is put
   into the page with ``textContent``/``setAttribute`` — never parsed as HTML —
   so ids holding markup or control characters show as text.
 * ``/tailguard/status.json`` — :func:`page_data`: what Redis holds for every
   model (:mod:`tailguard.routing.keys`), so any worker shows the whole fleet, not just
-  the models it owns. A model with a key of the wrong type is shown with what its
-  other keys hold and its ``errors`` naming the key (:class:`tailguard.routing.status.KeyProblem`).
+  the models it owns; ``fleet_slow`` is the open fleet-slowdown episode's event
+  (:mod:`tailguard.core.judge.fleet_slow`), shown above the model's table. A model with a
+  key of the wrong type is shown with what its other keys hold and its ``errors`` naming
+  the key (:class:`tailguard.routing.status.KeyProblem`).
 
 The page reads Redis only (what ``tailguard status``/``explain`` read); a
 worker built without a Redis client (tests with an injected writer) answers
@@ -31,6 +33,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from tailguard.core.judge.peers import median
+from tailguard.routing.apply_script import EVENTS_CAP
 from tailguard.routing.keys import Keys, member_text
 from tailguard.routing.operators import read_operator_state
 from tailguard.routing.status import read_checked, read_status
@@ -71,7 +74,7 @@ async def page_data(redis: aioredis.Redis, key_prefix: str, now_s: float,
         m = ms.model
         (raw_hist, raw_events, raw_shadow), problems = await read_checked(
             redis, [("hgetall", keys.history(m), "hash"), ("lrange", keys.events(m), "list"),
-                    ("smembers", keys.shadow(m), "set")], EVENTS_SHOWN)
+                    ("smembers", keys.shadow(m), "set")], EVENTS_CAP)
         raw_hist, raw_events, raw_shadow = raw_hist or {}, raw_events or [], raw_shadow or set()
         history = {member_text(n): _json_list(v) for n, v in raw_hist.items()}
         routed = [n for n in ms.all_nodes() if n in ms.routing]
@@ -86,6 +89,8 @@ async def page_data(redis: aioredis.Redis, key_prefix: str, now_s: float,
                 "p50_us": _num(st.get("p50_us")), "p99_us": _num(st.get("p99_us")),
                 "ratio": _num(st.get("ratio")), "since": _num(st.get("since")),
                 "reason": st.get("reason"), "override": st.get("override"),
+                "weight": ms.weights.get(n, 1.0) if n in ms.routing else None,
+                "weight_detail": st.get("weight_detail"),
                 "probe_after": ms.quarantine.get(n),
                 "history": [[h.get("ts"), *(h.get("lat") or [None, None]), h.get("routed")]
                             for h in history.get(n, []) if isinstance(h, dict)],
@@ -98,11 +103,16 @@ async def page_data(redis: aioredis.Redis, key_prefix: str, now_s: float,
                 continue
             if isinstance(ev, dict):
                 events.append(ev)
+        # The newest fleet_slow episode event of the kept ones, if it is an opening.
+        slow = next((e for e in events if e.get("type") == "fleet"
+                     and e.get("kind") in ("fleet_slow", "fleet_slow_end")), None)
         models.append({"model": m, "version": ms.version,
                        "mode": ops.mode_of(m, default_mode),
                        "routing": sorted(ms.routing),
                        "shadow": sorted(member_text(x) for x in raw_shadow),
-                       "peers": peers, "nodes": nodes, "events": events,
+                       "peers": peers, "nodes": nodes, "events": events[:EVENTS_SHOWN],
+                       "fleet_slow": slow if slow is not None and slow["kind"] == "fleet_slow"
+                       else None,
                        "errors": [p.to_dict() for p in (*ms.errors, *problems)]})
     return {"ts": now_s, "key_prefix": key_prefix, "models": models}
 

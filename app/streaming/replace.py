@@ -5,7 +5,9 @@ many probe rounds failed), the worker that owns the model runs the action
 configured in :class:`~tailguard.settings.Settings` — a shell command
 (``TAILGUARD_REPLACE_COMMAND``, with ``TAILGUARD_NODE_ID``, ``TAILGUARD_MODEL``,
 ``TAILGUARD_REASON``, ``TAILGUARD_RETIRED_TS``, ``TAILGUARD_RETIREMENT_ID``,
-``TAILGUARD_ATTEMPT`` in its environment) or an HTTP POST of the retirement
+``TAILGUARD_ATTEMPT`` in its environment, which holds nothing else of the worker's but
+``PATH``, the ``TAILGUARD_REPLACE_*`` settings and the variables ``TAILGUARD_REPLACE_ENV``
+names) or an HTTP POST of the retirement
 as JSON (``TAILGUARD_REPLACE_WEBHOOK_URL``, header ``Idempotency-Key``) —
 with ``replace_attempts`` tries and back-off, then publishes one outcome on
 ``node-replacements`` (key = node id; see :func:`outcome_event`).
@@ -29,7 +31,9 @@ idempotent). Retirements older than ``replace_max_age_s`` that no ledger
 entry covers are not acted on (turning the hook on does not replace every
 node retired in the past); they are logged once. The hook never stops the
 stream: action, Redis and Kafka failures are logged and retried at the next
-tick or attempt.
+tick or attempt. What the action printed (or the webhook answered) is cleaned of escapes and
+redacted (:class:`tailguard.redact.Redactor`: the secret settings, anything that looks like a
+credential) before it is logged, published or recorded; ``DETAIL_CHARS`` of it are kept.
 """
 
 from __future__ import annotations
@@ -44,12 +48,13 @@ import signal
 import socket
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from tailguard.core.contract.types import HealthState, NodeStatus
-from tailguard.settings import Settings
+from tailguard.redact import Redactor
+from tailguard.settings import Settings, replace_command_env, secret_values
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +64,8 @@ BACKOFF_MAX_S = 60.0
 MAX_CONCURRENT = 4                 # actions running at once
 SETTLED_MEMORY = 100_000           # retirement ids known settled, kept in memory (LRU)
 PUBLISH_TRIES = 5
+OUTPUT_KEPT_BYTES = 64 * 1024      # of an action's output, before redaction
+DETAIL_CHARS = 300                 # of the redacted output, in the log, the outcome and Redis
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,13 +109,17 @@ class Action(Protocol):
 
 
 class CommandAction:
-    """``/bin/sh -c COMMAND``; exit code 0 is success. Values reach it only through its environment."""
+    """``/bin/sh -c COMMAND``; exit code 0 is success. Values reach it only through its environment.
+
+    ``env``: the whole environment it starts from (:func:`tailguard.settings.replace_command_env`;
+    default only a standard ``PATH``), plus the retirement's fields: never the worker's own.
+    """
 
     kind = "command"
 
-    def __init__(self, command: str, timeout_s: float, env: dict[str, str] | None = None) -> None:
+    def __init__(self, command: str, timeout_s: float, env: Mapping[str, str] | None = None) -> None:
         self.command, self.timeout_s = command, timeout_s
-        self.env = dict(os.environ if env is None else env)
+        self.env = {"PATH": os.defpath} if env is None else dict(env)
 
     async def run(self, r: Retirement, attempt: int) -> Attempt:
         try:
@@ -126,7 +137,8 @@ class CommandAction:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(proc.wait(), 2.0)
             return Attempt(False, f"timed out after {self.timeout_s:g} s (TAILGUARD_REPLACE_TIMEOUT_S)")
-        tail = out.decode(errors="replace").strip()[-300:]
+        # The end of its output, whole: the hook redacts it before keeping DETAIL_CHARS of it.
+        tail = out[-OUTPUT_KEPT_BYTES:].decode(errors="replace").strip()
         return Attempt(proc.returncode == 0, f"exit {proc.returncode}" + (f": {tail}" if tail else ""))
 
 
@@ -145,10 +157,10 @@ class WebhookAction:
         try:
             async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as s, \
                     s.post(self.url, json=body, headers={"Idempotency-Key": r.retirement_id}) as resp:
-                text = (await resp.text(errors="replace")).strip()[:300]
+                text = (await resp.text(errors="replace")).strip()[:OUTPUT_KEPT_BYTES]
                 return Attempt(200 <= resp.status < 300, f"HTTP {resp.status}" + (f": {text}" if text else ""))
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
-            return Attempt(False, f"{type(e).__name__}: {e}"[:300])
+            return Attempt(False, f"{type(e).__name__}: {e}")
 
 
 class Ledger(Protocol):
@@ -207,8 +219,10 @@ class ReplaceHook:
                  publish: Callable[[dict[str, Any]], Awaitable[None]], *, attempts: int, timeout_s: float,
                  max_age_s: float, owner: str = "", clock: Callable[[], float] = time.time,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-                 backoff_s: float = BACKOFF_INITIAL_S) -> None:
+                 backoff_s: float = BACKOFF_INITIAL_S,
+                 redact: Callable[[str], str] | None = None) -> None:
         self.action, self.ledger, self.publish = action, ledger, publish
+        self.redact = Redactor() if redact is None else redact
         self.attempts, self.timeout_s, self.max_age_s = attempts, timeout_s, max_age_s
         self.owner = owner or f"pid-{os.getpid()}"
         self.clock, self.sleep, self.backoff_s = clock, sleep, backoff_s
@@ -285,6 +299,8 @@ class ReplaceHook:
         tries = 0
         for tries in range(1, self.attempts + 1):
             res = await self.action.run(r, tries)
+            # Redacted before anything sees it: the log, node-replacements, the Redis ledger.
+            res = Attempt(res.ok, self.redact(res.detail)[-DETAIL_CHARS:])
             if res.ok:
                 break
             log.warning("replace action for %s/%s, attempt %d of %d failed: %s", r.node_id, r.model,
@@ -323,12 +339,14 @@ class ReplaceHook:
                 await t
 
 
-def action_from(settings: Settings) -> Action | None:
-    """The configured action of ``settings``, or None."""
+def action_from(settings: Settings, environ: Mapping[str, str] | None = None) -> Action | None:
+    """The configured action of ``settings``, or None (``environ``: the worker's, default
+    ``os.environ``, of which the command gets only :func:`~tailguard.settings.replace_command_env`)."""
     if settings.replace_command:
-        return CommandAction(settings.replace_command, settings.replace_timeout_s)
+        return CommandAction(settings.replace_command, settings.replace_timeout_s,
+                             replace_command_env(settings, environ))
     if settings.replace_webhook_url:
-        return WebhookAction(settings.replace_webhook_url, settings.replace_timeout_s)
+        return WebhookAction(settings.replace_webhook_url.reveal(), settings.replace_timeout_s)
     return None
 
 
@@ -344,5 +362,6 @@ def build_hook(settings: Settings, publish: Callable[[dict[str, Any]], Awaitable
     hook = ReplaceHook(action, RedisLedger(client, settings.key_prefix), publish,
                        attempts=settings.replace_attempts, timeout_s=settings.replace_timeout_s,
                        max_age_s=settings.replace_max_age_s, clock=clock,
+                       redact=Redactor(secret_values(settings)),
                        owner=f"{settings.app_id}@{socket.gethostname()}:{os.getpid()}")
     return hook, client

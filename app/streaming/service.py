@@ -55,15 +55,14 @@ from tailguard.streaming.deadletter import DeadLetter
 from tailguard.streaming.edge import OperatorEdge
 from tailguard.streaming.ingest import IngestService, next_boundary, sleep_until
 from tailguard.streaming.metrics import WorkerMetrics
+from tailguard.streaming.publisher import Publisher
 from tailguard.streaming.replace import ReplaceHook, build_hook
 from tailguard.streaming.stage1 import Stage1
 from tailguard.streaming.stage2 import Stage2, decode_hints, state_key
 from tailguard.streaming.ticker import (
-    DIAGNOSTICS,
-    FLEET,
-    HEALTH,
     Assignment,
     OperatorSource,
+    OutputTopics,
     RoutingSink,
     Stage2Ticker,
 )
@@ -201,7 +200,9 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
         stage2=stage2, routing=redis.writer, operators=redis.operators, hook=hook, metrics=metrics,
         edge=OperatorEdge(det, settings.mode, history_len=settings.history_ticks,
                           diagnose_in_observe=settings.diagnose_in_observe),
-        publisher=_FaustPublisher(app, t), ownership=_FaustOwnership(app, t, settings, track),
+        publisher=_publisher(t, settings, metrics), ownership=_FaustOwnership(app, t, settings, track),
+        topics=OutputTopics(settings.topics.health_changes, settings.topics.fleet_events,
+                            settings.topics.diagnostics_requests),
         tick_s=det.tick_interval_s, max_ejected_fraction=det.max_ejected_fraction, clock=clock)
     rt = Runtime(settings, metrics, stage1, stage2, evaluator, redis.writer, ticker, replace_hook=hook)
     setattr(app, _RUNTIME_ATTR, rt)
@@ -302,19 +303,15 @@ class _MetadataTracker:
         self.tracked = producer
 
 
-class _FaustPublisher:
-    """:class:`~tailguard.streaming.ticker.EventPublisher` on the app's output topics."""
+def _publisher(t: _Topics, settings: Settings, metrics: WorkerMetrics) -> Publisher:
+    """Stage 2's Kafka backlog (:mod:`tailguard.streaming.publisher`) on the app's output topics."""
+    by_name = {x.get_topic_name(): x for x in (t.health, t.fleet, t.diag_req)}
 
-    def __init__(self, app: Any, t: _Topics) -> None:
-        self.app = app
-        self.topics = {HEALTH: t.health, FLEET: t.fleet, DIAGNOSTICS: t.diag_req}
+    async def send(topic: str, key: bytes | None, value: bytes) -> Any:
+        return await by_name[topic].send(key=key, value=value)
 
-    async def send(self, topic: str, key: bytes, value: bytes) -> Awaitable[Any]:
-        fut: Awaitable[Any] = await self.topics[topic].send(key=key, value=value)
-        return fut
-
-    async def flush(self) -> None:
-        await self.app.producer.flush()
+    return Publisher(send, max_bytes=settings.publish_backlog_bytes,
+                     on_dropped=lambda topic, n: metrics.publish_dropped.labels(topic=topic).inc(n))
 
 
 class _FaustOwnership:

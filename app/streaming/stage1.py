@@ -13,7 +13,9 @@ Guarantees:
 * :meth:`Stage1.summaries` covers only series last seen on a partition this worker still
   owns, oldest-admitted series first.
 * At most ``max_new_pairs_per_tick`` new pairs per model enter the windows between two
-  ticks; the rest are dropped and counted, not dead-lettered one by one.
+  ticks, and at most ``max_models`` models are held; the rest are dropped and counted
+  (``new_pair_limit``, ``model_limit``), not dead-lettered one by one. Both limits fall on
+  new ids only: a pair already held is never refused.
 * A sample older than ``max_sample_age_s`` on arrival is kept (never judged), counted and
   logged (at most once per :data:`LATE_LOG_INTERVAL_S`). Memory is bounded by the number of
   series; silent series are forgotten after ``forget_after_s``, a large drop is given back.
@@ -88,6 +90,10 @@ class Stage1:
         self._admitted: dict[str, int] = {}
         self._refused: dict[str, list[int]] = {}
         self._full: set[bytes] = set()      # models (UTF-8) whose budget is used up this tick
+        # Pairs held per model (max_models), and the new models refused since the last tick:
+        # model -> [messages, samples or heartbeats].
+        self._model_pairs: dict[str, int] = {}
+        self._models_refused: dict[str, list[int]] = {}
 
     def ingest(self, partition: int, records: Sequence[RecordLike], now_s: float) -> list[DeadLetter]:
         """Decode ``records`` (all from ``partition``) into the windows; return the bad ones."""
@@ -95,12 +101,17 @@ class Stage1:
         dead: list[DeadLetter] = []
         add = acc.add
         full = self._full
-        skipped = 0
+        skipped = skipped_models = 0
         for rec in records:
             raw = rec.value
-            if full and rec.key is not None and self._over_limit(rec.key):
-                skipped += 1
-                continue
+            if (full or self._models_refused) and rec.key is not None:
+                over = self._over_limit(rec.key)
+                if over is not None:
+                    if over:
+                        skipped_models += 1
+                    else:
+                        skipped += 1
+                    continue
             if not raw:
                 dead.append(DeadLetter.of(rec, "empty_message", "message has no value (tombstone)"
                                           if raw is None else "message value is empty"))
@@ -111,20 +122,28 @@ class Stage1:
                 dead.append(DeadLetter.of(rec, e.reason, str(e)))
             except Exception as e:  # a parser bug must not drop the rest of the poll
                 dead.append(DeadLetter.of(rec, "internal_error", f"{type(e).__name__}: {e}"[:300]))
-        samples = rejected = late = refused = 0
+        samples = rejected = late = refused = over_models = 0
         late_before = now_s - self.settings.max_sample_age_s
         part = self._partition_of
         limit = self.settings.max_new_pairs_per_tick
+        max_models = self.settings.max_models
         admitted = self._admitted
+        model_pairs = self._model_pairs
         for ev in acc.drain():
             key = (ev.node_id, ev.model)
-            if limit and key not in part:
-                n_new = admitted.get(ev.model, 0)
-                if n_new >= limit:
-                    refused += self._refuse(ev)
-                    self._full.add(ev.model.encode())
+            if key not in part:
+                held = model_pairs.get(ev.model)
+                if held is None and max_models and len(model_pairs) >= max_models:
+                    over_models += self._refuse_model(ev)
                     continue
-                admitted[ev.model] = n_new + 1
+                if limit:
+                    n_new = admitted.get(ev.model, 0)
+                    if n_new >= limit:
+                        refused += self._refuse(ev)
+                        self._full.add(ev.model.encode())
+                        continue
+                    admitted[ev.model] = n_new + 1
+                model_pairs[ev.model] = (held or 0) + 1
             if isinstance(ev, Heartbeat):
                 self.store.observe_heartbeat(ev)
             elif isinstance(ev, HistogramBatch):
@@ -144,6 +163,8 @@ class Stage1:
         if m is not None:
             if refused or skipped:
                 m.samples_dropped.labels(reason="new_pair_limit").inc(refused + skipped)
+            if over_models or skipped_models:
+                m.samples_dropped.labels(reason="model_limit").inc(over_models + skipped_models)
             m.events_in.inc(len(records))
             m.samples_in.inc(samples)
             if rejected:
@@ -154,34 +175,45 @@ class Stage1:
                 m.bad_events.labels(topic=d.topic, reason=d.reason).inc()
         return dead
 
-    def _over_limit(self, key: bytes) -> bool:
+    def _over_limit(self, key: bytes) -> bool | None:
         """Whether a record keyed ``node|model`` (the recommended key) is of a new pair of a
-        model whose new-pair budget is used up this tick: then it is dropped (and counted as
-        one) without decoding its value, so a flood costs little more than reading it."""
+        model whose new-pair budget is used up this tick, or of a new model while
+        ``max_models`` are held: then it is dropped (and counted as one) without decoding
+        its value, so a flood costs little more than reading it. None: not dropped; False:
+        dropped by the new-pair limit; True: by the model limit."""
         node, sep, model = key.partition(b"|")
-        if not sep or model not in self._full:
-            return False
+        if not sep:
+            return None
+        full = model in self._full
+        if not full and not self._models_refused:
+            return None
         try:
             pair = (node.decode(), model.decode())
         except UnicodeDecodeError:
-            return False
+            return None
         if pair in self._partition_of:
-            return False
-        r = self._refused[pair[1]]
+            return None
+        if full:
+            r = self._refused[pair[1]]
+        elif pair[1] not in self._model_pairs:
+            r = self._models_refused.setdefault(pair[1], [0, 0])
+        else:
+            return None
         r[0] += 1
         r[1] += 1
-        return True
+        return not full
 
-    def _refuse(self, ev: Event) -> int:
-        """Drop ``ev`` of a new pair over the limit; how many samples (a heartbeat or a
-        histogram interval: 1)."""
+    def _refuse_model(self, ev: Event) -> int:
+        """Drop ``ev`` of a new model over ``max_models``; how many samples."""
+        return self._refuse(ev, self._models_refused)
+
+    def _refuse(self, ev: Event, table: dict[str, list[int]] | None = None) -> int:
+        """Drop ``ev`` of a new pair over the limit (counted in ``table``, default the
+        new-pair refusals); how many samples (a heartbeat or a histogram interval: 1)."""
         n = len(ev) if isinstance(ev, SampleBatch) else 1
-        r = self._refused.get(ev.model)
-        if r is None:
-            self._refused[ev.model] = [1, n]
-        else:
-            r[0] += 1
-            r[1] += n
+        r = (self._refused if table is None else table).setdefault(ev.model, [0, 0])
+        r[0] += 1
+        r[1] += n
         return n
 
     def _end_admission_tick(self) -> None:
@@ -195,9 +227,21 @@ class Stage1:
                 " limit starting at once (it is admitted over the next ticks). Raise"
                 " TAILGUARD_MAX_NEW_PAIRS_PER_TICK if the ids are real.",
                 model, self._admitted.get(model, 0), messages, samples)
+        if self._models_refused:
+            shown = sorted(self._models_refused)[:5]
+            messages = sum(r[0] for r in self._models_refused.values())
+            log.warning(
+                "%d models are held, the limit (max_models); %d messages of %d further models"
+                " (%s%s) were dropped. A flood of model names, or more models than the limit:"
+                " raise TAILGUARD_MAX_MODELS if the models are real (a held model is released"
+                " when its series are forgotten, TAILGUARD_FORGET_AFTER_S).",
+                len(self._model_pairs), messages, len(self._models_refused),
+                ", ".join(repr(m[:60]) for m in shown),
+                ", ..." if len(self._models_refused) > len(shown) else "")
         self._admitted = {}
         self._refused = {}
         self._full = set()
+        self._models_refused = {}
 
     def _note_late(self, late: int, samples: int, now_s: float) -> None:
         self._late += late
@@ -222,8 +266,17 @@ class Stage1:
         for node, model in keys:
             self.store.forget(node, model)
             del self._partition_of[(node, model)]
+            self._release_pair(model)
         self._compact(len(keys), store=True)
         return len(keys)
+
+    def _release_pair(self, model: str) -> None:
+        """One pair of ``model`` is no longer held (a model with none left is released)."""
+        n = self._model_pairs.get(model, 0) - 1
+        if n > 0:
+            self._model_pairs[model] = n
+        else:
+            self._model_pairs.pop(model, None)
 
     def _compact(self, gone: int, *, store: bool) -> None:
         """After ``gone`` series were dropped: when they were at least as many as are left,
@@ -232,6 +285,7 @@ class Stage1:
         if not gone or gone < len(self._partition_of):
             return
         self._partition_of = dict(self._partition_of)    # keeps the admission order
+        self._model_pairs = dict(self._model_pairs)
         if store:
             self.store.compact()
         if gone >= GIVE_BACK_MIN:
@@ -244,7 +298,8 @@ class Stage1:
             return 0
         gone = self.store.forget_silent(now_s - after_s)
         for key in gone:
-            self._partition_of.pop(key, None)
+            if self._partition_of.pop(key, None) is not None:
+                self._release_pair(key[1])
         self._compact(len(gone), store=False)   # WindowStore.forget_silent compacted itself
         return len(gone)
 

@@ -19,7 +19,12 @@ Guarantees (in full: docs/operations.md, "Stage 2's state"):
   ``request_id`` is the current quarantine episode's request and it arrived after it; the
   others are dropped, counted by reason (``diagnostics_dropped``) and logged once per reason.
 * **Only owned models**, and **bounded**: one pending summary per (node, model), stale ones
-  ignored, every summary left unevaluated counted in ``dropped`` by reason.
+  ignored, at most ``max_models`` models judged (a new one beyond is not, until one is
+  forgotten), every summary left unevaluated counted in ``dropped`` by reason.
+* **Models are forgotten.** A model none of whose nodes showed a sign of life for
+  ``forget_after_s`` (its summaries' ``last_seen_ts``; since its first tick here when it had
+  none) is dropped: its state and hints are deleted from the tables and its last tick, with
+  no status and ``forgotten`` set, makes the routing writer delete its Redis keys.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import base64
 import binascii
 import collections
 import logging
+import math
 import zlib
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field, replace
@@ -188,9 +194,17 @@ class Stage2:
                  max_pending_diagnostics: int = 10_000,
                  max_value_bytes: int = MAX_VALUE_BYTES,
                  plain_max_bytes: int = PLAIN_MAX_BYTES,
-                 on_diagnostics_dropped: Callable[[str], None] | None = None) -> None:
+                 on_diagnostics_dropped: Callable[[str], None] | None = None,
+                 max_models: int | None = None, forget_after_s: float | None = None) -> None:
+        """``max_models``/``forget_after_s``: None takes the evaluator's settings (0 = off)."""
         if not stale_after_s > 0:
             raise ValueError(f"stale_after_s must be > 0, got {stale_after_s!r}")
+        det = getattr(evaluator, "settings", None)
+        self.max_models = int(getattr(det, "max_models", 0) if max_models is None else max_models)
+        self.forget_after_s = float(getattr(det, "forget_after_s", 0.0)
+                                    if forget_after_s is None else forget_after_s)
+        self._held: set[str] = set()            # models judged here (max_models)
+        self._heard: dict[str, float] = {}      # model -> the last tick with a summary of it
         self.evaluator = evaluator
         self.state = state
         self.hints = hints
@@ -209,7 +223,8 @@ class Stage2:
         self.refused_states = 0     # stored model states that could not be restored
         # Summaries never evaluated, by reason: "superseded" (a newer one of the same pair came
         # first), "stale" (older than stale_after_s at the tick), "not_owned" (another worker's),
-        # "forgotten" (of a pair the evaluator dropped or did not take: silent past forget_after_s).
+        # "forgotten" (of a pair the evaluator dropped or did not take: silent past forget_after_s),
+        # "model_limit" (of a new model while max_models are judged).
         self.dropped: collections.Counter[str] = collections.Counter()
         self._cluster: dict[str, dict[str, ClusterDigest]] = {}
         # Diagnostics results that answer no current request (health.diagnostics_refusal), by
@@ -269,10 +284,46 @@ class Stage2:
                 self._diagnostics.pop(model, None)
                 self._cluster.pop(model, None)
                 self._restored.discard(model)
+                self._held.discard(model)
                 continue
-            out.append(self._evaluate(model, now_s))
+            if (model not in self._held and self.max_models
+                    and len(self._held) >= self.max_models):
+                self.dropped["model_limit"] += len(self._pending.pop(model, {}))
+                self._diagnostics.pop(model, None)
+                self._cluster.pop(model, None)
+                continue
+            self._held.add(model)
+            o = self._evaluate(model, now_s)
+            if self.forget_after_s > 0 and now_s - self._heard[model] >= self.forget_after_s:
+                self._forget(model)
+                gone = replace(o.tick, transitions=(), routing=frozenset(), quarantine={},
+                               statuses=(), fleet_events=(), diagnostics=(), forgotten=True)
+                out.append(ModelOutput(gone))
+                continue
+            out.append(o)
             self._write_hints(model, now_s if hints_for_s is None else hints_for_s)
         return out
+
+    def _forget(self, model: str) -> None:
+        """Drop everything of ``model``: the evaluator's state, its table entries."""
+        self.evaluator.forget_model(model)
+        key = state_key(model)
+        for table in (self.state, self.hints):
+            if table is None:
+                continue
+            try:
+                del table[key]
+            except KeyError:
+                pass
+            except Exception:  # a table write failed: the model is restored (empty) and retried
+                self.write_failures += 1
+                log.exception("deleting the state of forgotten model %r failed", model)
+        for d in (self._written, self._hints_written, self._peak_pairs, self._heard,
+                  self._cluster, self._diagnostics, self._pending):
+            d.pop(model, None)
+        self._restored.discard(model)
+        self._held.discard(model)
+        log.info("model %r forgotten: no node of it for %.0f s", model, self.forget_after_s)
 
     def _write_hints(self, model: str, at_s: float) -> None:
         if self.hints is None:
@@ -370,6 +421,13 @@ class Stage2:
                 self._drop_diagnostics(d, why)
         horizon = now_s - self.stale_after_s
         pending = self._pending.pop(model, {})
+        # The model's last sign of life: its nodes' (stage 1 still reports a silent series
+        # until it forgets it), or the first tick here.
+        heard = max((s.last_seen_ts if s.last_seen_ts is not None else now_s
+                     for s in pending.values()), default=None)
+        if heard is not None or model not in self._heard:
+            self._heard[model] = max(self._heard.get(model, -math.inf),
+                                     now_s if heard is None else heard)
         summaries = [s for s in pending.values() if s.tick_ts >= horizon]
         if len(summaries) < len(pending):
             self.dropped["stale"] += len(pending) - len(summaries)

@@ -1,46 +1,45 @@
-"""One tick of stage 2, as a plain object: judge, apply operators, publish, write routing.
+"""One tick of stage 2, as a plain object: judge, apply operators, write routing, publish.
 
 :class:`Stage2Ticker` owns what happens each tick after the stage-2 agent has filled
 :class:`~tailguard.streaming.stage2.Stage2` with summaries: it asks :class:`Ownership` which
 partitions this worker owns (``None`` while faust rebalances), lets ``Stage2.tick`` judge the
 owned models, applies the mode and the operator overrides (:class:`~tailguard.streaming.edge.OperatorEdge`,
-read each tick from an :class:`OperatorSource`), publishes health changes, fleet events and
-diagnostics requests through an :class:`EventPublisher`, writes each model's routing through a
-:class:`RoutingSink` and offers retired nodes to the replace hook. Every one of these is
-injected, so unit tests drive a tick without faust, Kafka or Redis
-(tests/service/test_stage2_ticker.py); :func:`tailguard.streaming.service.create_app` wires the
-faust side.
+read each tick from an :class:`OperatorSource`), writes each model's routing through a
+:class:`RoutingSink`, hands the health changes, fleet events and diagnostics requests to the
+publish backlog (:class:`~tailguard.streaming.publisher.Publisher`) for at most a budget of the
+tick, and offers retired nodes to the replace hook. Every one of these is injected, so unit
+tests drive a tick without faust, Kafka or Redis (tests/service/test_stage2_ticker.py);
+:func:`tailguard.streaming.service.create_app` wires the faust side.
 
-Guarantees: at least once — what a failed publish left behind is published first at the next
-tick (consumers drop repeats by event_id), bounded by ``MAX_UNPUBLISHED_TICKS`` model-ticks
-(the oldest dropped first); a failing operator read keeps the last overrides in force; one
-model's failing routing write never stops the others.
+Guarantees: routing never waits on Kafka — the routing write comes first, every tick; the
+Kafka output is at least once and bounded in bytes (the publisher's guarantees); a failing
+operator read keeps the last overrides in force; one model's failing routing write never
+stops the others.
 """
 
 from __future__ import annotations
 
-import asyncio
-import collections
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from aiokafka.partitioner import murmur2
 
-from tailguard.core.contract.types import HealthState, ModelTick, NodeStatus
+from tailguard.core.contract.types import ModelTick, NodeStatus
 from tailguard.routing.apply_script import Extras
 from tailguard.routing.operators import OperatorState, Override
 from tailguard.streaming.edge import EdgeInput, EdgeOutput, OperatorEdge
 from tailguard.streaming.ingest import next_boundary
 from tailguard.streaming.metrics import WorkerMetrics
+from tailguard.streaming.publisher import Publisher, tick_messages
 from tailguard.streaming.stage2 import ModelOutput, Stage2, state_key
-from tailguard.streaming.wire import dumps
 
 log = logging.getLogger(__name__)
 
-MAX_UNPUBLISHED_TICKS = 10_000   # model-ticks kept for re-publishing while Kafka is down
+# Of each stage-2 tick, the share that publishing to Kafka may take after the routing write.
+PUBLISH_BUDGET_FRACTION = 0.25
 
 
 class RoutingSink(Protocol):
@@ -55,15 +54,6 @@ class OperatorSource(Protocol):
     async def read(self) -> OperatorState: ...
 
     async def delete_expired(self, override: Override) -> None: ...
-
-
-class EventPublisher(Protocol):
-    """The output topics. ``send`` queues one record and returns its delivery future;
-    ``flush`` waits until everything queued is sent."""
-
-    async def send(self, topic: str, key: bytes, value: bytes) -> Awaitable[Any]: ...
-
-    async def flush(self) -> None: ...
 
 
 class ReplaceOffers(Protocol):
@@ -93,25 +83,30 @@ def partition_for(key: bytes, partitions: int) -> int:
     return int((murmur2(key) & 0x7FFFFFFF) % partitions)
 
 
-# The EventPublisher topics a tick writes (names of the roles, not of the Kafka topics).
-HEALTH, FLEET, DIAGNOSTICS = "health", "fleet", "diagnostics"
+@dataclass(frozen=True)
+class OutputTopics:
+    """The Kafka topics a tick publishes to (their names, as the publisher's ``send`` knows them)."""
+
+    health: str
+    fleet: str
+    diagnostics: str
 
 
 class Stage2Ticker:
     """One stage-2 tick at a time (see the module docstring); :meth:`tick` is the whole of it."""
 
     def __init__(self, *, stage2: Stage2, edge: OperatorEdge, routing: RoutingSink,
-                 publisher: EventPublisher, ownership: Ownership, metrics: WorkerMetrics,
+                 publisher: Publisher, topics: OutputTopics, ownership: Ownership, metrics: WorkerMetrics,
                  tick_s: float, max_ejected_fraction: float,
                  operators: OperatorSource | None = None, hook: ReplaceOffers | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.stage2, self.edge, self.routing, self.publisher = stage2, edge, routing, publisher
+        self.topics = topics
         self.ownership, self.metrics, self.operators, self.hook = ownership, metrics, operators, hook
         self.tick_s, self.max_ejected_fraction, self.clock = tick_s, max_ejected_fraction, clock
         self.last_assignment: tuple[int, frozenset[int]] | None = None
         self.gauged_models: set[str] = set()
         self.dropped_reported: dict[str, int] = {}   # stage2.dropped exported so far
-        self.unpublished: list[EdgeOutput] = []
         self.operator_state = OperatorState()
 
     async def tick(self) -> list[ModelOutput]:
@@ -123,13 +118,10 @@ class Stage2Ticker:
         now_s = self.clock()
         outputs = self.judge(current, now_s)
         edged = await self.at_the_edge(outputs, now_s)
-        # At least once: what a failed publish left behind goes out first at the next tick
-        # (consumers drop the repeats by event_id); bounded, the oldest are dropped first.
-        pending = [*self.unpublished, *edged][-MAX_UNPUBLISHED_TICKS:]
-        self.unpublished = pending
-        await self.publish(pending)
-        self.unpublished = []
-        await self.write_routing(pending)
+        # Redis first, every tick: routing never waits on Kafka. The tick's messages then go
+        # to a backlog bounded in bytes, published within a budget and retried (publisher).
+        await self.write_routing(edged)
+        await self.publish(edged)
         if self.hook is not None:   # level-triggered: every retired status, every tick (replace.py)
             # Observe mode acts on nothing: its models' retired nodes are not replaced.
             self.hook.offer(s for d in edged if d.mode == "enforce" for s in d.tick.statuses)
@@ -192,29 +184,12 @@ class Stage2Ticker:
         return edged
 
     async def publish(self, outputs: list[EdgeOutput]) -> None:
-        """Health changes, fleet events and diagnostics requests of ``outputs``, all delivered."""
-        metrics, publisher = self.metrics, self.publisher
-        futs = []
-        for out in outputs:
-            tick = out.tick
-            key = state_key(tick.model)
-            for ev in out.health_events:
-                futs.append(await publisher.send(HEALTH, key, dumps(ev)))
-                if "operator" not in ev:    # a drain or pin is no state transition
-                    metrics.transitions.labels(to=str(ev["to"])).inc()
-            for f in tick.fleet_events:
-                futs.append(await publisher.send(FLEET, key, dumps(f.to_event())))
-                metrics.fleet_events.labels(model=tick.model, kind=f.kind).inc()
-            for r in tick.diagnostics:
-                futs.append(await publisher.send(DIAGNOSTICS, r.node_id.encode(), dumps(r.to_event())))
-            counts: collections.Counter[HealthState] = collections.Counter(
-                s.state for s in tick.statuses)
-            metrics.set_node_states(tick.model, dict(counts))
-            metrics.set_cluster_latency(tick.model, tick.fleet_latency_p50_us,
-                                        tick.fleet_latency_p99_us)
-        await asyncio.gather(*futs)
-        if outputs:
-            await publisher.flush()
+        """The tick's health changes, fleet events and diagnostics requests into the backlog,
+        then publishing for at most ``PUBLISH_BUDGET_FRACTION`` of the tick."""
+        t = self.topics
+        self.publisher.add(tick_messages(outputs, t.health, t.fleet, t.diagnostics, self.metrics))
+        await self.publisher.publish(PUBLISH_BUDGET_FRACTION * self.tick_s)
+        self.metrics.publish_backlog_bytes.set(self.publisher.nbytes)
 
     async def write_routing(self, outputs: list[EdgeOutput]) -> None:
         """Each model's routing set (and its extras) to the routing sink, one model at a time."""

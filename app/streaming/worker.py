@@ -126,5 +126,8 @@ def main(argv: list[str]) -> int:
     app = create_app(dataclasses.replace(settings, replication_factor=setup.replication_factor))
     worker = faust.Worker(app, loglevel=settings.log_level.upper(),
                           override_logging=False, quiet=True)
+    if worker.spinner is not None and not worker.spinner.file.isatty():
+        # faust's start-up spinner writes cursor escapes (ESC[?25h) even into a file or pipe.
+        worker.spinner = None
     worker.execute_from_commandline()  # returns only via SystemExit
     return 0

@@ -209,6 +209,10 @@ def assert_outcome(res: Replayed, expected: dict[tuple[str, str], float]) -> Non
     for key, onset_s in expected.items():
         lag = removed[key] - (T0 + onset_s)
         assert 0 <= lag <= DETECT_WITHIN_S, f"{key} removed {lag:.1f} s after onset"
+    # No false down-weighting: a node without a fault keeps a routing weight of at least 0.95.
+    low = {(str(r["node_id"]), str(r["model"])): r["weight"] for r in res.records
+           if r.get("type") == "weight" and float(r["weight"]) < 0.95}  # type: ignore[arg-type]
+    assert set(low) <= set(expected), f"weighted down without a fault: {low}"
 
 
 CONV = Model("llama-3-70b", "llm", trace="conv")

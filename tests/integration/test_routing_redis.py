@@ -14,7 +14,7 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -72,22 +72,6 @@ async def wait_for(cond: Callable[[], bool | Awaitable[bool]], what: str,
 
 def _text_set(raw: set[bytes]) -> set[str]:
     return {x.decode() for x in raw}
-
-
-@pytest.fixture
-async def client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
-    c = connect(redis_url)
-    yield c
-    await c.aclose()
-
-
-@pytest.fixture
-async def prefix(client: aioredis.Redis, unique_name: Callable[[str], str]) -> AsyncIterator[str]:
-    p = unique_name("routing")
-    yield p
-    keys = [k async for k in client.scan_iter(match=f"{p}:*")]
-    if keys:
-        await client.delete(*keys)
 
 
 # -- our own throwaway redis-server ---------------------------------------------
@@ -203,6 +187,34 @@ async def test_same_tick_twice_changes_nothing_and_publishes_once(
         await pubsub.aclose()
 
 
+async def test_a_primary_that_lost_the_last_writes_never_shows_an_older_version(
+    client: aioredis.Redis, prefix: str
+) -> None:
+    # What a Redis failover to a replica that missed the last writes leaves: the version key
+    # and the routing set as they were two writes ago. The writer's next write (changed or
+    # not) moves the version past the last one it wrote, so no reader sees it go back.
+    k = Keys(prefix)
+    w = RoutingWriter(client, prefix)
+    assert await w.apply(tick({"a", "b", "c"}))
+    old = w.last_results[MODEL].version
+    assert await w.apply(tick({"a", "b"}))
+    assert await w.apply(tick({"a"}))
+    seen = w.last_results[MODEL].version
+    assert seen == old + 2
+    async with client.pipeline(transaction=True) as pipe:    # the promoted replica's data
+        pipe.set(k.version(MODEL), old).delete(k.routing(MODEL)).sadd(k.routing(MODEL), "a", "b", "c")
+        await pipe.execute()
+    assert await w.apply(tick({"a", "b", "c"}))               # same content as the replica's
+    assert w.last_results[MODEL].version > seen
+    assert int(await client.get(k.version(MODEL)) or 0) == w.last_results[MODEL].version
+    async with client.pipeline(transaction=True) as pipe:
+        pipe.set(k.version(MODEL), old)
+        await pipe.execute()
+    floor = w.last_results[MODEL].version
+    assert await w.apply(tick({"b"}))                         # a change on a lagging version
+    assert w.last_results[MODEL].version == floor + 1
+
+
 async def test_quarantine_change_bumps_version_without_touching_routing(
     client: aioredis.Redis, prefix: str
 ) -> None:
@@ -252,8 +264,8 @@ async def test_empty_routing_is_refused_and_the_last_set_stays(
     # Redis holds: another writer's set), writing nothing.
     got = await w._script(keys=[k.routing(MODEL), k.version(MODEL), k.quarantine(MODEL),
                                 k.nodes(MODEL), k.models, k.shadow(MODEL), k.history(MODEL),
-                                k.events(MODEL), k.held_out(MODEL)],
-                          args=[k.channel, MODEL, 0, 0, 0, -1, -1, 0, 50, 0])
+                                k.events(MODEL), k.held_out(MODEL), k.weights(MODEL)],
+                          args=[k.channel, MODEL, 0, 0, 0, -1, -1, 0, 50, 0, 0, 0])
     assert [int(x) for x in got][:2] == [0, -1]
     assert _text_set(await client.smembers(k.routing(MODEL))) == {"a", "b"}
     assert await client.get(k.version(MODEL)) == v1

@@ -87,6 +87,7 @@ async def test_slow_node_leaves_routing_and_health_change_is_published(
         assert dict(dl.headers)["tailguard.reason"] == b"bad_diagnostics"
         assert await routing(r, env.name, "llm") == {"n0", "n1", "n2", "n3"}
         assert "its request_id is not the current episode's request" in worker.log()
+        assert "\x1b" not in worker.log()    # no terminal escapes in a log that is no terminal
         assert worker.proc.poll() is None, worker.tail()
 
 

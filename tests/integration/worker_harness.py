@@ -135,18 +135,20 @@ async def wait_for(pred: Callable[[], Awaitable[Any]], timeout_s: float, what: s
 class Feeder:
     """Publishes batch-form latency events for a set of nodes every ``period_s``.
 
-    ``slow``: nodes whose latency is 3× the others' (P50 far above the peers').
+    ``slow``: nodes whose latency is ``slow_factor`` (3) × the others' (P50 far above the peers').
     ``failing``: nodes that also fail as many requests as they serve (a batch with
     ``"ok": false`` next to each good one), at normal latency.
     """
 
     def __init__(self, kafka: str, topic: str, models: dict[str, list[str]],
                  slow: set[tuple[str, str]] | None = None, period_s: float = 0.25,
-                 per_batch: int = 25, failing: set[tuple[str, str]] | None = None) -> None:
+                 per_batch: int = 25, failing: set[tuple[str, str]] | None = None,
+                 slow_factor: float = 3.0) -> None:
         self.kafka, self.topic, self.models = kafka, topic, models
         self.slow = set(slow or ())
         self.failing = set(failing or ())
         self.period_s, self.per_batch = period_s, per_batch
+        self.slow_factor = slow_factor
         self._task: asyncio.Task[None] | None = None
         self.sent = 0
         self.rng = random.Random(7)
@@ -174,7 +176,7 @@ class Feeder:
             now = time.time()
             for model, nodes in self.models.items():
                 for node in nodes:
-                    base = 3000.0 if (node, model) in self.slow else 1000.0
+                    base = 1000.0 * (self.slow_factor if (node, model) in self.slow else 1.0)
                     samples = [[now, base * self.rng.lognormvariate(0, 0.15)]
                                for _ in range(self.per_batch)]
                     await self._producer.send(self.topic, json.dumps(
@@ -251,9 +253,13 @@ async def routing(r: Any, prefix: str, model: str) -> set[str]:
     return {m.decode() for m in await r.smembers(f"{prefix}:routing:{model}")}
 
 
-async def health_events(kafka: str, env: WorkerEnv) -> list[dict[str, Any]]:
+async def health_events(kafka: str, env: WorkerEnv, *,
+                        weights: bool = False) -> list[dict[str, Any]]:
+    """The health-change topic's state changes (and operator announcements), in order;
+    ``weights``: its routing-weight events (``"type": "weight"``) instead."""
     recs = await read_topic(kafka, env.topic("health_changes"))
-    return [json.loads(r.value) for r in sorted(recs, key=lambda r: (r.timestamp, r.offset))]
+    evs = [json.loads(r.value) for r in sorted(recs, key=lambda r: (r.timestamp, r.offset))]
+    return [e for e in evs if (e.get("type") == "weight") == weights]
 
 
 def tailguard_cli(env: WorkerEnv, *args: str, timeout_s: float = 30.0) -> subprocess.CompletedProcess[str]:

@@ -1,15 +1,16 @@
 """The stage-2 tick (:class:`~tailguard.streaming.ticker.Stage2Ticker`) driven without faust.
 
-Real Stage2 and FleetEvaluator (dict tables), real OperatorEdge and metrics; the edges are
-fakes that record what a tick does: the publisher (topic, key, event), the routing sink,
-the operator source, the replace hook's offers and the consumer group's assignment.
+Real Stage2 and FleetEvaluator (dict tables), real OperatorEdge, Publisher and metrics; the
+edges are fakes that record what a tick does: the publisher's ``send`` (topic, key, event),
+the routing sink, the operator source, the replace hook's offers and the consumer group's
+assignment.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,14 +24,16 @@ from tailguard.routing.apply_script import NO_EXTRAS, Extras
 from tailguard.routing.operators import OperatorState, Override
 from tailguard.streaming.edge import OperatorEdge
 from tailguard.streaming.metrics import WorkerMetrics
+from tailguard.streaming.publisher import Publisher
 from tailguard.streaming.stage2 import Stage2, state_key
-from tailguard.streaming.ticker import FLEET, HEALTH, Assignment, Stage2Ticker, partition_for
+from tailguard.streaming.ticker import Assignment, OutputTopics, Stage2Ticker, partition_for
 
 SETTINGS = DetectorSettings(min_samples=10, window_size=100, warmup_s=0.0, confirm_windows=2,
                             backoff_initial_s=600.0, backoff_max_s=600.0)
 T = 2.0
 NODES = ["n0", "n1", "n2", "n3", "slow"]
 PARTS = 4
+HEALTH, FLEET = "health", "fleet"
 
 
 @dataclass
@@ -42,26 +45,21 @@ class Clock:
 
 
 @dataclass
-class Publisher:
-    """Records (topic, key, event); ``fail`` makes the next sends raise like a broken topic."""
+class Sender:
+    """The publisher's ``send``: records (topic, key, event); ``fail`` refuses like a broken topic."""
 
     log: list[str]
-    sent: list[tuple[str, bytes, dict[str, Any]]] = field(default_factory=list)
+    sent: list[tuple[str, bytes | None, dict[str, Any]]] = field(default_factory=list)
     fail: bool = False
-    flushes: int = 0
 
-    async def send(self, topic: str, key: bytes, value: bytes) -> Awaitable[Any]:
+    async def send(self, topic: str, key: bytes | None, value: bytes) -> asyncio.Future[Any]:
         if self.fail:
             raise ConnectionError(f"topic {topic} unwritable")
         self.sent.append((topic, key, json.loads(value)))
         self.log.append(f"send {topic}")
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         done.set_result(None)
         return done
-
-    async def flush(self) -> None:
-        self.flushes += 1
-        self.log.append("flush")
 
 
 @dataclass
@@ -118,7 +116,7 @@ class Rig:
     ticker: Stage2Ticker
     stage2: Stage2
     clock: Clock
-    publisher: Publisher
+    publisher: Sender
     routing: Routing
     operators: Operators
     hook: Hook
@@ -145,18 +143,20 @@ class Rig:
 
 def rig(mode: str = "enforce") -> Rig:
     log: list[str] = []
-    clock, publisher, routing = Clock(), Publisher(log), Routing(log=log)
+    clock, publisher, routing = Clock(), Sender(log), Routing(log=log)
     operators, hook, ownership = Operators(), Hook(), Ownership()
     metrics = WorkerMetrics(CollectorRegistry())
     stage2 = Stage2(FleetEvaluator(SETTINGS), {}, stale_after_s=1.5 * T, hints={})
     ticker = Stage2Ticker(stage2=stage2, edge=OperatorEdge(SETTINGS, mode), routing=routing,
-                          publisher=publisher, ownership=ownership, metrics=metrics, tick_s=T,
+                          publisher=Publisher(publisher.send, max_bytes=1 << 20),
+                          topics=OutputTopics(HEALTH, FLEET, "diagnostics"),
+                          ownership=ownership, metrics=metrics, tick_s=T,
                           max_ejected_fraction=SETTINGS.max_ejected_fraction, operators=operators,
                           hook=hook, clock=clock)
     return Rig(ticker, stage2, clock, publisher, routing, operators, hook, ownership, metrics, log)
 
 
-async def test_a_slow_node_is_published_then_leaves_routing() -> None:
+async def test_a_slow_node_leaves_routing_then_its_changes_are_published() -> None:
     r = rig()
     for _ in range(4):
         await r.tick()
@@ -167,9 +167,11 @@ async def test_a_slow_node_is_published_then_leaves_routing() -> None:
     assert set(r.routing.applied[-1].routing) == {"n0", "n1", "n2", "n3"}
     assert len(r.routing.applied) == 4                     # one routing write per model and tick
     assert r.metric("tailguard_transitions_total", to="quarantined") == 1.0
-    # Within a tick: every send, one flush, then the routing write.
-    last = r.log[len(r.log) - r.log[::-1].index("flush") - 1:]
-    assert last == ["flush", "route m"]
+    # Within a tick: the routing write first (it never waits on Kafka), then the sends.
+    # (The first tick publishes every node's first state change.)
+    first_tick = r.log[:r.log.index("route m", 1)]
+    assert first_tick[0] == "route m", first_tick
+    assert len(first_tick) > len(NODES) and set(first_tick[1:]) == {"send health"}, first_tick
 
 
 async def test_while_rebalancing_a_tick_does_nothing() -> None:
@@ -191,27 +193,23 @@ async def test_only_models_of_owned_partitions_are_judged() -> None:
     assert {t.model for t in r.routing.applied} == {o.tick.model for o in outs}
 
 
-async def test_a_failed_publish_is_retried_first_at_the_next_tick_and_routing_waits_for_it() -> None:
+async def test_a_broken_topic_never_holds_routing_and_its_backlog_goes_out_first_when_back() -> None:
     r = rig()
     for _ in range(2):
         await r.tick()
     r.publisher.fail = True
-    try:
-        await r.tick()
-    except ConnectionError:
-        pass
-    else:
-        raise AssertionError("a failing publisher must fail the tick")
-    assert len(r.ticker.unpublished) == 1 and len(r.routing.applied) == 2
-    stuck = r.ticker.unpublished[0]
-    r.publisher.fail = False
     sent_before = len(r.publisher.sent)
+    for _ in range(2):
+        await r.tick()
+    assert len(r.routing.applied) == 4                     # routing written every tick regardless
+    assert len(r.publisher.sent) == sent_before and len(r.ticker.publisher) > 0
+    assert r.metric("tailguard_publish_backlog_bytes") == r.ticker.publisher.nbytes > 0
+    waiting = len(r.ticker.publisher)
+    r.publisher.fail = False
     await r.tick()
-    assert r.ticker.unpublished == []
-    assert [t.model for t in r.routing.applied[2:]] == ["m", "m"]       # the held tick, then this one
-    assert r.routing.applied[2] is stuck.tick
-    held = [ev for _, _, ev in r.publisher.sent[sent_before:]]
-    assert held[:len(stuck.health_events)] == [json.loads(json.dumps(ev)) for ev in stuck.health_events]
+    assert len(r.ticker.publisher) == 0
+    assert len(r.publisher.sent) - sent_before >= waiting   # the backlog, then this tick's
+    assert r.metric("tailguard_publish_backlog_bytes") == 0.0
 
 
 async def test_one_models_failing_routing_write_does_not_stop_the_others() -> None:

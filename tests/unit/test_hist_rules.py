@@ -14,6 +14,7 @@ from tailguard.core.contract.hist_event import HistogramBatch
 from tailguard.core.contract.types import WindowSummary
 from tailguard.core.judge.health import Verdict
 from tailguard.core.judge.hist_rules import (
+    MIN_FACTOR,
     P50_GAP,
     P99_FACTOR,
     P99_FLOOR,
@@ -23,6 +24,7 @@ from tailguard.core.judge.hist_rules import (
     judge_metric,
     reference,
     share_above,
+    shifted_share,
     windows_of,
 )
 from tailguard.core.replay.detector import Detector
@@ -62,28 +64,57 @@ def test_reference_is_the_median_cdf_and_its_p50_p99_bounds() -> None:
     assert share_above(win([10, 30, 10, 0, 0]), 0) == pytest.approx(0.8)
 
 
+# Finer buckets, and peers whose CDF at them is 0, .1, .5, .9, .99, 1, 1 (100 requests each).
+FINE = (0.1, 0.15, 0.2, 0.3, 0.45, 0.6, 0.9)
+PEER = [0, 10, 40, 40, 9, 1, 0, 0]
+
+
+def fine(counts: list[int], requests: int | None = None) -> HistWindow:
+    return win(counts, requests, FINE)
+
+
+def test_shifted_share_is_what_a_min_factor_slower_peer_can_show() -> None:
+    ref = reference([fine(PEER)] * 3)
+    assert ref is not None and ref.k50 == 2 and ref.k99 == 4
+    assert MIN_FACTOR == 1.5
+    # above 0.2: a 1.5x slower peer's CDF there is the peers' at 0.133 -- below every bound: unknown
+    assert shifted_share(ref, 2) == 1.0
+    assert shifted_share(ref, 3) == pytest.approx(0.5)     # 0.3 / 1.5 = 0.2: the peers' CDF .5
+    assert shifted_share(ref, 4) == pytest.approx(0.1)     # 0.45 / 1.5 = 0.3: .9
+    assert shifted_share(ref, 6) == pytest.approx(0.0)     # 0.9 / 1.5 = 0.6: 1.0
+
+
 def test_p50_exceedance_limit_is_exact() -> None:
-    ref = reference([win([90, 10, 0, 0, 0])] * 3)      # q50 = 0.10 above b50 = 0.3
-    assert ref is not None and ref.k50 == 0
+    ref = reference([fine(PEER)] * 3)
+    assert ref is not None
     n = 400
-    lim = max(0.5, ref.q50 + P50_GAP)
-    limit = lim + Z * math.sqrt(lim * (1 - lim) / n)
-    above_ok = max(k for k in range(n + 1) if k / n <= limit)   # at the limit: normal; one more: abnormal
+    # Above 0.45 s a 1.5x slower peer has at most 10 %: the limit is max(0.5, 0.1 + P50_GAP) + margin.
+    limit = max(0.5, 0.1 + P50_GAP) + Z * math.sqrt(0.25 / n)
+    k_ok = max(k for k in range(n + 1) if k / n <= limit)      # at the limit: normal; one more: abnormal
     s = summary("x", {})
-    j = judge_metric("e2e", win([n - above_ok, above_ok, 0, 0, 0]), ref, s, ST)
-    assert j.verdict is Verdict.NORMAL
-    j = judge_metric("e2e", win([n - above_ok - 1, above_ok + 1, 0, 0, 0]), ref, s, ST)
+    j = judge_metric("e2e", fine([0, 0, 0, n - k_ok, 0, k_ok, 0, 0]), ref, s, ST)
+    assert j.reason != "relative_p50"      # (the tail rule may see it: 57 % above where 10 % can be)
+    j = judge_metric("e2e", fine([0, 0, 0, n - k_ok - 1, 0, k_ok + 1, 0, 0]), ref, s, ST)
     assert j.verdict is Verdict.ABNORMAL and j.reason == "relative_p50"
-    assert "above 0.3 s" in (j.detail or "")
+    assert "above 0.45 s" in (j.detail or "")
+
+
+def test_a_shift_smaller_than_min_factor_is_never_a_p50_fault() -> None:
+    ref = reference([fine(PEER)] * 3)
+    assert ref is not None
+    # everything one bucket up (0.2 -> 0.3 is 1.5x): the buckets cannot prove more than 1.5x
+    j = judge_metric("e2e", fine([0, 0, 10, 40, 40, 10, 0, 0], requests=10_000), ref, summary("x", {}), ST)
+    assert j.verdict is Verdict.NORMAL
 
 
 def test_p50_margin_uses_requests_not_token_observations() -> None:
-    ref = reference([win([90, 10, 0, 0, 0])] * 3)
+    ref = reference([fine(PEER)] * 3)
     assert ref is not None
-    # 62 % above b50: abnormal on 4000 independent requests, not on 4000 tokens of 40 requests.
-    tokens = [1520, 2480, 0, 0, 0]
-    assert judge_metric("itl", win(tokens, requests=4000), ref, summary("x", {}), ST).verdict is Verdict.ABNORMAL
-    assert judge_metric("itl", win(tokens, requests=40), ref, summary("x", {}), ST).verdict is Verdict.NORMAL
+    # 62 % above 0.45 s: abnormal on 4000 independent requests, not on 4000 tokens of 40 requests.
+    tokens = [0, 0, 0, 1520, 0, 2480, 0, 0]
+    s = summary("x", {})
+    assert judge_metric("itl", fine(tokens, requests=4000), ref, s, ST).reason == "relative_p50"
+    assert judge_metric("itl", fine(tokens, requests=40), ref, s, ST).reason != "relative_p50"
 
 
 def _binom_sf(k: int, n: int, p: float) -> float:
@@ -91,18 +122,16 @@ def _binom_sf(k: int, n: int, p: float) -> float:
 
 
 def test_p99_exceedance_needs_share_and_binomial_significance() -> None:
-    # Peers: 0.5 % above b99 = 0.5 s (k99 = 1); limit max(2 %, 3 x 0.5 %) = 2 %, healthy share 1 %.
-    ref = reference([win([600, 397, 3, 0, 0])] * 3)
-    assert ref is not None and ref.k99 == 1 and ref.q99 == pytest.approx(0.003)
+    ref = reference([fine(PEER)] * 3)
+    assert ref is not None and ref.k99 == 4
     s = summary("x", {})
     n = 1000
-    lim = max(P99_SHARE, P99_FACTOR * ref.q99)
-    p0 = max(ref.q99, P99_FLOOR)
-    # the smallest count that is both >= the share limit and significant at 1e-4
-    k = next(k for k in range(n) if k / n >= lim and _binom_sf(k, n, p0) < 1e-4)
-    j = judge_metric("e2e", win([600, 400 - k, k, 0, 0]), ref, s, ST)
-    assert j.verdict is Verdict.ABNORMAL and j.reason == "relative_p99"
-    j = judge_metric("e2e", win([600, 400 - k + 1, k - 1, 0, 0]), ref, s, ST)
+    # Above 0.9 s a 1.5x slower peer has nothing: limit max(2 %, 3 x 0) and a healthy share of 1 %.
+    lim = max(P99_SHARE, P99_FACTOR * 0.0)
+    k = next(k for k in range(n) if k / n >= lim and _binom_sf(k, n, P99_FLOOR) < 1e-4)
+    j = judge_metric("e2e", fine([0, 100, 400, 400, 100 - k, 0, 0, k]), ref, s, ST)
+    assert j.verdict is Verdict.ABNORMAL and j.reason == "relative_p99" and "above 0.9 s" in (j.detail or "")
+    j = judge_metric("e2e", fine([0, 100, 400, 400, 100 - k + 1, 0, 0, k - 1]), ref, s, ST)
     assert j.verdict is Verdict.NORMAL
 
 

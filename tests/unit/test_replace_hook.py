@@ -10,13 +10,15 @@ import pytest
 from aiohttp import web
 
 from tailguard.core.contract.types import HealthState, NodeStatus
-from tailguard.settings import Secret, Settings
+from tailguard.redact import Redactor
+from tailguard.settings import Secret, Settings, secret_values
 from tailguard.streaming.replace import (
     Attempt,
     CommandAction,
     ReplaceHook,
     Retirement,
     WebhookAction,
+    action_from,
     build_hook,
     retirements,
 )
@@ -187,3 +189,82 @@ async def test_the_hooks_redis_client_has_the_credentials_and_tls_of_the_setting
         assert client.connection_pool.connection_class.__name__ == "SSLConnection"
     finally:
         await client.aclose()
+
+
+async def test_the_command_gets_an_explicit_environment_not_the_workers(tmp_path: Path) -> None:
+    worker_env = {"PATH": "/usr/bin:/bin", "HOME": "/home/tg", "KUBECONFIG": "/etc/kube/config",
+                  "TAILGUARD_KAFKA_SASL_PASSWORD": "kafka-s3cret", "AWS_SECRET_ACCESS_KEY": "aws-s3cret",
+                  "TAILGUARD_REDIS_PASSWORD_FILE": "/run/secrets/redis",
+                  "TAILGUARD_REPLACE_TIMEOUT_S": "7", "TAILGUARD_REPLACE_ENV": "KUBECONFIG"}
+    s = Settings(replace_command="env", replace_env="KUBECONFIG")
+    action = action_from(s, worker_env)
+    assert isinstance(action, CommandAction)
+    (r,) = retirements([status("a")])
+    res = await action.run(r, 1)
+    got = dict(line.split("=", 1) for line in res.detail.removeprefix("exit 0: ").splitlines())
+    assert res.ok
+    assert {k: got[k] for k in ("PATH", "KUBECONFIG", "TAILGUARD_REPLACE_TIMEOUT_S",
+                                "TAILGUARD_REPLACE_ENV", "TAILGUARD_NODE_ID")} == {
+        "PATH": "/usr/bin:/bin", "KUBECONFIG": "/etc/kube/config", "TAILGUARD_REPLACE_TIMEOUT_S": "7",
+        "TAILGUARD_REPLACE_ENV": "KUBECONFIG", "TAILGUARD_NODE_ID": "a"}
+    # Nothing else of the worker's: no password, no HOME (the shell may add PWD, SHLVL, _).
+    assert set(got) - {"PWD", "SHLVL", "_", "OLDPWD"} == {
+        "PATH", "KUBECONFIG", "TAILGUARD_REPLACE_TIMEOUT_S", "TAILGUARD_REPLACE_ENV",
+        *r.env(1)}, got
+    assert "s3cret" not in res.detail
+
+
+async def test_the_actions_output_is_redacted_before_it_is_logged_published_or_recorded(
+        caplog: pytest.LogCaptureFixture) -> None:
+    s = Settings(redis_password=Secret("r3dis-pw-xyz"),
+                 replace_command=(
+                     "printf 'pushing \\033[31mERROR\\033[0m to https://deploy:gh-pass-42@git.example/x\\n"
+                     "Authorization: Bearer eyJhbGciOiJI.eyJzdWIiOiIx.c2lnbmF0dXJl\\n"
+                     "api_key=AKIAABCDEFGHIJKLMNOP password: hunter2 redis r3dis-pw-xyz done\\n'; exit 1"))
+    action = action_from(s, {"PATH": "/usr/bin:/bin"})
+    assert action is not None
+    published: list[dict[str, Any]] = []
+
+    async def publish(ev: dict[str, Any]) -> None:
+        published.append(ev)
+
+    async def sleep(_: float) -> None:
+        pass
+
+    ledger = FakeLedger()
+    h = ReplaceHook(action, ledger, publish, attempts=2, timeout_s=10.0, max_age_s=3600.0,
+                    clock=lambda: NOW, sleep=sleep, redact=Redactor(secret_values(s)))
+    (r,) = retirements([status("a")])
+    with caplog.at_level("INFO", logger="tailguard.streaming.replace"):
+        ev = await h.handle(r)
+    assert ev is not None and ev["outcome"] == "failed"
+    seen = [published[0]["detail"], json.dumps(ledger.records), caplog.text]
+    for text in seen:
+        for leak in ("gh-pass-42", "eyJhbGciOiJI", "AKIAABCDEFGHIJKLMNOP", "hunter2", "r3dis-pw-xyz",
+                     "\x1b", "\\x1b"):
+            assert leak not in text, (leak, text)
+    detail = published[0]["detail"]
+    assert detail.startswith("exit 1: pushing ERROR to https://deploy:***@git.example/x | ")
+    assert detail.endswith("redis *** done"), detail
+
+
+async def test_a_webhook_failure_names_no_part_of_its_secret_url(caplog: pytest.LogCaptureFixture) -> None:
+    url = "http://hook-user:hook-pw-77@127.0.0.1:1/services/T0AAAA/B0BBBB/tok3n9f8e7d6c5b4a3?sig=q5ig"
+    s = Settings(replace_webhook_url=Secret(url))
+    action = action_from(s)
+    assert isinstance(action, WebhookAction)
+    published: list[dict[str, Any]] = []
+
+    async def publish(ev: dict[str, Any]) -> None:
+        published.append(ev)
+
+    async def sleep(_: float) -> None:
+        pass
+
+    h = ReplaceHook(action, FakeLedger(), publish, attempts=1, timeout_s=2.0, max_age_s=3600.0,
+                    clock=lambda: NOW, sleep=sleep, redact=Redactor(secret_values(s)))
+    (r,) = retirements([status("a")])
+    with caplog.at_level("INFO", logger="tailguard.streaming.replace"):
+        await h.handle(r)
+    for leak in ("hook-pw-77", "tok3n9f8e7d6c5b4a3", "q5ig"):
+        assert leak not in published[0]["detail"] and leak not in caplog.text

@@ -45,10 +45,10 @@ class FakeScript:
         n = int(args[2])
         model = str(args[1])
         if n == 0 and any(m == model and r for m, r in self.written):
-            return [0, -1, self.version]          # as the script: never empty an existing set
+            return [0, -1, self.version, 0]       # as the script: never empty an existing set
         self.version += 1
-        self.written.append((model, [str(a) for a in args[10:10 + n]]))
-        return [1, 0, self.version]
+        self.written.append((model, [str(a) for a in args[12:12 + n]]))
+        return [1, 0, self.version, 0]
 
 
 class FakeRedis:
@@ -117,15 +117,21 @@ async def test_apply_sends_one_script_call_with_keys_and_sorted_args() -> None:
     keys, args = script.calls[0]
     assert keys == ["tg:routing:m%3A1", "tg:routing:m%3A1:version", "tg:quarantine:m%3A1",
                     "tg:nodes:m%3A1", "tg:models", "tg:routing-shadow:m%3A1",
-                    "tg:history:m%3A1", "tg:events:m%3A1", "tg:held-out:m%3A1"]
+                    "tg:history:m%3A1", "tg:events:m%3A1", "tg:held-out:m%3A1",
+                    "tg:weights:m%3A1"]
     # Without extras the shadow set and the history are left alone (-1), no event is pushed;
-    # the held-out set is derived from the statuses (nobody here).
-    assert args[:10] == ["tg:routing:changes", "m:1", 2, 1, 2, -1, -1, 0, 50, 0]
-    assert args[10:14] == ["a", "b", "1.5", "c"]
-    assert args[14] == "a" and json.loads(args[15])["updated"] == 5.0
-    assert args[16] == "b" and len(args) == 18
+    # the held-out set is derived from the statuses (nobody here), no node has a weight;
+    # the version floor is 0 before the writer wrote the model.
+    assert args[:12] == ["tg:routing:changes", "m:1", 2, 1, 2, -1, -1, 0, 50, 0, 0, 0]
+    assert args[12:16] == ["a", "b", "1.5", "c"]
+    assert args[16] == "a" and json.loads(args[17])["updated"] == 5.0
+    assert args[18] == "b" and len(args) == 20
     assert w.pending == frozenset() and rec.ok == [("m:1", True, 1)]
     assert w.last_results["m:1"].version == 1
+    # The next call carries the version just written as its floor (after a Redis failover that
+    # lost writes, the script moves the version past it).
+    assert await w.apply(tick("m:1", {"a"}, {}))
+    assert script.calls[1][1][11] == 1
 
 
 async def test_empty_routing_is_refused_and_counted() -> None:

@@ -135,7 +135,7 @@ async def test_failing_targets_send_nothing_are_counted_by_reason_and_logged_onc
 
 async def test_concurrency_is_bounded() -> None:
     f = FakeFetcher()
-    b, _ = make(f, FakePublisher(), concurrency=4)
+    b, _ = make(f, FakePublisher(), concurrency=4, timeout_s=60)   # a loaded machine must not time them out
     b.set_targets([target(f"n{i}") for i in range(40)])
     stats = await b.scrape_once()
     assert stats.ok == 40 and f.max_in_flight == 4

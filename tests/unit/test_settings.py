@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -54,7 +55,8 @@ SERVICE_VALUES: dict[str, tuple[str, Any]] = {
     "TAILGUARD_REDIS_SSL_KEYFILE": ("/etc/client.key", "/etc/client.key"),
     "TAILGUARD_REDIS_SSL_CHECK_HOSTNAME": ("0", False),
     "TAILGUARD_REPLACE_COMMAND": ('kubectl delete pod "$TAILGUARD_NODE_ID"', 'kubectl delete pod "$TAILGUARD_NODE_ID"'),
-    "TAILGUARD_REPLACE_WEBHOOK_URL": ("https://ops.internal/replace", "https://ops.internal/replace"),
+    "TAILGUARD_REPLACE_WEBHOOK_URL": ("https://ops.internal/replace", Secret("https://ops.internal/replace")),
+    "TAILGUARD_REPLACE_ENV": ("KUBECONFIG,HOME", "KUBECONFIG,HOME"),
     "TAILGUARD_REPLACE_TIMEOUT_S": ("120", 120.0),
     "TAILGUARD_REPLACE_ATTEMPTS": ("5", 5),
     "TAILGUARD_REPLACE_MAX_AGE_S": ("600.5", 600.5),
@@ -64,6 +66,9 @@ SERVICE_VALUES: dict[str, tuple[str, Any]] = {
     "TAILGUARD_ALLOWLIST_REDIS_KEY": ("site:nodes", "site:nodes"),
     "TAILGUARD_ALLOWLIST_FILE": ("/etc/tailguard/nodes.txt", "/etc/tailguard/nodes.txt"),
     "TAILGUARD_ALLOWLIST_PATTERN": ("gpu-[0-9]+", "gpu-[0-9]+"),
+    "TAILGUARD_ALLOWLIST_MODELS": ("llama,qwen", "llama,qwen"),
+    "TAILGUARD_PUBLISH_BACKLOG_BYTES": ("1048576", 1048576),
+    "TAILGUARD_ALLOWLIST_MODEL_PATTERN": ("llama-.*", "llama-.*"),
     "TAILGUARD_ALLOWLIST_REFRESH_S": ("5", 5.0),
     "TAILGUARD_SCRAPE_FILE_SD": ("/etc/tailguard/targets.json", "/etc/tailguard/targets.json"),
     "TAILGUARD_SCRAPE_HTTP_SD": ("http://sd.example:8080/targets", "http://sd.example:8080/targets"),
@@ -136,6 +141,10 @@ DETECTOR_TEXT: dict[str, tuple[str, Any]] = {
     "max_future_skew_s": ("30", 30.0),
     "id_pattern": ("[a-z0-9.-]{1,63}", "[a-z0-9.-]{1,63}"),
     "max_new_pairs_per_tick": ("50", 50),
+    "weights": ("observe", "observe"),
+    "min_weight": ("0.2", 0.2),
+    "min_total_weight_share": ("0.5", 0.5),
+    "max_models": ("20", 20),
 }
 
 
@@ -242,7 +251,7 @@ BAD: list[tuple[str, str, str]] = [
     ("TAILGUARD_KAFKA_SSL_CHECK_HOSTNAME", "maybe", "true or false"),
     ("TAILGUARD_KAFKA_SSL_CAFILE", "/etc/ca.pem", "uses no TLS"),
     ("TAILGUARD_REDIS_SSL_CAFILE", "/etc/ca.pem", "rediss://"),
-    ("TAILGUARD_REPLACE_WEBHOOK_URL", "ftp://x/y", "http(s)://"),
+    ("TAILGUARD_REPLACE_ENV", "KUBECONFIG HOME", "comma-separated"),
     ("TAILGUARD_REPLACE_TIMEOUT_S", "0.0", "seconds > 0"),
     ("TAILGUARD_REPLACE_TIMEOUT_S", "soon", "a number"),
     ("TAILGUARD_REPLACE_MAX_AGE_S", "inf", "seconds > 0"),
@@ -330,6 +339,41 @@ def test_one_replace_action_only() -> None:
     assert info.value.name == "TAILGUARD_REPLACE_WEBHOOK_URL" and "TAILGUARD_REPLACE_COMMAND" in info.value.allowed
 
 
+@pytest.mark.parametrize("env", [
+    {"TAILGUARD_REPLACE_WEBHOOK_URL": "ftp://ops:tok3n-9f8e7d@fleet.internal/replace?key=k3y-abc"},
+    {"TAILGUARD_REPLACE_WEBHOOK_URL": "https://hooks.example/T0/B1/tok3n-9f8e7d?key=k3y-abc",
+     "TAILGUARD_REPLACE_COMMAND": "true"},
+    {"TAILGUARD_REPLACE_WEBHOOK_URL_FILE": "SECRET_FILE"},
+])
+def test_the_webhook_url_is_a_secret_masked_in_every_error(env: dict[str, str], tmp_path: Path) -> None:
+    if "TAILGUARD_REPLACE_WEBHOOK_URL_FILE" in env:     # the _FILE variant: a refused URL too
+        f = tmp_path / "url"
+        f.write_text("ftp://ops:tok3n-9f8e7d@fleet.internal/replace?key=k3y-abc\n")
+        env = {"TAILGUARD_REPLACE_WEBHOOK_URL_FILE": str(f)}
+    with pytest.raises(SettingError) as info:
+        load(env)
+    err = info.value
+    assert err.name == "TAILGUARD_REPLACE_WEBHOOK_URL"
+    for leak in ("tok3n", "k3y", "ops:", "fleet.internal", "hooks.example"):
+        assert leak not in str(err) and leak not in repr(err.value), str(err)
+
+
+def test_the_webhook_url_comes_from_a_file_and_never_prints(tmp_path: Path) -> None:
+    f = tmp_path / "url"
+    f.write_text("https://hooks.example/T0/B1/tok3n-9f8e7d\n")
+    s = load({"TAILGUARD_REPLACE_WEBHOOK_URL_FILE": str(f)})
+    assert s.replace_webhook_url.reveal() == "https://hooks.example/T0/B1/tok3n-9f8e7d"
+    assert "tok3n" not in repr(s) and "tok3n" not in str(s.replace_webhook_url)
+
+
+@pytest.mark.parametrize("name", ["TAILGUARD_KAFKA_SASL_PASSWORD", "TAILGUARD_REDIS_PASSWORD_FILE",
+                                  "TAILGUARD_REPLACE_WEBHOOK_URL"])
+def test_the_replace_command_cannot_be_given_a_secret_setting(name: str) -> None:
+    with pytest.raises(SettingError) as info:
+        load({"TAILGUARD_REPLACE_ENV": f"KUBECONFIG,{name}"})
+    assert info.value.name == "TAILGUARD_REPLACE_ENV" and name in info.value.allowed
+
+
 def test_hook_environment_variables_are_accepted() -> None:
     # A replace command or user check that runs `tailguard …` inherits them.
     assert load({"TAILGUARD_NODE_ID": "n1", "TAILGUARD_MODEL": "m", "TAILGUARD_RETIREMENT_ID": "x"}) == Settings()
@@ -358,6 +402,19 @@ def test_tailguard_settings_prints_every_variable(
     assert set(printed) == set(settings_mod.env_names())
     assert printed["TAILGUARD_WINDOW_SIZE"] == "2000   (default 1000)"
     assert printed["TAILGUARD_KAFKA_BOOTSTRAP"] == "127.0.0.1:9092"
+
+
+def test_tailguard_settings_masks_the_webhook_url(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for var in list(settings_mod.env_names()):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("TAILGUARD_REPLACE_WEBHOOK_URL", "https://u:pw@hooks.example/T0/B1/tok3n-9f8e7d")
+    assert cli.main(["settings"]) == 0
+    out = capsys.readouterr().out
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("TAILGUARD_REPLACE_WEBHOOK_URL=")]
+    assert line.startswith("TAILGUARD_REPLACE_WEBHOOK_URL=***"), line
+    assert "tok3n" not in out and "pw@" not in out
 
 
 def test_tailguard_with_bad_setting_exits_2_naming_it(

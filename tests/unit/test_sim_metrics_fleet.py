@@ -137,3 +137,12 @@ async def test_fleet_serves_metrics_over_http() -> None:
             assert r.headers["Content-Type"].startswith("text/plain")
             text = await r.text()
     assert _count(text, "dynamo_frontend_request_duration_seconds_count") == 20
+
+
+def test_metrics_without_a_server_means_vllm() -> None:
+    from tailguard.sim import cli
+
+    args = cli.parser().parse_args(["fleet", "s.toml", "--metrics"])
+    assert args.metrics == "vllm" and args.traffic == "self"
+    assert cli.parser().parse_args(["fleet", "s.toml", "--metrics", "tgi"]).metrics == "tgi"
+    assert cli.parser().parse_args(["fleet", "s.toml"]).metrics is None

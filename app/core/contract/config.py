@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 SIGNALS = ("auto", "latency", "tpot", "normalized")
+WEIGHT_MODES = ("enforce", "observe", "off")
 
 
 class SettingError(ValueError):
@@ -102,6 +103,19 @@ class DetectorSettings:
     # samples and heartbeats of further new pairs are dropped (counted, logged once per tick).
     # A pair over the limit is admitted at a later tick when it reports again. 0 = no limit.
     max_new_pairs_per_tick: int = field(default=1000, metadata={"lo": 0, "hi": 100_000_000})
+    # Routing weights (tailguard.core.judge.weights) for routed nodes slower than their peers but not
+    # abnormal: "enforce" computes, publishes and writes them where load balancers read them
+    # (P:weights:<m>), "observe" computes and publishes them only, "off" computes none.
+    weights: str = field(default="enforce", metadata={"choices": WEIGHT_MODES})
+    # The lowest weight a routed node gets (an abnormal node is ejected instead).
+    min_weight: float = field(default=0.1, metadata={"lo": 0.0, "lo_open": True, "hi": 1.0})
+    # The routed nodes' total weight stays at least this share of their number (weights are
+    # raised together when it would fall below).
+    min_total_weight_share: float = field(default=0.75, metadata={"lo": 0.0, "hi": 1.0})
+    # Floods of model names: the models stage 1 keeps windows of, and stage 2 judges, at most;
+    # the samples and summaries of further models are dropped (counted, logged once per
+    # tick) until a model is forgotten (forget_after_s). 0 = no limit.
+    max_models: int = field(default=1000, metadata={"lo": 0, "hi": 100_000_000})
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

@@ -17,7 +17,8 @@ Guarantees:
   :data:`MAX_KNOWN` of them; the memory is emptied when full), so each distinct id
   runs the pattern once, not once per event.
 * :class:`Allowlist` answers whether a node id is registered (a set of ids and/or a
-  pattern); loading it (Redis, a file) is the streaming layer's job.
+  pattern) and whether a model name is (a set of names and/or a pattern; no model rule:
+  every model); loading it (Redis, a file, settings) is the streaming layer's job.
 """
 
 from __future__ import annotations
@@ -82,24 +83,58 @@ def rule(pattern: str = "") -> IdRule:
 DEFAULT_RULE: Final = rule("")
 
 
+def _compile(pattern: str) -> Callable[[str], object] | None:
+    if not pattern:
+        return None
+    try:
+        return re.compile(pattern).fullmatch
+    except (re.error, RecursionError, OverflowError) as e:
+        raise ValueError(f"not a regular expression: {e}") from None
+
+
 @dataclass(frozen=True, slots=True)
 class Allowlist:
-    """Registered node ids: in ``ids``, or matching ``pattern`` (whole); pure."""
+    """Registered node ids: in ``ids``, or matching ``pattern`` (whole) — checked when
+    ``nodes_on``; registered models: in ``models`` or matching ``model_pattern`` — checked
+    when either is given. Pure."""
 
     ids: frozenset[str] = frozenset()
     pattern: str = ""
+    models: frozenset[str] = frozenset()
+    model_pattern: str = ""
+    nodes_on: bool = True
     _match: Callable[[str], object] | None = field(default=None, init=False, repr=False,
                                                    compare=False)
+    _model_match: Callable[[str], object] | None = field(default=None, init=False, repr=False,
+                                                         compare=False)
 
     def __post_init__(self) -> None:
-        if self.pattern:
-            try:
-                object.__setattr__(self, "_match", re.compile(self.pattern).fullmatch)
-            except (re.error, RecursionError, OverflowError) as e:
-                raise ValueError(f"not a regular expression: {e}") from None
+        object.__setattr__(self, "_match", _compile(self.pattern))
+        object.__setattr__(self, "_model_match", _compile(self.model_pattern))
+
+    @property
+    def models_on(self) -> bool:
+        return bool(self.models or self.model_pattern)
 
     def allows(self, node_id: str) -> bool:
         return node_id in self.ids or (self._match is not None and self._match(node_id) is not None)
+
+    def allows_model(self, model: str) -> bool:
+        if not self.models_on or model in self.models:
+            return True
+        return self._model_match is not None and self._model_match(model) is not None
+
+    def check(self, node_id: str, model: str) -> None:
+        """Raise :class:`BadEvent` (``not_allowlisted``) for a node id or model not registered."""
+        if self.nodes_on and not self.allows(node_id):
+            raise self.error(node_id)
+        if not self.allows_model(model):
+            shown = repr(model[:60]) + ("…" if len(model) > 60 else "")
+            raise BadEvent("not_allowlisted", f"model {shown} is not on the model allowlist"
+                           f" ({len(self.models)} registered names"
+                           + (f", pattern {self.model_pattern!r:.60}" if self.model_pattern else "")
+                           + "; TAILGUARD_ALLOWLIST_MODELS, TAILGUARD_ALLOWLIST_MODEL_PATTERN;"
+                           " docs/operating.md#allowlist)", field="model")
 
     def error(self, node_id: str) -> BadEvent:
         shown = repr(node_id[:60]) + ("…" if len(node_id) > 60 else "")
@@ -109,7 +144,10 @@ class Allowlist:
                         + "; docs/operating.md#allowlist)", field="node_id")
 
     @classmethod
-    def parse_lines(cls, lines: Iterable[str], pattern: str = "") -> Allowlist:
+    def parse_lines(cls, lines: Iterable[str], pattern: str = "", *,
+                    models: Iterable[str] = (), model_pattern: str = "",
+                    nodes_on: bool = True) -> Allowlist:
         """One id per line; blank lines and ``#`` comments are skipped, spaces stripped."""
         ids = (line.split("#", 1)[0].strip() for line in lines)
-        return cls(frozenset(i for i in ids if i), pattern)
+        return cls(frozenset(i for i in ids if i), pattern,
+                   frozenset(m.strip() for m in models if m.strip()), model_pattern, nodes_on)

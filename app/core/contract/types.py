@@ -13,7 +13,7 @@ import enum
 import hashlib
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
@@ -255,6 +255,57 @@ class FleetEvent:
 
 
 @dataclass(frozen=True, slots=True)
+class WeightEvidence:
+    """Why a node has its target: its P50 of ``signal`` against its peers' reference."""
+
+    signal: str
+    value: float             # the node's window P50 of the signal
+    ref: float               # its peers' reference P50 (class median)
+    band: float              # the noise band as a factor of ref (1.12: 12 % above ref is noise)
+    target: float            # the target weight this window (quantized)
+    samples: int
+    peers: int               # peers of the node's class behind ref and the band
+
+    @property
+    def slower(self) -> float:
+        return self.value / self.ref
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"signal": self.signal, "p50": self.value, "peers_p50": self.ref,
+                "slower": round(self.slower, 4), "noise_band": round(self.band, 4),
+                "target": self.target, "samples": self.samples, "peers": self.peers}
+
+    def text(self) -> str:
+        return (f"P50 {self.slower:.2f}x its {self.peers} peers' ({self.signal}); noise band "
+                f"{self.band:.2f}x; target {self.target:g}")
+
+
+@dataclass(frozen=True, slots=True)
+class WeightChange:
+    """A routed node's published weight moved (``previous_weight`` 1.0: it was unweighted)."""
+
+    ts: float
+    node_id: str
+    model: str
+    weight: float
+    previous_weight: float
+    reason: str              # "slower_than_peers" | "recovering" | "total_weight_guard"
+    evidence: WeightEvidence | None = None
+
+    def to_event(self) -> dict[str, Any]:
+        """The health-change topic's ``weight`` event (docs/contracts.md)."""
+        return {"type": "weight", "ts": self.ts, "node_id": self.node_id, "model": self.model,
+                "weight": self.weight, "previous_weight": self.previous_weight,
+                "reason": self.reason,
+                "evidence": None if self.evidence is None else self.evidence.to_dict()}
+
+    def replay_line(self) -> dict[str, Any]:
+        """What ``tailguard replay`` prints for it."""
+        return {"type": "weight", "ts": self.ts, "node_id": self.node_id, "model": self.model,
+                "weight": self.weight}
+
+
+@dataclass(frozen=True, slots=True)
 class DiagnosticsRequest:
     """Ask the node's agent to collect evidence (one per node that becomes unhealthy)."""
 
@@ -295,6 +346,10 @@ class NodeStatus:
     signal: str | None = None
     hardware: str | None = None
     probe_after_ts: float | None = None
+    # Routing weight (tailguard.core.judge.weights): 1.0 for a routed node at full weight, None when not
+    # routed (or weights are off); ``weight_detail`` says why it is below 1.0.
+    weight: float | None = None
+    weight_detail: str | None = None
 
     @property
     def latency_ratio(self) -> float | None:
@@ -324,6 +379,13 @@ class ModelTick:
     # the caller did not compute them or no sample was judged.
     fleet_latency_p50_us: float | None = None
     fleet_latency_p99_us: float | None = None
+    # Routing weights of routed nodes below 1.0 (tailguard.core.judge.weights; a routed node not in it has
+    # weight 1.0) and how they changed since the model's last tick.
+    weights: Mapping[str, float] = field(default_factory=dict)
+    weight_changes: tuple[WeightChange, ...] = ()
+    # Stage 2 forgot the model (no pair left, no summary for forget_after_s): its routing
+    # state is removed (no statuses, no routing; the writer deletes its keys).
+    forgotten: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,6 +402,10 @@ class TickResult:
     @property
     def fleet_events(self) -> tuple[FleetEvent, ...]:
         return tuple(e for m in self.models for e in m.fleet_events)
+
+    @property
+    def weight_changes(self) -> tuple[WeightChange, ...]:
+        return tuple(c for m in self.models for c in m.weight_changes)
 
     def routing(self) -> dict[str, frozenset[str]]:
         return {m.model: m.routing for m in self.models}

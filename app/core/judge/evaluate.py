@@ -39,6 +39,7 @@ from tailguard.core.contract.types import (
 from tailguard.core.judge import health, liveness
 from tailguard.core.judge.admission import admission_norms
 from tailguard.core.judge.baseline import baseline_shift, fold_baseline, follow_signal
+from tailguard.core.judge.fleet_slow import fleet_slow
 from tailguard.core.judge.guards import eject_within_cap, error_storm, load_event
 from tailguard.core.judge.health import Judgement, PairState, Verdict
 from tailguard.core.judge.hist_rules import HIST_SIGNAL, HistJudge
@@ -54,6 +55,7 @@ from tailguard.core.judge.rules import (
     error_judgements,
 )
 from tailguard.core.judge.verdicts import Verdicts, judge_peers, judge_probes, judge_thin_failing
+from tailguard.core.judge.weights import NO_WEIGHTS, WeightTick, weigh_model, weigh_statuses
 
 # Per-pair own baselines are kept for models with at most this many peers (a model may shrink
 # below min_peers); larger models skip the cost.
@@ -188,6 +190,9 @@ class FleetEvaluator:
                     else Verdicts(*hist.judge_peers(ms.pairs, peers, errors.judgements)))
         if errors.judgements:
             judge_thin_failing(ms, peers, errors, verdicts)
+        # Before the baselines fold this tick in: each node against where it was.
+        slow_ev = fleet_slow(model, ms, by_node, signal, now_s, st,
+                             len(peers) <= OWN_HISTORY_MAX_PEERS)
         load, load_ev = load_event(model, ms, verdicts.abnormal, len(peers), now_s,
                                    norms.fleet_p50, signal, st)
         if load:   # nobody is ejected and no streak moves while it lasts
@@ -204,7 +209,8 @@ class FleetEvaluator:
         # 2-significant-digit grid: it needs no precision, and the hint changes less often.
         ms.tail_ref = (float(f"{norms.fleet_p99 * FRESH_TAIL_MARGIN:.2g}")
                        if norms.enough_peers and not norms.multi_class and norms.fleet_p99 else None)
-        fleet_events = live.fleet_events + [e for e in (load_ev, storm_ev, shift_ev) if e is not None]
+        fleet_events = live.fleet_events + [e for e in (load_ev, storm_ev, shift_ev, slow_ev)
+                                            if e is not None]
 
         adm = admission_norms(ms, peers, by_node, norms, signal, now_s, st)
         judge_probes(st, ms, by_node, norms, errors, now_s, verdicts.judgements, own_p50, signal,
@@ -215,8 +221,14 @@ class FleetEvaluator:
         diagnostics: list[DiagnosticsRequest] = []
         if not load and not live.telemetry_lost and candidates:
             eject_within_cap(model, ms.pairs, candidates, now_s, st, transitions, diagnostics)
+        wt = None
+        if st.weights != "off":     # after the ejections: only the routed nodes have a weight
+            # Histogram pairs' P50s sit on bucket bounds: no weight from them (docs/rules.md).
+            wt = weigh_model(model, ms.weights, peers, norms, ms.pairs.routing(), now_s, st,
+                             hold=load or live.telemetry_lost or hist is not None)
+        ms.weights = NO_WEIGHTS if wt is None else wt.state
         return self._report(model, ms, by_node, now_s, transitions, fleet_events, diagnostics,
-                            with_statuses)
+                            with_statuses, wt)
 
     # ---- steps of the tick ---------------------------------------------------------------
     def _admit_new(self, model: str, ms: ModelState, by_node: dict[str, WindowSummary],
@@ -281,7 +293,8 @@ class FleetEvaluator:
 
     def _report(self, model: str, ms: ModelState, by_node: dict[str, WindowSummary],
                 now_s: float, transitions: list[Transition], fleet_events: list[FleetEvent],
-                diagnostics: list[DiagnosticsRequest], with_statuses: bool) -> ModelTick:
+                diagnostics: list[DiagnosticsRequest], with_statuses: bool,
+                wt: WeightTick | None = None) -> ModelTick:
         pairs = ms.pairs
         routing = pairs.routing()
         # The contract: ``routed`` is membership of the routing set after the tick, also for
@@ -298,9 +311,13 @@ class FleetEvaluator:
             if t.to_state is HealthState.RETIRED:
                 ms.retired_seen[t.node_id] = now_s
         statuses = self._statuses(model, pairs, by_node) if with_statuses else ()
+        if wt is not None and statuses:
+            statuses = weigh_statuses(statuses, wt)
         return ModelTick(model=model, ts=now_s, transitions=tuple(transitions), routing=routing,
                          quarantine=quarantine, statuses=statuses,
-                         fleet_events=tuple(fleet_events), diagnostics=tuple(diagnostics))
+                         fleet_events=tuple(fleet_events), diagnostics=tuple(diagnostics),
+                         weights=wt.weights if wt is not None else {},
+                         weight_changes=wt.changes if wt is not None else ())
 
     # ---- diagnostics ---------------------------------------------------------------------
     def apply_diagnostics(self, model: str, node_id: str, recoverable: bool,

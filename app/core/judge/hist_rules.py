@@ -4,15 +4,18 @@ Owns the verdicts on pairs whose summaries carry bucket counts (``extra["hist"]`
 :mod:`tailguard.core.window.hist_window`). A bucket histogram cannot say where inside a bucket a request
 fell, so no rule here compares interpolated quantiles. Per metric (``itl``, ``ttft``, ``e2e``)
 and hardware class, the **reference** is the pointwise median of the peers' CDFs at the bucket
-bounds; its P50 bound ``b50`` is the first bound where that CDF reaches 0.5 (so at most half the
-peers' requests lie above it: ``q50``), ``b99`` likewise for 0.99 (``q99``). A node is then judged
-by the share of its own requests above those bounds — exact counts, no interpolation:
+bounds; ``b50``/``b99`` are the first bounds where it reaches 0.5/0.99. At each bound ``b`` the
+buckets bound what a peer ``MIN_FACTOR`` (1.5) times slower could show above it: at most
+``u(b)`` = 1 − the reference at the largest bound ≤ ``b / MIN_FACTOR`` (:func:`shifted_share`;
+1 when there is none: the buckets cannot tell). A node is judged by the exact share of its own
+requests above the bounds, against that:
 
-* ``relative_p50`` — its share above ``b50`` exceeds ``max(P50_SHARE, q50 + P50_GAP)`` by more
-  than ``Z`` binomial standard deviations: most of its requests are slower than the bucket that
-  holds the peers' median, and by far more than the peers' own share there.
-* ``relative_p99`` — its share above ``b99`` is at least ``max(P99_SHARE, P99_FACTOR × q99)``
-  and a healthy node (share ``max(q99, 1 %)``) would reach its count with probability < ``ALPHA``.
+* ``relative_p50`` — at some bound from ``b50`` up, its share exceeds ``max(P50_SHARE,
+  u(b) + P50_GAP)`` by more than ``Z`` binomial standard deviations: its median is provably more
+  than ``MIN_FACTOR`` times its peers' (a shift the buckets cannot prove is never a fault).
+* ``relative_p99`` — at some bound from ``b99`` up, its share is at least ``max(P99_SHARE,
+  P99_FACTOR × u(b))`` and a node at ``max(u(b), P99_FLOOR)`` would reach its count with
+  probability < ``ALPHA``.
 
 The noise margins use the window's requests, not its observations (an ``itl`` histogram counts
 tokens: one request's tokens are not independent). A bucketless window (Triton's counters)
@@ -28,6 +31,7 @@ Rationale and the resolution limits of each server's default buckets: docs/scrap
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -45,6 +49,9 @@ from tailguard.core.judge.rules import binomial_sf
 from tailguard.core.window.hist_window import PREFERENCE, US_PER_S, HistWindow, bucket_quantile
 
 HIST_SIGNAL: Final = "_hist"     # the signal of a histogram pair's summary ends so ("itl_hist")
+# A node is judged against what a peer this many times slower could show at a bound (the
+# buckets' resolution: no interpolation), so healthy spread below it is never a fault.
+MIN_FACTOR: Final = 1.5
 P50_SHARE: Final = 0.5
 P50_GAP: Final = 0.25
 P99_SHARE: Final = 0.02
@@ -108,6 +115,14 @@ def reference(wins: Sequence[HistWindow]) -> Reference | None:
     return Reference(bounds, cdf, len(wins), k50, k99, None)
 
 
+def shifted_share(ref: Reference, j: int) -> float:
+    """The largest share above bound ``j`` that a peer ``MIN_FACTOR`` times slower can have: its
+    CDF at ``bounds[j]`` is the peers' at ``bounds[j] / MIN_FACTOR``, at least the peers' CDF at the
+    largest bound below that (1.0 when there is none: the buckets cannot tell)."""
+    i = bisect.bisect_right(ref.bounds_s, ref.bounds_s[j] / MIN_FACTOR * (1.0 + 1e-9)) - 1
+    return 1.0 if i < 0 else 1.0 - ref.cdf[i]
+
+
 def share_above(w: HistWindow, k: int) -> float:
     """The share of ``w``'s observations above bound ``k`` (exact: bucket edges only)."""
     return sum(w.counts[k + 1:]) / w.observations
@@ -129,28 +144,31 @@ def judge_metric(metric: str, w: HistWindow, ref: Reference, s: WindowSummary,
                              f" median mean ({ref.mean_s:.3g} s; no buckets exported)")
         return Judgement(Verdict.NORMAL, str(Reason.NORMAL), ev, mean / lim)
     sev = 0.0
+    bounds = ref.bounds_s
     if ref.k50 is not None:
-        x = share_above(w, ref.k50)
-        lim = max(P50_SHARE, ref.q50 + P50_GAP)
-        margin = Z * math.sqrt(lim * (1.0 - lim) / n) if lim < 1.0 else 0.0
-        sev = x / (lim + margin) if lim + margin > 0 else 0.0
-        if x > lim + margin:
-            return Judgement(Verdict.ABNORMAL, str(Reason.RELATIVE_P50), ev, sev,
-                             f"{x:.1%} of its {metric} above {ref.bounds_s[ref.k50]:g} s, the bucket"
-                             f" bound of the peers' P50 ({ref.q50:.1%} of theirs; limit {lim + margin:.1%},"
-                             f" {n} requests, {ref.peers} peers)")
+        for j in range(ref.k50, len(bounds)):
+            x = share_above(w, j)
+            lim = max(P50_SHARE, shifted_share(ref, j) + P50_GAP)
+            margin = Z * math.sqrt(lim * (1.0 - lim) / n) if lim < 1.0 else 0.0
+            sev = max(sev, x / (lim + margin))
+            if x > lim + margin:
+                return Judgement(Verdict.ABNORMAL, str(Reason.RELATIVE_P50), ev, x / (lim + margin),
+                                 f"{x:.1%} of its {metric} above {bounds[j]:g} s, where a peer {MIN_FACTOR:g}x"
+                                 f" slower would have at most {shifted_share(ref, j):.1%} (the peers' P50 is"
+                                 f" at most {bounds[ref.k50]:g} s; limit {lim + margin:.1%}, {n} requests,"
+                                 f" {ref.peers} peers)")
     if ref.k99 is not None:
-        x99 = share_above(w, ref.k99)
-        lim99 = max(P99_SHARE, P99_FACTOR * ref.q99)
-        if x99 >= lim99:
-            k = round(x99 * n)
-            p_value = binomial_sf(k, n, max(ref.q99, P99_FLOOR))
-            if p_value < ALPHA:
-                return Judgement(Verdict.ABNORMAL, str(Reason.RELATIVE_P99), ev, x99 / lim99,
-                                 f"{x99:.1%} of its {metric} above {ref.bounds_s[ref.k99]:g} s, the"
-                                 f" bucket bound of the peers' P99 ({ref.q99:.2%} of theirs;"
-                                 f" p = {p_value:.1e} for a healthy node, {n} requests)")
-        sev = max(sev, x99 / lim99)
+        for j in range(ref.k99, len(bounds)):
+            x99, u = share_above(w, j), shifted_share(ref, j)
+            lim99 = max(P99_SHARE, P99_FACTOR * u)
+            if x99 >= lim99:
+                p_value = binomial_sf(round(x99 * n), n, max(u, P99_FLOOR))
+                if p_value < ALPHA:
+                    return Judgement(Verdict.ABNORMAL, str(Reason.RELATIVE_P99), ev, x99 / lim99,
+                                     f"{x99:.1%} of its {metric} above {bounds[j]:g} s, where a peer"
+                                     f" {MIN_FACTOR:g}x slower would have at most {u:.2%} (the peers' P99 is"
+                                     f" at most {bounds[ref.k99]:g} s; p = {p_value:.1e}, {n} requests)")
+            sev = max(sev, x99 / lim99)
     return Judgement(Verdict.NORMAL, str(Reason.NORMAL), ev, sev)
 
 

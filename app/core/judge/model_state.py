@@ -34,8 +34,9 @@ from tailguard.core.contract.types import HealthState
 from tailguard.core.judge.health import PairState
 from tailguard.core.judge.liveness import Liveness
 from tailguard.core.judge.own_history import OwnBaselines
+from tailguard.core.judge.weights import WeightState
 
-SNAPSHOT_VERSION: Final = 2
+SNAPSHOT_VERSION: Final = 4
 
 _HEALTHY, _WARMING = HealthState.HEALTHY, HealthState.WARMING
 
@@ -201,6 +202,12 @@ class ModelState:
     # The threshold stage 1 counts fresh samples above (rules.judge_fresh_tail): the peers'
     # P99 with a margin, in the signal's units; None without one (few peers, several classes).
     tail_ref: float | None = None
+    # Routing weights of routed nodes slower than their peers (tailguard.core.judge.weights).
+    weights: WeightState = field(default_factory=WeightState)
+    # An open fleet_slow episode (tailguard.core.fleet_slow): node -> its reference P50 frozen at
+    # the opening, in the units of fleet_slow_signal; empty when none is open.
+    fleet_slow: dict[str, float] = field(default_factory=dict)
+    fleet_slow_signal: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.pairs, PairTable):
@@ -229,7 +236,10 @@ class ModelState:
                 "rate_per_s": dict(sorted(self.rate_per_s.items())),
                 "retired_seen": dict(sorted(self.retired_seen.items())),
                 "counts": {n: list(c) for n, c in sorted(self.counts.items())},
-                "live": self.live.to_dict(), "own": self.own.to_dict(), "tail_ref": self.tail_ref}
+                "live": self.live.to_dict(), "own": self.own.to_dict(), "tail_ref": self.tail_ref,
+                "weights": self.weights.to_dict(),
+                "fleet_slow": dict(sorted(self.fleet_slow.items())),
+                "fleet_slow_signal": self.fleet_slow_signal}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelState:
@@ -249,11 +259,14 @@ class ModelState:
                 retired_seen={str(k): float(v) for k, v in d["retired_seen"].items()},
                 counts={str(k): _counts(v) for k, v in d["counts"].items()},
                 live=Liveness.from_dict(d["live"]), own=OwnBaselines.from_dict(d["own"]),
-                tail_ref=None if d["tail_ref"] is None else float(d["tail_ref"]))
+                tail_ref=None if d["tail_ref"] is None else float(d["tail_ref"]),
+                weights=WeightState.from_dict(d["weights"]),
+                fleet_slow={str(k): float(v) for k, v in d["fleet_slow"].items()},
+                fleet_slow_signal=d["fleet_slow_signal"])
         except KeyError as e:
             raise ValueError(f"model state snapshot (version {SNAPSHOT_VERSION}) lacks the "
                              f"field {e.args[0]!r}; cannot restore") from None
-        except (TypeError, AttributeError, IndexError) as e:
+        except (TypeError, AttributeError, IndexError, ValueError) as e:
             raise ValueError(f"model state snapshot (version {SNAPSHOT_VERSION}) is malformed "
                              f"({e}); cannot restore") from None
 

@@ -58,6 +58,7 @@ class ReplayStats:
     skipped_ticks: int = 0
     transitions: int = 0
     fleet_events: int = 0
+    weight_changes: int = 0
     bad: Counter[str] = field(default_factory=Counter)
     first_bad: list[tuple[int, str, str]] = field(default_factory=list)   # line, reason, message
     bad_samples: int = 0
@@ -75,7 +76,8 @@ class ReplayStats:
                 else f", event time {self.first_ts:.3f}..{self.last_ts:.3f}")
         text = (f"replay: {self.lines} lines, {self.events} events{span}, {self.ticks} ticks"
                 + (f" ({self.skipped_ticks} quiet ticks skipped)" if self.skipped_ticks else "")
-                + f", {self.transitions} transitions, {self.fleet_events} fleet events")
+                + f", {self.transitions} transitions, {self.fleet_events} fleet events"
+                + (f", {self.weight_changes} weight changes" if self.weight_changes else ""))
         nbad = sum(self.bad.values())
         text += f", {nbad} bad lines skipped"
         if nbad:
@@ -97,11 +99,14 @@ class ReplayStats:
 
 
 def tick_lines(result: TickResult) -> list[str]:
-    """The stdout lines of one tick: transitions, then fleet events, per model."""
+    """The stdout lines of one tick: transitions, then weight changes, then fleet events, per
+    model."""
     out: list[str] = []
     for m in result.models:
         for t in m.transitions:
             out.append(json.dumps({"type": "transition", **t.to_event()}))
+        for c in m.weight_changes:
+            out.append(json.dumps(c.replay_line()))
         for e in m.fleet_events:
             out.append(json.dumps(e.to_event()))
     return out
@@ -328,6 +333,7 @@ class Replay:
                 self.emit(line)
             stats.transitions += len(res.transitions)
             stats.fleet_events += len(res.fleet_events)
+            stats.weight_changes += len(res.weight_changes)
             silent = not out and now - self.seen_max > self.quiet_after_s
             if silent and self.quiet_tick and not det.evaluator.waiting_on_time(now):
                 skip_to = max(k + 1, math.floor(upto_ts / interval))
@@ -461,6 +467,7 @@ class Replay:
                 self.emit(line)
             stats.transitions += len(res.transitions)
             stats.fleet_events += len(res.fleet_events)
+            stats.weight_changes += len(res.weight_changes)
             stats.min_samples, stats.max_sample_age_s = settings.min_samples, settings.max_sample_age_s
             stats.thin_pairs = sum(1 for s in det.statuses() if s.routed and s.samples < settings.min_samples)
         return det, stats

@@ -66,8 +66,8 @@ class Accumulator:
     :attr:`SampleBatch.parts`), so a poll costs one window update per series.
 
     Node ids and models must meet the id rule of ``settings.id_pattern``
-    (:mod:`tailguard.core.contract.ids`; checked once per new series in a drain, not per event). With
-    ``allow``, an otherwise valid message of a node id not on the allowlist raises
+    (:mod:`tailguard.core.contract.ids`; checked once per new series in a drain, not per event).
+    With ``allow``, an otherwise valid message of a node id or model not on the allowlist raises
     ``BadEvent("not_allowlisted")``.
     """
 
@@ -132,7 +132,7 @@ class Accumulator:
         if type(obj) is dict and "samples" not in obj and "type" not in obj:
             key, row = single_row(obj, self._fut_limit, self._max_lat, self._now_s, self._ids)
             if self._allow is not None:
-                self._check_allowed(key[0])
+                self._check_allowed(key[0], key[1])
             self._append_row(key, row)
             return row[0]
         return self.add_obj(obj)
@@ -194,13 +194,13 @@ class Accumulator:
         if not (self._ids.ok(key[0]) and self._ids.ok(key[1])):
             return False
         if self._allow is not None:
-            self._check_allowed(key[0])
+            self._check_allowed(key[0], key[1])
         return True
 
-    def _check_allowed(self, node_id: str) -> None:
+    def _check_allowed(self, node_id: str, model: str) -> None:
         allow = self._allow
-        if allow is not None and not allow.allows(node_id):
-            raise allow.error(node_id)
+        if allow is not None:
+            allow.check(node_id, model)
 
     def _add_single(self, key: Group, e: Any) -> float:
         """Add a single event decoded by the fast path (``e``: its struct) to a known series,
@@ -229,14 +229,14 @@ class Accumulator:
         if type(obj) is dict and "samples" not in obj and obj.get("type", "single") == "single":
             key, row = single_row(obj, self._fut_limit, self._max_lat, self._now_s, self._ids)
             if self._allow is not None:
-                self._check_allowed(key[0])
+                self._check_allowed(key[0], key[1])
             self._append_row(key, row)
             return row[0]
         return self._add_event(parse_event(obj, now_s=self._now_s, settings=self._settings))
 
     def _add_event(self, ev: Event) -> float:
         if self._allow is not None:
-            self._check_allowed(ev.node_id)
+            self._check_allowed(ev.node_id, ev.model)
         key = (ev.node_id, ev.model, ev.hardware, ev.instance)
         pending = self._groups.pop(key, None)
         plain = self._plain.pop(key, None)

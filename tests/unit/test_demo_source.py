@@ -1,0 +1,26 @@
+"""The demo told from /metrics: the plan's source and what it changes."""
+
+from __future__ import annotations
+
+import pytest
+
+from tailguard.demo.plan import DEMO_PLAN, TEST_PLAN, Plan, with_source
+
+
+def test_the_default_demo_is_the_emitters() -> None:
+    assert DEMO_PLAN.source == TEST_PLAN.source == "emitter"
+    assert with_source(DEMO_PLAN, "emitter") is DEMO_PLAN
+
+
+def test_from_metrics_latencies_fit_vllms_buckets_and_the_rest_stays() -> None:
+    p = with_source(TEST_PLAN, "metrics")
+    assert (p.source, p.p50_ms) == ("metrics", 600.0)
+    assert (p.tick_interval_s, p.slow_node, p.onset_s) == (TEST_PLAN.tick_interval_s, TEST_PLAN.slow_node,
+                                                           TEST_PLAN.onset_s)
+    assert "p50_ms = 600" in p.scenario_toml()
+    assert with_source(p, "emitter").p50_ms == DEMO_PLAN.p50_ms
+
+
+def test_an_unknown_source_is_refused() -> None:
+    with pytest.raises(ValueError, match="source='otel' must be one of emitter, metrics"):
+        Plan(source="otel")
