@@ -28,6 +28,7 @@ from urllib.parse import parse_qs, urlparse
 
 from tailguard.core.contract.config import DetectorSettings, SettingError, field_names, parse_overrides
 from tailguard.k8s.config import check_k8s
+from tailguard.kafka_security import KafkaSecurity, parse_bool, read_secret
 from tailguard.settings_checks import check_allowlist, check_security
 
 PREFIX = "TAILGUARD_"
@@ -45,6 +46,8 @@ class Topics:
     diagnostics_results: str = "node-diagnostics-results"
     dead_letter: str = "latency-events-dlq"
     replacements: str = "node-replacements"
+
+
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +98,7 @@ class Settings:
     replication_factor: int = 0       # of the topics tailguard creates; 0 = min(3, brokers)
     metrics_port: int = 9464          # 0 disables the Prometheus endpoint
     web_port: int = 6066              # faust's own web server
-    data_dir: str = ""                # faust table data; "" = a temp dir per app id and process
+    data_dir: str = ""                # faust table data; "" = a per-user temp dir
     log_level: str = "info"
     # Listen addresses: loopback unless told otherwise (0.0.0.0 = every interface).
     metrics_host: str = "127.0.0.1"   # the Prometheus endpoint
@@ -252,6 +255,13 @@ class Settings:
     def scrape_timeout(self) -> float:
         """The per-target scrape timeout in seconds (``scrape_timeout_s``, 0 resolved)."""
         return self.scrape_timeout_s or min(5.0, self.scrape_interval_s)
+
+    def kafka_security(self) -> KafkaSecurity:
+        """The Kafka security values, as :mod:`tailguard.kafka_security` (and the agent) take them."""
+        return KafkaSecurity(
+            self.kafka_security_protocol, self.kafka_sasl_mechanism, self.kafka_sasl_username,
+            self.kafka_sasl_password.reveal(), self.kafka_ssl_cafile, self.kafka_ssl_certfile,
+            self.kafka_ssl_keyfile, self.kafka_ssl_key_password.reveal(), self.kafka_ssl_check_hostname)
 
     @property
     def allowlist_on(self) -> bool:
@@ -466,19 +476,8 @@ def parse_set(items: list[str], base: DetectorSettings | None = None) -> Detecto
 
 
 def _parse_bool(var: str, text: str) -> bool:
-    low = text.strip().lower()
-    if low in ("1", "true", "yes", "on"):
-        return True
-    if low in ("0", "false", "no", "off"):
-        return False
-    raise SettingError(var, text, "true or false")
+    return parse_bool(var, text, SettingError)
 
 
 def _read_secret(var: str, path: str) -> str:
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except (OSError, UnicodeDecodeError) as e:
-        raise SettingError(var, path, f"a readable file holding the secret ({type(e).__name__})") from None
-    text = text[:-1] if text.endswith("\n") else text
-    return text[:-1] if text.endswith("\r") else text
+    return read_secret(var, path, SettingError)

@@ -18,7 +18,8 @@ module            owns
 ``cli``           ``tailguard diagnose``
 ================  ==========================================================
 
-Guarantee: this package imports nothing from ``tailguard.core``, ``tailguard.streaming``,
+Guarantees: the checks and user checks never get the Kafka passwords of the agent's own
+environment (``checks.Suite``). This package imports nothing from ``tailguard.core``, ``tailguard.streaming``,
 faust, numpy or redis (``tests/unit/test_agent_imports.py``); it needs only
 aiokafka and orjson (``pip install 'tailguard[agent]'``), and ``--once`` needs
 neither.

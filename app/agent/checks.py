@@ -36,6 +36,7 @@ from typing import Any
 from tailguard.agent import parse
 from tailguard.agent.config import AgentConfig, NodeSpec, UserCheck
 from tailguard.agent.findings import CheckOutcome, CheckStatus, Finding
+from tailguard.kafka_security import SECRET_VARS
 
 log = logging.getLogger(__name__)
 KILL_GRACE_S = 2.0
@@ -107,7 +108,9 @@ class Suite:
     def __init__(self, cfg: AgentConfig, clock: Callable[[], float] = time.time,
                  env: dict[str, str] | None = None) -> None:
         self.cfg, self.clock = cfg, clock
-        self.env = dict(os.environ if env is None else env)
+        # The tools and user checks never see the Kafka passwords the agent itself uses.
+        secret = {*SECRET_VARS, *(v + "_FILE" for v in SECRET_VARS)}
+        self.env = {k: v for k, v in (os.environ if env is None else env).items() if k not in secret}
 
     async def run(self, node: NodeSpec, model: str = "", peer_tflops: float | None = None) -> SuiteReport:
         rep = SuiteReport()

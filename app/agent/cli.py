@@ -4,8 +4,9 @@
 ``node-diagnostics-requests`` and answers each request for its nodes on
 ``node-diagnostics-results`` until SIGINT/SIGTERM. ``--once`` runs the check
 suite now, prints one result per node as JSON and exits (no Kafka): exit 0,
-or 3 when a node is ``not_recoverable``. Exit 2 on a bad setting (named in
-the message), 1 when Kafka cannot be reached.
+or 3 when a node is ``not_recoverable``. Exit 2 on a bad setting or a login,
+certificate or protocol Kafka refuses (one line naming the variable to fix), 1 when Kafka
+cannot be reached. Kafka security: the worker's ``TAILGUARD_KAFKA_*`` variables.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from tailguard import text
 from tailguard.agent.checks import Suite
 from tailguard.agent.config import AgentConfigError, load_config
 from tailguard.agent.runner import Agent, Request, build_result
+from tailguard.kafka_security import KafkaRefused, check, refusal
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -63,9 +65,20 @@ async def _serve(agent: Agent) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    sec, bootstrap = agent.cfg.security, agent.cfg.kafka_bootstrap
     try:
+        await check(sec, bootstrap, AgentConfigError)   # a refused login: one line, at once
         await agent.run(stop)
-    except KafkaConnectionError as e:
+    except (KafkaRefused, AgentConfigError) as e:
+        print(f"tailguard diagnose: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:
+        refused = refusal(sec, e, bootstrap)
+        if refused is not None:
+            print(f"tailguard diagnose: {refused}", file=sys.stderr)
+            return 2
+        if not isinstance(e, KafkaConnectionError):
+            raise
         print(f"tailguard diagnose: cannot reach Kafka at {agent.cfg.kafka_bootstrap} ({e}); "
               "check --bootstrap / TAILGUARD_KAFKA_BOOTSTRAP", file=sys.stderr)
         return 1

@@ -4,8 +4,10 @@
 at start; a bad value raises :class:`AgentConfigError` naming the key (or
 flag, or variable), the value and what is allowed. From the environment the
 agent reads only what it shares with the worker — ``TAILGUARD_KAFKA_BOOTSTRAP``,
-``TAILGUARD_TOPIC_DIAGNOSTICS_REQUESTS``, ``TAILGUARD_TOPIC_DIAGNOSTICS_RESULTS``
-— so one environment file can serve both. Everything else is in the file
+``TAILGUARD_TOPIC_DIAGNOSTICS_REQUESTS``, ``TAILGUARD_TOPIC_DIAGNOSTICS_RESULTS`` and the
+Kafka security variables (``TAILGUARD_KAFKA_SECURITY_PROTOCOL``, SASL, TLS, ``…_FILE``
+secrets: :class:`~tailguard.kafka_security.KafkaSecurity`, the worker's own rules and client
+options) — so one environment file can serve both. Everything else is in the file
 (see docs/diagnostics.md for a full example); flags win over the file.
 
 This module does not import ``tailguard.settings`` (which pulls in the detector's
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from tailguard.agent.parse import FATAL_XIDS
+from tailguard.kafka_security import KafkaSecurity
 
 CHECK_NAMES = ("nvidia_smi", "compute_apps", "xid", "dcgmi", "gemm")
 ON_FAIL = ("recoverable", "not_recoverable", "inconclusive")
@@ -58,6 +61,7 @@ class UserCheck:
 class AgentConfig:
     nodes: tuple[NodeSpec, ...]
     kafka_bootstrap: str = "127.0.0.1:9092"
+    security: KafkaSecurity = field(default_factory=KafkaSecurity)   # SASL, TLS (repr: no secret)
     requests_topic: str = "node-diagnostics-requests"
     results_topic: str = "node-diagnostics-results"
     group_id: str = ""                       # "" → default_group(nodes)
@@ -255,6 +259,7 @@ def load_config(path: str | None, nodes: list[str], environ: Mapping[str, str] |
         doc["nodes"] = nodes
     doc.setdefault("nodes", [])
     conn: dict[str, Any] = {}
+    conn["security"] = KafkaSecurity.from_env(env, AgentConfigError)
     if "TAILGUARD_KAFKA_BOOTSTRAP" in env:
         conn["kafka_bootstrap"] = env["TAILGUARD_KAFKA_BOOTSTRAP"]
     if "TAILGUARD_TOPIC_DIAGNOSTICS_REQUESTS" in env:

@@ -46,9 +46,10 @@ from typing import Any
 
 from tailguard import __version__
 from tailguard.agent.checks import Suite, SuiteReport
-from tailguard.agent.config import AgentConfig, NodeSpec
+from tailguard.agent.config import AgentConfig, AgentConfigError, NodeSpec
 from tailguard.agent.findings import CheckOutcome
 from tailguard.agent.verdict import decide, finding_dicts, summarize
+from tailguard.kafka_security import client_options
 
 log = logging.getLogger("tailguard.agent")
 PUBLISH_RETRY_MAX_S = 10.0
@@ -181,11 +182,13 @@ class Agent:
         from aiokafka.errors import KafkaError
 
         budget_ms = int(self.budget_s() * 1000 * max(1, len(self.nodes)))
+        # The worker's security settings and client options (SASL, TLS, CA, _FILE secrets).
+        security = client_options(self.cfg.security, AgentConfigError)
         consumer = AIOKafkaConsumer(
             self.cfg.requests_topic, bootstrap_servers=self.cfg.kafka_bootstrap,
             group_id=self.cfg.group, enable_auto_commit=False, auto_offset_reset="earliest",
-            max_poll_interval_ms=max(300_000, budget_ms + 60_000))
-        producer = AIOKafkaProducer(bootstrap_servers=self.cfg.kafka_bootstrap, acks="all")
+            max_poll_interval_ms=max(300_000, budget_ms + 60_000), **security)
+        producer = AIOKafkaProducer(bootstrap_servers=self.cfg.kafka_bootstrap, acks="all", **security)
         await producer.start()
         try:
             await consumer.start()

@@ -7,8 +7,10 @@ simulate fleet``, 8 simulated inference nodes reporting every request through
 the emitter SDK, one of which (``gpu-node-05``) serves every request 3x
 slower for a while; ``tailguard proxy``, the reference load balancer; and
 ``tailguard simulate load``, open-loop traffic through the proxy measuring
-the client-side cluster P99. It shows each node's state live, then reports
-the cluster P99 in each phase and draws ``out/demo.png``.
+the client-side cluster P99. Later a second node (``gpu-node-03``) slows
+down by 1.6x for good, below the ejection rules: tailguard weights it down
+(the graded phase). It shows each node's state live, then reports the
+cluster P99 in each phase and draws ``out/demo.png``.
 
 Modules, one job each: :mod:`~tailguard.demo.plan` (the timeline and settings),
 :mod:`~tailguard.demo.stack` (names, environment, child processes, cleanup),
@@ -26,6 +28,7 @@ from tailguard.demo.plot import plot
 from tailguard.demo.render import Screen, compact_line, render_report, render_table
 from tailguard.demo.stack import Child, RunNames, Stack, child_env, running_stack
 from tailguard.demo.story import (
+    Graded,
     HealthChange,
     Interval,
     NodeView,
@@ -49,6 +52,7 @@ __all__ = [
     "TEST_PLAN",
     "Child",
     "DemoError",
+    "Graded",
     "HealthChange",
     "HealthFeed",
     "Interval",

@@ -59,6 +59,9 @@ async def _main(args: argparse.Namespace, plan: Plan, screen: Screen) -> int:
                         "every tick: no emitter in the nodes")
     screen.progress(f"the story: {plan.nodes} healthy nodes; {plan.slow_node} becomes {plan.slowdown:g}x slower at "
                     f"t={plan.onset_s:g}s" + ("" if plan.end_s is None else f" and recovers at t={plan.end_s:g}s")
+                    + ("" if plan.graded_node is None else
+                       f"; then {plan.graded_node} becomes {plan.graded_slowdown:g}x slower at "
+                       f"t={plan.graded_onset_s:g}s for good, below the ejection rules (the graded phase)")
                     + f"; ends by itself (at the latest t={plan.deadline_s:g}s)")
     try:
         story = await run_story(plan, kafka_bootstrap=cfg.kafka_bootstrap, redis_url=cfg.redis_url,

@@ -2,7 +2,9 @@
 
 A :class:`Plan` is everything one run of the story needs to know before it
 starts: the fleet (8 nodes of one model, lognormal latency), which node slows
-down, by how much, when and for how long, the client request rate, and the
+down, by how much, when and for how long, optionally a second node slowing
+later by less than the ejection rules see (the graded phase: tailguard weights
+it down instead), the client request rate, and the
 detector settings it runs with (short ticks, so that the story fits in a few
 minutes; :func:`settings_lines` says why each one differs from its default).
 ``DEMO_PLAN`` is what ``./scripts/demo`` runs, ``TEST_PLAN`` the same story
@@ -57,11 +59,30 @@ class Plan:
     # Where latencies come from: "emitter" (each node reports every request to Kafka) or
     # "metrics" (each node serves /metrics as vLLM does; `tailguard scrape` polls it: no emitter).
     source: str = "emitter"
+    # The graded phase: graded_node serves every request graded_slowdown x slower from
+    # graded_onset_s on (below relative_p50_factor: weighted down, not removed); measured for
+    # graded_s. None: no graded phase.
+    graded_node: str | None = None
+    graded_slowdown: float = 1.6
+    graded_onset_s: float = 0.0
+    graded_s: float = 50.0
 
     def __post_init__(self) -> None:
-        self.detector()  # validates
+        detector = self.detector()  # validates
         if self.source not in SOURCES:
             raise ValueError(f"source={self.source!r} must be one of {', '.join(SOURCES)}")
+        if self.graded_node is not None:
+            if self.graded_node not in self.node_ids or self.graded_node == self.slow_node:
+                raise ValueError(f"graded_node={self.graded_node!r} must be a node other than {self.slow_node}")
+            if not 1.0 < self.graded_slowdown < detector.relative_p50_factor:
+                raise ValueError(f"graded_slowdown={self.graded_slowdown!r} must be above 1 and below "
+                                 f"relative_p50_factor ({detector.relative_p50_factor:g}): a graded node stays routed")
+            if self.graded_onset_s < (self.end_s or self.onset_s) or self.graded_end_s > self.deadline_s:
+                raise ValueError(f"graded_onset_s={self.graded_onset_s!r} must come after the slow node's story "
+                                 f"and leave graded_s={self.graded_s!r} before deadline_s={self.deadline_s!r}")
+            if self.source != "emitter":
+                raise ValueError(f"graded_node needs source='emitter' (got {self.source!r}): models judged "
+                                 "from scraped histograms get no routing weights")
         if not 1 <= int(self.slow_node.rsplit("-", 1)[-1]) <= self.nodes:
             raise ValueError(f"slow_node={self.slow_node!r} is not one of gpu-node-01..{self.nodes:02d}")
         if self.degraded_s is not None and self.degraded_s <= 0:
@@ -77,6 +98,11 @@ class Plan:
     def end_s(self) -> float | None:
         return None if self.degraded_s is None else self.onset_s + self.degraded_s
 
+    @property
+    def graded_end_s(self) -> float:
+        """When the graded phase has been measured long enough."""
+        return self.graded_onset_s + self.graded_s
+
     def detector(self) -> DetectorSettings:
         return DetectorSettings().replace(
             tick_interval_s=self.tick_interval_s, confirm_windows=self.confirm_windows, warmup_s=self.warmup_s,
@@ -89,18 +115,25 @@ class Plan:
         """The fleet's scenario file (see ``app/sim/scenario.py`` for the format)."""
         end = "" if self.end_s is None else f"end_s = {self.end_s:g}\n"
         recover = "" if self.end_s is None else f", recovers at {self.end_s:g} s"
+        graded = ("" if self.graded_node is None else
+                  f'\n[[faults]]\nnode = "{self.graded_node}"\nkind = "slowdown"\nonset_s = {self.graded_onset_s:g}\n'
+                  f"factor = {self.graded_slowdown:g}\n")
         return (
             f'description = "tailguard demo: {self.slow_node} serves every request {self.slowdown:g}x slower '
-            f'from {self.onset_s:g} s{recover}."\n'
+            f'from {self.onset_s:g} s{recover}'
+            + ("" if self.graded_node is None else
+               f'; {self.graded_node} {self.graded_slowdown:g}x slower from {self.graded_onset_s:g} s')
+            + '."\n'
             f"duration_s = {self.deadline_s + 60:g}\n"
             f"rate_per_s = {self.rate_per_s / self.nodes:g}\n\n"
             f'[[models]]\nname = "{MODEL}"\np50_ms = {self.p50_ms:g}\nsigma = {self.sigma:g}\n\n'
             f'[nodes]\ncount = {self.nodes}\nhardware = "A100"\n\n'
             f'[[faults]]\nnode = "{self.slow_node}"\nkind = "slowdown"\nonset_s = {self.onset_s:g}\n{end}'
-            f"factor = {self.slowdown:g}\n")
+            f"factor = {self.slowdown:g}\n{graded}")
 
 
-DEMO_PLAN = Plan()
+#: What ./scripts/demo runs: the slow node's story, then gpu-node-03 1.6x slower (the graded phase).
+DEMO_PLAN = Plan(graded_node="gpu-node-03", graded_onset_s=175.0, graded_s=50.0, deadline_s=260.0)
 #: The end-to-end test's plan: the same story with 1-s ticks, as short as the windows allow.
 TEST_PLAN = Plan(tick_interval_s=1.0, confirm_windows=3, warmup_s=3.0, window_size=100, min_samples=50,
                  backoff_initial_s=8.0, rate_per_s=200.0, onset_s=20.0, degraded_s=10.0, interval_s=1.0,
@@ -110,10 +143,13 @@ TEST_PLAN = Plan(tick_interval_s=1.0, confirm_windows=3, warmup_s=3.0, window_si
 
 def with_source(plan: Plan, source: str) -> Plan:
     """``plan`` told from ``source``. From /metrics, latencies are 600 ms (not 180 ms): vLLM's
-    e2e buckets start at 0.3 s, so 180 ms and its 3x would sit in its first two buckets."""
+    e2e buckets start at 0.3 s, so 180 ms and its 3x would sit in its first two buckets; and
+    there is no graded phase."""
     if source == plan.source:
         return plan
-    return dataclasses.replace(plan, source=source, p50_ms=600.0 if source == "metrics" else Plan().p50_ms)
+    # No graded phase from /metrics: models judged from histograms get no routing weights.
+    return dataclasses.replace(plan, source=source, p50_ms=600.0 if source == "metrics" else Plan().p50_ms,
+                               graded_node=plan.graded_node if source == "emitter" else None)
 
 
 _WHY = {

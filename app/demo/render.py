@@ -6,8 +6,9 @@ prints one compact line per refresh otherwise (a log file, CI).
 :func:`render_report` turns a :class:`~tailguard.demo.story.Story` into the
 report: the cluster P99 of each phase and its ratio to the all-healthy
 phase, when and why the slow node was removed and re-admitted, failed probe
-rounds, warnings (another node removed, the node removed again after it
-recovered) and ``result: ok`` or ``INCOMPLETE``. Pure formatting: no I/O
+rounds, the graded phase (a node weighted down: the P99 before and after),
+warnings (another node removed, the node removed again after it recovered)
+and ``result: ok`` or ``INCOMPLETE``. Pure formatting: no I/O
 beyond writing to the given stream.
 """
 
@@ -18,7 +19,7 @@ import time
 from typing import TextIO
 
 from tailguard.demo.plan import MODEL, Plan
-from tailguard.demo.story import NodeView, Phase, Story, View
+from tailguard.demo.story import Graded, NodeView, Phase, Story, View
 from tailguard.text import printable
 
 
@@ -42,7 +43,9 @@ def render_table(plan: Plan, view: View) -> list[str]:
             out.append(f"{n:<13}{'(not yet)':<13}{'-':<8}{'-':>8}{'-':>8}{'-':>9}{'-':>9}{served:>14}")
             continue
         routed = "yes" if snap is not None and n in snap.routing else "NO"
-        mark = " <" if n == plan.slow_node else ""
+        if routed == "yes" and v.weight is not None and v.weight < 1.0:
+            routed = f"w {v.weight:g}"
+        mark = " <" if n in (plan.slow_node, plan.graded_node) else ""
         out.append(f"{n:<13}{v.state:<13}{routed:<8}{_f(v.p50_ms):>8}{_f(v.p99_ms):>8}{_f(v.ratio, '.2f'):>9}"
                    f"{v.samples:>9}{served:>14}{mark}")
     return out
@@ -74,6 +77,9 @@ def compact_line(plan: Plan, view: View) -> str:
     if slow is not None:
         parts.append(f"{plan.slow_node}: {slow.state}{_out(slow.state, plan.slow_node in snap.routing)} "
                      f"P50 {_f(slow.p50_ms)} P99 {_f(slow.p99_ms)} ms ratio {_f(slow.ratio, '.2f')}")
+    graded = snap.nodes.get(plan.graded_node) if plan.graded_node is not None else None
+    if graded is not None and graded.weight is not None and graded.weight < 1.0:
+        parts.append(f"{plan.graded_node}: weight {graded.weight:g}")
     return " | ".join(parts)
 
 
@@ -126,6 +132,26 @@ def _phase_line(p: Phase, healthy: Phase | None = None) -> str:
             f"{p.requests} requests){rel}")
 
 
+def _graded_lines(plan: Plan, g: Graded, healthy: Phase) -> list[str]:
+    lines = ["", f"graded: {g.node} serves every request {plan.graded_slowdown:g}x slower from "
+                 f"t={plan.graded_onset_s:g}s on, below the ejection rules:",
+             _phase_line(g.full, healthy), _phase_line(g.weighted, healthy)]
+    if g.weighted_s is not None and g.settled_s is not None:
+        lines.append(f"  weighted down from t={g.weighted_s:.1f}s ({g.weighted_s - plan.graded_onset_s:.1f} s after "
+                     f"it slowed down), to {_f(g.weight, 'g')} at t={g.settled_s:.1f}s; "
+                     + ("taken out later (see the warning below)." if g.left_routing else "never out of routing."))
+    if g.full_share is not None and g.weighted_share is not None:
+        lines.append(f"  its share of the requests: {g.full_share:.1%} at full weight (1/{plan.nodes} = "
+                     f"{1 / plan.nodes:.1%}), {g.weighted_share:.1%} weighted down.")
+    else:
+        lines.append(f"  {g.node} was NOT weighted down before the run ended"
+                     + (" (it was taken out)." if g.left_routing else "."))
+    if g.full.p99_ms and g.weighted.p99_ms:
+        lines.append(f"  cluster P99 {g.full.p99_ms:.0f} ms at full weight, {g.weighted.p99_ms:.0f} ms weighted "
+                     f"down ({g.weighted.p99_ms / g.full.p99_ms:.2f}x).")
+    return lines
+
+
 def render_report(s: Story) -> str:
     plan = s.plan
     lines = ["", "=" * 78, "tailguard demo — the weak-link effect and its cure, in numbers", "=" * 78,
@@ -166,6 +192,8 @@ def render_report(s: Story) -> str:
         lines.append("")
         lines.append(f"weak link: one slow node of {plan.nodes} (1/{plan.nodes} of the traffic) took the cluster P99 "
                      f"to {wl:.2f}x; after removal it is {cure:.2f}x the all-healthy P99.")
+    if s.graded is not None:
+        lines += _graded_lines(plan, s.graded, s.healthy)
     if s.reejected_s is not None:
         lines.append(f"WARNING: {plan.slow_node} was removed again at t={s.reejected_s:.1f}s, after it had recovered")
     if s.others_removed:

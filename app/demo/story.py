@@ -4,8 +4,10 @@ The observation types (load-generator :class:`Interval`, Redis
 :class:`Snapshot` of the node statuses, :class:`HealthChange` events) are in
 fleet time (0 = the simulated fleet started). :func:`analyze` cuts the run
 into phases at the slow node's health changes — all healthy, slow and still
-routed, removed, re-admitted — and gives each phase the median of the
-load generator's per-interval P50/P99 over the intervals wholly inside it.
+routed, removed, re-admitted — and, with a graded node, at its weight
+(:class:`Graded`: slower at full weight, then weighted down), and gives each
+phase the median of the load generator's per-interval P50/P99 over the
+intervals wholly inside it.
 It is pure (no I/O, no clock), so the unit tests drive it with made-up
 observations; :func:`story_done` and :func:`current_phase` are what the live
 loop asks of it. :func:`save_run` / :func:`load_run` write and re-read the
@@ -50,6 +52,7 @@ class NodeView:
     ratio: float | None
     samples: int
     probe_after_s: float | None     # fleet time
+    weight: float | None = None     # routing weight (routed nodes; None: not written)
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,9 +134,11 @@ def node_view(obj: dict[str, Any], t0: float) -> NodeView:
         v = obj.get(key)
         return float(v) / 1e3 if isinstance(v, int | float) and not isinstance(v, bool) else None
     ratio, pa = obj.get("ratio"), obj.get("probe_after")
+    weight = obj.get("weight")
     return NodeView(str(obj.get("state", "?")), bool(obj.get("routed")), ms("p50_us"), ms("p99_us"),
                     float(ratio) if isinstance(ratio, int | float) else None, int(obj.get("samples") or 0),
-                    float(pa) - t0 if isinstance(pa, int | float) else None)
+                    float(pa) - t0 if isinstance(pa, int | float) else None,
+                    float(weight) if isinstance(weight, int | float) and not isinstance(weight, bool) else None)
 
 
 # --------------------------------------------------------------------------- the story
@@ -150,6 +155,25 @@ class Phase:
     requests: int
     p50_ms: float | None
     p99_ms: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Graded:
+    """The graded phase: the graded node slower than its peers, at full weight, then weighted down."""
+
+    node: str
+    full: Phase                     # from its onset until the proxy has a weight below 1.0
+    weighted: Phase                 # from its lowest weight on, to the end
+    weighted_s: float | None        # the first snapshot with its weight below 1.0 (fleet time)
+    weight: float | None            # its lowest weight seen
+    settled_s: float | None         # the first snapshot at that weight
+    left_routing: bool              # taken out after its onset (it should not be)
+    full_share: float | None = None       # its share of the requests in ``full``
+    weighted_share: float | None = None   # … and in ``weighted``
+
+    @property
+    def ok(self) -> bool:
+        return self.weighted_s is not None and not self.left_routing
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +197,7 @@ class Story:
     errors: int
     obs: Observations
     end_s: float
+    graded: Graded | None = None
 
     @property
     def weak_link_factor(self) -> float | None:
@@ -188,7 +213,8 @@ class Story:
         cured = self.cured_factor
         return (self.removed_s is not None and cured is not None and abs(cured - 1) <= 0.2
                 and not self.others_removed and self.reejected_s is None
-                and (self.plan.end_s is None or self.readmitted_s is not None))
+                and (self.plan.end_s is None or self.readmitted_s is not None)
+                and (self.graded is None or self.graded.ok))
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -203,8 +229,38 @@ def phase(label: str, intervals: Sequence[Interval], t0_s: float, t1_s: float) -
                  statistics.median(p50) if p50 else None, statistics.median(p99) if p99 else None)
 
 
+def analyze_graded(plan: Plan, obs: Observations, end_s: float) -> Graded | None:
+    """The graded phase, cut at the first snapshot that shows the graded node's weight below 1.0."""
+    node = plan.graded_node
+    if node is None:
+        return None
+    on, lag = plan.graded_onset_s, 1.0
+    views = [(sn.t_s, sn.nodes.get(node)) for sn in obs.snapshots if sn.t_s >= on]
+    weights = [(t, v.weight) for t, v in views if v is not None and v.weight is not None]
+    weighted_s = next((t for t, w in weights if w < 1.0), None)
+    lowest = min((w for _, w in weights), default=None)
+    settled_s = next((t for t, w in weights if w == lowest), None) if weighted_s is not None else None
+    label = f"{node} {plan.graded_slowdown:g}x slower"
+    full = phase(f"{label}, full weight", obs.intervals, on, weighted_s + lag if weighted_s is not None else end_s)
+    weighted = (phase(f"{label}, weighted {lowest:g}", obs.intervals, settled_s + lag, end_s)
+                if settled_s is not None else phase(f"{label}, weighted down", [], end_s, end_s))
+    left = any(c.node_id == node and c.t_s >= on and c.left_routing for c in obs.changes)
+    return Graded(node, full, weighted, weighted_s, lowest, settled_s, left,
+                  _share(node, obs.intervals, full), _share(node, obs.intervals, weighted))
+
+
+def _share(node: str, intervals: Sequence[Interval], p: Phase) -> float | None:
+    """``node``'s share of the requests of the intervals wholly inside ``p``."""
+    inside = [iv for iv in intervals if iv.t0_s >= p.t0_s - 1e-6 and iv.t1_s <= p.t1_s + 1e-6]
+    total = sum(sum(iv.by_node.values()) for iv in inside)
+    return sum(iv.by_node.get(node, 0) for iv in inside) / total if total else None
+
+
 def analyze(plan: Plan, obs: Observations, end_s: float) -> Story:
     """Cut the run into phases at the slow node's health changes (pure: no I/O)."""
+    story_end = end_s
+    if plan.graded_node is not None:
+        end_s = min(end_s, plan.graded_onset_s)       # the slow node's phases end where the graded one begins
     slow = [c for c in obs.changes if c.node_id == plan.slow_node]
     after_onset = [c for c in slow if c.t_s >= plan.onset_s]
     suspect = next((c.t_s for c in after_onset if c.to_state == "suspect"), None)
@@ -245,7 +301,7 @@ def analyze(plan: Plan, obs: Observations, end_s: float) -> Story:
     others = tuple(sorted({c.node_id for c in obs.changes if c.node_id != plan.slow_node and c.left_routing}))
     return Story(plan, healthy, degraded, removed, back, suspect, removed_s, removal, probe_after,
                  readmitted_s, readmission, reejected_s, failed, others, sum(iv.errors for iv in obs.intervals), obs,
-                 end_s)
+                 story_end, analyze_graded(plan, obs, story_end))
 
 
 def save_run(story: Story, path: Path) -> None:
@@ -274,7 +330,10 @@ def load_run(path: Path) -> Story:
 
 
 def story_done(plan: Plan, obs: Observations, now_s: float) -> bool:
-    """Enough seen: removed, and re-admitted (when the node recovers) ``settle_s`` ago."""
+    """Enough seen: removed, and re-admitted (when the node recovers) ``settle_s`` ago; with a
+    graded node, also its phase measured for ``graded_s``."""
+    if plan.graded_node is not None and now_s < plan.graded_end_s:
+        return False
     s = analyze(plan, obs, now_s)
     if s.removed_s is None:
         return False
@@ -298,6 +357,11 @@ Show = Callable[[View], None]
 
 
 def current_phase(plan: Plan, obs: Observations, t_s: float) -> str:
+    if plan.graded_node is not None and t_s >= plan.graded_onset_s:
+        g = analyze_graded(plan, obs, t_s)
+        now = "" if g is None or g.settled_s is None else f": weighted down to {g.weight:g} at t={g.settled_s:.0f}s"
+        return (f"graded phase: {plan.graded_node} is {plan.graded_slowdown:g}x slower, below the ejection rules"
+                + (now or ": waiting for tailguard to weight it down"))
     if t_s < plan.onset_s:
         return f"healthy phase: {plan.slow_node} degrades at t={plan.onset_s:g}s"
     s = analyze(plan, obs, t_s)

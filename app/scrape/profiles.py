@@ -135,6 +135,32 @@ def _base(sample_name: str) -> str:
 
 # ---------------------------------------------------------------- mapping files
 
+def profiles_from_text(text: str, source: str = "the mapping file") -> dict[str, ServerProfile]:
+    """The profiles of a mapping file's text (JSON or YAML): one mapping, a list of them, or
+    ``{"profiles": [...]}``. Merge them over :data:`PROFILES` to give them to the converter
+    (``TargetConverter(target, {**PROFILES, **profiles_from_text(text)})``). Raises
+    ``ValueError`` naming ``source`` and the key at fault."""
+    import yaml  # YAML is a superset of JSON: one parser for both
+
+    try:
+        obj = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ValueError(f"{source} is neither JSON nor YAML: {e}"[:300]) from None
+    if isinstance(obj, Mapping) and "profiles" in obj:
+        obj = obj["profiles"]
+    items = obj if isinstance(obj, list) else [obj]
+    out: dict[str, ServerProfile] = {}
+    for item in items:
+        try:
+            p = profile_from_mapping(item)
+        except ValueError as e:
+            raise ValueError(f"{source}: {e}") from None
+        if p.name in out:
+            raise ValueError(f"{source}: profile {p.name!r} is defined twice")
+        out[p.name] = p
+    return out
+
+
 def profile_from_mapping(obj: Any) -> ServerProfile:
     """A profile from a decoded mapping file (docs/scrape.md)::
 

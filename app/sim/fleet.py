@@ -7,7 +7,9 @@ of the scenario in one process (one aiohttp server per node, port
 - ``POST /v1/completions`` with a JSON body ``{"model": …, "max_tokens": …}``
   (optional ``prompt`` or ``input_tokens``): sleeps the latency the node's
   model draws (:meth:`Scenario.latency` at the current scenario time) and
-  answers an OpenAI-style completion; ``404`` for a model the node does not
+  answers an OpenAI-style completion (with ``slots``, at most that many at a time: the rest
+  wait in arrival order, and their reported latency includes the wait, as a real server's
+  end-to-end latency does); ``404`` for a model the node does not
   serve, ``400`` for a bad body, ``500`` for a request an ``errors`` fault
   fails;
 - ``GET /healthz`` → ``{"node_id": …, "models": […], "scenario_time_s": …}``.
@@ -86,7 +88,9 @@ class SimNode:
                  scenario_time: Callable[[], float], seed: int,
                  sleep: Callable[[float], Any] = asyncio.sleep,
                  monotonic: Callable[[], float] = time.monotonic,
-                 metrics: MetricsPage | None = None) -> None:
+                 metrics: MetricsPage | None = None, slots: int | None = None) -> None:
+        if slots is not None and slots < 1:
+            raise ValueError(f"slots must be >= 1 (or None: no limit), got {slots!r}")
         self.scenario = scenario
         self._metrics = metrics
         self.spec: NodeSpec = scenario.nodes[index]
@@ -98,6 +102,7 @@ class SimNode:
         self._rng = node_rng(seed, 1_000_000 + index)
         self._models: dict[str, NodeLatency] = {m: scenario.latency(self.node_id, m) for m in self.spec.models}
         self._llm = {m for m in self.spec.models if scenario.model(m).kind == "llm"}
+        self._slots = asyncio.Semaphore(slots) if slots is not None else None
         self.requests = 0
 
     @property
@@ -152,8 +157,9 @@ class SimNode:
             in_tok = max(1, len(body["prompt"]) // 4)
         probe = request.headers.get(PROBE_HEADER, "") == "1"
         t0 = self._mono()
-        s = self.draw(str(model), input_tokens=in_tok, output_tokens=out_tok)
-        await self._sleep(s.latency_s)
+        async with self._slots or contextlib.nullcontext():
+            s = self.draw(str(model), input_tokens=in_tok, output_tokens=out_tok)
+            await self._sleep(s.latency_s)
         elapsed_us = max(1.0, (self._mono() - t0) * 1e6)
         self.requests += 1
         self._report(str(model), elapsed_us, s, probe)
@@ -218,14 +224,15 @@ class Fleet:
     """Runs the nodes of a scenario; an async context manager.
 
     ``time_scale`` compresses the scenario's timeline; ``monotonic`` is the
-    clock scenario time is measured with (injectable for tests).
+    clock scenario time is measured with (injectable for tests); ``slots`` caps each
+    node's concurrent requests (``None``: no cap).
     """
 
     def __init__(self, scenario: Scenario, reporter: Reporter, *, base_port: int,
                  host: str = "127.0.0.1", time_scale: float = 1.0, seed: int | None = None,
                  monotonic: Callable[[], float] = time.monotonic,
                  on_listen: Callable[[Listening], None] | None = None,
-                 metrics: MetricsPage | None = None) -> None:
+                 metrics: MetricsPage | None = None, slots: int | None = None) -> None:
         if not time_scale > 0:
             raise ValueError(f"time_scale must be > 0, got {time_scale!r}")
         if not 0 <= base_port <= 65535 - len(scenario.nodes) + 1:
@@ -238,7 +245,8 @@ class Fleet:
         seed = scenario.seed if seed is None else seed
         self.seed = seed
         self.nodes = [SimNode(scenario, i, reporter, scenario_time=self.scenario_time, seed=seed,
-                              monotonic=monotonic, metrics=metrics) for i in range(len(scenario.nodes))]
+                              monotonic=monotonic, metrics=metrics, slots=slots)
+                      for i in range(len(scenario.nodes))]
         if metrics is not None:
             metrics.bind(self.scenario_time)
         self.listening: dict[str, Listening] = {}
@@ -321,6 +329,8 @@ def add_parser(sub: Any) -> None:
                    help="stop after this many wall-clock seconds; 0: run until interrupted "
                         "(default: the scenario's duration / time scale)")
     f.add_argument("--seed", type=int, default=None, help="random seed (default: the scenario's)")
+    f.add_argument("--slots", type=int, default=None,
+                   help="requests each node serves at a time; the rest queue (default: no limit)")
     f.add_argument("--bootstrap", default=None, help="Kafka bootstrap servers (default: TAILGUARD_KAFKA_BOOTSTRAP)")
     f.add_argument("--topic", default=None, help="latency topic (default: TAILGUARD_TOPIC_LATENCY_EVENTS)")
     f.add_argument("--heartbeat-interval-s", type=float, default=5.0, help="heartbeat period (default 5)")
@@ -346,7 +356,11 @@ def _run_fleet_cli(args: argparse.Namespace) -> int:
     if not args.time_scale > 0:
         raise SimError(f"--time-scale must be > 0, got {args.time_scale}")
     duration = args.duration_s if args.duration_s is not None else s.duration_s / args.time_scale
+    if args.slots is not None and args.slots < 1:
+        raise SimError(f"--slots must be >= 1, got {args.slots}")
     if args.metrics:
+        if args.slots is not None:
+            raise SimError("--slots applies to the nodes that report through the emitter, not with --metrics")
         from tailguard.sim.metrics_fleet import serve_metrics
 
         asyncio.run(serve_metrics(s, args, duration))
@@ -396,7 +410,7 @@ async def _serve(s: Scenario, args: argparse.Namespace, bootstrap: str, topic: s
     async with LatencyEmitter(bootstrap, topic=topic, heartbeat_interval_s=args.heartbeat_interval_s,
                               producer_options=kafka_options) as em:
         async with Fleet(s, em, base_port=args.base_port, host=args.host, time_scale=args.time_scale,
-                         seed=args.seed, on_listen=on_listen) as fleet:
+                         seed=args.seed, on_listen=on_listen, slots=args.slots) as fleet:
             print(f"tailguard simulate fleet: {s.name}: {len(s.nodes)} nodes from {args.host}:{args.base_port}, "
                   f"time scale {args.time_scale:g}, reporting to {bootstrap} topic {topic}", file=sys.stderr)
             with contextlib.suppress(TimeoutError):

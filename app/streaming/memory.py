@@ -7,7 +7,8 @@ reuse (also those of large numpy arrays, once its mmap threshold has grown).
 :func:`give_back` collects and trims, so the worker's RSS returns to about its
 pre-flood level (docs/operating.md, "Floods"). Stage 1 and stage 2 call it after
 they dropped at least :data:`GIVE_BACK_MIN` series or pairs at once and compacted
-their own maps; elsewhere than glibc the trim is skipped. What still refers to the
+their own maps, and stage 1 once a flood it refused (at least as many messages a tick) is
+over (:func:`give_back_soon`); elsewhere than glibc the trim is skipped. What still refers to the
 dropped data then (the last tick's summaries, the operator edge's history) lets go
 within a few ticks, so the next :data:`GIVE_BACK_TICKS` ticks (:func:`after_tick`,
 called by stage 1's tick) give back again. The heap is the process's: the state
@@ -37,6 +38,13 @@ def give_back() -> None:
     global _again
     _again = GIVE_BACK_TICKS
     _collect_and_trim()
+
+
+def give_back_soon() -> None:
+    """Give back at the next :data:`GIVE_BACK_TICKS` ticks (a flood was refused: what reading
+    and dropping its records cost is freed, but glibc keeps the heap until a trim)."""
+    global _again
+    _again = GIVE_BACK_TICKS
 
 
 def after_tick() -> None:

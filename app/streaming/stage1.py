@@ -27,6 +27,7 @@ import logging
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
+from tailguard.core.contract import ids
 from tailguard.core.contract.config import DetectorSettings
 from tailguard.core.contract.errors import BadEvent
 from tailguard.core.contract.events import Event, Heartbeat, SampleBatch
@@ -42,6 +43,8 @@ from tailguard.streaming.wire import ClusterDigest
 
 log = logging.getLogger(__name__)
 
+# Model names of a flood named in the once-per-tick warning.
+MODEL_NAMES_LOGGED = 5
 # How often at most stage 1 warns about samples that arrive too old to be judged.
 LATE_LOG_INTERVAL_S = 60.0
 
@@ -93,7 +96,11 @@ class Stage1:
         # Pairs held per model (max_models), and the new models refused since the last tick:
         # model -> [messages, samples or heartbeats].
         self._model_pairs: dict[str, int] = {}
-        self._models_refused: dict[str, list[int]] = {}
+        # Refused since the last tick: [messages, samples]; the first few model names (a flood
+        # of names must not be stored one by one: that memory would outlive it).
+        self._models_refused = [0, 0]
+        self._models_refused_names: list[str] = []
+        self._flooding = False              # the last tick refused a flood's messages
 
     def ingest(self, partition: int, records: Sequence[RecordLike], now_s: float) -> list[DeadLetter]:
         """Decode ``records`` (all from ``partition``) into the windows; return the bad ones."""
@@ -104,7 +111,7 @@ class Stage1:
         skipped = skipped_models = 0
         for rec in records:
             raw = rec.value
-            if (full or self._models_refused) and rec.key is not None:
+            if (full or self._models_refused[0]) and rec.key is not None:
                 over = self._over_limit(rec.key)
                 if over is not None:
                     if over:
@@ -185,7 +192,7 @@ class Stage1:
         if not sep:
             return None
         full = model in self._full
-        if not full and not self._models_refused:
+        if not full and not self._models_refused[0]:
             return None
         try:
             pair = (node.decode(), model.decode())
@@ -195,23 +202,33 @@ class Stage1:
             return None
         if full:
             r = self._refused[pair[1]]
-        elif pair[1] not in self._model_pairs:
-            r = self._models_refused.setdefault(pair[1], [0, 0])
-        else:
+            r[0] += 1
+            r[1] += 1
+            return False
+        if pair[1] in self._model_pairs:
             return None
-        r[0] += 1
-        r[1] += 1
-        return not full
+        self._note_model_refused(pair[1], 1)
+        return True
 
     def _refuse_model(self, ev: Event) -> int:
         """Drop ``ev`` of a new model over ``max_models``; how many samples."""
-        return self._refuse(ev, self._models_refused)
-
-    def _refuse(self, ev: Event, table: dict[str, list[int]] | None = None) -> int:
-        """Drop ``ev`` of a new pair over the limit (counted in ``table``, default the
-        new-pair refusals); how many samples (a heartbeat or a histogram interval: 1)."""
         n = len(ev) if isinstance(ev, SampleBatch) else 1
-        r = (self._refused if table is None else table).setdefault(ev.model, [0, 0])
+        self._note_model_refused(ev.model, n)
+        return n
+
+    def _note_model_refused(self, model: str, samples: int) -> None:
+        r = self._models_refused
+        r[0] += 1
+        r[1] += samples
+        names = self._models_refused_names
+        if len(names) < MODEL_NAMES_LOGGED and model not in names:
+            names.append(model)
+
+    def _refuse(self, ev: Event) -> int:
+        """Drop ``ev`` of a new pair over the limit; how many samples (a heartbeat or a
+        histogram interval: 1)."""
+        n = len(ev) if isinstance(ev, SampleBatch) else 1
+        r = self._refused.setdefault(ev.model, [0, 0])
         r[0] += 1
         r[1] += n
         return n
@@ -227,21 +244,27 @@ class Stage1:
                 " limit starting at once (it is admitted over the next ticks). Raise"
                 " TAILGUARD_MAX_NEW_PAIRS_PER_TICK if the ids are real.",
                 model, self._admitted.get(model, 0), messages, samples)
-        if self._models_refused:
-            shown = sorted(self._models_refused)[:5]
-            messages = sum(r[0] for r in self._models_refused.values())
+        messages, samples = self._models_refused
+        if messages:
             log.warning(
-                "%d models are held, the limit (max_models); %d messages of %d further models"
-                " (%s%s) were dropped. A flood of model names, or more models than the limit:"
-                " raise TAILGUARD_MAX_MODELS if the models are real (a held model is released"
-                " when its series are forgotten, TAILGUARD_FORGET_AFTER_S).",
-                len(self._model_pairs), messages, len(self._models_refused),
-                ", ".join(repr(m[:60]) for m in shown),
-                ", ..." if len(self._models_refused) > len(shown) else "")
+                "%d models are held, the limit (max_models); %d messages (%d samples or"
+                " heartbeats) of further models (%s, ...) were dropped. A flood of model names,"
+                " or more models than the limit: raise TAILGUARD_MAX_MODELS if the models are"
+                " real (a held model is released when its series are forgotten,"
+                " TAILGUARD_FORGET_AFTER_S).", len(self._model_pairs), messages, samples,
+                ", ".join(repr(m[:60]) for m in self._models_refused_names))
+        # When a flood ends (a tick that refused many messages, then one that did not), what
+        # reading and dropping its records cost is given back; not during it (a full
+        # collection and a trim every tick would slow ingestion).
+        flooding = messages + sum(r[0] for r in self._refused.values()) >= GIVE_BACK_MIN
+        if self._flooding and not flooding:
+            memory.give_back_soon()
+        self._flooding = flooding
         self._admitted = {}
         self._refused = {}
         self._full = set()
-        self._models_refused = {}
+        self._models_refused = [0, 0]
+        self._models_refused_names = []
 
     def _note_late(self, late: int, samples: int, now_s: float) -> None:
         self._late += late
@@ -289,6 +312,7 @@ class Stage1:
         if store:
             self.store.compact()
         if gone >= GIVE_BACK_MIN:
+            ids.rule(self.settings.id_pattern).forget()    # it remembers the flood's ids
             give_back()
 
     def forget_silent(self, now_s: float) -> int:

@@ -21,7 +21,8 @@ Guarantees (in full: docs/operations.md, "Stage 2's state"):
 * **Only owned models**, and **bounded**: one pending summary per (node, model), stale ones
   ignored, at most ``max_models`` models judged (a new one beyond is not, until one is
   forgotten), every summary left unevaluated counted in ``dropped`` by reason.
-* **Models are forgotten.** A model none of whose nodes showed a sign of life for
+* **Models are forgotten.** A model with no pair left (each forgotten after
+  ``forget_after_s`` of silence; the last routed ones never are) and no sign of life for
   ``forget_after_s`` (its summaries' ``last_seen_ts``; since its first tick here when it had
   none) is dropped: its state and hints are deleted from the tables and its last tick, with
   no status and ``forgotten`` set, makes the routing writer delete its Redis keys.
@@ -294,7 +295,11 @@ class Stage2:
                 continue
             self._held.add(model)
             o = self._evaluate(model, now_s)
-            if self.forget_after_s > 0 and now_s - self._heard[model] >= self.forget_after_s:
+            # Only a model with no pair left: liveness forgets a pair silent for forget_after_s
+            # but keeps the last routed ones, so a lagging stage 1 or a lost telemetry never
+            # makes a model with a routing set vanish.
+            if (not o.tick.statuses and self.forget_after_s > 0
+                    and now_s - self._heard[model] >= self.forget_after_s):
                 self._forget(model)
                 gone = replace(o.tick, transitions=(), routing=frozenset(), quarantine={},
                                statuses=(), fleet_events=(), diagnostics=(), forgotten=True)

@@ -167,3 +167,15 @@ async def test_xid_falls_back_to_journalctl_when_dmesg_is_not_permitted(tmp_path
     (bin_dir / "journalctl").write_text("#!/bin/sh\necho 'No journal files were found.' >&2\nexit 1\n")
     out = await suite.xid({}, None)
     assert out.status == "skipped" and "CAP_SYSLOG" in out.note and "Operation not permitted" in out.note
+
+
+async def test_user_checks_do_not_see_the_agents_kafka_passwords(tmp_path: Path) -> None:
+    env = {"PATH": "/usr/bin:/bin", "TAILGUARD_KAFKA_SASL_PASSWORD": "kafka-s3cret",
+           "TAILGUARD_KAFKA_SSL_KEY_PASSWORD_FILE": "/run/secrets/key", "KEEP": "kept"}
+    check = UserCheck("env", ("/bin/sh", "-c",
+                              'echo "${TAILGUARD_KAFKA_SASL_PASSWORD:-none} '
+                              '${TAILGUARD_KAFKA_SSL_KEY_PASSWORD_FILE:-none} $KEEP"; exit 1'))
+    suite = Suite(_cfg(tmp_path, user_checks=(check,)), env=env)
+    rep = await suite.run(NodeSpec("gpu-node-07"), "llm")
+    (f,) = [f for o in rep.outcomes for f in o.findings if f.check == "user:env"]
+    assert f.detail == "env exited 1: none none kept", f.detail

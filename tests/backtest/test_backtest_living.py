@@ -106,6 +106,17 @@ def out_at(records: list[dict[str, object]]) -> dict[str, tuple[float, str]]:
     return out
 
 
+def weighted_down(records: list[dict[str, object]]) -> dict[str, float]:
+    """node -> its lowest routing weight below 0.95 (no false down-weighting: a healthy
+    node keeps at least 0.95)."""
+    low: dict[str, float] = {}
+    for r in records:
+        if r.get("type") == "weight" and float(r["weight"]) < 0.95:  # type: ignore[arg-type]
+            node = str(r["node_id"])
+            low[node] = min(low.get(node, 1.0), float(r["weight"]))  # type: ignore[arg-type]
+    return low
+
+
 @pytest.mark.parametrize("seed", [21, 22])
 @pytest.mark.parametrize("heartbeats", [True, False])
 def test_scale_down_then_a_slow_survivor(seed: int, heartbeats: bool, tmp_path: Path,
@@ -126,8 +137,9 @@ def test_scale_down_then_a_slow_survivor(seed: int, heartbeats: bool, tmp_path: 
 def test_rolling_restart_removes_nobody(seed: int, gap_s: float, instances: bool, tmp_path: Path,
                                         capsys: pytest.CaptureFixture[str]) -> None:
     lives = [Life(f"n{i}", restarts=((300.0 + 140.0 * i, 300.0 + 140.0 * i + gap_s),)) for i in range(6)]
-    out = out_at(replay(Trace(lives, 1400.0, instances=instances, seed=seed), tmp_path, capsys))
-    assert out == {}
+    records = replay(Trace(lives, 1400.0, instances=instances, seed=seed), tmp_path, capsys)
+    assert out_at(records) == {}
+    assert weighted_down(records) == {}
 
 
 @pytest.mark.parametrize("seed", [25, 26])
@@ -135,9 +147,11 @@ def test_preemption_wave_and_crowd_join(seed: int, tmp_path: Path,
                                         capsys: pytest.CaptureFixture[str]) -> None:
     lives = [Life(f"old{i}", leave_s=400.0 if i < 3 else None) for i in range(6)]
     lives += [Life(f"new{i}", join_s=420.0 + 3 * i, warmup_at_join=True) for i in range(12)]
-    out = out_at(replay(Trace(lives, 1100.0, seed=seed), tmp_path, capsys))
+    records = replay(Trace(lives, 1100.0, seed=seed), tmp_path, capsys)
+    out = out_at(records)
     assert {n for n, (_, r) in out.items()} == {"old0", "old1", "old2"}
     assert all(r == "silent" for _, r in out.values())
+    assert weighted_down(records) == {}
 
 
 @pytest.mark.parametrize("seed", [27, 28])
@@ -145,7 +159,7 @@ def test_pipeline_silence_keeps_routing(seed: int, tmp_path: Path,
                                         capsys: pytest.CaptureFixture[str]) -> None:
     lives = [Life(f"n{i}") for i in range(6)]
     records = replay(Trace(lives, 1100.0, silence=(400.0, 650.0), seed=seed), tmp_path, capsys)
-    assert out_at(records) == {}
+    assert out_at(records) == {} and weighted_down(records) == {}
     kinds = [r["kind"] for r in records if r.get("type") == "fleet"]
     assert kinds == ["telemetry_lost", "telemetry_restored"], kinds
 

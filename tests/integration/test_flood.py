@@ -7,7 +7,7 @@ summary at every stage-1 tick (read back from ``node-window-stats``); the slow n
 leaves routing within the usual time; no flood id is ever in the routing set; the flood
 is admitted at most ``max_new_pairs_per_tick`` pairs per tick, the rest counted
 (``tailguard_samples_dropped_total{reason="new_pair_limit"}``); once the flood's series
-are forgotten the worker's RSS is within 1.5x of its pre-flood level.
+are forgotten the worker's RSS is within 10 % of its pre-flood level.
 
 Flood ids stay out of routing here because they go silent (``silent_after_s`` 6 s)
 before their warm-up (12 s) ends; admission by evidence (issue 16 item 1) keeps them
@@ -128,10 +128,14 @@ async def test_a_flood_of_new_ids_does_not_blind_detection_and_memory_comes_back
                 assert time.monotonic() < deadline, worker.tail()
                 await routed()
                 await asyncio.sleep(0.5)
-            for _ in range(3 * int(TICK_S / 0.5)):      # a few more ticks (stage 2 forgets too)
+            # A few more ticks (stage 2 forgets too; memory is given back over the 5 ticks after
+            # a flood): RSS polled until within 10 % of before, for at most 8 ticks.
+            for _ in range(8 * int(TICK_S / 0.5)):
                 await routed()
+                rss_after = rss_mb(worker.proc.pid)
+                if rss_after <= 1.10 * rss_before:
+                    break
                 await asyncio.sleep(0.5)
-            rss_after = rss_mb(worker.proc.pid)
             t_end = time.time()
             dropped = metric(metrics_port, "tailguard_samples_dropped_total",
                              reason="new_pair_limit")
@@ -165,7 +169,7 @@ async def test_a_flood_of_new_ids_does_not_blind_detection_and_memory_comes_back
     admitted = FLOOD_IDS - dropped
     assert len(flood_seen) <= admitted <= LIMIT * ((t_end - t_flood) / TICK_S + 1), report
     assert not await read_topic(kafka_bootstrap, env.topic("dead_letter"))
-    assert rss_after <= 1.5 * rss_before, report
+    assert rss_after <= 1.10 * rss_before, report
     # Flood ids are never routed: admission by evidence (issue 16 item 1). Where that is not
     # in yet, a new pair is routed as soon as it is warming, and this check is an expected
     # failure; as soon as warming pairs are not routed it is enforced.

@@ -87,14 +87,15 @@ class Rig:
         return got
 
 
-async def start_haproxy(stack: AsyncExitStack, tmp: Path, backends: dict[str, EchoBackend]) -> tuple[str, int]:
+async def start_haproxy(stack: AsyncExitStack, tmp: Path, backends: dict[str, EchoBackend],
+                        server_opts: str = "") -> tuple[str, int]:
     # Debian installs it in /usr/sbin, which is not on every user's PATH.
     haproxy = shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin:/usr/local/sbin")
     if haproxy is None:
         pytest.fail("haproxy is not installed: `apt-get install haproxy` (Debian package; scripts/test installs it)",
                     pytrace=False)
     sock, port = str(tmp / "admin.sock"), free_port()
-    servers = "\n".join(f"    server {n} {b.url.removeprefix('http://')}" for n, b in backends.items())
+    servers = "\n".join(f"    server {n} {b.url.removeprefix('http://')}{server_opts}" for n, b in backends.items())
     cfg = tmp / "haproxy.cfg"
     cfg.write_text(CONFIG.format(sock=sock, dir=tmp, port=port, backend=BACKEND, servers=servers))
     log = open(tmp / "haproxy.log", "wb")  # noqa: SIM115 - closed by the exit stack
@@ -114,13 +115,14 @@ async def start_haproxy(stack: AsyncExitStack, tmp: Path, backends: dict[str, Ec
     return sock, port
 
 
-async def start_sync(stack: AsyncExitStack, tmp: Path, sock: str, redis_url: str, prefix: str) -> None:
+async def start_sync(stack: AsyncExitStack, tmp: Path, sock: str, redis_url: str, prefix: str,
+                     *extra: str) -> None:
     log = open(tmp / "sync.log", "wb")  # noqa: SIM115 - closed by the exit stack
     stack.callback(log.close)
     await spawn(
         stack, sys.executable, "-m", "tailguard.cli", "haproxy-sync", "--socket", sock, "--backend-map",
         f"{MODEL}={BACKEND}", "--redis-url", redis_url, "--key-prefix", prefix, "--poll-interval-s", "0.2",
-        "--resync-interval-s", "1", stdout=log, stderr=log, env=dict(os.environ),
+        "--resync-interval-s", "1", *extra, stdout=log, stderr=log, env=dict(os.environ),
     )
 
 

@@ -18,12 +18,15 @@ tailguard needs but the ACL lacks fails here. Shown:
 * no secret appears in ``tailguard settings``, the worker's debug log or
   ``/metrics``;
 * a wrong password or an untrusted CA stops the worker and the proxy at start,
-  within seconds, with one line naming the setting.
+  within seconds, with one line naming the setting;
+* the diagnostics agent (``tailguard diagnose``) answers a request over SASL_SSL with the
+  worker's settings, and stops with one line on a wrong password.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import secrets
@@ -37,12 +40,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
 import redis.asyncio as aioredis
 from acl_users import acl_users
-from worker_harness import HEALTHY, NODES, ROOT, Worker, WorkerEnv, free_port, routing, wait_for
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from worker_harness import HEALTHY, NODES, ROOT, Worker, WorkerEnv, free_port, produce, read_topic, routing, wait_for
 
 from tailguard.emitter import LatencyEmitter
 from tailguard.lb.testing import echo_backend, spawn
@@ -372,3 +377,52 @@ async def test_redis_client_certificate_over_tls(secure_stack: SecureStack, acl_
         assert await client.ping() is True
     finally:
         await client.aclose()
+
+
+async def test_the_diagnostics_agent_answers_over_sasl_ssl_and_a_wrong_password_is_one_line(
+        secure_stack: SecureStack, kafka_bootstrap: str, unique_name: Callable[[str], str],
+        tmp_path: Path) -> None:
+    # `tailguard diagnose` with the worker's SASL_SSL settings (SCRAM, CA file, password _FILE).
+    sys.path.insert(0, str(ROOT / "tests" / "agent"))
+    from gpu_fakes import fake_env
+
+    req, res = unique_name("diag-req"), unique_name("diag-res")
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(req, 1, 1), NewTopic(res, 1, 1)])
+    finally:
+        await admin.close()
+    conf = tmp_path / "agent.toml"
+    conf.write_text(f'state_dir = "{tmp_path}"\n[timeouts_s]\nnvidia_smi = 2\ncompute_apps = 2\ndcgmi = 2\n')
+    env = {k: v for k, v in fake_env("ecc").items() if not k.startswith("TAILGUARD_KAFKA_")}
+    env |= secure_stack.kafka_env(TAILGUARD_TOPIC_DIAGNOSTICS_REQUESTS=req,
+                                  TAILGUARD_TOPIC_DIAGNOSTICS_RESULTS=res)
+    cmd = [sys.executable, "-m", "tailguard.cli", "diagnose", "--node", "ecc", "--config", str(conf)]
+    log = tmp_path / "agent.log"
+    with open(log, "wb") as out:
+        agent = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        await produce(kafka_bootstrap, req, [(b"ecc", json.dumps({
+            "request_id": "req-ecc", "ts": time.time(), "node_id": "ecc", "model": "llm",
+            "reason": "relative_p50", "collect": []}).encode())])
+
+        async def answered() -> list[Any] | None:
+            assert agent.poll() is None, log.read_text()
+            return await read_topic(kafka_bootstrap, res) or None
+        (rec,) = await wait_for(answered, 60, "the agent's result over SASL_SSL", log.read_text)
+        got = json.loads(rec.value)
+        assert (got["node_id"], got["request_id"], got["verdict"]) == ("ecc", "req-ecc", "not_recoverable")
+    finally:
+        agent.terminate()
+        agent.wait(15)
+    # A wrong password: one line naming the setting, exit 2, within seconds; no secret in it.
+    wrong = secrets.token_hex(16)
+    (tmp_path / "wrong").write_text(wrong)
+    done = subprocess.run(cmd, cwd=ROOT, env={**env, "TAILGUARD_KAFKA_SASL_PASSWORD_FILE": str(tmp_path / "wrong")},
+                          capture_output=True, text=True, timeout=60)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, (done.returncode, done.stderr)
+    assert lines[0].startswith("tailguard diagnose: TAILGUARD_KAFKA_SASL_PASSWORD: Kafka at "), lines[0]
+    assert "refused the SCRAM-SHA-512 login of user 'tailguard'" in lines[0]
+    assert wrong not in lines[0] and secure_stack.kafka_password() not in lines[0]

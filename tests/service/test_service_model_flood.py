@@ -49,7 +49,8 @@ def test_new_models_over_max_models_are_dropped_counted_and_logged_once_per_tick
     assert not caplog.records
     sums = s1.summaries(NOW + 2)
     assert len(caplog.records) == 1 and "max_models" in caplog.text
-    assert "2996 messages of 2996 further models" in caplog.text
+    assert "2996 messages (2996 samples or heartbeats) of further models" in caplog.text
+    assert "'model-000004', 'model-000005'" in caplog.text      # the first few are named
     # The held model lost nothing: all 4 polls' samples are in its windows.
     assert [s.samples for s in sums if s.model == "llm"] == [80, 80, 80]
     # New nodes of a held model are not refused by the model limit.
@@ -96,7 +97,8 @@ def test_stage2_forgets_a_model_with_no_pair_left_and_frees_its_place() -> None:
     state: dict[bytes, object] = {}
     hints: dict[bytes, object] = {}
     s2 = Stage2(FleetEvaluator(det), state, stale_after_s=3.0, hints=hints)
-    s2.on_summary(summary("n0", "flood-1", 1000.0, 1000.0, 1500.0))
+    # one event of a flood's model: never admitted (too few samples), gone when silent
+    s2.on_summary(summary("n0", "flood-1", 1000.0, 1000.0, 1500.0, samples=1))
     s2.on_summary(summary("n0", "llm", 1000.0, 1000.0, 1500.0))
     assert {o.tick.model for o in s2.tick(1000.5, lambda m: True)} == {"flood-1", "llm"}
     assert set(state) == {b"flood-1", b"llm"}
@@ -109,8 +111,20 @@ def test_stage2_forgets_a_model_with_no_pair_left_and_frees_its_place() -> None:
         forgotten = [o.tick for o in outs if o.tick.forgotten]
     (gone,) = forgotten
     assert gone.model == "flood-1" and not gone.statuses and not gone.routing
+    assert t - 1000.0 >= 30.0               # silent for forget_after_s
     assert set(state) == {b"llm"} and b"flood-1" not in hints
     # flood-1 is no longer ticked, and its place is free for another model
     s2.on_summary(summary("n0", "other", t + 2, 1000.0, 1500.0))
     s2.on_summary(summary("n0", "llm", t + 2, 1000.0, 1500.0))
     assert {o.tick.model for o in s2.tick(t + 2.5, lambda m: True)} == {"llm", "other"}
+
+
+def test_stage2_never_forgets_a_model_with_a_routed_node_whatever_the_silence() -> None:
+    det = DET.replace(restart_gap_s=2.0, silent_after_s=10.0, forget_after_s=30.0)
+    s2 = Stage2(FleetEvaluator(det), {}, stale_after_s=3.0)
+    s2.on_summary(summary("n0", "llm", 1000.0, 1000.0, 1500.0))
+    s2.tick(1000.5, lambda m: True)
+    # stage 1 lags (or the telemetry is lost) for far longer than forget_after_s
+    outs = [o for t in range(1002, 1300, 2) for o in s2.tick(t + 0.5, lambda m: True)]
+    assert not any(o.tick.forgotten for o in outs)
+    assert outs[-1].tick.routing == {"n0"}

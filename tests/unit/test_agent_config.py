@@ -97,3 +97,26 @@ def test_bad_settings_name_the_culprit(tmp_path: Path, text: str, nodes: list[st
 
 def test_default_group_is_a_safe_kafka_name() -> None:
     assert default_group((NodeSpec("a b/c"),)) == "tailguard-agent-a_b_c"
+
+
+def test_the_agent_takes_the_workers_kafka_security_variables(tmp_path: Path) -> None:
+    pw = tmp_path / "pw"
+    pw.write_text("s3cret-pw\n")
+    env = {"TAILGUARD_KAFKA_SECURITY_PROTOCOL": "SASL_SSL", "TAILGUARD_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
+           "TAILGUARD_KAFKA_SASL_USERNAME": "agent", "TAILGUARD_KAFKA_SASL_PASSWORD_FILE": str(pw),
+           "TAILGUARD_KAFKA_SSL_CHECK_HOSTNAME": "false"}
+    cfg = load_config(None, ["n1"], environ=env)
+    sec = cfg.security
+    assert (sec.protocol, sec.sasl_mechanism, sec.sasl_username, sec.sasl_password, sec.ssl_check_hostname) == (
+        "SASL_SSL", "SCRAM-SHA-512", "agent", "s3cret-pw", False)
+    assert "s3cret" not in repr(cfg)
+    # the same rules as the worker's, the same variable names in the errors
+    with pytest.raises(AgentConfigError) as info:
+        load_config(None, ["n1"], environ={**env, "TAILGUARD_KAFKA_SASL_PASSWORD_FILE": str(tmp_path / "none")})
+    assert info.value.name == "TAILGUARD_KAFKA_SASL_PASSWORD_FILE"
+    with pytest.raises(AgentConfigError) as info:
+        load_config(None, ["n1"], environ={"TAILGUARD_KAFKA_SECURITY_PROTOCOL": "SASL_SSL"})
+    assert info.value.name == "TAILGUARD_KAFKA_SASL_USERNAME"
+    with pytest.raises(AgentConfigError) as info:
+        load_config(None, ["n1"], environ={"TAILGUARD_KAFKA_SSL_CAFILE": "/etc/ca.pem"})
+    assert info.value.name == "TAILGUARD_KAFKA_SSL_CAFILE" and "uses no TLS" in info.value.allowed

@@ -111,9 +111,16 @@ def test_plan_scenario_is_valid_and_matches_the_timeline() -> None:
     for plan in (demo.DEMO_PLAN, demo.TEST_PLAN):
         sc = load_scenario(plan.scenario_toml())
         assert [n.node_id for n in sc.nodes] == list(plan.node_ids)
-        (fault,) = sc.faults
+        fault, *graded = sc.faults
         assert fault.nodes == (plan.slow_node,) and fault.kind == "slowdown" and fault.factor == plan.slowdown
         assert (fault.onset_s, fault.end_s) == (plan.onset_s, plan.end_s)
+        if plan.graded_node is None:
+            assert graded == []
+        else:
+            (g,) = graded
+            assert g.nodes == (plan.graded_node,) and g.kind == "slowdown" and g.factor == plan.graded_slowdown
+            assert (g.onset_s, g.end_s) == (plan.graded_onset_s, None)
+    assert demo.DEMO_PLAN.graded_node == "gpu-node-03"      # ./scripts/demo shows the graded phase
 
 
 def test_settings_lines_name_every_changed_setting_and_the_env_carries_them() -> None:
@@ -154,3 +161,93 @@ def test_new_nodes_awaiting_admission_did_not_leave_routing() -> None:
     obs = observations({"healthy": 370, "degraded": 820, "removed": 380, "back": 372}, [*firsts, *STORY_CHANGES])
     s = demo.analyze(PLAN, obs, 160.0)
     assert s.others_removed == () and s.complete
+
+
+# -- the graded phase: a node 1.6x slower is weighted down, not removed ------------------------------
+
+GRADED = demo.Plan(onset_s=60.0, degraded_s=30.0, backoff_initial_s=20.0, interval_s=2.5, deadline_s=260.0,
+                   graded_node="gpu-node-03", graded_onset_s=175.0, graded_s=50.0)
+
+
+def graded_observations(weight_from_s: float | None, *, p99_full: float = 450.0, p99_weighted: float = 390.0,
+                        extra: list[demo.HealthChange] | None = None) -> demo.Observations:
+    """The slow node's story to 160 s, then intervals to 225 s; gpu-node-03 weighted 0.9 from
+    ``weight_from_s`` and 0.45 from 5 s later in the snapshots (every 2.5 s); it serves 50 of
+    400 requests per interval at full weight, 25 once weighted."""
+    obs = observations({"healthy": 370, "degraded": 820, "removed": 380, "back": 372}, [*STORY_CHANGES, *(extra or [])])
+    for k in range(65, 91):
+        t1 = 2.5 * k
+        late = weight_from_s is not None and t1 - 2.5 >= weight_from_s + 1.0
+        iv = interval(t1, 372.0 if t1 <= 175 else p99_weighted if late else p99_full)
+        iv.by_node.update({"gpu-node-03": 25 if late else 50, "gpu-node-01": 375 if late else 350})
+        obs.intervals.append(iv)
+    for k in range(1, 91):
+        t = 2.5 * k
+        w = 1.0 if weight_from_s is None or t < weight_from_s else 0.9 if t < weight_from_s + 5.0 else 0.45
+        obs.snapshots.append(demo.Snapshot(t, {"gpu-node-03": demo.NodeView(
+            "healthy", True, 290.0, 600.0, 2.0, 200, None, w)}, frozenset(PLAN.node_ids)))
+    return obs
+
+
+def test_the_graded_node_is_cut_at_its_weight_and_the_main_story_ends_where_it_begins() -> None:
+    s = demo.analyze(GRADED, graded_observations(195.0), 225.0)
+    g = s.graded
+    assert g is not None and g.node == "gpu-node-03"
+    assert (g.weighted_s, g.weight, g.settled_s, g.left_routing, g.ok) == (195.0, 0.45, 200.0, False, True)
+    assert (g.full.t0_s, g.full.t1_s, g.full.p99_ms) == (175.0, 196.0, 450.0)
+    assert (g.weighted.t0_s, g.weighted.t1_s, g.weighted.p99_ms) == (201.0, 225.0, 390.0)
+    assert (g.full_share, g.weighted_share) == (0.125, 0.0625)
+    assert s.readmitted.t1_s == 175.0 and s.readmitted.p99_ms == 372      # not mixed with the graded phase
+    assert s.complete
+    report = demo.render_report(s)
+    assert "graded: gpu-node-03 serves every request 1.6x slower from t=175s on" in report
+    assert ("weighted down from t=195.0s (20.0 s after it slowed down), to 0.45 at t=200.0s; never out of routing."
+            in report)
+    assert "its share of the requests: 12.5% at full weight (1/8 = 12.5%), 6.2% weighted down." in report
+    assert "cluster P99 450 ms at full weight, 390 ms weighted down (0.87x)." in report
+    assert "result: ok" in report
+
+
+def test_a_graded_node_not_weighted_or_taken_out_makes_the_story_incomplete() -> None:
+    s = demo.analyze(GRADED, graded_observations(None), 225.0)
+    assert s.graded is not None and s.graded.weighted_s is None and not s.complete
+    assert "gpu-node-03 was NOT weighted down before the run ended." in demo.render_report(s)
+    out = change(200.0, "gpu-node-03", "suspect", "unhealthy", False, "relative_p50")
+    s = demo.analyze(GRADED, graded_observations(195.0, extra=[out]), 225.0)
+    assert s.graded is not None and s.graded.left_routing and not s.complete
+    assert s.others_removed == ("gpu-node-03",)
+
+
+def test_the_story_waits_for_the_graded_phase_and_says_where_it_is() -> None:
+    obs = graded_observations(195.0)
+    assert not demo.story_done(GRADED, obs, 200.0)
+    assert demo.story_done(GRADED, obs, 225.0)
+    assert "waiting for tailguard" in demo.current_phase(GRADED, graded_observations(None), 180.0)
+    assert "weighted down to 0.45 at t=200s" in demo.current_phase(GRADED, obs, 202.0)
+    assert "graded" not in demo.current_phase(GRADED, obs, 170.0)
+
+
+@pytest.mark.parametrize(("kw", "match"), [
+    ({"graded_node": "gpu-node-05"}, "graded_node"), ({"graded_node": "gpu-node-09"}, "graded_node"),
+    ({"graded_node": "gpu-node-03", "graded_slowdown": 2.5}, "graded_slowdown"),
+    ({"graded_node": "gpu-node-03", "graded_onset_s": 80.0}, "graded_onset_s"),
+    ({"graded_node": "gpu-node-03", "graded_onset_s": 180.0}, "graded_onset_s"),   # past deadline_s 200
+])
+def test_a_bad_graded_phase_is_refused(kw: dict[str, object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        demo.Plan(**kw)  # type: ignore[arg-type]
+
+
+def test_a_saved_run_keeps_the_weights(tmp_path: Path) -> None:
+    story = demo.analyze(GRADED, graded_observations(195.0), 225.0)
+    demo.save_run(story, tmp_path / "run.json")
+    again = demo.load_run(tmp_path / "run.json")
+    assert again.graded == story.graded
+
+
+def test_node_view_reads_the_weight_of_the_status_json() -> None:
+    from tailguard.demo.story import node_view
+
+    assert node_view({"state": "healthy", "routed": True, "weight": 0.45}, 0.0).weight == 0.45
+    assert node_view({"state": "healthy", "routed": True}, 0.0).weight is None
+    assert node_view({"state": "healthy", "routed": True, "weight": True}, 0.0).weight is None

@@ -355,3 +355,25 @@ def test_the_simulators_expositions_convert(server: str, openmetrics: bool) -> N
     evs = scrape(restarted, 20.0)
     e2e = next(e for e in evs if e["metric"] == "e2e")
     assert sum(e2e["counts"]) == 3 and e2e["instance"] == f"{server}-0#20"
+
+
+def test_a_mapping_file_in_yaml_or_json() -> None:
+    from tailguard.scrape.profiles import profiles_from_text
+
+    yaml_text = """
+profiles:
+  - name: myserver
+    model_label: deployment
+    histograms:
+      e2e: {name: my_latency_ms, scale_s: 0.001}
+    counters:
+      - {role: outcome, name: my_requests, label: code, failed_values: ["500"]}
+"""
+    got = profiles_from_text(yaml_text)
+    assert set(got) == {"myserver"} and got["myserver"].histograms[0].scale_s == 0.001
+    json_text = '{"name": "other", "histograms": {"itl": {"name": ["a_seconds", "b_seconds"]}}}'
+    assert profiles_from_text(json_text)["other"].histograms[0].names == ("a_seconds", "b_seconds")
+    with pytest.raises(ValueError, match=r"my\.yaml: profile mapping 'x': histograms key 'p99'"):
+        profiles_from_text("name: x\nhistograms: {p99: {name: a}}\n", "my.yaml")
+    with pytest.raises(ValueError, match="defined twice"):
+        profiles_from_text(f"[{json_text}, {json_text}]")

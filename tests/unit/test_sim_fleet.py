@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -195,3 +196,33 @@ def test_load_recorder_reports_interval_and_summary_quantiles() -> None:
     s = rec.summary(10.0)
     assert s["summary"] is True and s["completed"] == 100 and s["errors"] == 1
     assert s["by_node"]["a"]["completed"] == 50
+
+
+async def test_slots_queue_requests_beyond_them_and_report_the_wait(scenario: sc.Scenario) -> None:
+    rep, clock = FakeReporter(), FakeClock()
+    gates: list[asyncio.Event] = []
+
+    async def gated_sleep(s: float) -> None:     # a request is in service until its gate opens
+        gate = asyncio.Event()
+        gates.append(gate)
+        await gate.wait()
+        clock.now += s
+
+    node = SimNode(scenario, 0, rep, scenario_time=lambda: 0.0, seed=1, sleep=gated_sleep, monotonic=clock, slots=1)
+    async with TestClient(TestServer(node.app())) as c:
+        first = asyncio.create_task(c.post("/v1/completions", json={"model": "m"}))
+        second = asyncio.create_task(c.post("/v1/completions", json={"model": "m"}))
+        while len(gates) < 1:
+            await asyncio.sleep(0.001)
+        for _ in range(20):
+            await asyncio.sleep(0.001)
+        assert len(gates) == 1                    # the second waits for the only slot
+        gates[0].set()
+        while len(gates) < 2:
+            await asyncio.sleep(0.001)
+        gates[1].set()
+        assert (await first).status == 200 and (await second).status == 200
+    lat = [r["latency_us"] for r in rep.records]
+    assert lat[1] > lat[0]                       # the second's latency includes its wait
+    with pytest.raises(ValueError, match="slots"):
+        SimNode(scenario, 0, rep, scenario_time=lambda: 0.0, seed=1, slots=0)

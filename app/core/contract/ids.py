@@ -67,6 +67,10 @@ class IdRule:
         self._known.add(name)
         return True
 
+    def forget(self) -> None:
+        """Empty the memory of accepted ids (after a flood's ids were forgotten)."""
+        self._known = set()
+
     def error(self, key: str, name: str) -> BadEvent:
         """The dead-letter reason for ``name`` in ``key`` (node_id or model) breaking the rule."""
         shown = repr(name[:60]) + ("…" if len(name) > 60 else "")

@@ -1,32 +1,21 @@
 """Stage 2 for histogram pairs: exceedance tests that respect the buckets' resolution.
 
 Owns the verdicts on pairs whose summaries carry bucket counts (``extra["hist"]``, from
-:mod:`tailguard.core.window.hist_window`). A bucket histogram cannot say where inside a bucket a request
-fell, so no rule here compares interpolated quantiles. Per metric (``itl``, ``ttft``, ``e2e``)
-and hardware class, the **reference** is the pointwise median of the peers' CDFs at the bucket
-bounds; ``b50``/``b99`` are the first bounds where it reaches 0.5/0.99. At each bound ``b`` the
-buckets bound what a peer ``MIN_FACTOR`` (1.5) times slower could show above it: at most
-``u(b)`` = 1 − the reference at the largest bound ≤ ``b / MIN_FACTOR`` (:func:`shifted_share`;
-1 when there is none: the buckets cannot tell). A node is judged by the exact share of its own
-requests above the bounds, against that:
+:mod:`tailguard.core.window.hist_window`); no rule here compares an interpolated quantile. Per
+metric and hardware class the reference is the pointwise median of the peers' CDFs at the
+bounds (``b50``/``b99``: the first bounds where it reaches 0.5/0.99). At a bound ``b`` a peer
+``MIN_FACTOR`` (1.5) times slower can show at most :func:`shifted_share` above it (1 − the
+reference at the largest bound ≤ b / 1.5). A node is judged by the exact share of its requests
+above a bound from ``b50`` up against that: ``relative_p50`` when it exceeds
+``max(P50_SHARE, shifted + P50_GAP)`` by ``Z`` binomial standard deviations (on requests, not
+token observations), ``relative_p99`` (from ``b99`` up) when it is at least
+``max(P99_SHARE, P99_FACTOR × shifted)`` with binomial p < ``ALPHA``. Bucketless windows (Triton's
+counters) are judged by their mean. Other bounds than the class's, or fewer than ``min_peers``
+peers: no verdict on that metric. Any metric abnormal makes the node abnormal (per-token first).
 
-* ``relative_p50`` — at some bound from ``b50`` up, its share exceeds ``max(P50_SHARE,
-  u(b) + P50_GAP)`` by more than ``Z`` binomial standard deviations: its median is provably more
-  than ``MIN_FACTOR`` times its peers' (a shift the buckets cannot prove is never a fault).
-* ``relative_p99`` — at some bound from ``b99`` up, its share is at least ``max(P99_SHARE,
-  P99_FACTOR × u(b))`` and a node at ``max(u(b), P99_FLOOR)`` would reach its count with
-  probability < ``ALPHA``.
-
-The noise margins use the window's requests, not its observations (an ``itl`` histogram counts
-tokens: one request's tokens are not independent). A bucketless window (Triton's counters)
-is judged by its mean: above ``relative_p50_factor`` × the peers' median mean. A node whose
-bounds differ from its class's (the most common bounds) is not judged on that metric, nor is
-a class with fewer than ``min_peers`` peers. Any metric abnormal makes the node abnormal
-(per-token metrics first: the verdict's ``signal`` names the one that fired).
-
-Guarantees: pure; verdicts depend on counts only (relabelling nodes changes nothing); a
-uniform fleet's expected share above ``b50`` is at most 0.5, far below the limit.
-Rationale and the resolution limits of each server's default buckets: docs/scrape.md.
+Guarantees: pure; verdicts depend on counts only (relabelling nodes changes nothing); a shift
+the buckets cannot prove above ``MIN_FACTOR`` is never a fault. Rationale and each server's
+resolution limits: docs/rules.md (Histogram pairs), docs/scrape.md.
 """
 
 from __future__ import annotations
