@@ -32,6 +32,7 @@ from tailguard import settings as app_settings
 from tailguard.core.contract.config import SettingError
 from tailguard.core.contract.ids import rule
 from tailguard.scrape.bridge import ACCEPT, Bridge, CycleStats, Fetched
+from tailguard.scrape.config import parse_shard
 from tailguard.scrape.sd import FileSource, HttpSource, LabelNames, ScrapeTarget, SdError, in_shard
 
 log = logging.getLogger("tailguard.scrape")
@@ -103,7 +104,7 @@ class Targets:
         self._file = FileSource(s.scrape_file_sd, names) if s.scrape_file_sd else None
         self._http = HttpSource(s.scrape_http_sd, names) if s.scrape_http_sd else None
         self._session, self._refresh_s = session, s.scrape_sd_refresh_s
-        self._shard = app_settings.parse_shard("TAILGUARD_SCRAPE_SHARD", s.scrape_shard)
+        self._shard = parse_shard("TAILGUARD_SCRAPE_SHARD", s.scrape_shard)
         self._next_http = 0.0
         self._error = ""
         self.source = s.scrape_file_sd or s.scrape_http_sd
