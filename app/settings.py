@@ -187,6 +187,7 @@ class Settings:
     scrape_profile_label: str = "tailguard_profile"  # vllm, sglang, tgi, triton, dynamo, auto, a mapping
     scrape_shard: str = ""            # I/N: this process scrapes the targets whose hash mod N is I
     scrape_metrics_port: int = 9465   # the bridge's own Prometheus endpoint (0: none)
+    scrape_profiles_file: str = ""    # mappings of other servers' metrics (JSON or YAML), beside the built-in five
 
     def __post_init__(self) -> None:
         if not self.kafka_bootstrap or not all(_is_host_port(h) for h in self.kafka_bootstrap.split(",")):
