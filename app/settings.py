@@ -349,7 +349,9 @@ SECRETS = tuple(n for n, f in _SERVICE.items() if f.type in ("Secret", Secret))
 # Variables used only by the shell scripts (scripts/lib/common.sh), not by the program.
 SCRIPT_ONLY = tuple(PREFIX + n for n in (
     "CACHE", "RUN", "VENV", "PYTHON", "SKIP_STACK", "KAFKA_PORT", "KAFKA_CONTROLLER_PORT",
-    "KAFKA_SASL_SSL_PORT", "KAFKA_BROKERS", "REDIS_PORT", "REDIS_TLS_PORT", "REDIS_HA_PORT"))
+    "KAFKA_SASL_SSL_PORT", "KAFKA_BROKERS", "REDIS_PORT", "REDIS_TLS_PORT", "REDIS_HA_PORT",
+    # scripts/k8s (the test control plane)
+    "K8S_API_PORT", "K8S_ETCD_PORT", "K8S_KCM_PORT", "K8S_KWOK_PORT"))
 
 
 def secret_file_names() -> dict[str, str]:
