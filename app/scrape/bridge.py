@@ -73,11 +73,13 @@ class Converter(Protocol):
 ConverterFactory = Callable[[ScrapeTarget], Converter]
 
 
-def default_converter(target: ScrapeTarget) -> Converter:
-    """hist-core's ``TargetConverter`` for ``target`` (imported late: the bridge's tests inject fakes)."""
+def default_converter(target: ScrapeTarget, profiles: Mapping[str, object] | None = None) -> Converter:
+    """The ``TargetConverter`` for ``target`` (``profiles``: the built-in ones and a mapping file's);
+    ``ValueError`` for a profile it does not know. Imported late: the bridge's tests inject fakes."""
     convert = importlib.import_module("tailguard.scrape.convert")
-    conv: Converter = convert.TargetConverter(convert.Target(
-        node_id=target.node_id, model=target.model, hardware=target.hardware, profile=target.profile))
+    t = convert.Target(node_id=target.node_id, model=target.model, hardware=target.hardware,
+                       profile=target.profile)
+    conv: Converter = convert.TargetConverter(t) if profiles is None else convert.TargetConverter(t, profiles)
     return conv
 
 
@@ -146,8 +148,14 @@ class Bridge:
             st = self._states.get(k)
             if st is None or st.target != t:       # new, or its labels changed: start afresh
                 if st is not None:
-                    self._forget(st)
-                self._states[k] = _State(t, self._factory(t))
+                    self._forget(self._states.pop(k))
+                try:
+                    converter = self._factory(t)
+                except ValueError as e:            # e.g. a profile nobody defined: skip this target only
+                    log.error("tailguard scrape: %s (%s) is not scraped: %s", t.node_id, t.url, _one_line(e))
+                    self._m.failures.labels(t.node_id, "profile").inc()
+                    continue
+                self._states[k] = _State(t, converter)
                 added += 1
         self._m.targets.set(len(self._states))
         return added, len(removed)

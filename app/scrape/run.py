@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import logging
 import sys
 import time
@@ -31,7 +32,8 @@ from prometheus_client import CollectorRegistry
 from tailguard import settings as app_settings
 from tailguard.core.contract.config import SettingError
 from tailguard.core.contract.ids import rule
-from tailguard.scrape.bridge import ACCEPT, Bridge, CycleStats, Fetched
+from tailguard.scrape.bridge import ACCEPT, Bridge, ConverterFactory, CycleStats, Fetched, default_converter
+from tailguard.scrape.config import parse_shard
 from tailguard.scrape.sd import FileSource, HttpSource, LabelNames, ScrapeTarget, SdError, in_shard
 
 log = logging.getLogger("tailguard.scrape")
@@ -72,15 +74,39 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout-s", type=float, help="per-target timeout (default: 5 or the interval, the shorter)")
     p.add_argument("--shard", metavar="I/N", help="scrape only the targets whose stable hash mod N is I")
     p.add_argument("--metrics-port", type=int, help="the bridge's own /metrics port (default 9465, 0: none)")
+    p.add_argument("--profiles", metavar="PATH", help="mapping file of other servers' metrics, JSON or YAML "
+                   "(TAILGUARD_SCRAPE_PROFILES_FILE)")
     p.add_argument("--once", action="store_true", help="scrape twice (one interval apart), publish, exit")
     return p
+
+
+def converter_factory(s: app_settings.Settings) -> ConverterFactory:
+    """Converters knowing the built-in profiles and those of ``scrape_profiles_file`` (read once, now);
+    an unreadable or bad file is a :class:`SettingError` naming it."""
+    if not s.scrape_profiles_file:
+        return default_converter
+    from tailguard.scrape.profiles import PROFILES, profiles_from_text
+
+    path = s.scrape_profiles_file
+    try:
+        with open(path, encoding="utf-8") as fh:
+            extra = profiles_from_text(fh.read(), "its")
+    except OSError as e:
+        raise SettingError("TAILGUARD_SCRAPE_PROFILES_FILE", path, f"a readable mapping file ({e.strerror})") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        why = " ".join(str(e).split())[:300]
+        raise SettingError("TAILGUARD_SCRAPE_PROFILES_FILE", path,
+                           f"a mapping file of server profiles (docs/scrape.md); {why}") from None
+    profiles = {**PROFILES, **extra}
+    return functools.partial(default_converter, profiles=profiles)
 
 
 def _settings(args: argparse.Namespace) -> app_settings.Settings:
     over: dict[str, Any] = {}
     for opt, name in (("file_sd", "scrape_file_sd"), ("http_sd", "scrape_http_sd"),
                       ("interval_s", "scrape_interval_s"), ("timeout_s", "scrape_timeout_s"),
-                      ("shard", "scrape_shard"), ("metrics_port", "scrape_metrics_port")):
+                      ("shard", "scrape_shard"), ("metrics_port", "scrape_metrics_port"),
+                      ("profiles", "scrape_profiles_file")):
         if getattr(args, opt) is not None:
             over[name] = getattr(args, opt)
     if over.get("scrape_file_sd"):
@@ -103,7 +129,7 @@ class Targets:
         self._file = FileSource(s.scrape_file_sd, names) if s.scrape_file_sd else None
         self._http = HttpSource(s.scrape_http_sd, names) if s.scrape_http_sd else None
         self._session, self._refresh_s = session, s.scrape_sd_refresh_s
-        self._shard = app_settings.parse_shard("TAILGUARD_SCRAPE_SHARD", s.scrape_shard)
+        self._shard = parse_shard("TAILGUARD_SCRAPE_SHARD", s.scrape_shard)
         self._next_http = 0.0
         self._error = ""
         self.source = s.scrape_file_sd or s.scrape_http_sd
@@ -150,6 +176,7 @@ async def run(s: app_settings.Settings, *, once: bool = False, stop: asyncio.Eve
 
     stop = stop or asyncio.Event()
     registry = registry or CollectorRegistry()
+    factory = converter_factory(s)
     await check_kafka(s)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=s.scrape_concurrency)) as session:
         targets = Targets(s, session)
@@ -159,7 +186,8 @@ async def run(s: app_settings.Settings, *, once: bool = False, stop: asyncio.Eve
         await producer.start()
         try:
             bridge = Bridge(HttpFetcher(session), KafkaPublisher(producer, s.topics.latency_events),
-                            timeout_s=s.scrape_timeout, concurrency=s.scrape_concurrency, registry=registry)
+                            timeout_s=s.scrape_timeout, concurrency=s.scrape_concurrency, registry=registry,
+                            converter_factory=factory)
             bridge.set_targets(first)
             print(f"tailguard scrape: {len(first)} targets from {targets.source}"
                   f"{f' (shard {s.scrape_shard})' if s.scrape_shard else ''}, every {s.scrape_interval_s:g} s "

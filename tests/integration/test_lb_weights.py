@@ -26,6 +26,7 @@ import aiohttp
 import numpy as np
 import pytest
 import redis.asyncio as aioredis
+from test_haproxy import BACKEND, MODEL, NODES, Rig, start_haproxy, start_sync
 
 from tailguard.core.contract.config import DetectorSettings
 from tailguard.core.contract.events import parse_event
@@ -37,7 +38,6 @@ from tailguard.lb.source import open_routing
 from tailguard.lb.testing import echo_backend, eventually, scratch_redis, write_routing
 from tailguard.routing.writer import RoutingWriter
 from tailguard.settings import Settings
-from tests.integration.test_haproxy import BACKEND, MODEL, NODES, Rig, start_haproxy, start_sync
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

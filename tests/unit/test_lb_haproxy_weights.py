@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from test_lb_haproxy import REAL_STATE
 
 from tailguard.lb.haproxy import (
     FDRAIN,
@@ -19,7 +20,6 @@ from tailguard.lb.haproxy import (
     weight_percent,
 )
 from tailguard.lb.testing import StaticSource
-from tests.unit.test_lb_haproxy import REAL_STATE
 
 
 def srv(name: str, iweight: int = 100, uweight: int | None = None, admin: int = 0) -> ServerState:

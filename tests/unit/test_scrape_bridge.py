@@ -162,3 +162,20 @@ async def test_kafka_refusals_are_counted_not_fatal(caplog: pytest.LogCaptureFix
     assert (stats.ok, stats.events, stats.published_failed) == (1, 0, 1)
     assert reg.get_sample_value("tailguard_scrape_publish_failures_total") == 1
     assert any("broker down" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_target_whose_converter_cannot_be_made_is_skipped_alone(caplog: pytest.LogCaptureFixture) -> None:
+    def factory(t: ScrapeTarget) -> FakeConverter:
+        if t.node_id == "odd":
+            raise ValueError("target 'odd': unknown profile 'llamacpp'")
+        return FakeConverter(t)
+
+    reg = CollectorRegistry()
+    b = Bridge(FakeFetcher(), FakePublisher(), timeout_s=5, concurrency=4, registry=reg, converter_factory=factory)
+    with caplog.at_level(logging.ERROR, logger="tailguard.scrape"):
+        assert b.set_targets([target("n1"), target("odd")]) == (1, 0)
+    assert [t.node_id for t in b.targets] == ["n1"]
+    assert reg.get_sample_value("tailguard_scrape_failures_total", {"instance": "odd", "reason": "profile"}) == 1
+    assert any("odd (http://odd:8000/metrics) is not scraped: target 'odd': unknown profile" in r.getMessage()
+               for r in caplog.records)
+    assert (await b.scrape_once()).ok == 1

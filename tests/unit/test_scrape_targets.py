@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -70,3 +71,49 @@ async def test_a_shard_gets_its_part_of_the_list() -> None:
     finally:
         await runner.cleanup()
     assert got and len(got) < 30 and all(shard_of(t, 3) == 1 for t in got)
+
+
+MAPPING = """
+profiles:
+  - name: myserver
+    model_label: deployment
+    histograms:
+      e2e: {name: my_request_latency_ms, scale_s: 0.001}
+"""
+
+
+def exposition(count_le_500: int, count_all: int) -> str:
+    return ("# TYPE my_request_latency_ms histogram\n"
+            f'my_request_latency_ms_bucket{{deployment="d1",le="500"}} {count_le_500}\n'
+            f'my_request_latency_ms_bucket{{deployment="d1",le="+Inf"}} {count_all}\n'
+            f'my_request_latency_ms_count{{deployment="d1"}} {count_all}\n'
+            f'my_request_latency_ms_sum{{deployment="d1"}} {count_all * 300.0}\n')
+
+
+def test_a_mapping_file_adds_profiles_the_targets_can_name(tmp_path: Path) -> None:
+    from tailguard.scrape.run import converter_factory
+    from tailguard.scrape.sd import ScrapeTarget
+
+    path = tmp_path / "servers.yml"
+    path.write_text(MAPPING)
+    make = converter_factory(Settings(scrape_profiles_file=str(path)))
+    conv = make(ScrapeTarget(url="http://h:1/metrics", node_id="n1", model=None, hardware=None, profile="myserver"))
+    assert conv.observe(exposition(1, 2), 100.0) == []
+    (ev,) = conv.observe(exposition(4, 6), 110.0)
+    assert (ev["model"], ev["metric"], ev["bounds_s"], ev["counts"]) == ("d1", "e2e", [0.5], [3, 1])
+
+
+def test_a_bad_mapping_file_is_one_line_naming_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tailguard import cli
+
+    path = tmp_path / "servers.yml"
+    path.write_text("profiles:\n  - name: x\n    histograms: {}\n")
+    targets = tmp_path / "t.json"
+    targets.write_text("[]")
+    assert cli.main(["scrape", "--file-sd", str(targets), "--profiles", str(path), "--metrics-port", "0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith(f"tailguard scrape: TAILGUARD_SCRAPE_PROFILES_FILE='{path}'"), err
+    assert "'histograms' must map at least one of e2e" in err
+    assert cli.main(["scrape", "--file-sd", str(targets), "--profiles", str(tmp_path / "nope.yml"),
+                     "--metrics-port", "0"]) == 2
+    assert "a readable mapping file" in capsys.readouterr().err

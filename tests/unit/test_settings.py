@@ -82,6 +82,7 @@ SERVICE_VALUES: dict[str, tuple[str, Any]] = {
     "TAILGUARD_SCRAPE_PROFILE_LABEL": ("server", "server"),
     "TAILGUARD_SCRAPE_SHARD": ("1/3", "1/3"),
     "TAILGUARD_SCRAPE_METRICS_PORT": ("9475", 9475),
+    "TAILGUARD_SCRAPE_PROFILES_FILE": ("/etc/tailguard/servers.yml", "/etc/tailguard/servers.yml"),
     "TAILGUARD_K8S_API_URL": ("https://10.0.0.1:6443", "https://10.0.0.1:6443"),
     "TAILGUARD_K8S_TOKEN_FILE": ("/run/tg/token", "/run/tg/token"),
     "TAILGUARD_K8S_CA_FILE": ("/run/tg/ca.crt", "/run/tg/ca.crt"),
