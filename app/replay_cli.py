@@ -38,6 +38,7 @@ import sys
 from collections.abc import Iterable, Iterator
 from typing import IO, Any, cast
 
+from tailguard.collector import collector_paused
 from tailguard.core.contract.config import SettingError, field_names
 from tailguard.core.replay.detector import Detector
 from tailguard.core.replay.replay import ReplayStats, replay
@@ -180,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
             lines: Iterable[bytes | str] = stream
             if args.format == "capture" or (args.format == "auto" and _is_capture(stream)):
                 lines = _capture_events(stream, args)
-            det, stats = replay(lines, settings, emit, progress=progress if show_progress else None)
+            det, stats = replay(lines, settings, emit, progress=progress if show_progress else None,
+                                detector=Detector(settings, pause_collector=collector_paused))
     except OSError as e:
         print(f"tailguard replay: cannot read {name}: {e.strerror or e}", file=sys.stderr)
         return 1

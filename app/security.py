@@ -15,7 +15,8 @@ from the ``TAILGUARD_KAFKA_*`` / ``TAILGUARD_REDIS_*`` settings
 
 Guarantees: a TLS file that is missing or not PEM raises
 :class:`~tailguard.core.contract.config.SettingError` naming the setting, before any
-connection. :func:`check_kafka` and :func:`check_redis` connect once, within a
+connection. :func:`check_kafka` (and, for Redis,
+:func:`tailguard.routing.client.check_redis`, which builds on this module) connect once, within a
 timeout, and turn a refused login or an untrusted certificate into
 :class:`AccessRefused` — a ``SettingError`` whose one-line message names the
 setting to fix (the ``tailguard`` command prints it, exit 2), and so does any other
@@ -26,14 +27,13 @@ error applies. No function here logs, prints or puts a secret into a message.
 
 from __future__ import annotations
 
-import asyncio
 import ssl
 from typing import Any
 from urllib.parse import urlparse
 
 from tailguard import kafka_security
 from tailguard.core.contract.config import SettingError
-from tailguard.settings import Settings, redact_url
+from tailguard.settings import Settings
 
 TLS_PROTOCOLS = kafka_security.TLS_PROTOCOLS
 
@@ -113,45 +113,3 @@ async def check_kafka(s: Settings, *, timeout_s: float = 10.0) -> None:
                                    timeout_s=timeout_s)
     except kafka_security.KafkaRefused as e:
         raise AccessRefused(e.name, e.problem) from None
-
-
-async def check_redis(s: Settings, *, timeout_s: float = 5.0) -> None:
-    """PING Redis once with the credentials and TLS settings (see module docstring)."""
-    from redis.exceptions import AuthenticationError, NoPermissionError, RedisError, ResponseError
-
-    from tailguard.routing.client import connect_for
-
-    where = f"Redis at {redact_url(s.redis_url)}"
-    user = s.redis_username or urlparse(s.redis_url).username or "default"
-    client = connect_for(s, timeout_s=timeout_s)
-    try:
-        await asyncio.wait_for(client.ping(), 2 * timeout_s + 1)
-    except AuthenticationError as e:
-        raise AccessRefused("TAILGUARD_REDIS_PASSWORD", (
-            f"{where} refused the login of user {user!r} ({str(e).rstrip('.')}): check "
-            "TAILGUARD_REDIS_USERNAME and TAILGUARD_REDIS_PASSWORD (or its _FILE, or the "
-            "URL's user:password)")) from None
-    except NoPermissionError:
-        raise AccessRefused("TAILGUARD_REDIS_USERNAME", (
-            f"the ACL of Redis user {user!r} at {where} does not allow PING: give it the ACL "
-            "of docs/production.md")) from None
-    except ResponseError as e:
-        if "NOAUTH" in str(e) or "AUTH" in str(e).split(" ", 1)[0]:
-            raise AccessRefused("TAILGUARD_REDIS_PASSWORD", (
-                f"{where} wants a password ({str(e).split(' ', 1)[0]}): set "
-                "TAILGUARD_REDIS_PASSWORD (or its _FILE) or put user:password in the URL")) from None
-        fix = ("use a /db below the server's `databases` (16 by default)" if "DB index" in str(e)
-               else "check that it is the Redis tailguard writes to")
-        raise AccessRefused("TAILGUARD_REDIS_URL",
-                            f"{where} refused the connection ({str(e).rstrip('.')}): {fix}") from None
-    except (RedisError, OSError, TimeoutError) as e:
-        problem = _cert_problem(e, "TAILGUARD_REDIS_SSL", s.redis_ssl_cafile, where)
-        if problem is None and "certificate verify failed" in str(e).lower():
-            problem = AccessRefused("TAILGUARD_REDIS_SSL_CAFILE", (
-                f"the certificate of {where} is not trusted by "
-                f"{s.redis_ssl_cafile or 'the system CAs'} ({e}): point TAILGUARD_REDIS_SSL_CAFILE "
-                "at the CA that signed it"))
-        if problem is not None:
-            raise problem from None
-    finally:
-        await client.aclose()

@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-from tailguard.core.contract.config import DetectorSettings, SettingError, check_regex, field_names, parse_overrides
+from tailguard.core.contract.config import DetectorSettings, SettingError, field_names, parse_overrides
 from tailguard.k8s.config import check_k8s
 from tailguard.kafka_security import KafkaSecurity, parse_bool, read_secret
-from tailguard.kafka_security import validate as validate_kafka_security
 from tailguard.scrape.config import check_scrape
+from tailguard.settings_checks import check_allowlist, check_security
 
 PREFIX = "TAILGUARD_"
 
@@ -223,7 +223,7 @@ class Settings:
         if not (sep and host.strip("[]") and port.isdigit() and int(port) <= 65535):
             raise SettingError("TAILGUARD_PROXY_LISTEN", self.proxy_listen,
                                "HOST:PORT, e.g. 127.0.0.1:8080 (0.0.0.0:8080 = every interface)")
-        _check_security(self)
+        check_security(self)
         if self.redis_sentinels and not all(_is_host_port(h) for h in self.redis_sentinels.split(",")):
             raise SettingError("TAILGUARD_REDIS_SENTINELS", self.redis_sentinels,
                                "host:port[,host:port…] of the Redis sentinels (empty: no Sentinel)")
@@ -249,7 +249,7 @@ class Settings:
         if self.mode not in ("observe", "enforce"):
             raise SettingError("TAILGUARD_MODE", self.mode,
                                "observe (publish verdicts, route every node) or enforce")
-        _check_allowlist(self)
+        check_allowlist(self)
         check_k8s(self)
         check_scrape(self)
 
@@ -285,24 +285,6 @@ def _check_topic_name(var: str, name: str, max_len: int = 249, why: str = "") ->
     if not _TOPIC_NAME.fullmatch(name) or len(name) > max_len or name in (".", ".."):
         raise SettingError(var, name, f"a Kafka topic name: 1-{max_len} of letters, digits, "
                                       f"'.', '_', '-'{why}")
-
-
-def _check_security(s: Settings) -> None:
-    validate_kafka_security(s.kafka_security(), SettingError)
-    if s.redis_ssl_keyfile and not s.redis_ssl_certfile:
-        raise SettingError("TAILGUARD_REDIS_SSL_CERTFILE", "", "the client certificate that "
-                           "TAILGUARD_REDIS_SSL_KEYFILE belongs to")
-    u = urlparse(s.redis_url)
-    for name in ("redis_ssl_cafile", "redis_ssl_certfile", "redis_ssl_keyfile"):
-        if getattr(s, name) and u.scheme != "rediss":
-            raise SettingError(PREFIX + name.upper(), getattr(s, name),
-                               "empty, or TAILGUARD_REDIS_URL with rediss:// (TLS)")
-    if s.redis_password and u.password is not None:
-        raise SettingError("TAILGUARD_REDIS_PASSWORD", "***", "empty when TAILGUARD_REDIS_URL "
-                           "holds a password already (give it in one place)")
-    if s.redis_username and u.username:
-        raise SettingError("TAILGUARD_REDIS_USERNAME", s.redis_username, "empty when "
-                           "TAILGUARD_REDIS_URL holds a user name already (give it in one place)")
 
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -357,19 +339,6 @@ def replace_command_env(s: Settings, environ: Mapping[str, str] | None = None) -
     return out
 
 
-def _check_allowlist(s: Settings) -> None:
-    if s.allowlist_pattern:
-        check_regex("TAILGUARD_ALLOWLIST_PATTERN", s.allowlist_pattern, "node ids")
-    if s.allowlist_model_pattern:
-        check_regex("TAILGUARD_ALLOWLIST_MODEL_PATTERN", s.allowlist_model_pattern, "model names")
-    if s.allowlist_redis_key and any(c.isspace() for c in s.allowlist_redis_key):
-        raise SettingError("TAILGUARD_ALLOWLIST_REDIS_KEY", s.allowlist_redis_key,
-                           "a Redis key without spaces, e.g. tailguard:allowlist")
-    if not 1.0 <= s.allowlist_refresh_s <= 3600.0:
-        raise SettingError("TAILGUARD_ALLOWLIST_REFRESH_S", s.allowlist_refresh_s,
-                           "a number of seconds in [1, 3600]")
-
-
 def _is_host_port(text: str) -> bool:
     host, sep, port = text.strip().rpartition(":")
     return bool(sep and host and port.isdigit() and 0 < int(port) <= 65535)
@@ -380,7 +349,9 @@ SECRETS = tuple(n for n, f in _SERVICE.items() if f.type in ("Secret", Secret))
 # Variables used only by the shell scripts (scripts/lib/common.sh), not by the program.
 SCRIPT_ONLY = tuple(PREFIX + n for n in (
     "CACHE", "RUN", "VENV", "PYTHON", "SKIP_STACK", "KAFKA_PORT", "KAFKA_CONTROLLER_PORT",
-    "KAFKA_SASL_SSL_PORT", "KAFKA_BROKERS", "REDIS_PORT", "REDIS_TLS_PORT", "REDIS_HA_PORT"))
+    "KAFKA_SASL_SSL_PORT", "KAFKA_BROKERS", "REDIS_PORT", "REDIS_TLS_PORT", "REDIS_HA_PORT",
+    # scripts/k8s (the test control plane)
+    "K8S_API_PORT", "K8S_ETCD_PORT", "K8S_KCM_PORT", "K8S_KWOK_PORT"))
 
 
 def secret_file_names() -> dict[str, str]:

@@ -39,6 +39,7 @@ import tracemalloc
 import numpy as np
 
 from bench.timing import best, best_alternating, row
+from tailguard.collector import collector_paused
 from tailguard.core.contract.config import DetectorSettings
 from tailguard.core.contract.errors import BadEvent
 from tailguard.core.contract.events import Heartbeat, SampleBatch, decode
@@ -163,7 +164,9 @@ def bench_replay(quick: bool) -> None:
     try:
         def from_file() -> None:
             with open(path, "rb") as fh:
-                replay(fh, settings, lambda _line: None)
+                # As `tailguard replay` runs it: the garbage collector paused around each summary pass.
+                replay(fh, settings, lambda _line: None,
+                       detector=Detector(settings, pause_collector=collector_paused))
 
         both = best_alternating({"replay": from_file,
                                  "seed": lambda: seed_transcription(lines)}, 3)

@@ -2,9 +2,9 @@
 
 Run: ``python -m bench.compare_tick --base PATH`` where ``PATH`` is a checkout of the
 build to compare against (e.g. ``git worktree add --detach /tmp/base main``). The
-script runs itself once under ``PATH`` (``PYTHONPATH=PATH``, so ``app`` is that
-build's) and once here, on the same generated fleet, and compares, tick by tick: every
-summary of stage 1 (``WindowStore.summaries``), every tick result of the façade
+script runs itself once under ``PATH`` (a ``tailguard`` symlink to ``PATH/app`` first on
+``PYTHONPATH``, so ``tailguard`` is that build's) and once here, on the same generated
+fleet, and compares, tick by tick: every summary of stage 1 (``WindowStore.summaries``), every tick result of the façade
 (``Detector.evaluate``: transitions, routing, quarantine, fleet events, diagnostics,
 statuses, cluster P50/P99) and, at the end, the whole detector snapshot (stage 2's
 state: baselines, rates, streaks). Exit status 1 and the first difference when they
@@ -159,7 +159,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--base PATH or --record FILE is required")
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "base.txt")
-        env = {**os.environ, "PYTHONPATH": os.path.abspath(args.base)}
+        # The import package is `tailguard`, its source PATH/app: a symlink puts it first on the path.
+        os.symlink(os.path.join(os.path.abspath(args.base), "app"), os.path.join(tmp, "tailguard"))
+        env = {**os.environ, "PYTHONPATH": tmp}
         subprocess.run([sys.executable, os.path.abspath(__file__), "--record", path,
                         "--series", str(args.series), "--ticks", str(args.ticks),
                         "--seed", str(args.seed)],

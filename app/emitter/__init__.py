@@ -14,7 +14,9 @@ Modules: :mod:`~tailguard.emitter.emitter` (``LatencyEmitter``, asyncio),
 :mod:`~tailguard.emitter.middleware` (ASGI request timing),
 :mod:`~tailguard.emitter.middleware_aiohttp` (aiohttp request timing; needs aiohttp),
 :mod:`~tailguard.emitter.wire` (the JSON on the wire),
-:mod:`~tailguard.emitter.buffer` (the bounded buffer), :mod:`~tailguard.emitter.errors`.
+:mod:`~tailguard.emitter.buffer` (the bounded buffer), :mod:`~tailguard.emitter.kafka` (the
+producer), :mod:`~tailguard.emitter.options`, :mod:`~tailguard.emitter.stats`,
+:mod:`~tailguard.emitter.errors`.
 ``record()`` never blocks the request path, memory stays bounded when Kafka is
 down (oldest samples dropped and counted), and every message follows the
 latency-event contract in ARCHITECTURE.md.
@@ -27,9 +29,12 @@ use, so that a server without aiohttp can import the rest.
 
 from typing import TYPE_CHECKING
 
-from tailguard.emitter.emitter import MAX_BATCH, EmitterStats, LatencyEmitter, Producer
+from tailguard.emitter.emitter import LatencyEmitter
 from tailguard.emitter.errors import EmitterError, EmitterStartError
+from tailguard.emitter.kafka import Producer
 from tailguard.emitter.middleware import PROBE_HEADER, LatencyMiddleware, Recorder, RequestInfo
+from tailguard.emitter.options import MAX_BATCH
+from tailguard.emitter.stats import EmitterStats
 from tailguard.emitter.sync import SyncEmitter
 
 if TYPE_CHECKING:

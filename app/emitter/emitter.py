@@ -1,8 +1,10 @@
 """``LatencyEmitter``: publish per-request latencies to Kafka without slowing requests.
 
 What it owns: a bounded in-memory buffer (:class:`~tailguard.emitter.buffer.SeriesBuffer`),
-one background asyncio task (the *flusher*) and one aiokafka producer. Its length is one
-concept's: the flusher's send, retry and back-off states only make sense together. Entry
+one background asyncio task (the *flusher*) and one aiokafka producer (built by
+:mod:`tailguard.emitter.kafka`; options checked by :mod:`tailguard.emitter.options`, counters
+in :mod:`tailguard.emitter.stats`): the flusher's send, retry and back-off states only make
+sense together. Entry
 points: :meth:`LatencyEmitter.record`, :meth:`~LatencyEmitter.heartbeat`, ``start``/``stop``
 (or ``async with``). Options and each guarantee in full: docs/emitter.md.
 
@@ -30,14 +32,13 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, Final, Protocol
-
-from aiokafka.errors import KafkaError, KafkaTimeoutError, RequestTimedOutError
+from typing import Any, Final
 
 from tailguard.emitter.buffer import SeriesBuffer
+from tailguard.emitter.kafka import Producer, aiokafka_producer, retriable, stop_quietly
+from tailguard.emitter.options import check_options, positive
+from tailguard.emitter.stats import EmitterStats
 from tailguard.emitter.wire import (
-    WIRE_FORMATS,
     Sample,
     SeriesKey,
     WireFormat,
@@ -50,56 +51,7 @@ from tailguard.emitter.wire import (
 
 log = logging.getLogger("tailguard.emitter")
 
-#: Upper bound of ``max_batch``: 5000 samples of ~90 bytes stay well under
-#: Kafka's default 1 MB message limit (``max_request_size``, ``message.max.bytes``).
-MAX_BATCH: Final = 5000
 _LOG_EVERY_S: Final = 30.0
-
-
-class Producer(Protocol):
-    """The part of :class:`aiokafka.AIOKafkaProducer` the emitter uses."""
-
-    async def start(self) -> None: ...
-
-    async def stop(self) -> None: ...
-
-    async def send(self, topic: str, value: bytes | None = None,
-                   key: bytes | None = None) -> asyncio.Future[Any]: ...
-
-
-@dataclass(frozen=True, slots=True)
-class EmitterStats:
-    """A consistent snapshot of an emitter's counters (samples unless noted).
-
-    ``recorded``: accepted by ``record()``; ``sent``: acknowledged by Kafka;
-    ``dropped``: lost (buffer overflow, non-retriable error, recorded after
-    close, left over at close); ``buffered``: waiting in memory;
-    ``in_flight``: handed to the producer, not yet acknowledged;
-    ``send_errors``: failed send attempts (messages, incl. heartbeats);
-    ``heartbeats_sent``: acknowledged heartbeat messages; ``connected``:
-    whether a producer is up.
-    """
-
-    recorded: int
-    sent: int
-    dropped: int
-    send_errors: int
-    buffered: int
-    in_flight: int
-    heartbeats_sent: int
-    connected: bool
-
-
-def _retriable(exc: BaseException) -> bool:
-    if isinstance(exc, KafkaTimeoutError | RequestTimedOutError | asyncio.CancelledError):
-        return True
-    return isinstance(exc, KafkaError) and bool(getattr(exc, "retriable", False))
-
-
-def _positive(name: str, value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not (0 < value < math.inf):
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-    return float(value)
 
 
 class LatencyEmitter:
@@ -131,34 +83,20 @@ class LatencyEmitter:
         instance: str | None = None,
         wire_format: WireFormat = "binary",
     ) -> None:
-        if not isinstance(bootstrap_servers, str) or not bootstrap_servers.strip():
-            raise ValueError(f"bootstrap_servers must be 'host:port[,host:port…]', got {bootstrap_servers!r}")
-        if not isinstance(topic, str) or not topic:
-            raise ValueError(f"topic must be a non-empty string, got {topic!r}")
-        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or not 1 <= max_batch <= MAX_BATCH:
-            raise ValueError(f"max_batch must be an int in [1, {MAX_BATCH}], got {max_batch!r}")
-        if isinstance(max_buffered, bool) or not isinstance(max_buffered, int) or max_buffered < max_batch:
-            raise ValueError(f"max_buffered must be an int >= max_batch ({max_batch}), got {max_buffered!r}")
-        if isinstance(linger_s, bool) or not isinstance(linger_s, int | float) or not 0 <= linger_s < math.inf:
-            raise ValueError(f"linger_s must be a finite number >= 0, got {linger_s!r}")
-        if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 1:
-            raise ValueError(f"max_in_flight must be an int >= 1, got {max_in_flight!r}")
-        if isinstance(retry_backoff_s, bool) or not 0 <= retry_backoff_s <= max_retry_backoff_s:
-            raise ValueError(f"retry_backoff_s must be in [0, max_retry_backoff_s={max_retry_backoff_s!r}],"
-                             f" got {retry_backoff_s!r}")
-        if wire_format not in WIRE_FORMATS:
-            raise ValueError(f"wire_format must be one of {WIRE_FORMATS}, got {wire_format!r}")
+        check_options(bootstrap_servers, topic, max_batch, max_buffered, linger_s, max_in_flight,
+                      retry_backoff_s, max_retry_backoff_s, wire_format)
         self._wire_format: WireFormat = wire_format
         self._bootstrap = bootstrap_servers
         self._topic = topic
-        self._heartbeat_interval_s = _positive("heartbeat_interval_s", heartbeat_interval_s)
-        self._request_timeout_s = _positive("request_timeout_s", request_timeout_s)
-        self._close_timeout_s = _positive("close_timeout_s", close_timeout_s)
+        self._heartbeat_interval_s = positive("heartbeat_interval_s", heartbeat_interval_s)
+        self._request_timeout_s = positive("request_timeout_s", request_timeout_s)
+        self._close_timeout_s = positive("close_timeout_s", close_timeout_s)
         self._retry_backoff_s = float(retry_backoff_s)
         self._max_retry_backoff_s = float(max_retry_backoff_s)
         self._max_in_flight = max_in_flight
         self._producer_options = dict(producer_options or {})
-        self._factory = producer_factory or self._aiokafka_producer
+        self._factory = producer_factory or functools.partial(
+            aiokafka_producer, bootstrap_servers, self._request_timeout_s, self._producer_options)
         self._clock = clock
         self._mono = monotonic
         # This process's id on every message: a new one tells tailguard the node restarted.
@@ -341,23 +279,6 @@ class LatencyEmitter:
 
     # ------------------------------------------------------------------ flusher
 
-    def _aiokafka_producer(self) -> Producer:
-        from aiokafka import AIOKafkaProducer
-
-        options: dict[str, Any] = {
-            "bootstrap_servers": self._bootstrap,
-            "client_id": "tailguard-emitter",
-            # A write is acknowledged once every in-sync replica has it (2 of 3 with the
-            # worker's topic settings), and idempotence keeps the producer's retries from
-            # duplicating or reordering it: a broker's loss loses no acknowledged event.
-            "acks": "all",
-            "enable_idempotence": True,
-            "request_timeout_ms": int(self._request_timeout_s * 1000),
-        }
-        options.update(self._producer_options)
-        producer: Producer = AIOKafkaProducer(**options)
-        return producer
-
     async def _run(self) -> None:
         producer = await self._connect()
         try:
@@ -387,7 +308,7 @@ class LatencyEmitter:
                 await self._sleep()
         finally:
             self._connected = False
-            await self._stop_quietly(producer, max(1.0, self._close_timeout_s / 5))
+            await stop_quietly(producer, max(1.0, self._close_timeout_s / 5))
 
     async def _connect(self) -> Producer:
         """Start a producer, retrying with back-off; during stop() too (stop's timeout bounds it)."""
@@ -399,13 +320,13 @@ class LatencyEmitter:
             try:
                 await producer.start()
             except asyncio.CancelledError:
-                await self._stop_quietly(producer, 1.0)
+                await stop_quietly(producer, 1.0)
                 raise
             except Exception as e:
                 self._log_limited("connect", logging.WARNING,
                                   "emitter: cannot reach Kafka at %s (%s); buffering and retrying",
                                   self._bootstrap, e)
-                await self._stop_quietly(producer, 1.0)
+                await stop_quietly(producer, 1.0)
                 producer = None
                 self._note_failure()
                 await self._pause_until(self._retry_at)
@@ -415,13 +336,6 @@ class LatencyEmitter:
             self._retry_at = -math.inf
             log.info("emitter: connected to Kafka at %s, topic %s", self._bootstrap, self._topic)
             return producer
-
-    @staticmethod
-    async def _stop_quietly(producer: Producer, timeout_s: float) -> None:
-        try:
-            await asyncio.wait_for(producer.stop(), timeout=timeout_s)
-        except (Exception, TimeoutError) as e:
-            log.debug("emitter: producer stop: %r", e)
 
     async def _pause_until(self, deadline: float) -> None:
         """Sleep until monotonic ``deadline``; while not stopping, stop() cuts it short."""
@@ -536,7 +450,7 @@ class LatencyEmitter:
 
     def _failed(self, series: SeriesKey, samples: list[Sample], exc: BaseException | None) -> None:
         """Account for a message that did not make it; ``exc=None``: never tried (re-queue)."""
-        requeue = exc is None or _retriable(exc)
+        requeue = exc is None or retriable(exc)
         with self._lock:
             if exc is not None:
                 self._send_errors += 1

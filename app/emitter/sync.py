@@ -22,8 +22,9 @@ import atexit
 import threading
 from typing import Any
 
-from tailguard.emitter.emitter import EmitterStats, LatencyEmitter
+from tailguard.emitter.emitter import LatencyEmitter
 from tailguard.emitter.errors import EmitterStartError
+from tailguard.emitter.stats import EmitterStats
 
 
 class SyncEmitter:

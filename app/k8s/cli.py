@@ -100,9 +100,8 @@ async def _run(args: argparse.Namespace) -> int:
 
 async def _serve(args: argparse.Namespace, settings: Settings, namespace: str, rule: NodeIdRule,
                  client: Client) -> int:
-    from tailguard.routing.client import connect_for
+    from tailguard.routing.client import check_redis, connect_for
     from tailguard.routing.reader import RoutingTable
-    from tailguard.security import check_redis
 
     prog = "tailguard k8s-sync"
     try:

@@ -5,7 +5,7 @@
 :mod:`tailguard.routing.client`) from ``TAILGUARD_REDIS_URL`` / ``TAILGUARD_KEY_PREFIX``
 or the ``--redis-url`` / ``--key-prefix`` flags that :func:`add_routing_args`
 adds to both load-balancer commands. It first PINGs Redis once
-(:func:`tailguard.security.check_redis`): a refused login or certificate stops the
+(:func:`tailguard.routing.client.check_redis`): a refused login or certificate stops the
 command with one line naming the setting.
 
 :class:`SafeSource` wraps any :class:`~tailguard.lb.RoutingSource` so that a read
@@ -167,9 +167,8 @@ async def open_routing(
     whenever a model's routing set or quarantine changes. ``follow=False``
     starts no pub/sub or polling (one-shot reads, e.g. ``haproxy-sync --once``).
     """
-    from tailguard.routing.client import connect_for
+    from tailguard.routing.client import check_redis, connect_for
     from tailguard.routing.reader import RoutingTable
-    from tailguard.security import check_redis
 
     if not poll_interval_s > 0:
         raise ValueError(f"--poll-interval-s must be > 0, got {poll_interval_s!r}")

@@ -23,7 +23,7 @@ from typing import Literal
 
 from tailguard.routing.keys import Keys
 
-# PING at start (tailguard.security.check_redis); HELLO for RESP3 clients.
+# PING at start (tailguard.routing.client.check_redis); HELLO for RESP3 clients.
 _CONNECTION = ("ping", "hello")
 # The routing reader: polls versions, loads a model in MULTI/EXEC, follows the channel.
 # tailguard explain and the status page: a node's status/history (HGET), its membership in the

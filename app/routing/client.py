@@ -13,13 +13,16 @@ options of :func:`tailguard.security.redis_client_options` (``rediss://``, ACL u
 
 :func:`call_redis` is how the ``tailguard`` commands that read or write Redis
 (status, explain, drain/pin/release/mode) run one step: with the same
-credentials and TLS (:func:`connect_for`, after :func:`tailguard.security.check_redis`
-names a refused login, ACL or certificate), and an unreachable Redis reported
-the same way (password redacted).
+credentials and TLS (:func:`connect_for`, after :func:`check_redis` names a refused
+login, ACL or certificate: one PING, its failures turned into
+:class:`tailguard.security.AccessRefused` naming the setting), and an unreachable
+Redis reported the same way (password redacted). This module imports
+:mod:`tailguard.security` (the options, the error), never the other way round.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, TextIO, TypeVar
 from urllib.parse import parse_qs, urlparse
@@ -27,11 +30,12 @@ from urllib.parse import parse_qs, urlparse
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import AuthenticationError, NoPermissionError, RedisError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from tailguard.routing.errors import RoutingError
+from tailguard.security import AccessRefused, _cert_problem, redis_client_options
 from tailguard.settings import Settings, redact_url
 
 
@@ -74,8 +78,6 @@ def connect_sentinel(sentinels: str, master: str, *, db: int = 0, timeout_s: flo
 def connect_for(settings: Settings, *, timeout_s: float = 2.0) -> aioredis.Redis:
     """:func:`connect` to ``settings.redis_url`` with its credentials and TLS settings
     (through the sentinels when ``settings.redis_sentinels`` is set)."""
-    from tailguard.security import redis_client_options
-
     options = redis_client_options(settings)
     if settings.redis_sentinels:
         url = urlparse(settings.redis_url)
@@ -102,10 +104,8 @@ async def call_redis(settings: Settings, prog: str, err: TextIO,
     wrong type, a :class:`~tailguard.routing.errors.RoutingError`): that is no unreachable Redis.
 
     A refused login, ACL or certificate raises :class:`tailguard.security.AccessRefused`
-    (a ``SettingError`` naming the setting) from :func:`tailguard.security.check_redis`.
+    (a ``SettingError`` naming the setting) from :func:`check_redis`.
     """
-    from tailguard.security import check_redis
-
     await check_redis(settings)
     client = connect_for(settings)
     try:
@@ -126,5 +126,43 @@ async def call_redis(settings: Settings, prog: str, err: TextIO,
         print(f"tailguard {prog}: Redis at {redact_url(settings.redis_url)} failed: "
               f"{type(e).__name__}: {e}", file=err)
         return None
+    finally:
+        await client.aclose()
+
+
+async def check_redis(s: Settings, *, timeout_s: float = 5.0) -> None:
+    """PING Redis once with the credentials and TLS settings (see module docstring)."""
+    where = f"Redis at {redact_url(s.redis_url)}"
+    user = s.redis_username or urlparse(s.redis_url).username or "default"
+    client = connect_for(s, timeout_s=timeout_s)
+    try:
+        await asyncio.wait_for(client.ping(), 2 * timeout_s + 1)
+    except AuthenticationError as e:
+        raise AccessRefused("TAILGUARD_REDIS_PASSWORD", (
+            f"{where} refused the login of user {user!r} ({str(e).rstrip('.')}): check "
+            "TAILGUARD_REDIS_USERNAME and TAILGUARD_REDIS_PASSWORD (or its _FILE, or the "
+            "URL's user:password)")) from None
+    except NoPermissionError:
+        raise AccessRefused("TAILGUARD_REDIS_USERNAME", (
+            f"the ACL of Redis user {user!r} at {where} does not allow PING: give it the ACL "
+            "of docs/production.md")) from None
+    except ResponseError as e:
+        if "NOAUTH" in str(e) or "AUTH" in str(e).split(" ", 1)[0]:
+            raise AccessRefused("TAILGUARD_REDIS_PASSWORD", (
+                f"{where} wants a password ({str(e).split(' ', 1)[0]}): set "
+                "TAILGUARD_REDIS_PASSWORD (or its _FILE) or put user:password in the URL")) from None
+        fix = ("use a /db below the server's `databases` (16 by default)" if "DB index" in str(e)
+               else "check that it is the Redis tailguard writes to")
+        raise AccessRefused("TAILGUARD_REDIS_URL",
+                            f"{where} refused the connection ({str(e).rstrip('.')}): {fix}") from None
+    except (RedisError, OSError, TimeoutError) as e:
+        problem = _cert_problem(e, "TAILGUARD_REDIS_SSL", s.redis_ssl_cafile, where)
+        if problem is None and "certificate verify failed" in str(e).lower():
+            problem = AccessRefused("TAILGUARD_REDIS_SSL_CAFILE", (
+                f"the certificate of {where} is not trusted by "
+                f"{s.redis_ssl_cafile or 'the system CAs'} ({e}): point TAILGUARD_REDIS_SSL_CAFILE "
+                "at the CA that signed it"))
+        if problem is not None:
+            raise problem from None
     finally:
         await client.aclose()

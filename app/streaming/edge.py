@@ -34,12 +34,20 @@ import collections
 import hashlib
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tailguard.core.contract.config import DetectorSettings
-from tailguard.core.contract.types import HealthState, ModelTick, NodeStatus, Transition, WindowSummary, utc_text
+from tailguard.core.contract.types import (
+    FleetEvent,
+    HealthState,
+    ModelTick,
+    NodeStatus,
+    Transition,
+    WindowSummary,
+    utc_text,
+)
 from tailguard.routing.apply_script import Extras
 from tailguard.routing.keys import held_out
 from tailguard.routing.operators import OperatorState, Override
@@ -88,6 +96,9 @@ except ImportError:  # pragma: no cover - orjson is a declared dependency
         return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
 
 
+_Nodes = frozenset[str] | set[str]
+
+
 class OperatorEdge:
     """Applies mode and overrides to verdicts; keeps what was announced and the history."""
 
@@ -117,6 +128,7 @@ class OperatorEdge:
         self._weights.forget_model(model)
 
     def apply(self, inp: EdgeInput, ops: OperatorState, now_s: float) -> EdgeOutput:
+        """One model's verdict through the mode and the overrides: what to write and publish."""
         tick = inp.tick
         model = tick.model
         mode = ops.mode_of(model, self.default_mode)
@@ -124,12 +136,43 @@ class OperatorEdge:
         statuses = {s.node_id: s for s in tick.statuses}
         known = {n for n, s in statuses.items() if s.state is not HealthState.UNKNOWN}
         known |= tick.routing
+        active, expired = self._overrides(ops, model, known, now_s)
+        routing, shadow, refused = self._routing(tick, enforced, statuses, known, active)
+        pinned = {n for n, o in active.items() if o.action == "pin"}
+        written = self._written_weights(tick, enforced, frozenset(routing), pinned)
+        events = [self._event(t, enforced) for t in inp.transitions]
+        events += self._announce(model, active, statuses, routing, refused, now_s)
+        events += self._weights.events(tick, frozenset(routing), written,
+                                       enforced and self.settings.weights == "enforce", now_s)
+        self._follow_holding(model, tick.fleet_events)
+        history = self._history_of(inp, model, now_s, mode, statuses, routing, active, refused)
+        drained = {n for n, o in active.items() if o.action == "drain"}
+        return EdgeOutput(
+            # A node in the written routing set is not quarantined for probers and LBs.
+            tick=replace(tick, routing=frozenset(routing), quarantine={
+                n: ts for n, ts in tick.quarantine.items() if n not in routing},
+                diagnostics=tick.diagnostics if enforced or self.diagnose_in_observe else ()),
+            extras=self._page(tick, mode, statuses, routing, shadow, active, refused, drained, events,
+                              history, written),
+            health_events=tuple(events), mode=mode, expired=expired, overrides=active)
+
+    # --- the steps of apply --------------------------------------------------
+    @staticmethod
+    def _overrides(ops: OperatorState, model: str, known: set[str] | frozenset[str],
+                   now_s: float) -> tuple[dict[str, Override], tuple[Override, ...]]:
+        """The overrides in force on the model's known nodes, and those that just expired."""
         active = {n: o for n, o in ops.for_model(model).items() if n in known}
         expired = tuple(o for o in active.values() if o.expired(now_s))
-        active = {n: o for n, o in active.items() if not o.expired(now_s)}
+        return {n: o for n, o in active.items() if not o.expired(now_s)}, expired
+
+    @staticmethod
+    def _routing(tick: ModelTick, enforced: bool, statuses: Mapping[str, NodeStatus],
+                 known: set[str] | frozenset[str],
+                 active: Mapping[str, Override]) -> tuple[_Nodes, _Nodes, set[str]]:
+        """The routing set to write (mode and overrides), the shadow set, the refused drains."""
+        model = tick.model
         drained = {n for n, o in active.items() if o.action == "drain"}
         pinned = {n for n, o in active.items() if o.action == "pin"}
-
         shadow = (tick.routing - drained) | pinned
         # Observe keeps every node the core knows routed, except the gone (silent) ones: a
         # dead node must not stay routed. (On telemetry loss the core marks nobody gone.) The
@@ -149,13 +192,11 @@ class OperatorEdge:
                         model, last)
         if not shadow and known:
             shadow = tick.routing | pinned
+        return routing, shadow, refused
 
-        written = self._written_weights(tick, enforced, routing, pinned)
-        events = [self._event(t, enforced) for t in inp.transitions]
-        events += self._announce(model, active, statuses, routing, refused, now_s)
-        events += self._weights.events(tick, routing, written,
-                                       enforced and self.settings.weights == "enforce", now_s)
-        for f in tick.fleet_events:
+    def _follow_holding(self, model: str, fleet_events: Iterable[FleetEvent]) -> None:
+        """Which fleet-wide holds (load event, telemetry loss, …) are on, from their events."""
+        for f in fleet_events:
             holding = self._holding.setdefault(model, set())
             if f.kind in HOLDING_EVENTS:
                 holding.add(f.kind)
@@ -163,31 +204,36 @@ class OperatorEdge:
                 if f.kind == end:
                     holding.discard(kind)
 
-        history = {}
-        if self.history_len:
-            stats, counts = rule_stats(inp.summaries, tick.statuses, self.settings,
-                                       self._counts.get(model, {}))
-            self._counts[model] = counts
-            history = self._record(model, now_s, mode, statuses, stats, inp.streaks, routing,
-                                   active, refused)
+    def _history_of(self, inp: EdgeInput, model: str, now_s: float, mode: str,
+                    statuses: Mapping[str, NodeStatus], routing: frozenset[str] | set[str],
+                    active: Mapping[str, Override],
+                    refused: set[str]) -> dict[str, collections.deque[tuple[tuple[Any, ...], str]]]:
+        """Each node's last ticks for the page (empty with ``history_len`` 0)."""
+        if not self.history_len:
+            return {}
+        stats, counts = rule_stats(inp.summaries, inp.tick.statuses, self.settings,
+                                   self._counts.get(model, {}))
+        self._counts[model] = counts
+        return self._record(model, now_s, mode, statuses, stats, inp.streaks, routing, active, refused)
+
+    @staticmethod
+    def _page(tick: ModelTick, mode: str, statuses: Mapping[str, NodeStatus], routing: frozenset[str] | set[str],
+              shadow: frozenset[str] | set[str], active: Mapping[str, Override], refused: set[str],
+              drained: set[str], events: list[dict[str, Any]],
+              history: Mapping[str, collections.deque[tuple[tuple[Any, ...], str]]],
+              written: dict[str, float]) -> Extras:
+        """What the routing write carries for the page and ``tailguard status``, as JSON."""
         annotations = {n: {"mode": mode, "routed_by_rules": n in tick.routing,
                            "override": None if n not in active else active[n].to_dict(),
                            "drain_refused": n in refused}
                        for n in statuses}
         page_events = [_dumps(e) for e in events]
         page_events += [_dumps(f.to_event()) for f in tick.fleet_events]
-        return EdgeOutput(
-            # A node in the written routing set is not quarantined for probers and LBs.
-            tick=replace(tick, routing=frozenset(routing), quarantine={
-                n: ts for n, ts in tick.quarantine.items() if n not in routing},
-                diagnostics=tick.diagnostics if enforced or self.diagnose_in_observe else ()),
-            extras=Extras(shadow=frozenset(shadow), annotations=annotations,
-                          history={n: "[" + ",".join(j for _, j in h) + "]"
-                                   for n, h in history.items()},
-                          events=tuple(page_events),
-                          held_out=held_out(tick.statuses, routing) | (drained - routing),
-                          weights=written),
-            health_events=tuple(events), mode=mode, expired=expired, overrides=active)
+        return Extras(shadow=frozenset(shadow), annotations=annotations,
+                      history={n: "[" + ",".join(j for _, j in h) + "]" for n, h in history.items()},
+                      events=tuple(page_events),
+                      held_out=held_out(tick.statuses, routing) | (drained - routing),
+                      weights=written)
 
     # --- internals -----------------------------------------------------------
     def _written_weights(self, tick: ModelTick, enforced: bool, routing: frozenset[str],

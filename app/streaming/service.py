@@ -7,9 +7,10 @@ module-level app, nothing read from the environment here); :func:`runtime_of` gi
 * stage-1 ingestion (:class:`~tailguard.streaming.ingest.IngestService`): ``latency-events`` →
   windows; every ``tick_interval_s`` summaries and cluster digests → ``node-window-stats``;
 * the stage-2 agent over ``node-window-stats`` and the stage-2 tick, :func:`stage2_offset_s`
-  after each stage-1 tick: it evaluates the owned models, stores their state in the ``health``
-  table, publishes, writes Redis after the operator edge (:mod:`tailguard.streaming.edge`) and offers
-  retired nodes to the replace hook;
+  after each stage-1 tick: a :class:`~tailguard.streaming.ticker.Stage2Ticker` (faust's topics,
+  consumer and the Redis writer plugged in here) evaluates the owned models, stores their state in
+  the ``health`` table, publishes, writes Redis after the operator edge
+  (:mod:`tailguard.streaming.edge`) and offers retired nodes to the replace hook;
 * the ``judge_since`` GlobalTable (stage 2's hints for every stage 1) and the status page.
 
 Guarantees: a model is evaluated by the one worker that owns its partition; a restarted or
@@ -27,20 +28,19 @@ import os
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import faust
-from aiokafka.partitioner import murmur2
 from mode import Service
 from prometheus_client import CollectorRegistry
 
+from tailguard.collector import collector_paused
 from tailguard.core.contract.errors import BadEvent
 from tailguard.core.contract.ids import Allowlist
-from tailguard.core.contract.types import ModelTick, WindowSummary
+from tailguard.core.contract.types import WindowSummary
 from tailguard.core.judge.evaluate import FleetEvaluator
 from tailguard.core.window.window import WindowStore
-from tailguard.routing.apply_script import Extras
 from tailguard.routing.keys import Keys
 from tailguard.routing.operators import (
     OperatorState,
@@ -52,13 +52,20 @@ from tailguard.security import faust_broker_credentials
 from tailguard.settings import Settings, redact_url
 from tailguard.streaming import allowlist
 from tailguard.streaming.deadletter import DeadLetter
-from tailguard.streaming.edge import EdgeInput, EdgeOutput, OperatorEdge
+from tailguard.streaming.edge import OperatorEdge
 from tailguard.streaming.ingest import IngestService, next_boundary, sleep_until
 from tailguard.streaming.metrics import WorkerMetrics
-from tailguard.streaming.publisher import Publisher, tick_messages
+from tailguard.streaming.publisher import Publisher
 from tailguard.streaming.replace import ReplaceHook, build_hook
 from tailguard.streaming.stage1 import Stage1
-from tailguard.streaming.stage2 import ModelOutput, Stage2, StageHints, decode_hints, state_key
+from tailguard.streaming.stage2 import Stage2, decode_hints, state_key
+from tailguard.streaming.ticker import (
+    Assignment,
+    OperatorSource,
+    OutputTopics,
+    RoutingSink,
+    Stage2Ticker,
+)
 from tailguard.streaming.wire import (
     ClusterDigest,
     DiagnosticsResult,
@@ -73,22 +80,6 @@ log = logging.getLogger(__name__)
 
 STAGE2_TAKE = 2000
 STAGE2_OFFSET_MAX_S = 5.0
-# Of each stage-2 tick, the share that publishing to Kafka may take after the routing write.
-PUBLISH_BUDGET_FRACTION = 0.25
-
-
-class RoutingSink(Protocol):
-    """Where verdicts go: ``tailguard.routing.writer.RoutingWriter`` or a test fake."""
-
-    async def apply(self, tick: ModelTick, extras: Extras = ...) -> bool: ...
-
-
-class OperatorSource(Protocol):
-    """Where operator overrides and modes come from (Redis: :class:`RedisOperators`)."""
-
-    async def read(self) -> OperatorState: ...
-
-    async def delete_expired(self, override: Override) -> None: ...
 
 
 class RedisOperators:
@@ -102,11 +93,6 @@ class RedisOperators:
 
     async def delete_expired(self, override: Override) -> None:
         await delete_if_unchanged(self.redis, self.keys, override)
-
-
-def partition_for(key: bytes, partitions: int) -> int:
-    """The partition Kafka's default partitioner (aiokafka's, Java's) picks for ``key``."""
-    return int((murmur2(key) & 0x7FFFFFFF) % partitions)
 
 
 def stage2_offset_s(tick_interval_s: float) -> float:
@@ -135,16 +121,9 @@ class Runtime:
     stage2: Stage2
     evaluator: FleetEvaluator
     writer: RoutingSink | None
+    ticker: Stage2Ticker
     ingest: IngestService | None = None
-    last_assignment: tuple[int, frozenset[int]] | None = None
-    stage2_tick: Callable[[], Awaitable[list[ModelOutput]]] | None = None
-    gauged_models: set[str] = field(default_factory=set)
-    dropped_reported: dict[str, int] = field(default_factory=dict)   # stage2.dropped exported
     replace_hook: ReplaceHook | None = None
-    publisher: Publisher | None = None
-    edge: OperatorEdge | None = None
-    operators: OperatorSource | None = None
-    operator_state: OperatorState = field(default_factory=OperatorState)
 
 
 class _ByModel(Protocol):
@@ -192,7 +171,7 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
                clock: Callable[[], float] = time.time,
                registry: CollectorRegistry | None = None,
                operators: OperatorSource | None = None) -> Any:
-    """Build the worker's faust app (see the module docstring).
+    """Build the worker's faust app (see the module docstring): faust wired to a :class:`Stage2Ticker`.
 
     ``writer``: the routing sink; default a :class:`~tailguard.routing.writer.RoutingWriter`
     on ``settings.redis_url`` whose lifetime is the app's. ``operators``: where
@@ -201,10 +180,56 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
     Prometheus registry (default a fresh one). ``clock``: wall time in seconds.
     """
     det = settings.detector
-    tick_s = det.tick_interval_s
-    topics = settings.topics
     metrics = WorkerMetrics(registry if registry is not None else CollectorRegistry())
-    app = faust.App(
+    app = _faust_app(settings)
+    t = _Topics.declare(app, settings)
+    evaluator = FleetEvaluator(det)
+    stage1 = Stage1(WindowStore(det, pause_collector=collector_paused), det, metrics)
+    stage2 = Stage2(evaluator, t.state_table, hints=t.hints_table, stale_after_s=1.5 * det.tick_interval_s,
+                    on_diagnostics_dropped=lambda why: metrics.diagnostics_dropped.labels(
+                        reason=why).inc())
+    redis = _RedisSide.open(settings, writer, operators, metrics)
+    track = _MetadataTracker(app, t.written())
+
+    async def publish_replacement(event: dict[str, Any]) -> None:
+        await track()
+        await (await t.replacements.send(key=event["node_id"].encode(), value=dumps(event)))
+
+    hook, hook_redis = build_hook(settings, publish_replacement, clock)
+    ticker = Stage2Ticker(
+        stage2=stage2, routing=redis.writer, operators=redis.operators, hook=hook, metrics=metrics,
+        edge=OperatorEdge(det, settings.mode, history_len=settings.history_ticks,
+                          diagnose_in_observe=settings.diagnose_in_observe),
+        publisher=_publisher(t, settings, metrics), ownership=_FaustOwnership(app, t, settings, track),
+        topics=OutputTopics(settings.topics.health_changes, settings.topics.fleet_events,
+                            settings.topics.diagnostics_requests),
+        tick_s=det.tick_interval_s, max_ejected_fraction=det.max_ejected_fraction, clock=clock)
+    rt = Runtime(settings, metrics, stage1, stage2, evaluator, redis.writer, ticker, replace_hook=hook)
+    setattr(app, _RUNTIME_ATTR, rt)
+    allow_redis, load_allowlist = _allowlist_loader(settings)
+    sink = _FaustSink(t.stats, t.dlq, track)
+
+    class _Ingest(IngestService):
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(settings=settings, stage1=stage1, sink=sink, metrics=metrics, clock=clock,
+                             hints=lambda: decode_hints(list(t.hints_table.items())),
+                             allowlist=load_allowlist, **kwargs)
+            rt.ingest = self
+
+    app.service(_lifecycle(settings, metrics, redis, hook, hook_redis, allow_redis))
+    app.service(_Ingest)
+    if settings.web_port != 0:
+        from tailguard.streaming import page
+
+        page.register(app, lambda: redis.client, settings.key_prefix, settings.mode, clock)
+    _stage2_agent(app, t.stats, stage2, metrics, settings.topics.window_stats)
+    _stage2_loops(app, ticker, hook, clock, det.tick_interval_s)
+    return app
+
+
+def _faust_app(settings: Settings) -> Any:
+    """The faust App of the worker: raw keys and values, in-memory tables, no autodiscovery."""
+    return faust.App(
         settings.app_id,
         broker=[f"kafka://{h.strip()}" for h in settings.kafka_bootstrap.split(",")],
         broker_credentials=faust_broker_credentials(settings),
@@ -224,128 +249,168 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
         stream_wait_empty=False,
         logging_config=None,
     )
-    n_parts = settings.topic_partitions
-    stats = app.topic(topics.window_stats, partitions=n_parts, key_type=bytes, value_type=bytes)
-    health = app.topic(topics.health_changes, partitions=n_parts)
-    fleet = app.topic(topics.fleet_events, partitions=n_parts)
-    diag_req = app.topic(topics.diagnostics_requests, partitions=n_parts)
-    dlq = app.topic(topics.dead_letter, partitions=n_parts)
-    replacements = app.topic(topics.replacements, partitions=n_parts)
-    state_table = app.Table("health", partitions=n_parts, use_partitioner=True,
-                            key_type=bytes)
-    hints_table = app.GlobalTable("judge_since", partitions=n_parts, use_partitioner=True,
-                                  key_type=bytes)
 
-    evaluator = FleetEvaluator(det)
-    stage1 = Stage1(WindowStore(det), det, metrics)
-    stage2 = Stage2(evaluator, state_table, hints=hints_table, stale_after_s=1.5 * tick_s,
-                    on_diagnostics_dropped=lambda why: metrics.diagnostics_dropped.labels(
-                        reason=why).inc())
-    owns_writer = writer is None
-    redis_client: Any = None
-    if writer is None:
-        from tailguard.routing.client import connect_for
-        from tailguard.routing.writer import RoutingWriter
 
-        redis_client = connect_for(settings)
-        writer = RoutingWriter(redis_client, settings.key_prefix, metrics=metrics,
-                               where=f"{redact_url(settings.redis_url)} (TAILGUARD_REDIS_URL)")
-        if operators is None:
-            operators = RedisOperators(redis_client, settings.key_prefix)
-    routing: RoutingSink = writer
-    edge = OperatorEdge(det, settings.mode, history_len=settings.history_ticks,
-                        diagnose_in_observe=settings.diagnose_in_observe)
-    rt = Runtime(settings, metrics, stage1, stage2, evaluator, writer, edge=edge,
-                 operators=operators)
-    setattr(app, _RUNTIME_ATTR, rt)
-    by_name = {t.get_topic_name(): t for t in (health, fleet, diag_req)}
+@dataclass(frozen=True)
+class _Topics:
+    """The worker's topics and stage 2's two tables, declared on the app."""
+
+    stats: Any
+    health: Any
+    fleet: Any
+    diag_req: Any
+    dlq: Any
+    replacements: Any
+    state_table: Any
+    hints_table: Any
+
+    @classmethod
+    def declare(cls, app: Any, settings: Settings) -> _Topics:
+        topics, n_parts = settings.topics, settings.topic_partitions
+        return cls(
+            stats=app.topic(topics.window_stats, partitions=n_parts, key_type=bytes, value_type=bytes),
+            health=app.topic(topics.health_changes, partitions=n_parts),
+            fleet=app.topic(topics.fleet_events, partitions=n_parts),
+            diag_req=app.topic(topics.diagnostics_requests, partitions=n_parts),
+            dlq=app.topic(topics.dead_letter, partitions=n_parts),
+            replacements=app.topic(topics.replacements, partitions=n_parts),
+            state_table=app.Table("health", partitions=n_parts, use_partitioner=True, key_type=bytes),
+            hints_table=app.GlobalTable("judge_since", partitions=n_parts, use_partitioner=True,
+                                        key_type=bytes),
+        )
+
+    def written(self) -> list[str]:
+        """Every topic the worker's producer writes to, the tables' changelogs included."""
+        changelogs = [t.changelog_topic.get_topic_name() for t in (self.state_table, self.hints_table)]
+        return [t.get_topic_name() for t in (self.stats, self.health, self.fleet, self.diag_req, self.dlq,
+                                             self.replacements)] + changelogs
+
+
+class _MetadataTracker:
+    """Keeps the written topics in the producer's metadata (:func:`track_topic_metadata`), once
+    per aiokafka producer (a tracked topic stays tracked): faust may replace the producer."""
+
+    def __init__(self, app: Any, written: list[str]) -> None:
+        self.app, self.written = app, written
+        self.tracked: Any = None   # the aiokafka producer already tracking ``written``
+
+    async def __call__(self) -> None:
+        faust_producer: Any = await self.app.maybe_start_producer()
+        producer = faust_producer._ensure_producer()
+        if self.tracked is producer:
+            return
+        await track_topic_metadata(producer, self.written)
+        self.tracked = producer
+
+
+def _publisher(t: _Topics, settings: Settings, metrics: WorkerMetrics) -> Publisher:
+    """Stage 2's Kafka backlog (:mod:`tailguard.streaming.publisher`) on the app's output topics."""
+    by_name = {x.get_topic_name(): x for x in (t.health, t.fleet, t.diag_req)}
 
     async def send(topic: str, key: bytes | None, value: bytes) -> Any:
         return await by_name[topic].send(key=key, value=value)
-    publisher = rt.publisher = Publisher(
-        send, max_bytes=settings.publish_backlog_bytes,
-        on_dropped=lambda topic, n: metrics.publish_dropped.labels(topic=topic).inc(n))
-    changelogs = [t.changelog_topic.get_topic_name() for t in (state_table, hints_table)]
-    written = [t.get_topic_name() for t in (stats, health, fleet, diag_req, dlq, replacements)] + changelogs
 
-    tracked: list[Any] = []    # the aiokafka producer already tracking ``written``
+    return Publisher(send, max_bytes=settings.publish_backlog_bytes,
+                     on_dropped=lambda topic, n: metrics.publish_dropped.labels(topic=topic).inc(n))
 
-    async def track_written_metadata() -> None:
-        """Once per aiokafka producer (a tracked topic stays tracked): faust may replace it."""
-        faust_producer: Any = await app.maybe_start_producer()
-        producer = faust_producer._ensure_producer()
-        if tracked and tracked[0] is producer:
-            return
-        await track_topic_metadata(producer, written)
-        tracked[:] = [producer]
 
-    sink = _FaustSink(stats, dlq, track_written_metadata)
+class _FaustOwnership:
+    """:class:`~tailguard.streaming.ticker.Ownership` from the app's consumer; refreshes the
+    producer's metadata first (a tick may write to every output topic)."""
 
-    async def publish_replacement(event: dict[str, Any]) -> None:
-        await track_written_metadata()
-        await (await replacements.send(key=event["node_id"].encode(), value=dumps(event)))
+    def __init__(self, app: Any, t: _Topics, settings: Settings, track: _MetadataTracker) -> None:
+        self.app, self.track = app, track
+        self.topic, self.n_parts = settings.topics.window_stats, settings.topic_partitions
 
-    hook, hook_redis = build_hook(settings, publish_replacement, clock)
-    rt.replace_hook = hook
+    async def assignment(self) -> Assignment | None:
+        app = self.app
+        if app.rebalancing or app.in_recovery:
+            return None
+        await self.track()
+        owned = frozenset(tp.partition for tp in app.consumer.assignment() if tp.topic == self.topic)
+        n = app.consumer.topic_partitions(self.topic) or self.n_parts
+        return Assignment(self.topic, app.consumer_generation_id, owned, n)
 
-    def hints() -> StageHints:
-        return decode_hints(list(hints_table.items()))
 
+@dataclass(frozen=True)
+class _RedisSide:
+    """The routing writer and the operator source; the Redis client when the app owns them."""
+
+    writer: RoutingSink
+    operators: OperatorSource | None
+    client: Any = None     # set when the app made (and closes) the writer
+
+    @classmethod
+    def open(cls, settings: Settings, writer: RoutingSink | None, operators: OperatorSource | None,
+             metrics: WorkerMetrics) -> _RedisSide:
+        if writer is not None:
+            return cls(writer, operators)
+        from tailguard.routing.client import connect_for
+        from tailguard.routing.writer import RoutingWriter
+
+        client = connect_for(settings)
+        owned = RoutingWriter(client, settings.key_prefix, metrics=metrics,
+                              where=f"{redact_url(settings.redis_url)} (TAILGUARD_REDIS_URL)")
+        return cls(owned, operators if operators is not None else RedisOperators(client, settings.key_prefix),
+                   client)
+
+
+def _allowlist_loader(settings: Settings) -> tuple[Any, Callable[[], Awaitable[Allowlist]] | None]:
+    """The allowlist's Redis client (None without a Redis key) and its loader (None when off)."""
+    if not settings.allowlist_on:
+        return None, None
     allow_redis: Any = None
-    load_allowlist: Callable[[], Awaitable[Allowlist]] | None = None
-    if settings.allowlist_on:
-        if settings.allowlist_redis_key:
-            from tailguard.routing.client import connect_for
+    if settings.allowlist_redis_key:
+        from tailguard.routing.client import connect_for
 
-            allow_redis = connect_for(settings)
+        allow_redis = connect_for(settings)
 
-        async def load_allowlist() -> Allowlist:
-            return await allowlist.load(settings, allow_redis)
+    async def load_allowlist() -> Allowlist:
+        return await allowlist.load(settings, allow_redis)
 
-    class _Ingest(IngestService):
-        def __init__(self, **kwargs: Any) -> None:
-            super().__init__(settings=settings, stage1=stage1, sink=sink, metrics=metrics,
-                             clock=clock, hints=hints, allowlist=load_allowlist, **kwargs)
-            rt.ingest = self
+    return allow_redis, load_allowlist
+
+
+def _lifecycle(settings: Settings, metrics: WorkerMetrics, redis: _RedisSide, hook: ReplaceHook | None,
+               hook_redis: Any, allow_redis: Any) -> type[Service]:
+    """The service that serves the metrics, and starts and closes what the app owns."""
 
     class _Lifecycle(Service):
         """Metrics endpoint and the owned Redis writer's retry task."""
 
         async def on_start(self) -> None:
             metrics.serve(settings.metrics_port, settings.metrics_host)
-            enter = getattr(writer, "__aenter__", None)
-            if owns_writer and enter is not None:
+            enter = getattr(redis.writer, "__aenter__", None)
+            if redis.client is not None and enter is not None:
                 await enter()
 
         async def on_stop(self) -> None:
             if hook is not None:
                 await hook.aclose()
                 await hook_redis.aclose()
-            if owns_writer:
-                close = getattr(writer, "aclose", None)
+            if redis.client is not None:
+                close = getattr(redis.writer, "aclose", None)
                 if close is not None:
                     await close()
-                if redis_client is not None:
-                    await redis_client.aclose()
+                await redis.client.aclose()
             if allow_redis is not None:
                 await allow_redis.aclose()
             metrics.close()
 
-    app.service(_Lifecycle)
-    app.service(_Ingest)
-    if settings.web_port != 0:
-        from tailguard.streaming import page
+    return _Lifecycle
 
-        page.register(app, lambda: redis_client, settings.key_prefix, settings.mode, clock)
 
-    @app.agent(stats, name="tailguard-stage2")
+def _stage2_agent(app: Any, stats: Any, stage2: Stage2, metrics: WorkerMetrics, topic: str) -> None:
+    """The agent that feeds stage 2 from ``node-window-stats`` (summaries, digests, results)."""
+
+    @app.agent(stats, name="tailguard-stage2")  # type: ignore[untyped-decorator]
     async def stage2_agent(stream: Any) -> None:
         async for values in stream.take(STAGE2_TAKE, within=0.2):
             for raw in values:
                 try:
                     msg = decode_stage2(raw)
                 except BadEvent as e:
-                    metrics.bad_events.labels(topic=topics.window_stats, reason=e.reason).inc()
+                    metrics.bad_events.labels(topic=topic, reason=e.reason).inc()
                     log.warning("dropping bad stage-2 message (%s): %s", e.reason, e)
                     continue
                 if isinstance(msg, DiagnosticsResult):
@@ -355,87 +420,10 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
                 else:
                     stage2.on_summary(msg)
 
-    def owned_stats_partitions() -> frozenset[int]:
-        return frozenset(tp.partition for tp in app.consumer.assignment()
-                         if tp.topic == topics.window_stats)
 
-    async def stage2_tick() -> list[ModelOutput]:
-        if app.rebalancing or app.in_recovery:
-            log.info("stage-2 tick skipped: rebalancing")
-            return []
-        await track_written_metadata()
-        owned = owned_stats_partitions()
-        assignment = (app.consumer_generation_id, owned)
-        if rt.last_assignment != assignment:
-            log.info("stage 2 owns %s partitions %s (generation %s)", topics.window_stats,
-                     sorted(owned), app.consumer_generation_id)
-            stage2.on_assignment_changed()
-            rt.last_assignment = assignment
-            metrics.owned_models.set(0)
-        n = app.consumer.topic_partitions(topics.window_stats) or n_parts
-        now_s = clock()
-        t0 = time.perf_counter()
-        failures_before = stage2.write_failures
-        outputs = stage2.tick(
-            now_s, lambda model: partition_for(state_key(model), n) in owned,
-            hints_for_s=next_boundary(now_s, tick_s))
-        metrics.tick_seconds.observe(time.perf_counter() - t0)
-        metrics.table_write_failures.inc(stage2.write_failures - failures_before)
-        for reason, count in stage2.dropped.items():
-            if count > rt.dropped_reported.get(reason, 0):
-                metrics.summaries_dropped.labels(reason=reason).inc(count - rt.dropped_reported.get(reason, 0))
-                rt.dropped_reported[reason] = count
-        metrics.owned_models.set(len(outputs))
-        now_owned = {o.tick.model for o in outputs}
-        for gone in rt.gauged_models - now_owned:
-            metrics.forget_model(gone)
-            edge.forget_model(gone)
-        rt.gauged_models = now_owned
-        metrics.last_tick_ts.set(now_s)
-        edged = await at_the_edge(outputs, now_s)
-        # Redis first, every tick: routing never waits on Kafka. The tick's messages then go
-        # to a backlog bounded in bytes, published within a budget and retried (publisher).
-        await write_routing(edged)
-        publisher.add(tick_messages(edged, topics.health_changes, topics.fleet_events,
-                                    topics.diagnostics_requests, metrics))
-        await publisher.publish(PUBLISH_BUDGET_FRACTION * tick_s)
-        metrics.publish_backlog_bytes.set(publisher.nbytes)
-        if hook is not None:   # level-triggered: every retired status, every tick (replace.py)
-            # Observe mode acts on nothing: its models' retired nodes are not replaced.
-            hook.offer(s for d in edged if d.mode == "enforce" for s in d.tick.statuses)
-        return outputs
-
-    async def at_the_edge(outputs: list[ModelOutput], now_s: float) -> list[EdgeOutput]:
-        """Mode and operator overrides on each verdict (tailguard.streaming.edge)."""
-        if operators is not None and outputs:
-            try:
-                rt.operator_state = await operators.read()
-            except Exception as e:  # Redis down: the last overrides read stay in force
-                metrics.operator_read_failures.inc()
-                log.warning("reading operator overrides failed (%s: %s); keeping the last ones",
-                            type(e).__name__, e)
-        ops = rt.operator_state
-        for bad in ops.bad:
-            log.warning("ignoring an operator setting in Redis: %s", bad)
-        edged = [edge.apply(EdgeInput(o.tick, o.transitions, o.summaries, o.streaks), ops, now_s)
-                 for o in outputs]
-        for done in edged:
-            metrics.set_operator_view(done.tick.model, done.mode, done.overrides.values(),
-                                      done.tick, max_ejected_fraction=det.max_ejected_fraction)
-            for o in done.expired:
-                if operators is not None:
-                    try:
-                        await operators.delete_expired(o)
-                    except Exception:
-                        log.exception("deleting an expired override of %r failed", o.node_id)
-        return edged
-
-    async def write_routing(outputs: list[EdgeOutput]) -> None:
-        for out in outputs:
-            try:
-                await routing.apply(out.tick, out.extras)
-            except Exception:  # a malformed verdict: never stop the other models
-                log.exception("routing write of model %r failed", out.tick.model)
+def _stage2_loops(app: Any, ticker: Stage2Ticker, hook: ReplaceHook | None, clock: Callable[[], float],
+                  tick_s: float) -> None:
+    """The stage-2 tick, :func:`stage2_offset_s` after each stage-1 tick, and the replace hook's loop."""
 
     @app.task  # type: ignore[untyped-decorator]
     async def stage2_loop() -> None:
@@ -443,7 +431,7 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
         while not app.should_stop:
             await sleep_until(next_boundary(clock(), tick_s, offset), clock)
             try:
-                await stage2_tick()
+                await ticker.tick()
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -453,9 +441,6 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
     async def replace_loop() -> None:
         if hook is not None:
             await hook.run()
-
-    rt.stage2_tick = stage2_tick
-    return app
 
 
 async def track_topic_metadata(producer: Any, topics: Iterable[str]) -> None:

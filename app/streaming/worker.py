@@ -3,7 +3,7 @@
 Reads the settings once (``TAILGUARD_*``), creates the missing topics, builds
 the app with :func:`tailguard.streaming.service.create_app` and runs faust's
 :class:`faust.Worker` until SIGINT/SIGTERM. Before that it connects once to
-Redis and to Kafka (:func:`tailguard.security.check_redis`, :func:`~tailguard.security.check_kafka`)
+Redis and to Kafka (:func:`tailguard.routing.client.check_redis`, :func:`~tailguard.security.check_kafka`)
 and reads the node-id allowlist when one is configured (:func:`tailguard.streaming.allowlist.check`).
 Exit code 0 on a clean stop, 2 on a bad setting (a ``TAILGUARD_DATA_DIR`` it cannot
 create or write too) or a login or certificate that
@@ -26,7 +26,8 @@ import sys
 from tailguard import settings as settings_mod
 from tailguard import text
 from tailguard.core.contract.config import SettingError
-from tailguard.security import check_kafka, check_redis
+from tailguard.routing.client import check_redis
+from tailguard.security import check_kafka
 from tailguard.streaming import allowlist
 from tailguard.streaming.errors import StreamingError
 from tailguard.streaming.topics import ensure_topics

@@ -34,6 +34,7 @@ from worker_harness import (
     kcat_produce_keyed,
     routing,
     running_worker,
+    ticks_written,
     wait_for,
 )
 
@@ -79,7 +80,8 @@ async def test_a_single_event_of_a_new_id_never_enters_the_routing_set(
         ])
         await wait_for(lambda: status(r, name, MODEL, "stranger"), 30, "stranger known", worker.tail)
         await wait_for(lambda: status(r, name, "m-new", "lonely"), 30, "lonely known", worker.tail)
-        await asyncio.sleep(8.0)              # 4x warm-up, 8 ticks
+        # 8 ticks (4x the warm-up; both models tick together) pass: nothing may change meanwhile.
+        await ticks_written(r, name, MODEL, "stranger", 8, 60, worker.tail)
         feeder.check()
         assert await routing(r, name, MODEL) == set(OLD)
         s = await status(r, name, MODEL, "stranger")

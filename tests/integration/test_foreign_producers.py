@@ -284,6 +284,11 @@ async def test_undecodable_diagnostics_results_are_dead_lettered_and_the_worker_
         diag = env.topic("diagnostics_results")
         bad_header = b"\xff\xfe=v".decode("utf-8", "surrogateescape")
 
+        # A new group reads results partitions from their end: produce once stage 1 has them.
+        async def reading_results() -> bool:
+            return f"reads {diag} partitions" in worker.log()
+        await wait_for(reading_results, 60, f"stage 1 to read {diag}", worker.tail)
+
         def produce() -> None:
             kcat_produce(k, diag, b'{"node_id": "x", "model": "diag", "recoverable": true}\n',
                          "-H", bad_header, "-p", "0")

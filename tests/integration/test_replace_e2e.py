@@ -8,7 +8,6 @@ ledger's claim semantics are checked on their own too.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from worker_harness import (
     health_events,
     read_topic,
     routing,
+    ticks_written,
     wait_for,
 )
 
@@ -96,7 +96,8 @@ async def test_slow_node_quarantined_diagnosed_not_recoverable_retired_and_repla
             async def evaluating_again() -> bool:
                 return "stage 2 owns" in worker.log()
             await wait_for(evaluating_again, 60, "the restarted worker to evaluate", logs)
-            await asyncio.sleep(6.0)   # several 1-s ticks, each offering the retired node to the hook
+            # Six ticks, each offering the retired node to the hook (which must not run again).
+            await ticks_written(r, env.name, "llm", "slow", 6, 60, logs)
             assert worker.proc.poll() is None, worker.tail()
             status = json.loads((await r.hget(f"{env.name}:nodes:llm", "slow")) or b"{}")
             assert status.get("state") == "retired", status

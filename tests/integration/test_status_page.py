@@ -87,13 +87,19 @@ async def test_page_shows_a_slow_node_leave_routing(kafka_bootstrap: str, redis_
                               "the page to show the slow node out of routing", worker.tail)
         assert gone["state"] in ("unhealthy", "quarantined"), gone
         assert await routing(r, env.name, "llm") == set(NODES) - {"slow"}
-        # Another refresh or two so the sparkline and events show the exit.
-        await asyncio.sleep(4)
-        slow = await asyncio.to_thread(_row, browser, "slow")
+        # A refresh or two later the sparkline and the events show the exit: polled (the page
+        # refreshes every 2 s), then checked on what the page shows then.
+        async def exit_shown() -> tuple[dict[str, Any] | None, list[str]] | None:
+            slow = await asyncio.to_thread(_row, browser, "slow")
+            events = await asyncio.to_thread(browser.execute_script,
+                                             "return [...document.querySelectorAll('ul.events li')]"
+                                             ".map(li => li.textContent)")
+            shown = (slow is not None and slow["spark"] >= 1
+                     and any("slow:" in e and "out of routing" in e for e in events))
+            return (slow, events) if shown else None
+        slow, events = await wait_for(exit_shown, 30, "the sparkline and events to show the exit",
+                                      worker.tail)
         assert slow is not None and slow["spark"] >= 1, slow
-        events = await asyncio.to_thread(browser.execute_script,
-                                         "return [...document.querySelectorAll('ul.events li')]"
-                                         ".map(li => li.textContent)")
         assert any("slow:" in e and "out of routing" in e for e in events), events
 
         # Markup in a node id is text: no <img> was created, its handler never ran, and the

@@ -85,7 +85,7 @@ async def test_sigkilled_worker_restarts_with_its_quarantine_states(
         await r.aclose()
 
 
-async def test_two_workers_publish_each_transition_once(
+async def test_two_workers_share_stage_2_and_give_each_transition_one_event_id(
         kafka_bootstrap: str, redis_url: str, unique_name: Callable[[str], str],
         tmp_path: Path) -> None:
     env = WorkerEnv(unique_name("two"), kafka_bootstrap, redis_url)

@@ -132,6 +132,27 @@ async def wait_for(pred: Callable[[], Awaitable[Any]], timeout_s: float, what: s
         await asyncio.sleep(every_s)
 
 
+async def ticks_written(r: Any, prefix: str, model: str, node: str, n: int, timeout_s: float,
+                        on_fail: Callable[[], str] = lambda: "") -> None:
+    """Wait until the worker has written ``n`` more stage-2 ticks of ``model``: each tick
+    refreshes every node's status with the tick's time (``updated``), so counting the
+    distinct times of ``node``'s status counts ticks (instead of sleeping for "a few ticks")."""
+    seen: set[float] = set()
+    first: list[float] = []
+
+    async def counted() -> bool:
+        raw = await r.hget(f"{prefix}:nodes:{model}", node)
+        if raw is not None:
+            updated = json.loads(raw)["updated"]
+            if not first:
+                first.append(updated)
+            elif updated > first[0]:
+                seen.add(updated)
+        return len(seen) >= n
+    await wait_for(counted, timeout_s, f"{n} stage-2 ticks of {model!r} after now", on_fail,
+                   every_s=0.2)
+
+
 class Feeder:
     """Publishes batch-form latency events for a set of nodes every ``period_s``.
 

@@ -21,7 +21,8 @@ from tailguard.core.window.quantiles import digest_dict_of_sorted
 from tailguard.streaming.deadletter import DeadLetter
 from tailguard.streaming.ingest import next_boundary
 from tailguard.streaming.metrics import WorkerMetrics
-from tailguard.streaming.service import partition_for, stage2_offset_s
+from tailguard.streaming.service import stage2_offset_s
+from tailguard.streaming.ticker import partition_for
 from tailguard.streaming.wire import (
     ClusterDigest,
     DiagnosticsResult,

@@ -5,7 +5,7 @@ cannot: a core module that imports some non-core module which pulls faust,
 aiokafka or redis in. It imports every ``tailguard.core`` module in a fresh
 interpreter and reports which module dragged in what. It also reads the
 sources (as syntax trees, so docstrings may mention them) for wall-clock and
-environment reads: time is a parameter in the core (STYLE.md).
+environment reads: time is a parameter in the core (docs/code-map.md).
 """
 
 from __future__ import annotations

@@ -84,3 +84,74 @@ def test_no_source_imports_the_old_package_name() -> None:
     bad = sorted(str(p.relative_to(ROOT)) for p in APP.rglob("*.py")
                  if any(m == "app" or m.startswith("app.") for m in imports_of(p)))
     assert bad == [], f"these import `app…`; the package is `tailguard` : {bad}"
+
+
+def test_the_core_calls_no_garbage_collector() -> None:
+    """Pausing the collector is the caller's choice (tailguard.collector), never the core's."""
+    bad = sorted(str(p.relative_to(ROOT)) for p in (APP / "core").rglob("*.py")
+                 if any(m == "gc" or m.startswith("gc.") for m in imports_of(p)))
+    assert bad == [], f"core modules import gc: {bad}"
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            v, edges = work[-1]
+            w = next(edges, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                elif w in on_stack:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    x = stack.pop()
+                    on_stack.discard(x)
+                    comp.append(x)
+                    if x == v:
+                        break
+                if len(comp) > 1:
+                    cycles.append(sorted(comp))
+    return cycles
+
+
+def module_graph() -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (anywhere in its source)."""
+    paths = {module_name(p): p for p in APP.rglob("*.py")}
+    return {m: {i for i in imports_of(p) if i in paths and i != m} for m, p in paths.items()}
+
+
+def test_routing_and_security_import_no_circle() -> None:
+    """Security turns settings into client options; routing builds its clients on it, never
+    the other way round (check_redis lives in tailguard.routing.client)."""
+    graph = module_graph()
+    assert not {m for m in graph["tailguard.security"] if m.startswith("tailguard.routing")}
+    involved = [c for c in import_cycles(graph)
+                if any(m == "tailguard.security" or m.startswith(("tailguard.routing", "tailguard.core"))
+                       for m in c)]
+    assert involved == [], f"import circles through security, routing or the core: {involved}"
+
+
+def test_the_cycle_finder_finds_a_circle() -> None:
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert import_cycles({"a": {"b"}, "b": set()}) == []

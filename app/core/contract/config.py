@@ -37,7 +37,7 @@ def _rng(lo: float | None = None, hi: float | None = None, *, lo_open: bool = Fa
 
 @dataclass(frozen=True, slots=True)
 class DetectorSettings:
-    """Everything the pure detector can be tuned by. Defaults are the seed's."""
+    """Everything the pure detector can be tuned by. Defaults are the original design's."""
 
     tick_interval_s: float = field(default=30.0, metadata={"lo": 0.0, "lo_open": True, "hi": 3600.0})
     window_size: int = field(default=1000, metadata={"lo": 10, "hi": 1_000_000})

@@ -34,6 +34,18 @@ from tailguard.core.contract import binary, events_fast, ids
 from tailguard.core.contract.config import DetectorSettings
 from tailguard.core.contract.errors import BadEvent
 from tailguard.core.contract.events_fast import FastDecoder, Group, Row
+from tailguard.core.contract.fields import (
+    MAX_TOKENS,
+    MAX_TS_S,
+    flag_field,
+    is_num,
+    latency_error,
+    name_field,
+    sample_error,
+    text_field,
+    tokens_field,
+    ts_error,
+)
 from tailguard.core.contract.hist_event import HistogramBatch, parse_histogram
 from tailguard.core.contract.ids import MAX_NAME_CHARS, IdRule
 
@@ -41,7 +53,6 @@ FloatArray: TypeAlias = npt.NDArray[np.float64]
 BoolArray: TypeAlias = npt.NDArray[np.bool_]
 
 DEFAULT_SETTINGS: Final = DetectorSettings()
-MAX_TOKENS: Final = 10_000_000
 MAX_BATCH_SAMPLES: Final = 100_000
 
 REASONS: Final = (
@@ -152,114 +163,38 @@ class Heartbeat:
 Event: TypeAlias = SampleBatch | Heartbeat | HistogramBatch
 
 
-# Event time is seconds since the epoch; 1e11 s is the year 5138. A larger ts is
-# almost always milliseconds or microseconds, and would also break tick arithmetic
-# ((k + 1) * interval == k * interval for huge k).
-MAX_TS_S: Final = 1e11
 
 
 def future_limit(now_s: float | None, settings: DetectorSettings) -> float:
     return MAX_TS_S if now_s is None else min(MAX_TS_S, now_s + settings.max_future_skew_s)
 
 
-# ---------------------------------------------------------------- field checks
-
-def _name(d: Mapping[str, Any], key: str, rule: IdRule) -> str:
-    v = d.get(key)
-    if type(v) is str and rule.ok(v):
-        return v
-    if v is None:
-        raise BadEvent("missing_field", f"{key} is required (a non-empty string)", field=key)
-    if not isinstance(v, str):
-        raise BadEvent("bad_type", f"{key} must be a string, got {type(v).__name__}", field=key)
-    if not v:
-        raise BadEvent("empty_field", f"{key} must be a non-empty string", field=key)
-    raise rule.error(key, v)
-
-
-def _hardware(d: Mapping[str, Any], key: str = "hardware") -> str | None:
-    """An optional string field (``hardware``, ``instance``): None, or at most 256 chars."""
-    v = d.get(key)
-    if v is None or (type(v) is str and len(v) <= MAX_NAME_CHARS):
-        return v
-    if not isinstance(v, str):
-        raise BadEvent("bad_type", f"{key} must be a string, got {type(v).__name__}",
-                       field=key)
-    raise BadEvent("too_long", f"{key} has {len(v)} chars; at most {MAX_NAME_CHARS} allowed",
-                   field=key)
-
-
-def _flag(d: Mapping[str, Any], key: str, default: bool) -> bool:
-    v = d.get(key)
-    if v is None:
-        return default
-    if type(v) is bool:
-        return v
-    raise BadEvent("bad_type", f"{key} must be true or false, got {v!r:.40}", field=key)
-
-
-def _is_num(v: object) -> bool:
-    t = type(v)
-    return t is float or t is int
-
-
-def _latency_error(v: object, max_latency_us: float) -> BadEvent:
-    if v is None:
-        return BadEvent("missing_field", "latency_us is required (a number > 0)", field="latency_us")
-    return BadEvent("bad_latency", f"latency_us must be a finite number in (0, {max_latency_us:g}]"
-                    f" µs, got {v!r:.40}", field="latency_us")
-
-
-def _ts_error(v: object, fut_limit: float, now_s: float | None) -> BadEvent:
-    if v is None:
-        return BadEvent("missing_field", "ts is required (event time, seconds since the epoch)",
-                        field="ts")
-    if _is_num(v) and math.isfinite(v) and v > MAX_TS_S:  # type: ignore[arg-type,operator]
-        return BadEvent("bad_ts", f"ts={v!r} is not seconds since the epoch (milliseconds?): "
-                        f"ts must be Unix seconds, at most {MAX_TS_S:g}", field="ts")
-    if _is_num(v) and math.isfinite(v) and v >= 0:  # type: ignore[arg-type,operator]
-        return BadEvent("future_ts", f"ts={v!r} is more than {fut_limit - (now_s or 0.0):g} s"
-                        f" after now ({now_s!r}); check the emitter's clock", field="ts")
-    return BadEvent("bad_ts", f"ts must be a finite number of seconds >= 0, got {v!r:.40}",
-                    field="ts")
-
-
-def _tokens(d: Mapping[str, Any], key: str) -> float:
-    v = d.get(key)
-    if v is None:
-        return _NAN
-    if _is_num(v) and 0 <= v <= MAX_TOKENS and v == int(v):
-        return float(v)
-    raise BadEvent("bad_tokens", f"{key} must be an integer in [0, {MAX_TOKENS}], got {v!r:.40}",
-                   field=key)
-
-
 def single_row(d: Mapping[str, Any], fut_limit: float, max_lat: float,
             now_s: float | None, rule: IdRule) -> tuple[Group, Row]:
     node = d.get("node_id")
     if type(node) is not str or not rule.ok(node):
-        node = _name(d, "node_id", rule)
+        node = name_field(d, "node_id", rule)
     model = d.get("model")
     if type(model) is not str or not rule.ok(model):
-        model = _name(d, "model", rule)
+        model = name_field(d, "model", rule)
     lat = d.get("latency_us")
     if (type(lat) is not float and type(lat) is not int) or not 0 < lat <= max_lat:
-        raise _latency_error(lat, max_lat)
+        raise latency_error(lat, max_lat)
     ts = d.get("ts")
     if (type(ts) is not float and type(ts) is not int) or not 0 <= ts <= fut_limit or ts == _INF:
-        raise _ts_error(ts, fut_limit, now_s)
+        raise ts_error(ts, fut_limit, now_s)
     hw = d.get("hardware")
     if hw is not None and (type(hw) is not str or len(hw) > MAX_NAME_CHARS):
-        hw = _hardware(d)
+        hw = text_field(d)
     inst = d.get("instance")
     if inst is not None and (type(inst) is not str or len(inst) > MAX_NAME_CHARS):
-        inst = _hardware(d, "instance")
+        inst = text_field(d, "instance")
     ok = d.get("ok", True)
     if type(ok) is not bool:
-        ok = _flag(d, "ok", True)
+        ok = flag_field(d, "ok", True)
     probe = d.get("probe", False)
     if type(probe) is not bool:
-        probe = _flag(d, "probe", False)
+        probe = flag_field(d, "probe", False)
     inp = d.get("input_tokens")
     out = d.get("output_tokens")
     ttft = d.get("ttft_us")
@@ -270,13 +205,13 @@ def single_row(d: Mapping[str, Any], fut_limit: float, max_lat: float,
     elif type(inp) is int and 0 <= inp <= MAX_TOKENS:
         inp = float(inp)
     else:
-        inp = _tokens(d, "input_tokens")
+        inp = tokens_field(d, "input_tokens")
     if out is None:
         out = _NAN
     elif type(out) is int and 0 <= out <= MAX_TOKENS:
         out = float(out)
     else:
-        out = _tokens(d, "output_tokens")
+        out = tokens_field(d, "output_tokens")
     if ttft is None:
         ttft = _NAN
     elif (type(ttft) is not float and type(ttft) is not int) or not 0 <= ttft <= lat:
@@ -292,11 +227,11 @@ _NONE3: Final = [None, None, None]
 
 def _batch(d: Mapping[str, Any], fut_limit: float, max_lat: float,
            now_s: float | None, rule: IdRule) -> SampleBatch:
-    node = _name(d, "node_id", rule)
-    model = _name(d, "model", rule)
-    hw = _hardware(d)
-    ok = _flag(d, "ok", True)
-    probe = _flag(d, "probe", False)
+    node = name_field(d, "node_id", rule)
+    model = name_field(d, "model", rule)
+    hw = text_field(d)
+    ok = flag_field(d, "ok", True)
+    probe = flag_field(d, "probe", False)
     samples = d.get("samples")
     if type(samples) is not list:
         raise BadEvent("bad_batch", f"samples must be a list of [ts, latency_us] lists, got"
@@ -314,11 +249,11 @@ def _batch(d: Mapping[str, Any], fut_limit: float, max_lat: float,
         if type(s) is list:
             n = len(s)
             if n == 2:
-                if _is_num(s[0]) and _is_num(s[1]):
+                if is_num(s[0]) and is_num(s[1]):
                     rows.append(s + _NONE3)
                     continue
-            elif n == 5 and _is_num(s[0]) and _is_num(s[1]) \
-                    and all(v is None or _is_num(v) for v in s[2:]):
+            elif n == 5 and is_num(s[0]) and is_num(s[1]) \
+                    and all(v is None or is_num(v) for v in s[2:]):
                 rows.append(s)
                 sized = True
                 continue
@@ -330,7 +265,7 @@ def _batch(d: Mapping[str, Any], fut_limit: float, max_lat: float,
     cols = (arr[:, 2], arr[:, 3], arr[:, 4]) if sized else None
     batch = _checked(node, model, hw, ok, probe, arr[:, 0], arr[:, 1], cols, len(samples), first,
                      rows.__getitem__, fut_limit, max_lat, now_s)
-    inst = _hardware(d, "instance")           # checked after the samples, as it always was
+    inst = text_field(d, "instance")           # checked after the samples, as it always was
     return batch if inst is None else dataclasses.replace(batch, instance=inst)
 
 
@@ -372,7 +307,7 @@ def _checked(node: str, model: str, hw: str | None, ok: bool, probe: bool, ts: F
         if first is not None:
             raise first
         j = int(np.argmin(keep))
-        raise _sample_error(row_at(j), j, bool(good[j]), bool(ts_ok[j]),
+        raise sample_error(row_at(j), j, bool(good[j]), bool(ts_ok[j]),
                             True if tok_ok is None else bool(tok_ok[j]),
                             fut_limit, max_lat, now_s)
     if n_keep < ts.shape[0]:
@@ -410,10 +345,10 @@ def _binary_batch(raw: bytes, fut_limit: float, max_lat: float,
     b = binary.parse(raw)
     for key, v in (("node_id", b.node_id), ("model", b.model)):
         if not rule.ok(v):
-            _name({key: v}, key, rule)
+            name_field({key: v}, key, rule)
     for key, opt in (("hardware", b.hardware), ("instance", b.instance)):
         if opt is not None and len(opt) > MAX_NAME_CHARS:
-            _hardware({key: opt}, key)
+            text_field({key: opt}, key)
     n = int(b.ts.shape[0])
     if n == 0:
         raise BadEvent("empty_batch", "the binary batch has no samples; send a heartbeat instead",
@@ -452,30 +387,15 @@ def _to_array(rows: list[list[Any]]) -> FloatArray:
         return np.array([[safe(v) for v in r] for r in rows], dtype=np.float64).reshape(-1, 5)
 
 
-def _sample_error(row: Sequence[Any], i: int, lat_ok: bool, ts_ok: bool, tok_ok: bool,
-                  fut_limit: float, max_lat: float, now_s: float | None) -> BadEvent:
-    where = f"samples[{i}]: "
-    if not lat_ok:
-        e = _latency_error(row[1], max_lat)
-    elif not ts_ok:
-        e = _ts_error(row[0], fut_limit, now_s)
-    elif not tok_ok:
-        e = BadEvent("bad_tokens", f"token counts must be integers in [0, {MAX_TOKENS}],"
-                     f" got {row[2]!r}, {row[3]!r}")
-    else:
-        e = BadEvent("bad_ttft", f"ttft_us must be in [0, latency_us], got {row[4]!r}")
-    return BadEvent(e.reason, where + str(e), field="samples")
-
-
 def _heartbeat(d: Mapping[str, Any], fut_limit: float, now_s: float | None,
                rule: IdRule) -> Heartbeat:
-    node = _name(d, "node_id", rule)
-    model = _name(d, "model", rule)
-    hw = _hardware(d)
+    node = name_field(d, "node_id", rule)
+    model = name_field(d, "model", rule)
+    hw = text_field(d)
     ts: Any = d.get("ts")
-    if not _is_num(ts) or not 0 <= ts <= fut_limit or ts == _INF:
-        raise _ts_error(ts, fut_limit, now_s)
-    return Heartbeat(node, model, hw, float(ts), _hardware(d, "instance"))
+    if not is_num(ts) or not 0 <= ts <= fut_limit or ts == _INF:
+        raise ts_error(ts, fut_limit, now_s)
+    return Heartbeat(node, model, hw, float(ts), text_field(d, "instance"))
 
 
 def _histogram(d: Mapping[str, Any], fut_limit: float, now_s: float | None,

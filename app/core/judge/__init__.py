@@ -5,7 +5,8 @@ Owns the per-pair rules (:mod:`.rules`) and the references they compare with
 of a pair (:mod:`.health`), the fleet guards (:mod:`.guards`), admission of new
 pairs (:mod:`.admission`), liveness (:mod:`.liveness`), one model's state and its
 snapshot (:mod:`.model_state`), the bucket rules of histogram pairs
-(:mod:`.hist_rules`) and the per-tick evaluator (:mod:`.evaluate`).
+(:mod:`.hist_rules`), the verdicts of a model's pairs at one tick (:mod:`.verdicts`)
+and the per-tick evaluator (:mod:`.evaluate`).
 
 Guarantees: imports the contract room and, for histogram pairs, the window
 room's bucket windows; never the replay room. Pure and deterministic given its

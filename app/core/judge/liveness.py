@@ -88,14 +88,15 @@ class Step:
     telemetry_lost: bool
 
 
-def step(model: str, pairs: MutableMapping[str, PairState], live: Liveness,
-         by_node: Mapping[str, WindowSummary], now_s: float, st: DetectorSettings) -> Step:
-    """Apply restarts, returns, silences and forgetting to ``pairs`` (in place)."""
+def _signs_of_life(pairs: Mapping[str, PairState], live: Liveness, by_node: Mapping[str, WindowSummary],
+                   now_s: float, st: DetectorSettings) -> tuple[list[str], list[str]]:
+    """Record each node's last sign of life; the nodes silent for ``silent_after_s`` (any state,
+    for now) and those with a restart on record (see :func:`_restarts`)."""
     seen = live.seen
     get = seen.get
     horizon = now_s - st.silent_after_s if st.silent_after_s > 0 else -math.inf
-    quiet: list[str] = []                  # silent for silent_after_s (any state, for now)
-    restarted: list[str] = []              # with a restart on record (see _restarts)
+    quiet: list[str] = []
+    restarted: list[str] = []
     for node, s in by_node.items():
         # A summary that does not say when its series was last seen is itself the sign of life.
         last = s.last_seen_ts
@@ -110,6 +111,15 @@ def step(model: str, pairs: MutableMapping[str, PairState], live: Liveness,
             restarted.append(node)         # few summaries, every tick: never restarted
     if len(pairs) > len(by_node):          # pairs whose series stage 1 no longer reports
         quiet += [n for n in pairs.keys() - by_node.keys() if get(n, pairs[n].since_ts) < horizon]
+    return quiet, restarted
+
+
+def step(model: str, pairs: MutableMapping[str, PairState], live: Liveness,
+         by_node: Mapping[str, WindowSummary], now_s: float, st: DetectorSettings) -> Step:
+    """Apply restarts, returns, silences and forgetting to ``pairs`` (in place)."""
+    seen = live.seen
+    get = seen.get
+    quiet, restarted = _signs_of_life(pairs, live, by_node, now_s, st)
     transitions: list[Transition] = []
     for node in sorted(live.gone_seen):
         p = pairs.get(node)

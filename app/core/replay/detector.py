@@ -23,7 +23,8 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import operator
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from tailguard.core.contract.config import DetectorSettings
@@ -44,9 +45,11 @@ class Detector:
 
     fleet_digest_per_series = POOL_SAMPLES_PER_SERIES
 
-    def __init__(self, settings: DetectorSettings | None = None) -> None:
+    def __init__(self, settings: DetectorSettings | None = None, *,
+                 pause_collector: Callable[[], AbstractContextManager[object]] = nullcontext) -> None:
+        """``pause_collector``: :class:`~tailguard.core.window.window.WindowStore`'s."""
         self.settings = settings or DetectorSettings()
-        self.store = WindowStore(self.settings)
+        self.store = WindowStore(self.settings, pause_collector=pause_collector)
         self.evaluator = FleetEvaluator(self.settings)
         self._last: dict[str, ModelTick] = {}
         # The last tick's cluster-wide pools per model, and their digests once asked for.

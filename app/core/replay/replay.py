@@ -150,52 +150,209 @@ def replay(lines: Iterable[bytes | str], settings: DetectorSettings,
 
     ``chunk_lines``: lines decoded at once (1: line by line, the reference path; the
     output and the stats are the same for any value)."""
-    det = detector or Detector(settings)
-    stats = ReplayStats()
-    acc = Accumulator(settings=settings)
-    interval = settings.tick_interval_s
-    quiet_after_s = settings.max_sample_age_s + interval
-    k: int | None = None          # next boundary is k * interval
-    seen_max = -math.inf          # latest event time of events already fed to ticks
-    quiet_tick = False
-    # Early lines (module docstring): a node whose clock runs ahead of the fleet's must not
-    # move the ticks, or every other node would look silent.
-    ahead_s = AHEAD_TICKS * interval
-    drained_ts: dict[str, float] = {}   # node -> latest event time fed to the detector
-    ahead: set[str] = set()         # nodes found ahead of the fleet since the last tick
-    early: list[tuple[int, bytes | str]] = []
-    early_nodes: set[str] = set()
+    run = Replay(settings, emit, detector=detector, progress=progress)
+    run.feed(lines, chunk_lines=chunk_lines)
+    return run.finish()
 
-    def run_ticks(upto_ts: float) -> None:
-        nonlocal k, quiet_tick
+
+class Replay:
+    """One replay in event time (module docstring): :meth:`feed` the lines, then :meth:`finish`.
+
+    :meth:`take_line` is the reference path for one line (decode, hold, count, tick);
+    :meth:`take_chunk` takes many lines as it would, one by one; :meth:`advance` moves the
+    clock (the latest event time); :meth:`tick` runs the ticks up to an event time;
+    :meth:`finish` settles what the end of the trace decides, runs the last tick and returns
+    the detector and the report (:class:`ReplayStats`).
+    """
+
+    def __init__(self, settings: DetectorSettings, emit: Callable[[str], object], *,
+                 detector: Detector | None = None,
+                 progress: Callable[[ReplayStats], object] | None = None) -> None:
+        self.settings, self.emit, self.progress = settings, emit, progress
+        self.det = detector or Detector(settings)
+        self.stats = ReplayStats()
+        self.acc = Accumulator(settings=settings)
+        self.interval = settings.tick_interval_s
+        self.quiet_after_s = settings.max_sample_age_s + self.interval
+        self.k: int | None = None           # next boundary is k * interval
+        self.seen_max = -math.inf           # latest event time of events already fed to ticks
+        self.quiet_tick = False
+        self.lineno = 0                     # lines read so far
+        # Early lines (module docstring): a node whose clock runs ahead of the fleet's must not
+        # move the ticks, or every other node would look silent.
+        self.ahead_s = AHEAD_TICKS * self.interval
+        self.drained_ts: dict[str, float] = {}   # node -> latest event time fed to the detector
+        self.ahead: set[str] = set()         # nodes found ahead of the fleet since the last tick
+        self.early: list[tuple[int, bytes | str]] = []
+        self.early_nodes: set[str] = set()
+        # Held lines (module docstring): a clock ahead must not jump the ticks past everyone
+        # else's events (they would all turn "late" and never be judged).
+        self.held: list[tuple[int, bytes | str, BadEvent]] = []
+        self.held_nodes: set[str | None] = set()
+
+    # -- reading -------------------------------------------------------------------------
+
+    def feed(self, lines: Iterable[bytes | str], *, chunk_lines: int = CHUNK_LINES) -> None:
+        """Take every line of ``lines``, ``chunk_lines`` decoded at once (1: one by one). A read
+        error of ``lines`` is raised after the lines read before it were taken."""
+        if chunk_lines <= 1:
+            for lineno, raw in enumerate(lines, self.lineno + 1):
+                self.lineno = lineno
+                self.take_line(lineno, raw)
+            return
+        source = iter(lines)
+        while True:
+            raws: list[bytes | str] = []
+            try:
+                raws.extend(islice(source, chunk_lines))
+            except Exception:
+                self.take_chunk(self.lineno, raws)    # the lines before a read error, as line by line
+                raise
+            if not raws:
+                break
+            self.take_chunk(self.lineno, raws)
+            self.lineno += len(raws)
+
+    def take_line(self, lineno: int, raw: bytes | str, pre: Any = _UNDECODED) -> None:
+        """One line, the reference path: decode, hold or count it, run the ticks it crosses.
+        ``pre``: its typed decoding, when the caller has it."""
+        settings, early, held, stats = self.settings, self.early, self.held, self.stats
+        if self.k is not None:
+            if pre is _UNDECODED:
+                typed = self.acc.decode_lines([raw])
+                pre = None if typed is None else typed[0]
+            at = _single_at(pre)
+            if at is None and early and raw.strip():   # only while early lines wait
+                at = _event_at(raw, self.seen_max, settings)
+            if at is not None and self.is_early(*at):
+                early.append((lineno, raw))
+                self.early_nodes.add(at[0])
+                if len(early) >= JUMP_ALONE_LINES or (len(early) >= JUMP_CONFIRM_LINES
+                                                      and len(self.early_nodes) >= JUMP_CONFIRM_NODES):
+                    self.settle_early(jump=True)
+                return
+            if early and at is not None and at[1] <= self.seen_max + settings.max_future_skew_s:
+                self.settle_early(jump=False)           # the fleet is behind, or has caught up
+        try:
+            ts = self.acc.add(raw)
+        except BadEvent as e:
+            if not raw.strip():        # a blank line is no event (and never decodes)
+                return
+            if e.reason == "future_ts" and self.k is not None:
+                held.append((lineno, raw, e))
+                if len(self.held_nodes) < JUMP_CONFIRM_NODES:     # read a node id only while it counts
+                    self.held_nodes.add(_node_of(raw))
+                if len(held) >= JUMP_ALONE_LINES or (len(held) >= JUMP_CONFIRM_LINES
+                                                     and len(self.held_nodes) >= JUMP_CONFIRM_NODES):
+                    self.take_held()
+            else:
+                self.bad(lineno, e)
+            return
+        if held:
+            self.flush_held()
+        if ts <= self.seen_max and self.k is not None and ts < self.k * self.interval:
+            stats.events += 1          # accepted(ts) of an event inside the current tick
+        else:
+            self.accepted(ts)
+        if self.progress is not None and lineno % PROGRESS_EVERY_LINES == 0:
+            stats.lines, stats.last_ts = lineno, self.seen_max
+            self.progress(stats)
+
+    def take_chunk(self, base: int, raws: list[bytes | str]) -> None:
+        """Lines ``base + 1 …`` as :meth:`take_line` would take them one by one: runs of the
+        single events the accumulator takes from its typed decoding (below the next boundary,
+        on no progress line) added at once, and :meth:`take_line` for each line in between."""
+        acc = self.acc
+        decoded = acc.decode_lines(raws) if self.k is not None else None
+        if decoded is None:
+            for i, raw in enumerate(raws, base + 1):
+                self.take_line(i, raw)
+            return
+        n = len(raws)
+        i = 0
+        while i < n:
+            k = self.k
+            assert k is not None
+            if self.early:                  # one by one until the early lines are settled
+                self.take_line(base + i + 1, raws[i], decoded[i])
+                i += 1
+                continue
+            # A progress line goes to take_line(), which reports it.
+            stop = n if self.progress is None else min(n, i + -(base + i + 1) % PROGRESS_EVERY_LINES)
+            j, latest = acc.add_decoded(decoded, i, stop, k * self.interval)
+            if j > i:
+                if self.held:
+                    self.flush_held()
+                self.stats.events += j - i
+                self.advance(latest)
+            if j < n:
+                self.take_line(base + j + 1, raws[j], decoded[j])
+            i = j + 1
+
+    def bad(self, lineno: int, e: BadEvent) -> None:
+        """Count a bad line (and keep the first few)."""
+        self.stats.bad[e.reason] += 1
+        if len(self.stats.first_bad) < FIRST_BAD_LINES:
+            self.stats.first_bad.append((lineno, e.reason, str(e)[:120]))
+
+    # -- the clock -----------------------------------------------------------------------
+
+    def advance(self, ts: float) -> None:
+        """``ts`` was fed: the latest event time (and the future bound) moves up to it."""
+        if ts > self.seen_max:
+            self.seen_max = ts
+            self.acc.set_now(ts)
+
+    def accepted(self, ts: float) -> None:
+        """An event at ``ts`` was added: the first sets the ticks' phase; one at or past the
+        next boundary runs the ticks up to it; the clock advances."""
+        self.stats.events += 1
+        if self.k is None:
+            self.k = math.floor(ts / self.interval) + 1
+            self.stats.first_ts = ts
+        elif ts >= self.k * self.interval:
+            self.tick(ts)
+        self.advance(ts)
+
+    # -- ticks ---------------------------------------------------------------------------
+
+    def tick(self, upto_ts: float) -> None:
+        """Every tick at a boundary up to ``upto_ts`` (quiet runs skipped), after the
+        accumulated events joined the windows."""
+        k = self.k
         assert k is not None
-        ahead.clear()
-        det.observe(drain())
+        det, stats, interval = self.det, self.stats, self.interval
+        self.ahead.clear()
+        det.observe(self.drain())
         while k * interval <= upto_ts:
             now = k * interval
             res = det.evaluate(now, with_statuses=False)
             stats.ticks += 1
             out = tick_lines(res)
             for line in out:
-                emit(line)
+                self.emit(line)
             stats.transitions += len(res.transitions)
             stats.fleet_events += len(res.fleet_events)
             stats.weight_changes += len(res.weight_changes)
-            silent = not out and now - seen_max > quiet_after_s
-            if silent and quiet_tick and not det.evaluator.waiting_on_time(now):
+            silent = not out and now - self.seen_max > self.quiet_after_s
+            if silent and self.quiet_tick and not det.evaluator.waiting_on_time(now):
                 skip_to = max(k + 1, math.floor(upto_ts / interval))
                 stats.skipped_ticks += skip_to - k - 1
                 k = skip_to
             else:
                 k += 1
-            quiet_tick = silent
+            self.k = k
+            self.quiet_tick = silent
 
-    def drain() -> list[Event]:
-        evs = acc.drain()
+    def drain(self) -> list[Event]:
+        """The accumulated events, for the detector; counts the samples no tick will judge and
+        keeps each node's latest event time."""
+        settings, stats, drained_ts = self.settings, self.stats, self.drained_ts
+        evs = self.acc.drain()
         # Samples older than the age bound of the next tick to run are judged by no tick.
-        too_old = -math.inf if k is None else k * interval - settings.max_sample_age_s
-        if len(drained_ts) > 2 * det.store.series_count() + 64:     # ids the store forgot
-            alive = {n for n, _m in det.store.keys()}  # noqa: SIM118 (a WindowStore, not a dict)
+        too_old = -math.inf if self.k is None else self.k * self.interval - settings.max_sample_age_s
+        if len(drained_ts) > 2 * self.det.store.series_count() + 64:     # ids the store forgot
+            alive = {n for n, _m in self.det.store.keys()}  # noqa: SIM118 (a WindowStore, not a dict)
             for n in [n for n in drained_ts if n not in alive]:
                 del drained_ts[n]
         for e in evs:
@@ -211,213 +368,106 @@ def replay(lines: Iterable[bytes | str], settings: DetectorSettings,
                 drained_ts[e.node_id] = e.ts
         return evs
 
-    def is_early(node: str, ts: float) -> bool:
+    # -- early and held lines ------------------------------------------------------------
+
+    def is_early(self, node: str, ts: float) -> bool:
         """An event at or past the next boundary (within the future bound) from a node
         more than ``ahead_s`` past the fleet: the median latest event time of the other
         nodes that sent since the last tick (or, none yet, within ``ahead_s`` before it)."""
+        k, ahead, interval = self.k, self.ahead, self.interval
         assert k is not None
-        if ts < k * interval or ts > seen_max + settings.max_future_skew_s:
+        if ts < k * interval or ts > self.seen_max + self.settings.max_future_skew_s:
             return False
         if node in ahead:
             return True
-        clocks = [t for n, t in acc.latest_by_node().items() if n != node and n not in ahead]
+        clocks = [t for n, t in self.acc.latest_by_node().items() if n != node and n not in ahead]
         if not clocks:
-            recent = (k - 1) * interval - ahead_s
-            clocks = [t for n, t in drained_ts.items() if t >= recent and n != node and n not in ahead]
+            recent = (k - 1) * interval - self.ahead_s
+            clocks = [t for n, t in self.drained_ts.items() if t >= recent and n != node and n not in ahead]
         if not clocks:
             return False
         clocks.sort()
-        if ts - clocks[(len(clocks) - 1) // 2] <= ahead_s:
+        if ts - clocks[(len(clocks) - 1) // 2] <= self.ahead_s:
             return False
         ahead.add(node)
         return True
 
-    def settle_early(*, jump: bool) -> None:
+    def settle_early(self, *, jump: bool) -> None:
         """The early lines join the windows: as they are while the fleet has not caught up,
         or, a jump of the whole trace, taken in order, ticks and all."""
-        lines = list(early)
-        early.clear()
-        early_nodes.clear()
+        lines = list(self.early)
+        self.early.clear()
+        self.early_nodes.clear()
         if jump:
-            take_in_order(lines, unbounded=False)
+            self.take_in_order(lines, unbounded=False)
             return
         for early_lineno, early_raw in lines:
             try:
-                ts = add(early_raw)
+                ts = self.acc.add(early_raw)
             except BadEvent as e:
-                bad(early_lineno, e)
+                self.bad(early_lineno, e)
                 continue
-            stats.events += 1
-            advance(ts)
+            self.stats.events += 1
+            self.advance(ts)
 
-    def take_in_order(lines: list[tuple[int, bytes | str]], *, unbounded: bool) -> None:
+    def take_in_order(self, lines: list[tuple[int, bytes | str]], *, unbounded: bool) -> None:
         """Add ``lines`` in order, running the ticks each crosses; ``unbounded``: each with no
         future bound (the lines of a jump may lie far apart; each one taken moves it). A line
         bad for another reason is counted bad by that reason."""
+        acc = self.acc
         for lineno_, raw_ in lines:
             if unbounded:
                 acc.set_now(None)
             try:
-                ts = add(raw_)
+                ts = acc.add(raw_)
             except BadEvent as e:
-                bad(lineno_, e)
+                self.bad(lineno_, e)
                 continue
-            accepted(ts)
+            self.accepted(ts)
         if unbounded:
-            acc.set_now(seen_max)
+            acc.set_now(self.seen_max)
 
-    def advance(ts: float) -> None:
-        """``ts`` was fed: the latest event time (and the future bound) moves up to it."""
-        nonlocal seen_max
-        if ts > seen_max:
-            seen_max = ts
-            acc.set_now(ts)
+    def flush_held(self) -> None:
+        """The held lines were bad after all (``future_ts``): count them."""
+        for held_lineno, _, held_err in self.held:
+            self.bad(held_lineno, held_err)
+        self.held.clear()
+        self.held_nodes.clear()
 
-    def bad(lineno: int, e: BadEvent) -> None:
-        stats.bad[e.reason] += 1
-        if len(stats.first_bad) < FIRST_BAD_LINES:
-            stats.first_bad.append((lineno, e.reason, str(e)[:120]))
+    def take_held(self) -> None:
+        """Take the held lines as a real gap (:meth:`take_in_order`, unbounded)."""
+        lines = [(held_lineno, held_raw) for held_lineno, held_raw, _ in self.held]
+        self.held.clear()
+        self.held_nodes.clear()
+        self.take_in_order(lines, unbounded=True)
 
-    def accepted(ts: float) -> None:
-        nonlocal k
-        stats.events += 1
-        if k is None:
-            k = math.floor(ts / interval) + 1
-            stats.first_ts = ts
-        elif ts >= k * interval:
-            run_ticks(ts)
-        advance(ts)
+    # -- the end -------------------------------------------------------------------------
 
-    # Held lines (module docstring): a clock ahead must not jump the ticks past everyone
-    # else's events (they would all turn "late" and never be judged).
-    held: list[tuple[int, bytes | str, BadEvent]] = []
-    held_nodes: set[str | None] = set()
-    add = acc.add
-
-    def flush_held() -> None:
-        for held_lineno, _, held_err in held:
-            bad(held_lineno, held_err)
-        held.clear()
-        held_nodes.clear()
-
-    def take_held() -> None:
-        """Take the held lines as a real gap (:func:`take_in_order`, unbounded)."""
-        lines = [(held_lineno, held_raw) for held_lineno, held_raw, _ in held]
-        held.clear()
-        held_nodes.clear()
-        take_in_order(lines, unbounded=True)
-
-    def one(lineno: int, raw: bytes | str, pre: Any = _UNDECODED) -> None:
-        """One line, the reference path: decode, hold or count it, run the ticks it crosses.
-        ``pre``: its typed decoding, when the caller has it."""
-        if k is not None:
-            if pre is _UNDECODED:
-                typed = acc.decode_lines([raw])
-                pre = None if typed is None else typed[0]
-            at = _single_at(pre)
-            if at is None and early and raw.strip():   # only while early lines wait
-                at = _event_at(raw, seen_max, settings)
-            if at is not None and is_early(*at):
-                early.append((lineno, raw))
-                early_nodes.add(at[0])
-                if len(early) >= JUMP_ALONE_LINES or (len(early) >= JUMP_CONFIRM_LINES
-                                                      and len(early_nodes) >= JUMP_CONFIRM_NODES):
-                    settle_early(jump=True)
-                return
-            if early and at is not None and at[1] <= seen_max + settings.max_future_skew_s:
-                settle_early(jump=False)           # the fleet is behind, or has caught up
-        try:
-            ts = add(raw)
-        except BadEvent as e:
-            if not raw.strip():        # a blank line is no event (and never decodes)
-                return
-            if e.reason == "future_ts" and k is not None:
-                held.append((lineno, raw, e))
-                if len(held_nodes) < JUMP_CONFIRM_NODES:     # read a node id only while it counts
-                    held_nodes.add(_node_of(raw))
-                if len(held) >= JUMP_ALONE_LINES or (len(held) >= JUMP_CONFIRM_LINES
-                                                     and len(held_nodes) >= JUMP_CONFIRM_NODES):
-                    take_held()
-            else:
-                bad(lineno, e)
-            return
-        if held:
-            flush_held()
-        if ts <= seen_max and k is not None and ts < k * interval:
-            stats.events += 1          # accepted(ts) of an event inside the current tick
-        else:
-            accepted(ts)
-        if progress is not None and lineno % PROGRESS_EVERY_LINES == 0:
-            stats.lines, stats.last_ts = lineno, seen_max
-            progress(stats)
-
-    def chunk(base: int, raws: list[bytes | str]) -> None:
-        """Lines ``base + 1 …`` as :func:`one` would take them one by one: runs of the single
-        events the accumulator takes from its typed decoding (below the next boundary, on
-        no progress line) added at once, and :func:`one` for each line in between."""
-        decoded = acc.decode_lines(raws) if k is not None else None
-        if decoded is None:
-            for i, raw in enumerate(raws, base + 1):
-                one(i, raw)
-            return
-        n = len(raws)
-        i = 0
-        while i < n:
-            assert k is not None
-            if early:                  # one by one until the early lines are settled
-                one(base + i + 1, raws[i], decoded[i])
-                i += 1
-                continue
-            # A progress line goes to one(), which reports it.
-            stop = n if progress is None else min(n, i + -(base + i + 1) % PROGRESS_EVERY_LINES)
-            j, latest = acc.add_decoded(decoded, i, stop, k * interval)
-            if j > i:
-                if held:
-                    flush_held()
-                stats.events += j - i
-                advance(latest)
-            if j < n:
-                one(base + j + 1, raws[j], decoded[j])
-            i = j + 1
-
-    lineno = 0
-    if chunk_lines <= 1:
-        for lineno, raw in enumerate(lines, 1):
-            one(lineno, raw)
-    else:
-        source = iter(lines)
-        while True:
-            raws: list[bytes | str] = []
-            try:
-                raws.extend(islice(source, chunk_lines))
-            except Exception:
-                chunk(lineno, raws)    # the lines before a read error, as line by line
-                raise
-            if not raws:
-                break
-            chunk(lineno, raws)
-            lineno += len(raws)
-    if held or early:   # the trace ends after a gap: a jump unless other nodes' clocks say otherwise
-        known = {n for n, _m in det.store.keys()}  # noqa: SIM118 (a WindowStore, not a dict)
-        if held and (len(held_nodes) >= JUMP_CONFIRM_NODES or known <= held_nodes):
-            take_held()
-        elif held:
-            flush_held()
-        if early and (len(early_nodes) >= JUMP_CONFIRM_NODES or known <= early_nodes):
-            settle_early(jump=True)
-        elif early:
-            settle_early(jump=False)
-    stats.lines = lineno
-    stats.last_ts = None if k is None else seen_max
-    if k is not None:
-        det.observe(drain())
-        res = det.evaluate(k * interval)
-        stats.ticks += 1
-        for line in tick_lines(res):
-            emit(line)
-        stats.transitions += len(res.transitions)
-        stats.fleet_events += len(res.fleet_events)
-        stats.weight_changes += len(res.weight_changes)
-        stats.min_samples, stats.max_sample_age_s = settings.min_samples, settings.max_sample_age_s
-        stats.thin_pairs = sum(1 for s in det.statuses() if s.routed and s.samples < settings.min_samples)
-    return det, stats
+    def finish(self) -> tuple[Detector, ReplayStats]:
+        """The end of the trace: held and early lines settled (a jump unless other nodes' clocks
+        say otherwise), the last tick run; the detector and the report."""
+        det, stats, settings = self.det, self.stats, self.settings
+        if self.held or self.early:
+            known = {n for n, _m in det.store.keys()}  # noqa: SIM118 (a WindowStore, not a dict)
+            if self.held and (len(self.held_nodes) >= JUMP_CONFIRM_NODES or known <= self.held_nodes):
+                self.take_held()
+            elif self.held:
+                self.flush_held()
+            if self.early and (len(self.early_nodes) >= JUMP_CONFIRM_NODES or known <= self.early_nodes):
+                self.settle_early(jump=True)
+            elif self.early:
+                self.settle_early(jump=False)
+        stats.lines = self.lineno
+        stats.last_ts = None if self.k is None else self.seen_max
+        if self.k is not None:
+            det.observe(self.drain())
+            res = det.evaluate(self.k * self.interval)
+            stats.ticks += 1
+            for line in tick_lines(res):
+                self.emit(line)
+            stats.transitions += len(res.transitions)
+            stats.fleet_events += len(res.fleet_events)
+            stats.weight_changes += len(res.weight_changes)
+            stats.min_samples, stats.max_sample_age_s = settings.min_samples, settings.max_sample_age_s
+            stats.thin_pairs = sum(1 for s in det.statuses() if s.routed and s.samples < settings.min_samples)
+        return det, stats

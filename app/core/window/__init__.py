@@ -1,7 +1,8 @@
 """The window room: stage 1, from decoded events to one summary per series and tick.
 
 Owns the sample rings (:mod:`.rings`), the per-(node, model) sliding windows
-(:mod:`.window`), the per-tick summary pass (:mod:`.summarize`) and the signal a
+(:mod:`.window`), the per-tick summary pass (:mod:`.summarize`, its per-slab passes in
+:mod:`.passes`) and the signal a
 node is judged on (:mod:`.signals`), the message intake that batches a poll's
 messages per series (:mod:`.accumulate`), quantiles (:mod:`.quantiles`) and the
 cluster-wide latency pools (:mod:`.pools`), and the bucket-count windows of

@@ -32,7 +32,6 @@ from tailguard.core.contract.config import DetectorSettings
 from tailguard.core.contract.errors import BadEvent
 from tailguard.core.contract.events import (
     DEFAULT_SETTINGS,
-    MAX_TS_S,
     Event,
     FloatArray,
     Heartbeat,
@@ -46,6 +45,7 @@ from tailguard.core.contract.events import (
     size_column,
 )
 from tailguard.core.contract.events_fast import FastDecoder, Group, Row
+from tailguard.core.contract.fields import MAX_TS_S
 from tailguard.core.contract.hist_event import HistogramBatch
 from tailguard.core.contract.ids import Allowlist
 

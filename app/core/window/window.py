@@ -22,7 +22,8 @@ Guarantees:
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Final
 
 import numpy as np
@@ -33,6 +34,7 @@ from tailguard.core.contract.events import Heartbeat, SampleBatch
 from tailguard.core.contract.hist_event import HistogramBatch
 from tailguard.core.contract.types import WindowSummary
 from tailguard.core.window.hist_window import HistWindows
+from tailguard.core.window.passes import FRESH_TAIL_MAX_SAMPLES
 from tailguard.core.window.pools import ModelPool, build_pools
 from tailguard.core.window.rings import (
     F64,
@@ -45,7 +47,7 @@ from tailguard.core.window.rings import (
     SeriesRecord,
     Slab,
 )
-from tailguard.core.window.summarize import FRESH_TAIL_MAX_SAMPLES, summarize
+from tailguard.core.window.summarize import summarize
 
 __all__ = ["FRESH_TAIL_MAX_SAMPLES", "POOL_SAMPLES_PER_SERIES", "RESTART_CONFIRM_SIGNS", "SNAPSHOT_VERSION",
            "SeriesKey", "WindowStore"]
@@ -58,8 +60,10 @@ POOL_SAMPLES_PER_SERIES: Final = 128
 class WindowStore:
     """Sliding windows of every (node_id, model); see the module docstring."""
 
-    def __init__(self, settings: DetectorSettings) -> None:
+    def __init__(self, settings: DetectorSettings, *,
+                 pause_collector: Callable[[], AbstractContextManager[object]] = nullcontext) -> None:
         self.settings = settings
+        self.pause_collector = pause_collector   # summarize()'s pause: the caller's gc choice
         self._window = settings.window_size
         caps: list[int] = []
         c = TIER_BASE
@@ -355,7 +359,7 @@ class WindowStore:
         """
         out = summarize(self._slabs(), self._series, self._model_names, self.settings, now_s,
                         judge_since=judge_since, out_of_fit=out_of_fit, digests=digests,
-                        tail_refs=tail_refs)
+                        tail_refs=tail_refs, pause=self.pause_collector)
         hists = self._hists
         for i, sm in enumerate(out):
             key = (sm.node_id, sm.model)

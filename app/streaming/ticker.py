@@ -1,0 +1,200 @@
+"""One tick of stage 2, as a plain object: judge, apply operators, write routing, publish.
+
+:class:`Stage2Ticker` owns what happens each tick after the stage-2 agent has filled
+:class:`~tailguard.streaming.stage2.Stage2` with summaries: it asks :class:`Ownership` which
+partitions this worker owns (``None`` while faust rebalances), lets ``Stage2.tick`` judge the
+owned models, applies the mode and the operator overrides (:class:`~tailguard.streaming.edge.OperatorEdge`,
+read each tick from an :class:`OperatorSource`), writes each model's routing through a
+:class:`RoutingSink`, hands the health changes, fleet events and diagnostics requests to the
+publish backlog (:class:`~tailguard.streaming.publisher.Publisher`) for at most a budget of the
+tick, and offers retired nodes to the replace hook. Every one of these is injected, so unit
+tests drive a tick without faust, Kafka or Redis (tests/service/test_stage2_ticker.py);
+:func:`tailguard.streaming.service.create_app` wires the faust side.
+
+Guarantees: routing never waits on Kafka — the routing write comes first, every tick; the
+Kafka output is at least once and bounded in bytes (the publisher's guarantees); a failing
+operator read keeps the last overrides in force; one model's failing routing write never
+stops the others.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+from aiokafka.partitioner import murmur2
+
+from tailguard.core.contract.types import ModelTick, NodeStatus
+from tailguard.routing.apply_script import Extras
+from tailguard.routing.operators import OperatorState, Override
+from tailguard.streaming.edge import EdgeInput, EdgeOutput, OperatorEdge
+from tailguard.streaming.ingest import next_boundary
+from tailguard.streaming.metrics import WorkerMetrics
+from tailguard.streaming.publisher import Publisher, tick_messages
+from tailguard.streaming.stage2 import ModelOutput, Stage2, state_key
+
+log = logging.getLogger(__name__)
+
+# Of each stage-2 tick, the share that publishing to Kafka may take after the routing write.
+PUBLISH_BUDGET_FRACTION = 0.25
+
+
+class RoutingSink(Protocol):
+    """Where verdicts go: ``tailguard.routing.writer.RoutingWriter`` or a test fake."""
+
+    async def apply(self, tick: ModelTick, extras: Extras = ...) -> bool: ...
+
+
+class OperatorSource(Protocol):
+    """Where operator overrides and modes come from (Redis: ``service.RedisOperators``)."""
+
+    async def read(self) -> OperatorState: ...
+
+    async def delete_expired(self, override: Override) -> None: ...
+
+
+class ReplaceOffers(Protocol):
+    """The replace hook's intake (:class:`~tailguard.streaming.replace.ReplaceHook`)."""
+
+    def offer(self, statuses: Iterable[NodeStatus]) -> int: ...
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """What this worker owns of the stage-2 input topic at one tick."""
+
+    topic: str                 # the stage-2 input topic (node-window-stats)
+    generation: int
+    owned: frozenset[int]
+    partitions: int            # of the topic (the partitioner's modulus)
+
+
+class Ownership(Protocol):
+    """The consumer group's view: ``None`` while a rebalance or a table recovery runs."""
+
+    async def assignment(self) -> Assignment | None: ...
+
+
+def partition_for(key: bytes, partitions: int) -> int:
+    """The partition Kafka's default partitioner (aiokafka's, Java's) picks for ``key``."""
+    return int((murmur2(key) & 0x7FFFFFFF) % partitions)
+
+
+@dataclass(frozen=True)
+class OutputTopics:
+    """The Kafka topics a tick publishes to (their names, as the publisher's ``send`` knows them)."""
+
+    health: str
+    fleet: str
+    diagnostics: str
+
+
+class Stage2Ticker:
+    """One stage-2 tick at a time (see the module docstring); :meth:`tick` is the whole of it."""
+
+    def __init__(self, *, stage2: Stage2, edge: OperatorEdge, routing: RoutingSink,
+                 publisher: Publisher, topics: OutputTopics, ownership: Ownership, metrics: WorkerMetrics,
+                 tick_s: float, max_ejected_fraction: float,
+                 operators: OperatorSource | None = None, hook: ReplaceOffers | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.stage2, self.edge, self.routing, self.publisher = stage2, edge, routing, publisher
+        self.topics = topics
+        self.ownership, self.metrics, self.operators, self.hook = ownership, metrics, operators, hook
+        self.tick_s, self.max_ejected_fraction, self.clock = tick_s, max_ejected_fraction, clock
+        self.last_assignment: tuple[int, frozenset[int]] | None = None
+        self.gauged_models: set[str] = set()
+        self.dropped_reported: dict[str, int] = {}   # stage2.dropped exported so far
+        self.operator_state = OperatorState()
+
+    async def tick(self) -> list[ModelOutput]:
+        """Judge the owned models now, then act on the verdicts; the models' outputs."""
+        current = await self.ownership.assignment()
+        if current is None:
+            log.info("stage-2 tick skipped: rebalancing")
+            return []
+        now_s = self.clock()
+        outputs = self.judge(current, now_s)
+        edged = await self.at_the_edge(outputs, now_s)
+        # Redis first, every tick: routing never waits on Kafka. The tick's messages then go
+        # to a backlog bounded in bytes, published within a budget and retried (publisher).
+        await self.write_routing(edged)
+        await self.publish(edged)
+        if self.hook is not None:   # level-triggered: every retired status, every tick (replace.py)
+            # Observe mode acts on nothing: its models' retired nodes are not replaced.
+            self.hook.offer(s for d in edged if d.mode == "enforce" for s in d.tick.statuses)
+        return outputs
+
+    def judge(self, current: Assignment, now_s: float) -> list[ModelOutput]:
+        """Stage 2's evaluation of the models whose partitions ``current`` owns, with its metrics."""
+        metrics, stage2 = self.metrics, self.stage2
+        assignment = (current.generation, current.owned)
+        if self.last_assignment != assignment:
+            log.info("stage 2 owns %s partitions %s (generation %s)", current.topic,
+                     sorted(current.owned), current.generation)
+            stage2.on_assignment_changed()
+            self.last_assignment = assignment
+            metrics.owned_models.set(0)
+        t0 = time.perf_counter()
+        failures_before = stage2.write_failures
+        outputs = stage2.tick(
+            now_s, lambda model: partition_for(state_key(model), current.partitions) in current.owned,
+            hints_for_s=next_boundary(now_s, self.tick_s))
+        metrics.tick_seconds.observe(time.perf_counter() - t0)
+        metrics.table_write_failures.inc(stage2.write_failures - failures_before)
+        for reason, count in stage2.dropped.items():
+            if count > self.dropped_reported.get(reason, 0):
+                metrics.summaries_dropped.labels(reason=reason).inc(count - self.dropped_reported.get(reason, 0))
+                self.dropped_reported[reason] = count
+        metrics.owned_models.set(len(outputs))
+        now_owned = {o.tick.model for o in outputs}
+        for gone in self.gauged_models - now_owned:
+            metrics.forget_model(gone)
+            self.edge.forget_model(gone)
+        self.gauged_models = now_owned
+        metrics.last_tick_ts.set(now_s)
+        return outputs
+
+    async def at_the_edge(self, outputs: list[ModelOutput], now_s: float) -> list[EdgeOutput]:
+        """Mode and operator overrides on each verdict (tailguard.streaming.edge)."""
+        operators = self.operators
+        if operators is not None and outputs:
+            try:
+                self.operator_state = await operators.read()
+            except Exception as e:  # Redis down: the last overrides read stay in force
+                self.metrics.operator_read_failures.inc()
+                log.warning("reading operator overrides failed (%s: %s); keeping the last ones",
+                            type(e).__name__, e)
+        ops = self.operator_state
+        for bad in ops.bad:
+            log.warning("ignoring an operator setting in Redis: %s", bad)
+        edged = [self.edge.apply(EdgeInput(o.tick, o.transitions, o.summaries, o.streaks), ops, now_s)
+                 for o in outputs]
+        for done in edged:
+            self.metrics.set_operator_view(done.tick.model, done.mode, done.overrides.values(),
+                                           done.tick, max_ejected_fraction=self.max_ejected_fraction)
+            for o in done.expired:
+                if operators is not None:
+                    try:
+                        await operators.delete_expired(o)
+                    except Exception:
+                        log.exception("deleting an expired override of %r failed", o.node_id)
+        return edged
+
+    async def publish(self, outputs: list[EdgeOutput]) -> None:
+        """The tick's health changes, fleet events and diagnostics requests into the backlog,
+        then publishing for at most ``PUBLISH_BUDGET_FRACTION`` of the tick."""
+        t = self.topics
+        self.publisher.add(tick_messages(outputs, t.health, t.fleet, t.diagnostics, self.metrics))
+        await self.publisher.publish(PUBLISH_BUDGET_FRACTION * self.tick_s)
+        self.metrics.publish_backlog_bytes.set(self.publisher.nbytes)
+
+    async def write_routing(self, outputs: list[EdgeOutput]) -> None:
+        """Each model's routing set (and its extras) to the routing sink, one model at a time."""
+        for out in outputs:
+            try:
+                await self.routing.apply(out.tick, out.extras)
+            except Exception:  # a malformed verdict: never stop the other models
+                log.exception("routing write of model %r failed", out.tick.model)
