@@ -60,3 +60,36 @@ def test_a_broken_capture_is_one_clear_line(tmp_path: Path, capsys: pytest.Captu
     assert main([str(f)]) == 1
     err = capsys.readouterr().err
     assert "not a capture" in err and "no timestamp" in err and "Traceback" not in err
+
+
+def _healthy_capture(scrapes: int, step_ms: int, offset_ms: int, jitter_ms: int) -> str:
+    """A healthy fleet of 8, each target its own block with its own (jittered) ms timestamp."""
+    rng = np.random.default_rng(2)
+    vals: dict[str, list[float]] = {f"n{i}:8000": [] for i in range(8)}
+    out = []
+    for k in range(scrapes):
+        for node in vals:
+            vals[node] += list(0.18 * np.exp(rng.normal(0, 0.3, 2 * step_ms // 100)))
+            jit = int(rng.integers(-jitter_ms, jitter_ms + 1)) if jitter_ms else 0
+            out.append(_federate(T0_MS + k * step_ms + offset_ms + jit, {node: vals[node]}))
+    return "".join(out)
+
+
+@pytest.mark.parametrize(("scrapes", "step_ms", "offset_ms", "jitter_ms"), [
+    (41, 10_000, 0, 0),         # the last scrapes exactly on the final tick (T0 + 10 s is a boundary)
+    (41, 10_000, 137, 400),     # jittered, the last scrapes just past a boundary
+    (40, 10_000, 0, 400),
+    (14, 30_000, 0, 400),       # one scrape a tick, jittered around the boundaries
+    (14, 30_000, 29_999, 0)])
+def test_a_healthy_capture_gets_no_verdict_at_any_alignment(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], scrapes: int, step_ms: int,
+        offset_ms: int, jitter_ms: int) -> None:
+    """Scrapes on the tick boundaries or off them, the last one just before or on the final tick:
+    before, the node whose scrape opened a tick had no request counted at the next one (its next
+    scrape not in yet) and was judged ``stalled``."""
+    f = tmp_path / "healthy.prom"
+    f.write_text(_healthy_capture(scrapes, step_ms, offset_ms, jitter_ms))
+    assert main([str(f)]) == 0
+    out = [r for r in _out(capsys) if r["type"] == "transition"]
+    assert {r["node_id"] for r in out if r["reason"] == "admitted"} == {f"n{i}:8000" for i in range(8)}
+    assert {r["reason"] for r in out} <= {"first_seen", "admitted"}, out

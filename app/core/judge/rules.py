@@ -31,6 +31,7 @@ from tailguard.core.judge.health import Evidence, Judgement, PairState, Verdict
 from tailguard.core.judge.model_state import PairTable
 from tailguard.core.judge.peers import Limits, Norms, limits, median
 from tailguard.core.judge.shift import probe_shift_hold, shift_severity
+from tailguard.core.window.hist_window import LAST_REQUEST_TS
 
 # Onset credit: a window whose relative severity reached this fraction of the limit counts
 # towards confirmation when the next window is abnormal.
@@ -223,8 +224,9 @@ def judge_probe(s: WindowSummary, norms: Norms, st: DetectorSettings) -> Judgeme
     else:
         return health.NO_VERDICT
     j = judge(s, p50, p99 / p50, n, norms, st, p99, lim=lim)
-    hold = probe_shift_hold(s, p50, p99, n, norms, lim, st, ONSET_CREDIT_FRACTION,
-                                 tail_support_samples(st)) if j.verdict is Verdict.NORMAL else None
+    hold = (probe_shift_hold(s, p50, p99, n, norms, lim, st, ONSET_CREDIT_FRACTION,
+                             tail_support_samples(st))
+            if j.verdict is Verdict.NORMAL else None)
     return hold or normal_with_evidence(j, s, p50, p99, n, norms, str(Reason.NORMAL))
 
 
@@ -370,7 +372,7 @@ def stall_judgements(idle: Sequence[str], counts: Mapping[str, tuple[int, ...]],
         return p is not None and p.routed and p.state is not HealthState.WARMING
 
     idle = [n for n in idle if serving(n) and (last := by_node[n].last_seen_ts) is not None
-            and now_s - last <= st.tick_interval_s]
+            and now_s - last <= st.tick_interval_s and _alive_after_requests(by_node[n], last)]
     if not idle:
         return {}
     span = stall_ticks(st)
@@ -389,6 +391,14 @@ def stall_judgements(idle: Sequence[str], counts: Mapping[str, tuple[int, ...]],
                               f"while its {len(served)} peers completed {ref:g} each (median; "
                               f"stall_peer_requests={st.stall_peer_requests})")
     return out
+
+
+def _alive_after_requests(s: WindowSummary, last_seen_ts: float) -> bool:
+    """A sign of life after the pair's last request: always for a sample pair; for a histogram
+    pair, a scrape after its newest interval with requests (its next scrape not in yet is no
+    stall: a tick can fall between two scrapes of a node, or after a capture's last one)."""
+    last_req = s.extra.get(LAST_REQUEST_TS) if s.extra else None
+    return not isinstance(last_req, int | float) or last_seen_ts > last_req
 
 
 def _window_evidence(s: WindowSummary) -> Evidence:

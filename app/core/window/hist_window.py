@@ -8,8 +8,9 @@ interval. :meth:`HistWindows.summarize` turns them into the histogram part of a
 after the pair's ``judge_since`` cut, all with the newest bounds) that span at least
 ``tick_interval_s`` and hold ``min_samples`` requests, up to the age bound; their counts are
 summed per bucket and sent to stage 2 in ``extra["hist"]`` (:mod:`tailguard.core.judge.hist_rules` judges
-them). ``p50``/``p99`` of the summary are Prometheus-style interpolations
-(:func:`bucket_quantile`), for dashboards and fleet events only: no node verdict rests on them.
+them), with the end of the newest interval that had requests (``extra["last_request_ts"]``).
+``p50``/``p99`` of the summary are Prometheus-style interpolations (:func:`bucket_quantile`),
+for dashboards and fleet events only: no node verdict rests on them.
 
 Guarantees: pure; a window never mixes bounds (a server whose buckets changed restarts, see
 app/scrape/convert.py, and its older intervals are dropped); a new ``instance`` drops the
@@ -28,6 +29,9 @@ from tailguard.core.contract.hist_event import HistogramBatch
 
 PREFERENCE: Final = ("itl", "ttft", "e2e")     # per-token first, as the event path prefers tpot
 US_PER_S: Final = 1e6
+# extra key of a histogram pair's summary: the end of its newest interval with requests (the
+# stall rule wants a sign of life after it: a scrape that did not come yet is no stall).
+LAST_REQUEST_TS: Final = "last_request_ts"
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,9 +162,12 @@ class HistWindows:
             return None
         wins = self.windows(key, now_s, since)
         metric = next((m for m in PREFERENCE if m in wins and wins[m].requests > 0), None)
+        extra: dict[str, Any] = {"hist": {m: w.to_dict() for m, w in wins.items()}}
+        last = _last_request_ts(self._series[key].get("e2e"))
+        if last is not None:
+            extra[LAST_REQUEST_TS] = last
         fields: dict[str, Any] = {"signal": f"{metric or PREFERENCE[-1]}_hist", "samples": 0,
-                                  "p50": None, "p99": None, "extra": {"hist": {m: w.to_dict()
-                                                                              for m, w in wins.items()}}}
+                                  "p50": None, "p99": None, "extra": extra}
         if metric is not None:
             w = wins[metric]
             p50, p99 = _quantiles_us(w)
@@ -187,6 +194,14 @@ class HistWindows:
                                                None if sum_s is None else float(sum_s))
                                       for ts, iv_s, bounds, counts, req, sum_s in rows)
                              for m, rows in data.items()}
+
+
+def _last_request_ts(q: deque[Interval] | None) -> float | None:
+    """The end of the newest e2e interval with a request in it (None: none kept)."""
+    for iv in reversed(q or ()):
+        if iv.requests > 0:
+            return iv.ts
+    return None
 
 
 def _requests_by_ts(q: deque[Interval] | None) -> dict[float, int]:
