@@ -7,7 +7,6 @@ only its node's, one result each, in the worker's result contract.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
 import sys
@@ -103,6 +102,21 @@ async def results(kafka: str, topic: str) -> list[dict[str, Any]]:
     return [json.loads(r.value) for r in await read_topic(kafka, topic)]
 
 
+MARKER = "zz-marker"
+
+
+async def _after_markers(kafka: str, req: str, res: str, nodes: list[str],
+                         tmp_path: Path) -> list[dict[str, Any]]:
+    """Every result but the markers', once each node's agent answered a marker request sent now."""
+    await produce(kafka, req, [request(n, model=MARKER) for n in nodes])
+
+    async def markers_in() -> list[dict[str, Any]] | None:
+        got = await results(kafka, res)
+        return got if sum(r["model"] == MARKER for r in got) >= len(nodes) else None
+    got = await wait_for(markers_in, 60, "the marker requests answered", lambda: logs(tmp_path))
+    return [r for r in got if r["model"] != MARKER]
+
+
 async def test_each_recorded_case_gets_one_result_with_its_verdict(
         kafka_bootstrap: str, unique_name: Callable[[str], str], tmp_path: Path) -> None:
     req, res = unique_name("req"), unique_name("res")
@@ -119,9 +133,10 @@ async def test_each_recorded_case_gets_one_result_with_its_verdict(
             alive(procs, tmp_path)
             got = await results(kafka_bootstrap, res)
             return got if len(got) >= len(EXPECTED) + 1 else None
-        got = await wait_for(all_answered, 60, "one result per request", lambda: logs(tmp_path))
-        await asyncio.sleep(2.0)   # nothing more may come
-        got = await results(kafka_bootstrap, res)
+        await wait_for(all_answered, 60, "one result per request", lambda: logs(tmp_path))
+        # Nothing more may come: each agent answers its node's requests in order (one partition
+        # per node), so once it has answered a last marker request, every earlier answer is in.
+        got = await _after_markers(kafka_bootstrap, req, res, list(EXPECTED), tmp_path)
         assert all(p.poll() is None for p in procs.values()), logs(tmp_path)
     assert sorted((r["node_id"], r["model"]) for r in got) == sorted(
         [(c, "llm") for c in EXPECTED] + [("ecc", "embed")])
@@ -158,6 +173,5 @@ async def test_a_restarted_agent_answers_what_came_while_it_was_down_and_nothing
     with agents(kafka_bootstrap, req, res, ["thermal"], tmp_path, "same"):
         await wait_for(lambda: n_results(2), 60, "the answer to the request sent while down",
                        lambda: logs(tmp_path))
-        await asyncio.sleep(2.0)
-    got = await results(kafka_bootstrap, res)
+        got = await _after_markers(kafka_bootstrap, req, res, ["thermal"], tmp_path)
     assert [r["model"] for r in got] == ["m1", "m2"], got
