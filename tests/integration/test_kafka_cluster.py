@@ -18,8 +18,6 @@ import collections
 import json
 import os
 import re
-import socket
-import subprocess
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -30,8 +28,8 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError
+from stack_scripts import free_base, run_script
 from worker_harness import (
-    ROOT,
     WorkerEnv,
     free_port,
     health_events,
@@ -49,21 +47,14 @@ NODES = ["n0", "n1", "n2", "n3", "slow"]
 TICK_S = 2.0
 
 
-def _ports_free(base: int) -> bool:
-    for node in range(3):
-        for offset in (0, 1, 2):                 # PLAINTEXT, controller, SASL_SSL
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", base + offset + 10 * node)) == 0:
-                    return False
-    return True
-
-
 class Cluster:
     """The 3-node cluster of scripts/kafka, on ports free on this machine."""
 
     def __init__(self, run_dir: Path) -> None:
-        base = next((b for b in (19092, 29092, 39092, 49092) if _ports_free(b)), None)
-        assert base is not None, "no free port range for a 3-broker Kafka (19092, 29092, …)"
+        # PLAINTEXT, controller and SASL_SSL of each of the 3 nodes (node i: + 10·i).
+        base = free_base((19092, 29092, 39092, 49092),
+                         lambda b: [b + off + 10 * i for i in range(3) for off in (0, 1, 2)],
+                         "a 3-broker Kafka")
         self.ports = [base + 10 * i for i in range(3)]
         self.bootstrap = ",".join(f"127.0.0.1:{p}" for p in self.ports)
         self.env = {**os.environ, "TAILGUARD_RUN": str(run_dir), "TAILGUARD_KAFKA_BROKERS": "3",
@@ -72,9 +63,7 @@ class Cluster:
                     "TAILGUARD_KAFKA_BOOTSTRAP": f"127.0.0.1:{base}"}
 
     def run(self, *args: str) -> None:
-        done = subprocess.run([str(ROOT / "scripts" / "kafka"), *args], env=self.env,
-                              capture_output=True, text=True, timeout=300, check=False)
-        assert done.returncode == 0, f"scripts/kafka {' '.join(args)}: {done.stderr[-2000:]}"
+        run_script("kafka", self.env, *args)
 
 
 @pytest.fixture(scope="module")

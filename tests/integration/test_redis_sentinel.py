@@ -16,15 +16,14 @@ import asyncio
 import json
 import os
 import signal
-import socket
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
-from worker_harness import HEALTHY, NODES, ROOT, Feeder, wait_for
+from stack_scripts import free_base, run_script
+from worker_harness import HEALTHY, NODES, Feeder, wait_for
 
 from tailguard import settings as settings_mod
 from tailguard.routing.client import connect_for
@@ -36,26 +35,18 @@ TICK_S = 1.0
 MODELS = ("llm", "emb")
 
 
-def _free(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) != 0
-
-
 class Sentinels:
     def __init__(self, run_dir: Path) -> None:
-        base = next((b for b in (16379, 17379, 18379, 19379)
-                     if all(_free(p) for p in (b, b + 1, b + 10000, b + 10001, b + 10002))), None)
-        assert base is not None, "no free ports for a Redis primary, replica and 3 sentinels"
+        base = free_base((16379, 17379, 18379, 19379),
+                         lambda b: (b, b + 1, b + 10000, b + 10001, b + 10002),
+                         "a Redis primary, replica and 3 sentinels")
         self.port = base
         self.run_dir = run_dir
         self.sentinels = ",".join(f"127.0.0.1:{base + 10000 + i}" for i in range(3))
         self.env = {**os.environ, "TAILGUARD_RUN": str(run_dir), "TAILGUARD_REDIS_HA_PORT": str(base)}
 
     def run(self, *args: str) -> str:
-        done = subprocess.run([str(ROOT / "scripts" / "redis-sentinel"), *args], env=self.env,
-                              capture_output=True, text=True, timeout=60, check=False)
-        assert done.returncode == 0, f"scripts/redis-sentinel {' '.join(args)}: {done.stderr[-2000:]}"
-        return done.stdout
+        return run_script("redis-sentinel", self.env, *args, timeout_s=60)
 
     def primary_pid(self) -> int:
         return int((self.run_dir / "redis-ha" / "primary.pid").read_text().strip())
