@@ -15,8 +15,6 @@ import contextlib
 import json
 import os
 import socket
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -26,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from worker_harness import TailguardProcess
 
 from tailguard.k8s.api import AiohttpTransport, Client, Response
 
@@ -171,29 +170,8 @@ def sync_env(cp: ControlPlane, ns: str, redis_url: str, prefix: str, user: str =
     return env
 
 
-class SyncProc:
+class SyncProc(TailguardProcess):
     """``tailguard k8s-sync`` as a subprocess, its output in ``log_path``."""
 
     def __init__(self, env: dict[str, str], log_path: Path, *args: str) -> None:
-        self.log_path = log_path
-        self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tailguard.cli", "k8s-sync", "--poll-interval-s", "0.2", *args],
-            env=env, stdout=self._log, stderr=self._log, cwd=ROOT)
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def kill(self) -> None:
-        self.proc.kill()
-        self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self._log.close()
+        super().__init__(["k8s-sync", "--poll-interval-s", "0.2", *args], env, log_path)

@@ -16,14 +16,12 @@ judges the histogram events. Nothing in the fleet talks to Kafka. Checked:
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from worker_harness import ROOT, Worker, WorkerEnv, health_events, routing, wait_for
+from worker_harness import TailguardProcess, Worker, WorkerEnv, health_events, routing, wait_for
 
 from tailguard.sim import scenario as sc
 from tailguard.sim.fleet import Fleet, Listening
@@ -63,27 +61,11 @@ onset_s = {SILENCE_AT_S}
 """
 
 
-class Scraper:
-    """`python -m tailguard.cli scrape` with the test's settings, its output in a log file."""
+class Scraper(TailguardProcess):
+    """`tailguard scrape` with the test's settings, its output in a log file."""
 
     def __init__(self, env: dict[str, str], log_path: Path) -> None:
-        self.log_path = log_path
-        self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen([sys.executable, "-m", "tailguard.cli", "scrape"], cwd=ROOT, env=env,
-                                     stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-
-    def tail(self, n: int = 30) -> str:
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self._log.close()
+        super().__init__(["scrape"], env, log_path)
 
 
 async def test_scraped_vllm_fleet_slow_node_leaves_restart_warms_up_silent_node_goes(

@@ -17,7 +17,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -86,13 +86,13 @@ class WorkerEnv:
         return env
 
 
-class Worker:
-    """One `python -m tailguard.cli worker` subprocess with its log file."""
+class TailguardProcess:
+    """One `python -m tailguard.cli ARGS…` subprocess (worker, scrape, k8s-sync …) with its log file."""
 
-    def __init__(self, env: dict[str, str], log_path: Path) -> None:
+    def __init__(self, args: Sequence[str], env: dict[str, str], log_path: Path) -> None:
         self.log_path = log_path
         self._log = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen([sys.executable, "-m", "tailguard.cli", "worker"], cwd=ROOT,
+        self.proc = subprocess.Popen([sys.executable, "-m", "tailguard.cli", *args], cwd=ROOT,
                                      env=env, stdout=self._log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL)
 
@@ -118,6 +118,13 @@ class Worker:
                 self.proc.wait(10)
         self._log.close()
         return self.proc.returncode
+
+
+class Worker(TailguardProcess):
+    """`tailguard worker` as a subprocess."""
+
+    def __init__(self, env: dict[str, str], log_path: Path) -> None:
+        super().__init__(["worker"], env, log_path)
 
 
 async def wait_for(pred: Callable[[], Awaitable[Any]], timeout_s: float, what: str,
