@@ -11,8 +11,8 @@ Two integrations live here:
 
 Both read routing state through :class:`RoutingSource`, a two-method Protocol
 that :class:`tailguard.routing.reader.RoutingTable` satisfies; tests pass a fake.
-The selection and diffing logic (:mod:`tailguard.lb.balance`, the pure half of
-:mod:`tailguard.lb.haproxy`) does no I/O and reads no clock.
+The selection and diffing logic (:mod:`tailguard.lb.balance`,
+:mod:`tailguard.lb.haproxy_plan`) does no I/O and reads no clock.
 
 Exceptions::
 

@@ -31,7 +31,7 @@ from tailguard.core.judge import health
 from tailguard.core.judge.baseline import baseline_fleet_p50
 from tailguard.core.judge.health import PairState
 from tailguard.core.judge.model_state import ModelState
-from tailguard.core.judge.rules import ErrorReport
+from tailguard.core.judge.request_rules import ErrorReport
 
 
 def eject_within_cap(model: str, pairs: dict[str, PairState], candidates: list[PairState],

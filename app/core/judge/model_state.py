@@ -193,7 +193,7 @@ class ModelState:
     # Retired pairs: their last sign of life (sample or heartbeat; at least the retirement).
     retired_seen: dict[str, float] = field(default_factory=dict)
     # Per pair: stage 1's cumulative (requests, failed) at the last few ticks, oldest first,
-    # flat (rules.error_judgements).
+    # flat (request_rules.error_judgements).
     counts: dict[str, tuple[int, ...]] = field(default_factory=dict)
     # Last signs of life, gone pairs, restarts handled, telemetry loss (tailguard.core.judge.liveness).
     live: Liveness = field(default_factory=Liveness)
