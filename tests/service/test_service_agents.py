@@ -38,3 +38,15 @@ def test_apps_are_independent() -> None:
     assert runtime_of(a).stage2 is not runtime_of(b).stage2
     assert runtime_of(a).metrics.registry is not runtime_of(b).metrics.registry
     assert set(a.agents) == {"tailguard-stage2"}   # diagnostics results: stage 1 reads them
+
+
+def test_changelog_records_read_after_the_start_are_applied_as_they_come() -> None:
+    # faust buffers 1000 changelog records (decoded) before applying them: a worker then held
+    # its last 1000 hints values, a flood's included (each naming ~1,000 new pairs), for as many
+    # ticks, which kept ~10 MB of a 200,000-id flood after its ids were forgotten (issue 28).
+    app = make_app()
+    tables = {t.name: t for t in app.tables.values()}
+    hints, health = tables["judge_since"], tables["health"]
+    assert hints.recovery_buffer_size == 1      # its own partitions: faust reads them as "active"
+    assert hints.standby_buffer_size == 1       # the other workers' partitions
+    assert health.standby_buffer_size == 1      # replicas of another worker's models
