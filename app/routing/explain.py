@@ -219,12 +219,12 @@ def _weight_line(it: NodeExplain) -> str | None:
     return text
 
 
-async def explain_text(redis: aioredis.Redis, key_prefix: str, node: str,
+async def explain_text(redis: aioredis.Redis, key_prefix: str | Keys, node: str,
                        model: str | None = None, now_s: float | None = None) -> str:
     """:func:`read_explain` + :func:`render_explain` (for the demo's report)."""
     items = await read_explain(redis, key_prefix, node, None if model is None else [model])
     if not items:
-        return f"no node {node!r} in Redis under key prefix {key_prefix!r}"
+        return f"no node {node!r} in Redis under key prefix {as_keys(key_prefix).prefix!r}"
     return render_explain(items, time.time() if now_s is None else now_s)
 
 

@@ -6,16 +6,15 @@ in two layouts (docs/contracts.md, "Redis"): *plain* (default) ``P:routing:<m>``
 ``P:routing-shadow:<m>``, ``P:history:<m>``, ``P:events:<m>``, ``P:weights:<m>``; *tagged* (Redis
 Cluster) ``P:{<m>}:routing``, ``P:{<m>}:routing:version`` …, a model's keys in one hash slot.
 Global in both: ``P:models``, ``P:overrides``, ``P:mode``, the channel ``P:routing:changes``. Also
-the values that cross the contract: :func:`status_json`, :func:`held_out`, :func:`weight_fields`
-(read by :mod:`tailguard.routing.weighted`), :func:`change_message` / :func:`parse_change_message`.
+the values that cross the contract: :func:`status_json`, :func:`held_out`, :func:`weight_fields`,
+:func:`change_message` / :func:`parse_change_message`.
 
 * Keys are unambiguous: :func:`encode_model` percent-encodes ``%``, ``:``, whitespace and
-  control characters (a model named ``foo:version`` cannot collide with the version key of
-  ``foo``) and keeps every other character; it is injective and :func:`decode_model`
-  inverts it. ``P:models`` and the pub/sub messages carry raw names; node ids are stored raw,
-  as members and hash fields, never in a key.
-* All keys of one model are written together by one Lua script (:mod:`tailguard.routing.apply_script`);
-  in the tagged layout they share one hash slot (the tag's ``{``/``}`` in a name are encoded too).
+  control characters (``foo:version`` cannot collide with ``foo``'s version key); it is
+  injective and :func:`decode_model` inverts it. ``P:models`` and the pub/sub messages carry
+  raw names; node ids are stored raw, as members and hash fields, never in a key.
+* All keys of one model are written together by one Lua script
+  (:mod:`tailguard.routing.apply_script`); in the tagged layout they share one hash slot.
 """
 
 from __future__ import annotations
