@@ -1,25 +1,19 @@
 """Test doubles for load-balancer code: a settable routing source and tiny HTTP backends.
 
 * :class:`StaticSource` is a :class:`~tailguard.lb.RoutingSource` whose routing sets,
-  quarantines and weights are plain dicts the test sets; ``fail = True`` makes every
-  read raise, like a reader with Redis down and nothing cached.
-* :func:`echo_backend` runs one tiny aiohttp server on a free loopback port that
-  answers every request with JSON naming its ``node_id``, whether the request
-  carried ``X-Tailguard-Probe: 1``, and the request's method, path and body
-  (``status`` and ``chunks`` shape the answer). Each request is also recorded
-  in :attr:`EchoBackend.seen`.
-
-* :func:`write_routing` plays tailguard's writer in integration tests: it
-  replaces a model's routing set, quarantine and weights in one ``MULTI``/``EXEC``,
-  bumps the version and publishes the change, with plain redis-py commands
-  (deliberately not :mod:`tailguard.routing.writer`, so that the load balancers are
-  tested against the key contract, not against our own writer).
-* :func:`scratch_redis` gives a client and deletes a test's key prefix after;
-  :func:`spawn` starts a subprocess that an exit stack stops;
-  :func:`eventually` waits (bounded) until a condition holds.
-
-Used by the unit and integration tests of :mod:`tailguard.lb`, and handy for trying
-a load-balancer setup by hand.
+  quarantines and weights are plain dicts the test sets; ``fail = True`` makes every read
+  raise, like a reader with Redis down and nothing cached.
+* :func:`echo_backend` runs one tiny aiohttp server on a free loopback port that answers
+  every request with JSON naming its ``node_id``, whether the request carried
+  ``X-Tailguard-Probe: 1``, and its method, path and body (``status`` and ``chunks`` shape
+  the answer); each request is recorded in :attr:`EchoBackend.seen`.
+* :func:`write_routing` plays tailguard's writer in integration tests: one ``MULTI``/``EXEC``
+  replaces a model's routing set, quarantine and weights, bumps the version and publishes
+  the change, with plain redis-py commands (not :mod:`tailguard.routing.writer`: the load
+  balancers are tested against the key contract, not against our own writer).
+* :func:`scratch_redis` gives a client and deletes a test's key prefix after; :func:`spawn`
+  starts a subprocess that an exit stack stops; :func:`eventually` waits (bounded) until a
+  condition holds.
 """
 
 from __future__ import annotations

@@ -1,26 +1,22 @@
 """One model's verdict as one run of a Redis Lua script: atomic, idempotent, never empty.
 
-Owns :data:`APPLY_LUA` and how a :class:`~tailguard.core.contract.types.ModelTick` (plus the stage-2 edge's
-:class:`Extras`) becomes its keys and arguments (:func:`script_call`) and its reply a
-:class:`WriteResult` (:func:`parse_reply`). The retries around it are
-:mod:`tailguard.routing.writer`'s; the key layout is :mod:`tailguard.routing.keys`'.
+Owns :data:`APPLY_LUA` and how a :class:`~tailguard.core.contract.types.ModelTick` (plus the
+edge's :class:`Extras`) becomes its keys and arguments (:func:`script_call`) and its reply a
+:class:`WriteResult` (:func:`parse_reply`). Retries: :mod:`tailguard.routing.writer`; keys:
+:mod:`tailguard.routing.keys`.
 
-* **Atomic.** Redis runs a script without interleaving other commands: a reader sees the
-  whole previous state of the model (routing set, version, quarantine, statuses, held-out
-  set, shadow set, history, events) or the whole new one. The routing set is replaced in
-  place (``DEL`` + ``SADD``), never by ``RENAME`` of a temporary key (fails for an empty set).
-* **Idempotent.** Only a routing, quarantine or held-out set that differs from Redis's is
-  rewritten, bumps the version and publishes ``{"model", "version"}``; statuses are always
-  refreshed. A new version key starts at the server's clock in ms, so versions never repeat
-  after Redis lost its data.
-* **Weights with routing.** ``P:weights:<m>`` (routed nodes below weight 1.0) is written by
-  the same run: a change of it bumps the version like a change of the routing set.
-* **Never empties routing.** An empty routing set for a model that has one is refused
-  (reply ``-1``, nothing written); a model with no node admitted yet gets no routing key.
-* **ACL.** Under Redis 7+ ACLs the script checks every command it may call first and
-  refuses with ``NOPERM`` before writing anything (Redis does not roll a script back).
-* **Forgetting.** :data:`FORGET_LUA` (:func:`forget_call`) removes a model stage 2 forgot
-  (``ModelTick.forgotten``) in one run: out of ``P:models``, every key of it deleted.
+* **Atomic.** A reader sees the whole previous state of the model (routing set, version,
+  quarantine, statuses, held-out and shadow sets, history, events) or the whole new one. The
+  routing set is replaced in place (``DEL`` + ``SADD``), never by ``RENAME``.
+* **Idempotent.** Only a routing, quarantine or held-out set that differs is rewritten, bumps
+  the version and publishes ``{"model", "version"}``; statuses are always refreshed. A new
+  version key starts at the server's clock in ms, so versions never repeat.
+* **Weights with routing.** ``P:weights:<m>`` is written by the same run; a change of it bumps
+  the version like a change of the routing set.
+* **Never empties routing.** An empty routing set for a model that has one is refused (reply
+  ``-1``, nothing written); a model with no node admitted yet gets no routing key.
+* **ACL.** Under Redis 7+ ACLs every command is checked first: ``NOPERM`` before any write.
+* **Forgetting.** :data:`FORGET_LUA` (:func:`forget_call`) removes a forgotten model in one run.
 """
 
 from __future__ import annotations

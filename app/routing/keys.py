@@ -1,24 +1,22 @@
 """Redis key layout of tailguard's routing state — the one place that builds key names.
 
-Owns the names of every key and channel (:class:`Keys`; ``P`` = the key prefix, default
-``tailguard``, ``<m>`` = the encoded model name): ``P:routing:<m>``, ``P:held-out:<m>``,
-``P:routing:<m>:version``, ``P:quarantine:<m>``, ``P:nodes:<m>``, ``P:models``,
-``P:routing-shadow:<m>``, ``P:history:<m>``, ``P:events:<m>``, ``P:weights:<m>``
-(:func:`weights_key`), ``P:overrides``, ``P:mode`` and the channel ``P:routing:changes``; what
-each holds is the contract in docs/contracts.md ("Redis"). Also the values that cross it:
-:func:`status_json` (a node's status), :func:`held_out`, :func:`weight_fields` (the weights
-hash; :mod:`tailguard.routing.weighted` reads it), :func:`change_message` /
-:func:`parse_change_message`.
+Owns the names of every key and channel (:class:`Keys`; ``P`` = the key prefix, ``<m>`` = the
+encoded model name): ``P:routing:<m>``, ``P:held-out:<m>``, ``P:routing:<m>:version``,
+``P:quarantine:<m>``, ``P:nodes:<m>``, ``P:models``, ``P:routing-shadow:<m>``,
+``P:history:<m>``, ``P:events:<m>``, ``P:weights:<m>`` (:func:`weights_key`), ``P:overrides``,
+``P:mode`` and the channel ``P:routing:changes`` (what each holds: docs/contracts.md, "Redis").
+Also the values that cross it: :func:`status_json`, :func:`held_out`, :func:`weight_fields`,
+:func:`change_message` / :func:`parse_change_message`.
 
 Guarantees:
 
 * Keys are unambiguous: :func:`encode_model` percent-encodes ``%``, ``:``, whitespace and
-  control characters (a model named ``foo:version`` cannot collide with the version key of
-  ``foo``) and keeps every other character; it is injective and :func:`decode_model`
-  inverts it. ``P:models`` and the pub/sub messages carry raw names; node ids are stored raw,
-  as members and hash fields, never in a key.
-* All keys of one model are written together by one Lua script (:mod:`tailguard.routing.apply_script`):
-  one Redis (or a primary with replicas), not Redis Cluster, whose slots would split them.
+  control characters (``foo:version`` cannot collide with ``foo``'s version key); it is
+  injective and :func:`decode_model` inverts it. ``P:models`` and the pub/sub messages carry
+  raw names; node ids are stored raw, as members and hash fields, never in a key.
+* All keys of one model are written together by one Lua script
+  (:mod:`tailguard.routing.apply_script`): one Redis (or a primary with replicas), not Redis
+  Cluster, whose slots would split them.
 """
 
 from __future__ import annotations

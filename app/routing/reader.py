@@ -1,28 +1,21 @@
 """The routing reader that load balancers use: a cached, self-refreshing view of the routing sets.
 
-:class:`RoutingTable` keeps, per model it was asked about, the routing set, the held-out
-set, the quarantine (node → probe-after Unix time), the routing weights (node → (0, 1]) and
-the version, as read from the keys of :mod:`tailguard.routing.keys`. Each guarantee in full, and
-how a load balancer uses it: docs/lb.md.
+:class:`RoutingTable` keeps, per model it was asked about, the routing set, the held-out set,
+the quarantine (node → probe-after Unix time), the routing weights (node → (0, 1]) and the
+version, as read from the keys of :mod:`tailguard.routing.keys`. In full: docs/lb.md.
 
-Guarantees
-----------
-* **Consistent snapshots.** A model is loaded with one ``MULTI``/``EXEC`` (version, routing
-  set, quarantine, held-out set and weights): every cached view, weights included, is one
-  version the writer wrote.
+* **Consistent snapshots.** A model is loaded with one ``MULTI``/``EXEC``: every cached view,
+  weights included, is one version the writer wrote.
 * **Weights.** :meth:`RoutingTable.weight` is 1.0 for a node without a field (and for every
-  node while tailguard writes no weights); :meth:`RoutingTable.pick` is nginx's smooth
-  weighted round-robin over the routing set (:mod:`tailguard.routing.weighted`).
+  node while tailguard writes no weights); :meth:`RoutingTable.pick` is smooth weighted
+  round-robin over the routing set (:mod:`tailguard.routing.weighted`).
 * **Fresh.** A model is refreshed on its ``P:routing:changes`` message and by polling the
-  version keys every ``poll_interval_s``, so a change is seen within about that even with
-  no pub/sub.
+  version keys every ``poll_interval_s``, so a change is seen within about that.
 * **Never goes dark.** While Redis is unreachable, or after a model's keys vanished, the
   last-known sets are served unchanged (failures counted through :class:`ReaderMetrics`).
-* **Cheap on the hot path.** :meth:`RoutingTable.nodes`, :meth:`RoutingTable.cached_quarantine`,
-  :meth:`RoutingTable.probe_candidates`, :meth:`RoutingTable.cached_weights` and
-  :meth:`RoutingTable.pick` are synchronous, without I/O.
-* An empty set from :meth:`RoutingTable.get` / :meth:`RoutingTable.nodes` means "no data"
-  (use every backend); :meth:`RoutingTable.held_out` is what a list-based balancer holds out.
+* **Cheap on the hot path.** ``nodes``, ``cached_quarantine``, ``probe_candidates``,
+  ``cached_weights`` and ``pick`` are synchronous, without I/O. An empty set from ``get`` /
+  ``nodes`` means "no data" (use every backend); ``held_out`` is what a balancer holds out.
 """
 
 from __future__ import annotations

@@ -5,17 +5,16 @@ model and tick) and owns what happens around it:
 
 * **Redis outages never reach the caller.** On a connection error or timeout
   :meth:`RoutingWriter.apply` returns ``False``; the latest verdict of each model is kept
-  (older ones are dropped) and retried with exponential back-off by the background task of
-  ``async with RoutingWriter(...)`` (or :meth:`RoutingWriter.flush`). Load balancers keep
-  the last written set meanwhile; after Redis lost its data the next write recreates it all.
+  (older ones dropped) and retried with exponential back-off by the background task of
+  ``async with RoutingWriter(...)`` (or :meth:`RoutingWriter.flush`). Load balancers keep the
+  last written set meanwhile; after Redis lost its data the next write recreates it all.
 * **One model's bad keys never block the others.** Any other Redis error (``WRONGTYPE``,
   ``NOPERM``) is that model's: counted, logged (first time, then every power of two), kept
   pending and retried on its own back-off while the other models are written.
-* **Never empties routing.** An empty set for a model known to have one is refused here
-  too, before Redis is asked; events of a verdict superseded unwritten go with the next.
-  A model stage 2 forgot (``ModelTick.forgotten``) is the one exception: its keys are
-  deleted and it leaves ``P:models`` in one script run (:data:`FORGET_LUA`), retried
-  like any verdict until it is done or superseded.
+* **Never empties routing.** An empty set for a model known to have one is refused here too;
+  events of a verdict superseded unwritten go with the next. A model stage 2 forgot
+  (``ModelTick.forgotten``) has its keys deleted in one script run (:data:`FORGET_LUA`),
+  retried like any verdict until done or superseded.
 * ``EVALSHA`` with redis-py's reload on ``NOSCRIPT`` (a restarted server).
 
 Metrics go through the :class:`WriterMetrics` protocol (no Prometheus import here).

@@ -2,24 +2,20 @@
 
 Routes (bound to 127.0.0.1 like the rest of faust's web server):
 
-* ``/tailguard/`` — one self-contained HTML file (``app/streaming/static/status.html``:
-  inline CSS and JS, no build step, nothing from a CDN) that fetches
-  ``status.json`` every few seconds and renders one table per model (node,
-  state, routed with its routing weight, P50/P99/ratio against the peers' medians, since,
-  reason, override), an inline-SVG latency sparkline per node, and the model's newest
-  health changes and fleet events. Every node id, model name and text is put
-  into the page with ``textContent``/``setAttribute`` — never parsed as HTML —
-  so ids holding markup or control characters show as text.
-* ``/tailguard/status.json`` — :func:`page_data`: what Redis holds for every
-  model (:mod:`tailguard.routing.keys`), so any worker shows the whole fleet, not just
-  the models it owns; ``fleet_slow`` is the open fleet-slowdown episode's event
-  (:mod:`tailguard.core.judge.fleet_slow`), shown above the model's table. A model with a
-  key of the wrong type is shown with what its other keys hold and its ``errors`` naming
-  the key (:class:`tailguard.routing.status.KeyProblem`).
+* ``/tailguard/`` — one self-contained HTML file (``app/streaming/static/status.html``: inline
+  CSS and JS, no build step, nothing from a CDN) that fetches ``status.json`` every few
+  seconds and renders one table per model (node, state, routed with its weight, P50/P99/ratio
+  against the peers' medians, since, reason, override), a latency sparkline per node, and the
+  model's newest health changes and fleet events.
+* ``/tailguard/status.json`` — :func:`page_data`: what Redis holds for every model
+  (:mod:`tailguard.routing.keys`), so any worker shows the whole fleet; ``fleet_slow`` is the
+  open fleet-slowdown episode's event, shown above the model's table.
 
-The page reads Redis only (what ``tailguard status``/``explain`` read); a
-worker built without a Redis client (tests with an injected writer) answers
-503 on the JSON route.
+Guarantees: every node id, model name and text goes into the page with
+``textContent``/``setAttribute``, never parsed as HTML, so ids holding markup or control
+characters show as text. A model with a key of the wrong type is shown with what its other
+keys hold and ``errors`` naming the key (:class:`tailguard.routing.status.KeyProblem`). The
+page reads Redis only; a worker without a Redis client answers 503 on the JSON route.
 """
 
 from __future__ import annotations

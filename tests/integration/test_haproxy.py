@@ -25,7 +25,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from tailguard.lb import RuntimeApiError
-from tailguard.lb.haproxy import ServerState, SocketRuntimeApi, parse_servers_state
+from tailguard.lb.haproxy import SocketRuntimeApi
+from tailguard.lb.haproxy_plan import ServerState, parse_servers_state
 from tailguard.lb.testing import EchoBackend, echo_backend, eventually, scratch_redis, spawn, write_routing
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

@@ -51,10 +51,8 @@ from tailguard.core.judge.peers import (
     norms_of,
     signal_of,
 )
-from tailguard.core.judge.rules import (
-    FRESH_TAIL_MARGIN,
-    error_judgements,
-)
+from tailguard.core.judge.request_rules import error_judgements
+from tailguard.core.judge.rules import FRESH_TAIL_MARGIN
 from tailguard.core.judge.verdicts import Verdicts, judge_peers, judge_probes, judge_thin_failing
 from tailguard.core.judge.weights import NO_WEIGHTS, WeightTick, weigh_model, weigh_statuses
 

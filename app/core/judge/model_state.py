@@ -1,24 +1,21 @@
 """Stage 2's state of one model, and its snapshot as plain data.
 
-Owns :class:`ModelState`: the :class:`~tailguard.core.judge.health.PairState` of every
-pair of the model, the slow baseline (see :mod:`tailguard.core.judge.baseline`), the
-open fleet episodes (load event, baseline shift, error storm) and the
-per-pair bookkeeping of the rules (onset credit, new-evidence clock, sample
-rate, error counters, last sign of life of retired pairs), liveness and the
-pairs' own P50 baselines. :class:`PairTable` (the type of ``ModelState.pairs``) is a
-dict that also keeps small indexes of the pairs a common tick must look at (those not
-healthy-and-routed, those out of routing, routed ones with a cut-off), so that a tick of a
-quiet fleet touches only them; the indexes are derived, never in a snapshot.
+Owns :class:`ModelState`: the :class:`~tailguard.core.judge.health.PairState` of every pair,
+the slow baseline (:mod:`tailguard.core.judge.baseline`), the open fleet episodes and the
+per-pair bookkeeping of the rules (onset credit, new-evidence clock, sample rate, error
+counters, last sign of life of retired pairs), liveness and the pairs' own P50 baselines.
+:class:`PairTable` (``ModelState.pairs``) is a dict that also keeps small derived indexes of
+the pairs a common tick must look at (not healthy-and-routed, out of routing, routed with a
+cut-off), so that a tick of a quiet fleet touches only them; never in a snapshot.
 
 Guarantees:
 
-* ``ModelState.from_dict(s.to_dict())`` equals ``s``, and the dict is plain
-  JSON (sorted keys where order is free), so equal states give equal
-  snapshots and a restored evaluator produces the same future.
-* A snapshot carries ``version`` (:data:`SNAPSHOT_VERSION`); any other
-  version, or a snapshot missing a field, raises :class:`ValueError` naming
-  the problem. There are no defaults for absent fields: a snapshot is
-  either complete and current or refused.
+* ``ModelState.from_dict(s.to_dict())`` equals ``s``, and the dict is plain JSON (sorted keys
+  where order is free), so equal states give equal snapshots and a restored evaluator
+  produces the same future.
+* A snapshot carries ``version`` (:data:`SNAPSHOT_VERSION`); any other version, or a snapshot
+  missing a field, raises :class:`ValueError` naming the problem: there are no defaults for
+  absent fields, a snapshot is complete and current or refused.
 
 Rationale: docs/rules.md.
 """
@@ -194,7 +191,7 @@ class ModelState:
     # Retired pairs: their last sign of life (sample or heartbeat; at least the retirement).
     retired_seen: dict[str, float] = field(default_factory=dict)
     # Per pair: stage 1's cumulative (requests, failed) at the last few ticks, oldest first,
-    # flat (rules.error_judgements).
+    # flat (request_rules.error_judgements).
     counts: dict[str, tuple[int, ...]] = field(default_factory=dict)
     # Last signs of life, gone pairs, restarts handled, telemetry loss (tailguard.core.judge.liveness).
     live: Liveness = field(default_factory=Liveness)
