@@ -30,7 +30,7 @@ import redis.asyncio as aioredis
 from aiohttp import web
 
 from tailguard.lb import LbError
-from tailguard.routing.keys import Keys, change_message, weights_key
+from tailguard.routing.keys import Keys, as_keys, change_message
 
 
 class StaticSource:
@@ -141,7 +141,7 @@ async def echo_backend(node_id: str, *, host: str = "127.0.0.1", status: int = 2
 
 async def write_routing(
     redis: aioredis.Redis,
-    key_prefix: str,
+    key_prefix: str | Keys,
     model: str,
     nodes: Iterable[str],
     quarantine: Mapping[str, float] | None = None,
@@ -149,11 +149,15 @@ async def write_routing(
     weights: Mapping[str, float] | None = None,
 ) -> int:
     """Replace ``model``'s routing set, quarantine, held-out set and weights (node → (0, 1],
-    stored as decimal strings in ``P:weights:<m>``) as tailguard would; returns the new version."""
-    keys = Keys(key_prefix)
+    stored as decimal strings in ``P:weights:<m>``) as tailguard would; returns the new version.
+    With hash-tagged ``Keys`` (a Redis Cluster) the model joins ``P:models`` by its own ``SADD``
+    first, and the ``MULTI``/``EXEC`` touches the model's slot only."""
+    keys = as_keys(key_prefix)
     nodes = sorted(nodes)
     held = sorted(held_out)
-    wkey = weights_key(key_prefix, model)
+    wkey = keys.weights(model)
+    if keys.tagged:
+        await redis.sadd(keys.models, model)
     async with redis.pipeline(transaction=True) as pipe:
         pipe.delete(keys.routing(model), keys.quarantine(model), keys.held_out(model), wkey)
         if weights:
@@ -165,9 +169,10 @@ async def write_routing(
         if held:
             pipe.sadd(keys.held_out(model), *held)
         pipe.incr(keys.version(model))
-        pipe.sadd(keys.models, model)
+        if not keys.tagged:
+            pipe.sadd(keys.models, model)
         results = await pipe.execute()
-    version = int(results[-2])
+    version = int(results[-1 if keys.tagged else -2])
     await redis.publish(keys.channel, change_message(model, version))
     return version
 

@@ -10,7 +10,8 @@ version, as read from the keys of :mod:`tailguard.routing.keys`. In full: docs/l
   node while tailguard writes no weights); :meth:`RoutingTable.pick` is smooth weighted
   round-robin over the routing set (:mod:`tailguard.routing.weighted`).
 * **Fresh.** A model is refreshed on its ``P:routing:changes`` message and by polling the
-  version keys every ``poll_interval_s``, so a change is seen within about that.
+  version keys every ``poll_interval_s``, so a change is seen within about that. On a Redis
+  Cluster client it polls only (no pub/sub; docs/operations.md, "Redis Cluster").
 * **Never goes dark.** While Redis is unreachable, or after a model's keys vanished, the
   last-known sets are served unchanged (failures counted through :class:`ReaderMetrics`).
 * **Cheap on the hot path.** ``nodes``, ``cached_quarantine``, ``probe_candidates``,
@@ -33,13 +34,21 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from tailguard.routing.errors import RoutingUnavailable
-from tailguard.routing.keys import DEFAULT_PREFIX, Keys, member_text, parse_change_message, weights_key
+from tailguard.routing.keys import DEFAULT_PREFIX, Keys, as_keys, member_text, parse_change_message
 from tailguard.routing.tasks import cancel_and_wait
 from tailguard.routing.weighted import SmoothWeighted, parse_weights
 
 log = logging.getLogger(__name__)
 
 _TRANSIENT: tuple[type[BaseException], ...] = (RedisError, OSError, TimeoutError)
+
+
+def is_cluster(redis: object) -> bool:
+    """Whether ``redis`` is a Redis Cluster client (its pub/sub is not followed: see
+    :class:`RoutingTable`)."""
+    from redis.asyncio.cluster import RedisCluster
+
+    return isinstance(redis, RedisCluster)
 
 
 class ReaderMetrics(Protocol):
@@ -105,7 +114,7 @@ class RoutingTable:
     def __init__(
         self,
         redis: aioredis.Redis,
-        key_prefix: str = DEFAULT_PREFIX,
+        key_prefix: str | Keys = DEFAULT_PREFIX,
         *,
         poll_interval_s: float = 1.0,
         metrics: ReaderMetrics | None = None,
@@ -119,7 +128,7 @@ class RoutingTable:
             raise ValueError(f"max_models must be >= 1, got {max_models!r}")
         self._max_models = max_models
         self._redis = redis
-        self.keys = Keys(key_prefix)
+        self.keys = as_keys(key_prefix)
         self._poll_interval_s = poll_interval_s
         self._metrics: ReaderMetrics = metrics or NullReaderMetrics()
         self._clock = clock
@@ -288,10 +297,10 @@ class RoutingTable:
         return True
 
     async def __aenter__(self) -> Self:
-        self._tasks = [
-            asyncio.create_task(self._poll_loop(), name="tailguard-routing-poll"),
-            asyncio.create_task(self._listen_loop(), name="tailguard-routing-pubsub"),
-        ]
+        self._tasks = [asyncio.create_task(self._poll_loop(), name="tailguard-routing-poll")]
+        if not is_cluster(self._redis):     # a cluster client: the poll alone
+            self._tasks.append(asyncio.create_task(self._listen_loop(),
+                                                   name="tailguard-routing-pubsub"))
         return self
 
     async def __aexit__(
@@ -316,7 +325,7 @@ class RoutingTable:
                 pipe.smembers(k.routing(model))
                 pipe.zrange(k.quarantine(model), 0, -1, withscores=True)
                 pipe.smembers(k.held_out(model))
-                pipe.hgetall(weights_key(k.prefix, model))
+                pipe.hgetall(k.weights(model))
                 raw_version, raw_nodes, raw_quarantine, raw_held, raw_weights = await pipe.execute()
             old = self._cache.get(model)
             nodes = frozenset(member_text(n) for n in raw_nodes)

@@ -30,7 +30,7 @@ import redis.asyncio as aioredis
 
 from tailguard.core.judge.peers import median
 from tailguard.routing.apply_script import EVENTS_CAP
-from tailguard.routing.keys import Keys, member_text
+from tailguard.routing.keys import Keys, as_keys, member_text
 from tailguard.routing.operators import read_operator_state
 from tailguard.routing.status import read_checked, read_status
 
@@ -60,13 +60,13 @@ def _json_list(raw: Any) -> list[Any]:
     return got if isinstance(got, list) else []
 
 
-async def page_data(redis: aioredis.Redis, key_prefix: str, now_s: float,
+async def page_data(redis: aioredis.Redis, key_prefix: str | Keys, now_s: float,
                     default_mode: str) -> dict[str, Any]:
     """Every model's table, sparklines and newest events (see the module docstring)."""
-    keys = Keys(key_prefix)
+    keys = as_keys(key_prefix)
     ops = await read_operator_state(redis, keys)
     models: list[dict[str, Any]] = []
-    for ms in await read_status(redis, key_prefix):
+    for ms in await read_status(redis, keys):
         m = ms.model
         (raw_hist, raw_events, raw_shadow), problems = await read_checked(
             redis, [("hgetall", keys.history(m), "hash"), ("lrange", keys.events(m), "list"),
@@ -110,10 +110,10 @@ async def page_data(redis: aioredis.Redis, key_prefix: str, now_s: float,
                        "fleet_slow": slow if slow is not None and slow["kind"] == "fleet_slow"
                        else None,
                        "errors": [p.to_dict() for p in (*ms.errors, *problems)]})
-    return {"ts": now_s, "key_prefix": key_prefix, "models": models}
+    return {"ts": now_s, "key_prefix": keys.prefix, "models": models}
 
 
-def register(app: Any, redis: Callable[[], aioredis.Redis | None], key_prefix: str,
+def register(app: Any, redis: Callable[[], aioredis.Redis | None], key_prefix: str | Keys,
              default_mode: str, clock: Callable[[], float]) -> None:
     """Add the page's routes to a faust ``app`` (its web server must be enabled)."""
     html = page_html().encode("utf-8")
