@@ -29,6 +29,7 @@ from typing import Any, Final
 
 from tailguard.core.contract.types import HealthState
 from tailguard.core.judge.health import PairState
+from tailguard.core.judge.hist_baselines import HistBaselines
 from tailguard.core.judge.liveness import Liveness
 from tailguard.core.judge.own_history import OwnBaselines
 from tailguard.core.judge.weights import WeightState
@@ -196,6 +197,8 @@ class ModelState:
     live: Liveness = field(default_factory=Liveness)
     # Per-pair P50 baselines: the reference below min_peers (tailguard.core.judge.own_history).
     own: OwnBaselines = field(default_factory=OwnBaselines)
+    # The same for histogram pairs: per metric, their CDFs at the bounds (tailguard.core.judge.hist_own).
+    hist_own: HistBaselines = field(default_factory=HistBaselines)
     # The threshold stage 1 counts fresh samples above (rules.judge_fresh_tail): the peers'
     # P99 with a margin, in the signal's units; None without one (few peers, several classes).
     tail_ref: float | None = None
@@ -218,6 +221,7 @@ class ModelState:
             d.pop(node, None)
         self.live.drop(node)
         self.own.drop(node)
+        self.hist_own.drop(node)
 
     def to_dict(self) -> dict[str, Any]:
         return {"version": SNAPSHOT_VERSION,
@@ -236,7 +240,8 @@ class ModelState:
                 "live": self.live.to_dict(), "own": self.own.to_dict(), "tail_ref": self.tail_ref,
                 "weights": self.weights.to_dict(),
                 "fleet_slow": dict(sorted(self.fleet_slow.items())),
-                "fleet_slow_signal": self.fleet_slow_signal}
+                "fleet_slow_signal": self.fleet_slow_signal,
+                **({"hist_own": self.hist_own.to_dict()} if self.hist_own.nodes else {})}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelState:
@@ -259,7 +264,8 @@ class ModelState:
                 tail_ref=None if d["tail_ref"] is None else float(d["tail_ref"]),
                 weights=WeightState.from_dict(d["weights"]),
                 fleet_slow={str(k): float(v) for k, v in d["fleet_slow"].items()},
-                fleet_slow_signal=d["fleet_slow_signal"])
+                fleet_slow_signal=d["fleet_slow_signal"],
+                hist_own=HistBaselines.from_dict(d.get("hist_own", {})))
         except KeyError as e:
             raise ValueError(f"model state snapshot (version {SNAPSHOT_VERSION}) lacks the "
                              f"field {e.args[0]!r}; cannot restore") from None
