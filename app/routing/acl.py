@@ -37,7 +37,9 @@ WORKER_COMMANDS = (
     "zcard", "zadd", "hset", "set", "incr", "del", "time", "publish",
     # The script's events LIST (P:events:<m>); the worker deletes expired operator overrides
     # (HGET/HDEL compare-and-delete in P:overrides); drain/pin/release/mode write P:overrides, P:mode.
-    "lpush", "ltrim", "hdel", "hkeys")
+    "lpush", "ltrim", "hdel", "hkeys",
+    # Forgetting a model: SREM from P:models (the forget script; its own command with hash-tagged keys).
+    "srem")
 
 
 def acl_rules(prefix: str, role: Literal["worker", "reader"] = "worker") -> str:
