@@ -14,7 +14,8 @@ so the hash-tagged key layout):
 
 ``tailguard keys copy`` moves a single Redis's plain keys into the cluster's tagged names (readers
 there see the same sets and versions, the writer continues the version), and renames them in
-place on one Redis; ``tailguard keys drop`` then deletes the old names only.
+place on one Redis; ``tailguard keys drop`` then deletes the old names only. ACL users with the
+documented minimal rules plus their cluster commands write, read and forget on the cluster.
 """
 
 from __future__ import annotations
@@ -52,11 +53,13 @@ from tailguard.lb.haproxy import SocketRuntimeApi, parse_servers_state
 from tailguard.lb.proxy import Proxy, serve
 from tailguard.lb.source import open_routing
 from tailguard.lb.testing import echo_backend, scratch_redis
-from tailguard.routing.client import connect, connect_for, keys_for
+from tailguard.routing.acl import acl_rules
+from tailguard.routing.client import check_redis, connect, connect_for, keys_for
 from tailguard.routing.keys import Keys
 from tailguard.routing.reader import RoutingTable
 from tailguard.routing.status import read_status
 from tailguard.routing.writer import RoutingWriter
+from tailguard.security import AccessRefused
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
@@ -303,3 +306,54 @@ async def test_keys_copy_renames_in_place_and_drop_deletes_only_the_old_names(
         assert not await r.exists(*(k for m in MOVED for k in plain.model_keys(m)))
         assert await r.exists(*(tagged.routing(m) for m in MOVED)) == 2
         assert await r.smembers(plain.models) == {m.encode() for m in MOVED}
+
+
+async def test_the_minimal_acl_with_its_cluster_commands_works_on_every_node(
+        cluster: Cluster, unique_name: Callable[[str], str]) -> None:
+    prefix = unique_name("rc-acl")
+    nodes = [connect(f"redis://127.0.0.1:{cluster.port + i}/0") for i in range(3)]
+    users = {role: unique_name(f"rc-{role}") for role in ("worker", "reader", "bare")}
+
+    def settings_of(user: str) -> settings_mod.Settings:
+        return settings_mod.load({"TAILGUARD_REDIS_CLUSTER": "true", "TAILGUARD_REDIS_URL": cluster.url,
+                                  "TAILGUARD_KEY_PREFIX": prefix, "TAILGUARD_REDIS_USERNAME": user,
+                                  "TAILGUARD_REDIS_PASSWORD": "pw"})
+    try:
+        for role, user in users.items():
+            rules = acl_rules(prefix, "reader" if role == "bare" else role,  # type: ignore[arg-type]
+                              cluster=role != "bare")
+            for n in nodes:
+                await n.execute_command("ACL", "SETUSER", user, "reset", "on", ">pw", *rules.split())
+        # Without the cluster commands the cluster client cannot even map the slots.
+        with pytest.raises(AccessRefused) as refused:
+            await check_redis(settings_of(users["bare"]))
+        assert refused.value.name == "TAILGUARD_REDIS_USERNAME"
+        assert "+cluster|slots +command" in str(refused.value)
+        worker_s, reader_s = settings_of(users["worker"]), settings_of(users["reader"])
+        await check_redis(worker_s)
+        writer_client, reader_client = connect_for(worker_s), connect_for(reader_s)
+        try:
+            w = RoutingWriter(writer_client, keys_for(worker_s))
+            assert await w.apply(verdict("llm", {"a", "b"}))
+            table = RoutingTable(reader_client, keys_for(reader_s))
+            assert await table.get("llm") == {"a", "b"}
+            assert [s.model for s in await read_status(reader_client, keys_for(reader_s))] == ["llm"]
+            gone = ModelTick(model="llm", ts=1.0, transitions=(), routing=frozenset(), quarantine={},
+                             statuses=(), forgotten=True)
+            assert await w.apply(gone), w.rejected
+        finally:
+            await writer_client.aclose()
+            await reader_client.aclose()
+    finally:
+        for n in nodes:
+            for user in users.values():
+                await n.execute_command("ACL", "DELUSER", user)
+            await n.aclose()
+
+
+async def test_a_single_redis_taken_for_a_cluster_is_named(redis_url: str) -> None:
+    s = settings_mod.load({"TAILGUARD_REDIS_CLUSTER": "true", "TAILGUARD_REDIS_URL": redis_url})
+    with pytest.raises(AccessRefused) as refused:
+        await check_redis(s)
+    assert refused.value.name == "TAILGUARD_REDIS_CLUSTER"
+    assert "TAILGUARD_REDIS_CLUSTER=false" in str(refused.value)
