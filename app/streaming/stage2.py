@@ -8,16 +8,16 @@ Guarantees (in full: docs/operations.md, "Stage 2's state"):
 
 * **Durable state.** A model's changed state goes to ``state``, its hints for stage 1
   (:func:`encode_hints`) to ``hints``; a model is restored from ``state`` before its first
-  evaluation after an (re)assignment.
-* **A failed table write loses nothing.** It is logged, counted in ``write_failures`` and
-  retried at the next tick; the verdict is still returned. Large values are packed
-  (:func:`pack_value`); one still above ``max_value_bytes`` is counted, not written.
+  evaluation after an (re)assignment. A failed table write is logged, counted
+  (``write_failures``) and retried next tick; the verdict is still returned. Large values are
+  packed (:func:`pack_value`); one still above ``max_value_bytes`` is counted, not written.
+* **Cluster-wide P50/P99** of the workers' fresh digests, in ``ModelTick``.
 * **Diagnostics of the current episode only** (its ``request_id``, arrived after it); others
   are dropped, counted by reason (``diagnostics_dropped``), logged once.
 * **Only owned models, bounded**: one pending summary per pair, stale ones ignored, at most
   ``max_models`` models judged, every summary left unevaluated counted in ``dropped``.
-* **Models are forgotten** with no pair left and no sign of life for ``forget_after_s``: their
-  table entries are deleted and their last tick (``forgotten``) deletes their Redis keys.
+* **Models are forgotten** with no pair left (the last routed never are) and no sign of life
+  for ``forget_after_s``: entries deleted, the last tick (``forgotten``) deletes their keys.
 """
 
 from __future__ import annotations
