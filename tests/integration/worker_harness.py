@@ -168,6 +168,8 @@ class Feeder:
     ``"ok": false`` next to each good one), at normal latency.
     ``tokens``: nodes whose samples carry request sizes (``[ts, latency_us, input_tokens,
     output_tokens, ttft_us]``: 30 output tokens, the first token at a fifth of the latency).
+    ``probing``: nodes whose batches are flagged ``"probe": true`` (a load balancer's probes of
+    a quarantined node).
     """
 
     def __init__(self, kafka: str, topic: str, models: dict[str, list[str]],
@@ -178,6 +180,7 @@ class Feeder:
         self.slow = set(slow or ())
         self.failing = set(failing or ())
         self.tokens = set(tokens or ())
+        self.probing: set[tuple[str, str]] = set()
         self.period_s, self.per_batch = period_s, per_batch
         self.slow_factor = slow_factor
         self._task: asyncio.Task[None] | None = None
@@ -212,9 +215,10 @@ class Feeder:
                                                   for _ in range(self.per_batch)]
                     if (node, model) in self.tokens:
                         samples = [[t, lat, self.rng.randint(50, 500), 30, lat / 5] for t, lat in samples]
+                    probe = {"probe": True} if (node, model) in self.probing else {}
                     await self._producer.send(self.topic, json.dumps(
                         {"node_id": node, "model": model, "hardware": "A100",
-                         "samples": samples}).encode(), key=f"{node}|{model}".encode())
+                         "samples": samples, **probe}).encode(), key=f"{node}|{model}".encode())
                     self.sent += 1
                     if (node, model) in self.failing:
                         await self._producer.send(self.topic, json.dumps(
