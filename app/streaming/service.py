@@ -41,7 +41,7 @@ from tailguard.core.contract.ids import Allowlist
 from tailguard.core.contract.types import WindowSummary
 from tailguard.core.judge.evaluate import FleetEvaluator
 from tailguard.core.window.window import WindowStore
-from tailguard.routing.keys import Keys
+from tailguard.routing.keys import Keys, as_keys
 from tailguard.routing.operators import (
     OperatorState,
     Override,
@@ -53,12 +53,13 @@ from tailguard.settings import Settings, redact_url
 from tailguard.streaming import allowlist
 from tailguard.streaming.deadletter import DeadLetter
 from tailguard.streaming.edge import OperatorEdge
+from tailguard.streaming.hints_feed import HintsFeed
 from tailguard.streaming.ingest import IngestService, next_boundary, sleep_until
 from tailguard.streaming.metrics import WorkerMetrics
 from tailguard.streaming.publisher import Publisher
 from tailguard.streaming.replace import ReplaceHook, build_hook
 from tailguard.streaming.stage1 import Stage1
-from tailguard.streaming.stage2 import Stage2, decode_hints, state_key
+from tailguard.streaming.stage2 import Stage2, StageHints, decode_hints, state_key
 from tailguard.streaming.ticker import (
     Assignment,
     OperatorSource,
@@ -91,8 +92,8 @@ CHANGELOG_BUFFER = 1
 class RedisOperators:
     """:class:`OperatorSource` on the Redis that holds the routing keys."""
 
-    def __init__(self, redis: Any, key_prefix: str) -> None:
-        self.redis, self.keys = redis, Keys(key_prefix)
+    def __init__(self, redis: Any, key_prefix: str | Keys) -> None:
+        self.redis, self.keys = redis, as_keys(key_prefix)
 
     async def read(self) -> OperatorState:
         return await read_operator_state(self.redis, self.keys)
@@ -215,19 +216,32 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
     allow_redis, load_allowlist = _allowlist_loader(settings)
     sink = _FaustSink(t.stats, t.dlq, track)
 
+    feeds: list[HintsFeed] = []
+
+    class _Hints(HintsFeed):
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(settings=settings, topic=t.hints_table.changelog_topic.get_topic_name(),
+                             partitions=settings.topic_partitions, **kwargs)
+            feeds.append(self)
+
+    def hints() -> StageHints:
+        table = list(t.hints_table.items())
+        return decode_hints(feeds[-1].items(table) if feeds else table)
+
     class _Ingest(IngestService):
         def __init__(self, **kwargs: Any) -> None:
             super().__init__(settings=settings, stage1=stage1, sink=sink, metrics=metrics, clock=clock,
-                             hints=lambda: decode_hints(list(t.hints_table.items())),
-                             allowlist=load_allowlist, **kwargs)
+                             hints=hints, allowlist=load_allowlist, **kwargs)
             rt.ingest = self
 
     app.service(_lifecycle(settings, metrics, redis, hook, hook_redis, allow_redis))
+    app.service(_Hints)
     app.service(_Ingest)
     if settings.web_port != 0:
+        from tailguard.routing.client import keys_for
         from tailguard.streaming import page
 
-        page.register(app, lambda: redis.client, settings.key_prefix, settings.mode, clock)
+        page.register(app, lambda: redis.client, keys_for(settings), settings.mode, clock)
     _stage2_agent(app, t.stats, stage2, metrics, settings.topics.window_stats)
     _stage2_loops(app, ticker, hook, clock, det.tick_interval_s)
     return app
@@ -352,13 +366,13 @@ class _RedisSide:
              metrics: WorkerMetrics) -> _RedisSide:
         if writer is not None:
             return cls(writer, operators)
-        from tailguard.routing.client import connect_for
+        from tailguard.routing.client import connect_for, keys_for
         from tailguard.routing.writer import RoutingWriter
 
-        client = connect_for(settings)
-        owned = RoutingWriter(client, settings.key_prefix, metrics=metrics,
+        client, keys = connect_for(settings), keys_for(settings)
+        owned = RoutingWriter(client, keys, metrics=metrics,
                               where=f"{redact_url(settings.redis_url)} (TAILGUARD_REDIS_URL)")
-        return cls(owned, operators if operators is not None else RedisOperators(client, settings.key_prefix),
+        return cls(owned, operators if operators is not None else RedisOperators(client, keys),
                    client)
 
 
