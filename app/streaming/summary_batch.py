@@ -3,7 +3,7 @@
 Owns the byte layout of docs/contracts.md ("Summary batch", version 1): a header, the
 names as JSON (model, node ids, the distinct signals and hardware names), the non-empty
 ``extra`` dicts as JSON, then one little-endian numpy row (:data:`ROW`) per summary. Stage 1
-sends a tick's summaries this way (:func:`encode_batches`); stage 2 unpacks them
+sends a tick's summaries this way (:func:`encode_by_model`); stage 2 unpacks them
 (:func:`decode_batch`, through ``tailguard.streaming.wire.decode_stage2``).
 
 Guarantees:
@@ -103,6 +103,14 @@ def encode_batches(model: str, summaries: Sequence[WindowSummary], *, max_rows: 
             continue
         out.append(raw)
     return out
+
+
+def encode_by_model(summaries: Sequence[WindowSummary]) -> list[tuple[str, bytes]]:
+    """``(model, message)`` for every batch of ``summaries``, each model's in their order."""
+    by_model: dict[str, list[WindowSummary]] = {}
+    for s in summaries:
+        by_model.setdefault(s.model, []).append(s)
+    return [(model, raw) for model, rows in by_model.items() for raw in encode_batches(model, rows)]
 
 
 def _bad(what: str) -> BadEvent:
