@@ -53,12 +53,14 @@ from tailguard.settings import Settings, redact_url
 from tailguard.streaming import allowlist
 from tailguard.streaming.deadletter import DeadLetter
 from tailguard.streaming.edge import OperatorEdge
+from tailguard.streaming.hints_feed import HintsFeed
 from tailguard.streaming.ingest import IngestService, next_boundary, sleep_until
 from tailguard.streaming.metrics import WorkerMetrics
 from tailguard.streaming.publisher import Publisher
 from tailguard.streaming.replace import ReplaceHook, build_hook
 from tailguard.streaming.stage1 import Stage1
-from tailguard.streaming.stage2 import Stage2, decode_hints, state_key
+from tailguard.streaming.stage2 import Stage2, StageHints, decode_hints, state_key
+from tailguard.streaming.summary_batch import SummaryBatch, encode_by_model
 from tailguard.streaming.ticker import (
     Assignment,
     OperatorSource,
@@ -73,7 +75,6 @@ from tailguard.streaming.wire import (
     dumps,
     encode_cluster,
     encode_diagnostics,
-    encode_summary,
 )
 
 log = logging.getLogger(__name__)
@@ -150,7 +151,12 @@ class _FaustSink:
         await asyncio.gather(*futs)
 
     async def send_summaries(self, summaries: Sequence[WindowSummary]) -> None:
-        await self._to_stage2(summaries, encode_summary)
+        """As summary batches (:mod:`tailguard.streaming.summary_batch`): a few messages per
+        model, not one per series (one message each topped out near 3,500 summaries/s)."""
+        await self.track()
+        futs = [await self.stats.send(key=state_key(model), value=raw)
+                for model, raw in encode_by_model(summaries)]
+        await asyncio.gather(*futs)
 
     async def send_cluster(self, digests: Sequence[ClusterDigest]) -> None:
         await self._to_stage2(digests, encode_cluster)
@@ -209,14 +215,26 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
     allow_redis, load_allowlist = _allowlist_loader(settings)
     sink = _FaustSink(t.stats, t.dlq, track)
 
+    feeds: list[HintsFeed] = []
+
+    class _Hints(HintsFeed):
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(settings=settings, topic=t.hints_table.changelog_topic.get_topic_name(),
+                             partitions=settings.topic_partitions, **kwargs)
+            feeds.append(self)
+
+    def hints() -> StageHints:
+        table = list(t.hints_table.items())
+        return decode_hints(feeds[-1].items(table) if feeds else table)
+
     class _Ingest(IngestService):
         def __init__(self, **kwargs: Any) -> None:
             super().__init__(settings=settings, stage1=stage1, sink=sink, metrics=metrics, clock=clock,
-                             hints=lambda: decode_hints(list(t.hints_table.items())),
-                             allowlist=load_allowlist, **kwargs)
+                             hints=hints, allowlist=load_allowlist, **kwargs)
             rt.ingest = self
 
     app.service(_lifecycle(settings, metrics, redis, hook, hook_redis, allow_redis))
+    app.service(_Hints)
     app.service(_Ingest)
     if settings.web_port != 0:
         from tailguard.routing.client import keys_for
@@ -414,11 +432,16 @@ def _stage2_agent(app: Any, stats: Any, stage2: Stage2, metrics: WorkerMetrics, 
                     metrics.bad_events.labels(topic=topic, reason=e.reason).inc()
                     log.warning("dropping bad stage-2 message (%s): %s", e.reason, e)
                     continue
-                if isinstance(msg, DiagnosticsResult):
+                if isinstance(msg, SummaryBatch):
+                    metrics.summaries_in.inc(len(msg.summaries))
+                    for s in msg.summaries:
+                        stage2.on_summary(s)
+                elif isinstance(msg, DiagnosticsResult):
                     stage2.on_diagnostics(msg)
                 elif isinstance(msg, ClusterDigest):
                     stage2.on_cluster(msg)
                 else:
+                    metrics.summaries_in.inc()
                     stage2.on_summary(msg)
 
 
