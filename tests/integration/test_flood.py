@@ -37,7 +37,8 @@ from tailguard.core.contract.types import WindowSummary
 from tailguard.streaming.summary_batch import SummaryBatch
 from tailguard.streaming.wire import Stage2Message, decode_stage2
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+# serial: RSS before/after and a summary at every tick, under a 200,000-id flood: not beside other tests.
+pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.timeout(240)]
 
 MODEL = "llama"
 REAL = [f"real-{i}" for i in range(6)]
