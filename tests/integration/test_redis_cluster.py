@@ -7,7 +7,8 @@ so the hash-tagged key layout):
 * a slow node leaves routing; :class:`~tailguard.routing.reader.RoutingTable`, the reference
   proxy (its traffic avoids the node), ``tailguard haproxy-sync`` (a real HAProxy puts the server
   in MAINT), ``tailguard status``, ``tailguard explain`` and the worker's status page all see it;
-* an operator's drain (``tailguard drain``/``release``) reaches the readers the same way;
+* an operator's drain (``tailguard drain``/``release``) reaches the readers the same way, and
+  ``tailguard k8s-sync`` (the control plane of scripts/k8s) sets a pod's condition from the set;
 * the node recovers, its probes pass, and every reader sees it back;
 * the reader never sees a routing version go backward, and every key of the model sits in one
   slot (``CLUSTER KEYSLOT``).
@@ -52,7 +53,7 @@ from tailguard.lb.balance import Balancer
 from tailguard.lb.haproxy import SocketRuntimeApi, parse_servers_state
 from tailguard.lb.proxy import Proxy, serve
 from tailguard.lb.source import open_routing
-from tailguard.lb.testing import echo_backend, scratch_redis
+from tailguard.lb.testing import echo_backend, scratch_redis, write_routing
 from tailguard.routing.acl import acl_rules
 from tailguard.routing.client import check_redis, connect, connect_for, keys_for
 from tailguard.routing.keys import Keys
@@ -61,7 +62,8 @@ from tailguard.routing.status import read_status
 from tailguard.routing.writer import RoutingWriter
 from tailguard.security import AccessRefused
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
+# One cluster, on one worker: the module's tests share it (under pytest-xdist, tests/conftest.py).
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(420), pytest.mark.xdist_group("redis-cluster")]
 
 MODEL = "llama-3-70b"
 
@@ -83,8 +85,8 @@ class Cluster:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     c = Cluster(tmp_path_factory.mktemp("redis-cluster"))
-    c.run("start")
     try:
+        c.run("start")          # inside: a start that times out still stops what it started
         c.run("start")          # idempotent: a running cluster is kept
         yield c
     finally:
@@ -357,3 +359,39 @@ async def test_a_single_redis_taken_for_a_cluster_is_named(redis_url: str) -> No
         await check_redis(s)
     assert refused.value.name == "TAILGUARD_REDIS_CLUSTER"
     assert "TAILGUARD_REDIS_CLUSTER=false" in str(refused.value)
+
+
+async def test_k8s_sync_follows_the_routing_set_on_the_cluster(
+        cluster: Cluster, unique_name: Callable[[str], str], tmp_path: Path) -> None:
+    from k8s_harness import COND, SYNC_RULES, Admin, SyncProc, condition, control_plane, namespace, sync_env, until
+    from k8s_harness import MODEL as K8S_MODEL
+
+    prefix = unique_name("rc-k8s")
+    settings = settings_mod.load({"TAILGUARD_REDIS_CLUSTER": "true", "TAILGUARD_REDIS_URL": cluster.url,
+                                  "TAILGUARD_KEY_PREFIX": prefix})
+    keys = keys_for(settings)
+    client = connect_for(settings)
+    admin = Admin(control_plane())
+    pods = ["q0", "q1", "q2"]
+
+    async def conds(want: dict[str, str]) -> bool:
+        got = await admin.pods(ns)
+        return all(condition(got[p], COND) == s for p, s in want.items())
+    try:
+        async with namespace(admin) as ns, AsyncExitStack() as stack:
+            await admin.grant(ns, "tailguard-sync", SYNC_RULES, "tailguard-k8s-sync")
+            for p in pods:
+                await admin.create_pod(ns, p)
+            await write_routing(client, keys, K8S_MODEL, ["q0", "q2"], held_out=["q1"])
+            sync = SyncProc(sync_env(control_plane(), ns, cluster.url, prefix,
+                                     TAILGUARD_REDIS_CLUSTER="true"), tmp_path / "k8s-sync.log")
+            stack.callback(sync.stop)
+            await until(lambda: conds({"q0": "True", "q1": "False", "q2": "True"}), 60,
+                        "q1's condition False, the others True", sync.log)
+            await write_routing(client, keys, K8S_MODEL, pods)          # q1 back in routing
+            await until(lambda: conds(dict.fromkeys(pods, "True")), 30, "q1 True again", sync.log)
+            assert "Traceback" not in sync.log(), sync.log()
+    finally:
+        await client.delete(*keys.model_keys(K8S_MODEL), keys.models)
+        await client.aclose()
+        await admin.aclose()
