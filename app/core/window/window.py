@@ -174,7 +174,7 @@ class WindowStore:
 
     @staticmethod
     def _max_rows(cap: int, sized: bool) -> int:
-        slot_bytes = 8 + 4 + (12 if sized else 0)
+        slot_bytes = 4 + 4 + (12 if sized else 0)
         return max(MIN_SLAB_ROWS, SLAB_BYTES // (cap * slot_bytes))
 
     def _release(self, ch: Slab, row: int) -> None:
@@ -212,7 +212,8 @@ class WindowStore:
         if old is not None:
             order = old.order(orow)
             n = order.size
-            ch.ts[row, :n] = old.ts[orow, order]
+            ch.ts_code[row, :n] = old.ts_code[orow, order]
+            ch.base_us[row] = old.base_us[orow]
             ch.lat[row, :n] = old.lat[orow, order]
             if old.sized:
                 assert ch.inp is not None and ch.out is not None and ch.ttft is not None
@@ -299,22 +300,18 @@ class WindowStore:
             ch = s.chunk
             assert ch is not None
         row, cap = s.row, ch.cap
-        lat_lo = float(signed.min())
-        if n >= cap:                            # the ring is replaced: its bounds are the batch's
-            kept_ts = ts[n - cap:]
-            ch.ts_lo[row], ch.ts_hi[row] = float(kept_ts.min()), float(kept_ts.max())
+        codes = ch.put_times(row, ts if n < cap else ts[n - cap:], n >= cap)   # and ts_lo/ts_hi
+        if n >= cap:                            # the ring is replaced: its bound is the batch's
             ch.lat_lo[row] = float(signed[n - cap:].min())
         else:
-            ch.ts_lo[row] = min(float(ch.ts_lo[row]), t_lo)
-            ch.ts_hi[row] = max(float(ch.ts_hi[row]), t_hi)
-            ch.lat_lo[row] = min(float(ch.lat_lo[row]), lat_lo)
+            ch.lat_lo[row] = min(float(ch.lat_lo[row]), float(signed.min()))
         cols: list[tuple[npt.NDArray[Any], npt.NDArray[Any] | None]] = [
-            (ch.ts, ts), (ch.lat, signed)]
+            (ch.ts_code, codes), (ch.lat, signed)]
         if ch.sized:
             cols += [(ch.inp, inp), (ch.out, out), (ch.ttft, ttft)]  # type: ignore[list-item]
         if n >= cap:
             for dst, src in cols:
-                dst[row] = np.nan if src is None else src[n - cap:]
+                dst[row] = np.nan if src is None else src[src.shape[0] - cap:]   # codes: the kept ones
             ch.head[row] = 0
             ch.fill[row] = cap
             return
@@ -421,7 +418,7 @@ class WindowStore:
         ch, row = s.chunk, s.row
         order = ch.order(row)
         lat = ch.lat[row, order].astype(np.float64)
-        out = {"ts": ch.ts[row, order], "latency_us": np.abs(lat),
+        out = {"ts": ch.times(row, order), "latency_us": np.abs(lat),
                "probe": (lat < 0).astype(np.float64)}
         if ch.sized:
             assert ch.inp is not None and ch.out is not None and ch.ttft is not None
