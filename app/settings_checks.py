@@ -12,17 +12,48 @@ naming the setting to fix and what it should be; a password is never shown.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 from urllib.parse import urlparse
 
 from tailguard.core.contract.config import SettingError, check_regex
+from tailguard.kafka_security import KafkaSecurity
 from tailguard.kafka_security import validate as validate_kafka_security
 
-if TYPE_CHECKING:
-    from tailguard.settings import Settings
+
+class SecuritySettings(Protocol):
+    """The settings :func:`check_security` reads (:class:`tailguard.settings.Settings` has them;
+    typed here so that this module does not import the settings module that calls it)."""
+
+    def kafka_security(self) -> KafkaSecurity: ...
+
+    @property
+    def redis_url(self) -> str: ...
+    @property
+    def redis_ssl_cafile(self) -> str: ...
+    @property
+    def redis_ssl_certfile(self) -> str: ...
+    @property
+    def redis_ssl_keyfile(self) -> str: ...
+    @property
+    def redis_username(self) -> str: ...
+    @property
+    def redis_password(self) -> object: ...
 
 
-def check_security(s: Settings) -> None:
+class AllowlistSettings(Protocol):
+    """The settings :func:`check_allowlist` reads (:class:`tailguard.settings.Settings` has them)."""
+
+    @property
+    def allowlist_pattern(self) -> str: ...
+    @property
+    def allowlist_model_pattern(self) -> str: ...
+    @property
+    def allowlist_redis_key(self) -> str: ...
+    @property
+    def allowlist_refresh_s(self) -> float: ...
+
+
+def check_security(s: SecuritySettings) -> None:
     validate_kafka_security(s.kafka_security(), SettingError)
     if s.redis_ssl_keyfile and not s.redis_ssl_certfile:
         raise SettingError("TAILGUARD_REDIS_SSL_CERTFILE", "", "the client certificate that "
@@ -40,7 +71,7 @@ def check_security(s: Settings) -> None:
                            "TAILGUARD_REDIS_URL holds a user name already (give it in one place)")
 
 
-def check_allowlist(s: Settings) -> None:
+def check_allowlist(s: AllowlistSettings) -> None:
     if s.allowlist_pattern:
         check_regex("TAILGUARD_ALLOWLIST_PATTERN", s.allowlist_pattern, "node ids")
     if s.allowlist_model_pattern:

@@ -4,18 +4,42 @@
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from typing import Protocol
 from urllib.parse import urlparse
 
 from tailguard.core.contract.config import SettingError
 from tailguard.k8s.plan import QUALIFIED_NAME, NodeIdRule
 
-if TYPE_CHECKING:
-    from tailguard.settings import Settings
+
+class K8sSettings(Protocol):
+    """The settings :func:`check_k8s` reads (:class:`tailguard.settings.Settings` has them; typed
+    here so that this module does not import the settings module that calls it)."""
+
+    @property
+    def k8s_api_url(self) -> str: ...
+    @property
+    def k8s_condition(self) -> str: ...
+    @property
+    def k8s_model_label(self) -> str: ...
+    @property
+    def k8s_node_id(self) -> str: ...
+    @property
+    def k8s_namespace(self) -> str: ...
+    @property
+    def k8s_lease_name(self) -> str: ...
+    @property
+    def k8s_lease_duration_s(self) -> float: ...
+    @property
+    def k8s_resync_s(self) -> float: ...
+    @property
+    def k8s_webhook_listen(self) -> str: ...
+    @property
+    def k8s_webhook_certfile(self) -> str: ...
+    @property
+    def k8s_webhook_keyfile(self) -> str: ...
 
 
-
-def check_k8s(s: Settings) -> None:
+def check_k8s(s: K8sSettings) -> None:
     """Validate the ``TAILGUARD_K8S_*`` settings (called by :class:`tailguard.settings.Settings`)."""
     if s.k8s_api_url and urlparse(s.k8s_api_url).scheme not in ("https", "http"):
         raise SettingError("TAILGUARD_K8S_API_URL", s.k8s_api_url, "the apiserver's https:// URL, or empty "
@@ -43,4 +67,3 @@ def check_k8s(s: Settings) -> None:
     if bool(s.k8s_webhook_certfile) != bool(s.k8s_webhook_keyfile):
         raise SettingError("TAILGUARD_K8S_WEBHOOK_KEYFILE" if s.k8s_webhook_certfile else
                            "TAILGUARD_K8S_WEBHOOK_CERTFILE", "", "set together with its pair (certificate + key)")
-_LABEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

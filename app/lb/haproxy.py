@@ -5,25 +5,18 @@ own configuration; this process only flips servers between ``ready`` and ``maint
 ``set server <backend>/<server> state ready|maint`` and sets their weights with
 ``set weight <backend>/<server> <N>%`` on the Runtime API socket (:class:`SocketRuntimeApi`).
 ``--backend-map model=backend,…`` names each model's backend; a node id maps to the server of
-the same name unless ``--server-map node=server,…`` says otherwise. A server whose node
-tailguard took out (its held-out set) goes to ``maint``, every other server of a mapped backend
-to ``ready`` at ``N`` = its node's routing weight × 100 (100 % without one; ``--no-weights``
-leaves weights alone). In full: docs/lb.md ("HAProxy").
+the same name unless ``--server-map node=server,…`` says otherwise. What to send is planned,
+purely, by :mod:`tailguard.lb.haproxy_plan`. In full: docs/lb.md ("HAProxy").
 
 Guarantees:
 
-* **Only changes are sent.** Each sync reads ``show servers state`` once
-  (:func:`parse_servers_state`, format version 1) and :func:`plan_backend` commands only the
-  servers whose forced maintenance flag or weight (``srv_uweight`` against what ``N``% of
-  ``srv_iweight`` gives) disagrees with the routing set and weights. A held-out server's
-  weight is left alone; a server configured with too small a weight to be graded (``weight 1``
-  makes anything under 100 % a 0) keeps 100 %, with a warning naming it.
+* **Only changes are sent**, as planned from one ``show servers state`` read per sync; a
+  server configured with too small a weight to be graded keeps 100 %, with a warning.
 * **Never all servers in maint.** A backend whose model is unknown, whose routing set names
   none of its servers, or all of whose servers would be held out is left exactly as it is.
 * **Converges.** It syncs on every change the reader reports, when a poll of the cached sets
   finds a difference, and every ``--resync-interval-s``; a Redis outage leaves HAProxy as is.
 """
-
 from __future__ import annotations
 
 import argparse
@@ -37,165 +30,14 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from tailguard.lb import BackendsError, RoutingSource, RuntimeApiError
+from tailguard.lb.haproxy_plan import parse_servers_state, plan_backend
 from tailguard.lb.maps import load_pairs
 from tailguard.lb.source import add_routing_args, open_routing, run_main, settings_from_args, stop_on_signals
 from tailguard.settings import redact_url
 
 log = logging.getLogger(__name__)
 
-# srv_admin_state bits (HAProxy include/haproxy/server-t.h, SRV_ADMF_*).
-FMAINT = 0x01   # forced maintenance: what `set server … state maint|ready` sets and clears
-IMAINT = 0x02   # inherited from a tracked server
-CMAINT = 0x04   # `disabled` in the configuration
-FDRAIN = 0x08   # forced drain
-RMAINT = 0x40   # DNS resolution failed
-# srv_op_state values.
-OP_STOPPED, OP_STARTING, OP_RUNNING, OP_STOPPING = 0, 1, 2, 3
-
 _NAME = re.compile(r"^[A-Za-z0-9_.:-]+$")   # HAProxy proxy / server names
-
-
-@dataclass(frozen=True, slots=True)
-class ServerState:
-    """One row of ``show servers state``."""
-
-    backend: str
-    server: str
-    op_state: int
-    admin_state: int
-    uweight: int | None = None      # the weight in effect (srv_uweight)
-    iweight: int | None = None      # the weight in the configuration (srv_iweight)
-
-    @property
-    def forced_maint(self) -> bool:
-        return bool(self.admin_state & FMAINT)
-
-    @property
-    def serving(self) -> bool:
-        """Running and in no maintenance of any kind (what HAProxy sends traffic to)."""
-        return self.op_state == OP_RUNNING and not self.admin_state & (FMAINT | IMAINT | CMAINT | RMAINT)
-
-
-def parse_servers_state(text: str) -> dict[str, dict[str, ServerState]]:
-    """``show servers state`` output → backend → server → :class:`ServerState`.
-
-    Raises :class:`RuntimeApiError` if the text is not format version 1 with
-    the ``be_name srv_name srv_op_state srv_admin_state`` columns.
-    """
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    if not lines or lines[0].strip() != "1":
-        raise RuntimeApiError(f"unexpected answer to 'show servers state': {text[:200]!r}")
-    columns: list[str] = []
-    out: dict[str, dict[str, ServerState]] = {}
-    for line in lines[1:]:
-        if line.startswith("#"):
-            columns = line[1:].split()
-            continue
-        try:
-            idx = {c: columns.index(c) for c in ("be_name", "srv_name", "srv_op_state", "srv_admin_state")}
-        except ValueError:
-            raise RuntimeApiError(f"'show servers state' lacks the expected columns: {columns}") from None
-        f = line.split()
-        try:
-            st = ServerState(f[idx["be_name"]], f[idx["srv_name"]], int(f[idx["srv_op_state"]]),
-                             int(f[idx["srv_admin_state"]]),
-                             *(int(f[columns.index(c)]) if c in columns else None
-                               for c in ("srv_uweight", "srv_iweight")))
-        except (IndexError, ValueError):
-            raise RuntimeApiError(f"malformed 'show servers state' line: {line!r}") from None
-        out.setdefault(st.backend, {})[st.server] = st
-    return out
-
-
-@dataclass(frozen=True, slots=True)
-class BackendPlan:
-    """What to do to one backend: commands to send, and why nothing is done when ``skipped``."""
-
-    backend: str
-    commands: tuple[str, ...] = ()
-    ready: frozenset[str] = frozenset()     # servers that should take traffic
-    maint: frozenset[str] = frozenset()     # servers that should not
-    skipped: str | None = None
-    notes: tuple[str, ...] = ()             # weights that cannot be applied, and why
-
-
-MAX_WEIGHT = 256    # HAProxy's largest server weight
-
-
-def weight_percent(weight: float) -> int:
-    """A routing weight (0, 1] as the whole percent sent to HAProxy, 1..100."""
-    return min(100, max(1, round(weight * 100)))
-
-
-def effective_weight(iweight: int, percent: int) -> int:
-    """The weight HAProxy gives a server for ``set weight …/… <percent>%`` (src/server.c:
-    ``iweight * percent / 100`` in integers, at most 256)."""
-    return min(MAX_WEIGHT, iweight * percent // 100)
-
-
-def plan_weights(
-    backend: str,
-    servers: Mapping[str, ServerState],
-    ready: frozenset[str],
-    routed: frozenset[str],
-    weights: Mapping[str, float],
-    server_map: Mapping[str, str] | None = None,
-) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The ``set weight`` commands that give each of ``ready``'s servers its node's weight
-    (routed nodes: ``weights``, absent = 1.0; any other: 100 %), and notes on the servers whose
-    configured weight cannot express it (pure; see module docstring)."""
-    node_of = {srv: node for node, srv in (server_map or {}).items()}
-    commands: list[str] = []
-    notes: list[str] = []
-    for s in sorted(ready):
-        st = servers[s]
-        if st.iweight is None or st.uweight is None:
-            continue
-        node = node_of.get(s, s)
-        percent = weight_percent(weights.get(node, 1.0)) if node in routed else 100
-        if percent < 100 and effective_weight(st.iweight, percent) < 1:
-            notes.append(f"server {backend}/{s} has 'weight {st.iweight}' in the configuration, too small for "
-                         f"a weight of {percent}% (HAProxy would make it 0); give its server line (or "
-                         "default-server) 'weight 100' to let tailguard grade it")
-            percent = 100
-        if effective_weight(st.iweight, percent) != st.uweight:
-            commands.append(f"set weight {backend}/{s} {percent}%")
-    return tuple(commands), tuple(notes)
-
-
-def plan_backend(
-    backend: str,
-    servers: Mapping[str, ServerState] | None,
-    routed: frozenset[str],
-    server_map: Mapping[str, str] | None = None,
-    held_out: frozenset[str] = frozenset(),
-    weights: Mapping[str, float] | None = None,
-) -> BackendPlan:
-    """The ``set server`` commands that put ``backend``'s held-out servers in maint and the
-    others ready, then, unless ``weights`` is ``None``, the ``set weight`` commands of
-    :func:`plan_weights` (pure; see module docstring)."""
-    if servers is None:
-        return BackendPlan(backend, skipped=f"backend {backend!r} does not exist in HAProxy")
-    if not routed and not held_out:
-        return BackendPlan(backend, skipped="routing set unknown (empty): leaving the backend as it is")
-    smap = server_map or {}
-    if routed and not any(smap.get(n, n) in servers for n in routed):
-        return BackendPlan(
-            backend,
-            skipped=f"no node of the routing set ({', '.join(sorted(routed)[:5])}…) is a server of the backend "
-            f"(servers: {', '.join(sorted(servers)[:5])}…; see --server-map): leaving it as it is",
-        )
-    maint = frozenset(s for s in (smap.get(n, n) for n in held_out) if s in servers)
-    ready = frozenset(servers) - maint
-    if not ready:
-        return BackendPlan(backend, skipped="every server of the backend is held out: leaving it as it is")
-    commands = [f"set server {backend}/{s} state ready" for s in sorted(ready) if servers[s].forced_maint]
-    commands += [f"set server {backend}/{s} state maint" for s in sorted(maint) if not servers[s].forced_maint]
-    notes: tuple[str, ...] = ()
-    if weights is not None:
-        weighting, notes = plan_weights(backend, servers, ready, routed, weights, smap)
-        commands += weighting
-    return BackendPlan(backend, tuple(commands), ready, maint, notes=notes)
 
 
 class RuntimeApi(Protocol):

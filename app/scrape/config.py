@@ -4,13 +4,10 @@
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from typing import Protocol
 from urllib.parse import urlparse
 
 from tailguard.core.contract.config import SettingError
-
-if TYPE_CHECKING:
-    from tailguard.settings import Settings
 
 PREFIX = "TAILGUARD_"
 _LABEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -26,7 +23,35 @@ def parse_shard(var: str, text: str) -> tuple[int, int]:
     raise SettingError(var, text, "I/N with 0 <= I < N, e.g. 0/3 (this process scrapes one third)")
 
 
-def check_scrape(s: Settings) -> None:
+class ScrapeSettings(Protocol):
+    """The settings :func:`check_scrape` reads (:class:`tailguard.settings.Settings` has them; typed
+    here so that this module does not import the settings module that calls it)."""
+
+    @property
+    def scrape_file_sd(self) -> str: ...
+    @property
+    def scrape_http_sd(self) -> str: ...
+    @property
+    def scrape_interval_s(self) -> float: ...
+    @property
+    def scrape_sd_refresh_s(self) -> float: ...
+    @property
+    def scrape_timeout_s(self) -> float: ...
+    @property
+    def scrape_concurrency(self) -> int: ...
+    @property
+    def scrape_node_label(self) -> str: ...
+    @property
+    def scrape_model_label(self) -> str: ...
+    @property
+    def scrape_hardware_label(self) -> str: ...
+    @property
+    def scrape_profile_label(self) -> str: ...
+    @property
+    def scrape_shard(self) -> str: ...
+
+
+def check_scrape(s: ScrapeSettings) -> None:
     """Validate the ``TAILGUARD_SCRAPE_*`` settings (called by :class:`tailguard.settings.Settings`)."""
     if s.scrape_file_sd and s.scrape_http_sd:
         raise SettingError("TAILGUARD_SCRAPE_HTTP_SD", s.scrape_http_sd,

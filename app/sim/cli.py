@@ -85,9 +85,9 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("replay_output", help="file with replay's JSON lines, or - for stdin")
     c.set_defaults(run=_check)
 
-    from tailguard.sim import fleet, load
+    from tailguard.sim import fleet_cli, load
 
-    fleet.add_parser(sub)
+    fleet_cli.add_parser(sub)
     load.add_parser(sub)
     return p
 

@@ -171,39 +171,3 @@ def file_sd(targets: dict[str, tuple[str, str]], server: str, path: str | None =
             json.dump(groups, fh, indent=1)
         os.replace(tmp, path)
     return groups
-
-
-async def serve_metrics(s: Scenario, args: Any, duration_s: float) -> None:
-    """``tailguard simulate fleet --metrics SERVER``: the fleet's nodes as servers to scrape."""
-    import dataclasses
-    import sys
-
-    from tailguard.sim.fleet import Fleet, Listening, listen_printer, stop_on_signals
-
-    # A server measures what it serves: tokens and TTFT whatever the scenario's emitter settings.
-    s = dataclasses.replace(s, emit_tokens=True, emit_ttft=True)
-    reporter = MetricsReporter(s, args.metrics)
-    printer = listen_printer(args)
-    targets: dict[str, tuple[str, str]] = {}
-
-    def on_listen(info: Listening) -> None:
-        targets[info.node_id] = (f"{args.host}:{info.port}", info.hardware)
-        if args.file_sd:
-            file_sd(targets, args.metrics, args.file_sd)
-        printer(info)
-
-    stop = stop_on_signals()
-    async with Fleet(s, reporter, base_port=args.base_port, host=args.host, time_scale=args.time_scale,
-                     seed=args.seed, on_listen=on_listen, metrics=reporter) as fleet:
-        print(f"tailguard simulate fleet: {s.name}: {len(s.nodes)} {args.metrics} servers from "
-              f"{args.host}:{args.base_port} (GET /metrics), time scale {args.time_scale:g}, "
-              f"traffic: {args.traffic}", file=sys.stderr)
-        traffic = SelfTraffic(reporter, lambda n: n in fleet.listening, seed=fleet.seed,
-                              scenario_time=fleet.scenario_time)
-        async with contextlib.AsyncExitStack() as stack:
-            if args.traffic == "self":
-                await stack.enter_async_context(traffic)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=duration_s if duration_s > 0 else None)
-        served = {n.node_id: n.requests for n in fleet.nodes}
-    print(json.dumps({"event": "stopped", "requests": served, "self_requests": traffic.requests}), flush=True)

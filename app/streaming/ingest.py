@@ -2,8 +2,8 @@
 
 :class:`IngestService` reads ``latency-events`` and ``node-diagnostics-results`` with its own
 consumer group (``<app_id>-stage1``), in bulk (``getmany()``), hands each poll to
-:class:`~tailguard.streaming.stage1.Stage1` and sends its summaries and cluster digests each tick.
-Why not a faust agent, and each guarantee in full: docs/operations.md, docs/operating.md#floods.
+:class:`~tailguard.streaming.stage1.Stage1` and sends its summaries and cluster digests each
+tick. Why not a faust agent, and each guarantee in full: docs/operations.md, docs/operating.md.
 
 Guarantees:
 
@@ -16,9 +16,8 @@ Guarantees:
   sent within :data:`SEND_BUDGET_FRACTION` of the tick is dropped and counted.
 * **Any producer, no stall.** Every Kafka codec (:func:`missing_codecs`), committed records
   only; a record aiokafka cannot decode is dead-lettered (``undecodable``) and passed.
-* **Allowlist** (optional): nothing is consumed before it is first read.
-* **Only new diagnostics results.** A results partition without a committed offset is read
-  from its end, not from the earliest record (:meth:`IngestService.skip_old_diagnostics`).
+* **Allowlist** (optional): nothing is consumed before it is first read. **Only new
+  diagnostics results**: a results partition without a committed offset is read from its end.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ from tailguard.core.contract.ids import Allowlist
 from tailguard.core.contract.types import WindowSummary
 from tailguard.core.judge.evaluate import FleetEvaluator
 from tailguard.core.window.window import WindowStore
-from tailguard.routing.keys import Keys
+from tailguard.routing.keys import Keys, as_keys
 from tailguard.routing.operators import (
     OperatorState,
     Override,
@@ -85,8 +85,8 @@ STAGE2_OFFSET_MAX_S = 5.0
 class RedisOperators:
     """:class:`OperatorSource` on the Redis that holds the routing keys."""
 
-    def __init__(self, redis: Any, key_prefix: str) -> None:
-        self.redis, self.keys = redis, Keys(key_prefix)
+    def __init__(self, redis: Any, key_prefix: str | Keys) -> None:
+        self.redis, self.keys = redis, as_keys(key_prefix)
 
     async def read(self) -> OperatorState:
         return await read_operator_state(self.redis, self.keys)
@@ -219,9 +219,10 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
     app.service(_lifecycle(settings, metrics, redis, hook, hook_redis, allow_redis))
     app.service(_Ingest)
     if settings.web_port != 0:
+        from tailguard.routing.client import keys_for
         from tailguard.streaming import page
 
-        page.register(app, lambda: redis.client, settings.key_prefix, settings.mode, clock)
+        page.register(app, lambda: redis.client, keys_for(settings), settings.mode, clock)
     _stage2_agent(app, t.stats, stage2, metrics, settings.topics.window_stats)
     _stage2_loops(app, ticker, hook, clock, det.tick_interval_s)
     return app
@@ -345,13 +346,13 @@ class _RedisSide:
              metrics: WorkerMetrics) -> _RedisSide:
         if writer is not None:
             return cls(writer, operators)
-        from tailguard.routing.client import connect_for
+        from tailguard.routing.client import connect_for, keys_for
         from tailguard.routing.writer import RoutingWriter
 
-        client = connect_for(settings)
-        owned = RoutingWriter(client, settings.key_prefix, metrics=metrics,
+        client, keys = connect_for(settings), keys_for(settings)
+        owned = RoutingWriter(client, keys, metrics=metrics,
                               where=f"{redact_url(settings.redis_url)} (TAILGUARD_REDIS_URL)")
-        return cls(owned, operators if operators is not None else RedisOperators(client, settings.key_prefix),
+        return cls(owned, operators if operators is not None else RedisOperators(client, keys),
                    client)
 
 

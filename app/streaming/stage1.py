@@ -3,19 +3,18 @@
 :class:`Stage1` is the Kafka-free logic; :mod:`tailguard.streaming.ingest` feeds it records from
 the ``latency-events`` partitions this worker owns. Entry points: :meth:`Stage1.ingest` (one
 poll), :meth:`Stage1.summaries`, :meth:`Stage1.cluster_digests`, :meth:`Stage1.forget_silent`.
-Each guarantee in full: docs/operations.md ("Stage 1's windows"), docs/operating.md#floods.
+In full: docs/operations.md ("Stage 1's windows"), docs/operating.md ("Floods").
 
 Guarantees:
 
 * Every record reaches the windows or comes back as a
-  :class:`~tailguard.streaming.deadletter.DeadLetter`; a bad record never stops the others of its
-  poll. Keys and headers are not read here.
+  :class:`~tailguard.streaming.deadletter.DeadLetter`; a bad record never stops the others of
+  its poll. Keys and headers are not read here.
 * :meth:`Stage1.summaries` covers only series last seen on a partition this worker still
   owns, oldest-admitted series first.
-* At most ``max_new_pairs_per_tick`` new pairs per model enter the windows between two
-  ticks, and at most ``max_models`` models are held; the rest are dropped and counted
-  (``new_pair_limit``, ``model_limit``), not dead-lettered one by one. Both limits fall on
-  new ids only: a pair already held is never refused.
+* At most ``max_new_pairs_per_tick`` new pairs per model enter between two ticks, and at most
+  ``max_models`` models are held; the rest are dropped and counted (``new_pair_limit``,
+  ``model_limit``). Both limits fall on new ids only: a pair already held is never refused.
 * A sample older than ``max_sample_age_s`` on arrival is kept (never judged), counted and
   logged (at most once per :data:`LATE_LOG_INTERVAL_S`). Memory is bounded by the number of
   series; silent series are forgotten after ``forget_after_s``, a large drop is given back.

@@ -1,11 +1,9 @@
 """Stage 2: per model, window summaries → health verdict, state kept in a changelog table.
 
-:class:`Stage2` is the Kafka-free logic of the stage-2 agent and timer in
-:mod:`tailguard.streaming.service`: it collects the newest summary per node of each model, the
-workers' cluster digests (``on_cluster``) and diagnostics results, and at each tick turns every
-model this worker owns into a :class:`ModelOutput` with the core's ``FleetEvaluator`` (the
-verdict, plus the summaries and streaks it was made from, for :mod:`tailguard.streaming.edge`).
-
+:class:`Stage2` is the Kafka-free logic of the stage-2 agent and timer: it collects the newest
+summary per node of each model, the workers' cluster digests (``on_cluster``) and diagnostics
+results, and at each tick turns every model this worker owns into a :class:`ModelOutput` with
+the core's ``FleetEvaluator`` (the verdict, plus the summaries and streaks it was made from).
 Guarantees (in full: docs/operations.md, "Stage 2's state"):
 
 * **Durable state.** A model's changed state goes to ``state``, its hints for stage 1
@@ -14,18 +12,12 @@ Guarantees (in full: docs/operations.md, "Stage 2's state"):
 * **A failed table write loses nothing.** It is logged, counted in ``write_failures`` and
   retried at the next tick; the verdict is still returned. Large values are packed
   (:func:`pack_value`); one still above ``max_value_bytes`` is counted, not written.
-* **Cluster-wide P50/P99** of the workers' fresh digests, in ``ModelTick``.
-* **Diagnostics that answer the current episode only**: a result counts when its
-  ``request_id`` is the current quarantine episode's request and it arrived after it; the
-  others are dropped, counted by reason (``diagnostics_dropped``) and logged once per reason.
-* **Only owned models**, and **bounded**: one pending summary per (node, model), stale ones
-  ignored, at most ``max_models`` models judged (a new one beyond is not, until one is
-  forgotten), every summary left unevaluated counted in ``dropped`` by reason.
-* **Models are forgotten.** A model with no pair left (each forgotten after
-  ``forget_after_s`` of silence; the last routed ones never are) and no sign of life for
-  ``forget_after_s`` (its summaries' ``last_seen_ts``; since its first tick here when it had
-  none) is dropped: its state and hints are deleted from the tables and its last tick, with
-  no status and ``forgotten`` set, makes the routing writer delete its Redis keys.
+* **Diagnostics of the current episode only** (its ``request_id``, arrived after it); others
+  are dropped, counted by reason (``diagnostics_dropped``), logged once.
+* **Only owned models, bounded**: one pending summary per pair, stale ones ignored, at most
+  ``max_models`` models judged, every summary left unevaluated counted in ``dropped``.
+* **Models are forgotten** with no pair left and no sign of life for ``forget_after_s``: their
+  table entries are deleted and their last tick (``forgotten``) deletes their Redis keys.
 """
 
 from __future__ import annotations

@@ -40,7 +40,8 @@ from worker_harness import (
 
 from tailguard.emitter import LatencyEmitter
 from tailguard.lb.balance import Balancer
-from tailguard.lb.haproxy import SocketRuntimeApi, parse_servers_state
+from tailguard.lb.haproxy import SocketRuntimeApi
+from tailguard.lb.haproxy_plan import parse_servers_state
 from tailguard.lb.proxy import Proxy, serve
 from tailguard.lb.source import open_routing
 from tailguard.lb.testing import EchoBackend, echo_backend

@@ -166,6 +166,8 @@ class Feeder:
     ``slow``: nodes whose latency is ``slow_factor`` (3) × the others' (P50 far above the peers').
     ``failing``: nodes that also fail as many requests as they serve (a batch with
     ``"ok": false`` next to each good one), at normal latency.
+    ``probing``: nodes whose batches are flagged ``"probe": true`` (a load balancer's probes of
+    a quarantined node).
     """
 
     def __init__(self, kafka: str, topic: str, models: dict[str, list[str]],
@@ -175,6 +177,7 @@ class Feeder:
         self.kafka, self.topic, self.models = kafka, topic, models
         self.slow = set(slow or ())
         self.failing = set(failing or ())
+        self.probing: set[tuple[str, str]] = set()
         self.period_s, self.per_batch = period_s, per_batch
         self.slow_factor = slow_factor
         self._task: asyncio.Task[None] | None = None
@@ -207,9 +210,10 @@ class Feeder:
                     base = 1000.0 * (self.slow_factor if (node, model) in self.slow else 1.0)
                     samples = [[now, base * self.rng.lognormvariate(0, 0.15)]
                                for _ in range(self.per_batch)]
+                    probe = {"probe": True} if (node, model) in self.probing else {}
                     await self._producer.send(self.topic, json.dumps(
                         {"node_id": node, "model": model, "hardware": "A100",
-                         "samples": samples}).encode(), key=f"{node}|{model}".encode())
+                         "samples": samples, **probe}).encode(), key=f"{node}|{model}".encode())
                     self.sent += 1
                     if (node, model) in self.failing:
                         await self._producer.send(self.topic, json.dumps(

@@ -3,10 +3,17 @@
 - ``tailguard.core`` is four rooms, each importing only from the rooms before it:
   contract <- window (stage 1) <- judge (stage 2) <- replay. A judge module that
   imports the window room, or a contract module that imports a stage, fails here.
+- No import circle anywhere in the package: the graph of which module imports which has no
+  cycle (:func:`test_the_package_has_no_import_circle` names every one it finds).
 - No ``app/`` source imports the old package name ``app`` (the import package is ``tailguard``).
 
-Imports are read from the sources as syntax trees (function-level imports
-included), so what a module imports only inside a function counts too.
+Imports are read from the sources as syntax trees, and every import counts: module-level,
+under ``if TYPE_CHECKING:`` (a type-only circle is still two modules that need each other)
+and inside functions (a lazy import that closes a circle only hides it). Importing
+``a.b.c`` also runs the packages ``a.b`` and ``a`` (their ``__init__``), so those count as
+imported too, except a module's own packages. When two modules need each other, the piece
+they share moves to where its name says it belongs (a command line to its ``*_cli`` module,
+the settings a check reads to a Protocol beside the check).
 """
 
 from __future__ import annotations
@@ -135,10 +142,22 @@ def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return cycles
 
 
+def packages_of(module: str) -> set[str]:
+    """``a.b.c`` -> ``{"a", "a.b"}``: the packages that importing the module runs first."""
+    parts = module.split(".")
+    return {".".join(parts[:i]) for i in range(1, len(parts))}
+
+
 def module_graph() -> dict[str, set[str]]:
-    """Module -> the package's modules it imports (anywhere in its source)."""
+    """Module -> the package's modules it imports (anywhere in its source, with the packages
+    an import runs first, other than the module's own)."""
     paths = {module_name(p): p for p in APP.rglob("*.py")}
-    return {m: {i for i in imports_of(p) if i in paths and i != m} for m, p in paths.items()}
+    graph: dict[str, set[str]] = {}
+    for m, p in paths.items():
+        named = {i for i in imports_of(p) if i in paths}
+        ran = {q for i in named for q in packages_of(i) if q in paths} - packages_of(m)
+        graph[m] = (named | ran) - {m}
+    return graph
 
 
 def test_routing_and_security_import_no_circle() -> None:
@@ -150,6 +169,22 @@ def test_routing_and_security_import_no_circle() -> None:
                 if any(m == "tailguard.security" or m.startswith(("tailguard.routing", "tailguard.core"))
                        for m in c)]
     assert involved == [], f"import circles through security, routing or the core: {involved}"
+
+
+def test_the_package_has_no_import_circle() -> None:
+    cycles = import_cycles(module_graph())
+    assert cycles == [], ("modules that import each other (directly or round a circle); move what they "
+                          f"share to where it belongs: {cycles}")
+
+
+def test_type_only_and_lazy_imports_count() -> None:
+    """The graph sees an import under TYPE_CHECKING, one inside a function and a package run first."""
+    probe = APP / "k8s" / "probe.py"  # never written: the source is passed in
+    typed = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from tailguard.settings import Settings\n"
+    lazy = "def f():\n    from tailguard.sim.fleet import Fleet\n"
+    assert "tailguard.settings" in imports_of(probe, typed)
+    assert "tailguard.sim.fleet" in imports_of(probe, lazy)
+    assert packages_of("tailguard.sim.fleet") == {"tailguard", "tailguard.sim"}
 
 
 def test_the_cycle_finder_finds_a_circle() -> None:

@@ -11,18 +11,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tailguard.lb import BackendsError, RuntimeApiError
-from tailguard.lb.haproxy import (
+from tailguard.lb.haproxy import HaproxySync, SocketRuntimeApi, validate_backend_map
+from tailguard.lb.haproxy_plan import (
     CMAINT,
     FDRAIN,
     FMAINT,
     OP_RUNNING,
     OP_STOPPED,
-    HaproxySync,
     ServerState,
-    SocketRuntimeApi,
     parse_servers_state,
     plan_backend,
-    validate_backend_map,
 )
 from tailguard.lb.testing import StaticSource
 

@@ -7,11 +7,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from test_lb_haproxy import REAL_STATE
 
-from tailguard.lb.haproxy import (
+from tailguard.lb.haproxy import HaproxySync
+from tailguard.lb.haproxy_plan import (
     FDRAIN,
     FMAINT,
     OP_RUNNING,
-    HaproxySync,
     ServerState,
     effective_weight,
     parse_servers_state,

@@ -42,6 +42,7 @@ from tailguard.core.judge.baseline import baseline_shift, fold_baseline, follow_
 from tailguard.core.judge.fleet_slow import fleet_slow
 from tailguard.core.judge.guards import eject_within_cap, error_storm, load_event
 from tailguard.core.judge.health import Judgement, PairState, Verdict
+from tailguard.core.judge.hist_own import OwnHist, fold
 from tailguard.core.judge.hist_rules import HIST_SIGNAL, HistJudge
 from tailguard.core.judge.model_state import SNAPSHOT_VERSION, ModelState, check_version
 from tailguard.core.judge.peers import (
@@ -50,10 +51,8 @@ from tailguard.core.judge.peers import (
     norms_of,
     signal_of,
 )
-from tailguard.core.judge.rules import (
-    FRESH_TAIL_MARGIN,
-    error_judgements,
-)
+from tailguard.core.judge.request_rules import error_judgements
+from tailguard.core.judge.rules import FRESH_TAIL_MARGIN
 from tailguard.core.judge.verdicts import Verdicts, judge_peers, judge_probes, judge_thin_failing
 from tailguard.core.judge.weights import NO_WEIGHTS, WeightTick, weigh_model, weigh_statuses
 
@@ -181,7 +180,8 @@ class FleetEvaluator:
         norms = pn.window
         signal = signal_of(peers)
         # Histogram pairs: bucket exceedance tests (hist_rules) instead of the sample rules.
-        hist = (HistJudge.for_model(peers, by_node, ms.pairs, now_s, st)
+        peer_map = dict(zip(peers.nodes, peers.summaries, strict=True))
+        hist = (HistJudge.for_model(peers, by_node, ms.pairs, now_s, st, OwnHist(ms.hist_own, peer_map, st))
                 if _hist_model(signal, by_node) else None)
         # Too few peers for a median: each pair's P50 against its own history (own_history).
         own_p50 = (dict(zip(peers.nodes, peers.p50s, strict=True))
@@ -199,6 +199,8 @@ class FleetEvaluator:
             verdicts.judgements, verdicts.elevated = {}, {}
         elif len(peers) <= OWN_HISTORY_MAX_PEERS:
             self._update_own(ms, peers, verdicts.judgements, now_s)
+            if hist is not None:
+                fold(ms.hist_own, ms.pairs, peer_map, verdicts.judgements, now_s, st)
         ms.elevated = verdicts.elevated
         storm_ev = error_storm(model, ms, errors, now_s, signal, st)
         shift_ev = baseline_shift(model, ms, peers, now_s, verdicts.abnormal, norms.fleet_p50,

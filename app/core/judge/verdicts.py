@@ -40,9 +40,9 @@ from tailguard.core.judge.peers import (
     hw_class,
     limits,
 )
+from tailguard.core.judge.request_rules import ErrorReport
 from tailguard.core.judge.rules import (
     NEW_EVIDENCE_FRACTION,
-    ErrorReport,
     judge,
     judge_fresh_tail,
     judge_probe,

@@ -1,28 +1,21 @@
-"""The signal a node is judged on: raw latency, time per output token, or
-latency normalized by the fleet's expectation for the request's size.
+"""The signal a node is judged on: raw latency, time per output token, or latency normalized by
+the fleet's expectation for the request's size.
 
-Why: an LLM request's latency is roughly ``ttft + tpot × output_tokens``, so
-on real traffic (Azure LLM trace, app/data) a perfectly healthy node has raw
-P99/P50 of ~4.4 (conversation) to ~8.5 (code) — the request mix, not the
-node. Dividing out the request size leaves what the node controls:
+* ``latency``    — raw ``latency_us``, µs;
+* ``tpot``       — ``(latency_us − ttft_us) / (output_tokens − 1)``, µs per generated token,
+  for samples with ``ttft_us`` and ``output_tokens >= 2``;
+* ``normalized`` — ``latency_us / expected_us(output_tokens, input_tokens)``, where the
+  expectation ``a + b·out + c·in`` is fitted per model over the whole fleet: a least-squares
+  fit per node, then the coordinate-wise median of the per-node coefficients, so a minority
+  of slow nodes cannot drag it; clamped to a positive floor.
 
-* ``latency``    — raw ``latency_us`` (the original design), µs;
-* ``tpot``       — ``(latency_us − ttft_us) / (output_tokens − 1)``, µs per
-  generated token, for samples with ``ttft_us`` and ``output_tokens >= 2``;
-* ``normalized`` — ``latency_us / expected_us(output_tokens, input_tokens)``,
-  dimensionless, where the expectation ``a + b·out + c·in`` is fitted per
-  model over the whole fleet: a least-squares fit per node, then the
-  coordinate-wise median of the per-node coefficients, so a minority of slow
-  nodes cannot drag the expectation (it stays a healthy node's). The
-  expectation is clamped to a positive floor.
+``auto`` picks, per model and tick: ``tpot`` if most judged samples carry ``ttft_us`` and
+``output_tokens >= 2``; else ``normalized`` if most carry ``output_tokens``; else ``latency``.
 
-``auto`` picks, per model and tick: ``tpot`` if most judged samples carry
-``ttft_us`` and ``output_tokens >= 2``; else ``normalized`` if most carry
-``output_tokens``; else ``latency``.
-
-Everything here is pure numpy on arrays; the row-wise functions take 2-D
-``[rows, slots]`` matrices with a boolean mask so that the window store can
-fit thousands of nodes in one vectorized call.
+Guarantees: everything here is pure numpy on arrays; the row-wise functions take 2-D
+``[rows, slots]`` matrices with a boolean mask, so the window store fits thousands of nodes in
+one vectorized call. Why (a healthy LLM node's raw P99/P50 is the request mix, not the node)
+and what each signal measures on real traffic: docs/rules.md ("signal").
 """
 
 from __future__ import annotations

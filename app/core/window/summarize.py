@@ -1,25 +1,23 @@
 """Stage 1's per-tick pass: every series' window → one :class:`~tailguard.core.contract.types.WindowSummary`.
 
 Owns :func:`summarize` (``WindowStore.summaries`` delegates to it): each model's signal and
-fleet fit, the passes over the slabs (:mod:`tailguard.core.window.passes`: judged and probe
-masks, quantiles of the rows that need masks and, a tier's rows together, of the steady-state
-rows), and the summaries built from their columns, one tuple per series.
+fleet fit, the passes over the slabs (:mod:`tailguard.core.window.passes`), and the summaries
+built from their columns, one tuple per series.
 
 Guarantees, at tick ``now_s``:
 
-* Judged samples: ``ok``, non-probe, event time in ``(now_s − max_sample_age_s, now_s]`` (a
-  quiet node is not judged on old samples); for a series in ``judge_since``, every ``ok``
-  sample, probe or not, with ``since_ts <= ts <= now_s``. The fleet-wide ``normalized`` fit is
-  made from every series' judged samples except those of the series in ``out_of_fit``.
-* One signal per model (:mod:`tailguard.core.window.signals`): ``p50``/``p99``/``samples`` over the judged
-  samples with a value of it, ``latency_p50_us``/``latency_p99_us`` over their raw latency;
-  exact quantiles (linear, as ``numpy.quantile``) at any window_size. A series with fewer
-  than ``min_samples`` values of its model's signal but as many judged samples is
-  summarised in ``latency`` (no fresh figures).
-* ``fresh_samples``/``fresh_p50``: the judged samples in ``(now_s − tick_interval_s, now_s]`` and
-  their exact P50 (``None`` below ``min_samples``); ``fresh_over`` is counted against
-  ``tail_refs`` for at most ``FRESH_TAIL_MAX_SAMPLES`` of them; ``failed``, ``probe_*``: in the age bound.
-* Pure: the slabs only get their kept bounds tightened. Output is sorted by (model, node_id).
+* Judged samples: ``ok``, non-probe, event time in ``(now_s − max_sample_age_s, now_s]``; for
+  a series in ``judge_since``, every ``ok`` sample with ``since_ts <= ts <= now_s``. The
+  ``normalized`` fit uses every series' judged samples except those in ``out_of_fit``.
+* One signal per model (:mod:`tailguard.core.window.signals`): ``p50``/``p99``/``samples``
+  over the judged samples with a value of it, ``latency_p50_us``/``latency_p99_us`` over
+  their raw latency; exact quantiles (as ``numpy.quantile``). A series with fewer than
+  ``min_samples`` values of its model's signal but as many judged samples is summarised in
+  ``latency`` (no fresh figures).
+* ``fresh_samples``/``fresh_p50``: the judged samples of the last tick and their exact P50
+  (``None`` below ``min_samples``); ``fresh_over`` is counted against ``tail_refs`` for at
+  most ``FRESH_TAIL_MAX_SAMPLES`` of them; ``failed``, ``probe_*``: in the age bound.
+* Pure: the slabs only get their kept bounds tightened. Output sorted by (model, node_id).
 """
 
 from __future__ import annotations
