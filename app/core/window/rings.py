@@ -40,6 +40,8 @@ TIER_BASE: Final = 16
 TIER_GROWTH: Final = 8
 SLAB_BYTES: Final = 4 << 20
 MIN_SLAB_ROWS: Final = 4
+#: The failures of every series that has had none (never written: ``failures_by_s``).
+NO_FAILURES: Final[dict[int, int]] = {}
 
 
 class Slab:
@@ -156,7 +158,7 @@ class SeriesRecord:
         self.hardware: str | None = None
         self.first_seen_ts: float | None = None
         self.last_seen_ts: float | None = None
-        self.failed: dict[int, int] = {}
+        self.failed: dict[int, int] = NO_FAILURES   # failed requests per second (``failures_by_s``)
         self.requests = self.failures = 0      # every request taken, and the failed ones
         self.chunk: Slab | None = None
         self.row = -1
@@ -170,6 +172,13 @@ class SeriesRecord:
         self.gap_s = 0.0
         self.resume_ts: float | None = None     # a gap seen, its restart not yet confirmed
         self.resume_signs = 0
+
+    def failures_by_s(self) -> dict[int, int]:
+        """``failed`` to write to: its own dict from the first failure on (until then every
+        series shares the empty ``NO_FAILURES``, 64 B each fewer)."""
+        if self.failed is NO_FAILURES:
+            self.failed = {}
+        return self.failed
 
     def seen(self, lo: float, hi: float, instance: str | None = None, gap_s: float = 0.0,
              n: int = 1, ts: F64 | None = None) -> None:

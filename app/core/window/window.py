@@ -251,7 +251,8 @@ class WindowStore:
             if ev.failed:
                 s.failures += ev.failed
                 b = int(ev.ts)
-                s.failed[b] = s.failed.get(b, 0) + ev.failed
+                failed = s.failures_by_s()
+                failed[b] = failed.get(b, 0) + ev.failed
         self._hists.observe(ev)
 
     def observe(self, batch: SampleBatch) -> None:
@@ -329,7 +330,7 @@ class WindowStore:
 
     def _count_failed(self, s: SeriesRecord, fts: F64) -> None:
         buckets, counts = np.unique(np.floor(fts).astype(np.int64), return_counts=True)
-        failed = s.failed
+        failed = s.failures_by_s()
         for b, c in zip(buckets.tolist(), counts.tolist(), strict=True):
             failed[b] = failed.get(b, 0) + c
         if s.last_seen_ts is not None and len(failed) > 64:
