@@ -101,14 +101,13 @@ class Slab:
         """The event times of ``row``'s ``slots`` (decoded; a sample stored as too old: -inf)."""
         return decode(self.ts_code[row, slots], int(self.base_us[row]))
 
-    def put_times(self, row: int, ts: F64, replace: bool) -> U32:
-        """The codes of ``ts`` (new samples of ``row``, in order; ``replace``: they replace
-        the ring's), the ring moved to a new base first if they need one
-        (:func:`~tailguard.core.window.ts_codes.encode_into`); its kept time bounds updated."""
-        codes, base, lost = encode_into(self.ts_code[row], int(self.base_us[row]), ts,
-                                        bool(self.fill[row]) and not replace)
+    def put_times(self, row: int, ts: F64, lo_s: float, hi_s: float, replace: bool) -> U32:
+        """The codes of ``ts`` (new samples of ``row``, in order, from ``lo_s`` to ``hi_s``;
+        ``replace``: they replace the ring's), the ring moved to a new base first if they need
+        one (:func:`~tailguard.core.window.ts_codes.encode_into`); its kept time bounds updated."""
+        codes, base, lost, c_lo, c_hi = encode_into(self.ts_code, row, int(self.base_us[row]), ts,
+                                                    lo_s, hi_s, not replace and bool(self.fill[row]))
         self.base_us[row] = base
-        c_lo, c_hi = (int(codes.min()), int(codes.max())) if codes.size > 1 else (int(codes[0]),) * 2
         t_lo = (c_lo + base) / 1e6 if c_lo else -np.inf       # as ts_codes.decode
         t_hi = (c_hi + base) / 1e6 if c_hi else -np.inf
         if replace:

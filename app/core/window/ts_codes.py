@@ -8,10 +8,9 @@ tick's bounds into per-ring code thresholds.
 
 Guarantees:
 
-* A time ``t`` is stored as the smallest whole µs ``v`` with ``v / 1e6 >= t`` (float64
-  division, as :func:`decode` computes it). A time with at most 6 decimals (every trace
-  and JSON event of the contract; the binary wire's float64 times are rounded up by less
-  than 1 µs) decodes to exactly the same float64.
+* A time is stored as its nearest whole µs. A time with at most 6 decimals before 2106
+  (every trace and JSON event of the contract) decodes (``v / 1e6``, float64) to exactly
+  the same float64; the binary wire's float64 times move by at most 0.5 µs.
 * Comparisons are those of the decoded times, for any threshold: ``code > after(A)``
   exactly when ``decoded > A`` (and ``<=`` when ``<=``); ``code > since(S)`` exactly when
   ``decoded >= S``. Code 0 passes neither.
@@ -77,20 +76,23 @@ def since(base: I64, t: F64) -> U32:
     return thr
 
 
-def encode_into(ring: U32, base: int, ts: F64, filled: bool) -> tuple[U32, int, bool]:
-    """The codes of ``ts`` for a ring holding codes ``ring`` against ``base`` (``filled``:
-    it holds samples), its base after them, and whether a stored sample became too old.
+def encode_into(codes_of: U32, row: int, base: int, ts: F64, lo_s: float, hi_s: float,
+                filled: bool) -> tuple[U32, int, bool, int, int]:
+    """The codes of ``ts`` (``lo_s``/``hi_s`` their least and greatest) for the ring
+    ``codes_of[row]`` holding codes against ``base`` (``filled``: it holds samples); the
+    ring's base after them, whether a stored sample became too old, and the codes of
+    ``lo_s`` and ``hi_s``.
 
     The ring keeps its base while the new times fit; otherwise it gets one with
     ``HEADROOM`` above the newest time it must hold (less when the times span more) and its
     codes are moved in place. A new time below what the base allows is stored as too old.
     """
-    us = ceil_us(ts)
-    lo, hi = int(us.min()), int(us.max())
+    lo, hi = round(lo_s * _US), round(hi_s * _US)
     lost = False
     if not filled:
         base = hi + HEADROOM - MAX_CODE
     elif lo - base < 1 or hi - base > MAX_CODE:
+        ring = codes_of[row]
         top = hi
         old_max = int(ring.max())
         if old_max > 0:
@@ -106,5 +108,11 @@ def encode_into(ring: U32, base: int, ts: F64, filled: bool) -> tuple[U32, int, 
         elif shift < 0:
             ring[...] = np.where(codes > 0, codes - shift, 0)
         base = new
-    rel = us - base
-    return np.where(rel >= 1, rel, 0).astype(np.uint32), base, lost
+    # The code: the nearest whole µs of ts * 1e6 - base (exact in float64, no tie before 2106).
+    c_lo, c_hi = max(round(lo_s * _US - base), 0), round(hi_s * _US - base)
+    if ts.shape[0] == 1:
+        return np.array([c_hi], dtype=np.uint32), base, lost, c_lo, c_hi
+    rel = np.rint(ts * _US - base)
+    if c_lo < 1:
+        np.maximum(rel, 0.0, out=rel)
+    return rel.astype(np.uint32), base, lost, c_lo, c_hi

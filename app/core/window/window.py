@@ -292,6 +292,7 @@ class WindowStore:
             n = int(ts.shape[0])
             if n == 0:
                 return
+            t_lo, t_hi = float(ts.min()), float(ts.max())
         signed = np.where(batch.probe if ok.all() else batch.probe[ok], -lat, lat)
         sized = inp is not None or out is not None or ttft is not None
         ch = s.chunk
@@ -301,10 +302,12 @@ class WindowStore:
             ch = s.chunk
             assert ch is not None
         row, cap = s.row, ch.cap
-        codes = ch.put_times(row, ts if n < cap else ts[n - cap:], n >= cap)   # and ts_lo/ts_hi
-        if n >= cap:                            # the ring is replaced: its bound is the batch's
+        if n >= cap:                            # the ring is replaced: its bounds are the batch's
+            kept = ts[n - cap:]
+            codes = ch.put_times(row, kept, float(kept.min()), float(kept.max()), True)
             ch.lat_lo[row] = float(signed[n - cap:].min())
         else:
+            codes = ch.put_times(row, ts, t_lo, t_hi, False)     # and ts_lo/ts_hi
             ch.lat_lo[row] = min(float(ch.lat_lo[row]), float(signed.min()))
         cols: list[tuple[npt.NDArray[Any], npt.NDArray[Any] | None]] = [
             (ch.ts_code, codes), (ch.lat, signed)]
