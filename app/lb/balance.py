@@ -4,19 +4,20 @@ Pure and synchronous: no I/O, no clock (``now_s`` is a parameter), no randomness
 :class:`Balancer` per proxy process, one event loop. In full: docs/lb.md. Guarantees:
 
 * **Never a held-out node.** While tailguard knows the model, :meth:`Balancer.pick` returns
-  only known backends not in ``held_out`` (ejected, quarantined, retired, gone, drained), in
-  strict rotation: the routed nodes and the backends not judged yet (a new node's share of
-  traffic is the evidence that admits it).
+  only known backends not in ``held_out`` (ejected, quarantined, retired, gone, drained):
+  the routed nodes and those not judged yet (a new node's traffic is what admits it), each of
+  *k* getting one of every *k* consecutive picks while the sets are unchanged.
 * **Weights.** With routing weights (node → (0, 1], absent = 1.0) the rotation is smooth
-  weighted round-robin (:class:`tailguard.routing.weighted.SmoothWeighted`); while every
-  candidate weighs 1.0 it is the plain rotation, unchanged.
-* **Fallback, never refusal.** When the model is unknown (nothing written yet, or Redis
-  unreachable before anything was cached) or every known backend is held out, ``pick``
-  rotates over *every* known backend and marks the pick ``fallback=True``.
+  weighted round-robin (:class:`tailguard.routing.weighted.SmoothWeighted`): each candidate
+  gets exactly its units in any cycle of ``sum(units)`` picks, spread out; a change of
+  candidates or weights starts a new cycle; all at 1.0 is the plain rotation, unchanged.
+* **Fallback, never refusal.** The model unknown (nothing written yet, or Redis unreachable
+  before anything was cached) or every known backend held out: ``pick`` rotates over *every*
+  known backend, ``fallback=True``. ``exclude`` removes nodes that failed this request.
 * **Probe share.** :meth:`Balancer.probe_due` is true for exactly ``floor(n × probe_share)``
-  of a model's first *n* requests, evenly spread; :meth:`Balancer.pick_probe` then rotates over
-  the quarantined nodes whose probe time has come (``None`` if none).
-* **Retry elsewhere.** ``exclude`` removes nodes that already failed this request.
+  of a model's first *n* requests, evenly spread (a credit counter); :meth:`Balancer.pick_probe`
+  rotates over the quarantined, unrouted nodes with an address whose probe time has come
+  (``None`` if none: the request goes to a routed node, the slot is not carried over).
 """
 
 from __future__ import annotations

@@ -30,7 +30,13 @@ from urllib.parse import parse_qs, urlparse
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import AuthenticationError, NoPermissionError, RedisError, ResponseError
+from redis.exceptions import (
+    AuthenticationError,
+    NoPermissionError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -183,6 +189,16 @@ async def check_redis(s: Settings, *, timeout_s: float = 5.0) -> None:
                else "check that it is the Redis tailguard writes to")
         raise AccessRefused("TAILGUARD_REDIS_URL",
                             f"{where} refused the connection ({str(e).rstrip('.')}): {fix}") from None
+    except RedisClusterException as e:   # not a RedisError
+        if "not enabled" not in str(e):
+            raise
+        acl = user != "default"   # an ACL user without CLUSTER SLOTS gets the same answer
+        fix = (f"give Redis user {user!r} +cluster|slots +command on every node (docs/production.md)"
+               " or, for a single Redis, set TAILGUARD_REDIS_CLUSTER=false" if acl else
+               "for a single Redis set TAILGUARD_REDIS_CLUSTER=false; for a cluster point "
+               "TAILGUARD_REDIS_URL at one of its nodes")
+        raise AccessRefused("TAILGUARD_REDIS_USERNAME" if acl else "TAILGUARD_REDIS_CLUSTER",
+                            f"{where} gives no cluster slot map ({e}): {fix}") from None
     except (RedisError, OSError, TimeoutError) as e:
         problem = _cert_problem(e, "TAILGUARD_REDIS_SSL", s.redis_ssl_cafile, where)
         if problem is None and "certificate verify failed" in str(e).lower():

@@ -157,6 +157,9 @@ def render_explain(items: list[NodeExplain], now_s: float, *, ticks: int = 8) ->
         weight = _weight_line(it)
         if weight:
             lines.append(weight)
+        if st.get("signal_local"):
+            lines.append(f"  signal {signal or '?'} chosen by its worker's share of the model alone "
+                         "(no stage-2 choice for the model yet)")
         if it.in_shadow is not None and it.in_shadow != it.in_routing:
             lines.append(f"  enforce mode would {'route' if it.in_shadow else 'not route'} it "
                          "(shadow set)")

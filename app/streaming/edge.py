@@ -40,6 +40,7 @@ from tailguard.core.contract.types import (
     WindowSummary,
     utc_text,
 )
+from tailguard.core.window.signals import LOCAL_KEY
 from tailguard.routing.apply_script import Extras
 from tailguard.routing.keys import held_out
 from tailguard.routing.operators import OperatorState, Override
@@ -145,7 +146,7 @@ class OperatorEdge:
                 n: ts for n, ts in tick.quarantine.items() if n not in routing},
                 diagnostics=tick.diagnostics if enforced or self.diagnose_in_observe else ()),
             extras=self._page(tick, mode, statuses, routing, shadow, active, refused, drained, events,
-                              history, written),
+                              history, written, _local_signal(inp.summaries)),
             health_events=tuple(events), mode=mode, expired=expired, overrides=active)
 
     # --- the steps of apply --------------------------------------------------
@@ -213,11 +214,12 @@ class OperatorEdge:
               shadow: frozenset[str] | set[str], active: Mapping[str, Override], refused: set[str],
               drained: set[str], events: list[dict[str, Any]],
               history: Mapping[str, collections.deque[tuple[tuple[Any, ...], str]]],
-              written: dict[str, float]) -> Extras:
-        """What the routing write carries for the page and ``tailguard status``, as JSON."""
+              written: dict[str, float], local: frozenset[str] = frozenset()) -> Extras:
+        """What the routing write carries for the page and ``tailguard status``, as JSON
+        (``signal_local``: the node's signal was chosen by its worker's share alone)."""
         annotations = {n: {"mode": mode, "routed_by_rules": n in tick.routing,
                            "override": None if n not in active else active[n].to_dict(),
-                           "drain_refused": n in refused}
+                           "drain_refused": n in refused, "signal_local": n in local}
                        for n in statuses}
         page_events = [_dumps(e) for e in events]
         page_events += [_dumps(f.to_event()) for f in tick.fleet_events]
@@ -319,3 +321,8 @@ class OperatorEdge:
 def _idle(entry: Mapping[str, Any]) -> bool:
     """No latency statistic of the node itself was judged at this tick."""
     return all(v[0] is None for k, v in entry["stats"].items() if k != "err")
+
+
+def _local_signal(summaries: Iterable[WindowSummary]) -> frozenset[str]:
+    """The nodes whose signal their stage 1 chose alone (no stage-2 choice for the model yet)."""
+    return frozenset(s.node_id for s in summaries if s.extra.get(LOCAL_KEY))

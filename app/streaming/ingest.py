@@ -451,7 +451,7 @@ class IngestService(Service):
         now_s = self.clock()
         self.stage1.forget_silent(now_s)
         summaries = self.stage1.summaries(now_s, self.owned_partitions(), hints.judge_since,
-                                          hints.out_of_fit, hints.tail_refs)
+                                          hints.out_of_fit, hints.tail_refs, hints.signals)
         digests = self.stage1.cluster_digests(now_s, self.source)
         if digests:
             await self.sink.send_cluster(digests)

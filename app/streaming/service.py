@@ -53,12 +53,13 @@ from tailguard.settings import Settings, redact_url
 from tailguard.streaming import allowlist
 from tailguard.streaming.deadletter import DeadLetter
 from tailguard.streaming.edge import OperatorEdge
+from tailguard.streaming.hints_feed import HintsFeed
 from tailguard.streaming.ingest import IngestService, next_boundary, sleep_until
 from tailguard.streaming.metrics import WorkerMetrics
 from tailguard.streaming.publisher import Publisher
 from tailguard.streaming.replace import ReplaceHook, build_hook
 from tailguard.streaming.stage1 import Stage1
-from tailguard.streaming.stage2 import Stage2, decode_hints, state_key
+from tailguard.streaming.stage2 import Stage2, StageHints, decode_hints, state_key
 from tailguard.streaming.ticker import (
     Assignment,
     OperatorSource,
@@ -209,14 +210,26 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
     allow_redis, load_allowlist = _allowlist_loader(settings)
     sink = _FaustSink(t.stats, t.dlq, track)
 
+    feeds: list[HintsFeed] = []
+
+    class _Hints(HintsFeed):
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(settings=settings, topic=t.hints_table.changelog_topic.get_topic_name(),
+                             partitions=settings.topic_partitions, **kwargs)
+            feeds.append(self)
+
+    def hints() -> StageHints:
+        table = list(t.hints_table.items())
+        return decode_hints(feeds[-1].items(table) if feeds else table)
+
     class _Ingest(IngestService):
         def __init__(self, **kwargs: Any) -> None:
             super().__init__(settings=settings, stage1=stage1, sink=sink, metrics=metrics, clock=clock,
-                             hints=lambda: decode_hints(list(t.hints_table.items())),
-                             allowlist=load_allowlist, **kwargs)
+                             hints=hints, allowlist=load_allowlist, **kwargs)
             rt.ingest = self
 
     app.service(_lifecycle(settings, metrics, redis, hook, hook_redis, allow_redis))
+    app.service(_Hints)
     app.service(_Ingest)
     if settings.web_port != 0:
         from tailguard.routing.client import keys_for

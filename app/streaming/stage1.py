@@ -34,6 +34,7 @@ from tailguard.core.contract.hist_event import HistogramBatch
 from tailguard.core.contract.ids import Allowlist
 from tailguard.core.contract.types import WindowSummary
 from tailguard.core.window.accumulate import Accumulator
+from tailguard.core.window.signals import ModelChoice
 from tailguard.streaming import memory
 from tailguard.streaming.deadletter import DeadLetter, RecordLike
 from tailguard.streaming.memory import GIVE_BACK_MIN, give_back
@@ -60,7 +61,9 @@ class WindowStoreLike(Protocol):
     def summaries(self, now_s: float,
                   judge_since: Mapping[tuple[str, str], float] | None = None,
                   *, out_of_fit: Collection[tuple[str, str]] = (),
-                  tail_refs: Mapping[str, float] | None = None) -> list[WindowSummary]: ...
+                  tail_refs: Mapping[str, float] | None = None,
+                  choices: Mapping[str, ModelChoice] | None = None,
+                  evidence: bool = False) -> list[WindowSummary]: ...
 
     def model_digests(self, now_s: float) -> dict[str, dict[str, Any]]: ...
 
@@ -330,6 +333,7 @@ class Stage1:
                   judge_since: Mapping[tuple[str, str], float] | None = None,
                   out_of_fit: Collection[tuple[str, str]] = (),
                   tail_refs: Mapping[str, float] | None = None,
+                  signals: Mapping[str, ModelChoice] | None = None,
                   ) -> list[WindowSummary]:
         """This tick's summary of every owned series (all series when ``owned_partitions`` is None),
         oldest-admitted series first; starts a new admission tick (``max_new_pairs_per_tick``).
@@ -340,10 +344,14 @@ class Stage1:
         routing, which do not vote in the fleet-wide ``normalized`` fit
         (``FleetEvaluator.out_of_fit``). The fit is made from every series
         this store holds, owned or not. ``tail_refs`` ``{model: threshold}``
-        (``FleetEvaluator.tail_ref``): fresh samples above it are counted.
+        (``FleetEvaluator.tail_ref``): fresh samples above it are counted. ``signals``
+        ``{model: ModelChoice}``: each model's signal as stage 2 chose it from every worker's
+        summaries (:mod:`tailguard.core.judge.signal_choice`), which carry what it needs; a
+        model without one is judged on this store's own choice, and its summaries say so.
         """
         self._end_admission_tick()
-        out = self.store.summaries(now_s, judge_since, out_of_fit=out_of_fit, tail_refs=tail_refs)
+        out = self.store.summaries(now_s, judge_since, out_of_fit=out_of_fit, tail_refs=tail_refs,
+                                   choices=signals, evidence=True)
         part = self._partition_of
         if owned_partitions is not None:
             owned = set(owned_partitions)

@@ -7,10 +7,16 @@ so the hash-tagged key layout):
 * a slow node leaves routing; :class:`~tailguard.routing.reader.RoutingTable`, the reference
   proxy (its traffic avoids the node), ``tailguard haproxy-sync`` (a real HAProxy puts the server
   in MAINT), ``tailguard status``, ``tailguard explain`` and the worker's status page all see it;
-* an operator's drain (``tailguard drain``/``release``) reaches the readers the same way;
+* an operator's drain (``tailguard drain``/``release``) reaches the readers the same way, and
+  ``tailguard k8s-sync`` (the control plane of scripts/k8s) sets a pod's condition from the set;
 * the node recovers, its probes pass, and every reader sees it back;
 * the reader never sees a routing version go backward, and every key of the model sits in one
   slot (``CLUSTER KEYSLOT``).
+
+``tailguard keys copy`` moves a single Redis's plain keys into the cluster's tagged names (readers
+there see the same sets and versions, the writer continues the version), and renames them in
+place on one Redis; ``tailguard keys drop`` then deletes the old names only. ACL users with the
+documented minimal rules plus their cluster commands write, read and forget on the cluster.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import AsyncExitStack
@@ -27,16 +35,32 @@ import aiohttp
 import pytest
 from stack_scripts import free_base, run_script
 from test_haproxy import BACKEND, start_haproxy, start_sync
-from worker_harness import HEALTHY, NODES, Feeder, Worker, WorkerEnv, free_port, tailguard_cli, wait_for
+from worker_harness import (
+    HEALTHY,
+    NODES,
+    ROOT,
+    Feeder,
+    Worker,
+    WorkerEnv,
+    free_port,
+    tailguard_cli,
+    wait_for,
+)
 
 from tailguard import settings as settings_mod
+from tailguard.core.contract.types import HealthState, ModelTick, NodeStatus
 from tailguard.lb.balance import Balancer
 from tailguard.lb.haproxy import SocketRuntimeApi, parse_servers_state
 from tailguard.lb.proxy import Proxy, serve
 from tailguard.lb.source import open_routing
-from tailguard.lb.testing import echo_backend
-from tailguard.routing.client import connect_for, keys_for
+from tailguard.lb.testing import echo_backend, scratch_redis, write_routing
+from tailguard.routing.acl import acl_rules
+from tailguard.routing.client import check_redis, connect, connect_for, keys_for
+from tailguard.routing.keys import Keys
 from tailguard.routing.reader import RoutingTable
+from tailguard.routing.status import read_status
+from tailguard.routing.writer import RoutingWriter
+from tailguard.security import AccessRefused
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
@@ -190,3 +214,183 @@ async def test_the_routing_story_with_every_lb_reader_on_redis_cluster(
 
     assert len(versions) >= 4 and versions == sorted(versions), versions
     assert "Traceback" not in (tmp_path / "sync.log").read_text(errors="replace")
+
+
+def verdict(model: str, routed: set[str], quarantined: dict[str, float] | None = None) -> ModelTick:
+    q = quarantined or {}
+    statuses = tuple(NodeStatus(node_id=n, model=model, state=HealthState.QUARANTINED if n in q
+                                else HealthState.HEALTHY, routed=n in routed, since_ts=0.0,
+                                reason="normal", samples=100) for n in sorted(routed | set(q)))
+    return ModelTick(model=model, ts=0.0, transitions=(), routing=frozenset(routed),
+                     quarantine=q, statuses=statuses)
+
+
+def keys_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    full = {k: v for k, v in os.environ.items() if not k.startswith("TAILGUARD_")} | env
+    return subprocess.run([sys.executable, "-m", "tailguard.cli", "keys", *args], cwd=ROOT,
+                          env=full, capture_output=True, text=True, timeout=60, check=False)
+
+
+MOVED = {"llm": {"a", "b", "c"}, "org:m{1}": {"x", "y"}}
+
+
+async def write_plain(redis_url: str, prefix: str) -> dict[str, int]:
+    """Every model of MOVED written by the worker's writer in the plain layout; their versions."""
+    r = connect(redis_url)
+    try:
+        w = RoutingWriter(r, Keys(prefix))
+        for m, nodes in MOVED.items():
+            assert await w.apply(verdict(m, nodes, {"q": 1_800_000_000.0}))
+            assert await w.apply(verdict(m, nodes - {"a", "x"}, {"q": 1_800_000_000.0}))
+        await r.hset(Keys(prefix).overrides, '["b",null]', '{"action":"drain"}')
+        return {m: w.last_results[m].version for m in MOVED}
+    finally:
+        await r.aclose()
+
+
+async def read_tagged(client: object, prefix: str) -> dict[str, tuple[set[str], int | None]]:
+    table = RoutingTable(client, Keys(prefix, tagged=True))   # type: ignore[arg-type]
+    return {m: (set(await table.get(m)), table.version(m)) for m in MOVED}
+
+
+async def test_keys_copy_moves_a_single_redis_into_the_cluster(
+        cluster: Cluster, redis_url: str, unique_name: Callable[[str], str]) -> None:
+    prefix = unique_name("rc-move")
+    tagged = Keys(prefix, tagged=True)
+    env = {"TAILGUARD_REDIS_CLUSTER": "true", "TAILGUARD_REDIS_URL": cluster.url,
+           "TAILGUARD_KEY_PREFIX": prefix}
+    settings = settings_mod.load(env)
+    client = connect_for(settings)
+    try:
+        async with scratch_redis(redis_url, prefix):
+            versions = await write_plain(redis_url, prefix)
+            done = keys_cli(env, "copy", "--from-url", redis_url)
+            assert done.returncode == 0, done.stderr
+            assert "2 model(s) copied" in done.stdout and "[2/2] org:m{1}" in done.stdout, done.stdout
+        # The single Redis's keys are gone now; the cluster holds the same sets and versions.
+        assert await read_tagged(client, prefix) == {
+            m: (nodes - {"a", "x"}, versions[m]) for m, nodes in MOVED.items()}
+        (llm, org) = await read_status(client, tagged)
+        assert llm.model == "llm" and llm.quarantine == {"q": 1_800_000_000.0}
+        assert set(llm.nodes) == {"b", "c", "q"} and org.model == "org:m{1}"
+        assert await client.hgetall(tagged.overrides) == {b'["b",null]': b'{"action":"drain"}'}
+        # The worker's writer, now on the cluster, continues each model's version.
+        w = RoutingWriter(client, tagged)
+        assert await w.apply(verdict("llm", {"b"}))
+        assert w.last_results["llm"].version == versions["llm"] + 1
+    finally:
+        for m in MOVED:
+            await client.delete(*tagged.model_keys(m))
+        for key in (tagged.models, tagged.overrides):
+            await client.delete(key)
+        await client.aclose()
+
+
+async def test_keys_copy_renames_in_place_and_drop_deletes_only_the_old_names(
+        redis_url: str, unique_name: Callable[[str], str]) -> None:
+    prefix = unique_name("rc-rename")
+    env = {"TAILGUARD_REDIS_URL": redis_url, "TAILGUARD_KEY_PREFIX": prefix,
+           "TAILGUARD_KEY_LAYOUT": "tagged"}
+    async with scratch_redis(redis_url, prefix) as r:
+        versions = await write_plain(redis_url, prefix)
+        done = keys_cli(env, "copy")
+        assert done.returncode == 0, done.stderr
+        assert await read_tagged(r, prefix) == {
+            m: (nodes - {"a", "x"}, versions[m]) for m, nodes in MOVED.items()}
+        same = keys_cli(env, "copy", "--from-layout", "tagged")
+        assert same.returncode == 2 and "nothing to copy" in same.stderr, same.stderr
+        live = keys_cli(env, "drop", "--layout", "tagged")
+        assert live.returncode == 2 and "the live one" in live.stderr, live.stderr
+        dropped = keys_cli(env, "drop", "--layout", "plain")
+        assert dropped.returncode == 0, dropped.stderr
+        plain, tagged = Keys(prefix), Keys(prefix, tagged=True)
+        assert not await r.exists(*(k for m in MOVED for k in plain.model_keys(m)))
+        assert await r.exists(*(tagged.routing(m) for m in MOVED)) == 2
+        assert await r.smembers(plain.models) == {m.encode() for m in MOVED}
+
+
+async def test_the_minimal_acl_with_its_cluster_commands_works_on_every_node(
+        cluster: Cluster, unique_name: Callable[[str], str]) -> None:
+    prefix = unique_name("rc-acl")
+    nodes = [connect(f"redis://127.0.0.1:{cluster.port + i}/0") for i in range(3)]
+    users = {role: unique_name(f"rc-{role}") for role in ("worker", "reader", "bare")}
+
+    def settings_of(user: str) -> settings_mod.Settings:
+        return settings_mod.load({"TAILGUARD_REDIS_CLUSTER": "true", "TAILGUARD_REDIS_URL": cluster.url,
+                                  "TAILGUARD_KEY_PREFIX": prefix, "TAILGUARD_REDIS_USERNAME": user,
+                                  "TAILGUARD_REDIS_PASSWORD": "pw"})
+    try:
+        for role, user in users.items():
+            rules = acl_rules(prefix, "reader" if role == "bare" else role,  # type: ignore[arg-type]
+                              cluster=role != "bare")
+            for n in nodes:
+                await n.execute_command("ACL", "SETUSER", user, "reset", "on", ">pw", *rules.split())
+        # Without the cluster commands the cluster client cannot even map the slots.
+        with pytest.raises(AccessRefused) as refused:
+            await check_redis(settings_of(users["bare"]))
+        assert refused.value.name == "TAILGUARD_REDIS_USERNAME"
+        assert "+cluster|slots +command" in str(refused.value)
+        worker_s, reader_s = settings_of(users["worker"]), settings_of(users["reader"])
+        await check_redis(worker_s)
+        writer_client, reader_client = connect_for(worker_s), connect_for(reader_s)
+        try:
+            w = RoutingWriter(writer_client, keys_for(worker_s))
+            assert await w.apply(verdict("llm", {"a", "b"}))
+            table = RoutingTable(reader_client, keys_for(reader_s))
+            assert await table.get("llm") == {"a", "b"}
+            assert [s.model for s in await read_status(reader_client, keys_for(reader_s))] == ["llm"]
+            gone = ModelTick(model="llm", ts=1.0, transitions=(), routing=frozenset(), quarantine={},
+                             statuses=(), forgotten=True)
+            assert await w.apply(gone), w.rejected
+        finally:
+            await writer_client.aclose()
+            await reader_client.aclose()
+    finally:
+        for n in nodes:
+            for user in users.values():
+                await n.execute_command("ACL", "DELUSER", user)
+            await n.aclose()
+
+
+async def test_a_single_redis_taken_for_a_cluster_is_named(redis_url: str) -> None:
+    s = settings_mod.load({"TAILGUARD_REDIS_CLUSTER": "true", "TAILGUARD_REDIS_URL": redis_url})
+    with pytest.raises(AccessRefused) as refused:
+        await check_redis(s)
+    assert refused.value.name == "TAILGUARD_REDIS_CLUSTER"
+    assert "TAILGUARD_REDIS_CLUSTER=false" in str(refused.value)
+
+
+async def test_k8s_sync_follows_the_routing_set_on_the_cluster(
+        cluster: Cluster, unique_name: Callable[[str], str], tmp_path: Path) -> None:
+    from k8s_harness import COND, SYNC_RULES, Admin, SyncProc, condition, control_plane, namespace, sync_env, until
+    from k8s_harness import MODEL as K8S_MODEL
+
+    prefix = unique_name("rc-k8s")
+    settings = settings_mod.load({"TAILGUARD_REDIS_CLUSTER": "true", "TAILGUARD_REDIS_URL": cluster.url,
+                                  "TAILGUARD_KEY_PREFIX": prefix})
+    keys = keys_for(settings)
+    client = connect_for(settings)
+    admin = Admin(control_plane())
+    pods = ["q0", "q1", "q2"]
+
+    async def conds(want: dict[str, str]) -> bool:
+        got = await admin.pods(ns)
+        return all(condition(got[p], COND) == s for p, s in want.items())
+    try:
+        async with namespace(admin) as ns, AsyncExitStack() as stack:
+            await admin.grant(ns, "tailguard-sync", SYNC_RULES, "tailguard-k8s-sync")
+            for p in pods:
+                await admin.create_pod(ns, p)
+            await write_routing(client, keys, K8S_MODEL, ["q0", "q2"], held_out=["q1"])
+            sync = SyncProc(sync_env(control_plane(), ns, cluster.url, prefix,
+                                     TAILGUARD_REDIS_CLUSTER="true"), tmp_path / "k8s-sync.log")
+            stack.callback(sync.stop)
+            await until(lambda: conds({"q0": "True", "q1": "False", "q2": "True"}), 60,
+                        "q1's condition False, the others True", sync.log)
+            await write_routing(client, keys, K8S_MODEL, pods)          # q1 back in routing
+            await until(lambda: conds(dict.fromkeys(pods, "True")), 30, "q1 True again", sync.log)
+            assert "Traceback" not in sync.log(), sync.log()
+    finally:
+        await client.delete(*keys.model_keys(K8S_MODEL), keys.models)
+        await client.aclose()
+        await admin.aclose()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping
+from functools import partial
 from typing import Any
 
 from tailguard.core.contract.config import DetectorSettings
@@ -44,6 +45,7 @@ from tailguard.core.judge.guards import eject_within_cap, error_storm, load_even
 from tailguard.core.judge.health import Judgement, PairState, Verdict
 from tailguard.core.judge.hist_own import OwnHist, fold
 from tailguard.core.judge.hist_rules import HIST_SIGNAL, HistJudge
+from tailguard.core.judge.hist_weights import targets as hist_targets
 from tailguard.core.judge.model_state import SNAPSHOT_VERSION, ModelState, check_version
 from tailguard.core.judge.peers import (
     PeerSet,
@@ -225,9 +227,10 @@ class FleetEvaluator:
             eject_within_cap(model, ms.pairs, candidates, now_s, st, transitions, diagnostics)
         wt = None
         if st.weights != "off":     # after the ejections: only the routed nodes have a weight
-            # Histogram pairs' P50s sit on bucket bounds: no weight from them (docs/rules.md).
+            # Histogram pairs: slow-downs estimated from the buckets, not from interpolated P50s.
             wt = weigh_model(model, ms.weights, peers, norms, ms.pairs.routing(), now_s, st,
-                             hold=load or live.telemetry_lost or hist is not None)
+                             hold=load or live.telemetry_lost,
+                             evidence_of=None if hist is None else partial(hist_targets, peers, st))
         ms.weights = NO_WEIGHTS if wt is None else wt.state
         return self._report(model, ms, by_node, now_s, transitions, fleet_events, diagnostics,
                             with_statuses, wt)

@@ -1,21 +1,21 @@
 """Liveness of a model's pairs: who is gone, who restarted, whether the telemetry is lost.
 
-Owns :class:`Liveness`, each pair's last sign of life (a sample or a heartbeat, event time),
-and :func:`step`, run once per tick before any rule:
+Owns :class:`Liveness` (each pair's last sign of life, event time) and :func:`step`, run
+once per tick before any rule:
 
-* restart — a pair whose summary shows a new ``instance`` or signs of life resuming after a
-  gap warms up again from then (``restarted``; see :func:`tailguard.core.judge.health.restart`),
-  as does a pair awaiting admission or a retired pair back as a new instance. When
+* restart — a routed pair whose summary shows a new ``instance`` or life resuming after a
+  gap warms up again (``restarted``; :func:`tailguard.core.judge.health.restart`), as does a
+  pair awaiting admission or a retired pair back as a new instance; when
   ``load_event_fraction`` of the live pairs resume together, or around a telemetry loss, only
-  instance changes count. After ``CRASHLOOP_RESTARTS`` restarts within
-  ``CRASHLOOP_WINDOW_S`` further restarts are not acted on (judged as usual);
-* gone — no sign of life for ``silent_after_s``: out of routing (``silent``), no ejection and
-  no peer; back through warm-up when it reports again (``returned``);
-* telemetry lost — at least ``telemetry_loss_fraction`` of the live, non-warming pairs
-  silent at once (with those one tick short of it, :func:`alongside_s`): nobody goes (fail
-  open), ``telemetry_lost`` opens an episode that ``telemetry_restored`` closes once fewer
-  than half that share are silent; a pair silent ``forget_after_s`` goes all the same;
-* forgotten — a gone pair silent for ``forget_after_s`` is dropped (``forgotten``).
+  instance changes count; after ``CRASHLOOP_RESTARTS`` within ``CRASHLOOP_WINDOW_S`` further
+  restarts are not acted on;
+* gone — no sign of life for ``silent_after_s``: out of routing (``silent``), no ejection, no
+  peer; back through warm-up when it reports again (``returned``; quarantined again if it was
+  out). Pairs never admitted go when silent whatever the others do;
+* telemetry lost — ``telemetry_loss_fraction`` of the live, non-warming pairs silent at once
+  (with those one tick short, :func:`alongside_s`): nobody goes (fail open), and
+  ``telemetry_lost`` opens an episode that ``telemetry_restored`` closes below half that
+  share; a pair silent ``forget_after_s`` goes all the same, then is dropped (``forgotten``).
 
 Pure: time is ``now_s``; the same inputs give the same transitions. Rationale: docs/rules.md.
 """

@@ -23,7 +23,7 @@ Guarantees:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence, Set
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -233,12 +233,15 @@ def guard(weights: Mapping[str, float], n_routed: int, share: float) -> dict[str
 
 def weigh_model(model: str, state: WeightState, peers: PeerSet, norms: Norms,
                 routed: Iterable[str], now_s: float, st: DetectorSettings,
-                *, hold: bool = False) -> WeightTick:
+                *, hold: bool = False,
+                evidence_of: Callable[[Set[str]], Mapping[str, WeightEvidence]] | None = None) -> WeightTick:
     """One tick of ``model``'s weights. ``routed``: the routing set after the tick (its nodes
     are the only ones with a weight); ``hold``: a load event or lost telemetry (no weight and
-    no confirmation moves)."""
+    no confirmation moves); ``evidence_of``: the targets (given the nodes with a weight state)
+    when they are not the P50s' (histogram pairs: :mod:`tailguard.core.judge.hist_weights`)."""
     routed_set = routed if isinstance(routed, frozenset | set) else frozenset(routed)
-    evidence = {} if hold else targets(peers, norms, st, state.nodes.keys())
+    evidence = ({} if hold else targets(peers, norms, st, state.nodes.keys()) if evidence_of is None
+                else evidence_of(state.nodes.keys()))
     nodes: dict[str, NodeWeight] = {}
     for node, nw in state.nodes.items():
         if node in routed_set:

@@ -47,6 +47,7 @@ from tailguard.core.window.rings import (
     SeriesRecord,
     Slab,
 )
+from tailguard.core.window.signals import ModelChoice
 from tailguard.core.window.summarize import summarize
 
 __all__ = ["FRESH_TAIL_MAX_SAMPLES", "POOL_SAMPLES_PER_SERIES", "RESTART_CONFIRM_SIGNS", "SNAPSHOT_VERSION",
@@ -345,22 +346,21 @@ class WindowStore:
 
     def summaries(self, now_s: float,
                   judge_since: Mapping[SeriesKey, float] | None = None,
-                  *, out_of_fit: Collection[SeriesKey] = (),
-                  digests: bool = False,
-                  tail_refs: Mapping[str, float] | None = None) -> list[WindowSummary]:
+                  *, out_of_fit: Collection[SeriesKey] = (), digests: bool = False,
+                  tail_refs: Mapping[str, float] | None = None,
+                  choices: Mapping[str, ModelChoice] | None = None, evidence: bool = False) -> list[WindowSummary]:
         """One summary per known series at event time ``now_s`` (see :mod:`tailguard.core.window.summarize`).
 
-        ``judge_since``: ``{key: since_ts}`` cut-offs of judged samples;
-        ``out_of_fit``: series left out of the fleet-wide ``normalized`` fit.
-
-        ``digests=True`` adds ``extra["digest"]``: a t-digest dict of the judged
-        raw latency, mergeable across nodes (opt-in: it costs more than the rest).
+        ``judge_since``: ``{key: since_ts}`` cut-offs of judged samples; ``out_of_fit``: series
+        left out of the fleet-wide ``normalized`` fit. ``digests=True`` adds ``extra["digest"]``: a
+        t-digest dict of the judged raw latency, mergeable across nodes (opt-in: it costs more).
         ``tail_refs``: ``{model: threshold}`` in the model's signal units; series with at most
-        ``FRESH_TAIL_MAX_SAMPLES`` fresh samples get ``fresh_over`` counted against it.
+        ``FRESH_TAIL_MAX_SAMPLES`` fresh samples get ``fresh_over`` counted against it. ``choices``,
+        ``evidence``: stage 2's signal per model and what it makes them from (``summarize``).
         """
         out = summarize(self._slabs(), self._series, self._model_names, self.settings, now_s,
-                        judge_since=judge_since, out_of_fit=out_of_fit, digests=digests,
-                        tail_refs=tail_refs, pause=self.pause_collector)
+                        judge_since=judge_since, out_of_fit=out_of_fit, digests=digests, tail_refs=tail_refs,
+                        choices=choices, evidence=evidence, pause=self.pause_collector)
         hists = self._hists
         for i, sm in enumerate(out):
             key = (sm.node_id, sm.model)
