@@ -290,10 +290,9 @@ class WindowStore:
             inp = None if inp is None else inp[ok]
             out = None if out is None else out[ok]
             ttft = None if ttft is None else ttft[ok]
-            n = int(ts.shape[0])
-            if n == 0:
+            if ts.shape[0] == 0:
                 return
-            t_lo, t_hi = float(ts.min()), float(ts.max())
+            n, t_lo, t_hi = int(ts.shape[0]), float(ts.min()), float(ts.max())
         signed = np.where(batch.probe if ok.all() else batch.probe[ok], -lat, lat)
         sized = inp is not None or out is not None or ttft is not None
         ch = s.chunk
