@@ -20,6 +20,8 @@ alternative, the ratio against it in the same run:
   (``WindowStore.model_pools``); the mergeable cluster digests
   (``WindowStore.model_digests``) against one digest per series
   (``summaries(digests=True)``);
+* the façade's memory per series in steady state: the ring slabs per sample slot and
+  everything else per series (tracemalloc), beside the binary wire's 16 B per sample;
 * memory of stage 2 per (node, model) pair (tracemalloc), and one model's state as the
   worker stores it (``stage2.pack_value``) against its plain JSON.
 """
