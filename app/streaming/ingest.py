@@ -58,9 +58,10 @@ LAG_INTERVAL_S = 2.0
 # How old the consumer's topic metadata may get: partitions added to latency-events are
 # consumed at most this long after they appear (aiokafka's default is 5 minutes).
 METADATA_MAX_AGE_MS = 10_000
-# Summaries are sent in slices of this many; those left when SEND_BUDGET_FRACTION of the tick
+# Summaries are sent in slices of this many (each slice a few summary batches, one message per
+# model and up to summary_batch.MAX_ROWS); those left when SEND_BUDGET_FRACTION of the tick
 # interval has passed since the tick began are dropped (counted): the next tick stays on time.
-SEND_SLICE = 250
+SEND_SLICE = 20_000
 SEND_BUDGET_FRACTION = 0.5
 # How long the salvage of an undecodable record waits for one partition's fetch.
 SALVAGE_FETCH_MS = 1000
@@ -468,6 +469,7 @@ class IngestService(Service):
                         " (a flood of new node ids, or more series than one worker can send"
                         " per tick: add workers or raise TAILGUARD_TICK_INTERVAL_S)", sent,
                         len(summaries), 100 * SEND_BUDGET_FRACTION, late)
+        self.metrics.stage1_tick_seconds.observe(time.monotonic() - t0)
         return sent
 
     @Service.task

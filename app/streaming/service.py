@@ -60,6 +60,7 @@ from tailguard.streaming.publisher import Publisher
 from tailguard.streaming.replace import ReplaceHook, build_hook
 from tailguard.streaming.stage1 import Stage1
 from tailguard.streaming.stage2 import Stage2, StageHints, decode_hints, state_key
+from tailguard.streaming.summary_batch import SummaryBatch, encode_by_model
 from tailguard.streaming.ticker import (
     Assignment,
     OperatorSource,
@@ -74,7 +75,6 @@ from tailguard.streaming.wire import (
     dumps,
     encode_cluster,
     encode_diagnostics,
-    encode_summary,
 )
 
 log = logging.getLogger(__name__)
@@ -151,7 +151,12 @@ class _FaustSink:
         await asyncio.gather(*futs)
 
     async def send_summaries(self, summaries: Sequence[WindowSummary]) -> None:
-        await self._to_stage2(summaries, encode_summary)
+        """As summary batches (:mod:`tailguard.streaming.summary_batch`): a few messages per
+        model, not one per series (one message each topped out near 3,500 summaries/s)."""
+        await self.track()
+        futs = [await self.stats.send(key=state_key(model), value=raw)
+                for model, raw in encode_by_model(summaries)]
+        await asyncio.gather(*futs)
 
     async def send_cluster(self, digests: Sequence[ClusterDigest]) -> None:
         await self._to_stage2(digests, encode_cluster)
@@ -427,11 +432,16 @@ def _stage2_agent(app: Any, stats: Any, stage2: Stage2, metrics: WorkerMetrics, 
                     metrics.bad_events.labels(topic=topic, reason=e.reason).inc()
                     log.warning("dropping bad stage-2 message (%s): %s", e.reason, e)
                     continue
-                if isinstance(msg, DiagnosticsResult):
+                if isinstance(msg, SummaryBatch):
+                    metrics.summaries_in.inc(len(msg.summaries))
+                    for s in msg.summaries:
+                        stage2.on_summary(s)
+                elif isinstance(msg, DiagnosticsResult):
                     stage2.on_diagnostics(msg)
                 elif isinstance(msg, ClusterDigest):
                     stage2.on_cluster(msg)
                 else:
+                    metrics.summaries_in.inc()
                     stage2.on_summary(msg)
 
 

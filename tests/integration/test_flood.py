@@ -34,9 +34,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from worker_harness import Feeder, Worker, WorkerEnv, free_port, read_topic, routing
 
 from tailguard.core.contract.types import WindowSummary
-from tailguard.streaming.wire import decode_stage2
+from tailguard.streaming.summary_batch import SummaryBatch
+from tailguard.streaming.wire import Stage2Message, decode_stage2
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+# serial: RSS before/after and a summary at every tick, under a 200,000-id flood: not beside other tests.
+pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.timeout(240)]
 
 MODEL = "llama"
 REAL = [f"real-{i}" for i in range(6)]
@@ -62,6 +64,13 @@ def metric(port: int, name: str, **labels: str) -> float:
             if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
                 return float(s.value)
     return 0.0
+
+
+def summaries_of(msg: Stage2Message) -> tuple[WindowSummary, ...]:
+    """The window summaries in one node-window-stats message (a batch holds many)."""
+    if isinstance(msg, SummaryBatch):
+        return msg.summaries
+    return (msg,) if isinstance(msg, WindowSummary) else ()
 
 
 def flood_file(path: Path, n: int) -> Path:
@@ -146,8 +155,8 @@ async def test_a_flood_of_new_ids_does_not_blind_detection_and_memory_comes_back
         worker.stop()
         await r.aclose()
 
-    summaries = [m for rec in await read_topic(kafka_bootstrap, env.topic("window_stats"), 60)
-                 if isinstance(m := decode_stage2(rec.value), WindowSummary)]
+    summaries = [s for rec in await read_topic(kafka_bootstrap, env.topic("window_stats"), 60)
+                 for s in summaries_of(decode_stage2(rec.value))]
     flood_seen = {s.node_id for s in summaries if s.node_id.startswith("flood-")}
     report = (f"flood of {FLOOD_IDS} ids produced in {produced_s:.1f} s; slow node out "
               f"{t_out - t_flood:.1f} s after; {len(flood_seen)} flood ids summarized, {dropped:.0f}"

@@ -24,7 +24,8 @@ import redis.asyncio as aioredis
 from test_flood import metric, rss_mb
 from worker_harness import Feeder, Worker, WorkerEnv, free_port, routing
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+# serial: RSS before/after within 10 %, and detection timed, under a flood: not beside other tests.
+pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.timeout(240)]
 
 MODEL = "llama"
 REAL = [f"real-{i}" for i in range(6)]
