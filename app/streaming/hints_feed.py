@@ -9,18 +9,19 @@ signal of its own. :class:`HintsFeed` reads the changelog topic itself — its o
 group, every partition from the start — and keeps each key's newest value (a tombstone
 deletes it).
 
-Guarantees: :meth:`HintsFeed.items` is the changelog's newest value of every model once the
-feed has read the topic to its end offsets at the start (it holds every owner's writes in
-order), the worker's own table overlaid with what was read until then; a value that does not
-decode is logged once per key and skipped, never stops the feed; the consumer stops with the
-service.
+Guarantees: once the feed has read the topic to its end offsets at the start,
+:meth:`HintsFeed.items` is the changelog's newest value of every model (it holds every owner's
+writes in order) but those this worker's stage 2 writes (its own table's: they are there before
+they come back from the broker); before, the table overlaid with what was read. A value that
+does not decode is logged once per key and skipped, never stops the feed; the consumer stops
+with the service.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import Any
 
 import orjson
@@ -46,13 +47,19 @@ class HintsFeed(Service):
         self._bad_keys: set[bytes] = set()
         self._consumer: AIOKafkaConsumer | None = None
 
-    def items(self, table: Iterable[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
+    def items(self, table: Iterable[tuple[Any, Any]], own: Collection[str] = ()) -> list[tuple[Any, Any]]:
         """Every model's hints: the changelog's once the feed has read it to where it ended at
-        the start; until then ``table``'s ``(key, value)`` pairs overlaid with what was read."""
+        the start, except the models of ``own`` (this worker's stage 2 writes them: its
+        ``table`` has them before they come back from the broker); until then ``table``'s
+        ``(key, value)`` pairs overlaid with what was read."""
+        rows = [(k if isinstance(k, bytes) else str(k).encode(), v) for k, v in table]
         if self.caught_up:
-            return list(self.values.items())
-        merged: dict[Any, Any] = {k if isinstance(k, bytes) else str(k).encode(): v for k, v in table}
-        merged.update(self.values)
+            mine = {m.encode() for m in own}
+            merged = dict(self.values)
+            merged.update((k, v) for k, v in rows if k in mine)
+        else:
+            merged = dict(rows)
+            merged.update(self.values)
         return list(merged.items())
 
     def apply(self, key: bytes | None, raw: bytes | None) -> None:

@@ -231,7 +231,7 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
 
     def hints() -> StageHints:
         table = list(t.hints_table.items())
-        return decode_hints(feeds[-1].items(table) if feeds else table)
+        return decode_hints(feeds[-1].items(table, stage2.hinted_models()) if feeds else table)
 
     class _Ingest(IngestService):
         def __init__(self, **kwargs: Any) -> None:

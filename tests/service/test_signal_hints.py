@@ -103,3 +103,5 @@ def test_the_hints_feed_gives_the_changelog_s_hints_over_the_worker_s_table(capl
     feed.caught_up = True
     got = decode_hints(feed.items(mine))
     assert got.tail_refs == {"old": 3.0} and set(got.signals) == {"llm"}
+    # A model this worker's stage 2 writes: its own table's value, before the broker echoes it.
+    assert decode_hints(feed.items(mine, own={"old"})).tail_refs == {"old": 1.0}
