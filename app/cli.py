@@ -34,6 +34,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "release": ("tailguard.routing.operators_cli:release_main", "end a node's drain or pin"),
     "mode": ("tailguard.routing.operators_cli:mode_main", "show or set observe/enforce mode"),
     "explain": ("tailguard.routing.explain", "why a node is where it is: its last ticks' rules"),
+    "keys": ("tailguard.routing.migrate", "copy the routing keys to the hash-tagged (Redis Cluster) names"),
     "k8s-sync": ("tailguard.k8s.cli", "keep a pod readiness gate in step with the routing sets (Kubernetes)"),
 }
 

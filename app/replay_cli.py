@@ -5,26 +5,17 @@ Usage::
     tailguard replay [--set KEY=VALUE]... [--summary] [--progress] [--format auto|events|capture]
                      [--node-label L] [--hardware-label L] [--model-label L] [--profile P] FILE|-
 
-This module owns what the pure core may not touch: argparse, opening the
-file (or standard input; a gzip-compressed trace is decompressed on the fly),
-stdout and stderr. What is replayed and how ticks fall in event time is
-:mod:`tailguard.core.replay.replay`'s; its output lines go to stdout unchanged. The input is JSON lines of
-latency events (any form of the contract, histogram events included) or captured scrapes:
-Prometheus text with a node label and a millisecond timestamp on every sample (``/federate``
-output taken repeatedly), turned into histogram events by
-:func:`tailguard.scrape.convert.events_from_capture`; ``--format auto`` (the default) tells them
-apart by the first line that is not blank (``{`` or a binary batch: events; else a capture).
+Owns what the pure core may not touch: argparse, the file (or standard input; gzip is
+decompressed on the fly), stdout and stderr. The input is JSON lines of latency events (any
+form of the contract) or captured scrapes (``/federate`` text with a node label and a
+timestamp on every sample), turned into histogram events by
+:func:`tailguard.scrape.convert.events_from_capture`; ``--format auto`` tells them apart by the
+first line that is not blank. The replay's output lines go to stdout unchanged.
 
-stderr: a one-line summary (events, ticks, transitions, bad lines by reason
-with the line numbers of the first few) is printed at the end; ``--summary``
-adds a per-(node, model) table and one line per model with its cluster-wide
-raw-latency P50/P99 at the last tick (``model M: cluster P50 … ms, P99 … ms
-(t-digest over N nodes)``, from ``Detector.fleet_digests``); ``--progress``
-(default: when stderr is a terminal) prints a line every
-``PROGRESS_EVERY_LINES`` lines.
-
-Exit codes: 0 — replayed (bad lines do not change it); 1 — the file cannot
-be opened or read, or a capture cannot be converted (the message names it and the block); 2 —
+Guarantees: stderr gets a one-line summary at the end (``--summary`` adds a per-pair table and
+each model's cluster P50/P99; ``--progress`` a line every ``PROGRESS_EVERY_LINES`` lines; in
+full: docs/replay.md). Exit codes: 0 — replayed (bad lines do not change it); 1 — the file
+cannot be read, or a capture cannot be converted (the message names it and the block); 2 —
 bad command line or a bad ``--set`` (the message names the setting and what is allowed).
 """
 

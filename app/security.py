@@ -1,28 +1,22 @@
 """Kafka and Redis security: the one place that turns settings into client options.
 
-Every Kafka and Redis client of the package gets its security options here (the Kafka
-part is :mod:`tailguard.kafka_security`'s, which the diagnostics agent uses too),
-from the ``TAILGUARD_KAFKA_*`` / ``TAILGUARD_REDIS_*`` settings
-(:class:`tailguard.settings.Settings`):
+Every Kafka and Redis client of the package gets its security options here (the Kafka part
+is :mod:`tailguard.kafka_security`'s, which the diagnostics agent uses too), from the
+``TAILGUARD_KAFKA_*`` / ``TAILGUARD_REDIS_*`` settings:
 
-* :func:`kafka_client_options` — keyword arguments for aiokafka's producer,
-  consumer and admin client (and ``aiokafka.conn.create_conn``):
-  ``security_protocol``, ``sasl_*``, ``ssl_context``;
-* :func:`faust_broker_credentials` — the same for faust's ``broker_credentials``
-  (``faust.SASLCredentials`` / ``faust.SSLCredentials``);
-* :func:`redis_client_options` — ``username``, ``password`` and the ``ssl_*``
-  arguments of ``redis.asyncio.Redis.from_url`` (TLS with ``rediss://``).
+* :func:`kafka_client_options` — keyword arguments for aiokafka's producer, consumer and
+  admin client (and ``aiokafka.conn.create_conn``): ``security_protocol``, ``sasl_*``,
+  ``ssl_context``;
+* :func:`faust_broker_credentials` — the same as faust's ``broker_credentials``;
+* :func:`redis_client_options` — ``username``, ``password`` and the ``ssl_*`` arguments of
+  ``redis.asyncio.Redis.from_url`` (TLS with ``rediss://``).
 
 Guarantees: a TLS file that is missing or not PEM raises
 :class:`~tailguard.core.contract.config.SettingError` naming the setting, before any
-connection. :func:`check_kafka` (and, for Redis,
-:func:`tailguard.routing.client.check_redis`, which builds on this module) connect once, within a
-timeout, and turn a refused login or an untrusted certificate into
-:class:`AccessRefused` — a ``SettingError`` whose one-line message names the
-setting to fix (the ``tailguard`` command prints it, exit 2), and so does any other
-refusal of the connection (``DB index is out of range``: TAILGUARD_REDIS_URL). An unreachable
-server is not their business: they return, and the caller's own retry or
-error applies. No function here logs, prints or puts a secret into a message.
+connection. :func:`check_kafka` (and :func:`tailguard.routing.client.check_redis`) connect
+once, within a timeout, and turn any refusal (a login, an untrusted certificate, ``DB index is
+out of range``) into :class:`AccessRefused`, a ``SettingError`` naming the setting to fix; an
+unreachable server is the caller's business. Nothing here logs, prints or shows a secret.
 """
 
 from __future__ import annotations

@@ -126,6 +126,9 @@ class Settings:
     # redis_sentinel_master (TAILGUARD_REDIS_URL then gives only the db and credentials).
     redis_sentinels: str = ""                    # host:port[,host:port…] of the sentinels
     redis_sentinel_master: str = "tailguard"     # the primary's name in the sentinels' config
+    # Redis Cluster: TAILGUARD_REDIS_URL names one node; keys in the hash-tagged layout.
+    redis_cluster: bool = False
+    key_layout: str = "auto"     # plain | tagged (P:{<model>}:routing …) | auto: tagged on a cluster
     # The replace hook (tailguard.streaming.replace): one action per retired (node, model).
     replace_command: str = ""         # run with /bin/sh -c; node, model, reason in its environment
     # or: POST the retirement as JSON here (a secret: webhook URLs carry tokens)
@@ -230,6 +233,7 @@ class Settings:
         if self.redis_sentinels and not self.redis_sentinel_master.strip():
             raise SettingError("TAILGUARD_REDIS_SENTINEL_MASTER", self.redis_sentinel_master,
                                "the name the sentinels monitor the primary under (SENTINEL MONITOR <name> …)")
+        _check_cluster(self)
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):
             raise SettingError("TAILGUARD_LOG_LEVEL", self.log_level, "debug, info, warning or error")
         _check_replace(self)
@@ -264,6 +268,11 @@ class Settings:
             self.kafka_security_protocol, self.kafka_sasl_mechanism, self.kafka_sasl_username,
             self.kafka_sasl_password.reveal(), self.kafka_ssl_cafile, self.kafka_ssl_certfile,
             self.kafka_ssl_keyfile, self.kafka_ssl_key_password.reveal(), self.kafka_ssl_check_hostname)
+
+    @property
+    def tagged_keys(self) -> bool:
+        """The hash-tagged key layout (TAILGUARD_KEY_LAYOUT; ``auto``: on a Redis Cluster)."""
+        return self.key_layout == "tagged" or (self.key_layout == "auto" and self.redis_cluster)
 
     @property
     def allowlist_on(self) -> bool:
@@ -310,6 +319,23 @@ def _check_replace(s: Settings) -> None:
                                f"names of variables that hold no tailguard secret (not {n})")
 
 
+def _check_cluster(s: Settings) -> None:
+    if s.key_layout not in ("auto", "plain", "tagged"):
+        raise SettingError("TAILGUARD_KEY_LAYOUT", s.key_layout,
+                           "auto (tagged on a Redis Cluster, plain otherwise), plain or tagged")
+    if s.redis_cluster and s.key_layout == "plain":
+        raise SettingError("TAILGUARD_KEY_LAYOUT", s.key_layout, "tagged or auto with "
+                           "TAILGUARD_REDIS_CLUSTER=true: a model's keys must share a hash slot")
+    u = urlparse(s.redis_url)
+    if s.redis_cluster and (u.scheme == "unix" or u.path.strip("/") not in ("", "0")
+                            or parse_qs(u.query).get("db", ["0"]) != ["0"]):
+        raise SettingError("TAILGUARD_REDIS_URL", redact_url(s.redis_url), "redis://host:port/0 of "
+                           "one cluster node with TAILGUARD_REDIS_CLUSTER=true (a cluster has db 0 only)")
+    if s.redis_cluster and s.redis_sentinels:
+        raise SettingError("TAILGUARD_REDIS_CLUSTER", "true", "false while TAILGUARD_REDIS_SENTINELS "
+                           "is set (a Redis Cluster fails over by itself, without sentinels)")
+
+
 def secret_values(s: Settings) -> list[str]:
     """Every secret's value (and the password in ``TAILGUARD_REDIS_URL``): what must never
     appear in a log or a message (``tailguard.redact.Redactor`` masks them). For the webhook URL,
@@ -350,6 +376,7 @@ SECRETS = tuple(n for n, f in _SERVICE.items() if f.type in ("Secret", Secret))
 SCRIPT_ONLY = tuple(PREFIX + n for n in (
     "CACHE", "RUN", "VENV", "PYTHON", "SKIP_STACK", "KAFKA_PORT", "KAFKA_CONTROLLER_PORT",
     "KAFKA_SASL_SSL_PORT", "KAFKA_BROKERS", "REDIS_PORT", "REDIS_TLS_PORT", "REDIS_HA_PORT",
+    "REDIS_CLUSTER_PORT", "TEST_WORKERS",
     # scripts/k8s (the test control plane)
     "K8S_API_PORT", "K8S_ETCD_PORT", "K8S_KCM_PORT", "K8S_KWOK_PORT"))
 

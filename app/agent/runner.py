@@ -1,36 +1,20 @@
 """The agent's Kafka loop: requests in, one result per request out.
 
-Requests (``node-diagnostics-requests``, written by the worker, key = node id)::
+Owns the consumer of ``node-diagnostics-requests`` (written by the worker, key = node id:
+``{"request_id", "ts", "node_id", "model", "reason", "collect": [...]}``, optionally
+``peer_gemm_tflops``) and the producer of ``node-diagnostics-results`` (key = node id): the
+worker's contract (``node_id``, ``model``, ``recoverable``, ``ts``) plus additive fields
+(``request_id``, ``verdict``, ``reasons``, ``evidence``, ``checks``, ``gpus``, ``agent``,
+``duration_s``). The consumer group is one per agent (``tailguard-agent-<node ids>``),
+filtering by ``node_id`` (why: docs/diagnostics.md, "Consumer group").
 
-    {"request_id", "ts", "node_id", "model", "reason", "collect": [...]}
-    optional, additive: "peer_gemm_tflops" — the GEMM figure of the node's peers
-
-Results (``node-diagnostics-results``, key = node id) — the worker's contract
-(``node_id``, ``model``, ``recoverable``, ``ts``) plus additive fields it
-ignores: ``request_id``, ``verdict`` (``recoverable`` | ``not_recoverable`` |
-``inconclusive``), ``reasons``, ``evidence`` (findings with their class),
-``checks`` (each check's status, duration, note), ``gpus`` (nvidia-smi's
-rows), ``agent`` (host, version), ``duration_s``. ``recoverable`` is false
-only for ``not_recoverable``: an inconclusive node is probed as usual, never
-retired on no evidence.
-
-Consumer group: one per agent (``tailguard-agent-<node ids>``), filtering by
-``node_id``. Requests are keyed by node, but a partition holds many nodes'
-requests, so agents sharing one group would each miss the requests of the
-partitions they were not assigned; a group per agent sees every request (a
-handful per ejection: reading all of them costs nothing) and keeps its own
-committed offsets, so an agent that restarts answers what arrived while it
-was down. Requests older than ``max_request_age_s`` are not answered (a new
-group reads the topic from its start, and its history is not this agent's
-business); bad requests are logged and skipped.
-
-Guarantees: offsets are committed only after every result of the batch is
-acknowledged by the broker (at least once: a crash repeats a batch, and the
-worker applies a repeated result as a no-op); a result is published for
-every fresh request of this agent's nodes, whatever the checks do (each
-check is bounded by its timeout, the suite by their sum; a crash of the
-suite is an ``error`` outcome, so the verdict is inconclusive); requests of one node in one batch share
-one run of the suite.
+Guarantees: ``recoverable`` is false only for ``not_recoverable`` (an inconclusive node is
+probed as usual, never retired on no evidence); offsets are committed only after every result
+of the batch is acknowledged by the broker (at least once: the worker applies a repeated
+result as a no-op); a result is published for every fresh request of this agent's nodes,
+whatever the checks do (each check bounded by its timeout, the suite by their sum, a crash of
+the suite an ``error`` outcome); requests older than ``max_request_age_s`` are not answered,
+bad requests are logged and skipped; requests of one node in one batch share one run.
 """
 
 from __future__ import annotations

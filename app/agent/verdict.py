@@ -1,24 +1,20 @@
 """The verdict: check outcomes → ``recoverable`` / ``not_recoverable`` / ``inconclusive``.
 
-Pure and table-driven: :data:`KIND_CLASS` gives each finding kind its class,
-and :func:`decide` applies one precedence rule:
+Pure and table-driven: :data:`KIND_CLASS` gives each finding kind its class, and
+:func:`decide` applies one precedence rule:
 
-1. any finding of class ``not_recoverable`` (uncorrectable ECC, a fatal XID,
-   a lost or missing GPU, a degraded PCIe link, a failed row remap or a
-   pending page retirement, a DCGM hardware failure, a user check saying so)
-   → ``not_recoverable``: the node cannot heal by itself, retire it;
-2. else any finding of class ``recoverable`` (thermal or power throttling, a
-   hardware slowdown, a stray process holding GPU memory, a transient XID, a
-   user check saying so) → ``recoverable``: the cause passes or can be cleared,
-   keep probing;
-3. else ``inconclusive`` — no fault found, or the checks could not run (all
-   skipped or timed out). Evidence-only kinds (``gemm_slow``, ``clocks_low``,
-   ``xid_other``, …) and timeouts are reported but never decide.
+1. any finding of class ``not_recoverable`` (uncorrectable ECC, a fatal XID, a lost or
+   missing GPU, a degraded PCIe link, a failed row remap or a pending page retirement, a DCGM
+   hardware failure, a user check saying so) → ``not_recoverable``: retire the node;
+2. else any finding of class ``recoverable`` (thermal or power throttling, a hardware
+   slowdown, a stray process holding GPU memory, a transient XID, a user check saying so)
+   → ``recoverable``: the cause passes or can be cleared, keep probing;
+3. else ``inconclusive`` — no fault found, or the checks could not run. Evidence-only kinds
+   (``gemm_slow``, ``clocks_low``, ``xid_other``, …) and timeouts never decide.
 
-An unknown kind counts as evidence only: a node is never retired on a
-finding the table does not know. ``reasons`` lists the deciding kinds (sorted,
-unique), or why nothing decided; ``evidence`` is every finding, deciding ones
-first.
+An unknown kind counts as evidence only: a node is never retired on a finding the table does
+not know. ``reasons`` lists the deciding kinds (sorted, unique), or why nothing decided;
+``evidence`` is every finding, deciding ones first.
 """
 
 from __future__ import annotations

@@ -1,25 +1,19 @@
 """The demos: a slow node drags the cluster's P99 up, tailguard takes it out, then lets it back in.
 
-``python -m tailguard.demo`` (or ``./scripts/demo``) runs the real system on
-127.0.0.1 against the Kafka and Redis that ``scripts/up`` started, as child
-processes of its own: ``tailguard worker`` with short ticks; ``tailguard
-simulate fleet``, 8 simulated inference nodes reporting every request through
-the emitter SDK, one of which (``gpu-node-05``) serves every request 3x
-slower for a while; ``tailguard proxy``, the reference load balancer; and
-``tailguard simulate load``, open-loop traffic through the proxy measuring
-the client-side cluster P99. Later a second node (``gpu-node-03``) slows
-down by 1.6x for good, below the ejection rules: tailguard weights it down
-(the graded phase). It shows each node's state live, then reports the
-cluster P99 in each phase and draws ``out/demo.png``.
+``python -m tailguard.demo`` (or ``./scripts/demo``) runs the real system on 127.0.0.1 against
+the Kafka and Redis of ``scripts/up``, as child processes: ``tailguard worker`` with short
+ticks, ``tailguard simulate fleet`` (8 nodes reporting through the emitter SDK; ``gpu-node-05``
+serves 3x slower for a while, later ``gpu-node-03`` 1.6x slower for good, which tailguard
+weights down), ``tailguard proxy`` and ``tailguard simulate load`` (open-loop traffic measuring
+the client-side cluster P99). It shows each node's state live, then reports the cluster P99
+in each phase and draws ``out/demo.png``.
 
 Modules, one job each: :mod:`~tailguard.demo.plan` (the timeline and settings),
 :mod:`~tailguard.demo.stack` (names, environment, child processes, cleanup),
-:mod:`~tailguard.demo.observe` (the live loop over Kafka, Redis and the load
-generator's output), :mod:`~tailguard.demo.story` (observations → phases, pure),
-:mod:`~tailguard.demo.render` (screen and report), :mod:`~tailguard.demo.plot` (PNG),
-``__main__`` (the command line). :mod:`~tailguard.demo.minimal` is the Kafka-free
-demo: the pure detector over generated events, routing sets in Redis
-(``python -m tailguard.demo.minimal``).
+:mod:`~tailguard.demo.observe` (the live loop over Kafka, Redis and the load generator),
+:mod:`~tailguard.demo.story` (observations → phases, pure), :mod:`~tailguard.demo.render`
+(screen and report), :mod:`~tailguard.demo.plot` (PNG), ``__main__`` (the command line).
+:mod:`~tailguard.demo.minimal` is the Kafka-free demo (``python -m tailguard.demo.minimal``).
 """
 
 from tailguard.demo.observe import HealthFeed, observe, run_story

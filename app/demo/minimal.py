@@ -2,23 +2,19 @@
 
 What it really does (nothing is staged):
 
-1. generates per-request latencies for 8 nodes serving one model
-   (lognormal, P50 180 ms), as batch-form latency events — the JSON the
-   emitter SDK puts on Kafka — and decodes them with :mod:`tailguard.core.contract.events`;
-2. feeds them to the pure detector (:class:`tailguard.core.replay.detector.Detector`) and
-   evaluates a tick every ``tick_interval_s`` of simulated time, printing each
-   node's state, P50, P99 and ratio; from ``--degrade-at-s`` one node serves
-   every request 3x slower;
+1. generates per-request latencies for 8 nodes serving one model (lognormal, P50 180 ms) as
+   batch-form latency events — the JSON the emitter SDK puts on Kafka — and decodes them
+   with :mod:`tailguard.core.contract.events`;
+2. feeds them to the pure detector (:class:`tailguard.core.replay.detector.Detector`),
+   evaluating a tick every ``tick_interval_s`` (5 s) of simulated time and printing each
+   node's state, P50, P99 and ratio; from ``--degrade-at-s`` one node is 3x slower;
 3. writes each tick's routing set to the real Redis with
-   :class:`tailguard.routing.writer.RoutingWriter` (the same atomic write the
-   worker does) and, at the end, reads the set back with a plain Redis client,
-   as a load balancer would, to show the node is gone.
+   :class:`tailguard.routing.writer.RoutingWriter` (the worker's atomic write) and at the end
+   reads it back with a plain Redis client, as a load balancer would.
 
-It uses short ticks (5 s of simulated time, not the default 30 s) and
-simulated time runs faster than the wall clock, so the story takes seconds.
-No Kafka here: the full demo (``python -m tailguard.demo``) runs the worker, a simulated fleet
-behind a load balancer, and real traffic. Exit status 0 when the slow node
-left the routing set, in the detector and in Redis; 1 otherwise.
+Simulated time runs faster than the wall clock, so the story takes seconds. No Kafka here
+(the full demo is ``python -m tailguard.demo``). Exit status 0 when the slow node left the
+routing set, in the detector and in Redis; 1 otherwise.
 """
 
 from __future__ import annotations

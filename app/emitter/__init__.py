@@ -9,22 +9,15 @@
         em.record("gpu-node-07", "llama-3-70b", latency_us=183_000, hardware="A100",
                   input_tokens=812, output_tokens=256, ttft_us=41_000)
 
-Modules: :mod:`~tailguard.emitter.emitter` (``LatencyEmitter``, asyncio),
-:mod:`~tailguard.emitter.sync` (``SyncEmitter``, any thread),
-:mod:`~tailguard.emitter.middleware` (ASGI request timing),
-:mod:`~tailguard.emitter.middleware_aiohttp` (aiohttp request timing; needs aiohttp),
-:mod:`~tailguard.emitter.wire` (the JSON on the wire),
-:mod:`~tailguard.emitter.buffer` (the bounded buffer), :mod:`~tailguard.emitter.kafka` (the
-producer), :mod:`~tailguard.emitter.options`, :mod:`~tailguard.emitter.stats`,
-:mod:`~tailguard.emitter.errors`.
-``record()`` never blocks the request path, memory stays bounded when Kafka is
-down (oldest samples dropped and counted), and every message follows the
-latency-event contract in ARCHITECTURE.md.
+Modules: ``emitter`` (``LatencyEmitter``, asyncio), ``sync`` (``SyncEmitter``, any thread),
+``middleware`` (ASGI request timing), ``middleware_aiohttp`` (needs aiohttp), ``wire`` (the
+bytes on the wire), ``buffer``, ``kafka`` (the producer), ``options``, ``stats``, ``errors``.
 
-Dependencies: aiokafka and orjson only (`pip install tailguard[emitter]`);
-this package imports neither ``tailguard.core`` nor ``tailguard.streaming``. The aiohttp
-names (``aiohttp_middleware``, ``AIOHTTP_INFO_KEY``) are imported on first
-use, so that a server without aiohttp can import the rest.
+Guarantees: ``record()`` never blocks the request path, memory stays bounded when Kafka is
+down (oldest samples dropped and counted), every message follows the latency-event contract.
+Dependencies: aiokafka and orjson only (``pip install tailguard[emitter]``); nothing from
+``tailguard.core`` or ``tailguard.streaming``; the aiohttp names (``aiohttp_middleware``,
+``AIOHTTP_INFO_KEY``) are imported on first use, so a server without aiohttp imports the rest.
 """
 
 from typing import TYPE_CHECKING

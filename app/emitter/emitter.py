@@ -1,24 +1,23 @@
 """``LatencyEmitter``: publish per-request latencies to Kafka without slowing requests.
 
-What it owns: a bounded in-memory buffer (:class:`~tailguard.emitter.buffer.SeriesBuffer`),
-one background asyncio task (the *flusher*) and one aiokafka producer (built by
+Owns a bounded in-memory buffer (:class:`~tailguard.emitter.buffer.SeriesBuffer`), one
+background asyncio task (the *flusher*) and one aiokafka producer (built by
 :mod:`tailguard.emitter.kafka`; options checked by :mod:`tailguard.emitter.options`, counters
 in :mod:`tailguard.emitter.stats`): the flusher's send, retry and back-off states only make
-sense together. Entry
-points: :meth:`LatencyEmitter.record`, :meth:`~LatencyEmitter.heartbeat`, ``start``/``stop``
-(or ``async with``). Options and each guarantee in full: docs/emitter.md.
+sense together. Entry points: :meth:`LatencyEmitter.record`, :meth:`~LatencyEmitter.heartbeat`,
+``start``/``stop`` (or ``async with``). Options and each guarantee in full: docs/emitter.md.
 
 Guarantees:
 
-* :meth:`LatencyEmitter.record` never awaits, never does I/O and never waits on Kafka; it
-  may be called from any thread (``ValueError`` only for programming errors).
-* Memory is bounded: at most ``max_buffered`` samples wait (the oldest are dropped and
-  counted when Kafka is slow or down) and ``max_in_flight`` messages are unacknowledged.
+* :meth:`LatencyEmitter.record` never awaits, never does I/O and never waits on Kafka; it may
+  be called from any thread (``ValueError`` only for programming errors).
+* Memory is bounded: at most ``max_buffered`` samples wait (the oldest dropped and counted)
+  and ``max_in_flight`` messages are unacknowledged.
 * A series is sent at ``max_batch`` samples or after ``linger_s`` (:mod:`tailguard.emitter.wire`).
-* Delivery is at least once within the buffer's bound (retriable errors re-buffer, with
-  back-off); Kafka down at start does not fail :meth:`start`.
-* Accounting: ``recorded == sent + dropped + buffered + in_flight`` whenever idle (tested).
-* Time (``clock``, ``monotonic``) and the producer (``producer_factory``) are injectable.
+* At least once within the buffer's bound (retriable errors re-buffer, with back-off); Kafka
+  down at start does not fail :meth:`start`.
+* ``recorded == sent + dropped + buffered + in_flight`` whenever idle (tested); time
+  (``clock``, ``monotonic``) and the producer (``producer_factory``) are injectable.
 """
 
 from __future__ import annotations

@@ -1,29 +1,22 @@
 """Request timing for web servers: a generic ASGI middleware, and what the aiohttp one shares.
 
-The aiohttp middleware is in :mod:`tailguard.emitter.middleware_aiohttp` (it needs
-aiohttp, which the emitter's install does not bring). Both time each HTTP
-request from the moment the middleware sees it until the handler (or ASGI
-app) has returned — for a streamed response, until its last chunk was
-handed to the server — and call ``emitter.record()``. Guarantees:
+The aiohttp middleware is :mod:`tailguard.emitter.middleware_aiohttp` (it needs aiohttp). Both
+time each HTTP request from the moment the middleware sees it until the handler (or ASGI app)
+has returned — for a streamed response, until its last chunk — and call ``emitter.record()``.
 
-* ``ok`` is ``is_ok(status)`` (default: status < 500); an exception from the
-  handler records ``ok=False`` and is re-raised; a cancelled request (client
-  gone) is not recorded.
-* The load balancer's probe header ``X-Tailguard-Probe: 1`` records
-  ``probe=True``.
-* ``model`` is a fixed string or a function of the request (aiohttp
-  ``Request``, ASGI ``scope``) returning the model name, or ``None`` to leave
-  the request unrecorded (health checks, metrics).
-* A handler can refine the record through the :class:`RequestInfo` the
-  middleware attaches to the request — ``request[AIOHTTP_INFO_KEY]`` in
-  aiohttp, ``request.state.tailguard`` in Starlette/FastAPI
-  (``scope["state"]["tailguard"]`` in plain ASGI): token counts, TTFT, the
-  model, ``ok``, or ``skip``.
-* Telemetry never breaks a request: a value the emitter rejects is logged
-  and the response goes out unchanged.
+Guarantees:
 
-This module imports nothing from FastAPI, Starlette or aiohttp, so an
-emitter-only install (`pip install tailguard[emitter]`) can use it.
+* ``ok`` is ``is_ok(status)`` (default: status < 500); an exception from the handler records
+  ``ok=False`` and is re-raised; a cancelled request (client gone) is not recorded.
+* The load balancer's probe header ``X-Tailguard-Probe: 1`` records ``probe=True``.
+* ``model`` is a fixed string or a function of the request (aiohttp ``Request``, ASGI
+  ``scope``) returning the model name, or ``None`` to leave the request unrecorded.
+* A handler refines the record through the :class:`RequestInfo` attached to the request
+  (``request[AIOHTTP_INFO_KEY]`` in aiohttp, ``request.state.tailguard`` in
+  Starlette/FastAPI, ``scope["state"]["tailguard"]`` in ASGI): tokens, TTFT, model, ``ok``,
+  ``skip``.
+* Telemetry never breaks a request: a value the emitter rejects is logged, the response goes
+  out unchanged. Nothing here imports FastAPI, Starlette or aiohttp.
 """
 
 from __future__ import annotations

@@ -1,33 +1,22 @@
 """What the emitter puts on the wire: Kafka key and value (binary or JSON) per message.
 
-Owns the mapping from buffered samples to the latency-event contract
-(ARCHITECTURE.md, "Latency event"); nothing else in :mod:`tailguard.emitter` knows
-the JSON layout. Guarantees:
+Owns the mapping from buffered samples to the latency-event contract (ARCHITECTURE.md,
+"Latency event"); nothing else in :mod:`tailguard.emitter` knows the layout. Guarantees:
 
 * Samples go out in the contract's batch form: by default its binary layout
-  (docs/contracts-binary.md: magic ``0xF5 'T' 'G'``, version 1, names, then
-  little-endian float64 columns; written here with the standard library, so
-  the emitter needs no numpy), or with ``fmt="json"``
-  ``{"node_id", "model", "hardware"?, "samples": [[ts, latency_us], …]}``.
-  The rest of this list describes the JSON; the binary form carries the same
-  values, a missing size field as NaN.
-  A sample that carries any request-size field is written
-  ``[ts, latency_us, input_tokens, output_tokens, ttft_us]`` with ``null``
-  for the fields it lacks; a batch may mix both shapes.
-* The batch form has no per-sample ``ok``/``probe``. Failed requests and
-  probe samples are sent as *separate batches* with batch-level
-  ``"ok": false`` and/or ``"probe": true`` (which
-  :func:`tailguard.core.contract.events.decode` applies to every sample of that batch). So
-  one flush of a series is up to four messages, one per (ok, probe) group;
-  the ordinary group (ok, not probe) carries no flag at all.
-* ``hardware`` is omitted when unknown (``None``), never sent as ``null``.
-* Heartbeats are ``{"type": "heartbeat", "node_id", "model", "hardware"?, "ts"}``.
-* Every message carries the emitter's ``instance`` (random per process start) when given.
-* The Kafka message key is ``node_id|model`` (UTF-8), so all messages of a
-  series land on one partition, in order.
-* Every message decodes with :func:`tailguard.core.contract.events.decode` (tested), as
-  long as the sample values came through :func:`sample_values` (the
-  emitter's ``record()`` calls it).
+  (docs/contracts-binary.md; written with the standard library, so no numpy), or with
+  ``fmt="json"`` ``{"node_id", "model", "hardware"?, "samples": [[ts, latency_us], …]}``, a
+  sample with any request-size field as ``[ts, latency_us, input_tokens, output_tokens,
+  ttft_us]`` (``null`` for what it lacks; the binary form: NaN).
+* Failed requests and probe samples go as *separate batches* with batch-level ``"ok": false``
+  and/or ``"probe": true``: one flush of a series is up to four messages, one per (ok, probe)
+  group; the ordinary group carries no flag.
+* ``hardware`` is omitted when unknown, never ``null``. Heartbeats are ``{"type":
+  "heartbeat", "node_id", "model", "hardware"?, "ts"}``. Every message carries the emitter's
+  ``instance`` (random per process start) when given.
+* The Kafka key is ``node_id|model`` (UTF-8): a series stays on one partition, in order.
+* Every message decodes with :func:`tailguard.core.contract.events.decode` (tested) when the
+  sample values came through :func:`sample_values` (``record()`` calls it).
 """
 
 from __future__ import annotations

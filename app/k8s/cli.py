@@ -100,7 +100,7 @@ async def _run(args: argparse.Namespace) -> int:
 
 async def _serve(args: argparse.Namespace, settings: Settings, namespace: str, rule: NodeIdRule,
                  client: Client) -> int:
-    from tailguard.routing.client import check_redis, connect_for
+    from tailguard.routing.client import check_redis, connect_for, keys_for
     from tailguard.routing.reader import RoutingTable
 
     prog = "tailguard k8s-sync"
@@ -131,7 +131,7 @@ async def _serve(args: argparse.Namespace, settings: Settings, namespace: str, r
     redis = connect_for(settings)
     runner = None
     try:
-        async with RoutingTable(redis, settings.key_prefix, poll_interval_s=args.poll_interval_s,
+        async with RoutingTable(redis, keys_for(settings), poll_interval_s=args.poll_interval_s,
                                 on_change=lambda _e: wake.set()) as table:
             sync = K8sSync(client, pods, table, settings.k8s_condition,
                            max_ejected_fraction=settings.detector.max_ejected_fraction, leadership=leadership,

@@ -1,24 +1,21 @@
 """Pure: which value each gated pod's condition should have, given the routing sets.
 
-Owns :class:`PodView` (what ``k8s-sync`` needs of a pod), :class:`NodeIdRule` (how a pod
-maps to a tailguard node id: its name, one of its labels, or ``<pod IP>:<port>``) and
-:func:`plan` (pods + each model's held-out set → the condition patches to send). No I/O, no
-clock: :mod:`tailguard.k8s.sync` feeds it and sends what it returns.
+Owns :class:`PodView` (what ``k8s-sync`` needs of a pod), :class:`NodeIdRule` (a pod's node
+id: its name, one of its labels, or ``<pod IP>:<port>``) and :func:`plan` (pods + each
+model's held-out set → the condition patches to send). No I/O, no clock:
+:mod:`tailguard.k8s.sync` feeds it and sends what it returns.
 
 Guarantees:
 
-* **Only gated pods.** A pod whose ``spec.readinessGates`` does not name the condition is
-  never touched; neither is a pod being deleted.
+* **Only gated pods.** A pod whose ``spec.readinessGates`` does not name the condition, or
+  that is being deleted, is never touched.
 * **True unless held out.** A pod is ``False`` only when its node id is in its model's
-  held-out set (ejected, quarantined, retired, gone, drained); every other gated pod is
-  ``True``, new pods and pods tailguard never heard of included (a pod must get traffic to
-  earn admission). A pod without the model label is ``True`` (nothing to judge it by).
-* **Unknown means unchanged.** A model whose routing was never read (Redis unreachable) gets
-  no patch at all.
-* **Within the guards.** Never more ``False`` pods per model than
-  ``floor(max_ejected_fraction × gated pods)`` and never all of them: past that, no pod is
-  newly set ``False`` (those already ``False`` and still held out stay so), and the plan says
-  why in :attr:`ModelPlan.capped`.
+  held-out set; every other gated pod is ``True``, new and unknown pods included (a pod must
+  get traffic to earn admission), and so is a pod without the model label.
+* **Unknown means unchanged.** A model whose routing was never read gets no patch at all.
+* **Within the guards.** Never more ``False`` pods per model than ``floor(max_ejected_fraction
+  × gated pods)`` and never all of them: past that no pod is newly set ``False`` (those
+  already ``False`` and still held out stay so), and :attr:`ModelPlan.capped` says why.
 * **Only changes.** A pod whose condition already has the wanted status is not patched.
 """
 

@@ -2,25 +2,21 @@
 
 Two integrations live here:
 
-* :mod:`tailguard.lb.proxy` — ``tailguard proxy``, a reference async HTTP reverse
-  proxy: smooth weighted round-robin over a model's routing set, a small share of probe
-  traffic to quarantined nodes, fallback to every known backend when the
-  routing set is unknown.
-* :mod:`tailguard.lb.haproxy` — ``tailguard haproxy-sync``, which mirrors each
-  model's routing set onto HAProxy servers through the Runtime API.
+* :mod:`tailguard.lb.proxy` — ``tailguard proxy``, a reference async HTTP reverse proxy:
+  smooth weighted round-robin over a model's routing set, a small share of probe traffic to
+  quarantined nodes, fallback to every known backend when the routing set is unknown.
+* :mod:`tailguard.lb.haproxy` — ``tailguard haproxy-sync``, which mirrors each model's routing
+  set onto HAProxy servers through the Runtime API.
 
-Both read routing state through :class:`RoutingSource`, a two-method Protocol
-that :class:`tailguard.routing.reader.RoutingTable` satisfies; tests pass a fake.
-The selection and diffing logic (:mod:`tailguard.lb.balance`,
-:mod:`tailguard.lb.haproxy_plan`) does no I/O and reads no clock.
+Both read routing state through :class:`RoutingSource`, a two-method Protocol that
+:class:`tailguard.routing.reader.RoutingTable` satisfies; tests pass a fake. The selection and
+diffing logic (:mod:`tailguard.lb.balance`, :mod:`tailguard.lb.haproxy_plan`) does no I/O and
+reads no clock.
 
-Exceptions::
-
-    LbError                 base of what this package raises on purpose
-    ├── BackendsError       the --backends / --server-map / --backend-map input is malformed
-    └── RuntimeApiError     HAProxy's Runtime API refused a command or cannot be reached
-
-Bad arguments to functions raise the built-in ``ValueError``.
+Exceptions: :class:`LbError`, the base of what this package raises on purpose;
+:class:`BackendsError`, the ``--backends`` / ``--server-map`` / ``--backend-map`` input is
+malformed; :class:`RuntimeApiError`, HAProxy's Runtime API refused a command or cannot be
+reached. Bad arguments to functions raise the built-in ``ValueError``.
 """
 
 from __future__ import annotations

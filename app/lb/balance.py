@@ -1,34 +1,23 @@
 """Which node gets the next request: (weighted) round-robin over the backends not held out, probes, fallback.
 
-Pure and synchronous: no I/O, no clock (``now_s`` is a parameter), no
-randomness. One :class:`Balancer` per proxy process, used from one event loop.
+Pure and synchronous: no I/O, no clock (``now_s`` is a parameter), no randomness; one
+:class:`Balancer` per proxy process, one event loop. In full: docs/lb.md. Guarantees:
 
-Guarantees:
-
-* **Never a held-out node.** While tailguard knows the model (a routing set or a
-  held-out set), :meth:`Balancer.pick` returns only known backends that are not
-  in ``held_out`` (the nodes tailguard took out: ejected, quarantined, retired,
-  gone, drained), in strict rotation (each of *k* such nodes gets exactly one of
-  every *k* consecutive picks while the sets are unchanged). That is the routed
-  nodes and the backends tailguard has not judged yet: a new node gets its share
-  of traffic, which is the evidence that admits it to the routing set.
-* **Weights.** Given the model's routing weights (node → (0, 1], absent = 1.0), the
-  rotation is nginx's smooth weighted round-robin (:class:`tailguard.routing.weighted.SmoothWeighted`):
-  over any cycle of ``sum(units)`` picks each candidate gets exactly its units, spread out.
-  While every candidate weighs 1.0 the pick is the plain rotation above, unchanged: the same
-  node sequence as without weights. A change of candidates or weights starts a new cycle.
-* **Fallback, never refusal.** When the model is unknown (no routing set and
-  nothing held out: "not written yet", or "Redis unreachable before anything was
-  cached"), or every known backend is held out, ``pick`` rotates over *every*
-  known backend and marks the pick ``fallback=True``. A load balancer must not
-  refuse traffic because tailguard is down.
-* **Probe share.** :meth:`Balancer.probe_due` is true for exactly
-  ``floor(n × probe_share)`` of a model's first *n* requests, evenly spread
-  (a deterministic credit counter, not a coin flip). :meth:`Balancer.pick_probe`
-  then rotates over the model's quarantined nodes whose probe time has come,
-  that have a known address and are not routed; ``None`` if there are none (the
-  request then goes to a routed node and the probe slot is not carried over).
-* **Retry elsewhere.** ``exclude`` removes nodes that already failed this request.
+* **Never a held-out node.** While tailguard knows the model, :meth:`Balancer.pick` returns
+  only known backends not in ``held_out`` (ejected, quarantined, retired, gone, drained):
+  the routed nodes and those not judged yet (a new node's traffic is what admits it), each of
+  *k* getting one of every *k* consecutive picks while the sets are unchanged.
+* **Weights.** With routing weights (node → (0, 1], absent = 1.0) the rotation is smooth
+  weighted round-robin (:class:`tailguard.routing.weighted.SmoothWeighted`): each candidate
+  gets exactly its units in any cycle of ``sum(units)`` picks, spread out; a change of
+  candidates or weights starts a new cycle; all at 1.0 is the plain rotation, unchanged.
+* **Fallback, never refusal.** The model unknown (nothing written yet, or Redis unreachable
+  before anything was cached) or every known backend held out: ``pick`` rotates over *every*
+  known backend, ``fallback=True``. ``exclude`` removes nodes that failed this request.
+* **Probe share.** :meth:`Balancer.probe_due` is true for exactly ``floor(n × probe_share)``
+  of a model's first *n* requests, evenly spread (a credit counter); :meth:`Balancer.pick_probe`
+  rotates over the quarantined, unrouted nodes with an address whose probe time has come
+  (``None`` if none: the request goes to a routed node, the slot is not carried over).
 """
 
 from __future__ import annotations

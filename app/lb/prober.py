@@ -1,30 +1,21 @@
 """``tailguard probe`` — synthetic probes for quarantined nodes that a load balancer sends nothing.
 
-Behind HAProxy (``tailguard haproxy-sync`` puts a quarantined node in
-``maint``) or any load balancer without probe traffic, a quarantined node gets
-no requests, so it can never show that it recovered. This command sends it a
-little synthetic traffic: every ``1 / rate_per_node`` seconds it reads each
-model's quarantine through a :class:`~tailguard.lb.RoutingSource` and sends every
-node whose probe time has come one request (``--method``, ``--path``,
-``--body`` with ``{model}`` replaced by the model), marked
-``X-Tailguard-Probe: 1``. The node's emitter records it as ``probe: true``
-(as the simulator's nodes and the README's server examples do), and tailguard
-judges the probe round on those samples.
+Behind HAProxy (``haproxy-sync`` puts a quarantined node in ``maint``) or any load balancer
+without probe traffic, a quarantined node gets no requests and can never show that it
+recovered. Every ``1 / rate_per_node`` seconds this command reads each model's quarantine
+through a :class:`~tailguard.lb.RoutingSource` and sends every node whose probe time has come
+one request (``--method``, ``--path``, ``--body`` with ``{model}`` replaced), marked
+``X-Tailguard-Probe: 1``, which the node's emitter records as ``probe: true``.
 
 Guarantees:
 
-* Only quarantined nodes whose probe time has passed, and that have an
-  address in ``--backends``, are probed; a routed node never gets a request
-  from here.
-* Nodes are probed concurrently, one request in flight per node and round;
-  every request has a timeout (``timeout_s``), so one hung node delays no
-  other.
-* With ``report_failure`` (``--report-failures``) a probe the node never
-  answered (refused, reset, timed out) is reported as an ``ok: false``,
-  ``probe: true`` event for it, as ``tailguard proxy`` does: a node that is
-  still dead fails its probe round instead of waiting in quarantine.
-* The routing state unreadable (Redis down, nothing cached) means no probes
-  this round; the next round tries again.
+* Only quarantined nodes whose probe time has passed, and that have an address in
+  ``--backends``, are probed; a routed node never gets a request from here.
+* Nodes are probed concurrently, one request in flight per node and round, each with a
+  timeout (``timeout_s``): one hung node delays no other.
+* With ``--report-failures`` a probe the node never answered (refused, reset, timed out) is
+  reported as an ``ok: false``, ``probe: true`` event for it, as ``tailguard proxy`` does.
+* Routing state unreadable (Redis down, nothing cached): no probes this round.
 """
 
 from __future__ import annotations

@@ -167,7 +167,7 @@ async def open_routing(
     whenever a model's routing set or quarantine changes. ``follow=False``
     starts no pub/sub or polling (one-shot reads, e.g. ``haproxy-sync --once``).
     """
-    from tailguard.routing.client import check_redis, connect_for
+    from tailguard.routing.client import check_redis, connect_for, keys_for
     from tailguard.routing.reader import RoutingTable
 
     if not poll_interval_s > 0:
@@ -175,7 +175,8 @@ async def open_routing(
     await check_redis(settings)   # a refused login or certificate stops the start, in one line
     client = connect_for(settings)
     try:
-        table = RoutingTable(client, settings.key_prefix, poll_interval_s=poll_interval_s, on_change=on_change)
+        table = RoutingTable(client, keys_for(settings), poll_interval_s=poll_interval_s,
+                             on_change=on_change)
         if not follow:
             yield SafeSource(table)
             return

@@ -1,25 +1,19 @@
 """Test doubles for load-balancer code: a settable routing source and tiny HTTP backends.
 
 * :class:`StaticSource` is a :class:`~tailguard.lb.RoutingSource` whose routing sets,
-  quarantines and weights are plain dicts the test sets; ``fail = True`` makes every
-  read raise, like a reader with Redis down and nothing cached.
-* :func:`echo_backend` runs one tiny aiohttp server on a free loopback port that
-  answers every request with JSON naming its ``node_id``, whether the request
-  carried ``X-Tailguard-Probe: 1``, and the request's method, path and body
-  (``status`` and ``chunks`` shape the answer). Each request is also recorded
-  in :attr:`EchoBackend.seen`.
-
-* :func:`write_routing` plays tailguard's writer in integration tests: it
-  replaces a model's routing set, quarantine and weights in one ``MULTI``/``EXEC``,
-  bumps the version and publishes the change, with plain redis-py commands
-  (deliberately not :mod:`tailguard.routing.writer`, so that the load balancers are
-  tested against the key contract, not against our own writer).
-* :func:`scratch_redis` gives a client and deletes a test's key prefix after;
-  :func:`spawn` starts a subprocess that an exit stack stops;
-  :func:`eventually` waits (bounded) until a condition holds.
-
-Used by the unit and integration tests of :mod:`tailguard.lb`, and handy for trying
-a load-balancer setup by hand.
+  quarantines and weights are plain dicts the test sets; ``fail = True`` makes every read
+  raise, like a reader with Redis down and nothing cached.
+* :func:`echo_backend` runs one tiny aiohttp server on a free loopback port that answers
+  every request with JSON naming its ``node_id``, whether the request carried
+  ``X-Tailguard-Probe: 1``, and its method, path and body (``status`` and ``chunks`` shape
+  the answer); each request is recorded in :attr:`EchoBackend.seen`.
+* :func:`write_routing` plays tailguard's writer in integration tests: one ``MULTI``/``EXEC``
+  replaces a model's routing set, quarantine and weights, bumps the version and publishes
+  the change, with plain redis-py commands (not :mod:`tailguard.routing.writer`: the load
+  balancers are tested against the key contract, not against our own writer).
+* :func:`scratch_redis` gives a client and deletes a test's key prefix after; :func:`spawn`
+  starts a subprocess that an exit stack stops; :func:`eventually` waits (bounded) until a
+  condition holds.
 """
 
 from __future__ import annotations
@@ -36,7 +30,7 @@ import redis.asyncio as aioredis
 from aiohttp import web
 
 from tailguard.lb import LbError
-from tailguard.routing.keys import Keys, change_message, weights_key
+from tailguard.routing.keys import Keys, as_keys, change_message
 
 
 class StaticSource:
@@ -147,7 +141,7 @@ async def echo_backend(node_id: str, *, host: str = "127.0.0.1", status: int = 2
 
 async def write_routing(
     redis: aioredis.Redis,
-    key_prefix: str,
+    key_prefix: str | Keys,
     model: str,
     nodes: Iterable[str],
     quarantine: Mapping[str, float] | None = None,
@@ -155,11 +149,15 @@ async def write_routing(
     weights: Mapping[str, float] | None = None,
 ) -> int:
     """Replace ``model``'s routing set, quarantine, held-out set and weights (node → (0, 1],
-    stored as decimal strings in ``P:weights:<m>``) as tailguard would; returns the new version."""
-    keys = Keys(key_prefix)
+    stored as decimal strings in ``P:weights:<m>``) as tailguard would; returns the new version.
+    With hash-tagged ``Keys`` (a Redis Cluster) the model joins ``P:models`` by its own ``SADD``
+    first, and the ``MULTI``/``EXEC`` touches the model's slot only."""
+    keys = as_keys(key_prefix)
     nodes = sorted(nodes)
     held = sorted(held_out)
-    wkey = weights_key(key_prefix, model)
+    wkey = keys.weights(model)
+    if keys.tagged:
+        await redis.sadd(keys.models, model)
     async with redis.pipeline(transaction=True) as pipe:
         pipe.delete(keys.routing(model), keys.quarantine(model), keys.held_out(model), wkey)
         if weights:
@@ -171,9 +169,10 @@ async def write_routing(
         if held:
             pipe.sadd(keys.held_out(model), *held)
         pipe.incr(keys.version(model))
-        pipe.sadd(keys.models, model)
+        if not keys.tagged:
+            pipe.sadd(keys.models, model)
         results = await pipe.execute()
-    version = int(results[-2])
+    version = int(results[-1 if keys.tagged else -2])
     await redis.publish(keys.channel, change_message(model, version))
     return version
 

@@ -37,12 +37,20 @@ WORKER_COMMANDS = (
     "zcard", "zadd", "hset", "set", "incr", "del", "time", "publish",
     # The script's events LIST (P:events:<m>); the worker deletes expired operator overrides
     # (HGET/HDEL compare-and-delete in P:overrides); drain/pin/release/mode write P:overrides, P:mode.
-    "lpush", "ltrim", "hdel", "hkeys")
+    "lpush", "ltrim", "hdel", "hkeys",
+    # Forgetting a model: SREM from P:models (the forget script; its own command with hash-tagged keys).
+    "srem")
+# On a Redis Cluster, redis-py's cluster client also reads the slot map (CLUSTER SLOTS) and the
+# command table (COMMAND, to find a command's keys); both read-only.
+CLUSTER_COMMANDS = ("cluster|slots", "command")
 
 
-def acl_rules(prefix: str, role: Literal["worker", "reader"] = "worker") -> str:
-    """The ACL rules (no user name, no password) for ``prefix``: keys ``prefix:*``, its channel."""
+def acl_rules(prefix: str, role: Literal["worker", "reader"] = "worker", *,
+              cluster: bool = False) -> str:
+    """The ACL rules (no user name, no password) for ``prefix``: keys ``prefix:*``, its channel
+    (``cluster``: with :data:`CLUSTER_COMMANDS`; set the user on every node of the cluster)."""
     keys = Keys(prefix)
     commands = WORKER_COMMANDS if role == "worker" else READER_COMMANDS
+    extra = CLUSTER_COMMANDS if cluster else ()
     return " ".join([f"~{prefix}:*", "resetchannels", f"&{keys.channel}", "-@all",
-                     *(f"+{c}" for c in commands)])
+                     *(f"+{c}" for c in (*commands, *extra))])

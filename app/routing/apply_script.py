@@ -1,26 +1,22 @@
 """One model's verdict as one run of a Redis Lua script: atomic, idempotent, never empty.
 
-Owns :data:`APPLY_LUA` and how a :class:`~tailguard.core.contract.types.ModelTick` (plus the stage-2 edge's
-:class:`Extras`) becomes its keys and arguments (:func:`script_call`) and its reply a
-:class:`WriteResult` (:func:`parse_reply`). The retries around it are
-:mod:`tailguard.routing.writer`'s; the key layout is :mod:`tailguard.routing.keys`'.
+Owns :data:`APPLY_LUA` and how a :class:`~tailguard.core.contract.types.ModelTick` (plus the
+edge's :class:`Extras`) becomes its keys and arguments (:func:`script_call`) and its reply a
+:class:`WriteResult` (:func:`parse_reply`). Retries: :mod:`tailguard.routing.writer`; keys:
+:mod:`tailguard.routing.keys`.
 
-* **Atomic.** Redis runs a script without interleaving other commands: a reader sees the
-  whole previous state of the model (routing set, version, quarantine, statuses, held-out
-  set, shadow set, history, events) or the whole new one. The routing set is replaced in
-  place (``DEL`` + ``SADD``), never by ``RENAME`` of a temporary key (fails for an empty set).
-* **Idempotent.** Only a routing, quarantine or held-out set that differs from Redis's is
-  rewritten, bumps the version and publishes ``{"model", "version"}``; statuses are always
-  refreshed. A new version key starts at the server's clock in ms, so versions never repeat
-  after Redis lost its data.
-* **Weights with routing.** ``P:weights:<m>`` (routed nodes below weight 1.0) is written by
-  the same run: a change of it bumps the version like a change of the routing set.
-* **Never empties routing.** An empty routing set for a model that has one is refused
-  (reply ``-1``, nothing written); a model with no node admitted yet gets no routing key.
-* **ACL.** Under Redis 7+ ACLs the script checks every command it may call first and
-  refuses with ``NOPERM`` before writing anything (Redis does not roll a script back).
-* **Forgetting.** :data:`FORGET_LUA` (:func:`forget_call`) removes a model stage 2 forgot
-  (``ModelTick.forgotten``) in one run: out of ``P:models``, every key of it deleted.
+* **Atomic.** A reader sees the whole previous state of the model (routing set, version,
+  quarantine, statuses, held-out and shadow sets, history, events) or the whole new one. The
+  routing set is replaced in place (``DEL`` + ``SADD``), never by ``RENAME``.
+* **Idempotent.** Only a routing, quarantine or held-out set that differs is rewritten, bumps
+  the version and publishes ``{"model", "version"}``; statuses are always refreshed. A new
+  version key starts at the server's clock in ms, so versions never repeat.
+* **Weights with routing.** ``P:weights:<m>`` is written by the same run; a change of it bumps
+  the version like a change of the routing set.
+* **Never empties routing.** An empty routing set for a model that has one is refused (reply
+  ``-1``, nothing written); a model with no node admitted yet gets no routing key.
+* **ACL.** Under Redis 7+ ACLs every command is checked first: ``NOPERM`` before any write.
+* **Forgetting.** :data:`FORGET_LUA` (:func:`forget_call`) removes a forgotten model in one run.
 """
 
 from __future__ import annotations
@@ -36,7 +32,9 @@ from tailguard.routing.keys import Keys, held_out, status_json, weight_fields
 APPLY_LUA = r"""
 -- tailguard: write one model's routing verdict atomically.
 -- KEYS: 1 routing SET, 2 version, 3 quarantine ZSET, 4 nodes HASH, 5 models SET,
---       6 shadow routing SET, 7 history HASH, 8 events LIST, 9 held-out SET, 10 weights HASH
+--       6 shadow routing SET, 7 history HASH, 8 events LIST, 9 held-out SET, 10 weights HASH;
+--       in the hash-tagged layout (Redis Cluster) 9 keys, without 5: the models SET is in
+--       another slot and the writer adds the model to it in its own command, before this run.
 -- ARGV: 1 channel, 2 model, 3 #routing, 4 #quarantine, 5 #statuses,
 --       6 #shadow (-1: leave the shadow set alone), 7 #history (-1: leave it alone),
 --       8 #events, 9 events cap, 10 #held-out, 11 #weights, 12 version floor (the last
@@ -50,10 +48,12 @@ APPLY_LUA = r"""
 -- either bumps the one version, so a reader of one version sees both.
 -- Returns {routing_changed 0|1, quarantine_changed 0|1 (or -1: refused), version,
 --          weights_changed 0|1}.
-local routing_key, version_key, quarantine_key, nodes_key, models_key =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local shadow_key, history_key, events_key, held_key = KEYS[6], KEYS[7], KEYS[8], KEYS[9]
-local weights_key = KEYS[10]
+local routing_key, version_key, quarantine_key, nodes_key =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local o = (#KEYS == 10) and 1 or 0   -- 1: KEYS[5] is the models SET
+local models_key = (o == 1) and KEYS[5] or nil
+local shadow_key, history_key, events_key, held_key = KEYS[5 + o], KEYS[6 + o], KEYS[7 + o], KEYS[8 + o]
+local weights_key = KEYS[9 + o]
 local channel, model = ARGV[1], ARGV[2]
 local n_routing = tonumber(ARGV[3])
 local n_quarantine = tonumber(ARGV[4])
@@ -90,13 +90,16 @@ if redis.acl_check_cmd then
     {'SCARD', routing_key}, {'SISMEMBER', routing_key, 'n'}, {'DEL', routing_key},
     {'SADD', routing_key, 'n'}, {'ZCARD', quarantine_key}, {'ZSCORE', quarantine_key, 'n'},
     {'DEL', quarantine_key}, {'ZADD', quarantine_key, '0', 'n'}, {'DEL', nodes_key},
-    {'HSET', nodes_key, 'n', 'v'}, {'SADD', models_key, 'm'}, {'TIME'}, {'PUBLISH', channel, 'm'},
+    {'HSET', nodes_key, 'n', 'v'}, {'TIME'}, {'PUBLISH', channel, 'm'},
     {'DEL', shadow_key}, {'SADD', shadow_key, 'n'}, {'DEL', history_key}, {'HSET', history_key, 'n', 'v'},
     {'LPUSH', events_key, 'e'}, {'LTRIM', events_key, '0', '0'}, {'EXISTS', routing_key},
     {'SCARD', held_key}, {'SISMEMBER', held_key, 'n'}, {'DEL', held_key}, {'SADD', held_key, 'n'},
     {'HGETALL', weights_key}, {'DEL', weights_key},
     {'HSET', weights_key, 'n', 'v'},
   }
+  if models_key then
+    table.insert(checks, {'SADD', models_key, 'm'})
+  end
   for _, c in ipairs(checks) do
     if not redis.acl_check_cmd(unpack(c)) then
       return redis.error_reply('NOPERM tailguard: this ACL user may not run ' .. c[1] ..
@@ -181,7 +184,9 @@ end
 
 redis.call('DEL', nodes_key)
 put('HSET', nodes_key, first_s, first_w - 1)
-redis.call('SADD', models_key, model)
+if models_key then
+  redis.call('SADD', models_key, model)
+end
 if n_shadow >= 0 then
   redis.call('DEL', shadow_key)
   put('SADD', shadow_key, first_w, first_h - 1)
@@ -238,11 +243,9 @@ return redis.call('DEL', unpack(KEYS, 2))
 
 
 def forget_call(keys: Keys, model: str) -> tuple[list[str], list[str | int]]:
-    """The KEYS and ARGV of :data:`FORGET_LUA` for ``model``."""
-    m = model
-    return ([keys.models, keys.routing(m), keys.version(m), keys.quarantine(m), keys.nodes(m),
-             keys.shadow(m), keys.history(m), keys.events(m), keys.held_out(m), keys.weights(m)],
-            [m])
+    """The KEYS and ARGV of :data:`FORGET_LUA` for ``model`` (the plain layout; the tagged one
+    takes the model out of ``P:models`` with ``SREM``, then one ``DEL`` of its keys, of one slot)."""
+    return [keys.models, *keys.model_keys(model)], [model]
 
 
 @dataclass(frozen=True, slots=True)
@@ -334,7 +337,8 @@ def script_call(keys: Keys, tick: ModelTick, extras: Extras, now_ts: float,
         *routing, *_flat(quarantine), *_flat(sorted(statuses.items())),
         *(shadow or ()), *_flat(history or ()), *extras.events, *held, *_flat(weights),
     ]
-    return ([k.routing(m), k.version(m), k.quarantine(m), k.nodes(m), k.models,
+    models = [] if k.tagged else [k.models]     # tagged: not in the model's slot (see APPLY_LUA)
+    return ([k.routing(m), k.version(m), k.quarantine(m), k.nodes(m), *models,
              k.shadow(m), k.history(m), k.events(m), k.held_out(m), k.weights(m)], args)
 
 

@@ -1,15 +1,15 @@
 """Building the Redis client that the routing writer, reader and ``tailguard status`` use.
 
-redis-py's defaults (5 s socket timeouts, 10 retries with back-off) can hold a
-caller for many seconds when Redis is down. tailguard's writer and reader have
-their own retry loops, so the client here fails fast: short timeouts and one
-immediate retry (enough to replace a pooled connection that a Redis restart
-closed).
+redis-py's defaults (5 s socket timeouts, 10 retries with back-off) can hold a caller for many
+seconds when Redis is down; tailguard's writer and reader retry by themselves, so the client here
+fails fast: short timeouts, one immediate retry (a pooled connection a restart closed).
 
 :func:`connect_for` builds it from the settings, with the credentials and TLS
 options of :func:`tailguard.security.redis_client_options` (``rediss://``, ACL user); with
 ``TAILGUARD_REDIS_SENTINELS`` set it is a Sentinel-managed client
-(:func:`connect_sentinel`) that finds the current primary again after a failover.
+(:func:`connect_sentinel`) that finds the current primary again after a failover; with
+``TAILGUARD_REDIS_CLUSTER`` a Redis Cluster client (:func:`connect_cluster`).
+:func:`keys_for` is the key layout the settings choose (plain, or hash-tagged).
 
 :func:`call_redis` is how the ``tailguard`` commands that read or write Redis
 (status, explain, drain/pin/release/mode) run one step: with the same
@@ -24,17 +24,25 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any, TextIO, TypeVar
+from typing import Any, TextIO, TypeVar, cast
 from urllib.parse import parse_qs, urlparse
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import AuthenticationError, NoPermissionError, RedisError, ResponseError
+from redis.exceptions import (
+    AuthenticationError,
+    NoPermissionError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from tailguard.core.contract.config import SettingError
 from tailguard.routing.errors import RoutingError
+from tailguard.routing.keys import Keys
 from tailguard.security import AccessRefused, _cert_problem, redis_client_options
 from tailguard.settings import Settings, redact_url
 
@@ -75,10 +83,36 @@ def connect_sentinel(sentinels: str, master: str, *, db: int = 0, timeout_s: flo
     return client
 
 
+def connect_cluster(url: str, *, timeout_s: float = 2.0, **options: Any) -> aioredis.Redis:
+    """A Redis Cluster client that finds every node from the one of ``url``; ``options`` as for
+    :func:`connect`. Typed as a Redis: the routing code calls only what both implement
+    (one model's keys share a slot, so its ``MULTI``/``EXEC`` and script run on one node)."""
+    from redis.asyncio import cluster
+
+    if not hasattr(cluster, "TransactionStrategy"):   # MULTI/EXEC in cluster pipelines
+        raise SettingError("TAILGUARD_REDIS_CLUSTER", "true", "a redis-py with transactions in "
+                           "asyncio cluster pipelines (pip install -U 'redis>=8'), or false")
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+    client: Any = cluster.RedisCluster.from_url(
+        url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s,
+        retry=Retry(NoBackoff(), 1), decode_responses=False, **options)
+    return cast(aioredis.Redis, client)
+
+
+def keys_for(settings: Settings) -> Keys:
+    """The key names ``settings`` choose: ``TAILGUARD_KEY_PREFIX`` in the plain or the
+    hash-tagged layout (``TAILGUARD_KEY_LAYOUT``, ``TAILGUARD_REDIS_CLUSTER``)."""
+    return Keys(settings.key_prefix, tagged=settings.tagged_keys)
+
+
 def connect_for(settings: Settings, *, timeout_s: float = 2.0) -> aioredis.Redis:
     """:func:`connect` to ``settings.redis_url`` with its credentials and TLS settings
-    (through the sentinels when ``settings.redis_sentinels`` is set)."""
+    (through the sentinels when ``settings.redis_sentinels`` is set, as a cluster client with
+    ``settings.redis_cluster``)."""
     options = redis_client_options(settings)
+    if settings.redis_cluster:
+        return connect_cluster(settings.redis_url, timeout_s=timeout_s, **options)
     if settings.redis_sentinels:
         url = urlparse(settings.redis_url)
         db = int(url.path.removeprefix("/") or parse_qs(url.query).get("db", ["0"])[0])
@@ -155,6 +189,16 @@ async def check_redis(s: Settings, *, timeout_s: float = 5.0) -> None:
                else "check that it is the Redis tailguard writes to")
         raise AccessRefused("TAILGUARD_REDIS_URL",
                             f"{where} refused the connection ({str(e).rstrip('.')}): {fix}") from None
+    except RedisClusterException as e:   # not a RedisError
+        if "not enabled" not in str(e):
+            raise
+        acl = user != "default"   # an ACL user without CLUSTER SLOTS gets the same answer
+        fix = (f"give Redis user {user!r} +cluster|slots +command on every node (docs/production.md)"
+               " or, for a single Redis, set TAILGUARD_REDIS_CLUSTER=false" if acl else
+               "for a single Redis set TAILGUARD_REDIS_CLUSTER=false; for a cluster point "
+               "TAILGUARD_REDIS_URL at one of its nodes")
+        raise AccessRefused("TAILGUARD_REDIS_USERNAME" if acl else "TAILGUARD_REDIS_CLUSTER",
+                            f"{where} gives no cluster slot map ({e}): {fix}") from None
     except (RedisError, OSError, TimeoutError) as e:
         problem = _cert_problem(e, "TAILGUARD_REDIS_SSL", s.redis_ssl_cafile, where)
         if problem is None and "certificate verify failed" in str(e).lower():

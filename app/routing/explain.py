@@ -29,8 +29,8 @@ from typing import Any, TextIO, TypeGuard
 
 import redis.asyncio as aioredis
 
-from tailguard.routing.client import call_redis
-from tailguard.routing.keys import Keys, member_text
+from tailguard.routing.client import call_redis, keys_for
+from tailguard.routing.keys import Keys, as_keys, member_text
 from tailguard.routing.status import _age, _status_obj
 from tailguard.routing.weighted import parse_weight
 from tailguard.settings import load
@@ -70,10 +70,10 @@ class NodeExplain:
                 "written_weight": self.written_weight}
 
 
-async def read_explain(redis: aioredis.Redis, key_prefix: str, node: str,
+async def read_explain(redis: aioredis.Redis, key_prefix: str | Keys, node: str,
                        models: Iterable[str] | None = None) -> list[NodeExplain]:
     """The node's entry in every model that knows it (or in ``models``), sorted by model."""
-    keys = Keys(key_prefix)
+    keys = as_keys(key_prefix)
     wanted = models if models is not None else await redis.smembers(keys.models)
     out: list[NodeExplain] = []
     for m in sorted({member_text(x) for x in wanted}):
@@ -157,6 +157,9 @@ def render_explain(items: list[NodeExplain], now_s: float, *, ticks: int = 8) ->
         weight = _weight_line(it)
         if weight:
             lines.append(weight)
+        if st.get("signal_local"):
+            lines.append(f"  signal {signal or '?'} chosen by its worker's share of the model alone "
+                         "(no stage-2 choice for the model yet)")
         if it.in_shadow is not None and it.in_shadow != it.in_routing:
             lines.append(f"  enforce mode would {'route' if it.in_shadow else 'not route'} it "
                          "(shadow set)")
@@ -219,12 +222,12 @@ def _weight_line(it: NodeExplain) -> str | None:
     return text
 
 
-async def explain_text(redis: aioredis.Redis, key_prefix: str, node: str,
+async def explain_text(redis: aioredis.Redis, key_prefix: str | Keys, node: str,
                        model: str | None = None, now_s: float | None = None) -> str:
     """:func:`read_explain` + :func:`render_explain` (for the demo's report)."""
     items = await read_explain(redis, key_prefix, node, None if model is None else [model])
     if not items:
-        return f"no node {node!r} in Redis under key prefix {key_prefix!r}"
+        return f"no node {node!r} in Redis under key prefix {as_keys(key_prefix).prefix!r}"
     return render_explain(items, time.time() if now_s is None else now_s)
 
 
@@ -244,7 +247,7 @@ async def _run(args: argparse.Namespace, out: TextIO, err: TextIO,
                clock: Callable[[], float]) -> int:
     settings = load()
     items = await call_redis(settings, "explain", err,
-                             lambda c: read_explain(c, settings.key_prefix, args.node, args.model))
+                             lambda c: read_explain(c, keys_for(settings), args.node, args.model))
     if items is None:
         return 1
     if not items:

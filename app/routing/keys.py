@@ -1,24 +1,20 @@
 """Redis key layout of tailguard's routing state — the one place that builds key names.
 
-Owns the names of every key and channel (:class:`Keys`; ``P`` = the key prefix, default
-``tailguard``, ``<m>`` = the encoded model name): ``P:routing:<m>``, ``P:held-out:<m>``,
-``P:routing:<m>:version``, ``P:quarantine:<m>``, ``P:nodes:<m>``, ``P:models``,
-``P:routing-shadow:<m>``, ``P:history:<m>``, ``P:events:<m>``, ``P:weights:<m>``
-(:func:`weights_key`), ``P:overrides``, ``P:mode`` and the channel ``P:routing:changes``; what
-each holds is the contract in docs/contracts.md ("Redis"). Also the values that cross it:
-:func:`status_json` (a node's status), :func:`held_out`, :func:`weight_fields` (the weights
-hash; :mod:`tailguard.routing.weighted` reads it), :func:`change_message` /
-:func:`parse_change_message`.
-
-Guarantees:
+Owns every key and channel name (:class:`Keys`; ``P`` = the prefix, ``<m>`` = the encoded model)
+in two layouts (docs/contracts.md, "Redis"): *plain* (default) ``P:routing:<m>``,
+``P:routing:<m>:version``, ``P:held-out:<m>``, ``P:quarantine:<m>``, ``P:nodes:<m>``,
+``P:routing-shadow:<m>``, ``P:history:<m>``, ``P:events:<m>``, ``P:weights:<m>``; *tagged* (Redis
+Cluster) ``P:{<m>}:routing``, ``P:{<m>}:routing:version`` …, a model's keys in one hash slot.
+Global in both: ``P:models``, ``P:overrides``, ``P:mode``, the channel ``P:routing:changes``. Also
+the values that cross the contract: :func:`status_json`, :func:`held_out`, :func:`weight_fields`,
+:func:`change_message` / :func:`parse_change_message`.
 
 * Keys are unambiguous: :func:`encode_model` percent-encodes ``%``, ``:``, whitespace and
-  control characters (a model named ``foo:version`` cannot collide with the version key of
-  ``foo``) and keeps every other character; it is injective and :func:`decode_model`
-  inverts it. ``P:models`` and the pub/sub messages carry raw names; node ids are stored raw,
-  as members and hash fields, never in a key.
-* All keys of one model are written together by one Lua script (:mod:`tailguard.routing.apply_script`):
-  one Redis (or a primary with replicas), not Redis Cluster, whose slots would split them.
+  control characters (``foo:version`` cannot collide with ``foo``'s version key); it is
+  injective and :func:`decode_model` inverts it. ``P:models`` and the pub/sub messages carry
+  raw names; node ids are stored raw, as members and hash fields, never in a key.
+* All keys of one model are written together by one Lua script
+  (:mod:`tailguard.routing.apply_script`); in the tagged layout they share one hash slot.
 """
 
 from __future__ import annotations
@@ -36,19 +32,23 @@ from tailguard.core.contract.types import HealthState, NodeStatus
 DEFAULT_PREFIX = "tailguard"
 
 
-def _needs_escape(c: str) -> bool:
-    return c in "%:" or c.isspace() or not c.isprintable()
+LAYOUTS = ("plain", "tagged")
 
 
-def encode_model(model: str) -> str:
-    """The form of ``model`` used inside key names (injective; see module docstring)."""
+def _needs_escape(c: str, braces: bool = False) -> bool:
+    return c in "%:" or c.isspace() or not c.isprintable() or (braces and c in "{}")
+
+
+def encode_model(model: str, *, braces: bool = False) -> str:
+    """The form of ``model`` used inside key names (injective; see module docstring).
+    ``braces``: ``{`` and ``}`` encoded too (the tagged layout: the hash tag is the whole name)."""
     if not model:
         raise ValueError("model name must be a non-empty string")
-    if not any(_needs_escape(c) for c in model):
+    if not any(_needs_escape(c, braces) for c in model):
         return model
     out: list[str] = []
     for c in model:
-        if _needs_escape(c):
+        if _needs_escape(c, braces):
             out.append("".join(f"%{b:02X}" for b in c.encode("utf-8")))
         else:
             out.append(c)
@@ -67,9 +67,12 @@ def member_text(raw: bytes | str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Keys:
-    """Key builders for one prefix. ``Keys("tailguard").routing("m")`` → ``tailguard:routing:m``."""
+    """Key builders for one prefix and layout. ``Keys("tailguard").routing("m")`` →
+    ``tailguard:routing:m``; ``Keys("tailguard", tagged=True).routing("m")`` →
+    ``tailguard:{m}:routing`` (every key of model ``m`` in the slot of ``m``)."""
 
     prefix: str = DEFAULT_PREFIX
+    tagged: bool = False
 
     def __post_init__(self) -> None:
         if not self.prefix or any(c.isspace() for c in self.prefix):
@@ -78,36 +81,52 @@ class Keys:
                 "(TAILGUARD_KEY_PREFIX)"
             )
 
+    @property
+    def layout(self) -> str:
+        return "tagged" if self.tagged else "plain"
+
+    def _of(self, kind: str, model: str, suffix: str = "") -> str:
+        if self.tagged:
+            return f"{self.prefix}:{{{encode_model(model, braces=True)}}}:{kind}{suffix}"
+        return f"{self.prefix}:{kind}:{encode_model(model)}{suffix}"
+
     def routing(self, model: str) -> str:
-        return f"{self.prefix}:routing:{encode_model(model)}"
+        return self._of("routing", model)
 
     def version(self, model: str) -> str:
-        return f"{self.prefix}:routing:{encode_model(model)}:version"
+        return self._of("routing", model, ":version")
 
     def quarantine(self, model: str) -> str:
-        return f"{self.prefix}:quarantine:{encode_model(model)}"
+        return self._of("quarantine", model)
 
     def held_out(self, model: str) -> str:
-        return f"{self.prefix}:held-out:{encode_model(model)}"
+        return self._of("held-out", model)
 
     def nodes(self, model: str) -> str:
-        return f"{self.prefix}:nodes:{encode_model(model)}"
+        return self._of("nodes", model)
+
+    def shadow(self, model: str) -> str:
+        return self._of("routing-shadow", model)
+
+    def history(self, model: str) -> str:
+        return self._of("history", model)
+
+    def events(self, model: str) -> str:
+        return self._of("events", model)
+
+    def weights(self, model: str) -> str:
+        return self._of("weights", model)
+
+    def model_keys(self, model: str) -> tuple[str, ...]:
+        """Every key of ``model`` (not the global ones): what forgetting or renaming it moves."""
+        m = model
+        return (self.routing(m), self.version(m), self.quarantine(m), self.nodes(m),
+                self.shadow(m), self.history(m), self.events(m), self.held_out(m),
+                self.weights(m))
 
     @property
     def models(self) -> str:
         return f"{self.prefix}:models"
-
-    def shadow(self, model: str) -> str:
-        return f"{self.prefix}:routing-shadow:{encode_model(model)}"
-
-    def history(self, model: str) -> str:
-        return f"{self.prefix}:history:{encode_model(model)}"
-
-    def events(self, model: str) -> str:
-        return f"{self.prefix}:events:{encode_model(model)}"
-
-    def weights(self, model: str) -> str:
-        return f"{self.prefix}:weights:{encode_model(model)}"
 
     @property
     def overrides(self) -> str:
@@ -120,6 +139,11 @@ class Keys:
     @property
     def channel(self) -> str:
         return f"{self.prefix}:routing:changes"
+
+
+def as_keys(keys: str | Keys) -> Keys:
+    """``keys`` itself, or the plain layout of the prefix ``keys`` (callers that pass a prefix)."""
+    return keys if isinstance(keys, Keys) else Keys(keys)
 
 
 def weights_key(prefix: str, model: str) -> str:

@@ -122,8 +122,9 @@ class OperatorState:
 
 
 async def read_operator_state(redis: aioredis.Redis, keys: Keys) -> OperatorState:
-    """Overrides and modes in one ``MULTI``/``EXEC``; unparsable entries land in ``bad``."""
-    async with redis.pipeline(transaction=True) as pipe:
+    """Overrides and modes in one ``MULTI``/``EXEC`` (two reads on a Redis Cluster, where the two
+    hashes are in different slots); unparsable entries land in ``bad``."""
+    async with redis.pipeline(transaction=not keys.tagged) as pipe:
         pipe.hgetall(keys.overrides)
         pipe.hgetall(keys.mode)
         raw_over, raw_mode = await pipe.execute()

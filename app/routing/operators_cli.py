@@ -30,7 +30,7 @@ from typing import Any, TextIO
 
 from redis.exceptions import RedisError
 
-from tailguard.routing.client import call_redis
+from tailguard.routing.client import call_redis, keys_for
 from tailguard.routing.keys import Keys, member_text
 from tailguard.routing.operators import (
     MODES,
@@ -74,7 +74,7 @@ def _override_parser(action: str, what: str) -> argparse.ArgumentParser:
 async def _with_redis(settings: Settings, err: TextIO, prog: str,
                       body: Callable[[Any, Keys], Awaitable[int]]) -> int:
     code = await call_redis(settings, prog, err,
-                            lambda c: body(c, Keys(settings.key_prefix)))
+                            lambda c: body(c, keys_for(settings)))
     return 1 if code is None else code
 
 

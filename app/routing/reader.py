@@ -1,28 +1,22 @@
 """The routing reader that load balancers use: a cached, self-refreshing view of the routing sets.
 
-:class:`RoutingTable` keeps, per model it was asked about, the routing set, the held-out
-set, the quarantine (node → probe-after Unix time), the routing weights (node → (0, 1]) and
-the version, as read from the keys of :mod:`tailguard.routing.keys`. Each guarantee in full, and
-how a load balancer uses it: docs/lb.md.
+:class:`RoutingTable` keeps, per model it was asked about, the routing set, the held-out set,
+the quarantine (node → probe-after Unix time), the routing weights (node → (0, 1]) and the
+version, as read from the keys of :mod:`tailguard.routing.keys`. In full: docs/lb.md.
 
-Guarantees
-----------
-* **Consistent snapshots.** A model is loaded with one ``MULTI``/``EXEC`` (version, routing
-  set, quarantine, held-out set and weights): every cached view, weights included, is one
-  version the writer wrote.
+* **Consistent snapshots.** A model is loaded with one ``MULTI``/``EXEC``: every cached view,
+  weights included, is one version the writer wrote.
 * **Weights.** :meth:`RoutingTable.weight` is 1.0 for a node without a field (and for every
-  node while tailguard writes no weights); :meth:`RoutingTable.pick` is nginx's smooth
-  weighted round-robin over the routing set (:mod:`tailguard.routing.weighted`).
+  node while tailguard writes no weights); :meth:`RoutingTable.pick` is smooth weighted
+  round-robin over the routing set (:mod:`tailguard.routing.weighted`).
 * **Fresh.** A model is refreshed on its ``P:routing:changes`` message and by polling the
-  version keys every ``poll_interval_s``, so a change is seen within about that even with
-  no pub/sub.
+  version keys every ``poll_interval_s``, so a change is seen within about that. On a Redis
+  Cluster client it polls only (no pub/sub; docs/operations.md, "Redis Cluster").
 * **Never goes dark.** While Redis is unreachable, or after a model's keys vanished, the
   last-known sets are served unchanged (failures counted through :class:`ReaderMetrics`).
-* **Cheap on the hot path.** :meth:`RoutingTable.nodes`, :meth:`RoutingTable.cached_quarantine`,
-  :meth:`RoutingTable.probe_candidates`, :meth:`RoutingTable.cached_weights` and
-  :meth:`RoutingTable.pick` are synchronous, without I/O.
-* An empty set from :meth:`RoutingTable.get` / :meth:`RoutingTable.nodes` means "no data"
-  (use every backend); :meth:`RoutingTable.held_out` is what a list-based balancer holds out.
+* **Cheap on the hot path.** ``nodes``, ``cached_quarantine``, ``probe_candidates``,
+  ``cached_weights`` and ``pick`` are synchronous, without I/O. An empty set from ``get`` /
+  ``nodes`` means "no data" (use every backend); ``held_out`` is what a balancer holds out.
 """
 
 from __future__ import annotations
@@ -40,13 +34,21 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from tailguard.routing.errors import RoutingUnavailable
-from tailguard.routing.keys import DEFAULT_PREFIX, Keys, member_text, parse_change_message, weights_key
+from tailguard.routing.keys import DEFAULT_PREFIX, Keys, as_keys, member_text, parse_change_message
 from tailguard.routing.tasks import cancel_and_wait
 from tailguard.routing.weighted import SmoothWeighted, parse_weights
 
 log = logging.getLogger(__name__)
 
 _TRANSIENT: tuple[type[BaseException], ...] = (RedisError, OSError, TimeoutError)
+
+
+def is_cluster(redis: object) -> bool:
+    """Whether ``redis`` is a Redis Cluster client (its pub/sub is not followed: see
+    :class:`RoutingTable`)."""
+    from redis.asyncio.cluster import RedisCluster
+
+    return isinstance(redis, RedisCluster)
 
 
 class ReaderMetrics(Protocol):
@@ -112,7 +114,7 @@ class RoutingTable:
     def __init__(
         self,
         redis: aioredis.Redis,
-        key_prefix: str = DEFAULT_PREFIX,
+        key_prefix: str | Keys = DEFAULT_PREFIX,
         *,
         poll_interval_s: float = 1.0,
         metrics: ReaderMetrics | None = None,
@@ -126,7 +128,7 @@ class RoutingTable:
             raise ValueError(f"max_models must be >= 1, got {max_models!r}")
         self._max_models = max_models
         self._redis = redis
-        self.keys = Keys(key_prefix)
+        self.keys = as_keys(key_prefix)
         self._poll_interval_s = poll_interval_s
         self._metrics: ReaderMetrics = metrics or NullReaderMetrics()
         self._clock = clock
@@ -295,10 +297,10 @@ class RoutingTable:
         return True
 
     async def __aenter__(self) -> Self:
-        self._tasks = [
-            asyncio.create_task(self._poll_loop(), name="tailguard-routing-poll"),
-            asyncio.create_task(self._listen_loop(), name="tailguard-routing-pubsub"),
-        ]
+        self._tasks = [asyncio.create_task(self._poll_loop(), name="tailguard-routing-poll")]
+        if not is_cluster(self._redis):     # a cluster client: the poll alone
+            self._tasks.append(asyncio.create_task(self._listen_loop(),
+                                                   name="tailguard-routing-pubsub"))
         return self
 
     async def __aexit__(
@@ -323,7 +325,7 @@ class RoutingTable:
                 pipe.smembers(k.routing(model))
                 pipe.zrange(k.quarantine(model), 0, -1, withscores=True)
                 pipe.smembers(k.held_out(model))
-                pipe.hgetall(weights_key(k.prefix, model))
+                pipe.hgetall(k.weights(model))
                 raw_version, raw_nodes, raw_quarantine, raw_held, raw_weights = await pipe.execute()
             old = self._cache.get(model)
             nodes = frozenset(member_text(n) for n in raw_nodes)

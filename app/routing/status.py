@@ -36,9 +36,9 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from tailguard.core.contract.types import p99_p50_ratio
-from tailguard.routing.client import call_redis
+from tailguard.routing.client import call_redis, keys_for
 from tailguard.routing.errors import WrongKeyType
-from tailguard.routing.keys import Keys, member_text
+from tailguard.routing.keys import Keys, as_keys, member_text
 from tailguard.routing.weighted import parse_weights
 from tailguard.settings import load
 from tailguard.text import printable
@@ -134,13 +134,13 @@ def _status_obj(raw: bytes | str) -> dict[str, Any]:
 
 
 async def read_status(
-    redis: aioredis.Redis, key_prefix: str, models: Iterable[str] | None = None
+    redis: aioredis.Redis, key_prefix: str | Keys, models: Iterable[str] | None = None
 ) -> list[ModelStatus]:
     """Every model's status (or just ``models``), sorted by model name.
 
     A model's key of the wrong type is in its ``errors``; ``P:models`` of the wrong type
     raises :class:`~tailguard.routing.errors.WrongKeyType`."""
-    keys = Keys(key_prefix)
+    keys = as_keys(key_prefix)
     wanted: Iterable[bytes | str]
     if models is None:
         try:
@@ -259,6 +259,11 @@ def format_table(statuses: list[ModelStatus], now_s: float,
         modes = {str(st.get("mode")) for st in ms.nodes.values()} & {"observe", "enforce"}
         if modes:
             title += f"  mode {'/'.join(sorted(modes))}"
+        signals = {str(sig) for st in ms.nodes.values() if (sig := st.get("signal"))}
+        if signals:   # one per model; more while stage 2's choice has not reached every worker
+            title += f"  signal {printable('/'.join(sorted(signals)))}"
+            if any(st.get("signal_local") for st in ms.nodes.values()):
+                title += " (chosen per worker: no stage-2 choice yet)"
         if ms.errors:
             title += "  UNREADABLE"
         written = [u for st in ms.nodes.values() if isinstance(u := st.get("updated"), int | float)]
@@ -292,7 +297,7 @@ async def _run(args: argparse.Namespace, out: TextIO, err: TextIO,
                clock: Callable[[], float]) -> int:
     settings = load()
     statuses = await call_redis(settings, "status", err,
-                                lambda c: read_status(c, settings.key_prefix, args.model))
+                                lambda c: read_status(c, keys_for(settings), args.model))
     if statuses is None:
         return 1
     if args.model:

@@ -5,20 +5,18 @@ model and tick) and owns what happens around it:
 
 * **Redis outages never reach the caller.** On a connection error or timeout
   :meth:`RoutingWriter.apply` returns ``False``; the latest verdict of each model is kept
-  (older ones are dropped) and retried with exponential back-off by the background task of
-  ``async with RoutingWriter(...)`` (or :meth:`RoutingWriter.flush`). Load balancers keep
-  the last written set meanwhile; after Redis lost its data the next write recreates it all.
+  (older ones dropped) and retried with exponential back-off by the background task of
+  ``async with RoutingWriter(...)`` (or :meth:`RoutingWriter.flush`). Load balancers keep the
+  last written set meanwhile; after Redis lost its data the next write recreates it all.
 * **One model's bad keys never block the others.** Any other Redis error (``WRONGTYPE``,
   ``NOPERM``) is that model's: counted, logged (first time, then every power of two), kept
   pending and retried on its own back-off while the other models are written.
-* **Never empties routing.** An empty set for a model known to have one is refused here
-  too, before Redis is asked; events of a verdict superseded unwritten go with the next.
-  A model stage 2 forgot (``ModelTick.forgotten``) is the one exception: its keys are
-  deleted and it leaves ``P:models`` in one script run (:data:`FORGET_LUA`), retried
-  like any verdict until it is done or superseded.
-* ``EVALSHA`` with redis-py's reload on ``NOSCRIPT`` (a restarted server).
-
-Metrics go through the :class:`WriterMetrics` protocol (no Prometheus import here).
+* **Never empties routing.** An empty set for a model known to have one is refused here too;
+  events of a verdict superseded unwritten go with the next. A model stage 2 forgot
+  (``ModelTick.forgotten``) has its keys deleted in one script run (:data:`FORGET_LUA`),
+  retried like any verdict until done or superseded.
+* **Hash-tagged keys** (Cluster): ``P:models`` by its own ``SADD``/``SREM`` first. ``EVALSHA``
+  with redis-py's reload on ``NOSCRIPT``. Metrics: the :class:`WriterMetrics` protocol.
 """
 
 from __future__ import annotations
@@ -48,7 +46,7 @@ from tailguard.routing.apply_script import (
     script_call,
     validate,
 )
-from tailguard.routing.keys import DEFAULT_PREFIX, Keys
+from tailguard.routing.keys import DEFAULT_PREFIX, Keys, as_keys
 from tailguard.routing.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -110,7 +108,7 @@ class RoutingWriter:
     def __init__(
         self,
         redis: aioredis.Redis,
-        key_prefix: str = DEFAULT_PREFIX,
+        key_prefix: str | Keys = DEFAULT_PREFIX,
         *,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
@@ -128,7 +126,7 @@ class RoutingWriter:
         if not write_timeout_s > 0:
             raise ValueError(f"write_timeout_s must be > 0, got {write_timeout_s!r}")
         self._redis = redis
-        self.keys = Keys(key_prefix)
+        self.keys = as_keys(key_prefix)
         self._clock = clock
         self._monotonic = monotonic
         self._sleep = sleep
@@ -342,18 +340,27 @@ class RoutingWriter:
 
     async def _write(self, tick: ModelTick, extras: Extras) -> WriteResult:
         if tick.forgotten:
-            keys, args = forget_call(self.keys, tick.model)
-            if self._forget_script is None:
-                self._forget_script = self._redis.register_script(FORGET_LUA)
             async with asyncio.timeout(self._write_timeout_s):
-                await self._forget_script(keys=keys, args=args)
+                await self._forget(tick.model)
             return WriteResult(tick.model, 0, True, True, has_routing=False, forgotten=True)
         last = self.last_results.get(tick.model)
         keys, args = script_call(self.keys, tick, extras, self._clock(),
                                  version_floor=last.version if last is not None else 0)
         async with asyncio.timeout(self._write_timeout_s):
+            if self.keys.tagged:   # idempotent; listed before its keys exist, as a new model
+                await self._redis.sadd(self.keys.models, tick.model)
             raw = await self._script(keys=keys, args=args)
         return parse_reply(tick, raw)
+
+    async def _forget(self, model: str) -> None:
+        if self.keys.tagged:   # unlisted first, then its keys (of one slot) go in one DEL
+            await self._redis.srem(self.keys.models, model)
+            await self._redis.delete(*self.keys.model_keys(model))
+            return
+        keys, args = forget_call(self.keys, model)
+        if self._forget_script is None:
+            self._forget_script = self._redis.register_script(FORGET_LUA)
+        await self._forget_script(keys=keys, args=args)
 
     async def _retry_loop(self) -> None:
         while True:

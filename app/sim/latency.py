@@ -1,29 +1,21 @@
 """Latency models of one simulated (node, model): pure, seeded, vectorized.
 
-A :class:`NodeLatency` is a healthy *base* distribution plus a tuple of
-time-dependent *effects* (warm-up, faults). :meth:`NodeLatency.sample` draws
-one request per given time offset (seconds since the scenario's start) from a
-caller-owned :class:`numpy.random.Generator`; nothing here reads a clock, a
-file or a global RNG, so the same generator state and the same offsets always
-give the same samples.
+A :class:`NodeLatency` is a healthy *base* distribution plus a tuple of time-dependent
+*effects* (warm-up, faults). :meth:`NodeLatency.sample` draws one request per given time
+offset (seconds since the scenario's start) from a caller-owned
+:class:`numpy.random.Generator`; nothing here reads a clock, a file or a global RNG, so the
+same generator state and offsets always give the same samples.
 
-Bases:
+Bases: :class:`Lognormal` — ``latency = p50_us × exp(sigma × Z)``, median ``p50_us``, P99/P50
+``exp(2.326 × sigma)`` (``sigma = 0.3`` → 2.0); :class:`LLM` — ``latency = TTFT + TPOT ×
+(output_tokens − 1)`` with ``TTFT = ttft_base_us + ttft_per_input_token_us × input_tokens``,
+request sizes drawn from a :class:`RequestSizes` table (the Azure traces), TTFT and TPOT each
+with a small independent lognormal jitter (the detector's ``tpot`` signal recovers TPOT).
 
-- :class:`Lognormal` — ``latency = p50_us × exp(sigma × Z)``: its median is
-  ``p50_us`` and its P99/P50 is ``exp(2.326 × sigma)`` (``sigma = 0.3`` → 2.0,
-  the seed's steady state).
-- :class:`LLM` — ``latency = TTFT + TPOT × (output_tokens − 1)`` with
-  ``TTFT = ttft_base_us + ttft_per_input_token_us × input_tokens``; request
-  sizes are drawn from a :class:`RequestSizes` table (the Azure traces). The
-  first token is produced at TTFT, hence ``output_tokens − 1`` decode steps;
-  that is also how the detector's ``tpot`` signal recovers TPOT exactly.
-  Each request's TTFT and TPOT carry a small independent lognormal jitter.
-
-Effects multiply one *channel* of each request: the whole ``latency``, or for
-an LLM base only its ``tpot`` (decode) or ``ttft`` (prefill) part; ``errors``
-marks a share of requests failed (``ok = False``). Every effect is active on
-``[onset_s, end_s)`` (``end_s = None``: until the end), which is how recovery
-is modelled.
+Effects multiply one *channel* of each request: the whole ``latency``, or for an LLM base its
+``tpot`` (decode) or ``ttft`` (prefill) part; ``errors`` marks a share of requests failed.
+Every effect is active on ``[onset_s, end_s)`` (``end_s = None``: until the end), which is how
+recovery is modelled. Scenario files: docs/simulator.md.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ the default LLM parameters (TTFT = 50 ms + 0.25 ms × input tokens, TPOT =
 30 ms, 5 % jitter; see :class:`~tailguard.sim.latency.LLM`) and prints, per trace:
 the raw-latency P99/P50 over all samples, the median P99/P50 of
 ``window``-sample windows and the share of those windows above 3.0 (the
-seed's threshold), and the same P99/P50 for the per-token time signal
+default ``ratio_threshold``), and the same P99/P50 for the per-token time signal
 ``(latency − ttft) / (output_tokens − 1)``. Deterministic for a seed.
 """
 

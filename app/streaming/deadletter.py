@@ -1,31 +1,19 @@
 """Dead letters: what the worker does with input it cannot use.
 
-A :class:`DeadLetter` carries the original message *unchanged* (key, value
-bytes, headers) plus why it was refused and where it came from. On the
-dead-letter topic (``TAILGUARD_TOPIC_DEAD_LETTER``) the message value is the
-original bytes, its key the original key, and these headers are added to the
-original ones (values UTF-8 text):
+A :class:`DeadLetter` carries the original message *unchanged* (key, value bytes, headers)
+plus why it was refused and where it came from. On the dead-letter topic
+(``TAILGUARD_TOPIC_DEAD_LETTER``) its value is the original bytes, its key the original key,
+and these headers (UTF-8 text) are added to the original ones: ``tailguard.reason`` (a slug:
+``tailguard.core.contract.events.REASONS``, ``empty_message``, ``bad_diagnostics``),
+``tailguard.error`` (what was wrong, what is allowed), ``tailguard.topic``,
+``tailguard.partition`` and ``tailguard.offset`` (the source).
 
-======================  =====================================================
-``tailguard.reason``    machine slug (``tailguard.core.contract.events.REASONS`` or
-                        ``empty_message``/``bad_diagnostics``)
-``tailguard.error``     the human message (what was wrong, what is allowed)
-``tailguard.topic``     source topic
-``tailguard.partition`` source partition
-``tailguard.offset``    source offset
-======================  =====================================================
-
-So a fixed producer can re-send the dead letters as they are, and nothing is
-lost: the original bytes are never re-encoded. One exception: a dead letter is
-at most :data:`MAX_OUT_BYTES` (key + value + headers), because the worker's
-producer (1 MB requests) and the broker's default ``max.message.bytes`` (1 MiB)
-refuse bigger ones — and an input message can be bigger, uncompressed, than
-what its producer sent compressed, or sit just under the 1 MB limit before the
-``tailguard.*`` headers are added. A refused dead letter would block ingestion
-forever, so the parts that do not fit are cut and the header
-``tailguard.truncated`` says what was cut and the original sizes
-(``value=2999999``; ``key=…``; ``headers=…`` when the original headers were
-dropped).
+Guarantees: a fixed producer can re-send the dead letters as they are; the original bytes are
+never re-encoded. One exception: a dead letter is at most :data:`MAX_OUT_BYTES` (key + value +
+headers), within what the worker's producer and the broker's default ``max.message.bytes``
+take (a refused dead letter would block ingestion forever): the parts that do not fit are cut
+and ``tailguard.truncated`` says what was cut and the original sizes (``value=2999999``;
+``key=…``; ``headers=…``). Why: docs/operations.md (bad input).
 """
 
 from __future__ import annotations

@@ -1,31 +1,23 @@
 """Stage 2's operator edge: the mode, operator overrides and the explain history.
 
 :class:`OperatorEdge` sits between the core's verdict (one model's
-:class:`~tailguard.core.contract.types.ModelTick`, in an :class:`EdgeInput`) and what is written and
-published (:class:`EdgeOutput`). The core never sees the mode or the overrides: its state,
-streaks, ejection cap and probe rounds are computed exactly as without them. What each
-mode and override does, in full: docs/operating.md.
+:class:`~tailguard.core.contract.types.ModelTick`, in an :class:`EdgeInput`) and what is
+written and published (:class:`EdgeOutput`). The core never sees the mode or the overrides:
+its state, streaks, ejection cap and probe rounds are as without them (docs/operating.md).
 
 Guarantees, per model and tick:
 
-* **Mode.** ``enforce`` writes the core's routing set; ``observe`` keeps every known node in
-  it except ``gone`` ones and new ones not admitted yet. Either way the would-be set is
-  written as the shadow set ``P:routing-shadow:<m>``.
-* **Diagnostics requests** go out in ``enforce`` only, and in ``observe`` when
-  ``diagnose_in_observe`` (``TAILGUARD_DIAGNOSE_IN_OBSERVE``): the checks (DCGM, a GEMM run)
-  load a node that observe mode keeps serving traffic.
-* **Overrides** (:mod:`tailguard.routing.operators`), after the mode: a drained node leaves the
-  routing set, a pinned one stays in; the drain that would empty a model's routing set (the
-  one set last) is refused (``drain_refused``), the others stay applied. The held-out set
-  is the core's plus the drained nodes.
-* **Announced once.** A new, changed or ended override publishes one health change; expired
-  ones are returned in :attr:`EdgeOutput.expired` for the caller to delete.
-* **Weights.** The core's routing weights are written (``P:weights:<m>``) only when
-  ``TAILGUARD_WEIGHTS=enforce`` and the model's mode is ``enforce``; a pinned node is at full
-  weight, a drained one has none. Otherwise the weights hash is emptied.
-  Weight changes are published either way as ``weight`` events, rate-limited
-  (:mod:`tailguard.streaming.weight_events`), ``enforced`` when written.
-* **History.** Each node's last ``history_len`` ticks go to ``P:history:<m>``.
+* **Mode.** ``enforce`` writes the core's routing set; ``observe`` keeps every known node in it
+  except ``gone`` and not-yet-admitted ones. Either way the would-be set is the shadow set.
+* **Diagnostics requests** go out in ``enforce``, and in ``observe`` only with
+  ``TAILGUARD_DIAGNOSE_IN_OBSERVE`` (the checks load a node that observe keeps serving).
+* **Overrides** (:mod:`tailguard.routing.operators`), after the mode: drained nodes leave the
+  routing set, pinned ones stay; the drain that would empty it (the one set last) is refused
+  (``drain_refused``). The held-out set is the core's plus the drained nodes. A new, changed
+  or ended override publishes one health change; expired ones go to :attr:`EdgeOutput.expired`.
+* **Weights** are written only with ``TAILGUARD_WEIGHTS=enforce`` in ``enforce`` mode (pinned:
+  full weight, drained: none), else emptied; changes are published as rate-limited ``weight``
+  events either way. **History**: each node's last ``history_len`` ticks, ``P:history:<m>``.
 """
 
 from __future__ import annotations
@@ -48,6 +40,7 @@ from tailguard.core.contract.types import (
     WindowSummary,
     utc_text,
 )
+from tailguard.core.window.signals import LOCAL_KEY
 from tailguard.routing.apply_script import Extras
 from tailguard.routing.keys import held_out
 from tailguard.routing.operators import OperatorState, Override
@@ -153,7 +146,7 @@ class OperatorEdge:
                 n: ts for n, ts in tick.quarantine.items() if n not in routing},
                 diagnostics=tick.diagnostics if enforced or self.diagnose_in_observe else ()),
             extras=self._page(tick, mode, statuses, routing, shadow, active, refused, drained, events,
-                              history, written),
+                              history, written, _local_signal(inp.summaries)),
             health_events=tuple(events), mode=mode, expired=expired, overrides=active)
 
     # --- the steps of apply --------------------------------------------------
@@ -221,11 +214,12 @@ class OperatorEdge:
               shadow: frozenset[str] | set[str], active: Mapping[str, Override], refused: set[str],
               drained: set[str], events: list[dict[str, Any]],
               history: Mapping[str, collections.deque[tuple[tuple[Any, ...], str]]],
-              written: dict[str, float]) -> Extras:
-        """What the routing write carries for the page and ``tailguard status``, as JSON."""
+              written: dict[str, float], local: frozenset[str] = frozenset()) -> Extras:
+        """What the routing write carries for the page and ``tailguard status``, as JSON
+        (``signal_local``: the node's signal was chosen by its worker's share alone)."""
         annotations = {n: {"mode": mode, "routed_by_rules": n in tick.routing,
                            "override": None if n not in active else active[n].to_dict(),
-                           "drain_refused": n in refused}
+                           "drain_refused": n in refused, "signal_local": n in local}
                        for n in statuses}
         page_events = [_dumps(e) for e in events]
         page_events += [_dumps(f.to_event()) for f in tick.fleet_events]
@@ -327,3 +321,8 @@ class OperatorEdge:
 def _idle(entry: Mapping[str, Any]) -> bool:
     """No latency statistic of the node itself was judged at this tick."""
     return all(v[0] is None for k, v in entry["stats"].items() if k != "err")
+
+
+def _local_signal(summaries: Iterable[WindowSummary]) -> frozenset[str]:
+    """The nodes whose signal their stage 1 chose alone (no stage-2 choice for the model yet)."""
+    return frozenset(s.node_id for s in summaries if s.extra.get(LOCAL_KEY))

@@ -2,8 +2,8 @@
 
 :class:`IngestService` reads ``latency-events`` and ``node-diagnostics-results`` with its own
 consumer group (``<app_id>-stage1``), in bulk (``getmany()``), hands each poll to
-:class:`~tailguard.streaming.stage1.Stage1` and sends its summaries and cluster digests each tick.
-Why not a faust agent, and each guarantee in full: docs/operations.md, docs/operating.md#floods.
+:class:`~tailguard.streaming.stage1.Stage1` and sends its summaries and cluster digests each
+tick. Why not a faust agent, and each guarantee in full: docs/operations.md, docs/operating.md.
 
 Guarantees:
 
@@ -16,9 +16,8 @@ Guarantees:
   sent within :data:`SEND_BUDGET_FRACTION` of the tick is dropped and counted.
 * **Any producer, no stall.** Every Kafka codec (:func:`missing_codecs`), committed records
   only; a record aiokafka cannot decode is dead-lettered (``undecodable``) and passed.
-* **Allowlist** (optional): nothing is consumed before it is first read.
-* **Only new diagnostics results.** A results partition without a committed offset is read
-  from its end, not from the earliest record (:meth:`IngestService.skip_old_diagnostics`).
+* **Allowlist** (optional): nothing is consumed before it is first read. **Only new
+  diagnostics results**: a results partition without a committed offset is read from its end.
 """
 
 from __future__ import annotations
@@ -59,9 +58,10 @@ LAG_INTERVAL_S = 2.0
 # How old the consumer's topic metadata may get: partitions added to latency-events are
 # consumed at most this long after they appear (aiokafka's default is 5 minutes).
 METADATA_MAX_AGE_MS = 10_000
-# Summaries are sent in slices of this many; those left when SEND_BUDGET_FRACTION of the tick
+# Summaries are sent in slices of this many (each slice a few summary batches, one message per
+# model and up to summary_batch.MAX_ROWS); those left when SEND_BUDGET_FRACTION of the tick
 # interval has passed since the tick began are dropped (counted): the next tick stays on time.
-SEND_SLICE = 250
+SEND_SLICE = 20_000
 SEND_BUDGET_FRACTION = 0.5
 # How long the salvage of an undecodable record waits for one partition's fetch.
 SALVAGE_FETCH_MS = 1000
@@ -452,7 +452,7 @@ class IngestService(Service):
         now_s = self.clock()
         self.stage1.forget_silent(now_s)
         summaries = self.stage1.summaries(now_s, self.owned_partitions(), hints.judge_since,
-                                          hints.out_of_fit, hints.tail_refs)
+                                          hints.out_of_fit, hints.tail_refs, hints.signals)
         digests = self.stage1.cluster_digests(now_s, self.source)
         if digests:
             await self.sink.send_cluster(digests)
@@ -469,6 +469,7 @@ class IngestService(Service):
                         " (a flood of new node ids, or more series than one worker can send"
                         " per tick: add workers or raise TAILGUARD_TICK_INTERVAL_S)", sent,
                         len(summaries), 100 * SEND_BUDGET_FRACTION, late)
+        self.metrics.stage1_tick_seconds.observe(time.monotonic() - t0)
         return sent
 
     @Service.task

@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from tailguard.core.contract.types import HealthState, ModelTick
 
 _TICK_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+_STAGE1_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 15.0)
 
 
 class WorkerMetrics:
@@ -46,8 +47,7 @@ class WorkerMetrics:
                                     "clock) when they arrived: kept, never judged", registry=r)
         self.series_tracked = Gauge("tailguard_series_tracked", "(node, model) windows held "
                                     "by this worker's stage 1", registry=r)
-        self.summaries_out = Counter("tailguard_summaries_out", "window summaries sent to "
-                                     "stage 2", registry=r)
+        self._handoff_metrics(r)
         self.tick_seconds = Histogram("tailguard_evaluation_seconds", "stage-2 evaluation "
                                       "time per tick (all owned models)", registry=r,
                                       buckets=_TICK_BUCKETS_S)
@@ -129,6 +129,17 @@ class WorkerMetrics:
         self._weighted: dict[str, set[str]] = {}      # model -> nodes with a node_weight series
         self._server: Any = None
         self._thread: threading.Thread | None = None
+
+    def _handoff_metrics(self, r: CollectorRegistry) -> None:
+        """Stage 1's summaries on their way to stage 2 (tailguard.streaming.summary_batch)."""
+        self.summaries_out = Counter("tailguard_summaries_out", "window summaries sent to "
+                                     "stage 2", registry=r)
+        self.summaries_in = Counter("tailguard_summaries_in", "window summaries stage 2 "
+                                    "received (from every worker's stage 1)", registry=r)
+        self.stage1_tick_seconds = Histogram("tailguard_stage1_tick_seconds", "stage-1 tick "
+                                             "time: from the tick's boundary until its "
+                                             "summaries were sent to stage 2", registry=r,
+                                             buckets=_STAGE1_BUCKETS_S)
 
     def _weight_metrics(self, r: CollectorRegistry) -> None:
         """The routing-weight metrics (tailguard.core.judge.weights)."""

@@ -2,24 +2,20 @@
 
 Routes (bound to 127.0.0.1 like the rest of faust's web server):
 
-* ``/tailguard/`` — one self-contained HTML file (``app/streaming/static/status.html``:
-  inline CSS and JS, no build step, nothing from a CDN) that fetches
-  ``status.json`` every few seconds and renders one table per model (node,
-  state, routed with its routing weight, P50/P99/ratio against the peers' medians, since,
-  reason, override), an inline-SVG latency sparkline per node, and the model's newest
-  health changes and fleet events. Every node id, model name and text is put
-  into the page with ``textContent``/``setAttribute`` — never parsed as HTML —
-  so ids holding markup or control characters show as text.
-* ``/tailguard/status.json`` — :func:`page_data`: what Redis holds for every
-  model (:mod:`tailguard.routing.keys`), so any worker shows the whole fleet, not just
-  the models it owns; ``fleet_slow`` is the open fleet-slowdown episode's event
-  (:mod:`tailguard.core.judge.fleet_slow`), shown above the model's table. A model with a
-  key of the wrong type is shown with what its other keys hold and its ``errors`` naming
-  the key (:class:`tailguard.routing.status.KeyProblem`).
+* ``/tailguard/`` — one self-contained HTML file (``app/streaming/static/status.html``: inline
+  CSS and JS, no build step, nothing from a CDN) that fetches ``status.json`` every few
+  seconds and renders one table per model (node, state, routed with its weight, P50/P99/ratio
+  against the peers' medians, since, reason, override), a latency sparkline per node, and the
+  model's newest health changes and fleet events.
+* ``/tailguard/status.json`` — :func:`page_data`: what Redis holds for every model
+  (:mod:`tailguard.routing.keys`), so any worker shows the whole fleet; ``fleet_slow`` is the
+  open fleet-slowdown episode's event, shown above the model's table.
 
-The page reads Redis only (what ``tailguard status``/``explain`` read); a
-worker built without a Redis client (tests with an injected writer) answers
-503 on the JSON route.
+Guarantees: every node id, model name and text goes into the page with
+``textContent``/``setAttribute``, never parsed as HTML, so ids holding markup or control
+characters show as text. A model with a key of the wrong type is shown with what its other
+keys hold and ``errors`` naming the key (:class:`tailguard.routing.status.KeyProblem`). The
+page reads Redis only; a worker without a Redis client answers 503 on the JSON route.
 """
 
 from __future__ import annotations
@@ -34,7 +30,7 @@ import redis.asyncio as aioredis
 
 from tailguard.core.judge.peers import median
 from tailguard.routing.apply_script import EVENTS_CAP
-from tailguard.routing.keys import Keys, member_text
+from tailguard.routing.keys import Keys, as_keys, member_text
 from tailguard.routing.operators import read_operator_state
 from tailguard.routing.status import read_checked, read_status
 
@@ -64,13 +60,13 @@ def _json_list(raw: Any) -> list[Any]:
     return got if isinstance(got, list) else []
 
 
-async def page_data(redis: aioredis.Redis, key_prefix: str, now_s: float,
+async def page_data(redis: aioredis.Redis, key_prefix: str | Keys, now_s: float,
                     default_mode: str) -> dict[str, Any]:
     """Every model's table, sparklines and newest events (see the module docstring)."""
-    keys = Keys(key_prefix)
+    keys = as_keys(key_prefix)
     ops = await read_operator_state(redis, keys)
     models: list[dict[str, Any]] = []
-    for ms in await read_status(redis, key_prefix):
+    for ms in await read_status(redis, keys):
         m = ms.model
         (raw_hist, raw_events, raw_shadow), problems = await read_checked(
             redis, [("hgetall", keys.history(m), "hash"), ("lrange", keys.events(m), "list"),
@@ -114,10 +110,10 @@ async def page_data(redis: aioredis.Redis, key_prefix: str, now_s: float,
                        "fleet_slow": slow if slow is not None and slow["kind"] == "fleet_slow"
                        else None,
                        "errors": [p.to_dict() for p in (*ms.errors, *problems)]})
-    return {"ts": now_s, "key_prefix": key_prefix, "models": models}
+    return {"ts": now_s, "key_prefix": keys.prefix, "models": models}
 
 
-def register(app: Any, redis: Callable[[], aioredis.Redis | None], key_prefix: str,
+def register(app: Any, redis: Callable[[], aioredis.Redis | None], key_prefix: str | Keys,
              default_mode: str, clock: Callable[[], float]) -> None:
     """Add the page's routes to a faust ``app`` (its web server must be enabled)."""
     html = page_html().encode("utf-8")

@@ -1,24 +1,22 @@
 """Stage 2's Kafka output, behind the routing write: a backlog bounded in bytes, retried.
 
-The routing write (Redis) of a tick never waits on Kafka: the stage-2 tick writes every
-model's verdict to Redis first, then hands the tick's messages (health changes, fleet
-events, diagnostics requests) to :class:`Publisher` and gives it at most a budget of time.
+The stage-2 tick writes every model's verdict to Redis first, then hands the tick's messages
+(health changes, fleet events, diagnostics requests) to :class:`Publisher` with a budget of
+time; :func:`tick_messages` turns a tick's outputs into those messages (and reports the
+tick's counters once). Pure asyncio around an injected ``send`` (faust's ``Topic.send`` in the
+worker, a fake in unit tests); no Kafka import here.
 
 Guarantees:
 
 * **At least once, in order per topic and key.** A message leaves the backlog only when the
   broker acknowledged it; one that failed is sent again at the next :meth:`Publisher.publish`
-  (consumers drop repeats by ``event_id``). A message still in flight when the budget ends
-  is not sent twice: its result is collected at a later call.
-* **Bounded in bytes.** The backlog holds at most ``max_bytes`` of keys and values; when a
-  new message does not fit, the oldest ones are dropped, counted in ``dropped`` (by topic,
+  (consumers drop repeats by ``event_id``). A message still in flight when the budget ends is
+  not sent twice: its result is collected at a later call.
+* **Bounded in bytes.** The backlog holds at most ``max_bytes`` of keys and values; when a new
+  message does not fit, the oldest are dropped, counted in ``dropped`` (by topic,
   ``tailguard_publish_dropped_total``) and logged once per publish call.
 * **Never blocks the caller for long.** :meth:`Publisher.publish` returns within about its
   ``budget_s`` whatever the broker does (a topic that refuses or never answers).
-
-:func:`tick_messages` turns a tick's outputs into those messages (and reports the tick's
-counters once). Pure asyncio around an injected ``send`` (faust's ``Topic.send`` in the
-worker, a fake in unit tests); no Kafka import here.
 """
 
 from __future__ import annotations

@@ -1,39 +1,23 @@
 """The replace hook: run a configured action once per retirement, publish its outcome.
 
-When a (node, model) is retired (diagnostics said not recoverable, or too
-many probe rounds failed), the worker that owns the model runs the action
-configured in :class:`~tailguard.settings.Settings` — a shell command
-(``TAILGUARD_REPLACE_COMMAND``, with ``TAILGUARD_NODE_ID``, ``TAILGUARD_MODEL``,
-``TAILGUARD_REASON``, ``TAILGUARD_RETIRED_TS``, ``TAILGUARD_RETIREMENT_ID``,
-``TAILGUARD_ATTEMPT`` in its environment, which holds nothing else of the worker's but
-``PATH``, the ``TAILGUARD_REPLACE_*`` settings and the variables ``TAILGUARD_REPLACE_ENV``
-names) or an HTTP POST of the retirement
-as JSON (``TAILGUARD_REPLACE_WEBHOOK_URL``, header ``Idempotency-Key``) —
-with ``replace_attempts`` tries and back-off, then publishes one outcome on
-``node-replacements`` (key = node id; see :func:`outcome_event`).
+When a (node, model) is retired, the worker that owns the model runs the configured action —
+a shell command (``TAILGUARD_REPLACE_COMMAND``; its environment holds ``TAILGUARD_NODE_ID``,
+``TAILGUARD_MODEL``, ``TAILGUARD_REASON``, ``TAILGUARD_RETIRED_TS``,
+``TAILGUARD_RETIREMENT_ID``, ``TAILGUARD_ATTEMPT``, and of the worker's only ``PATH``, the
+``TAILGUARD_REPLACE_*`` settings and what ``TAILGUARD_REPLACE_ENV`` names) or an HTTP POST of
+the retirement as JSON (``TAILGUARD_REPLACE_WEBHOOK_URL``, header ``Idempotency-Key``) — with
+``replace_attempts`` tries and back-off, then publishes one outcome on ``node-replacements``
+(key = node id; :func:`outcome_event`). Why it works this way: docs/diagnostics.md.
 
-It is level-triggered, not event-triggered: every stage-2 tick offers the
-retired statuses of the models this worker owns (:meth:`ReplaceHook.offer`),
-so a retirement whose transition was published just before a crash is still
-seen after the restart (the state comes back from the changelog). A
-retirement is identified by (model, node, the time it was retired), which the
-changelog keeps unchanged while the node stays retired.
-
-Once per retirement, across restarts and workers: before it runs the action,
-a worker claims the retirement in Redis (``<prefix>:replace:<retirement_id>``,
-SET-if-absent in a Lua script, kept ``LEDGER_TTL_S``) with a lease covering
-every attempt; it records the outcome there when done. A claim that is done
-or leased by a live worker is never run again. If the worker dies while the
-action runs, the lease runs out and the next owner runs it again: at least
-once, and twice only in that case (the action gets the same
-``TAILGUARD_RETIREMENT_ID``, and the outcome says ``runs: 2``, so it can be made
-idempotent). Retirements older than ``replace_max_age_s`` that no ledger
-entry covers are not acted on (turning the hook on does not replace every
-node retired in the past); they are logged once. The hook never stops the
-stream: action, Redis and Kafka failures are logged and retried at the next
-tick or attempt. What the action printed (or the webhook answered) is cleaned of escapes and
-redacted (:class:`tailguard.redact.Redactor`: the secret settings, anything that looks like a
-credential) before it is logged, published or recorded; ``DETAIL_CHARS`` of it are kept.
+Guarantees: level-triggered (every stage-2 tick offers the retired statuses it owns,
+:meth:`ReplaceHook.offer`, so a retirement seen just before a crash is still seen after);
+once per retirement (model, node, retired time) across restarts and workers, through a claim
+in Redis (``<prefix>:replace:<retirement_id>``, SET-if-absent, kept ``LEDGER_TTL_S``) with a
+lease over every attempt — twice only when a worker dies mid-action (``runs: 2``, the same
+``TAILGUARD_RETIREMENT_ID``); retirements older than ``replace_max_age_s`` with no ledger
+entry are logged once, not acted on; failures never stop the stream (logged, retried); what
+the action printed is cleaned and redacted (:class:`tailguard.redact.Redactor`) before it is
+logged, published or recorded, ``DETAIL_CHARS`` of it kept.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ from tailguard.core.contract.ids import Allowlist
 from tailguard.core.contract.types import WindowSummary
 from tailguard.core.judge.evaluate import FleetEvaluator
 from tailguard.core.window.window import WindowStore
-from tailguard.routing.keys import Keys
+from tailguard.routing.keys import Keys, as_keys
 from tailguard.routing.operators import (
     OperatorState,
     Override,
@@ -53,12 +53,14 @@ from tailguard.settings import Settings, redact_url
 from tailguard.streaming import allowlist
 from tailguard.streaming.deadletter import DeadLetter
 from tailguard.streaming.edge import OperatorEdge
+from tailguard.streaming.hints_feed import HintsFeed
 from tailguard.streaming.ingest import IngestService, next_boundary, sleep_until
 from tailguard.streaming.metrics import WorkerMetrics
 from tailguard.streaming.publisher import Publisher
 from tailguard.streaming.replace import ReplaceHook, build_hook
 from tailguard.streaming.stage1 import Stage1
-from tailguard.streaming.stage2 import Stage2, decode_hints, state_key
+from tailguard.streaming.stage2 import Stage2, StageHints, decode_hints, state_key
+from tailguard.streaming.summary_batch import SummaryBatch, encode_by_model
 from tailguard.streaming.ticker import (
     Assignment,
     OperatorSource,
@@ -73,20 +75,25 @@ from tailguard.streaming.wire import (
     dumps,
     encode_cluster,
     encode_diagnostics,
-    encode_summary,
 )
 
 log = logging.getLogger(__name__)
 
 STAGE2_TAKE = 2000
 STAGE2_OFFSET_MAX_S = 5.0
+# Changelog records of a table that faust buffers before applying them, where it reads them
+# after the start: the hints GlobalTable's own partitions (faust reads them as "active": the
+# recovery buffer) and the health table's replicas (standby). faust's default of 1000 holds the
+# last 1000 decoded values — a flood's hints, each naming its ~1,000 new pairs — for as many
+# ticks; 1 applies each record as it comes (docs/operating.md#floods).
+CHANGELOG_BUFFER = 1
 
 
 class RedisOperators:
     """:class:`OperatorSource` on the Redis that holds the routing keys."""
 
-    def __init__(self, redis: Any, key_prefix: str) -> None:
-        self.redis, self.keys = redis, Keys(key_prefix)
+    def __init__(self, redis: Any, key_prefix: str | Keys) -> None:
+        self.redis, self.keys = redis, as_keys(key_prefix)
 
     async def read(self) -> OperatorState:
         return await read_operator_state(self.redis, self.keys)
@@ -150,7 +157,12 @@ class _FaustSink:
         await asyncio.gather(*futs)
 
     async def send_summaries(self, summaries: Sequence[WindowSummary]) -> None:
-        await self._to_stage2(summaries, encode_summary)
+        """As summary batches (:mod:`tailguard.streaming.summary_batch`): a few messages per
+        model, not one per series (one message each topped out near 3,500 summaries/s)."""
+        await self.track()
+        futs = [await self.stats.send(key=state_key(model), value=raw)
+                for model, raw in encode_by_model(summaries)]
+        await asyncio.gather(*futs)
 
     async def send_cluster(self, digests: Sequence[ClusterDigest]) -> None:
         await self._to_stage2(digests, encode_cluster)
@@ -209,19 +221,32 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
     allow_redis, load_allowlist = _allowlist_loader(settings)
     sink = _FaustSink(t.stats, t.dlq, track)
 
+    feeds: list[HintsFeed] = []
+
+    class _Hints(HintsFeed):
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(settings=settings, topic=t.hints_table.changelog_topic.get_topic_name(),
+                             partitions=settings.topic_partitions, **kwargs)
+            feeds.append(self)
+
+    def hints() -> StageHints:
+        table = list(t.hints_table.items())
+        return decode_hints(feeds[-1].items(table, stage2.hinted_models()) if feeds else table)
+
     class _Ingest(IngestService):
         def __init__(self, **kwargs: Any) -> None:
             super().__init__(settings=settings, stage1=stage1, sink=sink, metrics=metrics, clock=clock,
-                             hints=lambda: decode_hints(list(t.hints_table.items())),
-                             allowlist=load_allowlist, **kwargs)
+                             hints=hints, allowlist=load_allowlist, **kwargs)
             rt.ingest = self
 
     app.service(_lifecycle(settings, metrics, redis, hook, hook_redis, allow_redis))
+    app.service(_Hints)
     app.service(_Ingest)
     if settings.web_port != 0:
+        from tailguard.routing.client import keys_for
         from tailguard.streaming import page
 
-        page.register(app, lambda: redis.client, settings.key_prefix, settings.mode, clock)
+        page.register(app, lambda: redis.client, keys_for(settings), settings.mode, clock)
     _stage2_agent(app, t.stats, stage2, metrics, settings.topics.window_stats)
     _stage2_loops(app, ticker, hook, clock, det.tick_interval_s)
     return app
@@ -274,9 +299,10 @@ class _Topics:
             diag_req=app.topic(topics.diagnostics_requests, partitions=n_parts),
             dlq=app.topic(topics.dead_letter, partitions=n_parts),
             replacements=app.topic(topics.replacements, partitions=n_parts),
-            state_table=app.Table("health", partitions=n_parts, use_partitioner=True, key_type=bytes),
+            state_table=app.Table("health", partitions=n_parts, use_partitioner=True, key_type=bytes,
+                                  standby_buffer_size=CHANGELOG_BUFFER),
             hints_table=app.GlobalTable("judge_since", partitions=n_parts, use_partitioner=True,
-                                        key_type=bytes),
+                                        key_type=bytes, recovery_buffer_size=CHANGELOG_BUFFER),
         )
 
     def written(self) -> list[str]:
@@ -345,13 +371,13 @@ class _RedisSide:
              metrics: WorkerMetrics) -> _RedisSide:
         if writer is not None:
             return cls(writer, operators)
-        from tailguard.routing.client import connect_for
+        from tailguard.routing.client import connect_for, keys_for
         from tailguard.routing.writer import RoutingWriter
 
-        client = connect_for(settings)
-        owned = RoutingWriter(client, settings.key_prefix, metrics=metrics,
+        client, keys = connect_for(settings), keys_for(settings)
+        owned = RoutingWriter(client, keys, metrics=metrics,
                               where=f"{redact_url(settings.redis_url)} (TAILGUARD_REDIS_URL)")
-        return cls(owned, operators if operators is not None else RedisOperators(client, settings.key_prefix),
+        return cls(owned, operators if operators is not None else RedisOperators(client, keys),
                    client)
 
 
@@ -413,11 +439,16 @@ def _stage2_agent(app: Any, stats: Any, stage2: Stage2, metrics: WorkerMetrics, 
                     metrics.bad_events.labels(topic=topic, reason=e.reason).inc()
                     log.warning("dropping bad stage-2 message (%s): %s", e.reason, e)
                     continue
-                if isinstance(msg, DiagnosticsResult):
+                if isinstance(msg, SummaryBatch):
+                    metrics.summaries_in.inc(len(msg.summaries))
+                    for s in msg.summaries:
+                        stage2.on_summary(s)
+                elif isinstance(msg, DiagnosticsResult):
                     stage2.on_diagnostics(msg)
                 elif isinstance(msg, ClusterDigest):
                     stage2.on_cluster(msg)
                 else:
+                    metrics.summaries_in.inc()
                     stage2.on_summary(msg)
 
 

@@ -3,19 +3,18 @@
 :class:`Stage1` is the Kafka-free logic; :mod:`tailguard.streaming.ingest` feeds it records from
 the ``latency-events`` partitions this worker owns. Entry points: :meth:`Stage1.ingest` (one
 poll), :meth:`Stage1.summaries`, :meth:`Stage1.cluster_digests`, :meth:`Stage1.forget_silent`.
-Each guarantee in full: docs/operations.md ("Stage 1's windows"), docs/operating.md#floods.
+In full: docs/operations.md ("Stage 1's windows"), docs/operating.md ("Floods").
 
 Guarantees:
 
 * Every record reaches the windows or comes back as a
-  :class:`~tailguard.streaming.deadletter.DeadLetter`; a bad record never stops the others of its
-  poll. Keys and headers are not read here.
+  :class:`~tailguard.streaming.deadletter.DeadLetter`; a bad record never stops the others of
+  its poll. Keys and headers are not read here.
 * :meth:`Stage1.summaries` covers only series last seen on a partition this worker still
   owns, oldest-admitted series first.
-* At most ``max_new_pairs_per_tick`` new pairs per model enter the windows between two
-  ticks, and at most ``max_models`` models are held; the rest are dropped and counted
-  (``new_pair_limit``, ``model_limit``), not dead-lettered one by one. Both limits fall on
-  new ids only: a pair already held is never refused.
+* At most ``max_new_pairs_per_tick`` new pairs per model enter between two ticks, and at most
+  ``max_models`` models are held; the rest are dropped and counted (``new_pair_limit``,
+  ``model_limit``). Both limits fall on new ids only: a pair already held is never refused.
 * A sample older than ``max_sample_age_s`` on arrival is kept (never judged), counted and
   logged (at most once per :data:`LATE_LOG_INTERVAL_S`). Memory is bounded by the number of
   series; silent series are forgotten after ``forget_after_s``, a large drop is given back.
@@ -35,6 +34,7 @@ from tailguard.core.contract.hist_event import HistogramBatch
 from tailguard.core.contract.ids import Allowlist
 from tailguard.core.contract.types import WindowSummary
 from tailguard.core.window.accumulate import Accumulator
+from tailguard.core.window.signals import ModelChoice
 from tailguard.streaming import memory
 from tailguard.streaming.deadletter import DeadLetter, RecordLike
 from tailguard.streaming.memory import GIVE_BACK_MIN, give_back
@@ -61,7 +61,9 @@ class WindowStoreLike(Protocol):
     def summaries(self, now_s: float,
                   judge_since: Mapping[tuple[str, str], float] | None = None,
                   *, out_of_fit: Collection[tuple[str, str]] = (),
-                  tail_refs: Mapping[str, float] | None = None) -> list[WindowSummary]: ...
+                  tail_refs: Mapping[str, float] | None = None,
+                  choices: Mapping[str, ModelChoice] | None = None,
+                  evidence: bool = False) -> list[WindowSummary]: ...
 
     def model_digests(self, now_s: float) -> dict[str, dict[str, Any]]: ...
 
@@ -331,6 +333,7 @@ class Stage1:
                   judge_since: Mapping[tuple[str, str], float] | None = None,
                   out_of_fit: Collection[tuple[str, str]] = (),
                   tail_refs: Mapping[str, float] | None = None,
+                  signals: Mapping[str, ModelChoice] | None = None,
                   ) -> list[WindowSummary]:
         """This tick's summary of every owned series (all series when ``owned_partitions`` is None),
         oldest-admitted series first; starts a new admission tick (``max_new_pairs_per_tick``).
@@ -341,10 +344,14 @@ class Stage1:
         routing, which do not vote in the fleet-wide ``normalized`` fit
         (``FleetEvaluator.out_of_fit``). The fit is made from every series
         this store holds, owned or not. ``tail_refs`` ``{model: threshold}``
-        (``FleetEvaluator.tail_ref``): fresh samples above it are counted.
+        (``FleetEvaluator.tail_ref``): fresh samples above it are counted. ``signals``
+        ``{model: ModelChoice}``: each model's signal as stage 2 chose it from every worker's
+        summaries (:mod:`tailguard.core.judge.signal_choice`), which carry what it needs; a
+        model without one is judged on this store's own choice, and its summaries say so.
         """
         self._end_admission_tick()
-        out = self.store.summaries(now_s, judge_since, out_of_fit=out_of_fit, tail_refs=tail_refs)
+        out = self.store.summaries(now_s, judge_since, out_of_fit=out_of_fit, tail_refs=tail_refs,
+                                   choices=signals, evidence=True)
         part = self._partition_of
         if owned_partitions is not None:
             owned = set(owned_partitions)

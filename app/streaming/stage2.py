@@ -1,31 +1,23 @@
 """Stage 2: per model, window summaries → health verdict, state kept in a changelog table.
 
-:class:`Stage2` is the Kafka-free logic of the stage-2 agent and timer in
-:mod:`tailguard.streaming.service`: it collects the newest summary per node of each model, the
-workers' cluster digests (``on_cluster``) and diagnostics results, and at each tick turns every
-model this worker owns into a :class:`ModelOutput` with the core's ``FleetEvaluator`` (the
-verdict, plus the summaries and streaks it was made from, for :mod:`tailguard.streaming.edge`).
-
+:class:`Stage2` is the Kafka-free logic of the stage-2 agent and timer: it collects the newest
+summary per node of each model, the workers' cluster digests (``on_cluster``) and diagnostics
+results, and at each tick turns every model this worker owns into a :class:`ModelOutput` with
+the core's ``FleetEvaluator`` (the verdict, plus the summaries and streaks it was made from).
 Guarantees (in full: docs/operations.md, "Stage 2's state"):
 
 * **Durable state.** A model's changed state goes to ``state``, its hints for stage 1
   (:func:`encode_hints`) to ``hints``; a model is restored from ``state`` before its first
-  evaluation after an (re)assignment.
-* **A failed table write loses nothing.** It is logged, counted in ``write_failures`` and
-  retried at the next tick; the verdict is still returned. Large values are packed
-  (:func:`pack_value`); one still above ``max_value_bytes`` is counted, not written.
+  evaluation after an (re)assignment. A failed table write is logged, counted
+  (``write_failures``) and retried next tick; the verdict is still returned. Large values are
+  packed (:func:`pack_value`); one still above ``max_value_bytes`` is counted, not written.
 * **Cluster-wide P50/P99** of the workers' fresh digests, in ``ModelTick``.
-* **Diagnostics that answer the current episode only**: a result counts when its
-  ``request_id`` is the current quarantine episode's request and it arrived after it; the
-  others are dropped, counted by reason (``diagnostics_dropped``) and logged once per reason.
-* **Only owned models**, and **bounded**: one pending summary per (node, model), stale ones
-  ignored, at most ``max_models`` models judged (a new one beyond is not, until one is
-  forgotten), every summary left unevaluated counted in ``dropped`` by reason.
-* **Models are forgotten.** A model with no pair left (each forgotten after
-  ``forget_after_s`` of silence; the last routed ones never are) and no sign of life for
-  ``forget_after_s`` (its summaries' ``last_seen_ts``; since its first tick here when it had
-  none) is dropped: its state and hints are deleted from the tables and its last tick, with
-  no status and ``forgotten`` set, makes the routing writer delete its Redis keys.
+* **Diagnostics of the current episode only** (its ``request_id``, arrived after it); others
+  are dropped, counted by reason (``diagnostics_dropped``), logged once.
+* **Only owned models, bounded**: one pending summary per pair, stale ones ignored, at most
+  ``max_models`` models judged, every summary left unevaluated counted in ``dropped``.
+* **Models are forgotten** with no pair left (the last routed never are) and no sign of life
+  for ``forget_after_s``: entries deleted, the last tick (``forgotten``) deletes their keys.
 """
 
 from __future__ import annotations
@@ -42,10 +34,13 @@ from typing import Any, Protocol, TypeAlias
 
 import orjson
 
+from tailguard.core.contract.config import DetectorSettings
 from tailguard.core.contract.types import ModelTick, Transition, WindowSummary
 from tailguard.core.judge.health import diagnostics_refusal
+from tailguard.core.judge.signal_choice import choose_for_model
 from tailguard.core.replay.detector import FLEET_QUANTILES
 from tailguard.core.window.quantiles import digest_quantiles, merge_digests
+from tailguard.core.window.signals import ModelChoice
 from tailguard.streaming.memory import GIVE_BACK_MIN, give_back
 from tailguard.streaming.wire import ClusterDigest, DiagnosticsResult
 
@@ -78,14 +73,17 @@ class StageHints:
     judge_since: dict[SeriesKey, float] = field(default_factory=dict)
     out_of_fit: frozenset[SeriesKey] = frozenset()
     tail_refs: dict[str, float] = field(default_factory=dict)   # model -> fresh-tail threshold
+    signals: dict[str, ModelChoice] = field(default_factory=dict)   # model -> its signal
 
 
 def encode_hints(judge_since: Mapping[str, float], out_of_fit: Iterable[str],
-                 tail_ref: float | None = None) -> dict[str, Any]:
+                 tail_ref: float | None = None, signal: ModelChoice | None = None) -> dict[str, Any]:
     """One model's hints table value: ``{"judge_since": {node: ts}, "out_of_fit": [node, …],
-    "tail_ref": threshold or null}`` (``FleetEvaluator.tail_ref``: stage 1 counts each
-    series' fresh samples above it)."""
-    return {"judge_since": dict(judge_since), "out_of_fit": sorted(out_of_fit), "tail_ref": tail_ref}
+    "tail_ref": threshold or null, "signal": ModelChoice.to_dict() or null}``
+    (``FleetEvaluator.tail_ref``: stage 1 counts each series' fresh samples above it;
+    ``signal``: the model's signal for every stage 1, :mod:`tailguard.core.judge.signal_choice`)."""
+    return {"judge_since": dict(judge_since), "out_of_fit": sorted(out_of_fit), "tail_ref": tail_ref,
+            "signal": None if signal is None else signal.to_dict()}
 
 
 def decode_hints(items: Iterable[tuple[Any, Any]]) -> StageHints:
@@ -97,6 +95,7 @@ def decode_hints(items: Iterable[tuple[Any, Any]]) -> StageHints:
     since: dict[SeriesKey, float] = {}
     unfit: set[SeriesKey] = set()
     refs: dict[str, float] = {}
+    signals: dict[str, ModelChoice] = {}
     for key, value in items:
         model = key.decode() if isinstance(key, bytes) else str(key)
         try:
@@ -109,6 +108,12 @@ def decode_hints(items: Iterable[tuple[Any, Any]]) -> StageHints:
         ref = value.get("tail_ref")
         if isinstance(ref, int | float) and not isinstance(ref, bool) and ref > 0:
             refs[model] = float(ref)
+        choice = value.get("signal")
+        if isinstance(choice, Mapping):
+            try:
+                signals[model] = ModelChoice.from_dict(choice)
+            except ValueError as e:     # stage 1 keeps its own choice for the model
+                log.warning("the signal hint of model %r is skipped: %s", model, e)
         js = value.get("judge_since")
         if isinstance(js, Mapping):   # current form (an old-form node's value is a number)
             unfit.update((str(node), model) for node in value.get("out_of_fit") or ())
@@ -116,7 +121,7 @@ def decode_hints(items: Iterable[tuple[Any, Any]]) -> StageHints:
             js = value
         for node, ts in js.items():
             since[(str(node), model)] = float(ts)
-    return StageHints(since, frozenset(unfit), refs)
+    return StageHints(since, frozenset(unfit), refs, signals)
 
 
 class EvaluatorLike(Protocol):
@@ -210,6 +215,7 @@ class Stage2:
         self.state = state
         self.hints = hints
         self._hints_written: dict[str, Any] = {}
+        self._signals: dict[str, ModelChoice] = {}   # model -> the last signal choice
         self.stale_after_s = stale_after_s
         self.max_pending_diagnostics = max_pending_diagnostics
         self._pending: dict[str, dict[str, WindowSummary]] = {}
@@ -261,6 +267,10 @@ class Stage2:
         self._written.clear()
         self._hints_written.clear()
 
+    def hinted_models(self) -> set[str]:
+        """The models whose hints this worker wrote since its last (re)assignment."""
+        return set(self._hints_written)
+
     def pending_summaries(self) -> int:
         return sum(len(v) for v in self._pending.values())
 
@@ -282,6 +292,7 @@ class Stage2:
         for model in sorted(self.known_models()):
             if not owns(model):
                 self.dropped["not_owned"] += len(self._pending.pop(model, {}))
+                self._signals.pop(model, None)
                 self._diagnostics.pop(model, None)
                 self._cluster.pop(model, None)
                 self._restored.discard(model)
@@ -306,7 +317,7 @@ class Stage2:
                 out.append(ModelOutput(gone))
                 continue
             out.append(o)
-            self._write_hints(model, now_s if hints_for_s is None else hints_for_s)
+            self._write_hints(model, now_s if hints_for_s is None else hints_for_s, o.summaries)
         return out
 
     def _forget(self, model: str) -> None:
@@ -323,19 +334,26 @@ class Stage2:
             except Exception:  # a table write failed: the model is restored (empty) and retried
                 self.write_failures += 1
                 log.exception("deleting the state of forgotten model %r failed", model)
-        for d in (self._written, self._hints_written, self._peak_pairs, self._heard,
+        for d in (self._written, self._hints_written, self._signals, self._peak_pairs, self._heard,
                   self._cluster, self._diagnostics, self._pending):
             d.pop(model, None)
         self._restored.discard(model)
         self._held.discard(model)
         log.info("model %r forgotten: no node of it for %.0f s", model, self.forget_after_s)
 
-    def _write_hints(self, model: str, at_s: float) -> None:
+    def _write_hints(self, model: str, at_s: float, summaries: Iterable[WindowSummary]) -> None:
         if self.hints is None:
             return
         ev = self.evaluator
+        det = getattr(ev, "settings", None) or DetectorSettings()
+        # The model's signal from every worker's summaries (a tick without any keeps the last).
+        choice = choose_for_model(det.signal_for(model), summaries, det.min_samples)
+        if choice is None:
+            choice = self._signals.get(model)
+        else:
+            self._signals[model] = choice
         value = encode_hints({node: ts for (node, _m), ts in ev.judge_since(model, at_s).items()},
-                             (node for node, _m in ev.out_of_fit(model)), ev.tail_ref(model))
+                             (node for node, _m in ev.out_of_fit(model)), ev.tail_ref(model), choice)
         if self._hints_written.get(model) != value and self._write(
                 self.hints, state_key(model), value, model, "hints"):
             self._hints_written[model] = value

@@ -1,34 +1,22 @@
 """Per-node rule statistics against their limits, for ``tailguard explain`` and the page.
 
-:func:`rule_stats` takes one model's tick at the stage-2 edge — the window
-summaries the core judged, the statuses it returned, the detector settings —
-and gives, per node, each rule's statistic next to the limit it is held to:
+:func:`rule_stats` takes one model's tick at the stage-2 edge — the window summaries the core
+judged, the statuses it returned, the detector settings — and gives, per node, each rule's
+statistic next to the limit it is held to: ``p50`` (the window's P50 of ``signal``, against
+``relative_p50_factor`` × the peers' median P50), ``fresh_p50`` (the last tick's samples,
+against the same factor × the peers' median fresh P50), ``p99`` (against
+``relative_p99_factor`` × the peers' median P99), ``ratio`` (P99 / P50, against
+max(``ratio_threshold``, ``fleet_ratio_factor`` × the peers' median ratio)) and ``err`` (the
+failed share since the previous tick, from stage 1's cumulative counters, against
+max(``max_error_share``, ``error_share_peer_factor`` × the peers' median share)). The table,
+and how ``tailguard explain`` shows it: docs/operating.md.
 
-=============  ===================================================  =========================
-key            statistic                                            limit
-=============  ===================================================  =========================
-``p50``        the window's P50 (of ``signal``)                     relative_p50_factor × the
-                                                                    peers' median P50
-``fresh_p50``  P50 of the last tick's samples                       same × the peers' median
-                                                                    fresh P50
-``p99``        the window's P99                                     relative_p99_factor × the
-                                                                    peers' median P99
-``ratio``      P99 / P50                                            max(ratio_threshold,
-                                                                    fleet_ratio_factor × the
-                                                                    peers' median ratio)
-``err``        failed share of the requests since the previous      max(max_error_share,
-               tick (stage 1's cumulative counters, differenced)    error_share_peer_factor ×
-                                                                    the peers' median share)
-=============  ===================================================  =========================
-
-Peers are the model's routed, non-warming nodes with ``min_samples`` judged
-samples, as in the core; below ``min_peers`` of them the relative limits are
-``None`` (the rule does not apply). These are the fleet-wide forms of the
-core's limits: with several hardware classes the core compares a node with its
-own class, and its tail limit also allows for the peers' spread, so a shown
-limit is a lower bound there. The verdict itself (state, reason) is always the
-core's. Pure: no clock, no I/O; the previous counters are passed in and the
-new ones returned.
+Guarantees: peers are the model's routed, non-warming nodes with ``min_samples`` judged
+samples, as in the core; below ``min_peers`` of them the relative limits are ``None`` (the
+rule does not apply). These are the fleet-wide forms of the core's limits (with several
+hardware classes, or the tail limit's allowance for the peers' spread, a shown limit is a
+lower bound); the verdict itself (state, reason) is always the core's. Pure: no clock, no
+I/O; the previous counters are passed in and the new ones returned.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """The internal stage-1 → stage-2 messages on ``node-window-stats`` (key = model).
 
-Two kinds, JSON objects told apart by ``"type"``:
+A summary batch (:mod:`tailguard.streaming.summary_batch`: bytes starting ``0xF5 'T' 'S'``,
+many summaries of one model; what stage 1 sends) or a JSON object told apart by ``"type"``:
 
-* ``{"type": "summary", …WindowSummary.to_dict()}`` — one per (node, model)
-  per stage-1 tick;
+* ``{"type": "summary", …WindowSummary.to_dict()}`` — one (node, model)'s summary of one
+  stage-1 tick (what stage 1 sent before the batch; still read);
 * ``{"type": "diagnostics", "node_id", "model", "recoverable", "ts", "request_id",
   "arrived_ts"}`` — a
   diagnostics result, re-keyed by model so the worker that owns the model's
@@ -30,6 +31,8 @@ from tailguard.core.contract.errors import BadEvent
 from tailguard.core.contract.events import loads
 from tailguard.core.contract.types import WindowSummary
 from tailguard.core.window.quantiles import digest_from_dict
+from tailguard.streaming.summary_batch import MAGIC as BATCH_MAGIC
+from tailguard.streaming.summary_batch import SummaryBatch, decode_batch
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,10 +149,15 @@ def _cluster(d: dict[str, Any]) -> ClusterDigest:
                          nodes, digest)
 
 
-def decode_stage2(raw: bytes | str | None) -> WindowSummary | DiagnosticsResult | ClusterDigest:
+Stage2Message = WindowSummary | SummaryBatch | DiagnosticsResult | ClusterDigest
+
+
+def decode_stage2(raw: bytes | str | None) -> Stage2Message:
     """Decode one ``node-window-stats`` message."""
     if raw is None:
         raise BadEvent("empty_message", "message has no value")
+    if isinstance(raw, bytes) and raw[:3] == BATCH_MAGIC:
+        return decode_batch(raw)
     d = loads(raw)
     if not isinstance(d, dict):
         raise BadEvent("not_object", "a stage-2 message must be a JSON object")

@@ -117,13 +117,13 @@ async def start_haproxy(stack: AsyncExitStack, tmp: Path, backends: dict[str, Ec
 
 
 async def start_sync(stack: AsyncExitStack, tmp: Path, sock: str, redis_url: str, prefix: str,
-                     *extra: str) -> None:
+                     *extra: str, env: dict[str, str] | None = None, model: str = MODEL) -> None:
     log = open(tmp / "sync.log", "wb")  # noqa: SIM115 - closed by the exit stack
     stack.callback(log.close)
     await spawn(
         stack, sys.executable, "-m", "tailguard.cli", "haproxy-sync", "--socket", sock, "--backend-map",
-        f"{MODEL}={BACKEND}", "--redis-url", redis_url, "--key-prefix", prefix, "--poll-interval-s", "0.2",
-        "--resync-interval-s", "1", *extra, stdout=log, stderr=log, env=dict(os.environ),
+        f"{model}={BACKEND}", "--redis-url", redis_url, "--key-prefix", prefix, "--poll-interval-s", "0.2",
+        "--resync-interval-s", "1", *extra, stdout=log, stderr=log, env=dict(os.environ if env is None else env),
     )
 
 

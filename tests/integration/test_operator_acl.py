@@ -6,7 +6,8 @@ Shown: the writer's extras (shadow set, history, events) are written by a worker
 operator commands (``tailguard drain``/``mode``/``release``, through their CLI, so with the
 ``TAILGUARD_REDIS_USERNAME``/``_PASSWORD`` settings) work as that user; ``tailguard explain`` and
 the status page's data work as a reader user; and a worker user that lacks a command the
-script needs for the extras (``LPUSH``) is refused with NOPERM before anything is written.
+script needs for the extras (``LPUSH``) is refused with NOPERM before anything is written. A
+worker user writes and forgets a model in both key layouts (plain and hash-tagged: ``SREM``).
 """
 
 from __future__ import annotations
@@ -148,3 +149,24 @@ async def test_a_worker_without_lpush_is_refused_before_anything_is_written(
     for k in (keys.routing("m"), keys.version("m"), keys.nodes("m"), keys.shadow("m"),
               keys.history("m"), keys.events("m"), keys.models):
         assert not await admin.exists(k), k
+
+
+@pytest.mark.parametrize("tagged", [False, True])
+async def test_a_worker_user_writes_and_forgets_a_model_in_either_key_layout(
+        redis_url: str, acl_user: MakeUser, admin: aioredis.Redis, unique_name: Callable[[str], str],
+        tagged: bool) -> None:
+    prefix = unique_name("acl-forget")
+    keys = Keys(prefix, tagged=tagged)
+    user, password = await acl_user(prefix, "worker")
+    r = as_user(redis_url, user, password)
+    try:
+        w = RoutingWriter(r, keys)
+        assert await w.apply(a_tick("m"))
+        assert await admin.smembers(keys.routing("m")) == {b"a", b"b"}
+        assert await admin.smembers(keys.models) == {b"m"}
+        gone = ModelTick(model="m", ts=2.0, transitions=(), routing=frozenset(), quarantine={},
+                         statuses=(), forgotten=True)
+        assert await w.apply(gone), w.rejected      # SREM is in the worker's ACL
+        assert not await admin.exists(keys.models, *keys.model_keys("m"))
+    finally:
+        await r.aclose()

@@ -166,15 +166,21 @@ class Feeder:
     ``slow``: nodes whose latency is ``slow_factor`` (3) × the others' (P50 far above the peers').
     ``failing``: nodes that also fail as many requests as they serve (a batch with
     ``"ok": false`` next to each good one), at normal latency.
+    ``tokens``: nodes whose samples carry request sizes (``[ts, latency_us, input_tokens,
+    output_tokens, ttft_us]``: 30 output tokens, the first token at a fifth of the latency).
+    ``probing``: nodes whose batches are flagged ``"probe": true`` (a load balancer's probes of
+    a quarantined node).
     """
 
     def __init__(self, kafka: str, topic: str, models: dict[str, list[str]],
                  slow: set[tuple[str, str]] | None = None, period_s: float = 0.25,
                  per_batch: int = 25, failing: set[tuple[str, str]] | None = None,
-                 slow_factor: float = 3.0) -> None:
+                 slow_factor: float = 3.0, tokens: set[tuple[str, str]] | None = None) -> None:
         self.kafka, self.topic, self.models = kafka, topic, models
         self.slow = set(slow or ())
         self.failing = set(failing or ())
+        self.tokens = set(tokens or ())
+        self.probing: set[tuple[str, str]] = set()
         self.period_s, self.per_batch = period_s, per_batch
         self.slow_factor = slow_factor
         self._task: asyncio.Task[None] | None = None
@@ -205,11 +211,14 @@ class Feeder:
             for model, nodes in self.models.items():
                 for node in nodes:
                     base = 1000.0 * (self.slow_factor if (node, model) in self.slow else 1.0)
-                    samples = [[now, base * self.rng.lognormvariate(0, 0.15)]
-                               for _ in range(self.per_batch)]
+                    samples: list[list[float]] = [[now, base * self.rng.lognormvariate(0, 0.15)]
+                                                  for _ in range(self.per_batch)]
+                    if (node, model) in self.tokens:
+                        samples = [[t, lat, self.rng.randint(50, 500), 30, lat / 5] for t, lat in samples]
+                    probe = {"probe": True} if (node, model) in self.probing else {}
                     await self._producer.send(self.topic, json.dumps(
                         {"node_id": node, "model": model, "hardware": "A100",
-                         "samples": samples}).encode(), key=f"{node}|{model}".encode())
+                         "samples": samples, **probe}).encode(), key=f"{node}|{model}".encode())
                     self.sent += 1
                     if (node, model) in self.failing:
                         await self._producer.send(self.topic, json.dumps(

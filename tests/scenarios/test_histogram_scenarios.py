@@ -26,11 +26,12 @@ from tailguard.sim import scenario as sc
 
 ROOT = Path(__file__).resolve().parents[2]
 ALL = sorted(p.stem for p in (ROOT / "scenarios").glob("*.toml"))
-# Faults the histogram path cannot judge: fewer than min_peers peers in the class (docs/rules.md,
-# Histogram pairs). The event path falls back on each node's own history there.
+# Faults judged with fewer than min_peers peers in the class: against each node's own history, as
+# on the event path (docs/rules.md, Histogram pairs).
 BELOW_MIN_PEERS = {"two_node_models", "scale_down_then_fault"}
 # A tail of 8 % at 5 req/s: ~150 requests a window, so the 1e-4 binomial test passes on some ticks
-# only; the node leaves, later than the event path's fresh-tail rule takes it (docs/scrape.md).
+# only; the windows between, past the share limit but not significant, hold the streak
+# (docs/rules.md, Histogram pairs), and the node leaves within the event path's deadline.
 LOW_RATE_TAIL = "low_rate_tail"
 
 
@@ -70,30 +71,45 @@ def test_3x_slowdown_and_2_5x_per_token_are_out_within_the_event_paths_deadline(
 
 
 @pytest.mark.parametrize("seed", [1, 2])
-@pytest.mark.parametrize("name", [n for n in ALL if n not in BELOW_MIN_PEERS and n != LOW_RATE_TAIL])
+@pytest.mark.parametrize("name", ALL)
 def test_every_scenario_meets_its_expectations(name: str, seed: int) -> None:
     """Healthy scenarios remove nobody; the others remove what they expect, in time, and only that."""
     res, records = run(name, seed)
     assert res.ok, "\n".join(res.problems) + "\n" + _explain(records)
 
 
-@pytest.mark.parametrize("seed", [1, 2])
-def test_a_low_rate_tail_leaves_within_twice_the_event_paths_deadline(seed: int) -> None:
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5, 6])
+def test_a_low_rate_tail_leaves_within_the_event_paths_deadline(seed: int) -> None:
+    """Seeds 1-6: 180, 150, 90, 120, 120, 150 s after onset (before the hold: 330 s at seed 1)."""
     res, records = run(LOW_RATE_TAIL, seed)
     s = _scenario(LOW_RATE_TAIL)
     (e,) = s.expect.eject
     assert set(res.ejected_at_s) == {(e.node_id, e.model)}, _explain(records)
-    assert res.ejected_at_s[(e.node_id, e.model)] - e.onset_s <= 2 * e.within_s, _explain(records)
+    assert res.ejected_at_s[(e.node_id, e.model)] - e.onset_s <= e.within_s, _explain(records)
 
 
-@pytest.mark.parametrize("name", sorted(BELOW_MIN_PEERS))
-def test_below_min_peers_the_fault_is_missed_but_nobody_else_leaves(name: str) -> None:
-    """The documented limit: no relative verdict in a class of fewer than min_peers peers."""
-    res, _ = run(name, 1)
+@cache
+def event_path_ejections(name: str, seed: int) -> dict[tuple[str, str], float]:
     s = _scenario(name)
-    faulty = {(e.node_id, e.model) for e in s.expect.eject}
-    assert not set(res.ejected_at_s) - faulty
-    assert not faulty & set(res.ejected_at_s)
+    out: list[str] = []
+    replay(tracegen.lines(tracegen.generate(s, seed)), DetectorSettings(), out.append)
+    return dict(outcome.check(s, [json.loads(line) for line in out]).ejected_at_s)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("name", sorted(BELOW_MIN_PEERS))
+def test_below_min_peers_the_fault_leaves_as_soon_as_on_the_event_path(name: str, seed: int) -> None:
+    """Two live nodes: each judged against its own bucket history, moved as the other moved; the
+    faulty one leaves within the scenario's deadline and at most one tick after the event path's
+    own-history fallback takes it (seed 1: 70 s and 90 s after onset on both paths)."""
+    res, records = run(name, seed)
+    s = _scenario(name)
+    (e,) = s.expect.eject
+    key = (e.node_id, e.model)
+    assert res.ok, "\n".join(res.problems) + "\n" + _explain(records)
+    assert set(res.ejected_at_s) == {key}, _explain(records)
+    events = event_path_ejections(name, seed)
+    assert res.ejected_at_s[key] <= events[key] + DetectorSettings().tick_interval_s, _explain(records)
 
 
 def test_histogram_lines_are_valid_events_with_vllm_buckets() -> None:
@@ -109,3 +125,20 @@ def test_histogram_lines_are_valid_events_with_vllm_buckets() -> None:
     assert all(e.observations == e.requests for e in e2e)
     itl = [e for e in hists if e.metric == "itl"]
     assert sum(e.observations for e in itl) > 10 * sum(e.requests or 0 for e in itl)   # tokens, not requests
+
+
+@pytest.mark.parametrize("shift_s", range(0, 30, 3))
+def test_a_tail_fault_leaves_within_the_deadline_at_any_onset_phase(shift_s: int) -> None:
+    """The onset against the 30-s tick grid: the window the onset splits is past the share limit
+    but not significant (held), and counts once the next one is abnormal (onset credit). Without
+    the credit, onsets 6 and 9 s later left 124 and 121 s after onset (deadline 120 s)."""
+    base = _scenario("tail_fault")
+    s = dataclasses.replace(
+        base, faults=tuple(dataclasses.replace(f, onset_s=f.onset_s + shift_s) for f in base.faults),
+        expect=dataclasses.replace(base.expect, eject=tuple(
+            dataclasses.replace(e, onset_s=e.onset_s + shift_s) for e in base.expect.eject)))
+    out: list[str] = []
+    replay(histtrace.histogram_lines(tracegen.generate(s, 1)), DetectorSettings(), out.append)
+    records = tuple(json.loads(line) for line in out)
+    res = outcome.check(s, records)
+    assert res.ok, "\n".join(res.problems) + "\n" + _explain(records)

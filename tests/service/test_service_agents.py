@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 from stream_fakes import FakeRouting, summary
 
 from tailguard.settings import Settings
-from tailguard.streaming.service import create_app, runtime_of
-from tailguard.streaming.wire import DiagnosticsResult, encode_diagnostics, encode_summary
+from tailguard.streaming.service import _FaustSink, create_app, runtime_of
+from tailguard.streaming.summary_batch import SummaryBatch, encode_batches
+from tailguard.streaming.wire import DiagnosticsResult, decode_stage2, encode_diagnostics, encode_summary
 
 
 def make_app() -> Any:
@@ -38,3 +40,63 @@ def test_apps_are_independent() -> None:
     assert runtime_of(a).stage2 is not runtime_of(b).stage2
     assert runtime_of(a).metrics.registry is not runtime_of(b).metrics.registry
     assert set(a.agents) == {"tailguard-stage2"}   # diagnostics results: stage 1 reads them
+
+
+async def test_stage2_agent_unpacks_summary_batches_and_counts_a_corrupt_one() -> None:
+    app = make_app()
+    rt = runtime_of(app)
+    agent = app.agents["tailguard-stage2"]
+    rows = [summary(f"n{i}", "m", 100.0, 1.0, 2.0) for i in range(2500)]
+    first, second = encode_batches("m", rows)
+    async with agent.test_context() as ctx:
+        await ctx.put(first, key=b"m")
+        await ctx.put(second[:-8], key=b"m")      # cut short: dropped, counted, logged
+        await ctx.put(second, key=b"m")           # the stream goes on
+        await ctx.put(encode_summary(summary("single", "m", 100.0, 1.0, 2.0)), key=b"m")
+    assert rt.stage2.pending_summaries() == 2501
+    assert set(rt.stage2._pending["m"]) == {s.node_id for s in rows} | {"single"}
+    value = rt.metrics.registry.get_sample_value
+    assert value("tailguard_bad_events_total",
+                 {"topic": rt.settings.topics.window_stats, "reason": "bad_batch"}) == 1.0
+    assert value("tailguard_summaries_in_total") == 2501
+
+
+class _Topic:
+    """faust's topic ``send``: records each message, returns a done future."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[bytes, bytes]] = []
+
+    async def send(self, *, key: bytes, value: bytes) -> asyncio.Future[None]:
+        self.sent.append((key, value))
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        fut.set_result(None)
+        return fut
+
+
+async def test_stage1_sends_one_batch_per_model_not_one_message_per_summary() -> None:
+    stats = _Topic()
+
+    async def track() -> None:
+        return None
+
+    sink = _FaustSink(stats, None, track)
+    rows = [summary(f"n{i}", f"m{i % 3}", 100.0, 1.0, 2.0) for i in range(3000)]
+    await sink.send_summaries(rows)
+    assert [k for k, _ in stats.sent] == [b"m0", b"m1", b"m2"]
+    for key, value in stats.sent:
+        batch = decode_stage2(value)
+        assert isinstance(batch, SummaryBatch) and batch.model == key.decode()
+        assert list(batch.summaries) == [s for s in rows if s.model == batch.model]
+
+
+def test_changelog_records_read_after_the_start_are_applied_as_they_come() -> None:
+    # faust buffers 1000 changelog records (decoded) before applying them: a worker then held
+    # its last 1000 hints values, a flood's included (each naming ~1,000 new pairs), for as many
+    # ticks, which kept ~10 MB of a 200,000-id flood after its ids were forgotten (issue 28).
+    app = make_app()
+    tables = {t.name: t for t in app.tables.values()}
+    hints, health = tables["judge_since"], tables["health"]
+    assert hints.recovery_buffer_size == 1      # its own partitions: faust reads them as "active"
+    assert hints.standby_buffer_size == 1       # the other workers' partitions
+    assert health.standby_buffer_size == 1      # replicas of another worker's models

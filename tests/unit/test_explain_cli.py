@@ -77,3 +77,12 @@ def test_bad_override_arguments_exit_2_naming_them(argv: list[str], message: str
     with pytest.raises(SystemExit) as e:
         operators_cli.drain_main(argv)
     assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_render_says_when_the_signal_was_chosen_by_one_worker_s_share() -> None:
+    local = render_explain([NodeExplain("n", "m", {"state": "healthy", "signal": "tpot",
+                                                   "signal_local": True})], NOW)
+    assert "signal tpot chosen by its worker's share of the model alone" in local
+    one = render_explain([NodeExplain("n", "m", {"state": "healthy", "signal": "tpot",
+                                                 "signal_local": False})], NOW)
+    assert "chosen by its worker's share" not in one

@@ -325,3 +325,13 @@ def test_observe_mode_asks_for_no_diagnostics_unless_a_setting_says_so() -> None
     # the mode set in Redis for the model decides, as for routing
     ops = OperatorState(modes={"m": "observe"})
     assert run(OperatorEdge(SETTINGS), t, ops).tick.diagnostics == ()
+
+
+def test_status_says_when_a_node_s_signal_was_chosen_by_its_worker_alone() -> None:
+    # Before stage 2's first signal choice for a model, a stage 1 marks its summaries
+    # (extra signal_local); the status JSON and `tailguard explain` say so.
+    t = tick([status("a"), status("b")])
+    sums = (summ("a")._replace(extra={"signal_local": True}), summ("b"))
+    out = OperatorEdge(SETTINGS).apply(EdgeInput(t, (), sums), NO_OPS, 10.0)
+    assert out.extras.annotations["a"]["signal_local"] is True
+    assert out.extras.annotations["b"]["signal_local"] is False

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tailguard.routing.acl import READER_COMMANDS, WORKER_COMMANDS, acl_rules
+from tailguard.routing.acl import CLUSTER_COMMANDS, READER_COMMANDS, WORKER_COMMANDS, acl_rules
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,3 +34,11 @@ def test_scripts_redis_creates_the_worker_acl_for_the_default_prefix() -> None:
 def test_production_docs_show_the_same_rules() -> None:
     docs = (ROOT / "docs" / "production.md").read_text(encoding="utf-8")
     assert acl_rules("tailguard") in docs and acl_rules("tailguard", role="reader") in docs
+
+
+def test_cluster_rules_add_only_the_cluster_clients_read_only_commands() -> None:
+    for role in ("worker", "reader"):
+        plain = acl_rules("tg", role=role).split()          # type: ignore[arg-type]
+        cluster = acl_rules("tg", role=role, cluster=True).split()   # type: ignore[arg-type]
+        assert cluster[:len(plain)] == plain
+        assert cluster[len(plain):] == [f"+{c}" for c in CLUSTER_COMMANDS] == ["+cluster|slots", "+command"]

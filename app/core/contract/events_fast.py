@@ -1,27 +1,22 @@
 """The msgspec fast paths of the latency-event decoder (:mod:`tailguard.core.contract.events`).
 
-Owns the typed ``msgspec`` decoders of the two JSON shapes that carry almost all
-traffic, and nothing else: a single event whose fields have their contract's types
-(:meth:`FastDecoder.single`, the single-event hot loop; :meth:`FastDecoder.many`, the
-same decoder over many lines in one C loop, the replay's) and a batch whose samples are
-all ``[ts, latency_us]`` pairs or all five-field samples (:meth:`FastDecoder.batch`,
-decoded straight into one float64 array without a Python loop per sample). Types and
-static bounds are checked in C by msgspec.
+Owns the typed ``msgspec`` decoders of the two JSON shapes that carry almost all traffic: a
+single event whose fields have their contract's types (:meth:`FastDecoder.single`;
+:meth:`FastDecoder.many`, the same over many lines in one C loop, the replay's) and a batch
+whose samples are all ``[ts, latency_us]`` pairs or all five-field samples
+(:meth:`FastDecoder.batch`, straight into one float64 array). Types and static bounds are
+checked in C by msgspec.
 
 Guarantees:
 
-* Neither method raises for any input bytes. Each returns values only for a message
-  it can vouch for, and ``None`` for anything else — a shape it does not take, a value
-  outside its bounds, a setting-dependent bound it cannot decide — after which the
-  general path of :mod:`tailguard.core.contract.events` decides. The general path alone words errors.
-* What it returns is what the general path would return for the same bytes; the
-  batch policy (:func:`tailguard.core.contract.events` ``_checked``) and the id rule are applied by the
-  caller to both. ``tests/unit/test_binary.py`` checks fast against general, message by
-  message, over valid and invalid inputs. :meth:`FastDecoder.many` decodes each line
-  alone, as :meth:`FastDecoder.single` does, and leaves the checks of ``single`` to its
-  caller (:meth:`tailguard.core.window.accumulate.Accumulator.add_decoded`; tested against ``single``).
-* :func:`build` returns ``None`` when msgspec is missing (it is a declared dependency):
-  the general path then does everything, with the same results.
+* Neither method raises for any input bytes. Each returns values only for a message it can
+  vouch for, and ``None`` for anything else, after which the general path of
+  :mod:`tailguard.core.contract.events` decides (it alone words errors).
+* What it returns is what the general path would return for the same bytes; the batch
+  policy and the id rule are applied by the caller to both (``tests/unit/test_binary.py``
+  compares them message by message). :meth:`FastDecoder.many` leaves the checks of
+  ``single`` to its caller (:meth:`tailguard.core.window.accumulate.Accumulator.add_decoded`).
+* :func:`build` returns ``None`` when msgspec is missing: the general path then does all.
 """
 
 from __future__ import annotations

@@ -1,24 +1,21 @@
 """Node ids and model names: the rule they must meet, and the allowlist.
 
 Owns what a node id or model name may be. The ids come from whoever can write to
-``latency-events`` and end up in the routing set that load balancers read, in Redis
-keys, in log lines and on an operator's terminal, so the decoder
-(:mod:`tailguard.core.contract.events`) refuses every event whose ids break the rule.
+``latency-events`` and end up in routing sets, Redis keys, log lines and terminals, so the
+decoder (:mod:`tailguard.core.contract.events`) refuses every event whose ids break the rule.
 
 Guarantees:
 
-* :data:`DEFAULT_RULE`: 1 to 128 characters of printable ASCII 0x21-0x7E except
-  ``|`` (the ``node_id|model`` key separator) — no whitespace, no control character,
-  nothing outside ASCII. It takes Kubernetes pod names, host names, ``10.0.0.5:8000``,
+* :data:`DEFAULT_RULE`: 1 to 128 characters of printable ASCII 0x21-0x7E except ``|`` (the
+  ``node_id|model`` key separator). It takes pod names, host names, ``10.0.0.5:8000``,
   ``[fe80::1]:8000``, ``meta-llama/Llama-3.1-8B-Instruct``, ``org:model@rev``.
-  ``TAILGUARD_ID_PATTERN`` (a regular expression, matched whole) replaces it; any rule
-  also requires 1 to :data:`MAX_NAME_CHARS` characters.
-* :meth:`IdRule.ok` is pure and cheap: ids it accepted are remembered (at most
-  :data:`MAX_KNOWN` of them; the memory is emptied when full), so each distinct id
-  runs the pattern once, not once per event.
+  ``TAILGUARD_ID_PATTERN`` (a regular expression, matched whole) replaces it; any rule also
+  requires 1 to :data:`MAX_NAME_CHARS` characters.
+* :meth:`IdRule.ok` is pure and cheap: accepted ids are remembered (at most
+  :data:`MAX_KNOWN`; emptied when full), so each distinct id runs the pattern once.
 * :class:`Allowlist` answers whether a node id is registered (a set of ids and/or a
-  pattern) and whether a model name is (a set of names and/or a pattern; no model rule:
-  every model); loading it (Redis, a file, settings) is the streaming layer's job.
+  pattern) and whether a model name is (a set and/or a pattern; no model rule: every
+  model); loading it (Redis, a file, settings) is the streaming layer's job.
 """
 
 from __future__ import annotations
@@ -36,8 +33,9 @@ MAX_NAME_CHARS: Final = 256
 #: The default id rule; ``TAILGUARD_ID_PATTERN`` replaces it.
 DEFAULT_PATTERN: Final = r"[\x21-\x7b\x7d\x7e]{1,128}"
 DEFAULT_RULE_TEXT: Final = "1-128 characters of printable ASCII 0x21-0x7E except '|'"
-#: Accepted ids remembered per rule before the memory is emptied.
-MAX_KNOWN: Final = 32_768
+#: Accepted ids remembered per rule before the memory is emptied (a flood's one-off ids are
+#: kept alive only as long as this many fit; the regular expression is cheap on a miss).
+MAX_KNOWN: Final = 4096
 
 
 class IdRule:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping
+from functools import partial
 from typing import Any
 
 from tailguard.core.contract.config import DetectorSettings
@@ -42,7 +43,9 @@ from tailguard.core.judge.baseline import baseline_shift, fold_baseline, follow_
 from tailguard.core.judge.fleet_slow import fleet_slow
 from tailguard.core.judge.guards import eject_within_cap, error_storm, load_event
 from tailguard.core.judge.health import Judgement, PairState, Verdict
+from tailguard.core.judge.hist_own import OwnHist, fold
 from tailguard.core.judge.hist_rules import HIST_SIGNAL, HistJudge
+from tailguard.core.judge.hist_weights import targets as hist_targets
 from tailguard.core.judge.model_state import SNAPSHOT_VERSION, ModelState, check_version
 from tailguard.core.judge.peers import (
     PeerSet,
@@ -179,13 +182,14 @@ class FleetEvaluator:
         norms = pn.window
         signal = signal_of(peers)
         # Histogram pairs: bucket exceedance tests (hist_rules) instead of the sample rules.
-        hist = (HistJudge.for_model(peers, by_node, ms.pairs, now_s, st)
+        peer_map = dict(zip(peers.nodes, peers.summaries, strict=True))
+        hist = (HistJudge.for_model(peers, by_node, ms.pairs, now_s, st, OwnHist(ms.hist_own, peer_map, st))
                 if _hist_model(signal, by_node) else None)
         # Too few peers for a median: each pair's P50 against its own history (own_history).
         own_p50 = (dict(zip(peers.nodes, peers.p50s, strict=True))
                    if not norms.enough_peers and hist is None else None)
         verdicts = (judge_peers(st, ms, peers, pn, errors, now_s, own_p50) if hist is None
-                    else Verdicts(*hist.judge_peers(ms.pairs, peers, errors.judgements)))
+                    else Verdicts(*hist.judge_peers(ms.pairs, peers, errors.judgements, ms.elevated)))
         if errors.judgements:
             judge_thin_failing(ms, peers, errors, verdicts)
         # Before the baselines fold this tick in: each node against where it was.
@@ -197,6 +201,8 @@ class FleetEvaluator:
             verdicts.judgements, verdicts.elevated = {}, {}
         elif len(peers) <= OWN_HISTORY_MAX_PEERS:
             self._update_own(ms, peers, verdicts.judgements, now_s)
+            if hist is not None:
+                fold(ms.hist_own, ms.pairs, peer_map, verdicts.judgements, now_s, st)
         ms.elevated = verdicts.elevated
         storm_ev = error_storm(model, ms, errors, now_s, signal, st)
         shift_ev = baseline_shift(model, ms, peers, now_s, verdicts.abnormal, norms.fleet_p50,
@@ -221,9 +227,10 @@ class FleetEvaluator:
             eject_within_cap(model, ms.pairs, candidates, now_s, st, transitions, diagnostics)
         wt = None
         if st.weights != "off":     # after the ejections: only the routed nodes have a weight
-            # Histogram pairs' P50s sit on bucket bounds: no weight from them (docs/rules.md).
+            # Histogram pairs: slow-downs estimated from the buckets, not from interpolated P50s.
             wt = weigh_model(model, ms.weights, peers, norms, ms.pairs.routing(), now_s, st,
-                             hold=load or live.telemetry_lost or hist is not None)
+                             hold=load or live.telemetry_lost,
+                             evidence_of=None if hist is None else partial(hist_targets, peers, st))
         ms.weights = NO_WEIGHTS if wt is None else wt.state
         return self._report(model, ms, by_node, now_s, transitions, fleet_events, diagnostics,
                             with_statuses, wt)

@@ -1,24 +1,18 @@
-"""The ``fleet_slow`` fleet event: every live node of a model far slower than its own
-baseline.
+"""The ``fleet_slow`` fleet event: every live node of a model far slower than its own baseline.
 
-The relative rules compare a node with its peers, so a fleet that slows down together
-flags nobody, and ``baseline_shift`` needs ``min_peers`` peers and fades as the slow
-baseline follows. This module owns the episode that says so whatever the fleet's size:
+Owns the episode that says a fleet slowed down together, whatever its size (the relative
+rules flag nobody then, and ``baseline_shift`` needs ``min_peers`` peers):
 
-* a node's reference is its own P50 baseline (:mod:`tailguard.core.judge.own_history`, while the model
-  has at most ``own_history_max`` peers) or else its hardware class's slow baseline
+* a node's reference is its own P50 baseline (:mod:`tailguard.core.judge.own_history`, while
+  the model has at most ``own_history_max`` peers) or else its hardware class's slow baseline
   (:mod:`tailguard.core.judge.baseline`), once either has enough ticks behind it;
-* the live nodes are the pairs with a judged window this tick in the peers' signal: routed
-  peers and the pairs out of routing (unhealthy, quarantined), never warming, gone or
-  retired;
-* ``fleet_slow`` opens when the live nodes (at least :data:`MIN_NODES`: a node out of
-  routing has no judged window until its probe round, so the one node left serving may be
-  all there is) all have a reference and every one's P50 is above
-  ``relative_p50_factor ×`` it. The references are frozen at the opening (kept in
-  ``ModelState.fleet_slow``), so the episode lasts while the fleet stays
-  slow even as the slow baselines follow it; ``fleet_slow_end`` closes it when some node of
-  the episode is back within :data:`CLEAR_FACTOR` of its frozen reference, when none of them
-  is left, or when the model's signal changes.
+* the live nodes are the pairs with a judged window this tick in the peers' signal (routed
+  peers and pairs out of routing; never warming, gone or retired);
+* ``fleet_slow`` opens when the live nodes (at least :data:`MIN_NODES`) all have a reference
+  and every one's P50 is above ``relative_p50_factor ×`` it. The references are frozen at the
+  opening (``ModelState.fleet_slow``); ``fleet_slow_end`` closes the episode when some node of
+  it is back within :data:`CLEAR_FACTOR` of its frozen reference, when none is left, or when
+  the model's signal changes.
 
 A report only: it ejects, holds and lets back in nobody. Pure: no clock, ``now_s`` passed.
 Rationale and the choice about quarantined nodes: docs/rules.md ("A fleet that slows

@@ -2,23 +2,21 @@
 
 Owns three decisions taken per model and tick after the per-pair rules:
 
-* the ejection guard — at most ``floor(max_ejected_fraction × nodes)`` pairs
-  out of routing (unhealthy-ejected, quarantined, retired), worst severity
-  first, and never the last routed node; the rest stay unhealthy *and
-  routed* (reason ``ejection_cap``) and leave when room appears. Only
-  admitted pairs count (:mod:`tailguard.core.judge.admission`): a new pair confirmed
-  abnormal before it was ever routed is refused (ejected, never routed)
-  whatever the cap, and counts in neither ``nodes`` nor the pairs out;
-* the load event — at least ``load_event_fraction`` of the peers (and at
-  least ``min_peers``) abnormal in one tick: nobody is ejected, no streak
-  moves, one ``load_event`` opens the episode (``load_event_end`` closes it);
-* the error storm — at least ``load_event_fraction`` of the routed pairs with
-  an error share past ``max_error_share`` at once: ``error_storm`` opens the
-  episode (``error_storm_end`` closes it); nobody is ejected for it.
+* the ejection guard — at most ``floor(max_ejected_fraction × nodes)`` pairs out of routing
+  (unhealthy-ejected, quarantined, retired), worst severity first, and never the last routed
+  node; the rest stay unhealthy *and routed* (reason ``ejection_cap``) until room appears.
+  Only admitted pairs count (:mod:`tailguard.core.judge.admission`): a new pair confirmed
+  abnormal before it was ever routed is refused whatever the cap, and counts in neither;
+* the load event — at least ``load_event_fraction`` of the peers (and at least
+  ``min_peers``) abnormal in one tick: nobody is ejected, no streak moves, one
+  ``load_event`` opens the episode (``load_event_end`` closes it);
+* the error storm — at least ``load_event_fraction`` of the routed pairs past
+  ``max_error_share`` at once: ``error_storm`` opens the episode (``error_storm_end``
+  closes it); nobody is ejected for it.
 
-Guarantees: every fleet event marks a change of episode (one per opening,
-one per closing), and the guard's transitions come out in a deterministic
-order (severity, then node id). Rationale: docs/rules.md.
+Guarantees: every fleet event marks a change of episode (one per opening, one per closing),
+and the guard's transitions come out in a deterministic order (severity, then node id).
+Rationale: docs/rules.md.
 """
 
 from __future__ import annotations

@@ -7,11 +7,12 @@ bounds (``b50``/``b99``: the first bounds where it reaches 0.5/0.99). At a bound
 ``MIN_FACTOR`` (1.5) times slower can show at most :func:`shifted_share` above it (1 − the
 reference at the largest bound ≤ b / 1.5). A node is judged by the exact share of its requests
 above a bound from ``b50`` up against that: ``relative_p50`` when it exceeds
-``max(P50_SHARE, shifted + P50_GAP)`` by ``Z`` binomial standard deviations (on requests, not
-token observations), ``relative_p99`` (from ``b99`` up) when it is at least
-``max(P99_SHARE, P99_FACTOR × shifted)`` with binomial p < ``ALPHA``. Bucketless windows (Triton's
-counters) are judged by their mean. Other bounds than the class's, or fewer than ``min_peers``
-peers: no verdict on that metric. Any metric abnormal makes the node abnormal (per-token first).
+``max(P50_SHARE, shifted + P50_GAP)`` by ``Z`` binomial standard deviations (of requests),
+``relative_p99`` (from ``b99`` up) when it is at least ``max(P99_SHARE, P99_FACTOR × shifted)``
+with binomial p < ``ALPHA`` (that share, not significant: no verdict, a streak held). Bucketless
+windows (Triton's counters): their mean. Other bounds than the class's: no verdict on that
+metric; fewer than ``min_peers`` peers: own history (:class:`OwnFallback`). Any metric abnormal
+makes the node abnormal (per-token first).
 
 Guarantees: pure; verdicts depend on counts only (relabelling nodes changes nothing); a shift
 the buckets cannot prove above ``MIN_FACTOR`` is never a fault. Rationale and each server's
@@ -21,11 +22,12 @@ resolution limits: docs/rules.md (Histogram pairs), docs/scrape.md.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Protocol
 
 from tailguard.core.contract.config import DetectorSettings
 from tailguard.core.contract.types import HealthState, Reason, WindowSummary
@@ -74,6 +76,14 @@ class Reference:
     k99: int | None
     mean_s: float | None              # bucketless: the median of the peers' means
 
+    @classmethod
+    def of(cls, bounds_s: tuple[float, ...], cdf: tuple[float, ...], peers: int,
+           mean_s: float | None = None) -> Reference:
+        """The reference with CDF ``cdf`` at ``bounds_s`` (``b50``/``b99`` found in it)."""
+        k50 = next((k for k, f in enumerate(cdf) if f >= 0.5), None)
+        k99 = next((k for k, f in enumerate(cdf) if f >= 0.99), None)
+        return cls(bounds_s, cdf, peers, k50, k99, mean_s)
+
     @property
     def q50(self) -> float:
         return 1.0 - self.cdf[self.k50] if self.k50 is not None else 0.5
@@ -98,10 +108,8 @@ def reference(wins: Sequence[HistWindow]) -> Reference | None:
             acc += c
             row.append(acc / n)
         cdfs.append(row)
-    cdf = tuple(median([row[k] for row in cdfs]) for k in range(len(bounds)))
-    k50 = next((k for k, f in enumerate(cdf) if f >= 0.5), None)
-    k99 = next((k for k, f in enumerate(cdf) if f >= 0.99), None)
-    return Reference(bounds, cdf, len(wins), k50, k99, None)
+    return Reference.of(bounds, tuple(median([row[k] for row in cdfs]) for k in range(len(bounds))),
+                        len(wins))
 
 
 def shifted_share(ref: Reference, j: int) -> float:
@@ -118,10 +126,14 @@ def share_above(w: HistWindow, k: int) -> float:
 
 
 def judge_metric(metric: str, w: HistWindow, ref: Reference, s: WindowSummary,
-                 st: DetectorSettings) -> Judgement:
-    """One node's window on one metric against its reference (module docstring)."""
+                 st: DetectorSettings, *, own: bool = False) -> Judgement:
+    """One node's window on one metric against its reference (module docstring); ``own``: the
+    reference is the node's own baseline (:mod:`tailguard.core.judge.hist_own`), said so."""
     n = min(w.requests, w.observations)
     ev = _evidence(metric, w, ref, s)
+    slower = (f"it would have at most {{:.{{}}%}} were it {MIN_FACTOR:g}x slower than its own baseline"
+              if own else f"a peer {MIN_FACTOR:g}x slower would have at most {{:.{{}}%}}")
+    whose, peers = ("its baseline", "fewer than min_peers peers") if own else ("the peers'", f"{ref.peers} peers")
     if not ref.bounds_s:
         if ref.mean_s is None or w.sum_s is None:
             return health.NO_VERDICT
@@ -129,8 +141,9 @@ def judge_metric(metric: str, w: HistWindow, ref: Reference, s: WindowSummary,
         lim = st.relative_p50_factor * ref.mean_s
         if mean > lim:
             return Judgement(Verdict.ABNORMAL, str(Reason.RELATIVE_P50), ev, mean / lim,
-                             f"{metric} mean {mean:.3g} s > {st.relative_p50_factor:g} x the peers'"
-                             f" median mean ({ref.mean_s:.3g} s; no buckets exported)")
+                             f"{metric} mean {mean:.3g} s > {st.relative_p50_factor:g} x "
+                             + ("its own baseline mean" if own else "the peers' median mean")
+                             + f" ({ref.mean_s:.3g} s; no buckets exported)")
         return Judgement(Verdict.NORMAL, str(Reason.NORMAL), ev, mean / lim)
     sev = 0.0
     bounds = ref.bounds_s
@@ -142,33 +155,41 @@ def judge_metric(metric: str, w: HistWindow, ref: Reference, s: WindowSummary,
             sev = max(sev, x / (lim + margin))
             if x > lim + margin:
                 return Judgement(Verdict.ABNORMAL, str(Reason.RELATIVE_P50), ev, x / (lim + margin),
-                                 f"{x:.1%} of its {metric} above {bounds[j]:g} s, where a peer {MIN_FACTOR:g}x"
-                                 f" slower would have at most {shifted_share(ref, j):.1%} (the peers' P50 is"
-                                 f" at most {bounds[ref.k50]:g} s; limit {lim + margin:.1%}, {n} requests,"
-                                 f" {ref.peers} peers)")
+                                 f"{x:.1%} of its {metric} above {bounds[j]:g} s, where "
+                                 + slower.format(shifted_share(ref, j), 1)
+                                 + f" ({whose} P50 is at most {bounds[ref.k50]:g} s; limit"
+                                 f" {lim + margin:.1%}, {n} requests, {peers})")
+    held = None
     if ref.k99 is not None:
         for j in range(ref.k99, len(bounds)):
             x99, u = share_above(w, j), shifted_share(ref, j)
             lim99 = max(P99_SHARE, P99_FACTOR * u)
             if x99 >= lim99:
                 p_value = binomial_sf(round(x99 * n), n, max(u, P99_FLOOR))
+                if p_value >= ALPHA and held is None:
+                    held = (f"{x99:.1%} of its {metric} above {bounds[j]:g} s, past its limit"
+                            f" ({lim99:.1%}) but not yet significant on {n} requests (p = {p_value:.1e})")
                 if p_value < ALPHA:
                     return Judgement(Verdict.ABNORMAL, str(Reason.RELATIVE_P99), ev, x99 / lim99,
-                                     f"{x99:.1%} of its {metric} above {bounds[j]:g} s, where a peer"
-                                     f" {MIN_FACTOR:g}x slower would have at most {u:.2%} (the peers' P99 is"
-                                     f" at most {bounds[ref.k99]:g} s; p = {p_value:.1e}, {n} requests)")
+                                     f"{x99:.1%} of its {metric} above {bounds[j]:g} s, where "
+                                     + slower.format(u, 2)
+                                     + f" ({whose} P99 is at most {bounds[ref.k99]:g} s;"
+                                     f" p = {p_value:.1e}, {n} requests)")
             sev = max(sev, x99 / lim99)
+    if held is not None:
+        # Too few requests to tell, not a healthy window: a low-rate tail's streak is held, not reset.
+        return Judgement(Verdict.NONE, str(Reason.RELATIVE_P99), ev, sev, held)
     return Judgement(Verdict.NORMAL, str(Reason.NORMAL), ev, sev)
 
 
-def _evidence(metric: str, w: HistWindow, ref: Reference, s: WindowSummary) -> Evidence:
+def _evidence(metric: str, w: HistWindow, ref: Reference | None, s: WindowSummary) -> Evidence:
     """The numbers of a verdict, for people: interpolated quantiles (never judged)."""
     def us(q: float, win_bounds: tuple[float, ...], counts: tuple[int, ...], sum_s: float | None) -> float | None:
         v = bucket_quantile(win_bounds, counts, q, sum_s)
         return None if v is None else v * US_PER_S
 
     p50, p99 = us(0.5, w.bounds_s, w.counts, w.sum_s), us(0.99, w.bounds_s, w.counts, w.sum_s)
-    peers_p50 = (ref.bounds_s[ref.k50] * US_PER_S if ref.k50 is not None
+    peers_p50 = (None if ref is None else ref.bounds_s[ref.k50] * US_PER_S if ref.k50 is not None
                  else None if ref.mean_s is None else ref.mean_s * US_PER_S)
     return Evidence(signal=f"{metric}_hist", p50=p50, p99=p99,
                     ratio=None if not p50 or p99 is None else p99 / p50, samples=w.requests,
@@ -176,15 +197,25 @@ def _evidence(metric: str, w: HistWindow, ref: Reference, s: WindowSummary) -> E
                     latency_p99_us=s.latency_p99_us, hardware=s.hardware)
 
 
+class OwnFallback(Protocol):
+    """What judges a metric whose class has no reference (:class:`tailguard.core.judge.hist_own.OwnHist`)."""
+
+    def judge(self, metric: str, w: HistWindow, s: WindowSummary) -> Judgement | None:
+        """The window against the node's own history; None when that cannot be judged."""
+
+
 class HistJudge:
     """The references of one model at one tick, built from its peers' windows."""
 
     def __init__(self, peers: Mapping[str, WindowSummary], st: DetectorSettings,
-                 newcomers: Mapping[str, WindowSummary] | None = None) -> None:
+                 newcomers: Mapping[str, WindowSummary] | None = None,
+                 own: OwnFallback | None = None) -> None:
         """``peers``: the model's peers; ``newcomers``: the pairs awaiting admission or in a
         probe round, which join a class's reference only while it has fewer than
-        ``min_peers`` peers (a cold start: new pairs are judged against each other)."""
+        ``min_peers`` peers (a cold start: new pairs are judged against each other);
+        ``own``: judges a metric of a class with no reference against the node's own history."""
         self.st = st
+        self.own = own
         # (metric, class) -> (bounds the class uses, reference)
         self._refs: dict[tuple[str, str], tuple[tuple[float, ...], Reference]] = {}
         by = _windows_by_class(peers)
@@ -205,10 +236,21 @@ class HistJudge:
 
     @classmethod
     def for_model(cls, peers: PeerSet, by_node: Mapping[str, WindowSummary], pairs: PairTable,
-                  now_s: float, st: DetectorSettings) -> HistJudge:
+                  now_s: float, st: DetectorSettings, own: OwnFallback | None = None) -> HistJudge:
         newcomers = {node: s for node in pairs.in_order(pairs.rare)
                      if (s := by_node.get(node)) is not None and _in_round(pairs[node], now_s, st)}
-        return cls(dict(zip(peers.nodes, peers.summaries, strict=True)), st, newcomers)
+        return cls(dict(zip(peers.nodes, peers.summaries, strict=True)), st, newcomers, own)
+
+    def unreferenced(self, s: WindowSummary, need: int) -> Evidence | None:
+        """The evidence of ``s``'s first window (per-token first) of ``need`` requests on a
+        metric whose class has no reference at all (fewer than ``min_peers`` windows of it:
+        a small model or class); None when there is none."""
+        cls, wins = hw_class(s.hardware), windows_of(s) or {}
+        for metric in PREFERENCE:
+            w = wins.get(metric)
+            if w is not None and w.requests >= need and (metric, cls) not in self._refs:
+                return _evidence(metric, w, None, s)
+        return None
 
     @staticmethod
     def applies(summaries: Mapping[str, WindowSummary]) -> bool:
@@ -224,37 +266,62 @@ class HistJudge:
         need = self.st.min_samples if min_requests is None else min_requests
         cls = hw_class(s.hardware)
         normal: Judgement | None = None
+        held: Judgement | None = None
         for metric in PREFERENCE:
             w = wins.get(metric)
-            got = self._refs.get((metric, cls))
-            if w is None or got is None or w.requests < need or w.bounds_s != got[0]:
+            if w is None or w.requests < need:
                 continue
-            j = judge_metric(metric, w, got[1], s, self.st)
+            got = self._refs.get((metric, cls))
+            if got is None:     # too few peers: the node's own history, if it has one
+                own = None if self.own is None else self.own.judge(metric, w, s)
+                if own is None:
+                    continue
+                j = own
+            elif w.bounds_s != got[0]:
+                continue
+            else:
+                j = judge_metric(metric, w, got[1], s, self.st)
             if j.verdict is Verdict.ABNORMAL:
                 return j
             if j.verdict is Verdict.NORMAL and normal is None:
                 normal = j
+            if j.verdict is Verdict.NONE and j.reason and held is None:
+                held = j
+        if held is not None:
+            return held
         if normal is None:
             return health.NO_VERDICT
         return Judgement(Verdict.NORMAL, normal_reason, normal.evidence, normal.severity)
 
     def judge_peers(self, pairs: Mapping[str, PairState], ps: PeerSet, errs: Mapping[str, Judgement],
+                    held_before: Mapping[str, float] | None = None,
                     ) -> tuple[dict[str, Judgement], dict[str, float], int]:
         """Every peer (the evaluator's ``_judge_peers`` for a histogram model): verdicts by node
-        (failed requests and stalls as for sample pairs), no onset credit, and how many are
-        abnormal (the load-event count)."""
+        (failed requests and stalls as for sample pairs), the peers held this tick (a tail past
+        its share, not yet significant: ``{node: severity}``), and how many are abnormal (the
+        load-event count). Onset credit: a first abnormal latency window right after a held one
+        counts that one too (with ``confirm_windows`` >= 3), as the sample path credits a window
+        at 0.8 of its limit; ``held_before`` is the last tick's held peers."""
         out: dict[str, Judgement] = {}
+        held: dict[str, float] = {}
         abnormal = 0
+        before = held_before if self.st.confirm_windows >= 3 and held_before else {}
         for node, s in zip(ps.nodes, ps.summaries, strict=True):
             j = self.judge(s)
+            if j.verdict is Verdict.NONE and j.reason:
+                held[node] = j.severity
             if j.verdict is not Verdict.ABNORMAL and node in errs:
                 j = errs[node]
             p = pairs[node]
             if j.verdict is Verdict.ABNORMAL:
                 abnormal += 1
+                if (node in before and p.abnormal_streak == 0
+                        and j.reason in (Reason.RELATIVE_P50, Reason.RELATIVE_P99)):
+                    j = dataclasses.replace(j, windows=2, detail=f"{j.detail}; the previous window counts"
+                                            " too (its tail was past the limit, not yet significant)")
             if j.verdict is Verdict.ABNORMAL or p.state is not HealthState.HEALTHY or p.abnormal_streak:
                 out[node] = j
-        return out, {}, abnormal
+        return out, held, abnormal
 
     def judge_rounds(self, pairs: PairTable, by_node: Mapping[str, WindowSummary],
                      errs: Mapping[str, Judgement], now_s: float, judgements: dict[str, Judgement]) -> None:
@@ -267,9 +334,17 @@ class HistJudge:
             if s is None or not _in_round(p, now_s, st) or windows_of(s) is None:
                 continue
             new = p.state is HealthState.WARMING
-            judgements[node] = errs.get(node) or self.judge(
-                s, normal_reason=str(Reason.ADMITTED if new else Reason.NORMAL),
-                min_requests=st.min_samples if new else st.probe_min_samples)
+            need = st.min_samples if new else st.probe_min_samples
+            reason = str(Reason.ADMITTED if new else Reason.NORMAL)
+            j = errs.get(node) or self.judge(s, normal_reason=reason, min_requests=need)
+            ev = self.unreferenced(s, need) if j.verdict is Verdict.NONE else None
+            if ev is not None:
+                # Nothing to compare with (no peers of its class, no history of its own): as the
+                # sample path's absolute rules, a window that serves is normal.
+                j = Judgement(Verdict.NORMAL, reason, ev, detail=(
+                    f"fewer than {st.min_peers} peers of its class and no history of its own to"
+                    " compare its buckets with: judged on its requests and failures only"))
+            judgements[node] = j
 
 
 def _in_round(p: PairState, now_s: float, st: DetectorSettings) -> bool:

@@ -1,28 +1,21 @@
 """Liveness of a model's pairs: who is gone, who restarted, whether the telemetry is lost.
 
-Owns :class:`Liveness`, the per-model record of each pair's last sign of life (a sample or
-a heartbeat, event time), and :func:`step`, run once per tick before any rule:
+Owns :class:`Liveness` (each pair's last sign of life, event time) and :func:`step`, run
+once per tick before any rule:
 
-* restart — a routed pair whose stage-1 summary shows a new process ``instance`` or signs
-  of life resuming after a gap (``WindowSummary.instance_ts``/``resumed_ts``) warms up
-  again from then (``restarted``; routed if it was admitted, see :func:`tailguard.core.judge.health.restart`);
-  so does a pair awaiting admission, and a retired pair back as a new instance. When at
-  least ``load_event_fraction`` of the live pairs resume after a gap in one tick, or while
-  telemetry is lost or within ``silent_after_s`` after, the gap was the pipeline's: only
-  instance changes count then. After ``CRASHLOOP_RESTARTS`` restarts within
-  ``CRASHLOOP_WINDOW_S`` (a crashloop) further restarts are not acted on: judged as usual.
-* gone — a pair with no sign of life for ``silent_after_s`` leaves routing (``silent``);
-  it is no ejection and no peer, and counts in no guard. When it reports again it comes
-  back through warm-up (``returned``; quarantined again if it was out). Pairs never
-  admitted count towards no telemetry loss and go when silent whatever the others do.
-* telemetry lost — when at least ``telemetry_loss_fraction`` of the live pairs are silent
-  at once (those silent for :func:`alongside_s`, one tick short of ``silent_after_s``,
-  count with them), nobody goes (fail open) and ``telemetry_lost`` opens an episode that
-  ``telemetry_restored`` closes once fewer than half that share are silent; a pair silent
-  for ``forget_after_s`` goes all the same.
-  Warming pairs are not counted: a flood of one-event node ids is thousands of warming
-  pairs that all fall silent together, and must not freeze the model's ejections.
-* forgotten — a gone pair silent for ``forget_after_s`` is dropped (``forgotten``).
+* restart — a routed pair whose summary shows a new ``instance`` or life resuming after a
+  gap warms up again (``restarted``; :func:`tailguard.core.judge.health.restart`), as does a
+  pair awaiting admission or a retired pair back as a new instance; when
+  ``load_event_fraction`` of the live pairs resume together, or around a telemetry loss, only
+  instance changes count; after ``CRASHLOOP_RESTARTS`` within ``CRASHLOOP_WINDOW_S`` further
+  restarts are not acted on;
+* gone — no sign of life for ``silent_after_s``: out of routing (``silent``), no ejection, no
+  peer; back through warm-up when it reports again (``returned``; quarantined again if it was
+  out). Pairs never admitted go when silent whatever the others do;
+* telemetry lost — ``telemetry_loss_fraction`` of the live, non-warming pairs silent at once
+  (with those one tick short, :func:`alongside_s`): nobody goes (fail open), and
+  ``telemetry_lost`` opens an episode that ``telemetry_restored`` closes below half that
+  share; a pair silent ``forget_after_s`` goes all the same, then is dropped (``forgotten``).
 
 Pure: time is ``now_s``; the same inputs give the same transitions. Rationale: docs/rules.md.
 """

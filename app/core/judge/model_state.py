@@ -1,24 +1,21 @@
 """Stage 2's state of one model, and its snapshot as plain data.
 
-Owns :class:`ModelState`: the :class:`~tailguard.core.judge.health.PairState` of every
-pair of the model, the slow baseline (see :mod:`tailguard.core.judge.baseline`), the
-open fleet episodes (load event, baseline shift, error storm) and the
-per-pair bookkeeping of the rules (onset credit, new-evidence clock, sample
-rate, error counters, last sign of life of retired pairs), liveness and the
-pairs' own P50 baselines. :class:`PairTable` (the type of ``ModelState.pairs``) is a
-dict that also keeps small indexes of the pairs a common tick must look at (those not
-healthy-and-routed, those out of routing, routed ones with a cut-off), so that a tick of a
-quiet fleet touches only them; the indexes are derived, never in a snapshot.
+Owns :class:`ModelState`: the :class:`~tailguard.core.judge.health.PairState` of every pair,
+the slow baseline (:mod:`tailguard.core.judge.baseline`), the open fleet episodes and the
+per-pair bookkeeping of the rules (onset credit, new-evidence clock, sample rate, error
+counters, last sign of life of retired pairs), liveness and the pairs' own P50 baselines.
+:class:`PairTable` (``ModelState.pairs``) is a dict that also keeps small derived indexes of
+the pairs a common tick must look at (not healthy-and-routed, out of routing, routed with a
+cut-off), so that a tick of a quiet fleet touches only them; never in a snapshot.
 
 Guarantees:
 
-* ``ModelState.from_dict(s.to_dict())`` equals ``s``, and the dict is plain
-  JSON (sorted keys where order is free), so equal states give equal
-  snapshots and a restored evaluator produces the same future.
-* A snapshot carries ``version`` (:data:`SNAPSHOT_VERSION`); any other
-  version, or a snapshot missing a field, raises :class:`ValueError` naming
-  the problem. There are no defaults for absent fields: a snapshot is
-  either complete and current or refused.
+* ``ModelState.from_dict(s.to_dict())`` equals ``s``, and the dict is plain JSON (sorted keys
+  where order is free), so equal states give equal snapshots and a restored evaluator
+  produces the same future.
+* A snapshot carries ``version`` (:data:`SNAPSHOT_VERSION`); any other version, or a snapshot
+  missing a field, raises :class:`ValueError` naming the problem: there are no defaults for
+  absent fields, a snapshot is complete and current or refused.
 
 Rationale: docs/rules.md.
 """
@@ -32,6 +29,7 @@ from typing import Any, Final
 
 from tailguard.core.contract.types import HealthState
 from tailguard.core.judge.health import PairState
+from tailguard.core.judge.hist_baselines import HistBaselines
 from tailguard.core.judge.liveness import Liveness
 from tailguard.core.judge.own_history import OwnBaselines
 from tailguard.core.judge.weights import WeightState
@@ -199,6 +197,8 @@ class ModelState:
     live: Liveness = field(default_factory=Liveness)
     # Per-pair P50 baselines: the reference below min_peers (tailguard.core.judge.own_history).
     own: OwnBaselines = field(default_factory=OwnBaselines)
+    # The same for histogram pairs: per metric, their CDFs at the bounds (tailguard.core.judge.hist_own).
+    hist_own: HistBaselines = field(default_factory=HistBaselines)
     # The threshold stage 1 counts fresh samples above (rules.judge_fresh_tail): the peers'
     # P99 with a margin, in the signal's units; None without one (few peers, several classes).
     tail_ref: float | None = None
@@ -221,6 +221,7 @@ class ModelState:
             d.pop(node, None)
         self.live.drop(node)
         self.own.drop(node)
+        self.hist_own.drop(node)
 
     def to_dict(self) -> dict[str, Any]:
         return {"version": SNAPSHOT_VERSION,
@@ -239,7 +240,8 @@ class ModelState:
                 "live": self.live.to_dict(), "own": self.own.to_dict(), "tail_ref": self.tail_ref,
                 "weights": self.weights.to_dict(),
                 "fleet_slow": dict(sorted(self.fleet_slow.items())),
-                "fleet_slow_signal": self.fleet_slow_signal}
+                "fleet_slow_signal": self.fleet_slow_signal,
+                **({"hist_own": self.hist_own.to_dict()} if self.hist_own.nodes else {})}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelState:
@@ -262,7 +264,8 @@ class ModelState:
                 tail_ref=None if d["tail_ref"] is None else float(d["tail_ref"]),
                 weights=WeightState.from_dict(d["weights"]),
                 fleet_slow={str(k): float(v) for k, v in d["fleet_slow"].items()},
-                fleet_slow_signal=d["fleet_slow_signal"])
+                fleet_slow_signal=d["fleet_slow_signal"],
+                hist_own=HistBaselines.from_dict(d.get("hist_own", {})))
         except KeyError as e:
             raise ValueError(f"model state snapshot (version {SNAPSHOT_VERSION}) lacks the "
                              f"field {e.args[0]!r}; cannot restore") from None

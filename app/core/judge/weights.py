@@ -1,35 +1,29 @@
-"""Stage 2's routing weights: a weight in (0, 1] per routed node, for nodes slower than their
-peers but not abnormal enough to eject.
+"""Stage 2's routing weights: (0, 1] per routed node slower than its peers but not ejected.
 
-Owns the weight of each routed peer of one model at one tick (:func:`weigh_model`): how much
-slower its window P50 of the model's signal (the value the rules judge: latency, per token,
-or normalized) is than its peers' reference (:meth:`tailguard.core.judge.peers.Norms.p50_ref`), mapped to
-a target weight (:func:`target_weight`), confirmed over ``confirm_windows`` windows and moved
-back up in steps (:func:`step`), then held above the model's total-weight share (:func:`guard`).
+Owns each routed peer's weight at one tick (:func:`weigh_model`): how much slower its window
+P50 is than its peers' reference (:meth:`tailguard.core.judge.peers.Norms.p50_ref`), mapped to
+a target (:func:`target_weight`), confirmed over ``confirm_windows`` windows, moved back up in
+steps (:func:`step`), held above the model's total-weight share (:func:`guard`). Rationale
+(the mapping, the band, the defaults): docs/rules.md ("Routing weights").
 
 Guarantees:
 
-* A node within the noise of its peers has target 1.0: the noise band is at least
-  :data:`BAND_FLOOR` and :data:`NOISE_K` robust standard deviations of the peers' log P50s and
-  of the node's own log-median estimate (:func:`noise_band`).
-* A weight is in ``[min_weight, 1]`` on a :data:`WEIGHT_STEP` grid; it moves down only when the
-  last ``confirm_windows`` targets are all :data:`DEAD_BAND` or more below it (to the highest of
-  them), up only when they are all that far above it or at 1.0 (by at most :data:`UP_STEP` per
-  tick). So a weight below 1.0 is at most 0.9.
-* Nothing moves without evidence: below ``min_peers`` peers, on a load event, or for a routed
-  node with no judged window this tick, weights and their confirmation are held.
-* Only routed nodes have a weight; a node that leaves routing loses its state (it comes back
-  at 1.0). The output holds the nodes below 1.0 only; the sum of the weights of the routed
-  nodes is at least ``min_total_weight_share`` of their number.
-* Pure: the inputs are not changed; ``weigh_model`` returns the new state.
-
-Rationale (the mapping, the band, the defaults): docs/rules.md ("Routing weights").
+* A node within the noise of its peers has target 1.0 (:func:`noise_band`: at least
+  :data:`BAND_FLOOR` and :data:`NOISE_K` robust standard deviations).
+* A weight is in ``[min_weight, 1]`` on a :data:`WEIGHT_STEP` grid; down only when the last
+  ``confirm_windows`` targets are all :data:`DEAD_BAND` or more below it, up by at most
+  :data:`UP_STEP` per tick; so a weight below 1.0 is at most 0.9.
+* Nothing moves without evidence: below ``min_peers`` peers, on a load event, or for a node
+  with no judged window this tick, weights and their confirmation are held.
+* Only routed nodes have a weight (one back in routing starts at 1.0); the output holds the
+  nodes below 1.0, whose weights with the others' sum to at least ``min_total_weight_share``
+  of the routed nodes' number. Pure: ``weigh_model`` returns the new state.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence, Set
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -239,12 +233,15 @@ def guard(weights: Mapping[str, float], n_routed: int, share: float) -> dict[str
 
 def weigh_model(model: str, state: WeightState, peers: PeerSet, norms: Norms,
                 routed: Iterable[str], now_s: float, st: DetectorSettings,
-                *, hold: bool = False) -> WeightTick:
+                *, hold: bool = False,
+                evidence_of: Callable[[Set[str]], Mapping[str, WeightEvidence]] | None = None) -> WeightTick:
     """One tick of ``model``'s weights. ``routed``: the routing set after the tick (its nodes
     are the only ones with a weight); ``hold``: a load event or lost telemetry (no weight and
-    no confirmation moves)."""
+    no confirmation moves); ``evidence_of``: the targets (given the nodes with a weight state)
+    when they are not the P50s' (histogram pairs: :mod:`tailguard.core.judge.hist_weights`)."""
     routed_set = routed if isinstance(routed, frozenset | set) else frozenset(routed)
-    evidence = {} if hold else targets(peers, norms, st, state.nodes.keys())
+    evidence = ({} if hold else targets(peers, norms, st, state.nodes.keys()) if evidence_of is None
+                else evidence_of(state.nodes.keys()))
     nodes: dict[str, NodeWeight] = {}
     for node, nw in state.nodes.items():
         if node in routed_set:

@@ -1,26 +1,22 @@
 """Replay: the detector over a sequence of JSON-lines latency events, in event time.
 
-Owns :func:`replay`, the pure part of ``tailguard replay`` (files and stdin:
-:mod:`tailguard.replay_cli`): lines from any iterable in, each output line (a transition or a
+Owns :func:`replay` and :class:`Replay`, the pure part of ``tailguard replay``
+(:mod:`tailguard.replay_cli`): lines from any iterable in, each output line (a transition or a
 fleet event, keys in docs/replay.md) to ``emit``. No clock is read anywhere.
 
 Guarantees:
 
-* Ticks at the multiples of ``tick_interval_s`` of event time, each evaluated once as soon
-  as an event at or past it is read (every earlier event already in the windows), plus a
-  final tick after the last event. An out-of-order event joins its window and counts from
-  the next tick on. Empty ticks where nothing can change are skipped (they print nothing).
-* A line more than ``max_future_skew_s`` past the latest event time is held back; held
-  lines are a real jump of the trace, taken in order, once ``JUMP_CONFIRM_LINES`` come in
-  a row from ``JUMP_CONFIRM_NODES`` nodes (or ``JUMP_ALONE_LINES`` from one), or at the end
-  of the trace unless other nodes sent events; else they are bad input (``future_ts``).
-* An event past the next boundary from a node ``AHEAD_TICKS`` intervals ahead of the
-  fleet (the other nodes' median latest time) is early: it runs no tick. The fleet's next
-  line adds the early lines as they are; a run of them confirmed like held lines is a jump.
-* Bad lines are skipped and counted in :class:`ReplayStats` (by reason, first line numbers);
-  so are samples read too late for any tick to judge them (a trace not in time order).
-* The same trace and settings give the same output, for any ``chunk_lines`` (1 is the
-  line-by-line reference path).
+* Ticks at the multiples of ``tick_interval_s`` of event time, each evaluated once as soon as
+  an event at or past it is read, plus a final tick after the last event. An out-of-order
+  event counts from the next tick on. Empty ticks where nothing can change print nothing.
+* A line more than ``max_future_skew_s`` past the latest event time is held back: a real jump
+  once ``JUMP_CONFIRM_LINES`` come in a row from ``JUMP_CONFIRM_NODES`` nodes (or
+  ``JUMP_ALONE_LINES`` from one), or at the end unless other nodes sent events; else bad
+  input (``future_ts``). A node ``AHEAD_TICKS`` intervals ahead of the fleet runs no tick:
+  its early lines wait for the fleet (docs/replay.md).
+* Bad lines, and samples read too late for any tick to judge them, are skipped and counted
+  in :class:`ReplayStats` (by reason, first line numbers).
+* The same trace and settings give the same output, for any ``chunk_lines``.
 """
 
 from __future__ import annotations

@@ -1,33 +1,27 @@
-"""The signal a node is judged on: raw latency, time per output token, or
-latency normalized by the fleet's expectation for the request's size.
+"""The signal a node is judged on: raw latency, time per output token, or latency normalized by
+the fleet's expectation for the request's size.
 
-Why: an LLM request's latency is roughly ``ttft + tpot × output_tokens``, so
-on real traffic (Azure LLM trace, app/data) a perfectly healthy node has raw
-P99/P50 of ~4.4 (conversation) to ~8.5 (code) — the request mix, not the
-node. Dividing out the request size leaves what the node controls:
+* ``latency``    — raw ``latency_us``, µs;
+* ``tpot``       — ``(latency_us − ttft_us) / (output_tokens − 1)``, µs per generated token,
+  for samples with ``ttft_us`` and ``output_tokens >= 2``;
+* ``normalized`` — ``latency_us / expected_us(output_tokens, input_tokens)``, where the
+  expectation ``a + b·out + c·in`` is fitted per model over the whole fleet: a least-squares
+  fit per node, then the coordinate-wise median of the per-node coefficients, so a minority
+  of slow nodes cannot drag it; clamped to a positive floor.
 
-* ``latency``    — raw ``latency_us`` (the original design), µs;
-* ``tpot``       — ``(latency_us − ttft_us) / (output_tokens − 1)``, µs per
-  generated token, for samples with ``ttft_us`` and ``output_tokens >= 2``;
-* ``normalized`` — ``latency_us / expected_us(output_tokens, input_tokens)``,
-  dimensionless, where the expectation ``a + b·out + c·in`` is fitted per
-  model over the whole fleet: a least-squares fit per node, then the
-  coordinate-wise median of the per-node coefficients, so a minority of slow
-  nodes cannot drag the expectation (it stays a healthy node's). The
-  expectation is clamped to a positive floor.
+``auto`` picks, per model and tick: ``tpot`` if most judged samples carry ``ttft_us`` and
+``output_tokens >= 2``; else ``normalized`` if most carry ``output_tokens``; else ``latency``.
+With several workers stage 2 makes that choice once per model (:class:`ModelChoice`).
 
-``auto`` picks, per model and tick: ``tpot`` if most judged samples carry
-``ttft_us`` and ``output_tokens >= 2``; else ``normalized`` if most carry
-``output_tokens``; else ``latency``.
-
-Everything here is pure numpy on arrays; the row-wise functions take 2-D
-``[rows, slots]`` matrices with a boolean mask so that the window store can
-fit thousands of nodes in one vectorized call.
+Guarantees: everything here is pure numpy on arrays; the row-wise functions take 2-D
+``[rows, slots]`` matrices with a boolean mask, so the window store fits thousands of nodes in
+one vectorized call. Why (a healthy LLM node's raw P99/P50 is the request mix, not the node)
+and what each signal measures on real traffic: docs/rules.md ("signal").
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
 
@@ -49,6 +43,44 @@ MIN_FIT_SAMPLES: Final = 20
 FLOOR_SHARE: Final = 0.05
 # Fit latency on input tokens too when at least this share of sized samples carry them.
 INPUT_COVERAGE: Final = 0.95
+
+
+# Summary extras of a model's choice across workers (stage 1 → stage 2; ``evidence=True``):
+#: ``[judged with ttft and output_tokens >= 2, judged with output_tokens, … and input_tokens]``
+COUNTS_KEY: Final = "signal_counts"
+#: ``[a, b, c, mean_us]`` of the series' own fit (``None`` where it has none)
+VOTE_KEY: Final = "fit_vote"
+#: ``True`` when the model's signal was chosen on this worker's share alone (no stage-2 choice yet)
+LOCAL_KEY: Final = "signal_local"
+SIGNALS: Final = (LATENCY, TPOT, NORMALIZED)
+
+
+def uses_input(with_output: float, with_input: float) -> bool:
+    """Fit on input tokens too: at least :data:`INPUT_COVERAGE` of the sized samples carry them."""
+    return bool(with_output > 0 and with_input >= INPUT_COVERAGE * with_output)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCounts:
+    """Judged samples per model (arrays indexed by model): all, with a TPOT value, with
+    ``output_tokens``, with ``input_tokens`` too; whether every series with a judgeable window
+    has ``min_samples`` of TPOT / of ``output_tokens`` (see :func:`choose_signal`)."""
+
+    judged: F64
+    tpot: F64
+    output: F64
+    inout: F64
+    tpot_everywhere: BoolArray
+    output_everywhere: BoolArray
+
+
+def choose_model(configured: str, mc: ModelCounts, i: int) -> tuple[str, bool]:
+    """Model ``i``'s signal and whether its ``normalized`` fit uses input tokens. The one
+    choice: a store's own (one worker, ``tailguard replay``) and stage 2's across workers."""
+    return (choose_signal(configured, int(mc.judged[i]), int(mc.tpot[i]), int(mc.output[i]),
+                          tpot_everywhere=bool(mc.tpot_everywhere[i]),
+                          output_everywhere=bool(mc.output_everywhere[i])),
+            uses_input(mc.output[i], mc.inout[i]))
 
 
 def choose_signal(configured: str, judged: int, with_tpot: int, with_output: int, *,
@@ -170,6 +202,49 @@ class FleetFit:
         return {"a_us": self.a_us, "b_us_per_token": self.b_us_per_token,
                 "c_us_per_input_token": self.c_us_per_input_token,
                 "floor_us": self.floor_us, "nodes": self.nodes}
+
+
+def fit_from_dict(d: Mapping[str, object]) -> FleetFit:
+    """The :meth:`FleetFit.to_dict` form back; ValueError when a field is missing or not finite."""
+    try:
+        keys = ("a_us", "b_us_per_token", "c_us_per_input_token", "floor_us")
+        vals = [float(d[k]) for k in keys]  # type: ignore[arg-type]
+        nodes = int(d["nodes"])  # type: ignore[call-overload]
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"a fleet fit needs numbers a_us, b_us_per_token, c_us_per_input_token, "
+                         f"floor_us and nodes: {e!r}") from e
+    if not all(np.isfinite(vals)) or vals[3] <= 0:
+        raise ValueError(f"a fleet fit's numbers must be finite, floor_us > 0: {vals}")
+    return FleetFit(vals[0], vals[1], vals[2], vals[3], nodes)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelChoice:
+    """A model's signal for every stage-1 worker, as stage 2 chose it from all their summaries.
+
+    ``use_input``: the ``normalized`` fit uses ``input_tokens``; ``fit``: the fleet's
+    expectation for ``normalized`` (``None``: each worker fits its own share this tick, as
+    before the first choice).
+    """
+
+    signal: str
+    use_input: bool = False
+    fit: FleetFit | None = None
+
+    def to_dict(self) -> dict[str, object]:
+        return {"signal": self.signal, "use_input": self.use_input,
+                "fit": None if self.fit is None else self.fit.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, object]) -> ModelChoice:
+        """:meth:`to_dict`'s form back; ValueError names what is wrong."""
+        signal = d.get("signal")
+        if signal not in SIGNALS:
+            raise ValueError(f"signal must be one of {', '.join(SIGNALS)}, got {signal!r}")
+        fit = d.get("fit")
+        if fit is not None and not isinstance(fit, Mapping):
+            raise ValueError(f"fit must be an object or null, got {fit!r}")
+        return cls(str(signal), bool(d.get("use_input")), None if fit is None else fit_from_dict(fit))
 
 
 def fleet_fit(a: Sequence[float] | FloatArray, b: Sequence[float] | FloatArray,

@@ -1,25 +1,23 @@
 """Stage 1's per-tick pass: every series' window → one :class:`~tailguard.core.contract.types.WindowSummary`.
 
 Owns :func:`summarize` (``WindowStore.summaries`` delegates to it): each model's signal and
-fleet fit, the passes over the slabs (:mod:`tailguard.core.window.passes`: judged and probe
-masks, quantiles of the rows that need masks and, a tier's rows together, of the steady-state
-rows), and the summaries built from their columns, one tuple per series.
+fleet fit, the passes over the slabs (:mod:`tailguard.core.window.passes`), and the summaries
+built from their columns, one tuple per series.
 
 Guarantees, at tick ``now_s``:
 
-* Judged samples: ``ok``, non-probe, event time in ``(now_s − max_sample_age_s, now_s]`` (a
-  quiet node is not judged on old samples); for a series in ``judge_since``, every ``ok``
-  sample, probe or not, with ``since_ts <= ts <= now_s``. The fleet-wide ``normalized`` fit is
-  made from every series' judged samples except those of the series in ``out_of_fit``.
-* One signal per model (:mod:`tailguard.core.window.signals`): ``p50``/``p99``/``samples`` over the judged
+* Judged samples: ``ok``, non-probe, event time in ``(now_s − max_sample_age_s, now_s]``; for
+  a series in ``judge_since``, every ``ok`` sample with ``since_ts <= ts <= now_s``. The
+  ``normalized`` fit uses every series' judged samples except those in ``out_of_fit``.
+* One signal per model (stage 2's ``choices``, else :mod:`tailguard.core.window.signals`'
+  own; ``evidence`` adds what stage 2 chooses from): ``p50``/``p99``/``samples`` over the judged
   samples with a value of it, ``latency_p50_us``/``latency_p99_us`` over their raw latency;
-  exact quantiles (linear, as ``numpy.quantile``) at any window_size. A series with fewer
-  than ``min_samples`` values of its model's signal but as many judged samples is
-  summarised in ``latency`` (no fresh figures).
-* ``fresh_samples``/``fresh_p50``: the judged samples in ``(now_s − tick_interval_s, now_s]`` and
-  their exact P50 (``None`` below ``min_samples``); ``fresh_over`` is counted against
-  ``tail_refs`` for at most ``FRESH_TAIL_MAX_SAMPLES`` of them; ``failed``, ``probe_*``: in the age bound.
-* Pure: the slabs only get their kept bounds tightened. Output is sorted by (model, node_id).
+  exact quantiles (as ``numpy.quantile``). A series with fewer than ``min_samples`` values of
+  its model's signal but as many judged samples is summarised in ``latency`` (no fresh figures).
+* ``fresh_samples``/``fresh_p50``: the judged samples of the last tick and their exact P50
+  (``None`` below ``min_samples``); ``fresh_over`` is counted against ``tail_refs`` for at
+  most ``FRESH_TAIL_MAX_SAMPLES`` of them; ``failed``, ``probe_*``: in the age bound.
+* Pure: the slabs only get their kept bounds tightened. Output sorted by (model, node_id).
 """
 
 from __future__ import annotations
@@ -27,6 +25,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 from itertools import repeat
 from typing import Any, Final
 
@@ -80,10 +79,43 @@ _instance_ts_of: Final = operator.attrgetter("instance_ts")
 _resumed_ts_of: Final = operator.attrgetter("resumed_ts")
 
 
+@dataclass(frozen=True, slots=True)
+class _Evidence:
+    """What stage 2 needs of this store for its choice of each model's signal: per chunk,
+    the used rows' sized counts (``[used, 3]``) and every row's fit votes (``[rows, 4]``),
+    and the models (by index) whose signal this store chose alone."""
+
+    counts: Mapping[int, npt.NDArray[Any]]
+    votes: Mapping[int, F64]
+    local: Collection[int]
+
+
+def _add_evidence(extra: Callable[[int], dict[str, Any]], parts: Sequence[tuple[Slab, Pass1, Stats]],
+                  used: list[npt.NDArray[Any]], at: list[int], ser: list[SeriesRecord],
+                  ev: _Evidence) -> None:
+    """``signal_counts``, ``fit_vote`` and ``signal_local`` (:mod:`~tailguard.core.window.signals`)."""
+    for (ch, _, _), u, first in zip(parts, used, at[:-1], strict=True):
+        c = ev.counts.get(id(ch))
+        if c is not None:
+            for i in np.flatnonzero(c[:, 1] > 0).tolist():
+                extra(first + i)[sig.COUNTS_KEY] = c[i].tolist()
+        v = ev.votes.get(id(ch))
+        if v is not None:
+            vu = v[u]
+            for i in np.flatnonzero(~np.isnan(vu).all(axis=1)).tolist():
+                extra(first + i)[sig.VOTE_KEY] = [None if x != x else x for x in vu[i].tolist()]
+    if ev.local:
+        for i, sr in enumerate(ser):
+            if sr.midx in ev.local:
+                extra(i)[sig.LOCAL_KEY] = True
+
+
 def _extras(parts: Sequence[tuple[Slab, Pass1, Stats]], used: list[npt.NDArray[Any]], at: list[int],
             ser: list[SeriesRecord], plans: list[ModelPlan], raw_fb: Bools, n_judged: npt.NDArray[Any],
-            n_sig: npt.NDArray[Any], digests: bool, since: F64 | None) -> list[dict[str, Any]]:
-    """Each series' ``extra``: judged_since, judged_samples, fleet_fit, digest, where it has them."""
+            n_sig: npt.NDArray[Any], digests: bool, since: F64 | None,
+            ev: _Evidence | None = None) -> list[dict[str, Any]]:
+    """Each series' ``extra``: judged_since, judged_samples, fleet_fit, digest, the signal
+    evidence (``ev``), where it has them."""
     none: dict[str, Any] = {}
     extras: list[dict[str, Any]] = [none] * len(ser)
 
@@ -92,6 +124,9 @@ def _extras(parts: Sequence[tuple[Slab, Pass1, Stats]], used: list[npt.NDArray[A
         if d is none:
             d = extras[i] = {}
         return d
+
+    if ev is not None:
+        _add_evidence(extra, parts, used, at, ser, ev)
 
     if since is not None:
         for i in np.flatnonzero(~np.isnan(since)).tolist():
@@ -139,6 +174,8 @@ def summarize(slabs: Sequence[Slab], records: Mapping[SeriesKey, SeriesRecord], 
               out_of_fit: Collection[SeriesKey] = (),
               digests: bool = False,
               tail_refs: Mapping[str, float] | None = None,
+              choices: Mapping[str, sig.ModelChoice] | None = None,
+              evidence: bool = False,
               pause: Callable[[], AbstractContextManager[object]] = nullcontext) -> list[WindowSummary]:
     """One summary per series of ``records`` at event time ``now_s`` (module docstring).
 
@@ -170,6 +207,7 @@ def summarize(slabs: Sequence[Slab], records: Mapping[SeriesKey, SeriesRecord], 
     out_gap = np.zeros(nm, dtype=bool)
     need = settings.min_samples
     states: list[Pass1] = []
+    counts: dict[int, npt.NDArray[Any]] = {}     # evidence: per chunk, its used rows' counts
     for ch in chunks:
         st = pass1(ch, now_s, age_lo, since_by_chunk.get(id(ch)))
         states.append(st)
@@ -185,15 +223,21 @@ def summarize(slabs: Sequence[Slab], records: Mapping[SeriesKey, SeriesRecord], 
             j_tpot = j_out & (ch.out >= 2) & ~np.isnan(ch.ttft)
             j_inout = j_out & ~np.isnan(ch.inp)
             n_tpot, n_out = j_tpot[used].sum(axis=1), j_out[used].sum(axis=1)
+            n_inout = j_inout[used].sum(axis=1)
             tpot_m += np.bincount(m, n_tpot, minlength=nm)
             out_m += np.bincount(m, n_out, minlength=nm)
-            inout_m += np.bincount(m, j_inout[used].sum(axis=1), minlength=nm)
+            inout_m += np.bincount(m, n_inout, minlength=nm)
+            if evidence:
+                counts[id(ch)] = np.stack([n_tpot, n_out, n_inout], axis=1)
             tpot_gap[m[ready & (n_tpot < need)]] = True
             out_gap[m[ready & (n_out < need)]] = True
         else:
             tpot_gap[m[ready]] = out_gap[m[ready]] = True
-    plans = _plans(settings, model_names, chunks, states, judged_m, tpot_m, out_m, inout_m,
-                   ~tpot_gap, ~out_gap, unfit_by_chunk)
+    plans, votes = _plans(settings, model_names, chunks, states,
+                          sig.ModelCounts(judged_m, tpot_m, out_m, inout_m, ~tpot_gap, ~out_gap),
+                          unfit_by_chunk, choices or {}, evidence)
+    ev = _Evidence(counts, votes, {i for i, m in enumerate(model_names)
+                                   if m not in (choices or {})}) if evidence else None
     results: list[WindowSummary] = []
     refs = np.full(max(1, nm), np.nan)
     index = {m: i for i, m in enumerate(model_names)} if tail_refs else {}
@@ -206,7 +250,7 @@ def summarize(slabs: Sequence[Slab], records: Mapping[SeriesKey, SeriesRecord], 
     fast_stats(list(zip(chunks, stats, strict=True)), fresh_lo, refs, settings.min_samples)
     with pause():
         results.extend(_build(list(zip(chunks, states, stats, strict=True)), plans,
-                              now_s, age_lo, digests, settings.min_samples))
+                              now_s, age_lo, digests, settings.min_samples, ev))
         for s in records.values():
             if s.chunk is None:
                 results.append(WindowSummary(
@@ -223,22 +267,30 @@ def summarize(slabs: Sequence[Slab], records: Mapping[SeriesKey, SeriesRecord], 
 
 
 def _plans(settings: DetectorSettings, model_names: Sequence[str], chunks: list[Slab],
-           states: list[Pass1], judged_m: F64, tpot_m: F64, out_m: F64, inout_m: F64,
-           tpot_all: Bools, out_all: Bools, unfit_by_chunk: Mapping[int, list[int]]) -> list[ModelPlan]:
-    signals = [sig.choose_signal(settings.signal_for(name), int(judged_m[i]),
-                                 int(tpot_m[i]), int(out_m[i]), tpot_everywhere=bool(tpot_all[i]),
-                                 output_everywhere=bool(out_all[i]))
-               for i, name in enumerate(model_names)]
-    use_input = [out_m[i] > 0 and inout_m[i] >= sig.INPUT_COVERAGE * out_m[i]
-                 for i in range(len(signals))]
-    need_fit = {i for i, s in enumerate(signals) if s == sig.NORMALIZED}
+           states: list[Pass1], mc: sig.ModelCounts, unfit_by_chunk: Mapping[int, list[int]],
+           choices: Mapping[str, sig.ModelChoice],
+           evidence: bool) -> tuple[list[ModelPlan], dict[int, F64]]:
+    """Each model's plan (stage 2's choice where ``choices`` has one, else this store's own)
+    and, with ``evidence``, each chunk's fit votes (``[rows, 4]``: a, b, c, mean_us; NaN
+    where a row has none) of the models fitted here."""
+    local = [sig.choose_model(settings.signal_for(name), mc, i) for i, name in enumerate(model_names)]
+    hinted = [choices.get(name) for name in model_names]
+    signals = [h.signal if h is not None else c[0] for h, c in zip(hinted, local, strict=True)]
+    use_input = [h.use_input if h is not None else c[1] for h, c in zip(hinted, local, strict=True)]
+    need_fit = {i for i, (s, h) in enumerate(zip(signals, hinted, strict=True))
+                if s == sig.NORMALIZED and (h is None or h.fit is None)}
+    # Votes for stage 2's fit: of the models this store would fit, or stage 2 judges normalized.
+    need_votes = need_fit | ({i for i, s in enumerate(signals) if s == sig.NORMALIZED}
+                             | {i for i, c in enumerate(local) if c[0] == sig.NORMALIZED}
+                             if evidence else set())
     coefs: dict[int, list[F64]] = {i: [] for i in need_fit}
     means: dict[int, list[F64]] = {i: [] for i in need_fit}
+    votes: dict[int, F64] = {}
     for ch, st in zip(chunks, states, strict=True):
-        if not need_fit or not ch.sized:
+        if not need_votes or not ch.sized:
             continue
         assert ch.out is not None and ch.inp is not None
-        voters = np.isin(ch.midx, list(need_fit))
+        voters = np.isin(ch.midx, list(need_votes))
         unfit = unfit_by_chunk.get(id(ch))
         if unfit:
             voters[unfit] = False
@@ -257,17 +309,25 @@ def _plans(settings: DetectorSettings, model_names: Sequence[str], chunks: list[
             if inp is not None:
                 mask &= ~np.isnan(inp)
             f = sig.row_fits(np.abs(ch.lat[r, cols]), out, inp, mask)
-            coefs[m].append(np.stack([f.a[f.valid], f.b[f.valid], f.c[f.valid]], axis=1))
-            means[m].append(f.mean_us[f.n > 0])
+            if m in need_fit:
+                coefs[m].append(np.stack([f.a[f.valid], f.b[f.valid], f.c[f.valid]], axis=1))
+                means[m].append(f.mean_us[f.n > 0])
+            if evidence:
+                v = votes.get(id(ch))
+                if v is None:
+                    v = votes[id(ch)] = np.full((ch.midx.size, 4), np.nan)
+                v[r, :3] = np.where(f.valid[:, None], np.stack([f.a, f.b, f.c], axis=1), np.nan)
+                v[r, 3] = np.where(f.n > 0, f.mean_us, np.nan)
     plans: list[ModelPlan] = []
     for i, s in enumerate(signals):
-        fit = None
+        h = hinted[i]
+        fit = h.fit if h is not None and s == sig.NORMALIZED else None
         if i in need_fit:
             cf = np.concatenate(coefs[i]) if coefs[i] else np.zeros((0, 3))
             mu = np.concatenate(means[i]) if means[i] else np.zeros(0)
             fit = sig.fleet_fit(cf[:, 0], cf[:, 1], cf[:, 2], mu)
         plans.append(ModelPlan(s, _SIG_CODE[s], use_input[i], fit))
-    return plans
+    return plans, votes
 
 
 
@@ -277,7 +337,8 @@ def _plans(settings: DetectorSettings, model_names: Sequence[str], chunks: list[
 
 
 def _build(parts: Sequence[tuple[Slab, Pass1, Stats]], plans: list[ModelPlan],
-           now_s: float, age_lo: float, digests: bool, min_fresh: int) -> list[WindowSummary]:
+           now_s: float, age_lo: float, digests: bool, min_fresh: int,
+           ev: _Evidence | None = None) -> list[WindowSummary]:
     """The summaries of every used row of ``parts``' chunks, in chunk order.
 
     Built by field name, one column per field for all chunks at once, then one tuple per
@@ -293,7 +354,7 @@ def _build(parts: Sequence[tuple[Slab, Pass1, Stats]], plans: list[ModelPlan],
 
     ser: list[SeriesRecord] = []
     for (ch, _, _), u in zip(parts, used, strict=True):
-        ser.extend(sr for r in u.tolist() if (sr := ch.series[r]) is not None)
+        ser.extend([ch.series[r] for r in u.tolist()])     # type: ignore[misc]  # used rows: never None
     assert len(ser) == at[-1]
     n_sig = cat(cs.n_sig for _, _, cs in parts)
     n_judged = cat(st.n_judged for _, st, _ in parts)
@@ -323,7 +384,8 @@ def _build(parts: Sequence[tuple[Slab, Pass1, Stats]], plans: list[ModelPlan],
     # The series without extras share one empty dict (``extra`` is a read-only Mapping):
     # one allocation per series fewer, and fewer collections of the garbage collector.
     extras = _extras(parts, used, at, ser, plans, raw_fb, n_judged, n_sig, digests,
-                     cat(st.since_row for _, st, _ in parts) if any(st.has_since for _, st, _ in parts) else None)
+                     cat(st.since_row for _, st, _ in parts) if any(st.has_since for _, st, _ in parts) else None,
+                     ev)
     probe_p50, probe_p99 = _probe_quantiles(parts, used, at, len(ser))
     signal_of = np.array([p.signal for p in plans], dtype=object)
     signals = signal_of[midx]

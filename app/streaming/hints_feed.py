@@ -1,0 +1,113 @@
+"""Stage 2's hints as every worker's stage 1 reads them: the hints table's changelog, followed.
+
+The hints (``judge_since``, ``out_of_fit``, ``tail_ref``, the model's ``signal``:
+:func:`tailguard.streaming.stage2.encode_hints`) are written by each model's stage-2 owner to
+a faust GlobalTable. Faust does not deliver that table's writes to the other workers reliably
+(seen with 2 workers: one worker's table never held a model the other wrote, for minutes;
+robinhood/faust#541, #716), and a worker without the model's ``signal`` judges its share on a
+signal of its own. :class:`HintsFeed` reads the changelog topic itself — its own consumer, no
+group, every partition from the start — and keeps each key's newest value (a tombstone
+deletes it).
+
+Guarantees: once the feed has read the topic to its end offsets at the start,
+:meth:`HintsFeed.items` is the changelog's newest value of every model (it holds every owner's
+writes in order) but those this worker's stage 2 writes (its own table's: they are there before
+they come back from the broker); before, the table overlaid with what was read. A value that
+does not decode is logged once per key and skipped, never stops the feed; the consumer stops
+with the service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Collection, Iterable
+from typing import Any
+
+import orjson
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from mode import Service
+
+from tailguard.security import kafka_client_options
+from tailguard.settings import Settings
+
+log = logging.getLogger(__name__)
+
+class HintsFeed(Service):
+    """Follows ``topic`` (the hints table's changelog) into :attr:`values`."""
+
+    def __init__(self, *, settings: Settings, topic: str, partitions: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.settings = settings
+        self.topic = topic
+        self.partitions = partitions
+        self.values: dict[bytes, Any] = {}
+        self.caught_up = False            # read to the end offsets seen at the start
+        self.bad = 0                      # changelog values that did not decode
+        self._bad_keys: set[bytes] = set()
+        self._consumer: AIOKafkaConsumer | None = None
+
+    def items(self, table: Iterable[tuple[Any, Any]], own: Collection[str] = ()) -> list[tuple[Any, Any]]:
+        """Every model's hints: the changelog's once the feed has read it to where it ended at
+        the start, except the models of ``own`` (this worker's stage 2 writes them: its
+        ``table`` has them before they come back from the broker); until then ``table``'s
+        ``(key, value)`` pairs overlaid with what was read."""
+        rows = [(k if isinstance(k, bytes) else str(k).encode(), v) for k, v in table]
+        if self.caught_up:
+            mine = {m.encode() for m in own}
+            merged = dict(self.values)
+            merged.update((k, v) for k, v in rows if k in mine)
+        else:
+            merged = dict(rows)
+            merged.update(self.values)
+        return list(merged.items())
+
+    def apply(self, key: bytes | None, raw: bytes | None) -> None:
+        """One changelog record: the key's newest value (``None``: deleted)."""
+        if key is None:
+            return
+        if raw is None:
+            self.values.pop(key, None)
+            return
+        try:
+            self.values[key] = orjson.loads(raw)
+        except orjson.JSONDecodeError as e:
+            self.bad += 1
+            if key not in self._bad_keys:
+                self._bad_keys.add(key)
+                log.warning("a hints value of model %r on %s is not JSON (%s): skipped; stage 1 keeps "
+                            "the model's previous hints", key.decode(errors="replace"), self.topic, e)
+
+    async def on_start(self) -> None:
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.settings.kafka_bootstrap, group_id=None, enable_auto_commit=False,
+            client_id=f"{self.settings.app_id}-hints", auto_offset_reset="earliest",
+            **kafka_client_options(self.settings))
+        await self._consumer.start()
+
+    async def on_stop(self) -> None:
+        c, self._consumer = self._consumer, None
+        if c is not None:
+            await c.stop()
+
+    @Service.task
+    async def _follow(self) -> None:
+        c = self._consumer
+        assert c is not None
+        while self.topic not in await c.topics():       # faust creates the topic at its start
+            if self.should_stop:
+                return
+            await asyncio.sleep(1.0)
+        parts = range(self.partitions)
+        tps = [TopicPartition(self.topic, p) for p in parts]
+        c.assign(tps)
+        await c.seek_to_beginning(*tps)
+        ends = await c.end_offsets(tps)
+        log.info("stage 1 follows stage 2's hints on %s (%d partitions)", self.topic, self.partitions)
+        while not self.should_stop:
+            batches = await c.getmany(timeout_ms=500)
+            for recs in batches.values():
+                for r in recs:
+                    self.apply(r.key, r.value)
+            if not self.caught_up:
+                self.caught_up = all([await c.position(tp) >= ends[tp] for tp in tps])

@@ -1,0 +1,33 @@
+"""Routing weights on scraped (histogram) models, at vLLM's buckets, 10-s scrapes (issue 25 on the
+histogram path).
+
+A node 1.3x or 1.6x slower than its peers is weighted down from its buckets (its slow-down
+estimated against the peers' median CDF, never from an interpolated P50) and not ejected; the
+other nodes, and every node of a healthy fleet, keep full weight at every tick.
+"""
+
+from __future__ import annotations
+
+import pytest
+from test_histogram_small_fleets import ONSET_S, fleet, moves, run, slowdown
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize(("factor", "at_most"), [(1.3, 0.9), (1.6, 0.7)])
+@pytest.mark.parametrize("p50_ms", [450.0, 900.0, 2200.0])
+def test_a_slower_node_is_weighted_down_not_ejected(p50_ms: float, factor: float, at_most: float,
+                                                     seed: int) -> None:
+    res, records = run(fleet(8, p50_ms=p50_ms, faults=slowdown('"gpu-node-01"', factor), duration_s=1300.0), seed)
+    assert res.ejected_at_s == {}, moves(records)
+    low = res.lowest_weight.get(("gpu-node-01", "m"))
+    assert low is not None and low[0] <= at_most, res.lowest_weight
+    assert low[1] - ONSET_S <= 480.0, low
+    assert set(res.lowest_weight) == {("gpu-node-01", "m")}, res.lowest_weight     # nobody else
+
+
+@pytest.mark.parametrize("nodes", [3, 8, 20])
+@pytest.mark.parametrize("sigma", [0.3, 0.6])
+@pytest.mark.parametrize("p50_ms", [120.0, 450.0, 900.0, 2200.0, 6000.0])
+def test_a_healthy_scraped_fleet_keeps_full_weight(p50_ms: float, sigma: float, nodes: int) -> None:
+    res, records = run(fleet(nodes, p50_ms=p50_ms, sigma=sigma, rate=5.0, duration_s=1200.0), seed=3)
+    assert [r for r in records if r.get("type") == "weight"] == [] and res.ejected_at_s == {}, moves(records)

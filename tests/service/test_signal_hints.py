@@ -1,0 +1,107 @@
+"""Stage 2 chooses each model's signal from every stage 1's summaries and hands it to them
+through the hints table: two window stores (one worker's share with token counts, one
+without) against the real Stage2/FleetEvaluator, no Kafka."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.contract.events import SampleBatch
+from tailguard.core.contract.types import HealthState, WindowSummary
+from tailguard.core.judge.evaluate import FleetEvaluator
+from tailguard.core.window import signals as sig
+from tailguard.core.window.window import WindowStore
+from tailguard.settings import load
+from tailguard.streaming.hints_feed import HintsFeed
+from tailguard.streaming.stage2 import Stage2, StageHints, decode_hints, encode_hints
+
+T = 10.0
+SETTINGS = DetectorSettings(min_samples=50, window_size=300, warmup_s=0.0, confirm_windows=2,
+                            tick_interval_s=T, backoff_initial_s=900.0, backoff_max_s=900.0)
+A = [f"a{i}" for i in range(4)]           # worker A's share: token counts
+B = ["b0", "b1", "slow"]                  # worker B's share: latency only
+
+
+def feed(store: WindowStore, node: str, now: float, rng: np.random.Generator, tokens: bool) -> None:
+    n = 100
+    out = rng.integers(20, 400, n).astype(np.float64)
+    inp = rng.integers(100, 2000, n).astype(np.float64)
+    first = (40_000 + 15.0 * inp) * rng.lognormal(0, 0.05, n)
+    lat = (first + 30_000.0 * (out - 1) * rng.lognormal(0, 0.05, n)) * (3.0 if node == "slow" else 1.0)
+    ones = np.ones(n, dtype=bool)
+    store.observe(SampleBatch(node, "llm", "A100", np.linspace(now - T + 0.1, now, n), lat, ones,
+                              ~ones, inp if tokens else None, out if tokens else None,
+                              first if tokens else None))
+
+
+def stage1(store: WindowStore, now: float, h: StageHints) -> list[WindowSummary]:
+    """What ``tailguard.streaming.stage1.Stage1.summaries`` asks of its store."""
+    return store.summaries(now, h.judge_since, out_of_fit=h.out_of_fit, tail_refs=h.tail_refs,
+                           choices=h.signals, evidence=True)
+
+
+def test_two_shares_end_on_one_signal_and_the_slow_node_is_caught() -> None:
+    rng = np.random.default_rng(4)
+    hints: dict[bytes, Any] = {}
+    s2 = Stage2(FleetEvaluator(SETTINGS), {}, stale_after_s=1.5 * T, hints=hints)
+    wa, wb = WindowStore(SETTINGS), WindowStore(SETTINGS)
+    signals: list[dict[str, str]] = []
+    last: list[Any] = []
+    for k in range(12):
+        now = 1000.0 + k * T
+        for node in A:
+            feed(wa, node, now, rng, tokens=True)
+        for node in B:
+            feed(wb, node, now, rng, tokens=False)
+        h = decode_hints(hints.items())
+        sums = stage1(wa, now, h) + stage1(wb, now, h)
+        signals.append({s.node_id: s.signal for s in sums})
+        for s in sums:
+            s2.on_summary(s)
+        last = s2.tick(now + 0.5, lambda m: True)
+    # Alone, A's share is judged per token and B's in raw latency; from stage 2's first choice
+    # on, every node of the model is summarised (and judged) on one signal.
+    assert set(signals[0].values()) == {"tpot", "latency"}, signals[0]
+    assert all(set(s.values()) == {"latency"} for s in signals[1:]), signals
+    (out,) = last
+    assert {st.signal for st in out.tick.statuses} == {"latency"}
+    states = {st.node_id: st.state for st in out.tick.statuses}
+    assert states["slow"] is HealthState.QUARANTINED, states
+    assert "slow" not in out.tick.routing and set(A) | {"b0", "b1"} <= out.tick.routing
+    assert decode_hints(hints.items()).signals["llm"].signal == "latency"
+
+
+def test_a_bad_signal_hint_is_skipped_and_the_rest_kept(caplog: Any) -> None:
+    good = encode_hints({"n0": 5.0}, [], 2.0, sig.ModelChoice("tpot"))
+    bad = {**good, "signal": {"signal": "fast"}}
+    got = decode_hints([(b"m", good), (b"x", bad)])
+    assert got.signals == {"m": sig.ModelChoice("tpot")}
+    assert got.tail_refs == {"m": 2.0, "x": 2.0} and ("n0", "x") in got.judge_since
+    assert "the signal hint of model 'x' is skipped" in caplog.text
+
+
+def test_the_hints_feed_gives_the_changelog_s_hints_over_the_worker_s_table(caplog: Any) -> None:
+    """What another worker's stage 2 wrote reaches this stage 1 through the changelog, even
+    when faust's GlobalTable here never got it; once read to its end the changelog alone
+    counts (a tombstone deletes); bad JSON is skipped."""
+    feed = HintsFeed(settings=load({}), topic="hints-changelog", partitions=4)
+    mine = [(b"old", {"tail_ref": 1.0}), (b"gone", {"tail_ref": 2.0})]
+    feed.apply(b"llm", json.dumps(encode_hints({}, [], None, sig.ModelChoice("latency"))).encode())
+    feed.apply(b"gone", json.dumps({"tail_ref": 4.0}).encode())
+    feed.apply(b"old", b"{not json")
+    feed.apply(None, b"{}")
+    assert feed.bad == 1 and "a hints value of model 'old'" in caplog.text
+    early = decode_hints(feed.items(mine))          # still reading: the table, overlaid
+    assert early.signals == {"llm": sig.ModelChoice("latency")}
+    assert early.tail_refs == {"old": 1.0, "gone": 4.0}
+    feed.apply(b"gone", None)
+    feed.apply(b"old", json.dumps({"tail_ref": 3.0}).encode())
+    feed.caught_up = True
+    got = decode_hints(feed.items(mine))
+    assert got.tail_refs == {"old": 3.0} and set(got.signals) == {"llm"}
+    # A model this worker's stage 2 writes: its own table's value, before the broker echoes it.
+    assert decode_hints(feed.items(mine, own={"old"})).tail_refs == {"old": 1.0}

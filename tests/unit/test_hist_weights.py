@@ -1,0 +1,58 @@
+"""The histogram path's slow-down estimate for weights (app/core/judge/hist_weights.py), against
+exact lognormal and Weibull CDFs at vLLM's e2e bounds."""
+
+from __future__ import annotations
+
+import math
+from statistics import NormalDist
+
+import pytest
+
+from tailguard.core.judge.hist_weights import log_shift
+from tailguard.core.window.hist_window import HistWindow
+from tailguard.sim.exposition import VLLM_E2E
+
+N = NormalDist()
+
+
+def lognormal_cdf(median_s: float, sigma: float) -> tuple[float, ...]:
+    return tuple(N.cdf(math.log(b / median_s) / sigma) for b in VLLM_E2E)
+
+
+def window_of(cdf: tuple[float, ...], n: int = 100_000) -> HistWindow:
+    cum = [round(f * n) for f in cdf] + [n]
+    counts = tuple(b - a for a, b in zip([0, *cum[:-1]], cum, strict=True))
+    return HistWindow(VLLM_E2E, counts, n, None, 30.0)
+
+
+@pytest.mark.parametrize("median_s", [0.45, 0.9, 2.2, 12.0])
+@pytest.mark.parametrize("factor", [1.0, 1.05, 1.3, 1.6])
+def test_a_lognormal_slow_down_is_estimated_whatever_the_bucket_widths(median_s: float, factor: float) -> None:
+    ref = lognormal_cdf(median_s, 0.5)
+    got = log_shift(VLLM_E2E, ref, window_of(lognormal_cdf(median_s * factor, 0.5)))
+    assert got is not None
+    assert math.exp(got[0]) == pytest.approx(factor, rel=0.01)
+    assert 0 < got[1] < 0.02                         # 100,000 requests: a tight estimate
+
+
+def test_a_weibull_slow_down_within_6_percent() -> None:
+    for lam in (0.6, 1.7, 4.0):
+        ref = tuple(1 - math.exp(-((b / lam) ** 1.5)) for b in VLLM_E2E)
+        slow = tuple(1 - math.exp(-((b / (lam * 1.3)) ** 1.5)) for b in VLLM_E2E)
+        got = log_shift(VLLM_E2E, ref, window_of(slow))
+        assert got is not None and math.exp(got[0]) == pytest.approx(1.3, rel=0.06)
+
+
+def test_no_estimate_inside_one_wide_bucket() -> None:
+    """180 ms, sigma 0.3: 95 % below the first bound (0.3 s), no second bound inside the
+    distribution: the buckets cannot say how much slower a node is."""
+    ref = lognormal_cdf(0.18, 0.3)
+    assert log_shift(VLLM_E2E, ref, window_of(lognormal_cdf(0.18 * 1.3, 0.3))) is None
+
+
+def test_the_standard_error_grows_as_requests_fall() -> None:
+    ref = lognormal_cdf(0.9, 0.5)
+    many = log_shift(VLLM_E2E, ref, window_of(lognormal_cdf(0.9, 0.5), 10_000))
+    few = log_shift(VLLM_E2E, ref, window_of(lognormal_cdf(0.9, 0.5), 100))
+    assert many is not None and few is not None
+    assert few[1] == pytest.approx(many[1] * 10, rel=0.1)
