@@ -17,9 +17,10 @@ from typing import Any
 import numpy as np
 
 from bench.timing import best, row
-from tailguard.core.contract import events, quantiles
+from tailguard.core.contract import events
 from tailguard.core.contract.config import DetectorSettings
 from tailguard.core.contract.events import SampleBatch, decode
+from tailguard.core.window import quantiles
 from tailguard.core.window.accumulate import Accumulator
 from tailguard.core.window.window import WindowStore
 
