@@ -7,15 +7,39 @@ broker or Redis does not answer, the test FAILS with a message that names the
 this machine or a concurrent one, will use: use it for topics, consumer
 groups, app ids and Redis key prefixes, so that tests can run in parallel
 against the one shared stack.
+
+Parallel runs (pytest-xdist; ``scripts/test`` uses ``TAILGUARD_TEST_WORKERS`` workers with
+``--dist loadgroup``): every test runs beside others by default, which is right for a test that
+keeps to its own names, free ports (port 0) and temporary directories. Two markers say otherwise:
+
+* ``@pytest.mark.serial``: the test runs alone: it waits until no other test runs, and no
+  other test starts until it is done (a lock shared by the run's workers, below). For tests
+  that measure the worker's RSS, or whose deadlines count ticks of a worker that a flood of
+  other tests would starve of CPU.
+* ``@pytest.mark.xdist_group("name")``: the tests of one group run on one worker, one after
+  the other: a module whose module-scoped fixture starts something that must exist once (a
+  Redis Cluster on free ports), or that would otherwise be started once per worker.
+
+A module- or session-scoped fixture runs once per worker, not once per run. One that builds
+something expensive can also build it once per run with ``built_once`` (below).
+
+Under xdist the tests are handed out longest first (the order below), so that no worker is
+left with a long story at the end while the others idle: serial tests, then integration and
+``slow`` tests (the longest ``timeout`` mark first), then the rest.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
+import shutil
 import socket
+import tempfile
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO
 from urllib.parse import urlparse
 
 import pytest
@@ -107,3 +131,97 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         report.outcome = "failed"
         report.longrepr = f"integration test skipped under CI=true (never allowed): {report.longrepr}"
     return report
+
+
+_serial_locks: tuple[IO[bytes], IO[bytes]] | None = None
+
+
+def _run_dir(config: pytest.Config) -> Path:
+    """A directory of this test run that all its pytest-xdist workers share: the run's base
+    temporary directory (each worker's ``--basetemp`` is ``<run's basetemp>/popen-gwN``)."""
+    if config.option.basetemp:
+        return Path(config.option.basetemp).parent
+    run_dir = Path(tempfile.gettempdir()) / f"tailguard-pytest-{config.workerinput['testrunuid']}"  # type: ignore[attr-defined]
+    run_dir.mkdir(exist_ok=True)                       # no tmpdir plugin: one directory per run id
+    return run_dir
+
+
+def _locks(config: pytest.Config) -> tuple[IO[bytes], IO[bytes]]:
+    """This run's gate and test lock (files in ``_run_dir``)."""
+    global _serial_locks
+    if _serial_locks is None:
+        run_dir = _run_dir(config)
+        _serial_locks = (open(run_dir / "serial.gate", "a+b"), open(run_dir / "serial.lock", "a+b"))  # noqa: SIM115
+    return _serial_locks
+
+
+@pytest.fixture(scope="session")
+def built_once(request: pytest.FixtureRequest,
+               tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, Callable[[Path], None]], Path]:
+    """``built_once("name", build)`` -> a directory that ``build(directory)`` filled, once per test
+    run, also under pytest-xdist: the first worker to ask builds it (under a lock), the others wait
+    for it and reuse it. A build that raises leaves nothing behind: the next one to ask tries again."""
+    config = request.config
+    base = _run_dir(config) if hasattr(config, "workerinput") else tmp_path_factory.getbasetemp()
+
+    def once(name: str, build: Callable[[Path], None]) -> Path:
+        where = base / f"once-{name}"
+        with open(base / f"once-{name}.lock", "a+b") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)             # released when closed
+            if not (where / ".built").is_file():
+                shutil.rmtree(where, ignore_errors=True)
+                where.mkdir()
+                build(where)
+                (where / ".built").touch()
+        return where
+
+    return once
+
+
+@pytest.hookimpl(tryfirst=True, wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Under pytest-xdist, a ``serial`` test holds the run's lock exclusively (set-up, call and
+    tear-down), every other test holds it shared. The gate, taken before either, gives a waiting
+    serial test precedence over tests not yet started. Outside the timeouts (tryfirst: this
+    wrapper encloses pytest-timeout's), so waiting for the lock never counts as a test's time."""
+    if not hasattr(item.config, "workerinput"):      # not a pytest-xdist worker: nothing beside us
+        return (yield)
+    gate, lock = _locks(item.config)
+    serial = item.get_closest_marker("serial") is not None
+    fcntl.flock(gate, fcntl.LOCK_EX)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX if serial else fcntl.LOCK_SH)
+    except BaseException:
+        fcntl.flock(gate, fcntl.LOCK_UN)
+        raise
+    if not serial:
+        fcntl.flock(gate, fcntl.LOCK_UN)
+    try:
+        return (yield)
+    finally:
+        fcntl.flock(lock, fcntl.LOCK_UN)
+        if serial:
+            fcntl.flock(gate, fcntl.LOCK_UN)
+
+
+def _expected_length(item: pytest.Item) -> tuple[int, int, float]:
+    """Sort key, longest first: serial, integration or slow (by the timeout mark), the rest."""
+    timeout = item.get_closest_marker("timeout")
+    timeout_s = float(timeout.args[0]) if timeout is not None and timeout.args else 0.0
+    return (item.get_closest_marker("serial") is None,
+            item.get_closest_marker("integration") is None and item.get_closest_marker("slow") is None,
+            -timeout_s)
+
+
+@pytest.hookimpl(trylast=True)          # after pytest-xdist's, which names each grouped test "…@group"
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (every worker sorts alike, so their collections agree): longest first.
+    A group that pytest-xdist did not apply (a pytest it does not work with) stops the run."""
+    if not hasattr(config, "workerinput"):
+        return
+    if getattr(config.option, "loadgroup", False):             # pytest-xdist sets it on its workers
+        lost = [i.nodeid for i in items if i.get_closest_marker("xdist_group") and "@" not in i.nodeid]
+        if lost:
+            raise pytest.UsageError(f"pytest-xdist did not group {lost[:3]} (xdist_group): this pytest-xdist "
+                                    "does not work with this pytest; install what pyproject.toml's dev extra pins")
+    items.sort(key=_expected_length)

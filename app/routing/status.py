@@ -259,6 +259,11 @@ def format_table(statuses: list[ModelStatus], now_s: float,
         modes = {str(st.get("mode")) for st in ms.nodes.values()} & {"observe", "enforce"}
         if modes:
             title += f"  mode {'/'.join(sorted(modes))}"
+        signals = {str(sig) for st in ms.nodes.values() if (sig := st.get("signal"))}
+        if signals:   # one per model; more while stage 2's choice has not reached every worker
+            title += f"  signal {printable('/'.join(sorted(signals)))}"
+            if any(st.get("signal_local") for st in ms.nodes.values()):
+                title += " (chosen per worker: no stage-2 choice yet)"
         if ms.errors:
             title += "  UNREADABLE"
         written = [u for st in ms.nodes.values() if isinstance(u := st.get("updated"), int | float)]

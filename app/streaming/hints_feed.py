@@ -9,17 +9,19 @@ signal of its own. :class:`HintsFeed` reads the changelog topic itself — its o
 group, every partition from the start — and keeps each key's newest value (a tombstone
 deletes it).
 
-Guarantees: :meth:`HintsFeed.items` is the worker's own table overlaid with every value read
-from the changelog (the changelog is the newest word: it holds every owner's writes in order);
-a value that does not decode is logged once per key and skipped, never stops the feed; the
-consumer is stopped with the service.
+Guarantees: once the feed has read the topic to its end offsets at the start,
+:meth:`HintsFeed.items` is the changelog's newest value of every model (it holds every owner's
+writes in order) but those this worker's stage 2 writes (its own table's: they are there before
+they come back from the broker); before, the table overlaid with what was read. A value that
+does not decode is logged once per key and skipped, never stops the feed; the consumer stops
+with the service.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import Any
 
 import orjson
@@ -31,9 +33,6 @@ from tailguard.settings import Settings
 
 log = logging.getLogger(__name__)
 
-_DELETED = object()
-
-
 class HintsFeed(Service):
     """Follows ``topic`` (the hints table's changelog) into :attr:`values`."""
 
@@ -43,18 +42,24 @@ class HintsFeed(Service):
         self.topic = topic
         self.partitions = partitions
         self.values: dict[bytes, Any] = {}
+        self.caught_up = False            # read to the end offsets seen at the start
         self.bad = 0                      # changelog values that did not decode
         self._bad_keys: set[bytes] = set()
         self._consumer: AIOKafkaConsumer | None = None
 
-    def items(self, table: Iterable[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
-        """``table``'s ``(key, value)`` pairs overlaid with the changelog's."""
-        merged: dict[Any, Any] = {k if isinstance(k, bytes) else str(k).encode(): v for k, v in table}
-        for key, value in self.values.items():
-            if value is _DELETED:
-                merged.pop(key, None)
-            else:
-                merged[key] = value
+    def items(self, table: Iterable[tuple[Any, Any]], own: Collection[str] = ()) -> list[tuple[Any, Any]]:
+        """Every model's hints: the changelog's once the feed has read it to where it ended at
+        the start, except the models of ``own`` (this worker's stage 2 writes them: its
+        ``table`` has them before they come back from the broker); until then ``table``'s
+        ``(key, value)`` pairs overlaid with what was read."""
+        rows = [(k if isinstance(k, bytes) else str(k).encode(), v) for k, v in table]
+        if self.caught_up:
+            mine = {m.encode() for m in own}
+            merged = dict(self.values)
+            merged.update((k, v) for k, v in rows if k in mine)
+        else:
+            merged = dict(rows)
+            merged.update(self.values)
         return list(merged.items())
 
     def apply(self, key: bytes | None, raw: bytes | None) -> None:
@@ -62,7 +67,7 @@ class HintsFeed(Service):
         if key is None:
             return
         if raw is None:
-            self.values[key] = _DELETED
+            self.values.pop(key, None)
             return
         try:
             self.values[key] = orjson.loads(raw)
@@ -97,9 +102,12 @@ class HintsFeed(Service):
         tps = [TopicPartition(self.topic, p) for p in parts]
         c.assign(tps)
         await c.seek_to_beginning(*tps)
+        ends = await c.end_offsets(tps)
         log.info("stage 1 follows stage 2's hints on %s (%d partitions)", self.topic, self.partitions)
         while not self.should_stop:
             batches = await c.getmany(timeout_ms=500)
             for recs in batches.values():
                 for r in recs:
                     self.apply(r.key, r.value)
+            if not self.caught_up:
+                self.caught_up = all([await c.position(tp) >= ends[tp] for tp in tps])

@@ -81,6 +81,12 @@ log = logging.getLogger(__name__)
 
 STAGE2_TAKE = 2000
 STAGE2_OFFSET_MAX_S = 5.0
+# Changelog records of a table that faust buffers before applying them, where it reads them
+# after the start: the hints GlobalTable's own partitions (faust reads them as "active": the
+# recovery buffer) and the health table's replicas (standby). faust's default of 1000 holds the
+# last 1000 decoded values — a flood's hints, each naming its ~1,000 new pairs — for as many
+# ticks; 1 applies each record as it comes (docs/operating.md#floods).
+CHANGELOG_BUFFER = 1
 
 
 class RedisOperators:
@@ -225,7 +231,7 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
 
     def hints() -> StageHints:
         table = list(t.hints_table.items())
-        return decode_hints(feeds[-1].items(table) if feeds else table)
+        return decode_hints(feeds[-1].items(table, stage2.hinted_models()) if feeds else table)
 
     class _Ingest(IngestService):
         def __init__(self, **kwargs: Any) -> None:
@@ -293,9 +299,10 @@ class _Topics:
             diag_req=app.topic(topics.diagnostics_requests, partitions=n_parts),
             dlq=app.topic(topics.dead_letter, partitions=n_parts),
             replacements=app.topic(topics.replacements, partitions=n_parts),
-            state_table=app.Table("health", partitions=n_parts, use_partitioner=True, key_type=bytes),
+            state_table=app.Table("health", partitions=n_parts, use_partitioner=True, key_type=bytes,
+                                  standby_buffer_size=CHANGELOG_BUFFER),
             hints_table=app.GlobalTable("judge_since", partitions=n_parts, use_partitioner=True,
-                                        key_type=bytes),
+                                        key_type=bytes, recovery_buffer_size=CHANGELOG_BUFFER),
         )
 
     def written(self) -> list[str]:

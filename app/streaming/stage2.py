@@ -267,6 +267,10 @@ class Stage2:
         self._written.clear()
         self._hints_written.clear()
 
+    def hinted_models(self) -> set[str]:
+        """The models whose hints this worker wrote since its last (re)assignment."""
+        return set(self._hints_written)
+
     def pending_summaries(self) -> int:
         return sum(len(v) for v in self._pending.values())
 

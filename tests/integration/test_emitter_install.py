@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -29,9 +30,13 @@ SERVICE_ONLY = ("faust", "mode", "redis", "numpy", "aiohttp", "fastdigest", "pro
 
 
 @pytest.fixture(scope="module")
-def emitter_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A venv holding tailguard installed with just the ``emitter`` extra; returns its python."""
-    base = tmp_path_factory.mktemp("emitter-only")
+def emitter_venv(built_once: Callable[[str, Callable[[Path], None]], Path]) -> Path:
+    """A venv holding tailguard installed with just the ``emitter`` extra (built once per test
+    run, also when pytest-xdist's workers run this module's tests); returns its python."""
+    return built_once("emitter-only", _build_emitter_venv) / "venv" / "bin" / "python"
+
+
+def _build_emitter_venv(base: Path) -> None:
     src = base / "src"
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
@@ -46,7 +51,6 @@ def emitter_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
         capture_output=True, text=True, timeout=540, check=False,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    return python
 
 
 @pytest.mark.timeout(600)

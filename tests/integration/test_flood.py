@@ -6,10 +6,10 @@ file), and one real node turns 3x slow at the same moment. Held: the real nodes 
 summary at every stage-1 tick (read back from ``node-window-stats``); the slow node
 leaves routing within the usual time; no flood id is ever in the routing set; the flood
 is admitted at most ``max_new_pairs_per_tick`` pairs per tick, the rest counted
-(``tailguard_samples_dropped_total{reason="new_pair_limit"}``); once the flood's series
-are forgotten the worker's RSS is within 15 % of its pre-flood level (measured 2026-12-05:
-1.07-1.12x; the 10 % of issue 28 holds for a flood of model names, test_model_flood.py, not
-yet for one of node ids: see docs/operating.md#floods).
+(``tailguard_samples_dropped_total{reason="new_pair_limit"}``); once both stages have
+forgotten the flood's ids, the worker's RSS is within 15 % of its pre-flood level (issue 28
+asks 10 %: docs/operating.md#floods), both measured the same way (:func:`settled_rss_mb`: the
+largest reading over two ticks, after the ticks that give memory back).
 
 Flood ids stay out of routing here because they go silent (``silent_after_s`` 6 s)
 before their warm-up (12 s) ends; admission by evidence (issue 16 item 1) keeps them
@@ -25,7 +25,7 @@ import os
 import subprocess
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -34,10 +34,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from worker_harness import Feeder, Worker, WorkerEnv, free_port, read_topic, routing
 
 from tailguard.core.contract.types import WindowSummary
+from tailguard.streaming.memory import GIVE_BACK_TICKS
 from tailguard.streaming.summary_batch import SummaryBatch
 from tailguard.streaming.wire import Stage2Message, decode_stage2
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+# serial: RSS before/after and a summary at every tick, under a 200,000-id flood: not beside other tests.
+pytestmark = [pytest.mark.integration, pytest.mark.serial, pytest.mark.timeout(240)]
 
 MODEL = "llama"
 REAL = [f"real-{i}" for i in range(6)]
@@ -57,12 +59,28 @@ def rss_mb(pid: int) -> float:
 
 
 def metric(port: int, name: str, **labels: str) -> float:
+    """The sum of the worker's samples ``name`` with ``labels`` (0 when there is none)."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                return float(s.value)
-    return 0.0
+    return sum(float(s.value) for fam in text_string_to_metric_families(text) for s in fam.samples
+               if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+
+
+async def settled_rss_mb(pid: int, port: int, poll: Callable[[], Awaitable[object]],
+                         ticks: int = GIVE_BACK_TICKS + 1, timeout_s: float = 60) -> float:
+    """The worker's RSS once ``ticks`` more stage-2 ticks have run (counted on
+    ``tailguard_last_tick_timestamp_seconds``; the worker gives memory back over the
+    ``GIVE_BACK_TICKS`` after a forget): the largest reading over the last two ticks."""
+    deadline = time.monotonic() + timeout_s
+    last, ran, readings = metric(port, "tailguard_last_tick_timestamp_seconds"), 0, []
+    while ran < ticks:
+        assert time.monotonic() < deadline, f"{ran} of {ticks} stage-2 ticks in {timeout_s} s"
+        await poll()
+        tick = metric(port, "tailguard_last_tick_timestamp_seconds")
+        ran, last = ran + (tick != last), tick
+        if ran >= ticks - 2:
+            readings.append(rss_mb(pid))
+        await asyncio.sleep(0.25)
+    return max(readings)
 
 
 def summaries_of(msg: Stage2Message) -> tuple[WindowSummary, ...]:
@@ -114,10 +132,8 @@ async def test_a_flood_of_new_ids_does_not_blind_detection_and_memory_comes_back
     try:
         async with Feeder(kafka_bootstrap, topic, {MODEL: REAL}) as feeder:
             await until(lambda s: s == set(REAL), 60, "the real nodes were never routed")
-            for _ in range(12):                    # steady state before the flood
-                await routed()
-                await asyncio.sleep(0.5)
-            rss_before = rss_mb(worker.proc.pid)
+            # Steady state before the flood, measured as after it (settled_rss_mb).
+            rss_before = await settled_rss_mb(worker.proc.pid, metrics_port, routed)
 
             path = await asyncio.to_thread(flood_file, tmp_path / "flood.txt", FLOOD_IDS)
             t_flood = time.time()
@@ -132,20 +148,15 @@ async def test_a_flood_of_new_ids_does_not_blind_detection_and_memory_comes_back
             # (Flood ids in the routing set are checked at the end.)
             assert {n for n in await routed() if not n.startswith("flood-")} == set(REAL) - {SLOW}
 
-            # The flood's series are forgotten (forget_after_s) and memory is given back.
+            # The flood's series and pairs are forgotten by both stages (forget_after_s), then
+            # memory is given back over the next ticks.
             deadline = time.monotonic() + 90
-            while metric(metrics_port, "tailguard_series_tracked") > len(REAL):
+            while (metric(metrics_port, "tailguard_series_tracked") > len(REAL)
+                   or metric(metrics_port, "tailguard_nodes", model=MODEL) > len(REAL)):
                 assert time.monotonic() < deadline, worker.tail()
                 await routed()
                 await asyncio.sleep(0.5)
-            # A few more ticks (stage 2 forgets too; memory is given back over the 5 ticks after
-            # a flood): RSS polled until within 10 % of before, for at most 8 ticks.
-            for _ in range(8 * int(TICK_S / 0.5)):
-                await routed()
-                rss_after = rss_mb(worker.proc.pid)
-                if rss_after <= 1.10 * rss_before:
-                    break
-                await asyncio.sleep(0.5)
+            rss_after = await settled_rss_mb(worker.proc.pid, metrics_port, routed)
             t_end = time.time()
             dropped = metric(metrics_port, "tailguard_samples_dropped_total",
                              reason="new_pair_limit")
@@ -179,10 +190,10 @@ async def test_a_flood_of_new_ids_does_not_blind_detection_and_memory_comes_back
     admitted = FLOOD_IDS - dropped
     assert len(flood_seen) <= admitted <= LIMIT * ((t_end - t_flood) / TICK_S + 1), report
     assert not await read_topic(kafka_bootstrap, env.topic("dead_letter"))
-    # Memory comes back, but not yet within the 10 % the trust issue asks for: measured
-    # 1.07-1.19x over six runs on 2026-12-05 (1.19x inside the whole suite). The bound catches
-    # what the drill first found (83 -> 138 -> 121 MB, 1.46x) without failing on allocator noise.
-    assert rss_after <= 1.30 * rss_before, report
+    # Memory comes back: measured 1.03-1.10x on 2026-12-05 after the fixes (1.07-1.19x before;
+    # docs/operating.md#floods). The issue's 10 % is the aim; 1.15x is what holds run after run
+    # (what can stay is CPython's arenas of the flood's peak, pinned by a few objects).
+    assert rss_after <= 1.15 * rss_before, report
     # Flood ids are never routed: admission by evidence (issue 16 item 1). Where that is not
     # in yet, a new pair is routed as soon as it is warming, and this check is an expected
     # failure; as soon as warming pairs are not routed it is enforced.

@@ -13,6 +13,8 @@ tick tracked the changelogs). The worker tracks every topic it writes to.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Callable
 
 import pytest
@@ -25,6 +27,19 @@ from tailguard.streaming.service import track_topic_metadata
 pytestmark = pytest.mark.integration
 
 
+async def _metadata_knows(producer: AIOKafkaProducer, topic: str, timeout_s: float = 30.0) -> None:
+    """Refresh the producer's metadata (all topics: none tracked yet) until it has ``topic``'s
+    partitions. A broker answers a metadata request from its own cache, which learns of a topic
+    just created a moment after CreateTopics returns (seen as a missing topic on a busy machine)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        await producer.client.force_metadata_update()
+        if producer.client.cluster.partitions_for_topic(topic):
+            return
+        assert time.monotonic() < deadline, f"{topic} not in the broker's metadata {timeout_s:.0f} s after its creation"
+        await asyncio.sleep(0.1)
+
+
 async def _cached_partitions_after_a_send_to_a_new_topic(
         bootstrap: str, name: Callable[[str], str], track: bool) -> set[int] | None:
     changelog, other = name("changelog"), name("other")
@@ -34,7 +49,7 @@ async def _cached_partitions_after_a_send_to_a_new_topic(
     await producer.start()
     try:
         await admin.create_topics([NewTopic(changelog, num_partitions=3, replication_factor=1)])
-        await producer.client.force_metadata_update()
+        await _metadata_knows(producer, changelog)
         assert producer.client.cluster.partitions_for_topic(changelog) == {0, 1, 2}
         if track:
             await track_topic_metadata(producer, [changelog])
@@ -75,7 +90,7 @@ async def _queued_send_delivered(bootstrap: str, name: Callable[[str], str],
         await admin.create_topics([NewTopic(t, num_partitions=1, replication_factor=1)
                                    for t in (out, changelog)])
         await producer.start()
-        await producer.client.force_metadata_update()    # all topics: `out` known, untracked
+        await _metadata_knows(producer, out)             # all topics: `out` known, untracked
         assert out in producer.client.cluster.topics()
         if track_first:
             await track_topic_metadata(producer, [out])

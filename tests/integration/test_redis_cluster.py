@@ -62,7 +62,8 @@ from tailguard.routing.status import read_status
 from tailguard.routing.writer import RoutingWriter
 from tailguard.security import AccessRefused
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
+# One cluster, on one worker: the module's tests share it (under pytest-xdist, tests/conftest.py).
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(420), pytest.mark.xdist_group("redis-cluster")]
 
 MODEL = "llama-3-70b"
 
@@ -84,8 +85,8 @@ class Cluster:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     c = Cluster(tmp_path_factory.mktemp("redis-cluster"))
-    c.run("start")
     try:
+        c.run("start")          # inside: a start that times out still stops what it started
         c.run("start")          # idempotent: a running cluster is kept
         yield c
     finally:

@@ -272,6 +272,7 @@ def _local_broker_pid() -> int:
     return pid
 
 
+@pytest.mark.serial        # freezes the shared broker: every other test's Kafka would freeze too
 async def test_worker_rides_out_a_frozen_broker_and_keeps_deciding(
         kafka_bootstrap: str, redis_url: str, unique_name: Callable[[str], str],
         tmp_path: Path) -> None:

@@ -30,7 +30,8 @@ ALL = sorted(p.stem for p in (ROOT / "scenarios").glob("*.toml"))
 # on the event path (docs/rules.md, Histogram pairs).
 BELOW_MIN_PEERS = {"two_node_models", "scale_down_then_fault"}
 # A tail of 8 % at 5 req/s: ~150 requests a window, so the 1e-4 binomial test passes on some ticks
-# only; the node leaves, later than the event path's fresh-tail rule takes it (docs/scrape.md).
+# only; the windows between, past the share limit but not significant, hold the streak
+# (docs/rules.md, Histogram pairs), and the node leaves within the event path's deadline.
 LOW_RATE_TAIL = "low_rate_tail"
 
 
@@ -70,20 +71,21 @@ def test_3x_slowdown_and_2_5x_per_token_are_out_within_the_event_paths_deadline(
 
 
 @pytest.mark.parametrize("seed", [1, 2])
-@pytest.mark.parametrize("name", [n for n in ALL if n != LOW_RATE_TAIL])
+@pytest.mark.parametrize("name", ALL)
 def test_every_scenario_meets_its_expectations(name: str, seed: int) -> None:
     """Healthy scenarios remove nobody; the others remove what they expect, in time, and only that."""
     res, records = run(name, seed)
     assert res.ok, "\n".join(res.problems) + "\n" + _explain(records)
 
 
-@pytest.mark.parametrize("seed", [1, 2])
-def test_a_low_rate_tail_leaves_within_twice_the_event_paths_deadline(seed: int) -> None:
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5, 6])
+def test_a_low_rate_tail_leaves_within_the_event_paths_deadline(seed: int) -> None:
+    """Seeds 1-6: 180, 150, 90, 120, 120, 150 s after onset (before the hold: 330 s at seed 1)."""
     res, records = run(LOW_RATE_TAIL, seed)
     s = _scenario(LOW_RATE_TAIL)
     (e,) = s.expect.eject
     assert set(res.ejected_at_s) == {(e.node_id, e.model)}, _explain(records)
-    assert res.ejected_at_s[(e.node_id, e.model)] - e.onset_s <= 2 * e.within_s, _explain(records)
+    assert res.ejected_at_s[(e.node_id, e.model)] - e.onset_s <= e.within_s, _explain(records)
 
 
 @cache

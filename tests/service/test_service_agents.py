@@ -88,3 +88,15 @@ async def test_stage1_sends_one_batch_per_model_not_one_message_per_summary() ->
         batch = decode_stage2(value)
         assert isinstance(batch, SummaryBatch) and batch.model == key.decode()
         assert list(batch.summaries) == [s for s in rows if s.model == batch.model]
+
+
+def test_changelog_records_read_after_the_start_are_applied_as_they_come() -> None:
+    # faust buffers 1000 changelog records (decoded) before applying them: a worker then held
+    # its last 1000 hints values, a flood's included (each naming ~1,000 new pairs), for as many
+    # ticks, which kept ~10 MB of a 200,000-id flood after its ids were forgotten (issue 28).
+    app = make_app()
+    tables = {t.name: t for t in app.tables.values()}
+    hints, health = tables["judge_since"], tables["health"]
+    assert hints.recovery_buffer_size == 1      # its own partitions: faust reads them as "active"
+    assert hints.standby_buffer_size == 1       # the other workers' partitions
+    assert health.standby_buffer_size == 1      # replicas of another worker's models

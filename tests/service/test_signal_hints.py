@@ -84,18 +84,24 @@ def test_a_bad_signal_hint_is_skipped_and_the_rest_kept(caplog: Any) -> None:
     assert "the signal hint of model 'x' is skipped" in caplog.text
 
 
-def test_the_hints_feed_overlays_the_changelog_on_the_worker_s_table(caplog: Any) -> None:
+def test_the_hints_feed_gives_the_changelog_s_hints_over_the_worker_s_table(caplog: Any) -> None:
     """What another worker's stage 2 wrote reaches this stage 1 through the changelog, even
-    when faust's GlobalTable here never got it; a tombstone deletes; bad JSON is skipped."""
+    when faust's GlobalTable here never got it; once read to its end the changelog alone
+    counts (a tombstone deletes); bad JSON is skipped."""
     feed = HintsFeed(settings=load({}), topic="hints-changelog", partitions=4)
     mine = [(b"old", {"tail_ref": 1.0}), (b"gone", {"tail_ref": 2.0})]
     feed.apply(b"llm", json.dumps(encode_hints({}, [], None, sig.ModelChoice("latency"))).encode())
-    feed.apply(b"gone", None)
+    feed.apply(b"gone", json.dumps({"tail_ref": 4.0}).encode())
     feed.apply(b"old", b"{not json")
     feed.apply(None, b"{}")
-    got = decode_hints(feed.items(mine))
-    assert got.signals == {"llm": sig.ModelChoice("latency")}
-    assert got.tail_refs == {"old": 1.0}
     assert feed.bad == 1 and "a hints value of model 'old'" in caplog.text
+    early = decode_hints(feed.items(mine))          # still reading: the table, overlaid
+    assert early.signals == {"llm": sig.ModelChoice("latency")}
+    assert early.tail_refs == {"old": 1.0, "gone": 4.0}
+    feed.apply(b"gone", None)
     feed.apply(b"old", json.dumps({"tail_ref": 3.0}).encode())
-    assert decode_hints(feed.items(mine)).tail_refs == {"old": 3.0}
+    feed.caught_up = True
+    got = decode_hints(feed.items(mine))
+    assert got.tail_refs == {"old": 3.0} and set(got.signals) == {"llm"}
+    # A model this worker's stage 2 writes: its own table's value, before the broker echoes it.
+    assert decode_hints(feed.items(mine, own={"old"})).tail_refs == {"old": 1.0}

@@ -132,6 +132,11 @@ def test_p99_exceedance_needs_share_and_binomial_significance() -> None:
     j = judge_metric("e2e", fine([0, 100, 400, 400, 100 - k, 0, 0, k]), ref, s, ST)
     assert j.verdict is Verdict.ABNORMAL and j.reason == "relative_p99" and "above 0.9 s" in (j.detail or "")
     j = judge_metric("e2e", fine([0, 100, 400, 400, 100 - k + 1, 0, 0, k - 1]), ref, s, ST)
+    # past the share limit but not significant: held (not abnormal, and not a normal window either)
+    assert (k - 1) / n >= lim
+    assert j.verdict is Verdict.NONE and j.reason == "relative_p99" and "not yet significant" in (j.detail or "")
+    below = math.ceil(lim * n) - 1
+    j = judge_metric("e2e", fine([0, 100, 400, 400, 100 - below, 0, 0, below]), ref, s, ST)
     assert j.verdict is Verdict.NORMAL
 
 

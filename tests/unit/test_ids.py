@@ -75,6 +75,16 @@ def test_accepted_ids_are_remembered_within_a_bound(monkeypatch: pytest.MonkeyPa
     assert len(rule._known) <= 10
 
 
+def test_a_flood_of_ids_is_not_remembered_beyond_a_few_thousand() -> None:
+    # Each remembered id is a string kept alive: a 200,000-id flood left ~26,000 of them spread
+    # over CPython's small-object arenas, which stayed with the worker after the flood (issue 28).
+    rule = IdRule()
+    for i in range(40_000):
+        assert rule.ok(f"flood-{i:06d}")
+    assert len(rule._known) <= 4096
+    assert rule.ok("flood-000001") and not rule.ok("bad id")
+
+
 def test_a_bad_pattern_is_refused_at_start_naming_the_setting() -> None:
     with pytest.raises(SettingError) as e:
         app_settings.load({"TAILGUARD_ID_PATTERN": "gpu-(["})

@@ -80,3 +80,12 @@ def test_unreachable_redis_exits_1_naming_the_variable(monkeypatch: pytest.Monke
     # The message names the URL with its password redacted.
     assert "secret" not in err.getvalue() and f"u:***@127.0.0.1:{port}" in err.getvalue()
     assert out.getvalue() == ""
+
+
+def test_the_title_names_the_model_s_signal_and_when_a_worker_chose_it_alone() -> None:
+    ms = sample()
+    ms.nodes["gpu-1"]["signal"] = ms.nodes["gpu-2"]["signal"] = "latency"
+    assert format_table([ms], NOW).splitlines()[0].endswith("quarantined 1  signal latency")
+    ms.nodes["gpu-2"].update(signal="tpot", signal_local=True)
+    assert format_table([ms], NOW).splitlines()[0].endswith(
+        "signal latency/tpot (chosen per worker: no stage-2 choice yet)")

@@ -113,6 +113,7 @@ def test_histogram_and_empty_summaries_are_no_evidence() -> None:
     assert choose_for_model("auto", [s._replace(signal="e2e_hist")], 50) is None
     configured = choose_for_model("tpot", [s], 50)
     assert configured is not None and configured.signal == "tpot"
+    assert choose_for_model("latency", [], 50) == sig.ModelChoice("latency")
 
 
 def test_model_choice_round_trips_and_refuses_bad_values() -> None:

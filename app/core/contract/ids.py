@@ -33,8 +33,9 @@ MAX_NAME_CHARS: Final = 256
 #: The default id rule; ``TAILGUARD_ID_PATTERN`` replaces it.
 DEFAULT_PATTERN: Final = r"[\x21-\x7b\x7d\x7e]{1,128}"
 DEFAULT_RULE_TEXT: Final = "1-128 characters of printable ASCII 0x21-0x7E except '|'"
-#: Accepted ids remembered per rule before the memory is emptied.
-MAX_KNOWN: Final = 32_768
+#: Accepted ids remembered per rule before the memory is emptied (a flood's one-off ids are
+#: kept alive only as long as this many fit; the regular expression is cheap on a miss).
+MAX_KNOWN: Final = 4096
 
 
 class IdRule:

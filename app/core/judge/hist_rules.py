@@ -7,11 +7,11 @@ bounds (``b50``/``b99``: the first bounds where it reaches 0.5/0.99). At a bound
 ``MIN_FACTOR`` (1.5) times slower can show at most :func:`shifted_share` above it (1 − the
 reference at the largest bound ≤ b / 1.5). A node is judged by the exact share of its requests
 above a bound from ``b50`` up against that: ``relative_p50`` when it exceeds
-``max(P50_SHARE, shifted + P50_GAP)`` by ``Z`` binomial standard deviations (on requests, not
-token observations), ``relative_p99`` (from ``b99`` up) when it is at least
-``max(P99_SHARE, P99_FACTOR × shifted)`` with binomial p < ``ALPHA``. Bucketless windows (Triton's
-counters) are judged by their mean. Other bounds than the class's: no verdict on that metric;
-fewer than ``min_peers`` peers: the node's own history (:class:`OwnFallback`). Any metric abnormal
+``max(P50_SHARE, shifted + P50_GAP)`` by ``Z`` binomial standard deviations (of requests),
+``relative_p99`` (from ``b99`` up) when it is at least ``max(P99_SHARE, P99_FACTOR × shifted)``
+with binomial p < ``ALPHA`` (that share, not significant: no verdict, a streak held). Bucketless
+windows (Triton's counters): their mean. Other bounds than the class's: no verdict on that
+metric; fewer than ``min_peers`` peers: own history (:class:`OwnFallback`). Any metric abnormal
 makes the node abnormal (per-token first).
 
 Guarantees: pure; verdicts depend on counts only (relabelling nodes changes nothing); a shift
@@ -158,12 +158,16 @@ def judge_metric(metric: str, w: HistWindow, ref: Reference, s: WindowSummary,
                                  + slower.format(shifted_share(ref, j), 1)
                                  + f" ({whose} P50 is at most {bounds[ref.k50]:g} s; limit"
                                  f" {lim + margin:.1%}, {n} requests, {peers})")
+    held = None
     if ref.k99 is not None:
         for j in range(ref.k99, len(bounds)):
             x99, u = share_above(w, j), shifted_share(ref, j)
             lim99 = max(P99_SHARE, P99_FACTOR * u)
             if x99 >= lim99:
                 p_value = binomial_sf(round(x99 * n), n, max(u, P99_FLOOR))
+                if p_value >= ALPHA and held is None:
+                    held = (f"{x99:.1%} of its {metric} above {bounds[j]:g} s, past its limit"
+                            f" ({lim99:.1%}) but not yet significant on {n} requests (p = {p_value:.1e})")
                 if p_value < ALPHA:
                     return Judgement(Verdict.ABNORMAL, str(Reason.RELATIVE_P99), ev, x99 / lim99,
                                      f"{x99:.1%} of its {metric} above {bounds[j]:g} s, where "
@@ -171,6 +175,9 @@ def judge_metric(metric: str, w: HistWindow, ref: Reference, s: WindowSummary,
                                      + f" ({whose} P99 is at most {bounds[ref.k99]:g} s;"
                                      f" p = {p_value:.1e}, {n} requests)")
             sev = max(sev, x99 / lim99)
+    if held is not None:
+        # Too few requests to tell, not a healthy window: a low-rate tail's streak is held, not reset.
+        return Judgement(Verdict.NONE, str(Reason.RELATIVE_P99), ev, sev, held)
     return Judgement(Verdict.NORMAL, str(Reason.NORMAL), ev, sev)
 
 
@@ -258,6 +265,7 @@ class HistJudge:
         need = self.st.min_samples if min_requests is None else min_requests
         cls = hw_class(s.hardware)
         normal: Judgement | None = None
+        held: Judgement | None = None
         for metric in PREFERENCE:
             w = wins.get(metric)
             if w is None or w.requests < need:
@@ -276,6 +284,10 @@ class HistJudge:
                 return j
             if j.verdict is Verdict.NORMAL and normal is None:
                 normal = j
+            if j.verdict is Verdict.NONE and j.reason and held is None:
+                held = j
+        if held is not None:
+            return held
         if normal is None:
             return health.NO_VERDICT
         return Judgement(Verdict.NORMAL, normal_reason, normal.evidence, normal.severity)

@@ -10,8 +10,8 @@ stage 1 through its hints, which applies it instead of its own.
 Guarantees: the choice is the one a single store holding every series would make
 (:func:`tailguard.core.window.signals.choose_model` on the summed counts, the ``normalized``
 fit the median of the same per-series votes), so a worker and ``tailguard replay`` agree;
-histogram summaries are no evidence; a model with no sample-path summary has no choice
-(``None``: each stage 1 keeps its own). Pure: summaries in, a value out.
+histogram summaries are no evidence; an ``auto``/``normalized`` model with no sample-path
+summary has no choice (``None``: each stage 1 keeps its own). Pure: summaries in, a value out.
 """
 
 from __future__ import annotations
@@ -64,6 +64,8 @@ def choose_for_model(configured: str, summaries: Iterable[WindowSummary],
     ``normalized`` carries the fleet fit of every series' vote; with no vote at all (no worker
     fitted the model last tick) ``fit`` is ``None`` and each stage 1 fits its share once.
     """
+    if configured in (sig.LATENCY, sig.TPOT):       # nothing to choose or fit
+        return sig.ModelChoice(configured)
     got = model_counts(summaries, min_samples)
     if got is None:
         return None

@@ -52,8 +52,9 @@ class Detector:
         self.store = WindowStore(self.settings, pause_collector=pause_collector)
         self.evaluator = FleetEvaluator(self.settings)
         self._last: dict[str, ModelTick] = {}
-        # The last tick's cluster-wide pools per model, and their digests once asked for.
-        self._pools: dict[str, ModelPool] = {}
+        # What the last tick's cluster-wide pools were built from (its time, per_series and
+        # models), and their digests once asked for.
+        self._pools_of: tuple[float, int, tuple[str, ...]] | None = None
         self._digests: dict[str, dict[str, Any]] | None = None
 
     def observe(self, events: Iterable[Event]) -> None:
@@ -77,12 +78,13 @@ class Detector:
         groups = _by_model(summaries)
         models = sorted(groups.keys() | set(ev.models()))
         per_series = self.fleet_digest_per_series
-        self._pools = (self.store.model_pools(now_s, per_series=per_series, models=groups.keys(),
-                                              qs=FLEET_QUANTILES)
-                       if per_series > 0 else {})
+        pools = (self.store.model_pools(now_s, per_series=per_series, models=groups.keys(),
+                                        qs=FLEET_QUANTILES)
+                 if per_series > 0 else {})
+        self._pools_of = (now_s, per_series, tuple(groups)) if per_series > 0 else None
         self._digests = None
-        ticks = tuple(self._with_fleet_quantiles(
-            ev.evaluate(m, groups.get(m, ()), now_s, with_statuses=with_statuses))
+        ticks = tuple(_with_fleet_quantiles(
+            ev.evaluate(m, groups.get(m, ()), now_s, with_statuses=with_statuses), pools)
             for m in models)
         for t in ticks:
             self._last[t.model] = t
@@ -91,17 +93,18 @@ class Detector:
     @property
     def fleet_digests(self) -> dict[str, dict[str, Any]]:
         """The last tick's cluster-wide pool of each model as a t-digest dict
-        (``ModelPool.digest_dict``: mergeable across workers with ``merge_digests``)."""
-        if self._digests is None:
-            self._digests = {m: pool.digest_dict() for m, pool in self._pools.items()}
-        return self._digests
+        (``ModelPool.digest_dict``: mergeable across workers with ``merge_digests``).
 
-    def _with_fleet_quantiles(self, tick: ModelTick) -> ModelTick:
-        pool = self._pools.get(tick.model)
-        if pool is None:
-            return tick
-        p50, p99 = pool.quantiles(FLEET_QUANTILES)
-        return dataclasses.replace(tick, fleet_latency_p50_us=p50, fleet_latency_p99_us=p99)
+        Built on first access from the windows (the tick keeps no pool: 512 B per series):
+        the tick's own pools when nothing was observed since, else the pools of the windows
+        as they are, at the tick's time."""
+        if self._digests is None:
+            if self._pools_of is None:
+                self._digests = {}
+            else:
+                now_s, per_series, models = self._pools_of
+                self._digests = self.store.model_digests(now_s, per_series=per_series, models=models)
+        return self._digests
 
     def apply_diagnostics(self, model: str, node_id: str, recoverable: bool,
                           now_s: float) -> list[Transition]:
@@ -125,6 +128,14 @@ class Detector:
         self.store.restore(data["store"])
         self.evaluator.restore(dict(data["evaluator"]))
         self._last = {}
+
+
+def _with_fleet_quantiles(tick: ModelTick, pools: Mapping[str, ModelPool]) -> ModelTick:
+    pool = pools.get(tick.model)
+    if pool is None:
+        return tick
+    p50, p99 = pool.quantiles(FLEET_QUANTILES)
+    return dataclasses.replace(tick, fleet_latency_p50_us=p50, fleet_latency_p99_us=p99)
 
 
 def _by_model(summaries: list[WindowSummary]) -> dict[str, list[WindowSummary]]:

@@ -24,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tailguard.core.window import signals as sig
+from tailguard.core.window import ts_codes as tc
 from tailguard.core.window.quantiles import (
     RUN_FLAG,
     U32,
@@ -97,7 +98,7 @@ class Pass1:
 
 def pass1(ch: Slab, now_s: float, age_lo: float,
            since: list[tuple[int, float]] | None) -> Pass1:
-    ts, lat = ch.ts, ch.lat
+    ts, lat = ch.ts_code, ch.lat
     used = ch.midx >= 0
     since_row = np.full(ch.rows, np.nan)
     if since:
@@ -109,18 +110,22 @@ def pass1(ch: Slab, now_s: float, age_lo: float,
         unproven = np.flatnonzero(full & ~((ch.ts_lo > age_lo) & (ch.ts_hi <= now_s) & (ch.lat_lo > 0)))
         if unproven.size:
             sub = _rows(ts, unproven)
-            ch.ts_lo[unproven], ch.ts_hi[unproven] = sub.min(axis=1), sub.max(axis=1)
+            base = ch.base_us[unproven]
+            ch.ts_lo[unproven] = tc.decode(sub.min(axis=1), base)
+            ch.ts_hi[unproven] = tc.decode(sub.max(axis=1), base)
             ch.lat_lo[unproven] = _rows(lat, unproven).min(axis=1)
         clean = full & (ch.ts_lo > age_lo) & (ch.ts_hi <= now_s) & (ch.lat_lo > 0)
         dirty = np.flatnonzero(used & ~clean)
         sub_ts, sub_lat = _rows(ts, dirty), _rows(lat, dirty)
-        intime = (sub_ts <= now_s) & (sub_ts > age_lo)
+        base_d = ch.base_us[dirty]
+        to_now = tc.after(base_d, now_s)[:, None]
+        intime = (sub_ts <= to_now) & (sub_ts > tc.after(base_d, age_lo)[:, None])
         judged_d = intime & (sub_lat > 0)
         probe_d = intime & (sub_lat < 0)
         sub_since = since_row[dirty]
         q = ~np.isnan(sub_since)
         if q.any():
-            judged_d[q] = (sub_ts[q] >= sub_since[q, None]) & (sub_ts[q] <= now_s)
+            judged_d[q] = (sub_ts[q] > tc.since(base_d[q], sub_since[q])[:, None]) & (sub_ts[q] <= to_now[q])
     n_judged = np.where(clean, ch.cap, 0)
     n_judged[dirty] = judged_d.sum(axis=1)
     return Pass1(ch, clean, dirty, judged_d, probe_d, n_judged, since_row, bool(since))
@@ -163,7 +168,7 @@ def _fast_block(items: Sequence[tuple[Slab, Stats]], n: int, cap: int, fresh_lo:
         if (ch.ts_lo[f] > fresh_lo).all():      # the kept bound proves every sample fresh
             part[...] = 0
         else:
-            np.less_equal(_rows(ch.ts, f), fresh_lo, out=part)      # 1: not fresh
+            np.less_equal(_rows(ch.ts_code, f), tc.after(ch.base_us[f], fresh_lo)[:, None], out=part)  # 1: not fresh
         to_run_keys(part, _rows(ch.lat, f))
         o += f.size
     keys.sort(axis=1)
@@ -242,7 +247,7 @@ def chunk_stats(ch: Slab, st: Pass1, plans: list[ModelPlan], fresh_lo: float, re
             np.where(judged, np.abs(_rows(ch.lat, slow)), np.float32(np.inf)),
             st.n_judged[slow], _QS)
     with np.errstate(invalid="ignore"):
-        fresh_mask = sig_mask & (_rows(ch.ts, slow) > fresh_lo)
+        fresh_mask = sig_mask & (_rows(ch.ts_code, slow) > tc.after(ch.base_us[slow], fresh_lo)[:, None])
     _fresh_p50s(slow, fresh_mask, vals, cs.n_sig, min_fresh, cs.n_fresh, cs.q_fresh)
     _fresh_over(slow, fresh_mask, vals, refs[np.maximum(ch.midx, 0)], cs.n_fresh, cs.n_over)
     probe_mask = st.probe_rows(slow)

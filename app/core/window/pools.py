@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
+from tailguard.core.window import ts_codes as tc
 from tailguard.core.window.quantiles import digest_dict_of_sorted, exact_quantiles, segment_quantiles
 
 if TYPE_CHECKING:
@@ -136,14 +137,15 @@ def _slab_pieces(ch: Slab, lat: F32, stride: int, rows: I64, midx: I64, age_lo: 
     sub = np.ascontiguousarray(lat) if whole else lat[rows]
     kept: Bools | None = None
     if masked:
-        # Judged: ok (lat > 0), in time. NaN (empty slot) fails every test; a test the
+        # Judged: ok (lat > 0), in time. An empty slot (ts code 0, NaN) fails every test; a test the
         # rings' kept bounds pass for every row is left out (see Slab).
-        tsv = ch.ts[:, ::stride]
+        tsv = ch.ts_code[:, ::stride]
         ts = tsv if whole else tsv[rows]
+        base = ch.base_us[rows]
         with np.errstate(invalid="ignore"):
-            kept = ts > age_lo
+            kept = ts > tc.after(base, age_lo)[:, None]
             if bool((ch.ts_hi[rows] > now_s).any()):
-                kept &= ts <= now_s
+                kept &= ts <= tc.after(base, now_s)[:, None]
             if not bool((ch.lat_lo[rows] > 0).all()):
                 kept &= sub > 0
         n_kept = kept.sum(axis=1)

@@ -9,12 +9,13 @@ and last seen, request and failure counts, restart bookkeeping). The window stor
 Guarantees:
 
 * A ring's samples sit in slots ``head - fill … head - 1`` (mod ``cap``), oldest first
-  (:meth:`Slab.order`); empty slots have NaN ts and latency. Timestamps are float64, latency
-  float32 (probe = negative) and, in sized slabs only, input/output tokens and TTFT float32:
-  12 bytes per sample, ~12 KB per latency-only series at window_size 1000.
+  (:meth:`Slab.order`). Latency float32 (probe = negative, empty = NaN), event time a uint32
+  code (:mod:`tailguard.core.window.ts_codes`) and, in sized slabs only, input/output tokens
+  and TTFT float32: 8 bytes per sample (20 sized), ~8 KB per series at window_size 1000.
 * Tiers: ring capacities ``TIER_BASE`` × ``TIER_GROWTH``ⁿ (16, 128, 1024, …) capped at
   window_size; slabs are sized up to ``SLAB_BYTES``, never below ``MIN_SLAB_ROWS`` rings.
-* Per ring, the kept bounds ``ts_lo``/``ts_hi``/``lat_lo`` never exclude a filled slot.
+* Per ring, the kept bounds ``ts_lo``/``ts_hi`` (decoded times) and ``lat_lo`` never exclude
+  a filled slot.
 * :meth:`SeriesRecord.seen` marks a restart at once on a new ``instance``, or after a gap once
   ``RESTART_CONFIRM_SIGNS`` signs of life confirm it.
 """
@@ -25,6 +26,8 @@ from typing import Any, Final, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
+
+from tailguard.core.window.ts_codes import U32, decode, encode_into
 
 SeriesKey: TypeAlias = tuple[str, str]
 F64: TypeAlias = npt.NDArray[np.float64]
@@ -37,23 +40,27 @@ TIER_BASE: Final = 16
 TIER_GROWTH: Final = 8
 SLAB_BYTES: Final = 4 << 20
 MIN_SLAB_ROWS: Final = 4
+#: The failures of every series that has had none (never written: ``failures_by_s``).
+NO_FAILURES: Final[dict[int, int]] = {}
 
 
 class Slab:
-    """A slab of ``rows`` rings of ``cap`` slots. Empty slots have NaN ts and latency.
+    """A slab of ``rows`` rings of ``cap`` slots. Empty slots have ts code 0 and NaN latency.
 
-    Per ring, ``ts_lo <= min(ts)``, ``ts_hi >= max(ts)`` and ``lat_lo <= min(lat)`` over
-    the ring's filled slots: bounds kept on insert (a slot that leaves the ring can only
-    loosen them) and tightened to the exact values when a tick needs them
-    (:mod:`tailguard.core.window.summarize`), so most full rings are proven "clean" without a pass over them.
+    ``ts_code`` holds each sample's time code (:mod:`tailguard.core.window.ts_codes`) against
+    its ring's ``base_us``; :attr:`ts` decodes them all. Per ring, ``ts_lo <= min(ts)``,
+    ``ts_hi >= max(ts)`` and ``lat_lo <= min(lat)`` over the ring's filled slots: bounds kept
+    on insert (a slot that leaves the ring can only loosen them) and tightened to the exact
+    values when a tick needs them (:mod:`tailguard.core.window.summarize`), so most full rings
+    are proven "clean" without a pass over them.
     """
 
-    __slots__ = ("cap", "fill", "free", "head", "inp", "lat", "lat_lo", "midx", "out", "rows",
-                 "series", "sized", "ts", "ts_hi", "ts_lo", "ttft", "used")
+    __slots__ = ("base_us", "cap", "fill", "free", "head", "inp", "lat", "lat_lo", "midx", "out", "rows",
+                 "series", "sized", "ts_code", "ts_hi", "ts_lo", "ttft", "used")
 
     def __init__(self, cap: int, rows: int, sized: bool) -> None:
         self.cap, self.rows, self.sized = cap, rows, sized
-        self.ts: F64 = np.full((rows, cap), np.nan)
+        self.ts_code: U32 = np.zeros((rows, cap), dtype=np.uint32)
         self.lat: F32 = np.full((rows, cap), np.nan, dtype=np.float32)
         self.inp: F32 | None = None
         self.out: F32 | None = None
@@ -65,6 +72,7 @@ class Slab:
         self.head: I64 = np.zeros(rows, dtype=np.int64)
         self.fill: I64 = np.zeros(rows, dtype=np.int64)
         self.midx: I64 = np.full(rows, -1, dtype=np.int64)
+        self.base_us: I64 = np.zeros(rows, dtype=np.int64)       # µs; see ts_codes
         self.ts_lo: F64 = np.full(rows, np.inf)
         self.ts_hi: F64 = np.full(rows, -np.inf)
         self.lat_lo: F64 = np.full(rows, np.inf)
@@ -73,7 +81,7 @@ class Slab:
         self.used = 0
 
     def columns(self) -> list[npt.NDArray[Any]]:
-        cols: list[npt.NDArray[Any]] = [self.ts, self.lat]
+        cols: list[npt.NDArray[Any]] = [self.ts_code, self.lat]
         if self.sized:
             cols += [self.inp, self.out, self.ttft]  # type: ignore[list-item]
         return cols
@@ -83,10 +91,36 @@ class Slab:
         fill, head = int(self.fill[row]), int(self.head[row])
         return (head - fill + np.arange(fill, dtype=np.int64)) % self.cap
 
+    @property
+    def ts(self) -> F64:
+        """Every slot's event time, decoded (a copy; NaN in empty slots, -inf if too old)."""
+        t: F64 = np.where(np.isnan(self.lat), np.nan, decode(self.ts_code, self.base_us[:, None]))
+        return t
+
+    def times(self, row: int, slots: I64) -> F64:
+        """The event times of ``row``'s ``slots`` (decoded; a sample stored as too old: -inf)."""
+        return decode(self.ts_code[row, slots], int(self.base_us[row]))
+
+    def put_times(self, row: int, ts: F64, lo_s: float, hi_s: float, replace: bool) -> U32:
+        """The codes of ``ts`` (new samples of ``row``, in order, from ``lo_s`` to ``hi_s``;
+        ``replace``: they replace the ring's), the ring moved to a new base first if they need
+        one (:func:`~tailguard.core.window.ts_codes.encode_into`); its kept time bounds updated."""
+        codes, base, lost, c_lo, c_hi = encode_into(self.ts_code, row, int(self.base_us[row]), ts,
+                                                    lo_s, hi_s, not replace and bool(self.fill[row]))
+        self.base_us[row] = base
+        t_lo = (c_lo + base) / 1e6 if c_lo else -np.inf       # as ts_codes.decode
+        t_hi = (c_hi + base) / 1e6 if c_hi else -np.inf
+        if replace:
+            self.ts_lo[row], self.ts_hi[row] = t_lo, t_hi
+        else:
+            self.ts_lo[row] = -np.inf if lost else min(float(self.ts_lo[row]), t_lo)
+            self.ts_hi[row] = max(float(self.ts_hi[row]), t_hi)
+        return codes
+
     def release(self, row: int) -> None:
         for col in self.columns():
-            col[row] = np.nan
-        self.fill[row] = self.head[row] = 0
+            col[row] = 0 if col is self.ts_code else np.nan
+        self.fill[row] = self.head[row] = self.base_us[row] = 0
         self.midx[row] = -1
         self.ts_lo[row], self.ts_hi[row], self.lat_lo[row] = np.inf, -np.inf, np.inf
         self.series[row] = None
@@ -99,7 +133,7 @@ class Slab:
         to = slice(at, at + rows.size)
         for dst_col, src_col in zip(self.columns(), src.columns(), strict=True):
             dst_col[to] = src_col[rows]
-        for name in ("head", "fill", "midx", "ts_lo", "ts_hi", "lat_lo"):
+        for name in ("head", "fill", "midx", "base_us", "ts_lo", "ts_hi", "lat_lo"):
             getattr(self, name)[to] = getattr(src, name)[rows]
         for i, r in enumerate(rows.tolist(), start=at):
             s = src.series[r]
@@ -123,7 +157,7 @@ class SeriesRecord:
         self.hardware: str | None = None
         self.first_seen_ts: float | None = None
         self.last_seen_ts: float | None = None
-        self.failed: dict[int, int] = {}
+        self.failed: dict[int, int] = NO_FAILURES   # failed requests per second (``failures_by_s``)
         self.requests = self.failures = 0      # every request taken, and the failed ones
         self.chunk: Slab | None = None
         self.row = -1
@@ -137,6 +171,13 @@ class SeriesRecord:
         self.gap_s = 0.0
         self.resume_ts: float | None = None     # a gap seen, its restart not yet confirmed
         self.resume_signs = 0
+
+    def failures_by_s(self) -> dict[int, int]:
+        """``failed`` to write to: its own dict from the first failure on (until then every
+        series shares the empty ``NO_FAILURES``, 64 B each fewer)."""
+        if self.failed is NO_FAILURES:
+            self.failed = {}
+        return self.failed
 
     def seen(self, lo: float, hi: float, instance: str | None = None, gap_s: float = 0.0,
              n: int = 1, ts: F64 | None = None) -> None:

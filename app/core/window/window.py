@@ -175,7 +175,7 @@ class WindowStore:
 
     @staticmethod
     def _max_rows(cap: int, sized: bool) -> int:
-        slot_bytes = 8 + 4 + (12 if sized else 0)
+        slot_bytes = 4 + 4 + (12 if sized else 0)
         return max(MIN_SLAB_ROWS, SLAB_BYTES // (cap * slot_bytes))
 
     def _release(self, ch: Slab, row: int) -> None:
@@ -213,7 +213,8 @@ class WindowStore:
         if old is not None:
             order = old.order(orow)
             n = order.size
-            ch.ts[row, :n] = old.ts[orow, order]
+            ch.ts_code[row, :n] = old.ts_code[orow, order]
+            ch.base_us[row] = old.base_us[orow]
             ch.lat[row, :n] = old.lat[orow, order]
             if old.sized:
                 assert ch.inp is not None and ch.out is not None and ch.ttft is not None
@@ -251,7 +252,8 @@ class WindowStore:
             if ev.failed:
                 s.failures += ev.failed
                 b = int(ev.ts)
-                s.failed[b] = s.failed.get(b, 0) + ev.failed
+                failed = s.failures_by_s()
+                failed[b] = failed.get(b, 0) + ev.failed
         self._hists.observe(ev)
 
     def observe(self, batch: SampleBatch) -> None:
@@ -288,9 +290,9 @@ class WindowStore:
             inp = None if inp is None else inp[ok]
             out = None if out is None else out[ok]
             ttft = None if ttft is None else ttft[ok]
-            n = int(ts.shape[0])
-            if n == 0:
+            if ts.shape[0] == 0:
                 return
+            n, t_lo, t_hi = int(ts.shape[0]), float(ts.min()), float(ts.max())
         signed = np.where(batch.probe if ok.all() else batch.probe[ok], -lat, lat)
         sized = inp is not None or out is not None or ttft is not None
         ch = s.chunk
@@ -300,22 +302,20 @@ class WindowStore:
             ch = s.chunk
             assert ch is not None
         row, cap = s.row, ch.cap
-        lat_lo = float(signed.min())
         if n >= cap:                            # the ring is replaced: its bounds are the batch's
-            kept_ts = ts[n - cap:]
-            ch.ts_lo[row], ch.ts_hi[row] = float(kept_ts.min()), float(kept_ts.max())
+            kept = ts[n - cap:]
+            codes = ch.put_times(row, kept, float(kept.min()), float(kept.max()), True)
             ch.lat_lo[row] = float(signed[n - cap:].min())
         else:
-            ch.ts_lo[row] = min(float(ch.ts_lo[row]), t_lo)
-            ch.ts_hi[row] = max(float(ch.ts_hi[row]), t_hi)
-            ch.lat_lo[row] = min(float(ch.lat_lo[row]), lat_lo)
+            codes = ch.put_times(row, ts, t_lo, t_hi, False)     # and ts_lo/ts_hi
+            ch.lat_lo[row] = min(float(ch.lat_lo[row]), float(signed.min()))
         cols: list[tuple[npt.NDArray[Any], npt.NDArray[Any] | None]] = [
-            (ch.ts, ts), (ch.lat, signed)]
+            (ch.ts_code, codes), (ch.lat, signed)]
         if ch.sized:
             cols += [(ch.inp, inp), (ch.out, out), (ch.ttft, ttft)]  # type: ignore[list-item]
         if n >= cap:
             for dst, src in cols:
-                dst[row] = np.nan if src is None else src[n - cap:]
+                dst[row] = np.nan if src is None else src[src.shape[0] - cap:]   # codes: the kept ones
             ch.head[row] = 0
             ch.fill[row] = cap
             return
@@ -333,7 +333,7 @@ class WindowStore:
 
     def _count_failed(self, s: SeriesRecord, fts: F64) -> None:
         buckets, counts = np.unique(np.floor(fts).astype(np.int64), return_counts=True)
-        failed = s.failed
+        failed = s.failures_by_s()
         for b, c in zip(buckets.tolist(), counts.tolist(), strict=True):
             failed[b] = failed.get(b, 0) + c
         if s.last_seen_ts is not None and len(failed) > 64:
@@ -361,7 +361,7 @@ class WindowStore:
                         judge_since=judge_since, out_of_fit=out_of_fit, digests=digests, tail_refs=tail_refs,
                         choices=choices, evidence=evidence, pause=self.pause_collector)
         hists = self._hists
-        for i, sm in enumerate(out):
+        for i, sm in enumerate(out if next(iter(hists.keys()), None) is not None else ()):
             key = (sm.node_id, sm.model)
             if key in hists:
                 fields = hists.summary_fields(key, now_s, (judge_since or {}).get(key))
@@ -421,7 +421,7 @@ class WindowStore:
         ch, row = s.chunk, s.row
         order = ch.order(row)
         lat = ch.lat[row, order].astype(np.float64)
-        out = {"ts": ch.ts[row, order], "latency_us": np.abs(lat),
+        out = {"ts": ch.times(row, order), "latency_us": np.abs(lat),
                "probe": (lat < 0).astype(np.float64)}
         if ch.sized:
             assert ch.inp is not None and ch.out is not None and ch.ttft is not None

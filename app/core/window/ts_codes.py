@@ -1,0 +1,118 @@
+"""Event times in a ring as 4-byte codes: µs after the ring's base, compared exactly.
+
+Owns how :class:`~tailguard.core.window.rings.Slab` stores a sample's event time: a uint32
+code, the whole µs after its ring's ``base`` (int64 µs), 0 for an empty slot or a sample
+stored as too old. :func:`encode_into` codes new samples and moves a ring to a new base when
+they need one; :func:`decode` gives the times back; :func:`after` and :func:`since` turn a
+tick's bounds into per-ring code thresholds.
+
+Guarantees:
+
+* A time is stored as its nearest whole µs. A time with at most 6 decimals before 2106
+  (every trace and JSON event of the contract) decodes (``v / 1e6``, float64) to exactly
+  the same float64; the binary wire's float64 times move by at most 0.5 µs.
+* Comparisons are those of the decoded times, for any threshold: ``code > after(A)``
+  exactly when ``decoded > A`` (and ``<=`` when ``<=``); ``code > since(S)`` exactly when
+  ``decoded >= S``. Code 0 passes neither.
+* A ring spans up to 2³² − 1 µs (71.6 min) of event time. A sample more than that older
+  than its ring's newest is stored as too old (code 0, decoded -inf): never judged, which
+  it could only have been past ``max_sample_age_s`` + clock skew of 53 minutes or more.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Final, TypeAlias
+
+import numpy as np
+import numpy.typing as npt
+
+U32: TypeAlias = npt.NDArray[np.uint32]
+I64: TypeAlias = npt.NDArray[np.int64]
+F64: TypeAlias = npt.NDArray[np.float64]
+
+MAX_CODE: Final = (1 << 32) - 1
+# Room kept above a ring's newest sample when it gets a new base (18 minutes of later times).
+HEADROOM: Final = 1 << 30
+_US: Final = 1e6
+
+
+def ceil_us(ts: F64) -> I64:
+    """Per time, the smallest whole µs ``v`` with ``v / 1e6 >= t``."""
+    v = np.ceil(ts * _US)
+    v += v / _US < ts
+    v -= (v - 1.0) / _US >= ts
+    return v.astype(np.int64)
+
+
+def floor_us(t: float) -> int:
+    """The largest whole µs ``v`` with ``v / 1e6 <= t`` (``t`` finite)."""
+    v = math.floor(t * _US)
+    if (v + 1) / _US <= t:
+        v += 1
+    elif v / _US > t:
+        v -= 1
+    return v
+
+
+def decode(codes: U32, base: int | I64) -> F64:
+    """The times of ``codes`` against ``base`` (an int, or an array broadcast with
+    ``codes``); -inf for code 0."""
+    return np.where(codes > 0, (codes.astype(np.int64) + base) / _US, -np.inf)
+
+
+def after(base: I64, t: float) -> U32:
+    """Per ring of ``base``: the code threshold of time ``t`` (``code > it`` exactly when the
+    decoded time is ``> t``, ``code <= it`` when ``<= t``, for codes above 0)."""
+    if math.isinf(t):
+        return np.full(base.shape, 0 if t < 0 else MAX_CODE, dtype=np.uint32)
+    return np.clip(floor_us(t) - base, 0, MAX_CODE).astype(np.uint32)
+
+
+def since(base: I64, t: F64) -> U32:
+    """Per ring of ``base`` and its cut-off ``t`` (finite): ``code > it`` exactly when the
+    decoded time is ``>= t``."""
+    thr: U32 = np.clip(ceil_us(t) - 1 - base, 0, MAX_CODE).astype(np.uint32)
+    return thr
+
+
+def encode_into(codes_of: U32, row: int, base: int, ts: F64, lo_s: float, hi_s: float,
+                filled: bool) -> tuple[U32, int, bool, int, int]:
+    """The codes of ``ts`` (``lo_s``/``hi_s`` their least and greatest) for the ring
+    ``codes_of[row]`` holding codes against ``base`` (``filled``: it holds samples); the
+    ring's base after them, whether a stored sample became too old, and the codes of
+    ``lo_s`` and ``hi_s``.
+
+    The ring keeps its base while the new times fit; otherwise it gets one with
+    ``HEADROOM`` above the newest time it must hold (less when the times span more) and its
+    codes are moved in place. A new time below what the base allows is stored as too old.
+    """
+    lo, hi = round(lo_s * _US), round(hi_s * _US)
+    lost = False
+    if not filled:
+        base = hi + HEADROOM - MAX_CODE
+    elif lo - base < 1 or hi - base > MAX_CODE:
+        ring = codes_of[row]
+        top = hi
+        old_max = int(ring.max())
+        if old_max > 0:
+            top = max(top, base + old_max)
+        new = top + HEADROOM - MAX_CODE
+        if new >= lo:
+            new = max(top - MAX_CODE, lo - 1)
+        shift = new - base
+        codes = ring.astype(np.int64)
+        if shift > 0:
+            lost = bool(((codes > 0) & (codes <= shift)).any())
+            ring[...] = np.where(codes > shift, codes - shift, 0)
+        elif shift < 0:
+            ring[...] = np.where(codes > 0, codes - shift, 0)
+        base = new
+    # The code: the nearest whole µs of ts * 1e6 - base (exact in float64, no tie before 2106).
+    c_lo, c_hi = max(round(lo_s * _US - base), 0), round(hi_s * _US - base)
+    if ts.shape[0] == 1:
+        return np.array([c_hi], dtype=np.uint32), base, lost, c_lo, c_hi
+    rel = np.rint(ts * _US - base)
+    if c_lo < 1:
+        np.maximum(rel, 0.0, out=rel)
+    return rel.astype(np.uint32), base, lost, c_lo, c_hi

@@ -1,0 +1,93 @@
+"""The rings' 4-byte event times (tailguard.core.window.ts_codes): exact round trips, exact
+comparisons, new bases, and the ring's size per sample."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.contract.events import SampleBatch
+from tailguard.core.window import ts_codes as tc
+from tailguard.core.window.rings import Slab
+from tailguard.core.window.window import WindowStore
+
+T0 = 1_764_680_000.0
+
+
+def test_a_latency_ring_is_stored_at_8_bytes_per_sample() -> None:
+    ch = Slab(1000, 16, sized=False)
+    assert sum(col.nbytes for col in ch.columns()) == 8 * 1000 * 16
+    sized = Slab(1000, 16, sized=True)
+    assert sum(col.nbytes for col in sized.columns()) == 20 * 1000 * 16
+    store = WindowStore(DetectorSettings(window_size=1000))
+    ones, zeros = np.ones(1000, bool), np.zeros(1000, bool)
+    for i in range(40):
+        store.observe(SampleBatch(f"n{i}", "m", None, T0 + np.arange(1000) * 0.01,
+                                  np.full(1000, 1e5), ones, zeros))
+    slots = sum(ch.rows * ch.cap for tier in store._tiers.values() for ch in tier)
+    assert store.nbytes() == 8 * slots
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 4_000_000_000 * 1_000_000), min_size=1, max_size=50))
+def test_microsecond_times_decode_to_the_same_float(us: list[int]) -> None:
+    ts = np.array([float(f"{u // 1_000_000}.{u % 1_000_000:06d}") for u in us])
+    ring = np.zeros(64, dtype=np.uint32)
+    codes, base, lost, _, _ = tc.encode_into(ring[None, :], 0, 0, ts, float(ts.min()), float(ts.max()), filled=False)
+    span = max(us) - min(us)
+    kept = codes > 0
+    assert not lost and (kept.all() or span > tc.MAX_CODE - tc.HEADROOM)
+    assert tc.decode(codes, base)[kept].tolist() == ts[kept].tolist()
+
+
+@settings(max_examples=300, deadline=None)
+@given(ts=st.lists(st.floats(T0 - 1500, T0 + 1500), min_size=1, max_size=30),
+       bound=st.floats(T0 - 5000, T0 + 5000), pick=st.integers(0, 29))
+def test_code_thresholds_compare_as_the_decoded_times(ts: list[float], bound: float, pick: int) -> None:
+    t = np.array(ts)
+    codes, base, _, _, _ = tc.encode_into(np.zeros((1, 1), np.uint32), 0, 0, t, float(t.min()), float(t.max()),
+                                          filled=False)
+    dec = tc.decode(codes, base)
+    assert (np.abs(dec - t) < 0.75e-6).all()
+    b = np.array([base])
+    for a in (bound, float(dec[pick % dec.size])):        # any bound, and one equal to a sample
+        assert ((codes > tc.after(b, a)[0]) == (dec > a)).all()
+        assert ((codes <= tc.after(b, a)[0]) == (dec <= a)).all()
+        assert ((codes > tc.since(b, np.array([a]))[0]) == (dec >= a)).all()
+
+
+def test_a_ring_moves_its_base_and_keeps_exact_times() -> None:
+    store = WindowStore(DetectorSettings(window_size=100, max_sample_age_s=60.0, min_samples=1))
+    ones, zeros = np.ones(10, bool), np.zeros(10, bool)
+    # Ten batches an hour apart: each new batch needs a new base; the late batch one below it.
+    for k in range(10):
+        ts = T0 + 3600.0 * k + np.arange(10) * 0.123457
+        store.observe(SampleBatch("a", "m", None, ts, np.arange(1.0, 11.0), ones, zeros))
+    late = T0 + 3600.0 * 9 - 1800.0 + np.arange(10) * 0.5
+    store.observe(SampleBatch("a", "m", None, late, np.arange(1.0, 11.0), ones, zeros))
+    w = store.window("a", "m")
+    assert w is not None and w["ts"].size == 100
+    newest = T0 + 3600.0 * 9 + np.arange(10) * 0.123457
+    assert w["ts"][-20:-10].tolist() == newest.tolist() and w["ts"][-10:].tolist() == late.tolist()
+    # The ring spans 9.5 hours: what lies more than 71.6 min before its newest is too old.
+    old = w["ts"][:-20]
+    assert np.isneginf(old).all()
+    (s,) = store.summaries(float(newest[-1]))
+    assert s.samples == 10                          # the newest batch (the late one is aged)
+
+
+def test_a_late_sample_below_the_base_moves_it_down() -> None:
+    store = WindowStore(DetectorSettings(window_size=100, max_sample_age_s=3400.0, min_samples=1))
+    one = np.ones(1, bool)
+    store.observe(SampleBatch("a", "m", None, np.array([T0]), np.array([5.0]), one, ~one))
+    early = T0 - 3500.25                             # below the first base (53.7 min under T0)
+    store.observe(SampleBatch("a", "m", None, np.array([early]), np.array([7.0]), one, ~one))
+    w = store.window("a", "m")
+    assert w is not None and w["ts"].tolist() == [T0, early]
+    (s,) = store.summaries(T0)
+    assert s.samples == 1 and s.p50 == 5.0          # the late one is past the age bound
+    store.settings = store.settings.replace(max_sample_age_s=3600.0)
+    (s,) = store.summaries(T0)
+    assert s.samples == 2
