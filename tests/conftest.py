@@ -1,31 +1,21 @@
-"""Shared fixtures: where the real Kafka and Redis are, and unique names.
+"""Shared fixtures: where the real Kafka and Redis are, unique names, and parallel runs.
 
-Guarantees: ``kafka_bootstrap`` and ``redis_url`` never skip. When the
-broker or Redis does not answer, the test FAILS with a message that names the
-``TAILGUARD_*`` variable and the command that starts the local stack
-(``scripts/up``). ``unique_name(kind)`` returns a name no other test run, on
-this machine or a concurrent one, will use: use it for topics, consumer
-groups, app ids and Redis key prefixes, so that tests can run in parallel
-against the one shared stack.
+``kafka_bootstrap`` and ``redis_url`` never skip: when the broker or Redis does not answer, the
+test FAILS naming the ``TAILGUARD_*`` variable and ``scripts/up``. ``unique_name(kind)`` returns a
+name no other test run will use (topics, consumer groups, app ids, Redis key prefixes), so that
+tests run in parallel against the one shared stack.
 
-Parallel runs (pytest-xdist; ``scripts/test`` uses ``TAILGUARD_TEST_WORKERS`` workers with
-``--dist loadgroup``): every test runs beside others by default, which is right for a test that
-keeps to its own names, free ports (port 0) and temporary directories. Two markers say otherwise:
+Parallel runs (pytest-xdist; ``scripts/test``: ``TAILGUARD_TEST_WORKERS`` workers, ``--dist
+loadgroup``, the tests handed out longest first). A test runs beside others (its own names, free
+ports, temporary directories) unless marked:
 
-* ``@pytest.mark.serial``: the test runs alone: it waits until no other test runs, and no
-  other test starts until it is done (a lock shared by the run's workers, below). For tests
-  that measure the worker's RSS, or whose deadlines count ticks of a worker that a flood of
-  other tests would starve of CPU.
-* ``@pytest.mark.xdist_group("name")``: the tests of one group run on one worker, one after
-  the other: a module whose module-scoped fixture starts something that must exist once (a
-  Redis Cluster on free ports), or that would otherwise be started once per worker.
+* ``@pytest.mark.serial``: it runs alone (a lock shared by the run's workers): it measures the
+  worker's RSS, times ticks under a flood, or stops or freezes part of the shared stack.
+* ``@pytest.mark.xdist_group("name")``: the group's tests run on one worker, one after the other
+  (a module fixture that must exist once, e.g. a Redis Cluster on free ports).
 
-A module- or session-scoped fixture runs once per worker, not once per run. One that builds
-something expensive can also build it once per run with ``built_once`` (below).
-
-Under xdist the tests are handed out longest first (the order below), so that no worker is
-left with a long story at the end while the others idle: serial tests, then integration and
-``slow`` tests (the longest ``timeout`` mark first), then the rest.
+A module- or session-scoped fixture runs once per worker; ``built_once`` builds something
+expensive once per run.
 """
 
 from __future__ import annotations

@@ -124,7 +124,13 @@ async def test_a_killed_leader_loses_no_acknowledged_event_and_the_slow_node_sti
         admin = AIOKafkaAdminClient(bootstrap_servers=cluster.bootstrap)
         await admin.start()
         try:
-            (desc,) = await admin.describe_topics([env.topic("health_changes")])
+            async def described() -> Any:
+                # The broker asked may learn of the worker's new topic a moment after the one that
+                # created it (an empty partition list on a busy machine): ask until it knows.
+                (desc,) = await admin.describe_topics([env.topic("health_changes")])
+                return desc if desc["partitions"] else None
+            desc = await wait_for(described, 30, "the worker's health topic in the cluster's metadata",
+                                  worker.tail)
             assert {len(p["replicas"]) for p in desc["partitions"]} == {3}
             (cfg,) = await admin.describe_configs(
                 [ConfigResource(ConfigResourceType.TOPIC, env.topic("health_changes"))])

@@ -182,7 +182,9 @@ async def test_the_routing_story_with_every_lb_reader_on_redis_cluster(
             async def haproxy_has() -> bool:
                 return await maint() == set(NODES) - want
             await wait_for(haproxy_has, 15, f"HAProxy's MAINT servers: {what}", logs)
-            assert {n for n, routed in status_routed().items() if routed} == want, what
+            async def status_has() -> bool:   # `tailguard status` too (polled as the others: a busy machine lags)
+                return {n for n, routed in status_routed().items() if routed} == want
+            await wait_for(status_has, 15, f"`tailguard status`: {what}", logs)
             assert set((await page())["routing"]) == want, what     # type: ignore[call-overload]
 
         await every_reader_routes(set(NODES), "every node admitted")
