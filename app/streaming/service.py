@@ -27,7 +27,7 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -53,14 +53,14 @@ from tailguard.settings import Settings, redact_url
 from tailguard.streaming import allowlist
 from tailguard.streaming.deadletter import DeadLetter
 from tailguard.streaming.edge import OperatorEdge
-from tailguard.streaming.hints_feed import HintsFeed
+from tailguard.streaming.hints_feed import feed_for
 from tailguard.streaming.ingest import IngestService, next_boundary, sleep_until
 from tailguard.streaming.metrics import WorkerMetrics
 from tailguard.streaming.publisher import Publisher
 from tailguard.streaming.replace import ReplaceHook, build_hook
 from tailguard.streaming.stage1 import Stage1
-from tailguard.streaming.stage2 import Stage2, StageHints, decode_hints, state_key
-from tailguard.streaming.summary_batch import SummaryBatch, encode_by_model
+from tailguard.streaming.stage2 import Stage2, state_key
+from tailguard.streaming.summary_batch import encode_by_model
 from tailguard.streaming.ticker import (
     Assignment,
     OperatorSource,
@@ -68,6 +68,7 @@ from tailguard.streaming.ticker import (
     RoutingSink,
     Stage2Ticker,
 )
+from tailguard.streaming.topics import MetadataTracker
 from tailguard.streaming.wire import (
     ClusterDigest,
     DiagnosticsResult,
@@ -201,7 +202,7 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
                     on_diagnostics_dropped=lambda why: metrics.diagnostics_dropped.labels(
                         reason=why).inc())
     redis = _RedisSide.open(settings, writer, operators, metrics)
-    track = _MetadataTracker(app, t.written())
+    track = MetadataTracker(app, t.written())
 
     async def publish_replacement(event: dict[str, Any]) -> None:
         await track()
@@ -221,17 +222,7 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
     allow_redis, load_allowlist = _allowlist_loader(settings)
     sink = _FaustSink(t.stats, t.dlq, track)
 
-    feeds: list[HintsFeed] = []
-
-    class _Hints(HintsFeed):
-        def __init__(self, **kwargs: Any) -> None:
-            super().__init__(settings=settings, topic=t.hints_table.changelog_topic.get_topic_name(),
-                             partitions=settings.topic_partitions, **kwargs)
-            feeds.append(self)
-
-    def hints() -> StageHints:
-        table = list(t.hints_table.items())
-        return decode_hints(feeds[-1].items(table, stage2.hinted_models()) if feeds else table)
+    hints_feed, hints = feed_for(settings, t.hints_table, stage2.hinted_models)
 
     class _Ingest(IngestService):
         def __init__(self, **kwargs: Any) -> None:
@@ -240,7 +231,7 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
             rt.ingest = self
 
     app.service(_lifecycle(settings, metrics, redis, hook, hook_redis, allow_redis))
-    app.service(_Hints)
+    app.service(hints_feed)
     app.service(_Ingest)
     if settings.web_port != 0:
         from tailguard.routing.client import keys_for
@@ -312,23 +303,6 @@ class _Topics:
                                              self.replacements)] + changelogs
 
 
-class _MetadataTracker:
-    """Keeps the written topics in the producer's metadata (:func:`track_topic_metadata`), once
-    per aiokafka producer (a tracked topic stays tracked): faust may replace the producer."""
-
-    def __init__(self, app: Any, written: list[str]) -> None:
-        self.app, self.written = app, written
-        self.tracked: Any = None   # the aiokafka producer already tracking ``written``
-
-    async def __call__(self) -> None:
-        faust_producer: Any = await self.app.maybe_start_producer()
-        producer = faust_producer._ensure_producer()
-        if self.tracked is producer:
-            return
-        await track_topic_metadata(producer, self.written)
-        self.tracked = producer
-
-
 def _publisher(t: _Topics, settings: Settings, metrics: WorkerMetrics) -> Publisher:
     """Stage 2's Kafka backlog (:mod:`tailguard.streaming.publisher`) on the app's output topics."""
     by_name = {x.get_topic_name(): x for x in (t.health, t.fleet, t.diag_req)}
@@ -344,7 +318,7 @@ class _FaustOwnership:
     """:class:`~tailguard.streaming.ticker.Ownership` from the app's consumer; refreshes the
     producer's metadata first (a tick may write to every output topic)."""
 
-    def __init__(self, app: Any, t: _Topics, settings: Settings, track: _MetadataTracker) -> None:
+    def __init__(self, app: Any, t: _Topics, settings: Settings, track: MetadataTracker) -> None:
         self.app, self.track = app, track
         self.topic, self.n_parts = settings.topics.window_stats, settings.topic_partitions
 
@@ -439,17 +413,9 @@ def _stage2_agent(app: Any, stats: Any, stage2: Stage2, metrics: WorkerMetrics, 
                     metrics.bad_events.labels(topic=topic, reason=e.reason).inc()
                     log.warning("dropping bad stage-2 message (%s): %s", e.reason, e)
                     continue
-                if isinstance(msg, SummaryBatch):
-                    metrics.summaries_in.inc(len(msg.summaries))
-                    for s in msg.summaries:
-                        stage2.on_summary(s)
-                elif isinstance(msg, DiagnosticsResult):
-                    stage2.on_diagnostics(msg)
-                elif isinstance(msg, ClusterDigest):
-                    stage2.on_cluster(msg)
-                else:
-                    metrics.summaries_in.inc()
-                    stage2.on_summary(msg)
+                summaries = stage2.on_message(msg)
+                if summaries:
+                    metrics.summaries_in.inc(summaries)
 
 
 def _stage2_loops(app: Any, ticker: Stage2Ticker, hook: ReplaceHook | None, clock: Callable[[], float],
@@ -472,24 +438,6 @@ def _stage2_loops(app: Any, ticker: Stage2Ticker, hook: ReplaceHook | None, cloc
     async def replace_loop() -> None:
         if hook is not None:
             await hook.run()
-
-
-async def track_topic_metadata(producer: Any, topics: Iterable[str]) -> None:
-    """Keep ``topics`` in every metadata refresh of an aiokafka ``producer``; wait until known.
-
-    aiokafka fetches metadata of all topics only while it tracks none; once it
-    tracks some (a send to a topic it did not know yet adds that topic), each
-    refresh fetches just those, and an untracked topic drops out of the cache
-    even though the producer writes to it. Two failures followed, both seen in
-    CI: faust's ``use_partitioner`` table write (``key_partition`` reads the
-    cache, never fetches) raised; and a batch already queued for a dropped
-    topic waited for a leader that no refresh would bring, stalling every send
-    behind it. Call it with every topic the producer writes to, before sending.
-    Cheap when the topics are already tracked.
-    """
-    for topic in topics:
-        await producer.client.add_topic(topic)
-        await producer.partitions_for(topic)
 
 
 _RUNTIME_ATTR = "_tailguard_runtime"

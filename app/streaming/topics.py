@@ -10,7 +10,8 @@ factor from 3 replicas on, so an acknowledged write survives one broker's loss
 worker works with any partition count, but the stage-2
 topic (``node-window-stats``) must keep the count its state changelog was
 created with, so change ``TAILGUARD_TOPIC_PARTITIONS`` only with a new
-``TAILGUARD_APP_ID``.
+``TAILGUARD_APP_ID``. Also keeps the topics a producer writes in its metadata
+(:func:`track_topic_metadata`, once per producer: :class:`MetadataTracker`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+from collections.abc import Iterable
+from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError
@@ -115,3 +118,38 @@ async def _leaders_elected(admin: AIOKafkaAdminClient, names: list[str], timeout
             raise TopicSetupError(names[0], f"created, but no leader for all its partitions within "
                                             f"{timeout_s:g} s: is the broker healthy?")
         await asyncio.sleep(0.1)
+
+
+async def track_topic_metadata(producer: Any, topics: Iterable[str]) -> None:
+    """Keep ``topics`` in every metadata refresh of an aiokafka ``producer``; wait until known.
+
+    aiokafka fetches metadata of all topics only while it tracks none; once it
+    tracks some (a send to a topic it did not know yet adds that topic), each
+    refresh fetches just those, and an untracked topic drops out of the cache
+    even though the producer writes to it. Two failures followed, both seen in
+    CI: faust's ``use_partitioner`` table write (``key_partition`` reads the
+    cache, never fetches) raised; and a batch already queued for a dropped
+    topic waited for a leader that no refresh would bring, stalling every send
+    behind it. Call it with every topic the producer writes to, before sending.
+    Cheap when the topics are already tracked.
+    """
+    for topic in topics:
+        await producer.client.add_topic(topic)
+        await producer.partitions_for(topic)
+
+
+class MetadataTracker:
+    """Keeps the written topics in the producer's metadata (:func:`track_topic_metadata`), once
+    per aiokafka producer (a tracked topic stays tracked): faust may replace the producer."""
+
+    def __init__(self, app: Any, written: list[str]) -> None:
+        self.app, self.written = app, written
+        self.tracked: Any = None   # the aiokafka producer already tracking ``written``
+
+    async def __call__(self) -> None:
+        faust_producer: Any = await self.app.maybe_start_producer()
+        producer = faust_producer._ensure_producer()
+        if self.tracked is producer:
+            return
+        await track_topic_metadata(producer, self.written)
+        self.tracked = producer

@@ -22,7 +22,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaTimeoutError, NotLeaderForPartitionError
 
-from tailguard.streaming.service import track_topic_metadata
+from tailguard.streaming.topics import track_topic_metadata
 
 pytestmark = pytest.mark.integration
 

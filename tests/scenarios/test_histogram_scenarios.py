@@ -125,3 +125,20 @@ def test_histogram_lines_are_valid_events_with_vllm_buckets() -> None:
     assert all(e.observations == e.requests for e in e2e)
     itl = [e for e in hists if e.metric == "itl"]
     assert sum(e.observations for e in itl) > 10 * sum(e.requests or 0 for e in itl)   # tokens, not requests
+
+
+@pytest.mark.parametrize("shift_s", range(0, 30, 3))
+def test_a_tail_fault_leaves_within_the_deadline_at_any_onset_phase(shift_s: int) -> None:
+    """The onset against the 30-s tick grid: the window the onset splits is past the share limit
+    but not significant (held), and counts once the next one is abnormal (onset credit). Without
+    the credit, onsets 6 and 9 s later left 124 and 121 s after onset (deadline 120 s)."""
+    base = _scenario("tail_fault")
+    s = dataclasses.replace(
+        base, faults=tuple(dataclasses.replace(f, onset_s=f.onset_s + shift_s) for f in base.faults),
+        expect=dataclasses.replace(base.expect, eject=tuple(
+            dataclasses.replace(e, onset_s=e.onset_s + shift_s) for e in base.expect.eject)))
+    out: list[str] = []
+    replay(histtrace.histogram_lines(tracegen.generate(s, 1)), DetectorSettings(), out.append)
+    records = tuple(json.loads(line) for line in out)
+    res = outcome.check(s, records)
+    assert res.ok, "\n".join(res.problems) + "\n" + _explain(records)

@@ -189,7 +189,7 @@ class FleetEvaluator:
         own_p50 = (dict(zip(peers.nodes, peers.p50s, strict=True))
                    if not norms.enough_peers and hist is None else None)
         verdicts = (judge_peers(st, ms, peers, pn, errors, now_s, own_p50) if hist is None
-                    else Verdicts(*hist.judge_peers(ms.pairs, peers, errors.judgements)))
+                    else Verdicts(*hist.judge_peers(ms.pairs, peers, errors.judgements, ms.elevated)))
         if errors.judgements:
             judge_thin_failing(ms, peers, errors, verdicts)
         # Before the baselines fold this tick in: each node against where it was.

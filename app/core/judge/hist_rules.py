@@ -22,6 +22,7 @@ resolution limits: docs/rules.md (Histogram pairs), docs/scrape.md.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -293,22 +294,34 @@ class HistJudge:
         return Judgement(Verdict.NORMAL, normal_reason, normal.evidence, normal.severity)
 
     def judge_peers(self, pairs: Mapping[str, PairState], ps: PeerSet, errs: Mapping[str, Judgement],
+                    held_before: Mapping[str, float] | None = None,
                     ) -> tuple[dict[str, Judgement], dict[str, float], int]:
         """Every peer (the evaluator's ``_judge_peers`` for a histogram model): verdicts by node
-        (failed requests and stalls as for sample pairs), no onset credit, and how many are
-        abnormal (the load-event count)."""
+        (failed requests and stalls as for sample pairs), the peers held this tick (a tail past
+        its share, not yet significant: ``{node: severity}``), and how many are abnormal (the
+        load-event count). Onset credit: a first abnormal latency window right after a held one
+        counts that one too (with ``confirm_windows`` >= 3), as the sample path credits a window
+        at 0.8 of its limit; ``held_before`` is the last tick's held peers."""
         out: dict[str, Judgement] = {}
+        held: dict[str, float] = {}
         abnormal = 0
+        before = held_before if self.st.confirm_windows >= 3 and held_before else {}
         for node, s in zip(ps.nodes, ps.summaries, strict=True):
             j = self.judge(s)
+            if j.verdict is Verdict.NONE and j.reason:
+                held[node] = j.severity
             if j.verdict is not Verdict.ABNORMAL and node in errs:
                 j = errs[node]
             p = pairs[node]
             if j.verdict is Verdict.ABNORMAL:
                 abnormal += 1
+                if (node in before and p.abnormal_streak == 0
+                        and j.reason in (Reason.RELATIVE_P50, Reason.RELATIVE_P99)):
+                    j = dataclasses.replace(j, windows=2, detail=f"{j.detail}; the previous window counts"
+                                            " too (its tail was past the limit, not yet significant)")
             if j.verdict is Verdict.ABNORMAL or p.state is not HealthState.HEALTHY or p.abnormal_streak:
                 out[node] = j
-        return out, {}, abnormal
+        return out, held, abnormal
 
     def judge_rounds(self, pairs: PairTable, by_node: Mapping[str, WindowSummary],
                      errs: Mapping[str, Judgement], now_s: float, judgements: dict[str, Judgement]) -> None:
