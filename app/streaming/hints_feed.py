@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 import orjson
@@ -30,6 +30,7 @@ from mode import Service
 
 from tailguard.security import kafka_client_options
 from tailguard.settings import Settings
+from tailguard.streaming.stage2 import StageHints, decode_hints
 
 log = logging.getLogger(__name__)
 
@@ -111,3 +112,22 @@ class HintsFeed(Service):
                     self.apply(r.key, r.value)
             if not self.caught_up:
                 self.caught_up = all([await c.position(tp) >= ends[tp] for tp in tps])
+
+
+def feed_for(settings: Settings, table: Any,
+             own: Callable[[], Collection[str]]) -> tuple[type[HintsFeed], Callable[[], StageHints]]:
+    """The worker's wiring: a :class:`HintsFeed` class for ``app.service`` that follows the
+    changelog of ``table`` (the faust hints table), and stage 1's hints from it (from the
+    table alone until the service runs); ``own``: the models this worker's stage 2 writes."""
+    feeds: list[HintsFeed] = []
+
+    class _Hints(HintsFeed):
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(settings=settings, topic=table.changelog_topic.get_topic_name(),
+                             partitions=settings.topic_partitions, **kwargs)
+            feeds.append(self)
+
+    def hints() -> StageHints:
+        rows = list(table.items())
+        return decode_hints(feeds[-1].items(rows, own()) if feeds else rows)
+    return _Hints, hints

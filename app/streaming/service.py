@@ -53,14 +53,14 @@ from tailguard.settings import Settings, redact_url
 from tailguard.streaming import allowlist
 from tailguard.streaming.deadletter import DeadLetter
 from tailguard.streaming.edge import OperatorEdge
-from tailguard.streaming.hints_feed import HintsFeed
+from tailguard.streaming.hints_feed import feed_for
 from tailguard.streaming.ingest import IngestService, next_boundary, sleep_until
 from tailguard.streaming.metrics import WorkerMetrics
 from tailguard.streaming.publisher import Publisher
 from tailguard.streaming.replace import ReplaceHook, build_hook
 from tailguard.streaming.stage1 import Stage1
-from tailguard.streaming.stage2 import Stage2, StageHints, decode_hints, state_key
-from tailguard.streaming.summary_batch import SummaryBatch, encode_by_model
+from tailguard.streaming.stage2 import Stage2, state_key
+from tailguard.streaming.summary_batch import encode_by_model
 from tailguard.streaming.ticker import (
     Assignment,
     OperatorSource,
@@ -222,17 +222,7 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
     allow_redis, load_allowlist = _allowlist_loader(settings)
     sink = _FaustSink(t.stats, t.dlq, track)
 
-    feeds: list[HintsFeed] = []
-
-    class _Hints(HintsFeed):
-        def __init__(self, **kwargs: Any) -> None:
-            super().__init__(settings=settings, topic=t.hints_table.changelog_topic.get_topic_name(),
-                             partitions=settings.topic_partitions, **kwargs)
-            feeds.append(self)
-
-    def hints() -> StageHints:
-        table = list(t.hints_table.items())
-        return decode_hints(feeds[-1].items(table, stage2.hinted_models()) if feeds else table)
+    hints_feed, hints = feed_for(settings, t.hints_table, stage2.hinted_models)
 
     class _Ingest(IngestService):
         def __init__(self, **kwargs: Any) -> None:
@@ -241,7 +231,7 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
             rt.ingest = self
 
     app.service(_lifecycle(settings, metrics, redis, hook, hook_redis, allow_redis))
-    app.service(_Hints)
+    app.service(hints_feed)
     app.service(_Ingest)
     if settings.web_port != 0:
         from tailguard.routing.client import keys_for
@@ -423,17 +413,9 @@ def _stage2_agent(app: Any, stats: Any, stage2: Stage2, metrics: WorkerMetrics, 
                     metrics.bad_events.labels(topic=topic, reason=e.reason).inc()
                     log.warning("dropping bad stage-2 message (%s): %s", e.reason, e)
                     continue
-                if isinstance(msg, SummaryBatch):
-                    metrics.summaries_in.inc(len(msg.summaries))
-                    for s in msg.summaries:
-                        stage2.on_summary(s)
-                elif isinstance(msg, DiagnosticsResult):
-                    stage2.on_diagnostics(msg)
-                elif isinstance(msg, ClusterDigest):
-                    stage2.on_cluster(msg)
-                else:
-                    metrics.summaries_in.inc()
-                    stage2.on_summary(msg)
+                summaries = stage2.on_message(msg)
+                if summaries:
+                    metrics.summaries_in.inc(summaries)
 
 
 def _stage2_loops(app: Any, ticker: Stage2Ticker, hook: ReplaceHook | None, clock: Callable[[], float],
