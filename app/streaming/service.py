@@ -60,7 +60,7 @@ from tailguard.streaming.publisher import Publisher
 from tailguard.streaming.replace import ReplaceHook, build_hook
 from tailguard.streaming.stage1 import Stage1
 from tailguard.streaming.stage2 import Stage2, state_key
-from tailguard.streaming.summary_batch import SummaryBatch, encode_by_model
+from tailguard.streaming.summary_batch import encode_by_model
 from tailguard.streaming.ticker import (
     Assignment,
     OperatorSource,
@@ -413,17 +413,9 @@ def _stage2_agent(app: Any, stats: Any, stage2: Stage2, metrics: WorkerMetrics, 
                     metrics.bad_events.labels(topic=topic, reason=e.reason).inc()
                     log.warning("dropping bad stage-2 message (%s): %s", e.reason, e)
                     continue
-                if isinstance(msg, SummaryBatch):
-                    metrics.summaries_in.inc(len(msg.summaries))
-                    for s in msg.summaries:
-                        stage2.on_summary(s)
-                elif isinstance(msg, DiagnosticsResult):
-                    stage2.on_diagnostics(msg)
-                elif isinstance(msg, ClusterDigest):
-                    stage2.on_cluster(msg)
-                else:
-                    metrics.summaries_in.inc()
-                    stage2.on_summary(msg)
+                summaries = stage2.on_message(msg)
+                if summaries:
+                    metrics.summaries_in.inc(summaries)
 
 
 def _stage2_loops(app: Any, ticker: Stage2Ticker, hook: ReplaceHook | None, clock: Callable[[], float],

@@ -42,7 +42,8 @@ from tailguard.core.replay.detector import FLEET_QUANTILES
 from tailguard.core.window.quantiles import digest_quantiles, merge_digests
 from tailguard.core.window.signals import ModelChoice
 from tailguard.streaming.memory import GIVE_BACK_MIN, give_back
-from tailguard.streaming.wire import ClusterDigest, DiagnosticsResult
+from tailguard.streaming.summary_batch import SummaryBatch
+from tailguard.streaming.wire import ClusterDigest, DiagnosticsResult, Stage2Message
 
 #: The largest table value written (JSON bytes): under the 1 MB ``max_request_size`` of the
 #: producer, with room for the key and the record's framing.
@@ -248,6 +249,21 @@ class Stage2:
             nodes[s.node_id] = s
         if old is not None:
             self.dropped["superseded"] += 1
+
+    def on_message(self, msg: Stage2Message) -> int:
+        """Take one decoded ``node-window-stats`` message; how many summaries it held."""
+        if isinstance(msg, SummaryBatch):
+            for s in msg.summaries:
+                self.on_summary(s)
+            return len(msg.summaries)
+        if isinstance(msg, DiagnosticsResult):
+            self.on_diagnostics(msg)
+        elif isinstance(msg, ClusterDigest):
+            self.on_cluster(msg)
+        else:
+            self.on_summary(msg)
+            return 1
+        return 0
 
     def on_cluster(self, c: ClusterDigest) -> None:
         sources = self._cluster.setdefault(c.model, {})

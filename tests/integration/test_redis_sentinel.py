@@ -88,12 +88,15 @@ async def test_a_sentinel_failover_keeps_versions_monotonic_and_writes_going(
     seen: dict[str, list[int]] = {m: [] for m in MODELS}
     worker = Worker(env.environ(), tmp_path / "worker.log")
 
+    def sample() -> None:
+        for m in MODELS:
+            v = table.version(m)
+            if v is not None and (not seen[m] or seen[m][-1] != v):
+                seen[m].append(v)
+
     async def watch() -> None:
         while True:
-            for m in MODELS:
-                v = table.version(m)
-                if v is not None and (not seen[m] or seen[m][-1] != v):
-                    seen[m].append(v)
+            sample()
             await asyncio.sleep(0.05)
 
     async def written_ts(m: str) -> float:
@@ -139,6 +142,7 @@ async def test_a_sentinel_failover_keeps_versions_monotonic_and_writes_going(
                                worker.tail)
                 assert worker.proc.poll() is None, worker.tail()
             finally:
+                sample()        # the last version too (the loop may not have run since the table read it)
                 watcher.cancel()
                 await asyncio.gather(watcher, return_exceptions=True)
                 await table.aclose()

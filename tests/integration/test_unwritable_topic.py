@@ -40,11 +40,13 @@ async def set_max_message_bytes(kafka: str, topic: str, value: str) -> None:
 
 
 async def refuses(kafka: str, topic: str) -> bool:
-    """Whether a write to ``topic`` is refused now (the config change has reached the broker)."""
+    """Whether a write to ``topic`` is refused now (the config change has reached the broker).
+    A probe written before it has stays in the topic: a JSON object of no node, which the
+    checks on the health changes read past (a bare ``probe`` failed their JSON decoding)."""
     p = AIOKafkaProducer(bootstrap_servers=kafka, request_timeout_ms=5000)
     await p.start()
     try:
-        await p.send_and_wait(topic, b"probe", key=b"probe")
+        await p.send_and_wait(topic, b'{"probe": "is max.message.bytes in force?"}', key=b"probe")
     except KafkaError:
         return True
     finally:
