@@ -354,7 +354,7 @@ def _build(parts: Sequence[tuple[Slab, Pass1, Stats]], plans: list[ModelPlan],
 
     ser: list[SeriesRecord] = []
     for (ch, _, _), u in zip(parts, used, strict=True):
-        ser.extend([ch.series[r] for r in u.tolist()])     # type: ignore[misc]  # used rows: never None
+        ser.extend(sr for r in u.tolist() if (sr := ch.series[r]) is not None)
     assert len(ser) == at[-1]
     n_sig = cat(cs.n_sig for _, _, cs in parts)
     n_judged = cat(st.n_judged for _, st, _ in parts)
