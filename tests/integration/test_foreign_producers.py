@@ -242,11 +242,6 @@ async def test_aborted_transactions_are_not_read(
         assert not await read_topic(kafka_bootstrap, env.topic("dead_letter"))
 
 
-# Serial: inside the parallel suite (4 workers, the broker shared) the added partitions' events
-# twice did not reach Redis within 45 s although the worker owned them 10 s after the change;
-# alone, also with 3 busy cores' worth of load, it passes in 15 s. The cause is not found yet
-# (docs/operations.md, known limits).
-@pytest.mark.serial
 async def test_input_topic_with_more_partitions_than_the_worker_creates(
         kafka_bootstrap: str, redis_url: str, unique_name: Callable[[str], str],
         tmp_path: Path) -> None:
