@@ -8,6 +8,9 @@ and a tick makes tens of thousands (summaries and their sort keys, none of them 
 cycle): paused, the collector runs once after the batch instead of many times during it,
 and its older generations, whose passes cost most, far less often.
 
+Also owns :func:`fewer_full_collections`, the worker's choice of how often the collector walks
+its oldest generation (docs/performance.md, the cost curve).
+
 Guarantees: the collector is enabled again on exit (also on an exception) when it was
 enabled on entry; a collector disabled by someone else stays disabled.
 """
@@ -29,3 +32,14 @@ def collector_paused() -> Iterator[None]:
     finally:
         if was:
             gc.enable()
+
+
+def fewer_full_collections(every: int) -> None:
+    """Let the collector pass over its oldest generation only after ``every`` passes over
+    the middle one (Python's default is 10; the other thresholds are kept). For a process
+    whose long-lived objects are many and seldom in cycles (a worker holding every series'
+    window and state): each full pass walks all of them. ``every`` < 1 is refused."""
+    if every < 1:
+        raise ValueError(f"every must be >= 1, got {every!r}")
+    young, middle, _ = gc.get_threshold()
+    gc.set_threshold(young, middle, every)

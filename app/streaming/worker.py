@@ -34,6 +34,11 @@ from tailguard.streaming.topics import ensure_topics
 
 log = logging.getLogger("tailguard.worker")
 
+# The collector's full passes: one per this many passes over its middle generation (Python's
+# default 10). At 100,000 series each full pass walked ~1.4 GB of objects for 0.5-1.3 s and
+# found at most ~100 in cycles, three times a tick (docs/performance.md, the cost curve).
+FULL_COLLECTION_EVERY = 100
+
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -120,7 +125,10 @@ def main(argv: list[str]) -> int:
 
     import faust
 
+    from tailguard.collector import fewer_full_collections
     from tailguard.streaming.service import create_app
+
+    fewer_full_collections(FULL_COLLECTION_EVERY)
 
     # faust's own topics get the replication factor of the others.
     app = create_app(dataclasses.replace(settings, replication_factor=setup.replication_factor))
