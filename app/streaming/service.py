@@ -35,7 +35,7 @@ import faust
 from mode import Service
 from prometheus_client import CollectorRegistry
 
-from tailguard.collector import collector_paused
+from tailguard.collector import collect_if_due, collector_paused
 from tailguard.core.contract.ids import Allowlist
 from tailguard.core.contract.types import WindowSummary
 from tailguard.core.judge.evaluate import FleetEvaluator
@@ -431,6 +431,9 @@ def _stage2_loops(app: Any, ticker: Stage2Ticker, hook: ReplaceHook | None, cloc
                 raise
             except Exception:
                 log.exception("stage-2 tick failed; what was not published is retried next tick")
+            # The collector's full pass (seconds with 100,000 series) when it is due, here:
+            # stage 1's tick and stage 2's Redis writes are done (worker.FULL_COLLECTION_EVERY).
+            collect_if_due()
 
     @app.task  # type: ignore[untyped-decorator]
     async def replace_loop() -> None:

@@ -34,9 +34,10 @@ from tailguard.streaming.topics import ensure_topics
 
 log = logging.getLogger("tailguard.worker")
 
-# The collector's full passes: one per this many passes over its middle generation (Python's
-# default 10). At 100,000 series each full pass walked ~1.4 GB of objects for 0.5-1.3 s and
-# found at most ~100 in cycles, three times a tick (docs/performance.md, the cost curve).
+# The collector's own full passes: one per this many passes over its middle generation
+# (Python's default 10). At 100,000 series each full pass took 0.5-1.3 s, three times a tick,
+# wherever it fell (a stage-1 tick too); the worker makes the pass when it is due after each
+# stage-2 tick instead (service.py, collect_if_due), and this is the backstop.
 FULL_COLLECTION_EVERY = 100
 
 

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tailguard.collector import collector_paused, fewer_full_collections
+from tailguard.collector import collect_if_due, collector_paused, fewer_full_collections
 
 
 @pytest.fixture(autouse=True)
@@ -40,3 +40,13 @@ def test_a_pause_ends_enabled_also_on_an_error_and_keeps_someone_elses_disable()
     with collector_paused():
         pass
     assert not gc.isenabled()
+
+
+def test_collect_if_due_makes_a_full_pass_only_when_due() -> None:
+    gc.collect()                                  # the counts start again from 0
+    assert gc.get_count()[2] == 0
+    assert not collect_if_due(1)
+    gc.collect(1)                                 # one pass over the middle generation
+    assert gc.get_count()[2] == 1
+    assert collect_if_due(1)
+    assert gc.get_count()[2] == 0
