@@ -358,7 +358,7 @@ def bench_series_memory(quick: bool) -> None:
     used = tracemalloc.get_traced_memory()[0] - before
     tracemalloc.stop()
     ring = det.store.nbytes()
-    slots = sum(ch.rows * ch.cap for tier in det.store._tiers.values() for ch in tier)
+    slots = sum(ch.rows * ch.cap for tier in det.store.tiers.slabs_by_tier.values() for ch in tier)
     print(f"memory per series, façade in steady state at {series:,} series x 1000 samples")
     row("ring slabs per sample slot (WindowStore.nbytes)", f"{ring / slots:8.2f} B",
         f"binary wire 16 B/sample ({16 * slots / ring:.1f}x); float64+float32 layout 12 B "
