@@ -16,9 +16,8 @@ Guarantees:
 * ``requests_total``/``failed_total``: every request the store has taken for the series (ok
   or failed, probes included) and the failed ones — cumulative counters, kept by snapshots.
 * ``restore(snapshot())`` gives identical future summaries; snapshots are plain JSON-able data.
-* A series moves up a tier when it outgrows its ring (:mod:`tailguard.core.window.tiers` places
-  the rings). After many series are forgotten, tiers whose slabs hold more than 4× the rings
-  in use are repacked (:meth:`WindowStore.compact`).
+* A series moves up a tier when it outgrows its ring (:mod:`tailguard.core.window.tiers`); after
+  a flood of forgotten series, sparse tiers are repacked (:meth:`WindowStore.compact`).
 """
 
 from __future__ import annotations
