@@ -23,7 +23,7 @@ alternative, the ratio against it in the same run:
 * the façade's memory per series in steady state: the ring slabs per sample slot and
   everything else per series (tracemalloc), beside the binary wire's 16 B per sample;
 * memory of stage 2 per (node, model) pair (tracemalloc), and one model's state as the
-  worker stores it (``stage2.pack_value``) against its plain JSON.
+  worker stores it (``table_values.pack_value``) against its plain JSON.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from tailguard.core.contract.types import WindowSummary
 from tailguard.core.judge.evaluate import FleetEvaluator
 from tailguard.core.replay.detector import FLEET_QUANTILES, Detector
 from tailguard.core.replay.replay import replay
-from tailguard.streaming.stage2 import MAX_VALUE_BYTES, pack_value
+from tailguard.streaming.table_values import MAX_VALUE_BYTES, pack_value
 
 T0 = 1_764_680_000.0
 

@@ -1,7 +1,7 @@
 """Stage 2's hints as every worker's stage 1 reads them: the hints table's changelog, followed.
 
 The hints (``judge_since``, ``out_of_fit``, ``tail_ref``, the model's ``signal``:
-:func:`tailguard.streaming.stage2.encode_hints`) are written by each model's stage-2 owner to
+:func:`tailguard.streaming.hints.encode_hints`) are written by each model's stage-2 owner to
 a faust GlobalTable. Faust does not deliver that table's writes to the other workers reliably
 (seen with 2 workers: one worker's table never held a model the other wrote, for minutes;
 robinhood/faust#541, #716), and a worker without the model's ``signal`` judges its share on a
@@ -30,7 +30,7 @@ from mode import Service
 
 from tailguard.security import kafka_client_options
 from tailguard.settings import Settings
-from tailguard.streaming.stage2 import StageHints, decode_hints
+from tailguard.streaming.hints import StageHints, decode_hints
 
 log = logging.getLogger(__name__)
 

@@ -45,9 +45,9 @@ from tailguard.core.contract.types import WindowSummary
 from tailguard.security import kafka_client_options
 from tailguard.settings import Settings
 from tailguard.streaming.deadletter import DeadLetter
+from tailguard.streaming.hints import StageHints
 from tailguard.streaming.metrics import WorkerMetrics
 from tailguard.streaming.stage1 import Stage1
-from tailguard.streaming.stage2 import StageHints
 from tailguard.streaming.wire import ClusterDigest, DiagnosticsResult, parse_diagnostics_result
 
 log = logging.getLogger(__name__)

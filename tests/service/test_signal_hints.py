@@ -16,8 +16,9 @@ from tailguard.core.judge.evaluate import FleetEvaluator
 from tailguard.core.window import signals as sig
 from tailguard.core.window.window import WindowStore
 from tailguard.settings import load
+from tailguard.streaming.hints import StageHints, decode_hints, encode_hints
 from tailguard.streaming.hints_feed import HintsFeed
-from tailguard.streaming.stage2 import Stage2, StageHints, decode_hints, encode_hints
+from tailguard.streaming.stage2 import Stage2
 
 T = 10.0
 SETTINGS = DetectorSettings(min_samples=50, window_size=300, warmup_s=0.0, confirm_windows=2,
