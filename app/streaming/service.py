@@ -222,7 +222,8 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
     allow_redis, load_allowlist = _allowlist_loader(settings)
     sink = _FaustSink(t.stats, t.dlq, track)
 
-    hints_feed, hints = feed_for(settings, t.hints_table, stage2.hinted_models)
+    hints_feed, hints = feed_for(settings, t.hints_table, stage2.hinted_models,
+                                 lambda why: metrics.bad_hints.labels(reason=why).inc())
 
     class _Ingest(IngestService):
         def __init__(self, **kwargs: Any) -> None:

@@ -36,7 +36,7 @@ from tailguard.core.judge.signal_choice import choose_for_model
 from tailguard.core.replay.detector import FLEET_QUANTILES
 from tailguard.core.window.quantiles import digest_quantiles, merge_digests
 from tailguard.core.window.signals import ModelChoice
-from tailguard.streaming.hints import encode_hints
+from tailguard.streaming.hints import encode_hints, hints_changed
 from tailguard.streaming.memory import GIVE_BACK_MIN, give_back
 from tailguard.streaming.summary_batch import SummaryBatch
 from tailguard.streaming.table_values import MAX_VALUE_BYTES, PLAIN_MAX_BYTES, pack_value, unpack_value
@@ -277,7 +277,7 @@ class Stage2:
             self._signals[model] = choice
         value = encode_hints({node: ts for (node, _m), ts in ev.judge_since(model, at_s).items()},
                              (node for node, _m in ev.out_of_fit(model)), ev.tail_ref(model), choice)
-        if self._hints_written.get(model) != value and self._write(
+        if hints_changed(self._hints_written.get(model), value) and self._write(
                 self.hints, state_key(model), value, model, "hints"):
             self._hints_written[model] = value
 
