@@ -28,7 +28,18 @@ import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 from stack_scripts import free_base, run_script
-from worker_harness import HEALTHY, NODES, Feeder, Worker, WorkerEnv, tailguard_cli, wait_for
+from worker_harness import (
+    HEALTHY,
+    NODES,
+    Feeder,
+    VersionWatch,
+    Worker,
+    WorkerEnv,
+    last_written_ts,
+    tailguard_cli,
+    wait_for,
+    writes_resume_after_failover,
+)
 
 from tailguard import settings as settings_mod
 from tailguard.lb.source import open_routing
@@ -101,28 +112,14 @@ async def test_a_cluster_failover_keeps_versions_monotonic_and_writes_going(
     other = next(m for m in slot_of if primary_of[m] != primary_of[victim])
     models = (victim, other)
     table = RoutingTable(client, keys, poll_interval_s=0.1)
-    seen: dict[str, list[int]] = {m: [] for m in models}
     worker = Worker(env.environ(), tmp_path / "worker.log")
 
-    def sample() -> None:
-        for m in models:
-            v = table.version(m)
-            if v is not None and (not seen[m] or seen[m][-1] != v):
-                seen[m].append(v)
-
-    async def watch() -> None:
-        while True:
-            sample()
-            await asyncio.sleep(0.05)
-
     async def written_ts(m: str) -> float:
-        """The newest ``updated`` (Unix s) of model ``m``'s node statuses (written every tick);
-        0 while this client has not found the new primary yet."""
+        """0 while this client has not found the new primary yet."""
         try:
-            raw = await client.hgetall(keys.nodes(m))
+            return await last_written_ts(client, keys.nodes(m))
         except RedisError:
             return 0.0
-        return max((json.loads(v).get("updated") or 0.0 for v in raw.values()), default=0.0)
 
     async with AsyncExitStack() as stack:
         stack.callback(worker.stop)
@@ -132,9 +129,7 @@ async def test_a_cluster_failover_keeps_versions_monotonic_and_writes_going(
         source = await stack.enter_async_context(open_routing(settings, poll_interval_s=0.1))
         await table.__aenter__()
         stack.push_async_callback(table.aclose)
-        watcher = asyncio.create_task(watch())
-        stack.callback(watcher.cancel)
-        stack.callback(sample)      # the last version too
+        watch = await stack.enter_async_context(VersionWatch(table, models))
         for m in models:
             await table.get(m)
 
@@ -152,16 +147,7 @@ async def test_a_cluster_failover_keeps_versions_monotonic_and_writes_going(
                 return await replicated.primary_of(slot_of[victim], survivor) != old
             except AssertionError:
                 return False
-        await wait_for(promoted, 30, "the cluster to promote the replica", worker.tail)
-        promoted_s = time.time()
-
-        async def written_again() -> bool:
-            return all([await written_ts(m) > promoted_s for m in models])
-        await wait_for(written_again, 2 * TICK_S + 5, "both models written after the promotion",
-                       worker.tail)
-        assert time.time() - promoted_s <= 2 * TICK_S + 1.5, (
-            f"writes resumed {time.time() - promoted_s:.1f} s after the promotion "
-            f"({promoted_s - killed_s:.1f} s after the kill)")
+        await writes_resume_after_failover(promoted, written_ts, models, TICK_S, killed_s, worker.tail)
 
         feed.slow.add(("slow", victim))
 
@@ -176,5 +162,5 @@ async def test_a_cluster_failover_keeps_versions_monotonic_and_writes_going(
         assert routed[victim] == HEALTHY and routed[other] == set(NODES), routed
         assert worker.proc.poll() is None, worker.tail()
     for m in models:
-        assert seen[m] == sorted(seen[m]), (m, seen[m])
-    assert len(seen[victim]) >= 2, seen
+        assert watch.seen[m] == sorted(watch.seen[m]), (m, watch.seen[m])
+    assert len(watch.seen[victim]) >= 2, watch.seen
