@@ -89,8 +89,11 @@ def hints_changed(written: Mapping[str, Any] | None, value: Mapping[str, Any],
     fa, fb = old.get("fit"), new.get("fit")
     if not (isinstance(fa, Mapping) and isinstance(fb, Mapping)):
         return True
-    ea = fit_from_dict(fa).expected_us(_REF_OUTPUT_TOKENS, _REF_INPUT_TOKENS)
-    eb = fit_from_dict(fb).expected_us(_REF_OUTPUT_TOKENS, _REF_INPUT_TOKENS)
+    try:
+        ea = fit_from_dict(fa).expected_us(_REF_OUTPUT_TOKENS, _REF_INPUT_TOKENS)
+        eb = fit_from_dict(fb).expected_us(_REF_OUTPUT_TOKENS, _REF_INPUT_TOKENS)
+    except ValueError:      # not a fit stage 1 can read: nothing to compare, write it
+        return True
     return not bool(np.all(np.abs(eb - ea) <= rel_tol * ea))
 
 

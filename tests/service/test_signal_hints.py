@@ -164,6 +164,7 @@ def test_hints_changed_ignores_only_a_small_drift_of_the_fit() -> None:
     assert hints_changed(value, {**value, "tail_ref": 1.8})
     assert hints_changed(value, encode_hints({"n0": 5.0}, ["n1"], 1.7, sig.ModelChoice("normalized", False, fit)))
     assert hints_changed(value, encode_hints({"n0": 5.0}, ["n1"], 1.7, sig.ModelChoice("latency")))
+    assert hints_changed(value, {**value, "signal": {**value["signal"], "fit": {"a_us": None}}})
 
 
 def test_bad_hints_are_counted_by_reason_and_never_stop_stage_1() -> None:
