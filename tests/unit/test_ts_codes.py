@@ -26,7 +26,7 @@ def test_a_latency_ring_is_stored_at_8_bytes_per_sample() -> None:
     for i in range(40):
         store.observe(SampleBatch(f"n{i}", "m", None, T0 + np.arange(1000) * 0.01,
                                   np.full(1000, 1e5), ones, zeros))
-    slots = sum(ch.rows * ch.cap for tier in store._tiers.values() for ch in tier)
+    slots = sum(ch.rows * ch.cap for tier in store.tiers.slabs_by_tier.values() for ch in tier)
     assert store.nbytes() == 8 * slots
 
 
