@@ -22,8 +22,8 @@ from tailguard.core.judge.evaluate import FleetEvaluator
 from tailguard.core.window import signals as sig
 from tailguard.core.window.window import WindowStore
 from tailguard.settings import load
-from tailguard.streaming.hints import StageHints, decode_hints, encode_hints, hints_changed
 from tailguard.streaming import hints_feed
+from tailguard.streaming.hints import StageHints, decode_hints, encode_hints, hints_changed
 from tailguard.streaming.hints_feed import HintsFeed
 from tailguard.streaming.metrics import WorkerMetrics
 from tailguard.streaming.stage2 import Stage2
