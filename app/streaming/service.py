@@ -81,6 +81,7 @@ from tailguard.streaming.wire import (
 log = logging.getLogger(__name__)
 
 STAGE2_TAKE = 2000
+WRITE_RETRY_MAX_S = 10.0     # the routing writer's longest back-off (shorter with shorter ticks)
 STAGE2_OFFSET_MAX_S = 5.0
 # Changelog records of a table that faust buffers before applying them, where it reads them
 # after the start: the hints GlobalTable's own partitions (faust reads them as "active": the
@@ -225,7 +226,8 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
     allow_redis, load_allowlist = _allowlist_loader(settings)
     sink = _FaustSink(t.stats, t.dlq, track)
 
-    hints_feed, hints = feed_for(settings, t.hints_table, stage2.hinted_models)
+    hints_feed, hints = feed_for(settings, t.hints_table, stage2.hinted_models,
+                                 lambda why: metrics.bad_hints.labels(reason=why).inc())
 
     class _Ingest(IngestService):
         def __init__(self, **kwargs: Any) -> None:
@@ -352,7 +354,9 @@ class _RedisSide:
         from tailguard.routing.writer import RoutingWriter
 
         client, keys = connect_for(settings), keys_for(settings)
+        # Retries at least once a tick: after a failover, writes resume within 2 ticks.
         owned = RoutingWriter(client, keys, metrics=metrics,
+                              retry_max_s=max(0.25, min(WRITE_RETRY_MAX_S, settings.detector.tick_interval_s)),
                               where=f"{redact_url(settings.redis_url)} (TAILGUARD_REDIS_URL)")
         return cls(owned, operators if operators is not None else RedisOperators(client, keys),
                    client)
