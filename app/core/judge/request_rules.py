@@ -158,7 +158,8 @@ def stall_judgements(idle: Sequence[str], counts: Mapping[str, tuple[int, ...]],
     ticks) that still show signs of life (a heartbeat or sample within the last tick: a dead
     node goes ``gone`` instead), while the median of such pairs' requests in those ticks
     (``counts``, updated) is at least ``stall_peer_requests`` over ``min_peers`` or more:
-    abnormal, reason ``stalled``."""
+    abnormal, reason ``stalled``. ``idle``: as :func:`error_judgements` finds them in
+    ``counts`` (nodes of ``by_node``, each once)."""
     rare = pairs.rare if isinstance(pairs, PairTable) else None
 
     def serving(node: str) -> bool:
@@ -167,10 +168,12 @@ def stall_judgements(idle: Sequence[str], counts: Mapping[str, tuple[int, ...]],
         p = pairs.get(node)
         return p is not None and p.routed and p.state is not HealthState.WARMING
 
-    if not any(map(serving, idle)):
+    idle = [n for n in idle if (n in pairs if rare is not None and n not in rare
+                                else serving(n))]
+    # Each of them is a peer that served 0 requests (never fewer): when they are more than
+    # half of all pairs, the peers' median is 0.
+    if not idle or (2 * len(idle) > len(by_node) and st.stall_peer_requests > 0):
         return {}
-    # The peers' median before a closer look at each idle pair (the same verdicts): where
-    # many pairs idle, it is below ``stall_peer_requests``.
     span = stall_ticks(st)
     back = -2 - 2 * span
     get = counts.get
@@ -182,7 +185,7 @@ def stall_judgements(idle: Sequence[str], counts: Mapping[str, tuple[int, ...]],
     ref = median(served)
     if ref < st.stall_peer_requests:
         return {}
-    idle = [n for n in idle if serving(n) and (last := by_node[n].last_seen_ts) is not None
+    idle = [n for n in idle if (last := by_node[n].last_seen_ts) is not None
             and now_s - last <= st.tick_interval_s and _alive_after_requests(by_node[n], last)]
     out: dict[str, Judgement] = {}
     for node in idle:
