@@ -54,10 +54,13 @@ from tailguard.core.contract.config import DetectorSettings
 from tailguard.core.contract.events import SampleBatch
 from tailguard.core.judge.evaluate import FleetEvaluator
 from tailguard.core.window.window import WindowStore
+from tailguard.sim.series_feed import feed_messages, fleet_pairs, series_batches
 from tailguard.streaming.service import stage2_offset_s
 
 PARTITIONS = 16
 NODES_PER_MODEL = 1000
+MEDIAN_US = 162_755.0   # lognormal latency of every series: median ~163 ms, sigma 0.3
+SIGMA = 0.3
 
 
 def say(msg: str) -> None:
@@ -123,23 +126,11 @@ class Fleet:
         return max(1, self.series // NODES_PER_MODEL)
 
     def pairs(self) -> list[tuple[str, str]]:
-        per = self.series // self.models
-        return [(f"n{i:04d}", f"model-{m:03d}") for m in range(self.models) for i in range(per)]
+        return fleet_pairs(self.models, self.series // self.models)
 
     def windows(self, k: int, now: float, seed: int = 1) -> list[SampleBatch]:
-        rng = np.random.default_rng(seed)
-        out = []
-        ok, probe = np.ones(k, bool), np.zeros(k, bool)
-        for node, model in self.pairs():
-            ts = np.sort(now - rng.uniform(0, 25.0, k))
-            out.append(SampleBatch(node, model, "A100", ts, rng.lognormal(12.0, 0.3, k).round(1),
-                                   ok, probe))
-        return out
-
-
-def messages(batches: list[SampleBatch]) -> list[tuple[bytes, bytes]]:
-    return [(f"{b.node_id}|{b.model}".encode(),
-             binary.encode(b.node_id, b.model, b.hardware, b.ts, b.latency_us)) for b in batches]
+        return series_batches(self.pairs(), k, now, np.random.default_rng(seed), median_us=MEDIAN_US,
+                              sigma=SIGMA, spread_s=25.0)
 
 
 @dataclass
@@ -202,10 +193,10 @@ class Trickle(threading.Thread):
                     t0 = time.monotonic()
                     now = time.time()
                     futs = []
-                    for node, model in pairs[j * per_slice:(j + 1) * per_slice]:
-                        value = binary.encode(node, model, "A100", np.full(self.per_tick, now),
-                                              rng.lognormal(12.0, 0.3, self.per_tick).round(1))
-                        futs.append(await p.send(self.topic, value, key=f"{node}|{model}".encode()))
+                    batches = series_batches(pairs[j * per_slice:(j + 1) * per_slice], self.per_tick, now, rng,
+                                             median_us=MEDIAN_US, sigma=SIGMA)
+                    for key, value in feed_messages(batches):
+                        futs.append(await p.send(self.topic, value, key=key))
                     await asyncio.gather(*futs)
                     self.sent += len(futs)
                     if self.stop.is_set():
@@ -327,7 +318,7 @@ def cost_point(bootstrap: str, redis_url: str, n: int, k: int, trickle: int, tic
     topic = f"{name}-latency-events"
     asyncio.run(create_topic(bootstrap, topic))
     say(f"{n:,} series: encoding and sending the backlog ({n:,} messages of {k} samples)")
-    asyncio.run(send(bootstrap, topic, messages(fleet.windows(k, time.time())), f"{n:,} series"))
+    asyncio.run(send(bootstrap, topic, feed_messages(fleet.windows(k, time.time())), f"{n:,} series"))
     port = free_port()
     env = worker_env(bootstrap, topic, name, port, TAILGUARD_TOPIC_PARTITIONS=str(PARTITIONS),
                      TAILGUARD_REDIS_URL=redis_url, TAILGUARD_TICK_INTERVAL_S=f"{tick_s:g}",

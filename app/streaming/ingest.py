@@ -15,7 +15,7 @@ Guarantees:
 * **Known series first, on time.** Summaries go oldest-admitted series first; what is not
   sent within :data:`SEND_BUDGET_FRACTION` of the tick is dropped and counted.
 * **Any producer, no stall.** Every Kafka codec (:func:`missing_codecs`), committed records
-  only; a record aiokafka cannot decode is dead-lettered (``undecodable``) and passed.
+  only; a record aiokafka cannot decode is dead-lettered and passed (:mod:`.salvage`).
 * **Allowlist** (optional): nothing is consumed before it is first read. **Only new
   diagnostics results**: a results partition without a committed offset is read from its end.
 """
@@ -26,7 +26,6 @@ import asyncio
 import logging
 import os
 import socket
-import struct
 import time
 import uuid
 from collections import Counter
@@ -36,7 +35,6 @@ from typing import Any, Protocol
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka import codec as kafka_codec
 from aiokafka.abc import ConsumerRebalanceListener
-from aiokafka.errors import CorruptRecordException, UnsupportedCodecError
 from mode import Service
 
 from tailguard.core.contract.errors import BadEvent
@@ -45,9 +43,10 @@ from tailguard.core.contract.types import WindowSummary
 from tailguard.security import kafka_client_options
 from tailguard.settings import Settings
 from tailguard.streaming.deadletter import DeadLetter
+from tailguard.streaming.hints import StageHints
 from tailguard.streaming.metrics import WorkerMetrics
+from tailguard.streaming.salvage import UNDECODABLE, salvage
 from tailguard.streaming.stage1 import Stage1
-from tailguard.streaming.stage2 import StageHints
 from tailguard.streaming.wire import ClusterDigest, DiagnosticsResult, parse_diagnostics_result
 
 log = logging.getLogger(__name__)
@@ -63,13 +62,6 @@ METADATA_MAX_AGE_MS = 10_000
 # interval has passed since the tick began are dropped (counted): the next tick stays on time.
 SEND_SLICE = 20_000
 SEND_BUDGET_FRACTION = 0.5
-# How long the salvage of an undecodable record waits for one partition's fetch.
-SALVAGE_FETCH_MS = 1000
-# What aiokafka raises from getmany() when a fetched record batch cannot be decoded:
-# an unknown codec, a bad CRC, a header key that is not UTF-8, a truncated record.
-UNDECODABLE: tuple[type[BaseException], ...] = (
-    UnsupportedCodecError, CorruptRecordException, UnicodeError, ValueError, struct.error,
-    IndexError)
 
 
 def missing_codecs() -> list[str]:
@@ -284,7 +276,7 @@ class IngestService(Service):
             batches = await c.getmany(timeout_ms=timeout_ms, max_records=self.max_poll_records)
             dead: list[DeadLetter] = []
         except UNDECODABLE as e:
-            batches, dead = await self._salvage(c, e)
+            batches, dead = await salvage(c, e, self._next_offsets, self.max_poll_records, self.metrics)
         now_s = self.clock()
         n = 0
         done: dict[Any, int] = {}
@@ -317,69 +309,6 @@ class IngestService(Service):
             self._update_lag(c)
             self._last_lag = mono
         return n
-
-    async def _salvage(self, c: AIOKafkaConsumer, err: BaseException,
-                       ) -> tuple[dict[Any, list[Any]], list[DeadLetter]]:
-        """``getmany()`` raised ``err`` on a record it cannot decode: read around it.
-
-        The failed call may have moved partitions past records it then dropped,
-        so every owned partition is first rewound to what was processed; then
-        each is read on its own, and the one that fails is stepped through one
-        record at a time up to the offset that cannot be decoded, which is
-        dead-lettered and skipped (module docstring).
-        """
-        log.error("stage 1 cannot decode a fetched record (%s: %s); locating it",
-                  type(err).__name__, err)
-        owned = sorted(c.assignment(), key=lambda tp: (tp.topic, tp.partition))
-        for tp in owned:
-            await self._rewind(c, tp)
-        batches: dict[Any, list[Any]] = {}
-        dead: list[DeadLetter] = []
-        for tp in owned:
-            start = await c.position(tp)
-            high = c.highwater(tp)
-            if high is not None and start >= high:
-                continue
-            try:
-                got = await c.getmany(tp, timeout_ms=SALVAGE_FETCH_MS,
-                                      max_records=self.max_poll_records)
-                recs = list(got.get(tp, []))
-            except UNDECODABLE:
-                c.seek(tp, start)
-                recs, letter = await self._step_to_undecodable(c, tp)
-                if letter is not None:
-                    dead.append(letter)
-                    self.metrics.bad_events.labels(topic=tp.topic, reason=letter.reason).inc()
-            if recs:
-                batches[tp] = recs
-        return batches, dead
-
-    async def _rewind(self, c: AIOKafkaConsumer, tp: Any) -> None:
-        off = self._next_offsets.get(tp)
-        if off is None:
-            off = await c.committed(tp)
-        if off is None:
-            await c.seek_to_beginning(tp)
-        else:
-            c.seek(tp, off)
-
-    async def _step_to_undecodable(self, c: AIOKafkaConsumer, tp: Any,
-                                   ) -> tuple[list[Any], DeadLetter | None]:
-        good: list[Any] = []
-        for _ in range(self.max_poll_records):
-            try:
-                got = (await c.getmany(tp, timeout_ms=SALVAGE_FETCH_MS, max_records=1)).get(tp, [])
-            except UNDECODABLE as e:
-                bad = await c.position(tp)
-                c.seek(tp, bad + 1)
-                return good, DeadLetter(
-                    tp.topic, tp.partition, bad, None, None, (), "undecodable",
-                    f"the Kafka client cannot decode the record at this offset"
-                    f" ({type(e).__name__}: {e}); skipped")
-            if not got:
-                break
-            good.extend(got)
-        return good, None
 
     def _diagnostics(self, recs: Sequence[Any], out: list[DiagnosticsResult]) -> list[DeadLetter]:
         """Validate ``node-diagnostics-results`` records into ``out``; return the bad ones."""

@@ -338,7 +338,7 @@ class Stage1:
         """This tick's summary of every owned series (all series when ``owned_partitions`` is None),
         oldest-admitted series first; starts a new admission tick (``max_new_pairs_per_tick``).
 
-        Stage 2's hints (``tailguard.streaming.stage2.StageHints``): ``judge_since``
+        Stage 2's hints (``tailguard.streaming.hints.StageHints``): ``judge_since``
         ``{(node, model): ts}`` cut-offs of judged samples
         (``FleetEvaluator.judge_since``); ``out_of_fit`` the pairs out of
         routing, which do not vote in the fleet-wide ``normalized`` fit
