@@ -111,7 +111,8 @@ def error_judgements(counts: MutableMapping[str, tuple[int, ...]],
         # the oldest in reach has fewer, none has (a quiet or idle pair).
         top = req - need
         if first <= size - 2 and prev[first] <= top:
-            i = first + 2 * (bisect_right(prev[first::2], top) - 1)
+            i = (size - 2 if prev[-2] <= top       # the last tick alone (a busy pair)
+                 else first + 2 * (bisect_right(prev[first::2], top) - 1))
             n = req - prev[i]
             failed = fail - prev[i + 1]
             if 0 <= failed <= n:
