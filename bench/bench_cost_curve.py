@@ -16,9 +16,8 @@ real ``tailguard worker`` process, summaries on the wire included.
    uint32 ``np.sort`` of every window) and the core alone (``WindowStore.summaries`` for
    stage 1, ``FleetEvaluator.evaluate`` per model for stage 2: what the worker's ticks cost
    without Kafka, faust and Redis). RSS against the empty worker and the samples' bytes.
-3. samples/s with 1, 2 and 4 workers of one group on 16 partitions: one binary backlog
-   (batches of 1,000 samples, produced before the workers start), read from its start by a
-   new group each time, rated from the moment every worker owns its share.
+3. samples/s with 1, 2 and 4 workers of one group on 16 partitions: :mod:`bench.bench_scale_out`
+   (how it measures fairly on a loaded machine: its docstring).
 
 Wall-clock time on a shared 2-core machine: numbers move between runs; read the ratios.
 """
@@ -28,7 +27,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import re
 import signal
 import statistics
 import subprocess
@@ -49,7 +47,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.bench_streaming import ROOT, free_port, worker_env
 from bench.timing import best
-from tailguard.core.contract import binary
 from tailguard.core.contract.config import DetectorSettings
 from tailguard.core.contract.events import SampleBatch
 from tailguard.core.judge.evaluate import FleetEvaluator
@@ -288,10 +285,16 @@ def watch_tick(port: int, pid: int, redis: Redis, n: int, boundary: float,
 
 
 def start_worker(env: dict[str, str], what: str) -> tuple[subprocess.Popen[bytes], Any]:
+    """A ``tailguard worker`` in a session of its own: with the kernel's autogroup scheduling
+    (``/proc/sys/kernel/sched_autogroup_enabled``) the processes of one session share one
+    group's CPU time, so workers started in the benchmark's session shared one share of the
+    machine (2 workers got 0.21 cores together where 1 got 0.28, 2026-12-05), as separate
+    machines or containers do not."""
     log = tempfile.NamedTemporaryFile(prefix=f"tailguard-cost-{what}-", suffix=".log",  # noqa: SIM115
                                       delete=False)
     proc = subprocess.Popen([sys.executable, "-m", "tailguard.cli", "worker"], cwd=ROOT, env=env,
-                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
     return proc, log
 
 
@@ -412,91 +415,6 @@ def report(n: int, fleet: Fleet, k: int, trickle: int, tick_s: float, base: Base
           f" {base.sample_mb:,.1f} MB ({(rss - rss_empty) / base.sample_mb:,.1f}x)", flush=True)
 
 
-# ------------------------------------------------------------------ scale-out
-
-def scale_backlog(n_messages: int, samples_per: int = 1000, nodes: int = 600,
-                  ) -> tuple[list[tuple[bytes, bytes]], int]:
-    """``n_messages`` binary batches of ``samples_per`` samples (``nodes`` nodes x 3 models)."""
-    rng = np.random.default_rng(4)
-    now = time.time()
-    out = []
-    for i in range(n_messages):
-        node, model = f"node-{i % nodes:04d}", f"model-{i % 3}"
-        value = binary.encode(node, model, "A100", np.full(samples_per, now),
-                              rng.lognormal(12.0, 0.3, samples_per).round(1))
-        out.append((f"{node}|{model}".encode(), value))
-    return out, n_messages * samples_per
-
-
-def workers_rate(bootstrap: str, topic: str, n_workers: int, samples: int,
-                 timeout_s: float = 600) -> float:
-    """Samples/s of ``n_workers`` workers of one new group over the backlog in ``topic``."""
-    name = f"bench-w{n_workers}-{uuid.uuid4().hex[:8]}"
-    ports = [free_port() for _ in range(n_workers)]
-    started = [start_worker(worker_env(bootstrap, topic, name, port, TAILGUARD_LOG_LEVEL="info",
-                                       TAILGUARD_TOPIC_PARTITIONS=str(PARTITIONS)), f"w{i}")
-               for i, port in enumerate(ports)]
-    procs = [p for p, _ in started]
-    logs = [log for _, log in started]
-    owns = re.compile(r"stage 1 owns " + re.escape(topic) + r" partitions \[([0-9, ]*)\]")
-    try:
-        deadline = time.monotonic() + timeout_s
-        t_shared: float | None = None
-        n_shared = 0.0
-        shown = 0.0
-        while True:
-            if any(p.poll() is not None for p in procs):
-                raise RuntimeError(f"a worker exited; see {[log.name for log in logs]}")
-            counts = [scrape(port).get("tailguard_samples_in_total", 0.0) for port in ports]
-            now = time.monotonic()
-            if t_shared is None:
-                shares = []
-                for log in logs:
-                    found = owns.findall(Path(log.name).read_text(errors="replace"))
-                    shares.append({int(p) for p in found[-1].split(",") if p.strip()} if found else set())
-                if all(shares) and sum(map(len, shares)) == PARTITIONS:
-                    t_shared, n_shared = now, sum(counts)
-                    say(f"{n_workers} worker(s) share the partitions ({[len(s) for s in shares]});"
-                        f" {n_shared:,.0f} samples were read before")
-            if sum(counts) >= samples and t_shared is not None:
-                if sum(counts) - n_shared < samples / 2:
-                    raise RuntimeError("most of the backlog was read before the group formed;"
-                                       " use a larger backlog (--scale-messages)")
-                return (sum(counts) - n_shared) / (now - t_shared)
-            if now > deadline:
-                raise RuntimeError(f"{n_workers} workers read {sum(counts):,.0f} of {samples:,}"
-                                   f" samples in {timeout_s} s; see {[log.name for log in logs]}")
-            if now - shown >= 2.0:
-                say(f"{n_workers} worker(s): {sum(counts):,.0f} of {samples:,} samples read")
-                shown = now
-            time.sleep(0.1)
-    finally:
-        stop(procs)
-
-
-def scale(bootstrap: str, workers: list[int], messages_n: int) -> None:
-    say(f"scale-out: encoding and sending a backlog of {messages_n:,} binary batches of 1,000"
-        f" samples")
-    msgs, samples = scale_backlog(messages_n)
-    topic = f"bench-scale-{uuid.uuid4().hex[:8]}-latency-events"
-    asyncio.run(create_topic(bootstrap, topic))
-    asyncio.run(send(bootstrap, topic, msgs, "scale-out backlog"))
-    del msgs
-    print(f"samples/s with {', '.join(map(str, workers))} workers of one group on {PARTITIONS}"
-          f" partitions ({samples:,} samples in binary batches of 1,000, 600 nodes x 3 models,"
-          f" produced before the workers start, each run a new group reading it from the start;"
-          f" rated from the moment every worker owns its share; {os.cpu_count()} cores shared by"
-          f" every process)")
-    rates: dict[int, float] = {}
-    for w in workers:
-        say(f"scale-out: {w} worker(s)")
-        rates[w] = workers_rate(bootstrap, topic, w, samples)
-        one = rates.get(1)
-        vs = f"  {rates[w] / one:5.2f}x of 1 worker" if one else ""
-        print(f"  {w} worker(s): {rates[w]:>11,.0f} samples/s all, {rates[w] / w:>11,.0f} per"
-              f" worker{vs}" + ("   (target >= 1.7x)" if w == 2 else ""), flush=True)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="1,000 and 10,000 series, 10 s ticks")
@@ -507,14 +425,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ticks", type=int, default=2, help="measured ticks per size")
     ap.add_argument("--workers", default="1,2,4", help="worker counts of the scale-out ('' = skip)")
     ap.add_argument("--scale-messages", type=int, default=None,
-                    help="binary batches of 1,000 samples in the scale-out backlog")
+                    help="binary batches of 1,000 samples in the scale-out backlog (per run)")
     ap.add_argument("--worker-pythonpath", help="PYTHONPATH of the benchmarked workers (to"
                     " measure another build: its scripts/lib/typecheck holds its tailguard)")
     args = ap.parse_args(argv)
     bootstrap = os.environ.get("TAILGUARD_KAFKA_BOOTSTRAP", "127.0.0.1:9092")
     redis_url = os.environ.get("TAILGUARD_REDIS_URL", "redis://127.0.0.1:6379/0")
-    sizes = [int(x) for x in (args.sizes or ("1000,10000" if args.quick else
-                                             "1000,10000,100000")).split(",") if x]
+    sizes = [int(x) for x in (args.sizes if args.sizes is not None else (
+        "1000,10000" if args.quick else "1000,10000,100000")).split(",") if x]
     tick_s = args.tick_s or (10.0 if args.quick else 30.0)
     print(f"cost curve through one tailguard worker: real broker {bootstrap}, Redis {redis_url},"
           f" {PARTITIONS} partitions, {os.cpu_count()} cores (load average"
@@ -524,7 +442,10 @@ def main(argv: list[str] | None = None) -> int:
                    args.worker_pythonpath)
     workers = [int(x) for x in args.workers.split(",") if x]
     if workers:
-        scale(bootstrap, workers, args.scale_messages or (5_000 if args.quick else 20_000))
+        from bench.bench_scale_out import scale_out  # it imports this module's helpers
+
+        scale_out(bootstrap, workers, args.scale_messages or (10_000 if args.quick else 30_000),
+                  rounds=1 if args.quick else 3)
     print(f"  (load average {os.getloadavg()[0]:.1f} at the end)")
     return 0
 
