@@ -34,7 +34,7 @@ from tailguard.routing.operators import OperatorState, Override
 from tailguard.streaming.edge import EdgeInput, EdgeOutput, OperatorEdge
 from tailguard.streaming.ingest import next_boundary
 from tailguard.streaming.metrics import WorkerMetrics
-from tailguard.streaming.publisher import Publisher, tick_messages
+from tailguard.streaming.publisher import Outgoing, Publisher, tick_messages
 from tailguard.streaming.stage2 import ModelOutput, Stage2, state_key
 from tailguard.streaming.turns import Turns
 
@@ -216,7 +216,12 @@ class Stage2Ticker:
         """The tick's health changes, fleet events and diagnostics requests into the backlog,
         then publishing for at most ``PUBLISH_BUDGET_FRACTION`` of the tick."""
         t = self.topics
-        self.publisher.add(tick_messages(outputs, t.health, t.fleet, t.diagnostics, self.metrics))
+        messages: list[Outgoing] = []
+        for out in outputs:     # a first tick of many new nodes: a health change each
+            with collector_paused():
+                messages += tick_messages((out,), t.health, t.fleet, t.diagnostics, self.metrics)
+            await self.turns.stage2_step()
+        self.publisher.add(messages)
         await self.publisher.publish(PUBLISH_BUDGET_FRACTION * self.tick_s)
         self.metrics.publish_backlog_bytes.set(self.publisher.nbytes)
 

@@ -97,3 +97,23 @@ async def test_a_rebalance_between_two_models_cuts_the_stage2_tick_short() -> No
     r.ticker.ownership = ownership
     later = {o.tick.model: o for o in await r.ticker.tick()}
     assert len(later["m3"].summaries) == len(NODES)
+
+
+async def test_every_phase_of_a_stage2_tick_lets_stage1_in_after_each_model() -> None:
+    r = rig()
+    steps = 0
+
+    class Counting(Turns):
+        async def stage2_step(self) -> None:
+            nonlocal steps
+            steps += 1
+            await super().stage2_step()
+
+    r.ticker.turns = Counting()
+    models = ("m", "m2", "m3")
+    for m in models:
+        r.feed(m)
+    await r.ticker.tick()
+    # judged, through the edge, written to Redis, its messages built: a step after each
+    assert steps == 4 * len(models)
+    assert {key for _, key, _ in r.publisher.sent} == {m.encode() for m in models}
