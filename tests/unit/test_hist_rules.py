@@ -324,3 +324,28 @@ def test_a_fleet_half_upgraded_is_judged_against_peers_on_the_bounds_all_share()
         hj = HistJudge({**peers, "s": slow}, ST)
         assert hj.judge(slow).verdict is Verdict.ABNORMAL
         assert all(hj.judge(p).verdict is Verdict.NORMAL for p in peers.values())
+
+
+def test_a_slightly_slow_pod_with_other_buckets_is_weighted_down_not_removed() -> None:
+    """Weights of a scraped fleet: a pod of the new version (other buckets) 1.4x slower gets a
+    weight below 1 and stays routed (it kept full weight before: no estimate for other bounds);
+    its healthy twin keeps full weight."""
+    det = Detector(ST)
+    rng = np.random.default_rng(4)
+    t0 = 1_764_680_000.0
+    for k in range(1, 80):
+        ts = t0 + 10 * k
+        evs = []
+        pods = [(f"old{i}", OLD_B, 1.0) for i in range(6)] + [("new0", NEW_B, 1.0), ("new1", NEW_B, 1.4)]
+        for node, bounds, f in pods:
+            lat = 1.2 * f * np.exp(rng.normal(0, 0.35, 300))
+            counts = tuple(np.bincount(np.searchsorted(bounds, lat), minlength=len(bounds) + 1).tolist())
+            evs.append(HistogramBatch(node, "m", "A100", "e2e", ts, 10.0, bounds, counts, None, 300,
+                                      None, node))
+        det.observe(evs)
+        if k % 3 == 0:
+            det.evaluate(ts)
+    weight = {s.node_id: s.weight for s in det.statuses()}
+    assert det.routing()["m"] == {p for p in weight}, det.routing()
+    assert weight["new1"] is not None and weight["new1"] < 0.9, weight
+    assert weight["new0"] == 1.0 and all(weight[f"old{i}"] == 1.0 for i in range(6)), weight
