@@ -376,7 +376,7 @@ SECRETS = tuple(n for n, f in _SERVICE.items() if f.type in ("Secret", Secret))
 SCRIPT_ONLY = tuple(PREFIX + n for n in (
     "CACHE", "RUN", "VENV", "PYTHON", "SKIP_STACK", "KAFKA_PORT", "KAFKA_CONTROLLER_PORT",
     "KAFKA_SASL_SSL_PORT", "KAFKA_BROKERS", "REDIS_PORT", "REDIS_TLS_PORT", "REDIS_HA_PORT",
-    "REDIS_CLUSTER_PORT", "TEST_WORKERS",
+    "REDIS_CLUSTER_PORT", "REDIS_CLUSTER_REPLICAS", "TEST_WORKERS",
     # scripts/k8s (the test control plane)
     "K8S_API_PORT", "K8S_ETCD_PORT", "K8S_KCM_PORT", "K8S_KWOK_PORT"))
 

@@ -23,7 +23,7 @@ alternative, the ratio against it in the same run:
 * the façade's memory per series in steady state: the ring slabs per sample slot and
   everything else per series (tracemalloc), beside the binary wire's 16 B per sample;
 * memory of stage 2 per (node, model) pair (tracemalloc), and one model's state as the
-  worker stores it (``stage2.pack_value``) against its plain JSON.
+  worker stores it (``table_values.pack_value``) against its plain JSON.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from tailguard.core.contract.types import WindowSummary
 from tailguard.core.judge.evaluate import FleetEvaluator
 from tailguard.core.replay.detector import FLEET_QUANTILES, Detector
 from tailguard.core.replay.replay import replay
-from tailguard.streaming.stage2 import MAX_VALUE_BYTES, pack_value
+from tailguard.streaming.table_values import MAX_VALUE_BYTES, pack_value
 
 T0 = 1_764_680_000.0
 
@@ -358,7 +358,7 @@ def bench_series_memory(quick: bool) -> None:
     used = tracemalloc.get_traced_memory()[0] - before
     tracemalloc.stop()
     ring = det.store.nbytes()
-    slots = sum(ch.rows * ch.cap for tier in det.store._tiers.values() for ch in tier)
+    slots = sum(ch.rows * ch.cap for tier in det.store.tiers.slabs_by_tier.values() for ch in tier)
     print(f"memory per series, façade in steady state at {series:,} series x 1000 samples")
     row("ring slabs per sample slot (WindowStore.nbytes)", f"{ring / slots:8.2f} B",
         f"binary wire 16 B/sample ({16 * slots / ring:.1f}x); float64+float32 layout 12 B "

@@ -288,7 +288,8 @@ def scale_out(bootstrap: str, n_workers: int, messages: int, timeout_s: float = 
     logs = [tempfile.NamedTemporaryFile(prefix=f"tailguard-scale{i}-", suffix=".log", delete=False)  # noqa: SIM115
             for i in range(n_workers)]
     procs = [subprocess.Popen([sys.executable, "-m", "tailguard.cli", "worker"], cwd=ROOT, env=env,
-                              stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                              stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                              start_new_session=True)   # own autogroup (bench_cost_curve.start_worker)
              for env, log in zip(envs, logs, strict=True)]
     health_topic = envs[0]["TAILGUARD_TOPIC_HEALTH_CHANGES"]
     owns = re.compile(r"stage 1 owns " + re.escape(topic) + r" partitions \[([0-9, ]*)\]")

@@ -143,9 +143,11 @@ def _graded_lines(plan: Plan, g: Graded, healthy: Phase) -> list[str]:
     if g.full_share is not None and g.weighted_share is not None:
         lines.append(f"  its share of the requests: {g.full_share:.1%} at full weight (1/{plan.nodes} = "
                      f"{1 / plan.nodes:.1%}), {g.weighted_share:.1%} weighted down.")
-    else:
+    elif g.weighted_s is None:
         lines.append(f"  {g.node} was NOT weighted down before the run ended"
                      + (" (it was taken out)." if g.left_routing else "."))
+    else:
+        lines.append(f"  the run ended before {g.node}'s requests at its final weight were measured.")
     if g.full.p99_ms and g.weighted.p99_ms:
         lines.append(f"  cluster P99 {g.full.p99_ms:.0f} ms at full weight, {g.weighted.p99_ms:.0f} ms weighted "
                      f"down ({g.weighted.p99_ms / g.full.p99_ms:.2f}x).")

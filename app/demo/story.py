@@ -27,6 +27,10 @@ from typing import Any
 from tailguard.demo.plan import Plan
 from tailguard.text import printable
 
+# A graded phase is measured from this long after the snapshot that shows its weight (the
+# proxy reads the new weights within a second).
+GRADED_LAG_S = 1.0
+
 # --------------------------------------------------------------------------- observations
 
 
@@ -234,7 +238,7 @@ def analyze_graded(plan: Plan, obs: Observations, end_s: float) -> Graded | None
     node = plan.graded_node
     if node is None:
         return None
-    on, lag = plan.graded_onset_s, 1.0
+    on, lag = plan.graded_onset_s, GRADED_LAG_S
     views = [(sn.t_s, sn.nodes.get(node)) for sn in obs.snapshots if sn.t_s >= on]
     weights = [(t, v.weight) for t, v in views if v is not None and v.weight is not None]
     weighted_s = next((t for t, w in weights if w < 1.0), None)
@@ -331,10 +335,13 @@ def load_run(path: Path) -> Story:
 
 def story_done(plan: Plan, obs: Observations, now_s: float) -> bool:
     """Enough seen: removed, and re-admitted (when the node recovers) ``settle_s`` ago; with a
-    graded node, also its phase measured for ``graded_s``."""
+    graded node, also its phase measured for ``graded_s``, and ``settle_s`` at its final weight."""
     if plan.graded_node is not None and now_s < plan.graded_end_s:
         return False
     s = analyze(plan, obs, now_s)
+    g = s.graded
+    if g is not None and g.settled_s is not None and now_s < g.settled_s + GRADED_LAG_S + plan.settle_s:
+        return False        # its weight settled late: measure the weighted phase too
     if s.removed_s is None:
         return False
     if plan.end_s is None:

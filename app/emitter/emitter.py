@@ -1,11 +1,11 @@
 """``LatencyEmitter``: publish per-request latencies to Kafka without slowing requests.
 
 Owns a bounded in-memory buffer (:class:`~tailguard.emitter.buffer.SeriesBuffer`), one
-background asyncio task (the *flusher*) and one aiokafka producer (built by
-:mod:`tailguard.emitter.kafka`; options checked by :mod:`tailguard.emitter.options`, counters
-in :mod:`tailguard.emitter.stats`): the flusher's send, retry and back-off states only make
-sense together. Entry points: :meth:`LatencyEmitter.record`, :meth:`~LatencyEmitter.heartbeat`,
-``start``/``stop`` (or ``async with``). Options and each guarantee in full: docs/emitter.md.
+background asyncio task (the *flusher*) and one aiokafka producer (built by :mod:`.kafka`;
+options checked by :mod:`.options`, counters in :mod:`.stats`, back-off and log pacing in
+:mod:`.pacing`): the flusher's send and retry states only make sense together. Entry points:
+:meth:`LatencyEmitter.record`, :meth:`~LatencyEmitter.heartbeat`, ``start``/``stop`` (or
+``async with``). Options and each guarantee in full: docs/emitter.md.
 
 Guarantees:
 
@@ -36,6 +36,7 @@ from typing import Any, Final
 from tailguard.emitter.buffer import SeriesBuffer
 from tailguard.emitter.kafka import Producer, aiokafka_producer, retriable, stop_quietly
 from tailguard.emitter.options import check_options, positive
+from tailguard.emitter.pacing import Backoff, LogLimiter
 from tailguard.emitter.stats import EmitterStats
 from tailguard.emitter.wire import (
     Sample,
@@ -90,8 +91,6 @@ class LatencyEmitter:
         self._heartbeat_interval_s = positive("heartbeat_interval_s", heartbeat_interval_s)
         self._request_timeout_s = positive("request_timeout_s", request_timeout_s)
         self._close_timeout_s = positive("close_timeout_s", close_timeout_s)
-        self._retry_backoff_s = float(retry_backoff_s)
-        self._max_retry_backoff_s = float(max_retry_backoff_s)
         self._max_in_flight = max_in_flight
         self._producer_options = dict(producer_options or {})
         self._factory = producer_factory or functools.partial(
@@ -128,9 +127,8 @@ class LatencyEmitter:
         self._flush_waiters: list[asyncio.Future[None]] = []
         self._first_producer: Producer | None = None
         self._connected = False
-        self._backoff_s = 0.0
-        self._retry_at = -math.inf
-        self._last_log: dict[str, float] = {}
+        self._backoff = Backoff(retry_backoff_s, max_retry_backoff_s, monotonic)
+        self._say = LogLimiter(log, _LOG_EVERY_S, monotonic)
         self._logged_drops = 0
 
     # ------------------------------------------------------------------ request path
@@ -302,7 +300,7 @@ class LatencyEmitter:
                         # Failures re-queue their samples and go round again.
                         await asyncio.wait(set(self._pending))
                     else:
-                        await asyncio.sleep(max(0.0, self._retry_at - self._mono()))
+                        await asyncio.sleep(max(0.0, self._backoff.retry_at - self._mono()))
                     continue
                 await self._sleep()
         finally:
@@ -322,17 +320,16 @@ class LatencyEmitter:
                 await stop_quietly(producer, 1.0)
                 raise
             except Exception as e:
-                self._log_limited("connect", logging.WARNING,
+                self._say.log("connect", logging.WARNING,
                                   "emitter: cannot reach Kafka at %s (%s); buffering and retrying",
                                   self._bootstrap, e)
                 await stop_quietly(producer, 1.0)
                 producer = None
-                self._note_failure()
-                await self._pause_until(self._retry_at)
+                self._backoff.failed()
+                await self._pause_until(self._backoff.retry_at)
                 continue
             self._connected = True
-            self._backoff_s = 0.0
-            self._retry_at = -math.inf
+            self._backoff.connected()
             log.info("emitter: connected to Kafka at %s, topic %s", self._bootstrap, self._topic)
             return producer
 
@@ -354,8 +351,8 @@ class LatencyEmitter:
             full = now if self._buffer.any_full() else None
             candidates = [t for t in (full, self._buffer.next_deadline(), *self._heartbeats.values()) if t is not None]
         deadline = min(candidates, default=None)
-        if deadline is not None and self._retry_at > now:
-            deadline = max(deadline, self._retry_at)
+        if deadline is not None and self._backoff.retry_at > now:
+            deadline = max(deadline, self._backoff.retry_at)
         timeout = None if deadline is None else max(0.0, deadline - now)
         if timeout == 0.0:
             return
@@ -369,7 +366,7 @@ class LatencyEmitter:
 
     async def _send_heartbeats(self, producer: Producer, *, first_only: bool = False) -> None:
         now = self._mono()
-        if now < self._retry_at:
+        if now < self._backoff.retry_at:
             return
         with self._lock:
             due = [k for k, t in self._heartbeats.items()
@@ -386,7 +383,7 @@ class LatencyEmitter:
     async def _send_due(self, producer: Producer, *, force: bool) -> None:
         slots = self._slots
         assert slots is not None
-        while self._mono() >= self._retry_at:
+        while self._mono() >= self._backoff.retry_at:
             await slots.acquire()
             with self._lock:
                 item = self._buffer.pop_due(self._mono(), force=force)
@@ -439,7 +436,7 @@ class LatencyEmitter:
             self._failed(series, samples, exc)
             self._wake.set()
             return
-        self._backoff_s = 0.0
+        self._backoff.delivered()
         with self._lock:
             if samples:
                 self._sent += len(samples)
@@ -460,26 +457,14 @@ class LatencyEmitter:
                 else:
                     self._lost += len(samples)
         if exc is not None:
-            self._note_failure()
-            self._log_limited("send", logging.WARNING, "emitter: send to %s failed (%r); %s",
+            self._backoff.failed()
+            self._say.log("send", logging.WARNING, "emitter: send to %s failed (%r); %s",
                               self._topic, exc, "will retry" if requeue else "samples dropped")
-
-    def _note_failure(self) -> None:
-        self._backoff_s = min(max(self._backoff_s * 2, self._retry_backoff_s), self._max_retry_backoff_s)
-        self._retry_at = self._mono() + self._backoff_s
 
     def _log_drops(self) -> None:
         with self._lock:
             dropped = self._buffer.dropped
-        if dropped > self._logged_drops and self._log_limited(
+        if dropped > self._logged_drops and self._say.log(
                 "drop", logging.WARNING, "emitter: buffer full (%d samples): %d oldest samples dropped so far"
                 " — Kafka at %s is slow or down", self._buffer.max_buffered, dropped, self._bootstrap):
             self._logged_drops = dropped
-
-    def _log_limited(self, kind: str, level: int, msg: str, *args: object) -> bool:
-        now = self._mono()
-        if now - self._last_log.get(kind, -math.inf) < _LOG_EVERY_S:
-            return False
-        self._last_log[kind] = now
-        log.log(level, msg, *args)
-        return True

@@ -113,9 +113,9 @@ def _fmt(x: object, rule: str, signal: str | None) -> str:
     v = float(x)
     if rule == "err":
         return f"{v:.1%}"
-    if rule == "ratio" or signal not in ("latency", "tpot"):
-        return f"{v:.3g}"
-    return f"{v / 1000:.3g}ms"
+    if rule == "ratio" or not (signal in ("latency", "tpot") or (signal or "").endswith("_hist")):
+        return f"{v:.3g}"       # "normalized": a ratio to the fleet's fit
+    return f"{v / 1000:.3g}ms"  # µs: latency, per token, and a histogram metric's (e2e_hist, …)
 
 
 def _cell(pair: object, rule: str, signal: str | None) -> str:

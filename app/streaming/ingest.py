@@ -15,7 +15,7 @@ Guarantees:
 * **Known series first, on time.** Summaries go oldest-admitted series first; what is not
   sent within :data:`SEND_BUDGET_FRACTION` of the tick is dropped and counted.
 * **Any producer, no stall.** Every Kafka codec (:func:`missing_codecs`), committed records
-  only; a record aiokafka cannot decode is dead-lettered (``undecodable``) and passed.
+  only; a record aiokafka cannot decode is dead-lettered and passed (:mod:`.salvage`).
 * **Allowlist** (optional): nothing is consumed before it is first read. **Only new
   diagnostics results**: a results partition without a committed offset is read from its end.
 """
@@ -26,7 +26,6 @@ import asyncio
 import logging
 import os
 import socket
-import struct
 import time
 import uuid
 from collections import Counter
@@ -36,18 +35,20 @@ from typing import Any, Protocol
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka import codec as kafka_codec
 from aiokafka.abc import ConsumerRebalanceListener
-from aiokafka.errors import CorruptRecordException, UnsupportedCodecError
 from mode import Service
 
+from tailguard.collector import collector_paused
 from tailguard.core.contract.errors import BadEvent
 from tailguard.core.contract.ids import Allowlist
 from tailguard.core.contract.types import WindowSummary
 from tailguard.security import kafka_client_options
 from tailguard.settings import Settings
 from tailguard.streaming.deadletter import DeadLetter
+from tailguard.streaming.hints import StageHints
 from tailguard.streaming.metrics import WorkerMetrics
+from tailguard.streaming.salvage import UNDECODABLE, salvage
 from tailguard.streaming.stage1 import Stage1
-from tailguard.streaming.stage2 import StageHints
+from tailguard.streaming.turns import Turns
 from tailguard.streaming.wire import ClusterDigest, DiagnosticsResult, parse_diagnostics_result
 
 log = logging.getLogger(__name__)
@@ -63,13 +64,6 @@ METADATA_MAX_AGE_MS = 10_000
 # interval has passed since the tick began are dropped (counted): the next tick stays on time.
 SEND_SLICE = 20_000
 SEND_BUDGET_FRACTION = 0.5
-# How long the salvage of an undecodable record waits for one partition's fetch.
-SALVAGE_FETCH_MS = 1000
-# What aiokafka raises from getmany() when a fetched record batch cannot be decoded:
-# an unknown codec, a bad CRC, a header key that is not UTF-8, a truncated record.
-UNDECODABLE: tuple[type[BaseException], ...] = (
-    UnsupportedCodecError, CorruptRecordException, UnicodeError, ValueError, struct.error,
-    IndexError)
 
 
 def missing_codecs() -> list[str]:
@@ -152,7 +146,7 @@ class IngestService(Service):
                  hints: Callable[[], StageHints] | None = None,
                  max_poll_records: int = MAX_POLL_RECORDS, source: str | None = None,
                  allowlist: Callable[[], Awaitable[Allowlist]] | None = None,
-                 **kwargs: Any) -> None:
+                 turns: Turns | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.load_allowlist = allowlist
         self.source = source or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -173,6 +167,7 @@ class IngestService(Service):
         self._last_commit = 0.0
         self._last_lag = 0.0
         self._turn = asyncio.Lock()     # polls and ticks take turns (module docstring)
+        self.turns = turns if turns is not None else Turns()   # a tick before stage 2's steps
 
     @property
     def group_id(self) -> str:
@@ -284,7 +279,7 @@ class IngestService(Service):
             batches = await c.getmany(timeout_ms=timeout_ms, max_records=self.max_poll_records)
             dead: list[DeadLetter] = []
         except UNDECODABLE as e:
-            batches, dead = await self._salvage(c, e)
+            batches, dead = await salvage(c, e, self._next_offsets, self.max_poll_records, self.metrics)
         now_s = self.clock()
         n = 0
         done: dict[Any, int] = {}
@@ -295,7 +290,8 @@ class IngestService(Service):
             if tp.topic == self.diagnostics_topic and tp.topic != self.topic:
                 dead.extend(self._diagnostics(recs, results))
             else:
-                dead.extend(self.stage1.ingest(tp.partition, recs, now_s))
+                with collector_paused():
+                    dead.extend(self.stage1.ingest(tp.partition, recs, now_s))
             done[tp] = recs[-1].offset + 1
             n += len(recs)
         if results:   # re-keyed by model for stage 2, before their offsets count as done
@@ -317,69 +313,6 @@ class IngestService(Service):
             self._update_lag(c)
             self._last_lag = mono
         return n
-
-    async def _salvage(self, c: AIOKafkaConsumer, err: BaseException,
-                       ) -> tuple[dict[Any, list[Any]], list[DeadLetter]]:
-        """``getmany()`` raised ``err`` on a record it cannot decode: read around it.
-
-        The failed call may have moved partitions past records it then dropped,
-        so every owned partition is first rewound to what was processed; then
-        each is read on its own, and the one that fails is stepped through one
-        record at a time up to the offset that cannot be decoded, which is
-        dead-lettered and skipped (module docstring).
-        """
-        log.error("stage 1 cannot decode a fetched record (%s: %s); locating it",
-                  type(err).__name__, err)
-        owned = sorted(c.assignment(), key=lambda tp: (tp.topic, tp.partition))
-        for tp in owned:
-            await self._rewind(c, tp)
-        batches: dict[Any, list[Any]] = {}
-        dead: list[DeadLetter] = []
-        for tp in owned:
-            start = await c.position(tp)
-            high = c.highwater(tp)
-            if high is not None and start >= high:
-                continue
-            try:
-                got = await c.getmany(tp, timeout_ms=SALVAGE_FETCH_MS,
-                                      max_records=self.max_poll_records)
-                recs = list(got.get(tp, []))
-            except UNDECODABLE:
-                c.seek(tp, start)
-                recs, letter = await self._step_to_undecodable(c, tp)
-                if letter is not None:
-                    dead.append(letter)
-                    self.metrics.bad_events.labels(topic=tp.topic, reason=letter.reason).inc()
-            if recs:
-                batches[tp] = recs
-        return batches, dead
-
-    async def _rewind(self, c: AIOKafkaConsumer, tp: Any) -> None:
-        off = self._next_offsets.get(tp)
-        if off is None:
-            off = await c.committed(tp)
-        if off is None:
-            await c.seek_to_beginning(tp)
-        else:
-            c.seek(tp, off)
-
-    async def _step_to_undecodable(self, c: AIOKafkaConsumer, tp: Any,
-                                   ) -> tuple[list[Any], DeadLetter | None]:
-        good: list[Any] = []
-        for _ in range(self.max_poll_records):
-            try:
-                got = (await c.getmany(tp, timeout_ms=SALVAGE_FETCH_MS, max_records=1)).get(tp, [])
-            except UNDECODABLE as e:
-                bad = await c.position(tp)
-                c.seek(tp, bad + 1)
-                return good, DeadLetter(
-                    tp.topic, tp.partition, bad, None, None, (), "undecodable",
-                    f"the Kafka client cannot decode the record at this offset"
-                    f" ({type(e).__name__}: {e}); skipped")
-            if not got:
-                break
-            good.extend(got)
-        return good, None
 
     def _diagnostics(self, recs: Sequence[Any], out: list[DiagnosticsResult]) -> list[DeadLetter]:
         """Validate ``node-diagnostics-results`` records into ``out``; return the bad ones."""
@@ -448,12 +381,13 @@ class IngestService(Service):
         t0 = time.monotonic()
         if due_s is not None:
             t0 -= max(0.0, self.clock() - due_s)
-        hints = self.hints() if self.hints is not None else StageHints()
-        now_s = self.clock()
-        self.stage1.forget_silent(now_s)
-        summaries = self.stage1.summaries(now_s, self.owned_partitions(), hints.judge_since,
-                                          hints.out_of_fit, hints.tail_refs, hints.signals)
-        digests = self.stage1.cluster_digests(now_s, self.source)
+        with collector_paused():    # one pass of the collector after the tick's allocations
+            hints = self.hints() if self.hints is not None else StageHints()
+            now_s = self.clock()
+            self.stage1.forget_silent(now_s)
+            summaries = self.stage1.summaries(now_s, self.owned_partitions(), hints.judge_since,
+                                              hints.out_of_fit, hints.tail_refs, hints.signals)
+            digests = self.stage1.cluster_digests(now_s, self.source)
         if digests:
             await self.sink.send_cluster(digests)
         deadline = t0 + SEND_BUDGET_FRACTION * self.settings.detector.tick_interval_s
@@ -479,7 +413,7 @@ class IngestService(Service):
             due_s = next_boundary(self.clock(), interval)
             await sleep_until(due_s, self.clock)
             try:
-                async with self._turn:
+                async with self.turns.stage1_tick(), self._turn:
                     await self.tick(due_s)
             except asyncio.CancelledError:
                 raise

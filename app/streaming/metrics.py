@@ -131,7 +131,11 @@ class WorkerMetrics:
         self._thread: threading.Thread | None = None
 
     def _handoff_metrics(self, r: CollectorRegistry) -> None:
-        """Stage 1's summaries on their way to stage 2 (tailguard.streaming.summary_batch)."""
+        """Stage 1's summaries on their way to stage 2 (tailguard.streaming.summary_batch), and
+        stage 2's hints back (tailguard.streaming.hints_feed)."""
+        self.bad_hints = Counter("tailguard_bad_hints", "stage-2 hints records (or parts of "
+                                 "them) stage 1 could not read and skipped, by reason (not_json, "
+                                 "packed, not_object, signal, judge_since)", ["reason"], registry=r)
         self.summaries_out = Counter("tailguard_summaries_out", "window summaries sent to "
                                      "stage 2", registry=r)
         self.summaries_in = Counter("tailguard_summaries_in", "window summaries stage 2 "

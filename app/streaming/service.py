@@ -35,8 +35,7 @@ import faust
 from mode import Service
 from prometheus_client import CollectorRegistry
 
-from tailguard.collector import collector_paused
-from tailguard.core.contract.errors import BadEvent
+from tailguard.collector import collect_if_due, collector_paused
 from tailguard.core.contract.ids import Allowlist
 from tailguard.core.contract.types import WindowSummary
 from tailguard.core.judge.evaluate import FleetEvaluator
@@ -60,6 +59,7 @@ from tailguard.streaming.publisher import Publisher
 from tailguard.streaming.replace import ReplaceHook, build_hook
 from tailguard.streaming.stage1 import Stage1
 from tailguard.streaming.stage2 import Stage2, state_key
+from tailguard.streaming.stage2_intake import Record, Stage2Intake, send_dead_letters
 from tailguard.streaming.summary_batch import encode_by_model
 from tailguard.streaming.ticker import (
     Assignment,
@@ -69,10 +69,10 @@ from tailguard.streaming.ticker import (
     Stage2Ticker,
 )
 from tailguard.streaming.topics import MetadataTracker
+from tailguard.streaming.turns import Turns
 from tailguard.streaming.wire import (
     ClusterDigest,
     DiagnosticsResult,
-    decode_stage2,
     dumps,
     encode_cluster,
     encode_diagnostics,
@@ -81,6 +81,7 @@ from tailguard.streaming.wire import (
 log = logging.getLogger(__name__)
 
 STAGE2_TAKE = 2000
+WRITE_RETRY_MAX_S = 10.0     # the routing writer's longest back-off (shorter with shorter ticks)
 STAGE2_OFFSET_MAX_S = 5.0
 # Changelog records of a table that faust buffers before applying them, where it reads them
 # after the start: the hints GlobalTable's own partitions (faust reads them as "active": the
@@ -161,8 +162,9 @@ class _FaustSink:
         """As summary batches (:mod:`tailguard.streaming.summary_batch`): a few messages per
         model, not one per series (one message each topped out near 3,500 summaries/s)."""
         await self.track()
-        futs = [await self.stats.send(key=state_key(model), value=raw)
-                for model, raw in encode_by_model(summaries)]
+        with collector_paused():
+            batches = encode_by_model(summaries)
+        futs = [await self.stats.send(key=state_key(model), value=raw) for model, raw in batches]
         await asyncio.gather(*futs)
 
     async def send_cluster(self, digests: Sequence[ClusterDigest]) -> None:
@@ -209,6 +211,7 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
         await (await t.replacements.send(key=event["node_id"].encode(), value=dumps(event)))
 
     hook, hook_redis = build_hook(settings, publish_replacement, clock)
+    turns = Turns(hold_s=stage2_offset_s(det.tick_interval_s))
     ticker = Stage2Ticker(
         stage2=stage2, routing=redis.writer, operators=redis.operators, hook=hook, metrics=metrics,
         edge=OperatorEdge(det, settings.mode, history_len=settings.history_ticks,
@@ -216,18 +219,20 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
         publisher=_publisher(t, settings, metrics), ownership=_FaustOwnership(app, t, settings, track),
         topics=OutputTopics(settings.topics.health_changes, settings.topics.fleet_events,
                             settings.topics.diagnostics_requests),
-        tick_s=det.tick_interval_s, max_ejected_fraction=det.max_ejected_fraction, clock=clock)
+        tick_s=det.tick_interval_s, max_ejected_fraction=det.max_ejected_fraction, clock=clock,
+        turns=turns)
     rt = Runtime(settings, metrics, stage1, stage2, evaluator, redis.writer, ticker, replace_hook=hook)
     setattr(app, _RUNTIME_ATTR, rt)
     allow_redis, load_allowlist = _allowlist_loader(settings)
     sink = _FaustSink(t.stats, t.dlq, track)
 
-    hints_feed, hints = feed_for(settings, t.hints_table, stage2.hinted_models)
+    hints_feed, hints = feed_for(settings, t.hints_table, stage2.hinted_models,
+                                 lambda why: metrics.bad_hints.labels(reason=why).inc())
 
     class _Ingest(IngestService):
         def __init__(self, **kwargs: Any) -> None:
             super().__init__(settings=settings, stage1=stage1, sink=sink, metrics=metrics, clock=clock,
-                             hints=hints, allowlist=load_allowlist, **kwargs)
+                             hints=hints, allowlist=load_allowlist, turns=turns, **kwargs)
             rt.ingest = self
 
     app.service(_lifecycle(settings, metrics, redis, hook, hook_redis, allow_redis))
@@ -238,7 +243,7 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
         from tailguard.streaming import page
 
         page.register(app, lambda: redis.client, keys_for(settings), settings.mode, clock)
-    _stage2_agent(app, t.stats, stage2, metrics, settings.topics.window_stats)
+    _stage2_agent(app, t.stats, Stage2Intake(stage2, metrics), sink)
     _stage2_loops(app, ticker, hook, clock, det.tick_interval_s)
     return app
 
@@ -349,7 +354,9 @@ class _RedisSide:
         from tailguard.routing.writer import RoutingWriter
 
         client, keys = connect_for(settings), keys_for(settings)
+        # Retries at least once a tick: after a failover, writes resume within 2 ticks.
         owned = RoutingWriter(client, keys, metrics=metrics,
+                              retry_max_s=max(0.25, min(WRITE_RETRY_MAX_S, settings.detector.tick_interval_s)),
                               where=f"{redact_url(settings.redis_url)} (TAILGUARD_REDIS_URL)")
         return cls(owned, operators if operators is not None else RedisOperators(client, keys),
                    client)
@@ -400,22 +407,17 @@ def _lifecycle(settings: Settings, metrics: WorkerMetrics, redis: _RedisSide, ho
     return _Lifecycle
 
 
-def _stage2_agent(app: Any, stats: Any, stage2: Stage2, metrics: WorkerMetrics, topic: str) -> None:
-    """The agent that feeds stage 2 from ``node-window-stats`` (summaries, digests, results)."""
+def _stage2_agent(app: Any, stats: Any, intake: Stage2Intake, sink: _FaustSink) -> None:
+    """The agent that feeds stage 2 from ``node-window-stats`` (summaries, digests, results);
+    what does not decode is dead-lettered (:mod:`tailguard.streaming.stage2_intake`)."""
 
     @app.agent(stats, name="tailguard-stage2")  # type: ignore[untyped-decorator]
     async def stage2_agent(stream: Any) -> None:
-        async for values in stream.take(STAGE2_TAKE, within=0.2):
-            for raw in values:
-                try:
-                    msg = decode_stage2(raw)
-                except BadEvent as e:
-                    metrics.bad_events.labels(topic=topic, reason=e.reason).inc()
-                    log.warning("dropping bad stage-2 message (%s): %s", e.reason, e)
-                    continue
-                summaries = stage2.on_message(msg)
-                if summaries:
-                    metrics.summaries_in.inc(summaries)
+        async for events in stream.take_events(STAGE2_TAKE, within=0.2):
+            with collector_paused():
+                dead = intake.take([Record.of_message(e.message) for e in events])
+            if dead:    # before the take's records are acked
+                await send_dead_letters(sink.dead_letter, dead, lambda: bool(app.should_stop))
 
 
 def _stage2_loops(app: Any, ticker: Stage2Ticker, hook: ReplaceHook | None, clock: Callable[[], float],
@@ -433,6 +435,9 @@ def _stage2_loops(app: Any, ticker: Stage2Ticker, hook: ReplaceHook | None, cloc
                 raise
             except Exception:
                 log.exception("stage-2 tick failed; what was not published is retried next tick")
+            # The collector's full pass (seconds with 100,000 series) when it is due, here:
+            # stage 1's tick and stage 2's Redis writes are done (worker.FULL_COLLECTION_EVERY).
+            collect_if_due()
 
     @app.task  # type: ignore[untyped-decorator]
     async def replace_loop() -> None:

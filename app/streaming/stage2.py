@@ -7,10 +7,10 @@ the core's ``FleetEvaluator`` (the verdict, plus the summaries and streaks it wa
 Guarantees (in full: docs/operations.md, "Stage 2's state"):
 
 * **Durable state.** A model's changed state goes to ``state``, its hints for stage 1
-  (:func:`encode_hints`) to ``hints``; a model is restored from ``state`` before its first
+  (:mod:`tailguard.streaming.hints`) to ``hints``; a model is restored from ``state`` before its first
   evaluation after an (re)assignment. A failed table write is logged, counted
   (``write_failures``) and retried next tick; the verdict is still returned. Large values are
-  packed (:func:`pack_value`); one still above ``max_value_bytes`` is counted, not written.
+  packed (:mod:`tailguard.streaming.table_values`); one still above ``max_value_bytes`` is counted, not written.
 * **Cluster-wide P50/P99** of the workers' fresh digests, in ``ModelTick``.
 * **Diagnostics of the current episode only** (its ``request_id``, arrived after it); others
   are dropped, counted by reason (``diagnostics_dropped``), logged once.
@@ -22,17 +22,12 @@ Guarantees (in full: docs/operations.md, "Stage 2's state"):
 
 from __future__ import annotations
 
-import base64
-import binascii
 import collections
 import logging
 import math
-import zlib
-from collections.abc import Callable, Iterable, Mapping, MutableMapping
+from collections.abc import Callable, Generator, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeAlias
-
-import orjson
 
 from tailguard.core.contract.config import DetectorSettings
 from tailguard.core.contract.types import ModelTick, Transition, WindowSummary
@@ -41,17 +36,11 @@ from tailguard.core.judge.signal_choice import choose_for_model
 from tailguard.core.replay.detector import FLEET_QUANTILES
 from tailguard.core.window.quantiles import digest_quantiles, merge_digests
 from tailguard.core.window.signals import ModelChoice
+from tailguard.streaming.hints import encode_hints, hints_changed
 from tailguard.streaming.memory import GIVE_BACK_MIN, give_back
 from tailguard.streaming.summary_batch import SummaryBatch
+from tailguard.streaming.table_values import MAX_VALUE_BYTES, PLAIN_MAX_BYTES, pack_value, unpack_value
 from tailguard.streaming.wire import ClusterDigest, DiagnosticsResult, Stage2Message
-
-#: The largest table value written (JSON bytes): under the 1 MB ``max_request_size`` of the
-#: producer, with room for the key and the record's framing.
-MAX_VALUE_BYTES = 900_000
-#: Table values up to this many bytes of JSON are stored as they are (readable in the
-#: changelog); larger ones compressed (:func:`pack_value`).
-PLAIN_MAX_BYTES = 64_000
-_PACKED = "zlib_b64"
 
 SeriesKey: TypeAlias = tuple[str, str]
 
@@ -65,64 +54,6 @@ DROP_TEXT = {
 }
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class StageHints:
-    """What stage 2 tells every stage 1 (per (node, model)): see the module docstring."""
-
-    judge_since: dict[SeriesKey, float] = field(default_factory=dict)
-    out_of_fit: frozenset[SeriesKey] = frozenset()
-    tail_refs: dict[str, float] = field(default_factory=dict)   # model -> fresh-tail threshold
-    signals: dict[str, ModelChoice] = field(default_factory=dict)   # model -> its signal
-
-
-def encode_hints(judge_since: Mapping[str, float], out_of_fit: Iterable[str],
-                 tail_ref: float | None = None, signal: ModelChoice | None = None) -> dict[str, Any]:
-    """One model's hints table value: ``{"judge_since": {node: ts}, "out_of_fit": [node, …],
-    "tail_ref": threshold or null, "signal": ModelChoice.to_dict() or null}``
-    (``FleetEvaluator.tail_ref``: stage 1 counts each series' fresh samples above it;
-    ``signal``: the model's signal for every stage 1, :mod:`tailguard.core.judge.signal_choice`)."""
-    return {"judge_since": dict(judge_since), "out_of_fit": sorted(out_of_fit), "tail_ref": tail_ref,
-            "signal": None if signal is None else signal.to_dict()}
-
-
-def decode_hints(items: Iterable[tuple[Any, Any]]) -> StageHints:
-    """All models' hints from ``(key, value)`` pairs of the hints table.
-
-    Accepts the current value (:func:`encode_hints`) and the older bare
-    ``{node: since_ts}`` (no ``out_of_fit``), as a changelog may still hold it.
-    """
-    since: dict[SeriesKey, float] = {}
-    unfit: set[SeriesKey] = set()
-    refs: dict[str, float] = {}
-    signals: dict[str, ModelChoice] = {}
-    for key, value in items:
-        model = key.decode() if isinstance(key, bytes) else str(key)
-        try:
-            value = unpack_value(value)
-        except ValueError as e:
-            log.warning("the hints of model %r are skipped: %s", model, e)
-            continue
-        if not isinstance(value, Mapping):
-            continue
-        ref = value.get("tail_ref")
-        if isinstance(ref, int | float) and not isinstance(ref, bool) and ref > 0:
-            refs[model] = float(ref)
-        choice = value.get("signal")
-        if isinstance(choice, Mapping):
-            try:
-                signals[model] = ModelChoice.from_dict(choice)
-            except ValueError as e:     # stage 1 keeps its own choice for the model
-                log.warning("the signal hint of model %r is skipped: %s", model, e)
-        js = value.get("judge_since")
-        if isinstance(js, Mapping):   # current form (an old-form node's value is a number)
-            unfit.update((str(node), model) for node in value.get("out_of_fit") or ())
-        else:
-            js = value
-        for node, ts in js.items():
-            since[(str(node), model)] = float(ts)
-    return StageHints(since, frozenset(unfit), refs, signals)
 
 
 class EvaluatorLike(Protocol):
@@ -146,30 +77,6 @@ class EvaluatorLike(Protocol):
     def forget_model(self, model: str) -> None: ...
 
     def pair(self, model: str, node_id: str) -> Any: ...
-
-
-def pack_value(value: Any, plain_max_bytes: int = PLAIN_MAX_BYTES) -> tuple[Any, int]:
-    """A table value as stored, and its size in bytes of JSON: ``value`` itself when its
-    JSON is at most ``plain_max_bytes``, else ``{"zlib_b64": base64 of its zlib-compressed
-    JSON}``."""
-    raw = orjson.dumps(value, default=str)
-    if len(raw) <= plain_max_bytes:
-        return value, len(raw)
-    packed = base64.b64encode(zlib.compress(raw, 1)).decode("ascii")
-    return {_PACKED: packed}, len(packed) + len(_PACKED) + 6
-
-
-def unpack_value(stored: Any) -> Any:
-    """The value :func:`pack_value` stored (a plain value is returned as it is).
-
-    Raises ValueError when a packed value does not decode (truncated, not zlib, not JSON).
-    """
-    if not (isinstance(stored, Mapping) and len(stored) == 1 and _PACKED in stored):
-        return stored
-    try:
-        return orjson.loads(zlib.decompress(base64.b64decode(stored[_PACKED], validate=True)))
-    except (binascii.Error, zlib.error, TypeError, ValueError) as e:
-        raise ValueError(f"a packed table value does not decode: {e}") from e
 
 
 def state_key(model: str) -> bytes:
@@ -304,7 +211,14 @@ class Stage2:
         ``hints_for_s``: the stage-1 tick the ``judge_since`` hints are for
         (default ``now_s``).
         """
-        out: list[ModelOutput] = []
+        return list(self.tick_models(now_s, owns, hints_for_s))
+
+    def tick_models(self, now_s: float, owns: Callable[[str], bool],
+                    hints_for_s: float | None = None) -> Generator[ModelOutput, None, None]:
+        """:meth:`tick`, one model at a time: each judged model's output as soon as it is
+        made, so that a caller on an event loop lets other work run between models. The
+        models are those known when it starts; input that arrives meanwhile is kept for
+        the models not yet judged (as it would be before the tick)."""
         for model in sorted(self.known_models()):
             if not owns(model):
                 self.dropped["not_owned"] += len(self._pending.pop(model, {}))
@@ -330,11 +244,10 @@ class Stage2:
                 self._forget(model)
                 gone = replace(o.tick, transitions=(), routing=frozenset(), quarantine={},
                                statuses=(), fleet_events=(), diagnostics=(), forgotten=True)
-                out.append(ModelOutput(gone))
+                yield ModelOutput(gone)
                 continue
-            out.append(o)
             self._write_hints(model, now_s if hints_for_s is None else hints_for_s, o.summaries)
-        return out
+            yield o
 
     def _forget(self, model: str) -> None:
         """Drop everything of ``model``: the evaluator's state, its table entries."""
@@ -370,7 +283,7 @@ class Stage2:
             self._signals[model] = choice
         value = encode_hints({node: ts for (node, _m), ts in ev.judge_since(model, at_s).items()},
                              (node for node, _m in ev.out_of_fit(model)), ev.tail_ref(model), choice)
-        if self._hints_written.get(model) != value and self._write(
+        if hints_changed(self._hints_written.get(model), value) and self._write(
                 self.hints, state_key(model), value, model, "hints"):
             self._hints_written[model] = value
 

@@ -64,6 +64,15 @@ def kcat_produce(kafka: str, topic: str, data: bytes, *args: str) -> None:
     assert r.returncode == 0, f"kcat {' '.join(args)} failed: {r.stderr.decode(errors='replace')}"
 
 
+def kcat_partitions(kafka: str, topic: str) -> int:
+    """The partitions of ``topic`` with a leader in the broker's metadata, as kcat sees them
+    (a producer refuses a partition its metadata does not list yet: "Unknown partition")."""
+    r = subprocess.run(["kcat", "-L", "-J", "-b", kafka, "-t", topic], capture_output=True, timeout=60)
+    assert r.returncode == 0, f"kcat -L failed: {r.stderr.decode(errors='replace')}"
+    (t,) = json.loads(r.stdout)["topics"]
+    return sum(1 for p in t.get("partitions") or [] if p.get("leader", -1) >= 0)
+
+
 def event_lines(node: str, model: str, ts: float, n: int, base_us: float = 1000.0) -> list[str]:
     return [json.dumps({"node_id": node, "model": model, "ts": ts, "ok": True,
                         "latency_us": base_us * (1 + 0.1 * ((i * 7) % 5))}) for i in range(n)]

@@ -25,8 +25,8 @@ from aiokafka import AIOKafkaProducer
 from prometheus_client.parser import text_string_to_metric_families
 from worker_harness import free_port, read_topic, running_worker, wait_for
 
-from tailguard.core.contract import binary
 from tailguard.core.contract.types import WindowSummary
+from tailguard.sim.series_feed import feed_messages, fleet_pairs, series_batches
 from tailguard.streaming.summary_batch import SummaryBatch
 from tailguard.streaming.wire import decode_stage2
 
@@ -34,6 +34,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 
 MODELS = 4
 NODES = 1000
+PAIRS = fleet_pairs(MODELS, NODES)
 
 
 def metrics(port: int) -> dict[str, float]:
@@ -52,18 +53,11 @@ def metrics(port: int) -> dict[str, float]:
 
 async def feed(kafka: str, topic: str) -> None:
     """One binary batch of 60 samples per series, acknowledged."""
-    rng = np.random.default_rng(29)
-    now = time.time()
+    batches = series_batches(PAIRS, 60, time.time(), np.random.default_rng(29), median_us=1_100.0, sigma=0.2)
     p = AIOKafkaProducer(bootstrap_servers=kafka, linger_ms=20)
     await p.start()
     try:
-        futs = []
-        for m in range(MODELS):
-            for n in range(NODES):
-                node, model = f"n{n:04d}", f"model-{m}"
-                value = binary.encode(node, model, "A100", np.full(60, now),
-                                      rng.lognormal(7.0, 0.2, 60))
-                futs.append(await p.send(topic, value, key=f"{node}|{model}".encode()))
+        futs = [await p.send(topic, value, key=key) for key, value in feed_messages(batches)]
         await asyncio.gather(*futs)
     finally:
         await p.stop()
@@ -113,7 +107,7 @@ async def test_a_tick_of_4000_series_reaches_stage_2_whole(
         assert not [k for k, v in end.items() if k.startswith(bad) and v], end
 
         async def every_verdict() -> bool:
-            lens = [await r.hlen(f"{env.name}:nodes:model-{m}") for m in range(MODELS)]
+            lens = [await r.hlen(f"{env.name}:nodes:{m}") for m in sorted({m for _, m in PAIRS})]
             return lens == [NODES] * MODELS
         await wait_for(every_verdict, 20, "every series' status in Redis", worker.tail)
 

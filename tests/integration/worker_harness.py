@@ -320,3 +320,59 @@ def kcat_produce_keyed(kafka: str, topic: str, lines: list[str]) -> None:
     """``kcat -P`` one message per line, ``key<TAB>value`` (the key itself is "node|model")."""
     subprocess.run(["kcat", "-P", "-b", kafka, "-t", topic, "-K", "\t"],
                    input="\n".join(lines) + "\n", text=True, check=True, timeout=30)
+
+
+class VersionWatch:
+    """The routing versions a reader (``version(model)``, as RoutingTable's) served, per model,
+    each time it changed: sampled every 50 ms while the context is open, and once at its end."""
+
+    def __init__(self, reader: Any, models: Sequence[str]) -> None:
+        self.reader = reader
+        self.seen: dict[str, list[int]] = {m: [] for m in models}
+        self._task: asyncio.Task[None] | None = None
+
+    def sample(self) -> None:
+        for m, seen in self.seen.items():
+            v = self.reader.version(m)
+            if v is not None and (not seen or seen[-1] != v):
+                seen.append(v)
+
+    async def _run(self) -> None:
+        while True:
+            self.sample()
+            await asyncio.sleep(0.05)
+
+    async def __aenter__(self) -> VersionWatch:
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        self.sample()       # the last version too (the loop may not have run since it was read)
+
+
+async def last_written_ts(r: Any, nodes_key: str) -> float:
+    """The newest ``updated`` (Unix s) of a model's node statuses (the HASH ``nodes_key``,
+    written every tick)."""
+    raw = await r.hgetall(nodes_key)
+    return max((json.loads(v).get("updated") or 0.0 for v in raw.values()), default=0.0)
+
+
+async def writes_resume_after_failover(promoted: Callable[[], Awaitable[bool]],
+                                       written_ts: Callable[[str], Awaitable[float]],
+                                       models: Sequence[str], tick_s: float, killed_s: float,
+                                       on_fail: Callable[[], str]) -> None:
+    """Wait (30 s at most) for ``promoted()``, then assert every model's node statuses are
+    written again (``written_ts``) within 2 ticks of the promotion."""
+    await wait_for(promoted, 30, "the promotion of a replica", on_fail)
+    promoted_s = time.time()
+
+    async def written_again() -> bool:
+        return all([await written_ts(m) > promoted_s for m in models])
+    await wait_for(written_again, 2 * tick_s + 5, "every model written after the promotion",
+                   on_fail)
+    assert time.time() - promoted_s <= 2 * tick_s + 1.5, (
+        f"writes resumed {time.time() - promoted_s:.1f} s after the promotion "
+        f"({promoted_s - killed_s:.1f} s after the kill)")

@@ -18,10 +18,10 @@ from tailguard.core.window.quantiles import digest_quantiles, merge_digests
 from tailguard.core.window.window import WindowStore
 from tailguard.settings import Settings
 from tailguard.streaming.deadletter import DeadLetter
+from tailguard.streaming.hints import StageHints
 from tailguard.streaming.ingest import IngestService, _Listener
 from tailguard.streaming.metrics import WorkerMetrics
 from tailguard.streaming.stage1 import Stage1
-from tailguard.streaming.stage2 import StageHints
 from tailguard.streaming.wire import ClusterDigest, DiagnosticsResult
 
 NOW = 2_000_000.0

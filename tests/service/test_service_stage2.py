@@ -14,14 +14,9 @@ from tailguard.core.contract.config import DetectorSettings
 from tailguard.core.contract.types import HealthState, WindowSummary
 from tailguard.core.judge.evaluate import FleetEvaluator
 from tailguard.core.window.quantiles import digest_dict_of_sorted
-from tailguard.streaming.stage2 import (
-    Stage2,
-    decode_hints,
-    encode_hints,
-    pack_value,
-    state_key,
-    unpack_value,
-)
+from tailguard.streaming.hints import decode_hints, encode_hints
+from tailguard.streaming.stage2 import Stage2, state_key
+from tailguard.streaming.table_values import pack_value, unpack_value
 from tailguard.streaming.wire import ClusterDigest, DiagnosticsResult
 
 SETTINGS = DetectorSettings(min_samples=10, window_size=100, warmup_s=0.0, confirm_windows=2,

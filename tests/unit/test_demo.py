@@ -227,6 +227,19 @@ def test_the_story_waits_for_the_graded_phase_and_says_where_it_is() -> None:
     assert "graded" not in demo.current_phase(GRADED, obs, 170.0)
 
 
+def test_a_weight_that_settles_late_is_measured_before_the_story_ends() -> None:
+    """The weight went 0.9 at 210 s and 0.45 at 215 s: the graded phase ends at 225 s, but the
+    weighted phase is measured settle_s (15 s) from 216 s first (a run that ended at 225 s
+    reported it "not measured" and the node "NOT weighted down")."""
+    obs = graded_observations(210.0)
+    assert not demo.story_done(GRADED, obs, 225.0)
+    assert not demo.story_done(GRADED, obs, 230.0)
+    assert demo.story_done(GRADED, obs, 231.0)
+    report = demo.render_report(demo.analyze(GRADED, obs, 217.0))     # no interval after 216 s yet
+    assert "NOT weighted down" not in report
+    assert "the run ended before gpu-node-03's requests at its final weight were measured." in report
+
+
 @pytest.mark.parametrize(("kw", "match"), [
     ({"graded_node": "gpu-node-05"}, "graded_node"), ({"graded_node": "gpu-node-09"}, "graded_node"),
     ({"graded_node": "gpu-node-03", "graded_slowdown": 2.5}, "graded_slowdown"),

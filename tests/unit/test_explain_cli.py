@@ -45,6 +45,15 @@ def test_render_shows_rules_against_limits_guards_and_the_next_probe() -> None:
     assert "25.0% > 10.0%" in rows[1] and "1.4 ≤ 3" in rows[1]
 
 
+def test_a_histogram_signal_is_shown_in_ms_like_latency() -> None:
+    """Scraped nodes' values (µs of their e2e histogram) read 6.08e+05 before."""
+    hist = [entry(NOW - 1, "healthy", True, 608_000.0)]
+    for signal, want in (("e2e_hist", "608ms > 2ms"), ("itl_hist", "608ms > 2ms"),
+                         ("normalized", "6.08e+05 > 2e+03")):
+        text = render_explain([NodeExplain("n", "m", {"state": "healthy", "signal": signal}, hist)], NOW)
+        assert want in text, (signal, text)
+
+
 def test_render_without_history_says_so() -> None:
     text = render_explain([NodeExplain("n", "m", {"state": "healthy"})], NOW)
     assert "no tick history yet" in text and "out of routing" in text

@@ -22,6 +22,7 @@ from tailguard.core.judge.hist_rules import (
     HistJudge,
     Z,
     judge_metric,
+    on_shared_bounds,
     reference,
     share_above,
     shifted_share,
@@ -154,17 +155,55 @@ def test_uniform_fleet_is_normal_and_relabelling_changes_nothing() -> None:
     assert [hj.judge(s).detail for s in peers.values()] == [hj2.judge(s).detail for s in relabelled.values()]
 
 
-def test_other_buckets_or_too_few_peers_give_no_verdict() -> None:
+def test_too_few_peers_or_another_class_give_no_verdict() -> None:
     same = {f"n{i}": summary(f"n{i}", {"e2e": win([90, 10, 0, 0, 0], requests=200)}) for i in range(3)}
+    # Other buckets are judged at their own bounds (the next test): all of odd's requests above
+    # 2.0 s, where the peers' CDF is 1.0 at 0.5 s already.
     odd = summary("odd", {"e2e": win([0, 0, 200], requests=200, bounds=(0.25, 2.0))})
     hj = HistJudge({**same, "odd": odd}, ST)
-    assert hj.judge(odd).verdict is Verdict.NONE                 # refused: its buckets are not its peers'
+    assert hj.judge(odd).verdict is Verdict.ABNORMAL
     assert hj.judge(same["n0"]).verdict is Verdict.NORMAL
     two = HistJudge(dict(list(same.items())[:2]), ST)             # below min_peers (3)
     assert two.judge(same["n0"]).verdict is Verdict.NONE
     # another hardware class of one node is not judged against the A100s
     a10 = summary("a10", {"e2e": win([0, 0, 0, 0, 200], requests=200)}, hardware="A10")
     assert HistJudge({**same, "a10": a10}, ST).judge(a10).verdict is Verdict.NONE
+
+
+# vLLM's e2e buckets before and after a release that added bounds above 60 s and one between.
+OLD_B = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0)
+NEW_B = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 4.0, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+         120.0, 240.0, 480.0, 960.0)
+
+
+def _lognormal_win(rng: np.random.Generator, median_s: float, n: int, bounds: tuple[float, ...]) -> HistWindow:
+    lat = median_s * np.exp(rng.normal(0, 0.35, n))
+    counts = np.bincount(np.searchsorted(bounds, lat), minlength=len(bounds) + 1).tolist()
+    return win(counts, bounds=bounds)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_node_with_other_buckets_is_judged_at_its_own_bounds(seed: int) -> None:
+    """A rolling upgrade: the new version's node exports other buckets. It was refused a verdict
+    (never admitted, never caught); now a healthy one is normal and a 3x slower one abnormal."""
+    rng = np.random.default_rng(seed)
+    peers = {f"n{i}": summary(f"n{i}", {"e2e": _lognormal_win(rng, 1.2, 400, OLD_B)}) for i in range(6)}
+    healthy = summary("new", {"e2e": _lognormal_win(rng, 1.2, 400, NEW_B)})
+    slow = summary("new", {"e2e": _lognormal_win(rng, 3.6, 400, NEW_B)})
+    coarse = summary("new", {"e2e": _lognormal_win(rng, 1.2, 400, (1.0, 10.0, 100.0))})
+    for node, expect in ((healthy, Verdict.NORMAL), (slow, Verdict.ABNORMAL), (coarse, Verdict.NORMAL)):
+        j = HistJudge({**peers, "new": node}, ST).judge(node)
+        assert j.verdict is expect, j.detail
+    # The peers' own verdicts are those of a fleet without the newcomer.
+    alone = HistJudge(peers, ST)
+    mixed = HistJudge({**peers, "new": slow}, ST)
+    assert [alone.judge(s).detail for s in peers.values()] == [mixed.judge(s).detail for s in peers.values()]
+
+
+def test_buckets_on_one_side_only_are_not_compared() -> None:
+    peers = {f"n{i}": summary(f"n{i}", {"e2e": win([90, 10, 0, 0, 0], requests=200)}) for i in range(3)}
+    counters = summary("t", {"e2e": HistWindow((), (200,), 200, 400.0, 30.0)})     # Triton's counters
+    assert HistJudge({**peers, "t": counters}, ST).judge(counters).verdict is Verdict.NONE
 
 
 def test_per_token_metric_fires_first() -> None:
@@ -233,3 +272,55 @@ def test_detector_ejects_a_slow_histogram_node_and_keeps_the_others() -> None:
                 if t.node_id == "n2" and not t.routed and out_at is None and t.to_state == "unhealthy":
                     out_at = ts
     assert out_at is not None and out_at - (1_764_680_000.0 + 400) <= 120
+
+
+@pytest.mark.parametrize("slow", [False, True])
+def test_a_rolling_upgrade_with_new_buckets_admits_new_pods_and_catches_a_slow_one(slow: bool) -> None:
+    """Pods of a new server version (new ids, other buckets) join a scraped fleet of 6: each is
+    admitted within warm-up + a few ticks, and a 3x slower one is never routed."""
+    det = Detector(ST)
+    rng = np.random.default_rng(11)
+    t0 = 1_764_680_000.0
+    routed: frozenset[str] = frozenset()
+    for k in range(1, 70):
+        ts = t0 + 10 * k
+        evs = []
+        pods = [(f"old{i}", OLD_B, 1.0) for i in range(6)]
+        if k > 10:
+            pods += [("new0", NEW_B, 1.0), ("new1", NEW_B, 3.0 if slow else 1.0)]
+        for node, bounds, f in pods:
+            lat = 1.2 * f * np.exp(rng.normal(0, 0.35, 200))
+            counts = tuple(np.bincount(np.searchsorted(bounds, lat), minlength=len(bounds) + 1).tolist())
+            evs.append(HistogramBatch(node, "m", "A100", "e2e", ts, 10.0, bounds, counts, None, 200,
+                                      None, node))
+        det.observe(evs)
+        if k % 3 == 0:
+            det.evaluate(ts)
+            routed = det.routing().get("m", routed)
+    want = {f"old{i}" for i in range(6)} | ({"new0"} if slow else {"new0", "new1"})
+    assert routed == want
+
+
+def test_shared_bounds_rebucket_exactly() -> None:
+    a = win([1, 2, 3, 4, 5], bounds=(0.3, 0.5, 0.8, 1.0))
+    b = win([6, 7, 8], bounds=(0.5, 1.0))
+    bounds, (a2, b2) = on_shared_bounds([a, b])
+    assert bounds == (0.5, 1.0) and a2.counts == (3, 7, 5) and b2.counts == (6, 7, 8)
+    assert a2.requests == a.requests and a2.observations == a.observations
+    assert on_shared_bounds([a, win([1, 1], bounds=(2.0,))]) == ((), [])
+    assert on_shared_bounds([a, HistWindow((), (5,), 5, 1.0, 30.0)]) == ((), [])
+
+
+def test_a_fleet_half_upgraded_is_judged_against_peers_on_the_bounds_all_share() -> None:
+    """Pods of three versions, min_peers 3: no grid has 3 windows, but all share the old
+    bounds; a slow pod is caught against its peers (there is no own history to fall back on)."""
+    rng = np.random.default_rng(2)
+    mid_b = tuple(sorted((*OLD_B, 3.0)))
+    for slow_bounds in (mid_b, NEW_B):
+        peers = {f"o{i}": summary(f"o{i}", {"e2e": _lognormal_win(rng, 1.2, 400, OLD_B)}) for i in range(2)}
+        other = NEW_B if slow_bounds == mid_b else mid_b
+        peers["n0"] = summary("n0", {"e2e": _lognormal_win(rng, 1.2, 400, other)})
+        slow = summary("s", {"e2e": _lognormal_win(rng, 3.6, 400, slow_bounds)})
+        hj = HistJudge({**peers, "s": slow}, ST)
+        assert hj.judge(slow).verdict is Verdict.ABNORMAL
+        assert all(hj.judge(p).verdict is Verdict.NORMAL for p in peers.values())

@@ -26,7 +26,7 @@ def test_a_latency_ring_is_stored_at_8_bytes_per_sample() -> None:
     for i in range(40):
         store.observe(SampleBatch(f"n{i}", "m", None, T0 + np.arange(1000) * 0.01,
                                   np.full(1000, 1e5), ones, zeros))
-    slots = sum(ch.rows * ch.cap for tier in store._tiers.values() for ch in tier)
+    slots = sum(ch.rows * ch.cap for tier in store.tiers.slabs_by_tier.values() for ch in tier)
     assert store.nbytes() == 8 * slots
 
 
@@ -55,7 +55,25 @@ def test_code_thresholds_compare_as_the_decoded_times(ts: list[float], bound: fl
     for a in (bound, float(dec[pick % dec.size])):        # any bound, and one equal to a sample
         assert ((codes > tc.after(b, a)[0]) == (dec > a)).all()
         assert ((codes <= tc.after(b, a)[0]) == (dec <= a)).all()
-        assert ((codes > tc.since(b, np.array([a]))[0]) == (dec >= a)).all()
+        stored = float(np.rint(a * 1e6)) / 1e6              # the cut-off stored as a sample
+        assert ((codes > tc.since(b, np.array([a]))[0]) == (dec >= stored)).all()
+    for k in range(t.size):                              # a cut-off at a sample's own time
+        assert codes[k] > tc.since(b, np.array([t[k]]))[0]
+
+
+def test_a_cut_off_at_a_samples_own_7_decimal_time_counts_it() -> None:
+    """Python producers send ``time.time()`` with 7 decimals; such a time is stored up to
+    0.5 µs earlier. A cut-off at a first sample's time (warm-up 0) judged none of them."""
+    t = 1_796_493_421.6860485            # stored as ….686048 (rounded down)
+    codes, base, _, _, _ = tc.encode_into(np.zeros((1, 4), np.uint32), 0, 0, np.full(4, t), t, t,
+                                          filled=False)
+    assert float(tc.decode(codes, base)[0]) < t
+    assert (codes > tc.since(np.array([base]), np.array([t]))[0]).all()
+    store = WindowStore(DetectorSettings(window_size=100, min_samples=1))
+    store.observe(SampleBatch("a", "m", None, np.full(60, t), np.full(60, 1e3), np.ones(60, bool),
+                              np.zeros(60, bool)))
+    (s,) = store.summaries(t + 1.0, judge_since={("a", "m"): t})
+    assert s.samples == 60
 
 
 def test_a_ring_moves_its_base_and_keeps_exact_times() -> None:
@@ -91,3 +109,17 @@ def test_a_late_sample_below_the_base_moves_it_down() -> None:
     store.settings = store.settings.replace(max_sample_age_s=3600.0)
     (s,) = store.summaries(T0)
     assert s.samples == 2
+
+
+def test_one_sample_older_than_its_ring_spans_is_stored_as_too_old() -> None:
+    """A single late sample (a backlog sent after an outage) more than 71.6 min older than its
+    series' newest raised OverflowError inside observe(); now it is kept, never judged."""
+    store = WindowStore(DetectorSettings(window_size=100, min_samples=1))
+    for t in (T0, T0 - 5000.0, T0 - 5000.0 + np.array([0.0, 1.0])):
+        ts = np.atleast_1d(t)
+        ones, zeros = np.ones(ts.size, bool), np.zeros(ts.size, bool)
+        store.observe(SampleBatch("a", "m", None, ts, np.full(ts.size, 1e3), ones, zeros))
+    w = store.window("a", "m")
+    assert w is not None and w["ts"].size == 4 and np.isneginf(w["ts"][1:]).all()
+    (s,) = store.summaries(T0 + 1.0)
+    assert s.samples == 1

@@ -10,9 +10,10 @@ above a bound from ``b50`` up against that: ``relative_p50`` when it exceeds
 ``max(P50_SHARE, shifted + P50_GAP)`` by ``Z`` binomial standard deviations (of requests),
 ``relative_p99`` (from ``b99`` up) when it is at least ``max(P99_SHARE, P99_FACTOR × shifted)``
 with binomial p < ``ALPHA`` (that share, not significant: no verdict, a streak held). Bucketless
-windows (Triton's counters): their mean. Other bounds than the class's: no verdict on that
-metric; fewer than ``min_peers`` peers: own history (:class:`OwnFallback`). Any metric abnormal
-makes the node abnormal (per-token first).
+windows (Triton's counters): their mean. A node whose bounds differ from the class's (a server
+version with other buckets) is tested at its own bounds against the peers' CDF at their largest
+bound below (exact, monotone); fewer than ``min_peers`` peers: own history (:class:`OwnFallback`).
+Any metric abnormal makes the node abnormal (per-token first).
 
 Guarantees: pure; verdicts depend on counts only (relabelling nodes changes nothing); a shift
 the buckets cannot prove above ``MIN_FACTOR`` is never a fault. Rationale and each server's
@@ -116,8 +117,40 @@ def shifted_share(ref: Reference, j: int) -> float:
     """The largest share above bound ``j`` that a peer ``MIN_FACTOR`` times slower can have: its
     CDF at ``bounds[j]`` is the peers' at ``bounds[j] / MIN_FACTOR``, at least the peers' CDF at the
     largest bound below that (1.0 when there is none: the buckets cannot tell)."""
-    i = bisect.bisect_right(ref.bounds_s, ref.bounds_s[j] / MIN_FACTOR * (1.0 + 1e-9)) - 1
+    return shifted_share_at(ref, ref.bounds_s[j])
+
+
+def shifted_share_at(ref: Reference, bound_s: float) -> float:
+    """:func:`shifted_share` at any bound ``bound_s`` (a node's, whose buckets may differ from
+    its peers': the peers' CDF is monotone, so the one at their largest bound below
+    ``bound_s / MIN_FACTOR`` still bounds it from below, exactly)."""
+    i = bisect.bisect_right(ref.bounds_s, bound_s / MIN_FACTOR * (1.0 + 1e-9)) - 1
     return 1.0 if i < 0 else 1.0 - ref.cdf[i]
+
+
+def on_shared_bounds(wins: Sequence[HistWindow]) -> tuple[tuple[float, ...], list[HistWindow]]:
+    """``wins`` re-bucketed to the finite bounds every one of them has (exact: a bucket of the
+    shared grid is the sum of the buckets between two shared bounds); ``((), [])`` when they
+    share none, or some have buckets and some counters only."""
+    if not wins or not all(w.bounds_s for w in wins):
+        return (), []
+    shared = sorted(set.intersection(*(set(w.bounds_s) for w in wins)))
+    if not shared:
+        return (), []
+    out = []
+    for w in wins:
+        cum = [0]
+        for c in w.counts:
+            cum.append(cum[-1] + c)
+        at = [cum[w.bounds_s.index(b) + 1] for b in shared] + [cum[-1]]
+        counts = tuple(hi - lo for lo, hi in zip([0, *at[:-1]], at, strict=True))
+        out.append(dataclasses.replace(w, bounds_s=tuple(shared), counts=counts))
+    return tuple(shared), out
+
+
+def _from_bound(w: HistWindow, bound_s: float) -> int:
+    """The index of ``w``'s first bound at or above ``bound_s`` (a reference's ``b50``/``b99``)."""
+    return bisect.bisect_left(w.bounds_s, bound_s * (1.0 - 1e-9))
 
 
 def share_above(w: HistWindow, k: int) -> float:
@@ -146,23 +179,25 @@ def judge_metric(metric: str, w: HistWindow, ref: Reference, s: WindowSummary,
                              + f" ({ref.mean_s:.3g} s; no buckets exported)")
         return Judgement(Verdict.NORMAL, str(Reason.NORMAL), ev, mean / lim)
     sev = 0.0
-    bounds = ref.bounds_s
+    # The node's own bounds from the peers' b50 (b99) up: the same bounds when the buckets are
+    # the peers', any others exactly too (shifted_share_at).
+    bounds = w.bounds_s
     if ref.k50 is not None:
-        for j in range(ref.k50, len(bounds)):
-            x = share_above(w, j)
-            lim = max(P50_SHARE, shifted_share(ref, j) + P50_GAP)
+        for j in range(_from_bound(w, ref.bounds_s[ref.k50]), len(bounds)):
+            x, u = share_above(w, j), shifted_share_at(ref, bounds[j])
+            lim = max(P50_SHARE, u + P50_GAP)
             margin = Z * math.sqrt(lim * (1.0 - lim) / n) if lim < 1.0 else 0.0
             sev = max(sev, x / (lim + margin))
             if x > lim + margin:
                 return Judgement(Verdict.ABNORMAL, str(Reason.RELATIVE_P50), ev, x / (lim + margin),
                                  f"{x:.1%} of its {metric} above {bounds[j]:g} s, where "
-                                 + slower.format(shifted_share(ref, j), 1)
-                                 + f" ({whose} P50 is at most {bounds[ref.k50]:g} s; limit"
+                                 + slower.format(u, 1)
+                                 + f" ({whose} P50 is at most {ref.bounds_s[ref.k50]:g} s; limit"
                                  f" {lim + margin:.1%}, {n} requests, {peers})")
     held = None
     if ref.k99 is not None:
-        for j in range(ref.k99, len(bounds)):
-            x99, u = share_above(w, j), shifted_share(ref, j)
+        for j in range(_from_bound(w, ref.bounds_s[ref.k99]), len(bounds)):
+            x99, u = share_above(w, j), shifted_share_at(ref, bounds[j])
             lim99 = max(P99_SHARE, P99_FACTOR * u)
             if x99 >= lim99:
                 p_value = binomial_sf(round(x99 * n), n, max(u, P99_FLOOR))
@@ -173,7 +208,7 @@ def judge_metric(metric: str, w: HistWindow, ref: Reference, s: WindowSummary,
                     return Judgement(Verdict.ABNORMAL, str(Reason.RELATIVE_P99), ev, x99 / lim99,
                                      f"{x99:.1%} of its {metric} above {bounds[j]:g} s, where "
                                      + slower.format(u, 2)
-                                     + f" ({whose} P99 is at most {bounds[ref.k99]:g} s;"
+                                     + f" ({whose} P99 is at most {ref.bounds_s[ref.k99]:g} s;"
                                      f" p = {p_value:.1e}, {n} requests)")
             sev = max(sev, x99 / lim99)
     if held is not None:
@@ -229,6 +264,8 @@ class HistJudge:
                 continue
             bounds = max(sorted(tally), key=lambda b: tally[b])
             same = [w for w in wins if w.bounds_s == bounds]
+            if len(same) < st.min_peers <= len(wins):   # mid-upgrade: the bounds all of them share
+                bounds, same = on_shared_bounds(wins)
             if len(same) >= st.min_peers:
                 ref = reference(same)
                 if ref is not None:
@@ -277,7 +314,7 @@ class HistJudge:
                 if own is None:
                     continue
                 j = own
-            elif w.bounds_s != got[0]:
+            elif bool(w.bounds_s) != bool(got[0]):   # buckets on one side only: not comparable
                 continue
             else:
                 j = judge_metric(metric, w, got[1], s, self.st)

@@ -8,12 +8,13 @@ tick's bounds into per-ring code thresholds.
 
 Guarantees:
 
-* A time is stored as its nearest whole µs. A time with at most 6 decimals before 2106
-  (every trace and JSON event of the contract) decodes (``v / 1e6``, float64) to exactly
-  the same float64; the binary wire's float64 times move by at most 0.5 µs.
-* Comparisons are those of the decoded times, for any threshold: ``code > after(A)``
-  exactly when ``decoded > A`` (and ``<=`` when ``<=``); ``code > since(S)`` exactly when
-  ``decoded >= S``. Code 0 passes neither.
+* A time is stored as its nearest whole µs: one with at most 6 decimals before 2106 decodes
+  (``v / 1e6``, float64) to exactly the same float64; others move by at most 0.5 µs.
+* Comparisons are those of the decoded times: ``code > after(A)`` exactly when
+  ``decoded > A`` (and ``<=`` when ``<=``), for any ``A``. A cut-off is a time like a
+  sample's: ``code > since(S)`` exactly when ``decoded >= S`` stored as a sample would be
+  (its nearest whole µs), so a cut-off set at a sample's own time counts that sample.
+  Code 0 passes neither.
 * A ring spans up to 2³² − 1 µs (71.6 min) of event time. A sample more than that older
   than its ring's newest is stored as too old (code 0, decoded -inf): never judged, which
   it could only have been past ``max_sample_age_s`` + clock skew of 53 minutes or more.
@@ -35,14 +36,6 @@ MAX_CODE: Final = (1 << 32) - 1
 # Room kept above a ring's newest sample when it gets a new base (18 minutes of later times).
 HEADROOM: Final = 1 << 30
 _US: Final = 1e6
-
-
-def ceil_us(ts: F64) -> I64:
-    """Per time, the smallest whole µs ``v`` with ``v / 1e6 >= t``."""
-    v = np.ceil(ts * _US)
-    v += v / _US < ts
-    v -= (v - 1.0) / _US >= ts
-    return v.astype(np.int64)
 
 
 def floor_us(t: float) -> int:
@@ -71,8 +64,10 @@ def after(base: I64, t: float) -> U32:
 
 def since(base: I64, t: F64) -> U32:
     """Per ring of ``base`` and its cut-off ``t`` (finite): ``code > it`` exactly when the
-    decoded time is ``>= t``."""
-    thr: U32 = np.clip(ceil_us(t) - 1 - base, 0, MAX_CODE).astype(np.uint32)
+    decoded time is at or after ``t`` stored as a sample (its nearest whole µs, as
+    :func:`encode_into` codes it). A cut-off is often a sample's own time (a first sample,
+    a restart), which a time with 7 decimals stores up to 0.5 µs earlier."""
+    thr: U32 = np.clip(np.rint(t * _US).astype(np.int64) - 1 - base, 0, MAX_CODE).astype(np.uint32)
     return thr
 
 
@@ -108,11 +103,12 @@ def encode_into(codes_of: U32, row: int, base: int, ts: F64, lo_s: float, hi_s: 
         elif shift < 0:
             ring[...] = np.where(codes > 0, codes - shift, 0)
         base = new
-    # The code: the nearest whole µs of ts * 1e6 - base (exact in float64, no tie before 2106).
-    c_lo, c_hi = max(round(lo_s * _US - base), 0), round(hi_s * _US - base)
+    # The code: the time's nearest whole µs (of ts * 1e6, ties to even: whatever the base, as
+    # since() rounds a cut-off) less the base.
+    c_lo, c_hi = max(lo - base, 0), hi - base
     if ts.shape[0] == 1:
-        return np.array([c_hi], dtype=np.uint32), base, lost, c_lo, c_hi
-    rel = np.rint(ts * _US - base)
+        return np.array([max(c_hi, 0)], dtype=np.uint32), base, lost, c_lo, c_hi
+    rel = np.rint(ts * _US) - base
     if c_lo < 1:
         np.maximum(rel, 0.0, out=rel)
     return rel.astype(np.uint32), base, lost, c_lo, c_hi

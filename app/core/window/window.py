@@ -16,8 +16,8 @@ Guarantees:
 * ``requests_total``/``failed_total``: every request the store has taken for the series (ok
   or failed, probes included) and the failed ones — cumulative counters, kept by snapshots.
 * ``restore(snapshot())`` gives identical future summaries; snapshots are plain JSON-able data.
-* A series moves up a tier when it outgrows its ring. After many series are forgotten, tiers
-  whose slabs hold more than 4× the rings in use are repacked (:meth:`WindowStore.compact`).
+* A series moves up a tier when it outgrows its ring (:mod:`tailguard.core.window.tiers`); after
+  a flood of forgotten series, sparse tiers are repacked (:meth:`WindowStore.compact`).
 """
 
 from __future__ import annotations
@@ -36,19 +36,10 @@ from tailguard.core.contract.types import WindowSummary
 from tailguard.core.window.hist_window import HistWindows
 from tailguard.core.window.passes import FRESH_TAIL_MAX_SAMPLES
 from tailguard.core.window.pools import ModelPool, build_pools
-from tailguard.core.window.rings import (
-    F64,
-    MIN_SLAB_ROWS,
-    RESTART_CONFIRM_SIGNS,
-    SLAB_BYTES,
-    TIER_BASE,
-    TIER_GROWTH,
-    SeriesKey,
-    SeriesRecord,
-    Slab,
-)
+from tailguard.core.window.rings import F64, RESTART_CONFIRM_SIGNS, SeriesKey, SeriesRecord
 from tailguard.core.window.signals import ModelChoice
 from tailguard.core.window.summarize import summarize
+from tailguard.core.window.tiers import RingTiers
 
 __all__ = ["FRESH_TAIL_MAX_SAMPLES", "POOL_SAMPLES_PER_SERIES", "RESTART_CONFIRM_SIGNS", "SNAPSHOT_VERSION",
            "SeriesKey", "WindowStore"]
@@ -66,14 +57,7 @@ class WindowStore:
         self.settings = settings
         self.pause_collector = pause_collector   # summarize()'s pause: the caller's gc choice
         self._window = settings.window_size
-        caps: list[int] = []
-        c = TIER_BASE
-        while c < self._window:
-            caps.append(c)
-            c *= TIER_GROWTH
-        caps.append(self._window)
-        self._caps: tuple[int, ...] = tuple(caps)
-        self._tiers: dict[tuple[int, bool], list[Slab]] = {}
+        self.tiers = RingTiers(self._window)     # where each ring sits (tailguard.core.window.tiers)
         self._series: dict[SeriesKey, SeriesRecord] = {}
         self._models: dict[str, int] = {}
         self._model_names: list[str] = []
@@ -86,8 +70,7 @@ class WindowStore:
 
     def nbytes(self) -> int:
         """Bytes held by the window slabs (every row, used or free)."""
-        return sum(col.nbytes for tier in self._tiers.values() for ch in tier
-                   for col in ch.columns())
+        return self.tiers.nbytes()
 
     def keys(self) -> Iterator[SeriesKey]:
         return iter(self._series)
@@ -115,7 +98,7 @@ class WindowStore:
         if s is None:
             return False
         if s.chunk is not None:
-            self._release(s.chunk, s.row)
+            self.tiers.release(s.chunk, s.row)
         return True
 
     def forget_silent(self, before_s: float) -> list[SeriesKey]:
@@ -137,95 +120,14 @@ class WindowStore:
     def compact(self) -> int:
         """Give back the memory of forgotten series; returns how many ring rows were freed.
 
-        Every tier whose slabs have more than 4× as many rows as rings in use is repacked
-        into new slabs sized for the rings left (a flood leaves thousands of rows of a
-        small tier behind, a few still used), and the series map is rebuilt (a dict keeps
-        its largest table). Windows, and so summaries, are unchanged. Cost: one copy of
-        the rings moved; nothing when there is nothing to give back.
+        Sparse tiers are repacked (:meth:`RingTiers.compact
+        <tailguard.core.window.tiers.RingTiers.compact>`) and the series map is rebuilt (a dict
+        keeps its largest table). Windows, and so summaries, are unchanged; nothing is done
+        when there is nothing to give back.
         """
-        freed = 0
-        for key, chunks in self._tiers.items():
-            used = sum(ch.used for ch in chunks)
-            if sum(ch.rows for ch in chunks) <= 4 * max(used, MIN_SLAB_ROWS):
-                continue
-            cap, sized = key
-            new: list[Slab] = []
-            dst: Slab | None = None
-            at = 0
-            left = used
-            for ch in chunks:
-                rows = np.flatnonzero(ch.midx >= 0)
-                while rows.size:
-                    if dst is None or at == dst.rows:
-                        dst = Slab(cap, min(self._max_rows(cap, sized),
-                                              max(MIN_SLAB_ROWS, left)), sized)
-                        new.append(dst)
-                        at = 0
-                    k = min(rows.size, dst.rows - at)
-                    dst.take_rows(ch, rows[:k], at)
-                    at, left, rows = at + k, left - k, rows[k:]
-            freed += sum(ch.rows for ch in chunks) - sum(ch.rows for ch in new)
-            self._tiers[key] = new
+        freed = self.tiers.compact()
         self._series = dict(self._series)
         return freed
-
-    def _slabs(self) -> list[Slab]:
-        """Every slab holding a used ring, tier by tier."""
-        return [ch for tier in self._tiers.values() for ch in tier if ch.used]
-
-    @staticmethod
-    def _max_rows(cap: int, sized: bool) -> int:
-        slot_bytes = 4 + 4 + (12 if sized else 0)
-        return max(MIN_SLAB_ROWS, SLAB_BYTES // (cap * slot_bytes))
-
-    def _release(self, ch: Slab, row: int) -> None:
-        ch.release(row)
-        if ch.used == 0:  # series outgrow small tiers: give their slabs back
-            self._tiers[(ch.cap, ch.sized)].remove(ch)
-
-    def _alloc(self, cap: int, sized: bool, s: SeriesRecord) -> tuple[Slab, int]:
-        chunks = self._tiers.setdefault((cap, sized), [])
-        for ch in chunks:
-            if ch.free:
-                break
-        else:
-            max_rows = self._max_rows(cap, sized)
-            rows = min(max_rows, max(MIN_SLAB_ROWS, 2 * (chunks[-1].rows if chunks else 2)))
-            ch = Slab(cap, rows, sized)
-            chunks.append(ch)
-        row = ch.free.pop()
-        ch.series[row] = s
-        ch.midx[row] = s.midx
-        ch.used += 1
-        return ch, row
-
-    def _place(self, s: SeriesRecord, need: int, sized: bool) -> None:
-        """Make ``s`` own a ring that can take ``need`` samples without loss below
-        window_size, in a sized slab if ``sized``; move its samples if needed."""
-        old, orow = s.chunk, s.row
-        cap = next((c for c in self._caps if c >= min(need, self._window)), self._window)
-        if old is not None:
-            sized = sized or old.sized
-            if old.cap >= cap and old.sized == sized:
-                return
-            cap = max(cap, old.cap)
-        ch, row = self._alloc(cap, sized, s)
-        if old is not None:
-            order = old.order(orow)
-            n = order.size
-            ch.ts_code[row, :n] = old.ts_code[orow, order]
-            ch.base_us[row] = old.base_us[orow]
-            ch.lat[row, :n] = old.lat[orow, order]
-            if old.sized:
-                assert ch.inp is not None and ch.out is not None and ch.ttft is not None
-                ch.inp[row, :n] = old.inp[orow, order]  # type: ignore[index]
-                ch.out[row, :n] = old.out[orow, order]  # type: ignore[index]
-                ch.ttft[row, :n] = old.ttft[orow, order]  # type: ignore[index]
-            ch.fill[row] = n
-            ch.head[row] = n % ch.cap
-            ch.ts_lo[row], ch.ts_hi[row], ch.lat_lo[row] = old.ts_lo[orow], old.ts_hi[orow], old.lat_lo[orow]
-            self._release(old, orow)
-        s.chunk, s.row = ch, row
 
     # ------------------------------------------------------------ observe
 
@@ -298,7 +200,7 @@ class WindowStore:
         ch = s.chunk
         fill = 0 if ch is None else int(ch.fill[s.row])
         if ch is None or (sized and not ch.sized) or (ch.cap < self._window and fill + n > ch.cap):
-            self._place(s, fill + n, sized)
+            self.tiers.place(s, fill + n, sized)
             ch = s.chunk
             assert ch is not None
         row, cap = s.row, ch.cap
@@ -357,7 +259,7 @@ class WindowStore:
         ``FRESH_TAIL_MAX_SAMPLES`` fresh samples get ``fresh_over`` counted against it. ``choices``,
         ``evidence``: stage 2's signal per model and what it makes them from (``summarize``).
         """
-        out = summarize(self._slabs(), self._series, self._model_names, self.settings, now_s,
+        out = summarize(self.tiers.used_slabs(), self._series, self._model_names, self.settings, now_s,
                         judge_since=judge_since, out_of_fit=out_of_fit, digests=digests, tail_refs=tail_refs,
                         choices=choices, evidence=evidence, pause=self.pause_collector)
         hists = self._hists
@@ -395,7 +297,7 @@ class WindowStore:
             want[:] = False
             want[[self._models[m] for m in models if m in self._models]] = True
         want[nm] = False                        # free rows have midx -1: they read want[-1]
-        return build_pools(self._slabs(), self._model_names, want, stride, age_lo, now_s, tuple(qs))
+        return build_pools(self.tiers.used_slabs(), self._model_names, want, stride, age_lo, now_s, tuple(qs))
 
     def model_digests(self, now_s: float, *, per_series: int = POOL_SAMPLES_PER_SERIES,
                       models: Collection[str] | None = None) -> dict[str, dict[str, Any]]:
@@ -461,7 +363,7 @@ class WindowStore:
         if data.get("version") != SNAPSHOT_VERSION:
             raise ValueError(f"window snapshot version {data.get('version')!r} is not"
                              f" {SNAPSHOT_VERSION}; cannot restore")
-        self._tiers.clear()
+        self.tiers.clear()
         self._series.clear()
         self._models.clear()
         self._model_names.clear()
