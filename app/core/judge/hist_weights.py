@@ -11,8 +11,9 @@ requests, divided by the reference's probit slope in log latency. Exact for a lo
 any bucket widths, within 6 % for Weibull shapes; its standard error comes from the counts.
 
 Guarantees: pure; no estimate (so no weight: held at 1.0) for a node whose class has fewer
-than ``min_peers`` windows of the same bounds or whose reference spans fewer than two bounds
-(a narrow distribution inside one wide bucket: the buckets cannot tell); the noise band is at
+than ``min_peers`` windows of the same bounds, or whose reference spans fewer than two bounds
+(a narrow distribution inside one wide bucket: the buckets cannot tell) of those the node has
+(a node with other buckets is estimated on the bounds it shares); the noise band is at
 least ``NOISE_K`` times the peers' robust spread of estimates and the node's own standard
 error, as for sample pairs. Rationale and resolution: docs/rules.md (Routing weights).
 """
@@ -26,7 +27,7 @@ from typing import Final
 
 from tailguard.core.contract.config import DetectorSettings
 from tailguard.core.contract.types import WeightEvidence
-from tailguard.core.judge.hist_rules import HIST_SIGNAL, reference, windows_of
+from tailguard.core.judge.hist_rules import HIST_SIGNAL, rebucket, reference, windows_of
 from tailguard.core.judge.peers import PeerSet, hw_class, median
 from tailguard.core.judge.weights import BAND_FLOOR, NOISE_K, log_spread, target_weight
 from tailguard.core.window.hist_window import US_PER_S, HistWindow
@@ -80,6 +81,7 @@ def targets(peers: PeerSet, st: DetectorSettings, want: Set[str] = frozenset()) 
     out: dict[str, WeightEvidence] = {}
     for (signal, _cls), rows in groups.items():
         bounds = _common_bounds(rows)
+        others = [r for r in rows if r[1].bounds_s != bounds]
         rows = [r for r in rows if r[1].bounds_s == bounds]
         ref = reference([w for _, w, _ in rows]) if len(rows) >= st.min_peers else None
         if ref is None:
@@ -92,6 +94,11 @@ def targets(peers: PeerSet, st: DetectorSettings, want: Set[str] = frozenset()) 
         spread = log_spread([math.exp(lf - centre) for (lf, _), _ in est.values()])
         floor = max(BAND_FLOOR, NOISE_K * spread)
         ref_us = _ref_p50_us(ref.bounds_s, ref.cdf)
+        # Nodes with other buckets (another server version): on the bounds they share with the
+        # reference, against the same centre and band.
+        for node, w, samples in others:
+            if (e := _shift_on_shared(ref.bounds_s, ref.cdf, w)) is not None:
+                est[node] = (e, samples)
         for node, ((lf, se), samples) in sorted(est.items()):
             rel = lf - centre
             if rel <= floor and node not in want:
@@ -102,6 +109,17 @@ def targets(peers: PeerSet, st: DetectorSettings, want: Set[str] = frozenset()) 
                                        target=target_weight(value, ref_us, band, st.min_weight),
                                        samples=samples, peers=len(est))
     return out
+
+
+def _shift_on_shared(ref_bounds_s: tuple[float, ...], ref_cdf: tuple[float, ...], w: HistWindow,
+                     ) -> tuple[float, float] | None:
+    """:func:`log_shift` of ``w`` on the bounds it shares with the reference (exact subsets of
+    both); None when they share too few where the reference rises."""
+    shared = tuple(sorted(set(ref_bounds_s) & set(w.bounds_s)))
+    if len(shared) < 2:
+        return None
+    cdf = tuple(ref_cdf[ref_bounds_s.index(b)] for b in shared)
+    return log_shift(shared, cdf, rebucket(w, shared))
 
 
 def _common_bounds(rows: list[tuple[str, HistWindow, int]]) -> tuple[float, ...]:
