@@ -12,13 +12,16 @@ any bucket widths, within 6 % for Weibull shapes; its standard error comes from 
 
 Guarantees: pure; no estimate (so no weight: held at 1.0) for a node whose class has fewer
 than ``min_peers`` windows of the same bounds or whose reference spans fewer than two bounds
-(a narrow distribution inside one wide bucket: the buckets cannot tell); the noise band is at
-least ``NOISE_K`` times the peers' robust spread of estimates and the node's own standard
-error, as for sample pairs. Rationale and resolution: docs/rules.md (Routing weights).
+(a narrow distribution inside one wide bucket: the buckets cannot tell); a node with other
+bounds than most of its class (a pod of another server version) is estimated against the
+reference read at its own bounds (:func:`cdf_at`) and moves neither the reference nor the
+band; the noise band is at least ``NOISE_K`` times the peers' robust spread of estimates and
+the node's own standard error, as for sample pairs. Rationale and resolution: docs/rules.md (Routing weights).
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Set
 from statistics import NormalDist
@@ -80,19 +83,23 @@ def targets(peers: PeerSet, st: DetectorSettings, want: Set[str] = frozenset()) 
     out: dict[str, WeightEvidence] = {}
     for (signal, _cls), rows in groups.items():
         bounds = _common_bounds(rows)
-        rows = [r for r in rows if r[1].bounds_s == bounds]
-        ref = reference([w for _, w, _ in rows]) if len(rows) >= st.min_peers else None
+        grid = [r for r in rows if r[1].bounds_s == bounds]
+        ref = reference([w for _, w, _ in grid]) if len(grid) >= st.min_peers else None
         if ref is None:
             continue
-        est = {node: (e, samples) for node, w, samples in rows
+        est = {node: (e, samples) for node, w, samples in grid
                if (e := log_shift(bounds, ref.cdf, w)) is not None}
         if len(est) < st.min_peers:
             continue
+        # Other grids (pods of another server version): the reference read at their own bounds.
+        # They are estimated, never part of the centre or the spread.
+        others = {node: (e, samples) for node, w, samples in rows if w.bounds_s != bounds
+                  and (e := log_shift(w.bounds_s, cdf_at(bounds, ref.cdf, w.bounds_s), w)) is not None}
         centre = median([lf for (lf, _), _ in est.values()])
         spread = log_spread([math.exp(lf - centre) for (lf, _), _ in est.values()])
         floor = max(BAND_FLOOR, NOISE_K * spread)
         ref_us = _ref_p50_us(ref.bounds_s, ref.cdf)
-        for node, ((lf, se), samples) in sorted(est.items()):
+        for node, ((lf, se), samples) in sorted({**est, **others}.items()):
             rel = lf - centre
             if rel <= floor and node not in want:
                 continue
@@ -102,6 +109,25 @@ def targets(peers: PeerSet, st: DetectorSettings, want: Set[str] = frozenset()) 
                                        target=target_weight(value, ref_us, band, st.min_weight),
                                        samples=samples, peers=len(est))
     return out
+
+
+def cdf_at(bounds_s: tuple[float, ...], cdf: tuple[float, ...], at_s: tuple[float, ...]) -> tuple[float, ...]:
+    """The CDF given at ``bounds_s`` read at the bounds ``at_s``: exact at a shared bound, between
+    two bounds interpolated linearly in probit units over log latency (exact for a lognormal);
+    NaN (no estimate there: :func:`log_shift` skips it) outside ``bounds_s`` or next to a
+    bound where the CDF is 0 or 1 (no probit)."""
+    out = []
+    for b in at_s:
+        k = bisect.bisect_left(bounds_s, b)
+        if k < len(bounds_s) and bounds_s[k] == b:
+            out.append(cdf[k])
+        elif 0 < k < len(bounds_s) and cdf[k - 1] > 0.0 and cdf[k] < 1.0:
+            lo, hi = math.log(bounds_s[k - 1]), math.log(bounds_s[k])
+            z_lo, z_hi = _N.inv_cdf(cdf[k - 1]), _N.inv_cdf(cdf[k])
+            out.append(_N.cdf(z_lo + (z_hi - z_lo) * (math.log(b) - lo) / (hi - lo)))
+        else:
+            out.append(math.nan)
+    return tuple(out)
 
 
 def _common_bounds(rows: list[tuple[str, HistWindow, int]]) -> tuple[float, ...]:
