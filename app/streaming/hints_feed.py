@@ -15,7 +15,8 @@ writes in order) but those this worker's stage 2 writes (its own table's: they a
 they come back from the broker); before, the table overlaid with what was read. A record that
 does not decode is counted by reason (``on_bad``: ``tailguard_bad_hints_total``), logged once
 per key and, when nothing of it can be used, skipped (the key keeps its previous value); it
-never stops the feed. The consumer stops with the service.
+never stops the feed, nor does a Kafka error (:meth:`HintsFeed.follow`). The consumer stops
+with the service.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import KafkaError
 from mode import Service
 
 from tailguard.security import kafka_client_options
@@ -34,6 +36,9 @@ from tailguard.settings import Settings
 from tailguard.streaming.hints import WHOLLY_BAD, StageHints, decode_hints
 
 log = logging.getLogger(__name__)
+
+RETRY_FIRST_S = 1.0     # the pause after a Kafka error, doubled each time up to RETRY_MAX_S
+RETRY_MAX_S = 30.0
 
 class HintsFeed(Service):
     """Follows ``topic`` (the hints table's changelog) into :attr:`values`."""
@@ -112,6 +117,23 @@ class HintsFeed(Service):
 
     @Service.task
     async def _follow(self) -> None:
+        await self.follow()
+
+    async def follow(self) -> None:
+        """Read the changelog until the service stops. A Kafka error (the broker unreachable
+        for a while, a leader moving) is logged and the reading starts over after a pause
+        (1 s, doubling to 30 s); the hints read so far stay in use meanwhile."""
+        delay_s = RETRY_FIRST_S
+        while not self.should_stop:
+            try:
+                await self._read()
+            except KafkaError as e:
+                log.warning("stage 1 cannot read stage 2's hints on %s (%s: %s); keeping the hints it "
+                            "has and reading again in %.0f s", self.topic, type(e).__name__, e, delay_s)
+                await asyncio.sleep(delay_s)
+                delay_s = min(delay_s * 2, RETRY_MAX_S)
+
+    async def _read(self) -> None:
         c = self._consumer
         assert c is not None
         while self.topic not in await c.topics():       # faust creates the topic at its start

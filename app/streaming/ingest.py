@@ -37,6 +37,7 @@ from aiokafka import codec as kafka_codec
 from aiokafka.abc import ConsumerRebalanceListener
 from mode import Service
 
+from tailguard.collector import collector_paused
 from tailguard.core.contract.errors import BadEvent
 from tailguard.core.contract.ids import Allowlist
 from tailguard.core.contract.types import WindowSummary
@@ -47,6 +48,7 @@ from tailguard.streaming.hints import StageHints
 from tailguard.streaming.metrics import WorkerMetrics
 from tailguard.streaming.salvage import UNDECODABLE, salvage
 from tailguard.streaming.stage1 import Stage1
+from tailguard.streaming.turns import Turns
 from tailguard.streaming.wire import ClusterDigest, DiagnosticsResult, parse_diagnostics_result
 
 log = logging.getLogger(__name__)
@@ -144,7 +146,7 @@ class IngestService(Service):
                  hints: Callable[[], StageHints] | None = None,
                  max_poll_records: int = MAX_POLL_RECORDS, source: str | None = None,
                  allowlist: Callable[[], Awaitable[Allowlist]] | None = None,
-                 **kwargs: Any) -> None:
+                 turns: Turns | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.load_allowlist = allowlist
         self.source = source or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -165,6 +167,7 @@ class IngestService(Service):
         self._last_commit = 0.0
         self._last_lag = 0.0
         self._turn = asyncio.Lock()     # polls and ticks take turns (module docstring)
+        self.turns = turns if turns is not None else Turns()   # a tick before stage 2's steps
 
     @property
     def group_id(self) -> str:
@@ -287,7 +290,8 @@ class IngestService(Service):
             if tp.topic == self.diagnostics_topic and tp.topic != self.topic:
                 dead.extend(self._diagnostics(recs, results))
             else:
-                dead.extend(self.stage1.ingest(tp.partition, recs, now_s))
+                with collector_paused():
+                    dead.extend(self.stage1.ingest(tp.partition, recs, now_s))
             done[tp] = recs[-1].offset + 1
             n += len(recs)
         if results:   # re-keyed by model for stage 2, before their offsets count as done
@@ -377,12 +381,13 @@ class IngestService(Service):
         t0 = time.monotonic()
         if due_s is not None:
             t0 -= max(0.0, self.clock() - due_s)
-        hints = self.hints() if self.hints is not None else StageHints()
-        now_s = self.clock()
-        self.stage1.forget_silent(now_s)
-        summaries = self.stage1.summaries(now_s, self.owned_partitions(), hints.judge_since,
-                                          hints.out_of_fit, hints.tail_refs, hints.signals)
-        digests = self.stage1.cluster_digests(now_s, self.source)
+        with collector_paused():    # one pass of the collector after the tick's allocations
+            hints = self.hints() if self.hints is not None else StageHints()
+            now_s = self.clock()
+            self.stage1.forget_silent(now_s)
+            summaries = self.stage1.summaries(now_s, self.owned_partitions(), hints.judge_since,
+                                              hints.out_of_fit, hints.tail_refs, hints.signals)
+            digests = self.stage1.cluster_digests(now_s, self.source)
         if digests:
             await self.sink.send_cluster(digests)
         deadline = t0 + SEND_BUDGET_FRACTION * self.settings.detector.tick_interval_s
@@ -408,7 +413,7 @@ class IngestService(Service):
             due_s = next_boundary(self.clock(), interval)
             await sleep_until(due_s, self.clock)
             try:
-                async with self._turn:
+                async with self.turns.stage1_tick(), self._turn:
                     await self.tick(due_s)
             except asyncio.CancelledError:
                 raise

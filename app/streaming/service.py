@@ -35,7 +35,7 @@ import faust
 from mode import Service
 from prometheus_client import CollectorRegistry
 
-from tailguard.collector import collector_paused
+from tailguard.collector import collect_if_due, collector_paused
 from tailguard.core.contract.ids import Allowlist
 from tailguard.core.contract.types import WindowSummary
 from tailguard.core.judge.evaluate import FleetEvaluator
@@ -69,6 +69,7 @@ from tailguard.streaming.ticker import (
     Stage2Ticker,
 )
 from tailguard.streaming.topics import MetadataTracker
+from tailguard.streaming.turns import Turns
 from tailguard.streaming.wire import (
     ClusterDigest,
     DiagnosticsResult,
@@ -161,8 +162,9 @@ class _FaustSink:
         """As summary batches (:mod:`tailguard.streaming.summary_batch`): a few messages per
         model, not one per series (one message each topped out near 3,500 summaries/s)."""
         await self.track()
-        futs = [await self.stats.send(key=state_key(model), value=raw)
-                for model, raw in encode_by_model(summaries)]
+        with collector_paused():
+            batches = encode_by_model(summaries)
+        futs = [await self.stats.send(key=state_key(model), value=raw) for model, raw in batches]
         await asyncio.gather(*futs)
 
     async def send_cluster(self, digests: Sequence[ClusterDigest]) -> None:
@@ -209,6 +211,7 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
         await (await t.replacements.send(key=event["node_id"].encode(), value=dumps(event)))
 
     hook, hook_redis = build_hook(settings, publish_replacement, clock)
+    turns = Turns(hold_s=stage2_offset_s(det.tick_interval_s))
     ticker = Stage2Ticker(
         stage2=stage2, routing=redis.writer, operators=redis.operators, hook=hook, metrics=metrics,
         edge=OperatorEdge(det, settings.mode, history_len=settings.history_ticks,
@@ -216,7 +219,8 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
         publisher=_publisher(t, settings, metrics), ownership=_FaustOwnership(app, t, settings, track),
         topics=OutputTopics(settings.topics.health_changes, settings.topics.fleet_events,
                             settings.topics.diagnostics_requests),
-        tick_s=det.tick_interval_s, max_ejected_fraction=det.max_ejected_fraction, clock=clock)
+        tick_s=det.tick_interval_s, max_ejected_fraction=det.max_ejected_fraction, clock=clock,
+        turns=turns)
     rt = Runtime(settings, metrics, stage1, stage2, evaluator, redis.writer, ticker, replace_hook=hook)
     setattr(app, _RUNTIME_ATTR, rt)
     allow_redis, load_allowlist = _allowlist_loader(settings)
@@ -228,7 +232,7 @@ def create_app(settings: Settings, *, writer: RoutingSink | None = None,
     class _Ingest(IngestService):
         def __init__(self, **kwargs: Any) -> None:
             super().__init__(settings=settings, stage1=stage1, sink=sink, metrics=metrics, clock=clock,
-                             hints=hints, allowlist=load_allowlist, **kwargs)
+                             hints=hints, allowlist=load_allowlist, turns=turns, **kwargs)
             rt.ingest = self
 
     app.service(_lifecycle(settings, metrics, redis, hook, hook_redis, allow_redis))
@@ -410,7 +414,8 @@ def _stage2_agent(app: Any, stats: Any, intake: Stage2Intake, sink: _FaustSink) 
     @app.agent(stats, name="tailguard-stage2")  # type: ignore[untyped-decorator]
     async def stage2_agent(stream: Any) -> None:
         async for events in stream.take_events(STAGE2_TAKE, within=0.2):
-            dead = intake.take([Record.of_message(e.message) for e in events])
+            with collector_paused():
+                dead = intake.take([Record.of_message(e.message) for e in events])
             if dead:    # before the take's records are acked
                 await send_dead_letters(sink.dead_letter, dead, lambda: bool(app.should_stop))
 
@@ -430,6 +435,9 @@ def _stage2_loops(app: Any, ticker: Stage2Ticker, hook: ReplaceHook | None, cloc
                 raise
             except Exception:
                 log.exception("stage-2 tick failed; what was not published is retried next tick")
+            # The collector's full pass (seconds with 100,000 series) when it is due, here:
+            # stage 1's tick and stage 2's Redis writes are done (worker.FULL_COLLECTION_EVERY).
+            collect_if_due()
 
     @app.task  # type: ignore[untyped-decorator]
     async def replace_loop() -> None:

@@ -23,7 +23,9 @@ Guarantees:
 from __future__ import annotations
 
 import logging
+import operator
 from collections.abc import Collection, Iterable, Mapping, Sequence
+from itertools import compress
 from typing import Any, Protocol
 
 from tailguard.core.contract import ids
@@ -42,6 +44,8 @@ from tailguard.streaming.metrics import WorkerMetrics
 from tailguard.streaming.wire import ClusterDigest
 
 log = logging.getLogger(__name__)
+
+_series_key = operator.itemgetter(0, 1)     # a WindowSummary's (node_id, model)
 
 # Model names of a flood named in the once-per-tick warning.
 MODEL_NAMES_LOGGED = 5
@@ -353,13 +357,17 @@ class Stage1:
         out = self.store.summaries(now_s, judge_since, out_of_fit=out_of_fit, tail_refs=tail_refs,
                                    choices=signals, evidence=True)
         part = self._partition_of
+        keys = list(map(_series_key, out))
         if owned_partitions is not None:
             owned = set(owned_partitions)
-            out = [s for s in out if part.get((s.node_id, s.model), -1) in owned]
+            keep = [part.get(k, -1) in owned for k in keys]
+            out = list(compress(out, keep))
+            keys = list(compress(keys, keep))
         # Known series first: a flood's new pairs were admitted last (dicts keep insertion order).
-        rank = {key: i for i, key in enumerate(part)}
+        rank = dict(zip(part, range(len(part)), strict=True))
         last = len(rank)
-        out.sort(key=lambda s: rank.get((s.node_id, s.model), last))
+        ranks = [rank.get(k, last) for k in keys]
+        out = [out[i] for i in sorted(range(len(out)), key=ranks.__getitem__)]   # stable
         if self.metrics is not None:
             self.metrics.series_tracked.set(self.store.series_count())
             self.metrics.summaries_out.inc(len(out))

@@ -25,7 +25,7 @@ from __future__ import annotations
 import collections
 import logging
 import math
-from collections.abc import Callable, Iterable, Mapping, MutableMapping
+from collections.abc import Callable, Generator, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeAlias
 
@@ -211,7 +211,14 @@ class Stage2:
         ``hints_for_s``: the stage-1 tick the ``judge_since`` hints are for
         (default ``now_s``).
         """
-        out: list[ModelOutput] = []
+        return list(self.tick_models(now_s, owns, hints_for_s))
+
+    def tick_models(self, now_s: float, owns: Callable[[str], bool],
+                    hints_for_s: float | None = None) -> Generator[ModelOutput, None, None]:
+        """:meth:`tick`, one model at a time: each judged model's output as soon as it is
+        made, so that a caller on an event loop lets other work run between models. The
+        models are those known when it starts; input that arrives meanwhile is kept for
+        the models not yet judged (as it would be before the tick)."""
         for model in sorted(self.known_models()):
             if not owns(model):
                 self.dropped["not_owned"] += len(self._pending.pop(model, {}))
@@ -237,11 +244,10 @@ class Stage2:
                 self._forget(model)
                 gone = replace(o.tick, transitions=(), routing=frozenset(), quarantine={},
                                statuses=(), fleet_events=(), diagnostics=(), forgotten=True)
-                out.append(ModelOutput(gone))
+                yield ModelOutput(gone)
                 continue
-            out.append(o)
             self._write_hints(model, now_s if hints_for_s is None else hints_for_s, o.summaries)
-        return out
+            yield o
 
     def _forget(self, model: str) -> None:
         """Drop everything of ``model``: the evaluator's state, its table entries."""

@@ -62,10 +62,12 @@ class SummaryBatch:
 
 
 def _index(values: Sequence[str | None]) -> tuple[list[str], list[int]]:
-    """The distinct non-None values, and each value's index among them (-1: None)."""
-    names: dict[str, int] = {}
-    idx = [-1 if v is None else names.setdefault(v, len(names)) for v in values]
-    return list(names), idx
+    """The distinct non-None values in order of first appearance, and each value's index
+    among them (-1: None)."""
+    names = [v for v in dict.fromkeys(values) if v is not None]
+    at: dict[str | None, int] = {v: i for i, v in enumerate(names)}
+    at[None] = -1
+    return names, list(map(at.__getitem__, values))
 
 
 def _encode(model: str, rows: Sequence[WindowSummary]) -> bytes:

@@ -27,14 +27,16 @@ from typing import Protocol
 
 from aiokafka.partitioner import murmur2
 
+from tailguard.collector import collector_paused
 from tailguard.core.contract.types import ModelTick, NodeStatus
 from tailguard.routing.apply_script import Extras
 from tailguard.routing.operators import OperatorState, Override
 from tailguard.streaming.edge import EdgeInput, EdgeOutput, OperatorEdge
 from tailguard.streaming.ingest import next_boundary
 from tailguard.streaming.metrics import WorkerMetrics
-from tailguard.streaming.publisher import Publisher, tick_messages
+from tailguard.streaming.publisher import Outgoing, Publisher, tick_messages
 from tailguard.streaming.stage2 import ModelOutput, Stage2, state_key
+from tailguard.streaming.turns import Turns
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +101,7 @@ class Stage2Ticker:
                  publisher: Publisher, topics: OutputTopics, ownership: Ownership, metrics: WorkerMetrics,
                  tick_s: float, max_ejected_fraction: float,
                  operators: OperatorSource | None = None, hook: ReplaceOffers | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, turns: Turns | None = None) -> None:
         self.stage2, self.edge, self.routing, self.publisher = stage2, edge, routing, publisher
         self.topics = topics
         self.ownership, self.metrics, self.operators, self.hook = ownership, metrics, operators, hook
@@ -108,6 +110,8 @@ class Stage2Ticker:
         self.gauged_models: set[str] = set()
         self.dropped_reported: dict[str, int] = {}   # stage2.dropped exported so far
         self.operator_state = OperatorState()
+        # Between two models the loop runs other work, and a stage-1 tick goes first (turns.py).
+        self.turns = turns if turns is not None else Turns()
 
     async def tick(self) -> list[ModelOutput]:
         """Judge the owned models now, then act on the verdicts; the models' outputs."""
@@ -116,7 +120,7 @@ class Stage2Ticker:
             log.info("stage-2 tick skipped: rebalancing")
             return []
         now_s = self.clock()
-        outputs = self.judge(current, now_s)
+        outputs = await self.judge(current, now_s)
         edged = await self.at_the_edge(outputs, now_s)
         # Redis first, every tick: routing never waits on Kafka. The tick's messages then go
         # to a backlog bounded in bytes, published within a budget and retried (publisher).
@@ -127,8 +131,9 @@ class Stage2Ticker:
             self.hook.offer(s for d in edged if d.mode == "enforce" for s in d.tick.statuses)
         return outputs
 
-    def judge(self, current: Assignment, now_s: float) -> list[ModelOutput]:
-        """Stage 2's evaluation of the models whose partitions ``current`` owns, with its metrics."""
+    async def judge(self, current: Assignment, now_s: float) -> list[ModelOutput]:
+        """Stage 2's evaluation of the models whose partitions ``current`` owns, with its metrics;
+        the loop runs other work between two models, a stage-1 tick first (:mod:`.turns`)."""
         metrics, stage2 = self.metrics, self.stage2
         assignment = (current.generation, current.owned)
         if self.last_assignment != assignment:
@@ -137,17 +142,37 @@ class Stage2Ticker:
             stage2.on_assignment_changed()
             self.last_assignment = assignment
             metrics.owned_models.set(0)
-        t0 = time.perf_counter()
         failures_before = stage2.write_failures
-        outputs = stage2.tick(
+        outputs: list[ModelOutput] = []
+        busy_s = 0.0    # the evaluation's own time, not the other work's between models
+        cut = False
+        steps = stage2.tick_models(
             now_s, lambda model: partition_for(state_key(model), current.partitions) in current.owned,
             hints_for_s=next_boundary(now_s, self.tick_s))
-        metrics.tick_seconds.observe(time.perf_counter() - t0)
+        while True:
+            t0 = time.perf_counter()
+            with collector_paused():    # one pass of the collector per model, not many
+                o = next(steps, None)
+            busy_s += time.perf_counter() - t0
+            if o is None:
+                break
+            outputs.append(o)
+            await self.turns.stage2_step()
+            if await self.ownership.assignment() != current:
+                # A rebalance began between two models: the rest wait for the next tick (and
+                # its owner), their summaries kept; what was judged goes on to Redis.
+                log.info("stage-2 tick cut short by a rebalance after %d models", len(outputs))
+                steps.close()
+                cut = True
+                break
+        metrics.tick_seconds.observe(busy_s)
         metrics.table_write_failures.inc(stage2.write_failures - failures_before)
         for reason, count in stage2.dropped.items():
             if count > self.dropped_reported.get(reason, 0):
                 metrics.summaries_dropped.labels(reason=reason).inc(count - self.dropped_reported.get(reason, 0))
                 self.dropped_reported[reason] = count
+        if cut:     # the models not judged are not gone: the next tick tells
+            return outputs
         metrics.owned_models.set(len(outputs))
         now_owned = {o.tick.model for o in outputs}
         for gone in self.gauged_models - now_owned:
@@ -170,8 +195,12 @@ class Stage2Ticker:
         ops = self.operator_state
         for bad in ops.bad:
             log.warning("ignoring an operator setting in Redis: %s", bad)
-        edged = [self.edge.apply(EdgeInput(o.tick, o.transitions, o.summaries, o.streaks), ops, now_s)
-                 for o in outputs]
+        edged = []
+        for out in outputs:
+            with collector_paused():
+                edged.append(self.edge.apply(
+                    EdgeInput(out.tick, out.transitions, out.summaries, out.streaks), ops, now_s))
+            await self.turns.stage2_step()
         for done in edged:
             self.metrics.set_operator_view(done.tick.model, done.mode, done.overrides.values(),
                                            done.tick, max_ejected_fraction=self.max_ejected_fraction)
@@ -187,7 +216,12 @@ class Stage2Ticker:
         """The tick's health changes, fleet events and diagnostics requests into the backlog,
         then publishing for at most ``PUBLISH_BUDGET_FRACTION`` of the tick."""
         t = self.topics
-        self.publisher.add(tick_messages(outputs, t.health, t.fleet, t.diagnostics, self.metrics))
+        messages: list[Outgoing] = []
+        for out in outputs:     # a first tick of many new nodes: a health change each
+            with collector_paused():
+                messages += tick_messages((out,), t.health, t.fleet, t.diagnostics, self.metrics)
+            await self.turns.stage2_step()
+        self.publisher.add(messages)
         await self.publisher.publish(PUBLISH_BUDGET_FRACTION * self.tick_s)
         self.metrics.publish_backlog_bytes.set(self.publisher.nbytes)
 
@@ -198,3 +232,4 @@ class Stage2Ticker:
                 await self.routing.apply(out.tick, out.extras)
             except Exception:  # a malformed verdict: never stop the other models
                 log.exception("routing write of model %r failed", out.tick.model)
+            await self.turns.stage2_step()

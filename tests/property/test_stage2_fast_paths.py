@@ -4,7 +4,9 @@
   and the slow baseline's medians (``update_baseline``), bit for bit;
 * :func:`tailguard.core.judge.rules.quiet_below` clears a class only when ``judge`` finds every one of
   its peers normal with no onset severity, and clears one pair only when ``judge`` does;
-* :func:`tailguard.core.judge.rules.record_rates` records the rates ``new_fraction`` records.
+* :func:`tailguard.core.judge.rules.record_rates` records the rates ``new_fraction`` records;
+* :func:`tailguard.core.judge.request_rules.error_judgements` pools each pair's requests from
+  the newest past tick with enough of them, as a scan of every tick in reach finds it.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from tailguard.core.judge.peers import (
     norms_of,
     window_norms,
 )
+from tailguard.core.judge.request_rules import error_judgements, pool_ticks
 from tailguard.core.judge.rules import judge, new_fraction, quiet_below, record_rates
 
 NOW = 1_000_000.0
@@ -129,3 +132,68 @@ def test_peer_set_is_the_peers() -> None:
     assert ps[0] == Peer("a", s, 10.0, 3.0)
     assert list(ps) == [Peer("a", s, 10.0, 3.0)] and len(ps) == 1
     assert ps[0:1] == [Peer("a", s, 10.0, 3.0)]
+
+
+@st.composite
+def request_histories(draw: st.DrawFn) -> tuple[list[list[tuple[int, int]]], dict[str, float]]:
+    """Per node, cumulative (requests, failed) at each of a few ticks (a counter may restart),
+    and cut-offs (seconds before the last tick) for some nodes."""
+    nodes = draw(st.integers(2, 6))
+    ticks = draw(st.integers(1, 16))
+    out = []
+    for _ in range(nodes):
+        req = fail = 0
+        hist = []
+        for _ in range(ticks):
+            if draw(st.integers(0, 20)) == 0:
+                req = fail = 0                                  # a new stage 1
+            n = draw(st.sampled_from([0, 0, 5, 20, 60, 100, 150]))
+            req, fail = req + n, fail + draw(st.integers(0, n))
+            hist.append((req, fail))
+        out.append(hist)
+    cuts = {f"n{i}": draw(st.sampled_from([0.0, 29.0, 30.0, 95.0, 400.0]))
+            for i in range(nodes) if draw(st.booleans())}
+    return out, cuts
+
+
+def _scanned_shares(hists: list[list[tuple[int, int]]], cuts: dict[str, float],
+                    st_: DetectorSettings, now_s: float) -> list[float]:
+    """The rule's failed shares, each found by looking at every past tick in reach."""
+    shares = []
+    for i, hist in enumerate(hists):
+        start = max(k for k in range(len(hist)) if k == 0 or hist[k][0] < hist[k - 1][0])
+        req, fail = hist[-1]
+        reach, need = pool_ticks(st_), st_.min_samples
+        if f"n{i}" in cuts:
+            reach = min(reach, math.floor(cuts[f"n{i}"] / st_.tick_interval_s + 1e-9))
+            need = min(st_.probe_min_samples, need)
+        past = [hist[k] for k in range(max(start, len(hist) - 1 - reach), len(hist) - 1)]
+        for r, f in reversed(past):
+            if req - r >= need:
+                if 0 <= fail - f <= req - r:
+                    shares.append((fail - f) / (req - r))
+                break
+    return shares
+
+
+@settings(max_examples=200, deadline=None)
+@given(request_histories())
+def test_error_judgements_pools_as_a_scan_of_every_tick(case: tuple[list[list[tuple[int, int]]],
+                                                                    dict[str, float]]) -> None:
+    hists, cuts = case
+    st_ = DetectorSettings(min_peers=2, min_samples=100, probe_min_samples=20, tick_interval_s=30.0)
+    counts: dict[str, tuple[int, ...]] = {}
+    pairs = {f"n{i}": PairState(f"n{i}", "m", HealthState.HEALTHY, 0.0, 0.0, "normal", True)
+             for i in range(len(hists))}
+    report = None
+    for k in range(len(hists[0])):
+        now_s = NOW + 30.0 * k
+        by_node = {f"n{i}": WindowSummary(
+            node_id=f"n{i}", model="m", tick_ts=now_s, signal="latency", samples=0, p50=None,
+            p99=None, latency_p50_us=None, latency_p99_us=None, requests_total=h[k][0],
+            failed_total=h[k][1]) for i, h in enumerate(hists)}
+        since = {n: now_s - back for n, back in cuts.items()}
+        report = error_judgements(counts, by_node, pairs, st_, since, now_s)
+    assert report is not None
+    expected = _scanned_shares(hists, cuts, st_, NOW + 30.0 * (len(hists[0]) - 1))
+    assert report.peer_shares == (expected if len(expected) >= 2 else None)

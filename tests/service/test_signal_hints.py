@@ -4,11 +4,15 @@ without) against the real Stage2/FleetEvaluator, no Kafka."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import replace
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
+import pytest
+from aiokafka.errors import KafkaConnectionError, NotLeaderForPartitionError
 from prometheus_client import CollectorRegistry
 
 from tailguard.core.contract.config import DetectorSettings
@@ -18,6 +22,7 @@ from tailguard.core.judge.evaluate import FleetEvaluator
 from tailguard.core.window import signals as sig
 from tailguard.core.window.window import WindowStore
 from tailguard.settings import load
+from tailguard.streaming import hints_feed
 from tailguard.streaming.hints import StageHints, decode_hints, encode_hints, hints_changed
 from tailguard.streaming.hints_feed import HintsFeed
 from tailguard.streaming.metrics import WorkerMetrics
@@ -191,3 +196,61 @@ def test_bad_hints_are_counted_by_reason_and_never_stop_stage_1() -> None:
         "d": None, "e": sig.ModelChoice("tpot")}
     assert got.judge_since[("n1", "e")] == 7.0 and ("n0", "e") not in got.judge_since
     assert got.judge_since[("n0", "d")] == 5.0
+
+
+class _FlakyConsumer:
+    """A consumer of the hints changelog whose broker fails now and then: ``topics()`` fails
+    once, then ``end_offsets`` once, then it serves one record."""
+
+    def __init__(self, topic: str, record: Any) -> None:
+        self.topic, self.record, self.calls = topic, record, {"topics": 0, "end_offsets": 0}
+        self.served = False
+
+    async def topics(self) -> set[str]:
+        self.calls["topics"] += 1
+        if self.calls["topics"] == 1:
+            raise KafkaConnectionError("the broker is unreachable")
+        return {self.topic}
+
+    def assign(self, tps: Any) -> None:
+        self.tps = list(tps)
+
+    async def seek_to_beginning(self, *tps: Any) -> None:
+        return None
+
+    async def end_offsets(self, tps: Any) -> dict[Any, int]:
+        self.calls["end_offsets"] += 1
+        if self.calls["end_offsets"] == 1:
+            raise NotLeaderForPartitionError()
+        return dict.fromkeys(tps, 1)
+
+    async def getmany(self, timeout_ms: int = 0) -> dict[Any, list[Any]]:
+        await asyncio.sleep(0.001)
+        if self.served:
+            return {}
+        self.served = True
+        return {self.tps[0]: [self.record]}
+
+    async def position(self, tp: Any) -> int:
+        return 1
+
+
+async def test_the_hints_feed_reads_on_after_kafka_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Kafka error while the feed starts (seen: metadata refused during a broker's restart)
+    ended the feed's task, and with it the worker; now it is logged and reading starts over."""
+    monkeypatch.setattr(hints_feed, "RETRY_FIRST_S", 0.01)
+    feed = HintsFeed(settings=load({}), topic="hints-changelog", partitions=1)
+    value = encode_hints({"n0": 5.0}, [], 2.0, sig.ModelChoice("tpot"))
+    rec = SimpleNamespace(key=b"m", value=json.dumps(value).encode())
+    fake = _FlakyConsumer("hints-changelog", rec)
+    feed._consumer = fake  # type: ignore[assignment]
+    task = asyncio.ensure_future(feed.follow())
+    try:
+        for _ in range(500):
+            if feed.caught_up:
+                break
+            await asyncio.sleep(0.01)
+        assert feed.caught_up and feed.values == {b"m": value}
+        assert fake.calls == {"topics": 3, "end_offsets": 2}
+    finally:
+        task.cancel()

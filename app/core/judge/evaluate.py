@@ -172,7 +172,7 @@ class FleetEvaluator:
             by_node.pop(node, None)
             ms.forget_pair(node)
 
-        peers = gather_peers(by_node, ms.pairs, st.min_samples)
+        peers = gather_peers(by_node, ms.pairs, st.min_samples, ms.pairs.rare)
         # Out of routing, failures from before the ejection are not pooled (rules).
         cut = {n: ts for n in ms.pairs.unrouted
                if (ts := ms.pairs[n].quarantined_at) is not None}
@@ -182,9 +182,11 @@ class FleetEvaluator:
         norms = pn.window
         signal = signal_of(peers)
         # Histogram pairs: bucket exceedance tests (hist_rules) instead of the sample rules.
-        peer_map = dict(zip(peers.nodes, peers.summaries, strict=True))
-        hist = (HistJudge.for_model(peers, by_node, ms.pairs, now_s, st, OwnHist(ms.hist_own, peer_map, st))
-                if _hist_model(signal, by_node) else None)
+        hist = peer_map = None
+        if _hist_model(signal, by_node):
+            peer_map = dict(zip(peers.nodes, peers.summaries, strict=True))
+            hist = HistJudge.for_model(peers, by_node, ms.pairs, now_s, st,
+                                       OwnHist(ms.hist_own, peer_map, st))
         # Too few peers for a median: each pair's P50 against its own history (own_history).
         own_p50 = (dict(zip(peers.nodes, peers.p50s, strict=True))
                    if not norms.enough_peers and hist is None else None)
@@ -201,7 +203,7 @@ class FleetEvaluator:
             verdicts.judgements, verdicts.elevated = {}, {}
         elif len(peers) <= OWN_HISTORY_MAX_PEERS:
             self._update_own(ms, peers, verdicts.judgements, now_s)
-            if hist is not None:
+            if peer_map is not None:
                 fold(ms.hist_own, ms.pairs, peer_map, verdicts.judgements, now_s, st)
         ms.elevated = verdicts.elevated
         storm_ev = error_storm(model, ms, errors, now_s, signal, st)

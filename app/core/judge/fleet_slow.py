@@ -22,7 +22,7 @@ together").
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 from tailguard.core.contract.config import DetectorSettings
 from tailguard.core.contract.types import FleetEvent, HealthState, WindowSummary
@@ -40,14 +40,18 @@ _NOT_LIVE = (HealthState.WARMING, HealthState.GONE, HealthState.RETIRED, HealthS
 def live_p50s(by_node: Mapping[str, WindowSummary], pairs: Mapping[str, PairState],
               signal: str | None, min_samples: int) -> dict[str, float]:
     """``{node: window P50}`` of the live nodes (see the module docstring) in ``signal``."""
-    out: dict[str, float] = {}
+    return dict(_live(by_node, pairs, signal, min_samples))
+
+
+def _live(by_node: Mapping[str, WindowSummary], pairs: Mapping[str, PairState],
+          signal: str | None, min_samples: int) -> Iterator[tuple[str, float]]:
+    """:func:`live_p50s` one node at a time (in ``by_node``'s order)."""
     for node, s in by_node.items():
         p = pairs.get(node)
         if (p is None or p.state in _NOT_LIVE or s.signal != signal or s.samples < min_samples
                 or s.p50 is None or not s.p50 > 0 or not math.isfinite(s.p50)):
             continue
-        out[node] = s.p50
-    return out
+        yield node, s.p50
 
 
 def reference(ms: ModelState, node: str, hardware: str | None, own_ok: bool) -> float | None:
@@ -66,17 +70,20 @@ def fleet_slow(model: str, ms: ModelState, by_node: Mapping[str, WindowSummary],
                own_ok: bool) -> FleetEvent | None:
     """The ``fleet_slow``/``fleet_slow_end`` event when the episode opens or closes
     (updates ``ms.fleet_slow``/``ms.fleet_slow_signal``); None otherwise."""
-    live = live_p50s(by_node, ms.pairs, signal, st.min_samples)
     if ms.fleet_slow:
-        return _maybe_close(model, ms, live, signal, now_s)
-    if len(live) < MIN_NODES:
-        return None
+        return _maybe_close(model, ms, live_p50s(by_node, ms.pairs, signal, st.min_samples),
+                            signal, now_s)
+    # The episode opens only when every live node is slow: the first one that is not ends
+    # the look (most ticks, the first node).
     refs: dict[str, float] = {}
-    for node in live:
+    for node, p50 in _live(by_node, ms.pairs, signal, st.min_samples):
         r = reference(ms, node, by_node[node].hardware, own_ok)
-        if r is None or not live[node] > st.relative_p50_factor * r:
+        if r is None or not p50 > st.relative_p50_factor * r:
             return None
         refs[node] = r
+    if len(refs) < MIN_NODES:
+        return None
+    live = live_p50s(by_node, ms.pairs, signal, st.min_samples)
     ms.fleet_slow, ms.fleet_slow_signal = refs, signal
     factors = [live[n] / refs[n] for n in refs]
     fleet_p50, before = median(list(live.values())), median(list(refs.values()))

@@ -89,11 +89,12 @@ def load_event(model: str, ms: ModelState, abnormal: int, n_peers: int, now_s: f
 def error_storm(model: str, ms: ModelState, errors: ErrorReport, now_s: float,
                 signal: str | None, st: DetectorSettings) -> FleetEvent | None:
     """The fleet event when an error storm opens or closes."""
-    failing, counted, ref = errors.failing, errors.counted, errors.ref
+    failing, counted = errors.failing, errors.counted
     storm = counted >= st.min_peers and failing >= st.load_event_fraction * counted
     if storm == ms.error_storm:
         return None
     ms.error_storm = storm
+    ref = errors.ref                    # a median: only when an event says it
     return FleetEvent(
         ts=now_s, model=model, kind="error_storm" if storm else "error_storm_end",
         abnormal_nodes=failing, judged_nodes=counted, signal=signal,

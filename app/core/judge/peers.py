@@ -24,6 +24,7 @@ import itertools
 import math
 import operator
 from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import NamedTuple, overload
 
@@ -121,7 +122,7 @@ class PeerSet(Sequence[Peer]):
 
 
 def gather_peers(by_node: Mapping[str, WindowSummary], pairs: Mapping[str, PairState],
-                 min_samples: int) -> PeerSet:
+                 min_samples: int, rare: AbstractSet[str] | None = None) -> PeerSet:
     """The peers among ``by_node`` (in its order), as a :class:`PeerSet`: routed pairs past
     warm-up with at least ``min_samples`` judged samples and a positive P50, all in one
     signal's units.
@@ -130,7 +131,13 @@ def gather_peers(by_node: Mapping[str, WindowSummary], pairs: Mapping[str, PairS
     choices differ (several workers, a fleet half of which sends token counts), the peers
     are the summaries of the signal most of them carry (ties: the most judged samples,
     then the name): a node is never compared with peers in other units, and one in a
-    minority signal is not judged by the relative rules that tick."""
+    minority signal is not judged by the relative rules that tick.
+
+    ``rare``: the nodes whose pair is not healthy and routed (``PairTable.rare``), if known."""
+    if rare is not None and by_node and by_node.keys().isdisjoint(rare):
+        settled = _settled_peers(by_node, pairs, min_samples)
+        if settled is not None:
+            return settled
     nodes: list[str] = []
     sums: list[WindowSummary] = []
     p50s: list[float] = []
@@ -173,6 +180,36 @@ def gather_peers(by_node: Mapping[str, WindowSummary], pairs: Mapping[str, PairS
                        list(itertools.compress(p50s, keep)), list(itertools.compress(ratios, keep)),
                        [n for n in unsettled if n in kept], [n for n in over if n in kept])
     return PeerSet(nodes, sums, p50s, ratios, unsettled, over)
+
+
+_P50 = operator.attrgetter("p50")
+_P99 = operator.attrgetter("p99")
+_SAMPLES = operator.attrgetter("samples")
+_SIGNAL = operator.attrgetter("signal")
+_FRESH_OVER = operator.attrgetter("fresh_over")
+_STREAK = operator.attrgetter("abnormal_streak")
+
+
+def _settled_peers(by_node: Mapping[str, WindowSummary], pairs: Mapping[str, PairState],
+                   min_samples: int) -> PeerSet | None:
+    """:func:`gather_peers` of pairs all healthy and routed, column by column: the same
+    peers when every window qualifies (enough samples, positive P50, a P99) in one signal;
+    None otherwise (the pair-by-pair look decides)."""
+    sums = list(by_node.values())
+    p50s = list(map(_P50, sums))
+    p99s = list(map(_P99, sums))
+    try:
+        total = sum(p50s) + sum(p99s)
+    except TypeError:                       # some window without a P50 or a P99
+        return None
+    if (total != total or not min(p50s) > 0 or min(map(_SAMPLES, sums)) < min_samples
+            or len(set(map(_SIGNAL, sums))) > 1):
+        return None
+    nodes = list(by_node)
+    streaks = map(_STREAK, map(pairs.__getitem__, nodes))
+    return PeerSet(nodes, sums, p50s, list(map(operator.truediv, p99s, p50s)),
+                   list(itertools.compress(nodes, streaks)),
+                   list(itertools.compress(nodes, map(_FRESH_OVER, sums))))
 
 
 def signal_of(peers: Sequence[Peer]) -> str | None:
@@ -325,18 +362,17 @@ def norms_of(ps: PeerSet, base_p50: Mapping[str, float], base_ticks: Mapping[str
     sp = sorted(p50s)
     sr = sorted(ratios)
     fleet_p50, median_ratio = median_sorted(sp), median_sorted(sr)
-    fp = list(map(_FRESH_P50, sums))
+    fp = [f for f in map(_FRESH_P50, sums) if f is not None]
     top_fresh = None
     fresh = None
-    if fp.count(None) < len(fp):          # some peer has a fresh P50 (count: by identity)
-        fp = [f for f in fp if f is not None]
+    finite_fresh = True
+    if fp:                                # some peer has a fresh P50
         top_fresh = max(fp)
         finite_fresh = math.isfinite(sum(fp))
-        fp = [f for f in fp if f > 0]
+        if not (finite_fresh and min(fp) > 0.0):     # (a NaN is neither finite nor kept)
+            fp = [f for f in fp if f > 0]
         if len(fp) >= min_peers:
             fresh = Norms(True, median(fp), {}, False, math.inf)
-    else:
-        finite_fresh = True
     if len(peers) < min_peers:
         top = max(map(operator.mul, p50s, ratios))
         return PeerNorms(Norms(False, fleet_p50, {}, False, st.ratio_threshold), fresh,

@@ -16,6 +16,7 @@ Rationale: docs/rules.md (error rate, stall).
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 
@@ -86,6 +87,7 @@ def error_judgements(counts: MutableMapping[str, tuple[int, ...]],
     over: list[tuple[str, float, int, int, int]] = []   # past the limit: node, share, n, failed, ticks
     tick_s = st.tick_interval_s
     idle: list[str] = []                    # no request at all in the stall rule's span
+    reach, back = 2 * pool, 2 * span
     for node, s in by_node.items():
         req = s.requests_total
         fail = s.failed_total
@@ -93,25 +95,30 @@ def error_judgements(counts: MutableMapping[str, tuple[int, ...]],
         if prev is None or req < prev[-2]:      # new, or counters that went back (a new stage 1)
             counts[node] = (req, fail)
             continue
-        if len(prev) > 2 * span and req == prev[-2 * span]:
+        size = len(prev)
+        if size > back and req == prev[-back]:
             idle.append(node)
         # The newest past tick with min_samples requests since (the last tick at any rate
         # above min_samples per tick); with a cut-off, only ticks since it (the k-th newest
         # entry was recorded k ticks ago).
-        cut = since.get(node) if since else None
-        first, need = max(0, len(prev) - 2 * pool), min_n
-        if cut is not None:
-            first = max(first, len(prev) - 2 * math.floor((now_s - cut) / tick_s + 1e-9))
+        first = size - reach if size > reach else 0
+        need = min_n
+        if since and (cut := since.get(node)) is not None:
+            first = max(first, size - 2 * math.floor((now_s - cut) / tick_s + 1e-9))
             need = probe_n
-        for i in range(len(prev) - 2, first - 1, -2):
+        # A pair's requests never go back within its history (the even entries are sorted):
+        # the newest tick with ``need`` requests since is found by bisection, and when even
+        # the oldest in reach has fewer, none has (a quiet or idle pair).
+        top = req - need
+        if first <= size - 2 and prev[first] <= top:
+            i = (size - 2 if prev[-2] <= top       # the last tick alone (a busy pair)
+                 else first + 2 * (bisect_right(prev[first::2], top) - 1))
             n = req - prev[i]
-            if n >= need:
-                failed = fail - prev[i + 1]
-                if 0 <= failed <= n:
-                    share = shares[node] = failed / n
-                    if share > limit:
-                        over.append((node, share, n, failed, (len(prev) - i) // 2))
-                break
+            failed = fail - prev[i + 1]
+            if 0 <= failed <= n:
+                share = shares[node] = failed / n
+                if share > limit:
+                    over.append((node, share, n, failed, (size - i) // 2))
         counts[node] = (*prev[2 - keep:], req, fail)
     stalled = (stall_judgements(idle, counts, by_node, pairs, st, now_s)
                if idle and st.stall_peer_requests > 0 else {})
@@ -152,23 +159,35 @@ def stall_judgements(idle: Sequence[str], counts: Mapping[str, tuple[int, ...]],
     ticks) that still show signs of life (a heartbeat or sample within the last tick: a dead
     node goes ``gone`` instead), while the median of such pairs' requests in those ticks
     (``counts``, updated) is at least ``stall_peer_requests`` over ``min_peers`` or more:
-    abnormal, reason ``stalled``."""
+    abnormal, reason ``stalled``. ``idle``: as :func:`error_judgements` finds them in
+    ``counts`` (nodes of ``by_node``, each once)."""
+    rare = pairs.rare if isinstance(pairs, PairTable) else None
+
     def serving(node: str) -> bool:
+        if rare is not None and node not in rare:
+            return node in pairs                # healthy and routed
         p = pairs.get(node)
         return p is not None and p.routed and p.state is not HealthState.WARMING
 
-    idle = [n for n in idle if serving(n) and (last := by_node[n].last_seen_ts) is not None
-            and now_s - last <= st.tick_interval_s and _alive_after_requests(by_node[n], last)]
-    if not idle:
+    idle = [n for n in idle if (n in pairs if rare is not None and n not in rare
+                                else serving(n))]
+    # Each of them is a peer that served 0 requests (never fewer): when they are more than
+    # half of all pairs, the peers' median is 0.
+    if not idle or (2 * len(idle) > len(by_node) and st.stall_peer_requests > 0):
         return {}
     span = stall_ticks(st)
-    served = [c[-2] - c[-2 - 2 * span] for n, c in counts.items()
-              if len(c) > 2 * span and n in by_node and serving(n)]
+    back = -2 - 2 * span
+    get = counts.get
+    served = [c[-2] - c[back] for n in by_node if (c := get(n)) is not None
+              and len(c) > 2 * span and (n in pairs if rare is not None and n not in rare
+                                         else serving(n))]
     if len(served) < st.min_peers:
         return {}
     ref = median(served)
     if ref < st.stall_peer_requests:
         return {}
+    idle = [n for n in idle if (last := by_node[n].last_seen_ts) is not None
+            and now_s - last <= st.tick_interval_s and _alive_after_requests(by_node[n], last)]
     out: dict[str, Judgement] = {}
     for node in idle:
         out[node] = Judgement(Verdict.ABNORMAL, str(Reason.STALLED), _window_evidence(by_node[node]),

@@ -16,7 +16,9 @@ writes only the verdicts, the rates and the own baselines the rules keep there.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
+import operator
 from collections.abc import Mapping
 
 from tailguard.core.contract.config import DetectorSettings
@@ -133,15 +135,16 @@ def _judge_quiet_class(st: DetectorSettings, ms: ModelState, ps: PeerSet, pn: Pe
     more = set(ps.fresh_over)
     if errs:
         more.update(n for n in ps.nodes if n in errs)
-    quiet: list[PeerRow] = []
+    quiet: list[bool] = []
     if more:
-        for peer in ps.rows():
-            if peer[0] in more:
-                out.abnormal += _judge_peer(st, ms, peer, pn.window, pn.fresh, lim, errs,
-                                                 now_s, None, base_p50, base_ratio, out)
-            else:
-                quiet.append(peer)
-        record_rates(ms.rate_per_s, (p[:2] for p in quiet), now_s, st)
+        # The few with more to judge, in peer order; the rest by a mask (no row made).
+        quiet = [n not in more for n in ps.nodes]
+        for peer in itertools.compress(ps.rows(), map(operator.not_, quiet)):
+            out.abnormal += _judge_peer(st, ms, peer, pn.window, pn.fresh, lim, errs,
+                                        now_s, None, base_p50, base_ratio, out)
+        record_rates(ms.rate_per_s, zip(itertools.compress(ps.nodes, quiet),
+                                        itertools.compress(ps.summaries, quiet), strict=True),
+                     now_s, st)
     else:
         record_rates(ms.rate_per_s, zip(ps.nodes, ps.summaries, strict=True), now_s,
                      st)
@@ -152,7 +155,8 @@ def _judge_quiet_class(st: DetectorSettings, ms: ModelState, ps: PeerSet, pn: Pe
     top_p50, top_ratio = top
     if top_ratio > base_ratio or top_p50 > base_p50:
         # Abnormal against the slow baseline: counts towards a load event only.
-        out.abnormal += sum(1 for _, _, p50, ratio in (quiet if more else ps.rows())
+        rows = itertools.compress(ps.rows(), quiet) if more else ps.rows()
+        out.abnormal += sum(1 for _, _, p50, ratio in rows
                             if ratio > base_ratio or p50 > base_p50)
 
 

@@ -176,12 +176,14 @@ def targets(peers: PeerSet, norms: Norms, st: DetectorSettings,
             continue
         # Most ticks no peer is above the smallest band: no spread to compute.
         lowest_edge = ref * _FLOOR_FACTOR
-        pick = {i for i in idx if p50s[i] > lowest_edge}
+        whole = len(idx) == len(p50s)       # one class: every peer (no index to follow)
+        pick = (set() if whole and max(p50s) <= lowest_edge
+                else {i for i in idx if p50s[i] > lowest_edge})
         if wanted:
             pick |= wanted.intersection(idx)
         if not pick:
             continue
-        spread = log_spread(p50s if len(idx) == len(p50s) else [p50s[i] for i in idx])
+        spread = log_spread(p50s if whole else [p50s[i] for i in idx])
         floor = ref * math.exp(max(BAND_FLOOR, NOISE_K * spread))
         for i in sorted(pick):
             p50 = p50s[i]
