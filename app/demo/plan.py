@@ -80,9 +80,6 @@ class Plan:
             if self.graded_onset_s < (self.end_s or self.onset_s) or self.graded_end_s > self.deadline_s:
                 raise ValueError(f"graded_onset_s={self.graded_onset_s!r} must come after the slow node's story "
                                  f"and leave graded_s={self.graded_s!r} before deadline_s={self.deadline_s!r}")
-            if self.source != "emitter":
-                raise ValueError(f"graded_node needs source='emitter' (got {self.source!r}): models judged "
-                                 "from scraped histograms get no routing weights")
         if not 1 <= int(self.slow_node.rsplit("-", 1)[-1]) <= self.nodes:
             raise ValueError(f"slow_node={self.slow_node!r} is not one of gpu-node-01..{self.nodes:02d}")
         if self.degraded_s is not None and self.degraded_s <= 0:
@@ -143,13 +140,10 @@ TEST_PLAN = Plan(tick_interval_s=1.0, confirm_windows=3, warmup_s=3.0, window_si
 
 def with_source(plan: Plan, source: str) -> Plan:
     """``plan`` told from ``source``. From /metrics, latencies are 600 ms (not 180 ms): vLLM's
-    e2e buckets start at 0.3 s, so 180 ms and its 3x would sit in its first two buckets; and
-    there is no graded phase."""
+    e2e buckets start at 0.3 s, so 180 ms and its 3x would sit in its first two buckets."""
     if source == plan.source:
         return plan
-    # No graded phase from /metrics: models judged from histograms get no routing weights.
-    return dataclasses.replace(plan, source=source, p50_ms=600.0 if source == "metrics" else Plan().p50_ms,
-                               graded_node=plan.graded_node if source == "emitter" else None)
+    return dataclasses.replace(plan, source=source, p50_ms=600.0 if source == "metrics" else Plan().p50_ms)
 
 
 _WHY = {

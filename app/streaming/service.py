@@ -81,6 +81,8 @@ from tailguard.streaming.wire import (
 log = logging.getLogger(__name__)
 
 STAGE2_TAKE = 2000
+# Middle passes of the collector since its last full pass that make one due after a stage-2 tick.
+FULL_PASS_AFTER = 1
 WRITE_RETRY_MAX_S = 10.0     # the routing writer's longest back-off (shorter with shorter ticks)
 STAGE2_OFFSET_MAX_S = 5.0
 # Changelog records of a table that faust buffers before applying them, where it reads them
@@ -435,9 +437,11 @@ def _stage2_loops(app: Any, ticker: Stage2Ticker, hook: ReplaceHook | None, cloc
                 raise
             except Exception:
                 log.exception("stage-2 tick failed; what was not published is retried next tick")
-            # The collector's full pass (seconds with 100,000 series) when it is due, here:
-            # stage 1's tick and stage 2's Redis writes are done (worker.FULL_COLLECTION_EVERY).
-            collect_if_due()
+            # The collector's full pass (~1 s with 100,000 series) here, where stage 1's tick
+            # and stage 2's Redis writes are done, after any tick that made a middle pass:
+            # its own are rare in the worker (worker.FULL_COLLECTION_EVERY), and the cycles
+            # a tick leaves are freed each tick, not let grow (docs/performance.md).
+            collect_if_due(FULL_PASS_AFTER)
 
     @app.task  # type: ignore[untyped-decorator]
     async def replace_loop() -> None:

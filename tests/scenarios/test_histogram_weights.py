@@ -45,10 +45,10 @@ SGLANG = {"e2e": SGLANG_E2E}
 
 @pytest.mark.parametrize("seed", [1, 2])
 def test_a_slower_pod_of_a_new_version_with_other_buckets_is_weighted(seed: int) -> None:
-    """A rolling upgrade of a scraped fleet: 2 new pods (new ids, SGLang's e2e buckets, other
-    than the 8 vLLM pods') join at 300 s; gpu-node-10 is 1.5x slower. It was never weighted
-    while its bounds were a minority (the weights took only the most common grid); now it is
-    weighted down as on the same grid, and nobody else is weighted or ejected."""
+    """A rolling upgrade of a scraped fleet, end to end through replay: 2 new pods (new ids,
+    SGLang's e2e buckets, other than the 8 vLLM pods') join at 300 s; gpu-node-10 is 1.5x
+    slower. It is weighted down (before 1b274a2 it never was while its bounds were a minority)
+    and nobody else is weighted or ejected."""
     s = fleet(10, p50_ms=1800.0, sigma=0.4, rate=8.0, duration_s=900.0, faults="""
 [nodes.override.gpu-node-09]
 join_s = 300

@@ -24,3 +24,12 @@ def test_from_metrics_latencies_fit_vllms_buckets_and_the_rest_stays() -> None:
 def test_an_unknown_source_is_refused() -> None:
     with pytest.raises(ValueError, match="source='otel' must be one of emitter, metrics"):
         Plan(source="otel")
+
+
+def test_from_metrics_the_graded_phase_stays() -> None:
+    """Histogram models get routing weights too (hist_weights): the demo's graded node, 1.6x
+    slower, is weighted from its buckets (./scripts/demo --source metrics, 2026-12-05: to 0.55)."""
+    assert DEMO_PLAN.graded_node is not None
+    p = with_source(DEMO_PLAN, "metrics")
+    assert (p.graded_node, p.graded_slowdown) == (DEMO_PLAN.graded_node, DEMO_PLAN.graded_slowdown)
+    assert Plan(source="metrics", graded_node="gpu-node-03", graded_onset_s=100.0, deadline_s=200.0).source == "metrics"

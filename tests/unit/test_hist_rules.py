@@ -4,6 +4,7 @@ exact answers (hand-counted shares, exact binomial tails)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -274,29 +275,34 @@ def test_detector_ejects_a_slow_histogram_node_and_keeps_the_others() -> None:
     assert out_at is not None and out_at - (1_764_680_000.0 + 400) <= 120
 
 
-@pytest.mark.parametrize("slow", [False, True])
-def test_a_rolling_upgrade_with_new_buckets_admits_new_pods_and_catches_a_slow_one(slow: bool) -> None:
-    """Pods of a new server version (new ids, other buckets) join a scraped fleet of 6: each is
-    admitted within warm-up + a few ticks, and a 3x slower one is never routed."""
+def _scraped_fleet(pods_at: Callable[[int], list[tuple[str, tuple[float, ...], float]]], scrapes: int, *,
+                   requests: int, seed: int) -> Detector:
+    """A Detector fed ``scrapes`` scrapes 10 s apart of the pods ``pods_at(k)`` gives at scrape
+    ``k`` (node, bounds, slow-down of a 1.2 s lognormal), judged every 3rd scrape."""
     det = Detector(ST)
-    rng = np.random.default_rng(11)
-    t0 = 1_764_680_000.0
-    routed: frozenset[str] = frozenset()
-    for k in range(1, 70):
-        ts = t0 + 10 * k
+    rng = np.random.default_rng(seed)
+    for k in range(1, scrapes):
+        ts = 1_764_680_000.0 + 10 * k
         evs = []
-        pods = [(f"old{i}", OLD_B, 1.0) for i in range(6)]
-        if k > 10:
-            pods += [("new0", NEW_B, 1.0), ("new1", NEW_B, 3.0 if slow else 1.0)]
-        for node, bounds, f in pods:
-            lat = 1.2 * f * np.exp(rng.normal(0, 0.35, 200))
+        for node, bounds, f in pods_at(k):
+            lat = 1.2 * f * np.exp(rng.normal(0, 0.35, requests))
             counts = tuple(np.bincount(np.searchsorted(bounds, lat), minlength=len(bounds) + 1).tolist())
-            evs.append(HistogramBatch(node, "m", "A100", "e2e", ts, 10.0, bounds, counts, None, 200,
+            evs.append(HistogramBatch(node, "m", "A100", "e2e", ts, 10.0, bounds, counts, None, requests,
                                       None, node))
         det.observe(evs)
         if k % 3 == 0:
             det.evaluate(ts)
-            routed = det.routing().get("m", routed)
+    return det
+
+
+@pytest.mark.parametrize("slow", [False, True])
+def test_a_rolling_upgrade_with_new_buckets_admits_new_pods_and_catches_a_slow_one(slow: bool) -> None:
+    """Pods of a new server version (new ids, other buckets) join a scraped fleet of 6: each is
+    admitted within warm-up + a few ticks, and a 3x slower one is never routed."""
+    old = [(f"old{i}", OLD_B, 1.0) for i in range(6)]
+    new = [("new0", NEW_B, 1.0), ("new1", NEW_B, 3.0 if slow else 1.0)]
+    det = _scraped_fleet(lambda k: old + new if k > 10 else old, 70, requests=200, seed=11)
+    routed = det.routing()["m"]
     want = {f"old{i}" for i in range(6)} | ({"new0"} if slow else {"new0", "new1"})
     assert routed == want
 
@@ -324,3 +330,15 @@ def test_a_fleet_half_upgraded_is_judged_against_peers_on_the_bounds_all_share()
         hj = HistJudge({**peers, "s": slow}, ST)
         assert hj.judge(slow).verdict is Verdict.ABNORMAL
         assert all(hj.judge(p).verdict is Verdict.NORMAL for p in peers.values())
+
+
+def test_a_slightly_slow_pod_with_other_buckets_is_weighted_down_not_removed() -> None:
+    """Weights of a scraped fleet: a pod of the new version (other buckets) 1.4x slower gets a
+    weight below 1 and stays routed (it kept full weight before: no estimate for other bounds);
+    its healthy twin keeps full weight."""
+    pods = [(f"old{i}", OLD_B, 1.0) for i in range(6)] + [("new0", NEW_B, 1.0), ("new1", NEW_B, 1.4)]
+    det = _scraped_fleet(lambda k: pods, 80, requests=300, seed=4)
+    weight = {s.node_id: s.weight for s in det.statuses()}
+    assert det.routing()["m"] == {p for p in weight}, det.routing()
+    assert weight["new1"] is not None and weight["new1"] < 0.9, weight
+    assert weight["new0"] == 1.0 and all(weight[f"old{i}"] == 1.0 for i in range(6)), weight

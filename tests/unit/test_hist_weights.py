@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from test_hist_rules import NEW_B, OLD_B, ST, _lognormal_win, summary
 
-from tailguard.core.judge.hist_weights import cdf_at, log_shift, targets
+from tailguard.core.judge.hist_weights import log_shift, targets
 from tailguard.core.judge.peers import PeerSet
 from tailguard.core.window.hist_window import HistWindow
 from tailguard.sim.exposition import VLLM_E2E
@@ -67,12 +67,10 @@ def _peer_set(wins: dict[str, HistWindow]) -> PeerSet:
 
 
 @pytest.mark.parametrize("seed", range(10))
-def test_a_slow_pod_with_other_buckets_gets_a_weight(seed: int) -> None:
-    """A rolling upgrade: a pod of the new version (other buckets) 1.5x slower than the 6 old
-    pods got no estimate, so no weight, while it was on a minority of bounds (seen in a
-    replayed capture: never weighted while 10 old pods stayed). Now it is estimated against
-    the reference read at its own bounds; a healthy new pod gets none, and the old pods'
-    targets are those of a fleet without the newcomers."""
+def test_new_pods_with_other_buckets_weighted_only_when_slower(seed: int) -> None:
+    """A rolling upgrade: pods of the new version (other buckets) beside 6 old pods. The 1.5x
+    slower one is weighted from the bounds it shares with the reference, the healthy one is
+    not, and the old pods' targets are those of a fleet without the newcomers."""
     rng = np.random.default_rng(seed)
     old = {f"n{i}": _lognormal_win(rng, 1.2, 400, OLD_B) for i in range(6)}
     new = {"new0": _lognormal_win(rng, 1.2, 400, NEW_B), "new1": _lognormal_win(rng, 1.8, 400, NEW_B)}
@@ -82,12 +80,3 @@ def test_a_slow_pod_with_other_buckets_gets_a_weight(seed: int) -> None:
     assert math.exp(math.log(got["new1"].value / got["new1"].ref)) == pytest.approx(1.5, rel=0.15)
     assert {k: v for k, v in got.items() if k in old} == targets(_peer_set(old), ST)
 
-
-def test_the_reference_is_read_at_other_bounds_exactly_for_a_lognormal() -> None:
-    cdf = lognormal_cdf(1.2, 0.35)
-    at = (0.4, 1.0, 3.0, 7.0, 20.0, 9000.0)
-    got = cdf_at(VLLM_E2E, cdf, at)
-    for b, f in zip(at[:5], got[:5], strict=True):
-        assert f == pytest.approx(N.cdf(math.log(b / 1.2) / 0.35), abs=1e-9)
-    assert math.isnan(got[5])                             # past the last bound: nothing to read
-    assert math.isnan(cdf_at((0.3, 0.5), (0.0, 0.5), (0.4,))[0])   # next to a CDF of 0: no probit

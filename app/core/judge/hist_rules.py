@@ -137,15 +137,18 @@ def on_shared_bounds(wins: Sequence[HistWindow]) -> tuple[tuple[float, ...], lis
     shared = sorted(set.intersection(*(set(w.bounds_s) for w in wins)))
     if not shared:
         return (), []
-    out = []
-    for w in wins:
-        cum = [0]
-        for c in w.counts:
-            cum.append(cum[-1] + c)
-        at = [cum[w.bounds_s.index(b) + 1] for b in shared] + [cum[-1]]
-        counts = tuple(hi - lo for lo, hi in zip([0, *at[:-1]], at, strict=True))
-        out.append(dataclasses.replace(w, bounds_s=tuple(shared), counts=counts))
-    return tuple(shared), out
+    return tuple(shared), [rebucket(w, tuple(shared)) for w in wins]
+
+
+def rebucket(w: HistWindow, bounds_s: tuple[float, ...]) -> HistWindow:
+    """``w`` with the buckets of ``bounds_s``, a subset of its bounds (exact: each new bucket
+    is the sum of ``w``'s between two of them)."""
+    cum = [0]
+    for c in w.counts:
+        cum.append(cum[-1] + c)
+    at = [cum[w.bounds_s.index(b) + 1] for b in bounds_s] + [cum[-1]]
+    counts = tuple(hi - lo for lo, hi in zip([0, *at[:-1]], at, strict=True))
+    return dataclasses.replace(w, bounds_s=bounds_s, counts=counts)
 
 
 def _from_bound(w: HistWindow, bound_s: float) -> int:

@@ -11,17 +11,15 @@ requests, divided by the reference's probit slope in log latency. Exact for a lo
 any bucket widths, within 6 % for Weibull shapes; its standard error comes from the counts.
 
 Guarantees: pure; no estimate (so no weight: held at 1.0) for a node whose class has fewer
-than ``min_peers`` windows of the same bounds or whose reference spans fewer than two bounds
-(a narrow distribution inside one wide bucket: the buckets cannot tell); a node with other
-bounds than most of its class (a pod of another server version) is estimated against the
-reference read at its own bounds (:func:`cdf_at`) and moves neither the reference nor the
-band; the noise band is at least ``NOISE_K`` times the peers' robust spread of estimates and
-the node's own standard error, as for sample pairs. Rationale and resolution: docs/rules.md (Routing weights).
+than ``min_peers`` windows of the same bounds, or whose reference spans fewer than two bounds
+(a narrow distribution inside one wide bucket: the buckets cannot tell) of those the node has
+(a node with other buckets is estimated on the bounds it shares); the noise band is at
+least ``NOISE_K`` times the peers' robust spread of estimates and the node's own standard
+error, as for sample pairs. Rationale and resolution: docs/rules.md (Routing weights).
 """
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections.abc import Set
 from statistics import NormalDist
@@ -29,7 +27,7 @@ from typing import Final
 
 from tailguard.core.contract.config import DetectorSettings
 from tailguard.core.contract.types import WeightEvidence
-from tailguard.core.judge.hist_rules import HIST_SIGNAL, reference, windows_of
+from tailguard.core.judge.hist_rules import HIST_SIGNAL, rebucket, reference, windows_of
 from tailguard.core.judge.peers import PeerSet, hw_class, median
 from tailguard.core.judge.weights import BAND_FLOOR, NOISE_K, log_spread, target_weight
 from tailguard.core.window.hist_window import US_PER_S, HistWindow
@@ -83,23 +81,25 @@ def targets(peers: PeerSet, st: DetectorSettings, want: Set[str] = frozenset()) 
     out: dict[str, WeightEvidence] = {}
     for (signal, _cls), rows in groups.items():
         bounds = _common_bounds(rows)
-        grid = [r for r in rows if r[1].bounds_s == bounds]
-        ref = reference([w for _, w, _ in grid]) if len(grid) >= st.min_peers else None
+        others = [r for r in rows if r[1].bounds_s != bounds]
+        rows = [r for r in rows if r[1].bounds_s == bounds]
+        ref = reference([w for _, w, _ in rows]) if len(rows) >= st.min_peers else None
         if ref is None:
             continue
-        est = {node: (e, samples) for node, w, samples in grid
+        est = {node: (e, samples) for node, w, samples in rows
                if (e := log_shift(bounds, ref.cdf, w)) is not None}
         if len(est) < st.min_peers:
             continue
-        # Other grids (pods of another server version): the reference read at their own bounds.
-        # They are estimated, never part of the centre or the spread.
-        others = {node: (e, samples) for node, w, samples in rows if w.bounds_s != bounds
-                  and (e := log_shift(w.bounds_s, cdf_at(bounds, ref.cdf, w.bounds_s), w)) is not None}
         centre = median([lf for (lf, _), _ in est.values()])
         spread = log_spread([math.exp(lf - centre) for (lf, _), _ in est.values()])
         floor = max(BAND_FLOOR, NOISE_K * spread)
         ref_us = _ref_p50_us(ref.bounds_s, ref.cdf)
-        for node, ((lf, se), samples) in sorted({**est, **others}.items()):
+        # Nodes with other buckets (another server version): on the bounds they share with the
+        # reference, against the same centre and band.
+        for node, w, samples in others:
+            if (e := _shift_on_shared(ref.bounds_s, ref.cdf, w)) is not None:
+                est[node] = (e, samples)
+        for node, ((lf, se), samples) in sorted(est.items()):
             rel = lf - centre
             if rel <= floor and node not in want:
                 continue
@@ -111,23 +111,15 @@ def targets(peers: PeerSet, st: DetectorSettings, want: Set[str] = frozenset()) 
     return out
 
 
-def cdf_at(bounds_s: tuple[float, ...], cdf: tuple[float, ...], at_s: tuple[float, ...]) -> tuple[float, ...]:
-    """The CDF given at ``bounds_s`` read at the bounds ``at_s``: exact at a shared bound, between
-    two bounds interpolated linearly in probit units over log latency (exact for a lognormal);
-    NaN (no estimate there: :func:`log_shift` skips it) outside ``bounds_s`` or next to a
-    bound where the CDF is 0 or 1 (no probit)."""
-    out = []
-    for b in at_s:
-        k = bisect.bisect_left(bounds_s, b)
-        if k < len(bounds_s) and bounds_s[k] == b:
-            out.append(cdf[k])
-        elif 0 < k < len(bounds_s) and cdf[k - 1] > 0.0 and cdf[k] < 1.0:
-            lo, hi = math.log(bounds_s[k - 1]), math.log(bounds_s[k])
-            z_lo, z_hi = _N.inv_cdf(cdf[k - 1]), _N.inv_cdf(cdf[k])
-            out.append(_N.cdf(z_lo + (z_hi - z_lo) * (math.log(b) - lo) / (hi - lo)))
-        else:
-            out.append(math.nan)
-    return tuple(out)
+def _shift_on_shared(ref_bounds_s: tuple[float, ...], ref_cdf: tuple[float, ...], w: HistWindow,
+                     ) -> tuple[float, float] | None:
+    """:func:`log_shift` of ``w`` on the bounds it shares with the reference (exact subsets of
+    both); None when they share too few where the reference rises."""
+    shared = tuple(sorted(set(ref_bounds_s) & set(w.bounds_s)))
+    if len(shared) < 2:
+        return None
+    cdf = tuple(ref_cdf[ref_bounds_s.index(b)] for b in shared)
+    return log_shift(shared, cdf, rebucket(w, shared))
 
 
 def _common_bounds(rows: list[tuple[str, HistWindow, int]]) -> tuple[float, ...]:
