@@ -16,7 +16,7 @@ from test_histogram_small_fleets import ONSET_S, fleet, moves, run, slowdown
 from tailguard.core.contract.config import DetectorSettings
 from tailguard.core.replay.replay import replay
 from tailguard.sim import histtrace, outcome, tracegen
-from tailguard.sim.exposition import SGLANG_E2E
+from tailguard.sim.exposition import SGLANG_E2E, tgi_buckets
 
 
 @pytest.mark.parametrize("seed", [1, 2])
@@ -40,13 +40,13 @@ def test_a_healthy_scraped_fleet_keeps_full_weight(p50_ms: float, sigma: float, 
     assert [r for r in records if r.get("type") == "weight"] == [] and res.ejected_at_s == {}, moves(records)
 
 
-SGLANG = {"e2e": SGLANG_E2E}
+OTHER_BUCKETS = {"sglang": {"e2e": SGLANG_E2E}, "tgi": {"e2e": tgi_buckets()}}     # tgi: no bound shared
 
 
-@pytest.mark.parametrize("seed", [1, 2])
-def test_a_slower_pod_of_a_new_version_with_other_buckets_is_weighted(seed: int) -> None:
+@pytest.mark.parametrize(("seed", "server"), [(1, "sglang"), (2, "sglang"), (1, "tgi")])
+def test_a_slower_pod_of_a_new_version_with_other_buckets_is_weighted(seed: int, server: str) -> None:
     """A rolling upgrade of a scraped fleet, end to end through replay: 2 new pods (new ids,
-    SGLang's e2e buckets, other than the 8 vLLM pods') join at 300 s; gpu-node-10 is 1.5x
+    SGLang's or TGI's e2e buckets, not the 8 vLLM pods') join at 300 s; gpu-node-10 is 1.5x
     slower. It is weighted down (before 1b274a2 it never was while its bounds were a minority)
     and nobody else is weighted or ejected."""
     s = fleet(10, p50_ms=1800.0, sigma=0.4, rate=8.0, duration_s=900.0, faults="""
@@ -57,7 +57,7 @@ join_s = 300
 speed = 1.5
 """)
     out: list[str] = []
-    upgraded = {"gpu-node-09": SGLANG, "gpu-node-10": SGLANG}
+    upgraded = {"gpu-node-09": OTHER_BUCKETS[server], "gpu-node-10": OTHER_BUCKETS[server]}
     replay(histtrace.histogram_lines(tracegen.generate(s, seed), node_buckets=upgraded),
            DetectorSettings(), out.append)
     records = [json.loads(line) for line in out]
