@@ -2,9 +2,9 @@
 
 :func:`histogram_lines` turns a :class:`~tailguard.sim.tracegen.Trace` into what ``tailguard scrape``
 would publish for it had every node been a server exporting latency histograms (vLLM's default
-buckets, :data:`VLLM_BUCKETS`, unless told otherwise), scraped every ``interval_s``: per node,
-model and interval, the NON-cumulative bucket counts of the requests that completed in it
-(``e2e`` = latency, ``ttft`` and ``itl`` — per request ``(latency - ttft) / (output_tokens - 1)``,
+buckets, :data:`VLLM_BUCKETS`, unless told otherwise, per node if need be), scraped every
+``interval_s``: per node, model and interval, the NON-cumulative bucket counts of the requests
+that completed in it (``e2e`` = latency, ``ttft`` and ``itl`` — per request ``(latency - ttft) / (output_tokens - 1)``,
 observed once per decoded token as vLLM does — when the trace has them), with the interval's
 requests and failures; a heartbeat for an interval where a reporting node completed nothing (the
 scrape answered); nothing while a node is silent. A restart (fault ``restart``) resets the
@@ -96,12 +96,14 @@ def _stream_events(trace: Trace, s: Stream, interval_s: float,
 
 
 def histogram_lines(trace: Trace, *, interval_s: float = 10.0,
-                    buckets: Mapping[str, Sequence[float]] = VLLM_BUCKETS) -> list[str]:
-    """The trace's histogram events (module docstring), in event-time order."""
+                    buckets: Mapping[str, Sequence[float]] = VLLM_BUCKETS,
+                    node_buckets: Mapping[str, Mapping[str, Sequence[float]]] | None = None) -> list[str]:
+    """The trace's histogram events (module docstring), in event-time order. ``node_buckets``:
+    other buckets for some nodes (node id -> metric -> bounds; a pod of another server version)."""
     if not interval_s > 0:
         raise ValueError(f"interval_s must be > 0, got {interval_s!r}")
     rows: list[tuple[float, str]] = []
     for s in trace.streams:
-        rows += _stream_events(trace, s, interval_s, buckets)
+        rows += _stream_events(trace, s, interval_s, (node_buckets or {}).get(s.node_id, buckets))
     rows.sort(key=lambda r: r[0])
     return [line for _, line in rows]

@@ -6,7 +6,9 @@
 dicts and returns an :class:`Outcome` listing every broken expectation in words,
 with numbers (seconds after onset). A scenario whose other nodes stay
 (``others_stay``) also expects every node without a fault to keep a weight of at
-least :data:`HEALTHY_MIN_WEIGHT`. Pure: no I/O.
+least :data:`HEALTHY_MIN_WEIGHT`. A faulty pair refused admission (``from`` warming) after its
+fault's onset was out of routing all along: it meets its ``within_s`` whenever the refusal
+comes. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ def check(scenario: Scenario, records: Iterable[Mapping[str, Any]]) -> Outcome:
     fleet = 0
     kinds: set[str] = set()
     low: dict[tuple[str, str], tuple[float, float]] = {}
+    refused: set[tuple[str, str]] = set()
     for rec in records:
         if rec.get("type") == "weight":
             key = (str(rec["node_id"]), str(rec["model"]))
@@ -72,6 +75,8 @@ def check(scenario: Scenario, records: Iterable[Mapping[str, Any]]) -> Outcome:
             continue
         if rec["routed"] is False and key not in ejected:
             ejected[key] = t
+            if rec.get("from") == "warming":        # admission refused: out of routing all along
+                refused.add(key)
         elif rec["routed"] is True and key in ejected and key not in readmitted:
             readmitted[key] = t
 
@@ -86,7 +91,7 @@ def check(scenario: Scenario, records: Iterable[Mapping[str, Any]]) -> Outcome:
         after = ejected[key] - e.onset_s
         if after < 0:
             problems.append(f"{name} was taken out {-after:.1f} s BEFORE its fault's onset ({e.onset_s:g} s)")
-        elif after > e.within_s:
+        elif after > e.within_s and key not in refused:     # never admitted: out at onset already
             problems.append(f"{name} was taken out {after:.1f} s after onset; expected within {e.within_s:g} s")
         if e.readmit_within_s is not None and e.end_s is not None:
             back = readmitted.get(key)

@@ -8,8 +8,15 @@ other nodes, and every node of a healthy fleet, keep full weight at every tick.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from test_histogram_small_fleets import ONSET_S, fleet, moves, run, slowdown
+
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.replay.replay import replay
+from tailguard.sim import histtrace, outcome, tracegen
+from tailguard.sim.exposition import SGLANG_E2E, tgi_buckets
 
 
 @pytest.mark.parametrize("seed", [1, 2])
@@ -31,3 +38,31 @@ def test_a_slower_node_is_weighted_down_not_ejected(p50_ms: float, factor: float
 def test_a_healthy_scraped_fleet_keeps_full_weight(p50_ms: float, sigma: float, nodes: int) -> None:
     res, records = run(fleet(nodes, p50_ms=p50_ms, sigma=sigma, rate=5.0, duration_s=1200.0), seed=3)
     assert [r for r in records if r.get("type") == "weight"] == [] and res.ejected_at_s == {}, moves(records)
+
+
+OTHER_BUCKETS = {"sglang": {"e2e": SGLANG_E2E}, "tgi": {"e2e": tgi_buckets()}}     # tgi: no bound shared
+
+
+@pytest.mark.parametrize(("seed", "server"), [(1, "sglang"), (2, "sglang"), (1, "tgi")])
+def test_a_slower_pod_of_a_new_version_with_other_buckets_is_weighted(seed: int, server: str) -> None:
+    """A rolling upgrade of a scraped fleet, end to end through replay: 2 new pods (new ids,
+    SGLang's or TGI's e2e buckets, not the 8 vLLM pods') join at 300 s; gpu-node-10 is 1.5x
+    slower. It is weighted down (before 1b274a2 it never was while its bounds were a minority)
+    and nobody else is weighted or ejected."""
+    s = fleet(10, p50_ms=1800.0, sigma=0.4, rate=8.0, duration_s=900.0, faults="""
+[nodes.override.gpu-node-09]
+join_s = 300
+[nodes.override.gpu-node-10]
+join_s = 300
+speed = 1.5
+""")
+    out: list[str] = []
+    upgraded = {"gpu-node-09": OTHER_BUCKETS[server], "gpu-node-10": OTHER_BUCKETS[server]}
+    replay(histtrace.histogram_lines(tracegen.generate(s, seed), node_buckets=upgraded),
+           DetectorSettings(), out.append)
+    records = [json.loads(line) for line in out]
+    res = outcome.check(s, records)
+    assert res.ejected_at_s == {}, moves(records)
+    low = res.lowest_weight.get(("gpu-node-10", "m"))
+    assert low is not None and low[0] <= 0.75, res.lowest_weight
+    assert set(res.lowest_weight) == {("gpu-node-10", "m")}, res.lowest_weight     # nobody else

@@ -6,11 +6,14 @@ from __future__ import annotations
 import math
 from statistics import NormalDist
 
+import numpy as np
 import pytest
+from test_hist_rules import NEW_B, OLD_B, ST, _lognormal_win, summary
 
-from tailguard.core.judge.hist_weights import log_shift
+from tailguard.core.judge.hist_weights import cdf_at, log_shift, targets
+from tailguard.core.judge.peers import PeerSet
 from tailguard.core.window.hist_window import HistWindow
-from tailguard.sim.exposition import VLLM_E2E
+from tailguard.sim.exposition import VLLM_E2E, tgi_buckets
 
 N = NormalDist()
 
@@ -56,3 +59,49 @@ def test_the_standard_error_grows_as_requests_fall() -> None:
     few = log_shift(VLLM_E2E, ref, window_of(lognormal_cdf(0.9, 0.5), 100))
     assert many is not None and few is not None
     assert few[1] == pytest.approx(many[1] * 10, rel=0.1)
+
+
+def _peer_set(wins: dict[str, HistWindow]) -> PeerSet:
+    summaries = [summary(node, {"e2e": w}) for node, w in wins.items()]
+    return PeerSet(list(wins), summaries, [1.0] * len(wins), [2.0] * len(wins), [], [])
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_new_pods_with_other_buckets_weighted_only_when_slower(seed: int) -> None:
+    """A rolling upgrade: pods of the new version (other buckets) beside 6 old pods. The 1.5x
+    slower one is weighted from the bounds it shares with the reference, the healthy one is
+    not, and the old pods' targets are those of a fleet without the newcomers."""
+    rng = np.random.default_rng(seed)
+    old = {f"n{i}": _lognormal_win(rng, 1.2, 400, OLD_B) for i in range(6)}
+    new = {"new0": _lognormal_win(rng, 1.2, 400, NEW_B), "new1": _lognormal_win(rng, 1.8, 400, NEW_B)}
+    got = targets(_peer_set({**old, **new}), ST)
+    assert "new0" not in got                              # healthy: within the band
+    assert "new1" in got and 0.35 <= got["new1"].target <= 0.75, got.get("new1")
+    assert math.exp(math.log(got["new1"].value / got["new1"].ref)) == pytest.approx(1.5, rel=0.15)
+    assert {k: v for k, v in got.items() if k in old} == targets(_peer_set(old), ST)
+
+
+
+def test_a_slow_pod_on_a_grid_that_shares_no_bound_is_weighted() -> None:
+    """A pod on TGI's 1.5^k buckets beside vLLM pods shares no bound with them: it got no
+    estimate, so a pod 1.5x slower kept full weight (a backtest of a rolling upgrade; 3x slower
+    it was ejected). Now the reference is read at its own bounds; a healthy one gets none."""
+    tgi = tgi_buckets()
+    assert not set(tgi) & set(OLD_B)
+    for seed in range(5):
+        rng = np.random.default_rng(seed)
+        old = {f"n{i}": _lognormal_win(rng, 1.2, 400, OLD_B) for i in range(6)}
+        new = {"new0": _lognormal_win(rng, 1.2, 400, tgi), "new1": _lognormal_win(rng, 1.8, 400, tgi)}
+        got = targets(_peer_set({**old, **new}), ST)
+        assert "new0" not in got
+        assert "new1" in got and 0.35 <= got["new1"].target <= 0.75, got.get("new1")
+
+
+def test_the_reference_is_read_at_other_bounds_exactly_for_a_lognormal() -> None:
+    cdf = lognormal_cdf(1.2, 0.35)
+    at = (0.4, 1.0, 3.0, 7.0, 20.0, 9000.0)
+    got = cdf_at(VLLM_E2E, cdf, at)
+    for b, f in zip(at[:5], got[:5], strict=True):
+        assert f == pytest.approx(N.cdf(math.log(b / 1.2) / 0.35), abs=1e-9)
+    assert math.isnan(got[5])                             # past the last bound: nothing to read
+    assert math.isnan(cdf_at((0.3, 0.5), (0.0, 0.5), (0.4,))[0])   # next to a CDF of 0: no probit

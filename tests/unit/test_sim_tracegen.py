@@ -206,6 +206,22 @@ def test_outcome_check_finds_late_early_missing_and_extra_ejections() -> None:
     assert "expects it to stay" in missing.problems[1]
 
 
+def test_outcome_check_takes_a_refused_admission_as_out_all_along() -> None:
+    """A faulty node still warming at its fault's onset is refused admission, never routed: it
+    was out of routing all along, whenever the refusal comes (it was reported 'taken out 159 s
+    after onset' in a backtest of a scraped fleet). Refused before the onset it is still early."""
+    s = sc.load(ROOT / "scenarios" / "fault_recovery.toml")
+    refused = {**_rec(460, "gpu-node-04", False), "from": "warming", "to": "unhealthy"}
+    back = _rec(700, "gpu-node-04", True)
+    assert outcome.check(s, [refused, back]).ok
+    routed_then_late = outcome.check(s, [{**refused, "from": "suspect"}, back])
+    assert "taken out 160.0 s after onset" in routed_then_late.problems[0]
+    early = outcome.check(s, [{**refused, "ts": sc.EPOCH_S + 200}, back])
+    assert "BEFORE" in early.problems[0]
+    healthy = outcome.check(s, [{**refused, "node_id": "gpu-node-01"}])
+    assert "expects it to stay" in healthy.problems[-1]
+
+
 def test_outcome_check_requires_the_fleet_event_a_scenario_expects() -> None:
     s = sc.load(ROOT / "scenarios" / "traffic_peak.toml")
     assert not outcome.check(s, []).ok

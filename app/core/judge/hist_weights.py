@@ -13,13 +13,15 @@ any bucket widths, within 6 % for Weibull shapes; its standard error comes from 
 Guarantees: pure; no estimate (so no weight: held at 1.0) for a node whose class has fewer
 than ``min_peers`` windows of the same bounds, or whose reference spans fewer than two bounds
 (a narrow distribution inside one wide bucket: the buckets cannot tell) of those the node has
-(a node with other buckets is estimated on the bounds it shares); the noise band is at
+(a node with other buckets is estimated on the bounds it shares, or, sharing fewer than two,
+against the reference read at its own bounds: :func:`cdf_at`); the noise band is at
 least ``NOISE_K`` times the peers' robust spread of estimates and the node's own standard
 error, as for sample pairs. Rationale and resolution: docs/rules.md (Routing weights).
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Set
 from statistics import NormalDist
@@ -114,12 +116,32 @@ def targets(peers: PeerSet, st: DetectorSettings, want: Set[str] = frozenset()) 
 def _shift_on_shared(ref_bounds_s: tuple[float, ...], ref_cdf: tuple[float, ...], w: HistWindow,
                      ) -> tuple[float, float] | None:
     """:func:`log_shift` of ``w`` on the bounds it shares with the reference (exact subsets of
-    both); None when they share too few where the reference rises."""
+    both); with fewer than two shared (TGI's 1.5^k grid beside vLLM's), against the reference
+    read at ``w``'s own bounds (:func:`cdf_at`). None when too few bounds carry it."""
     shared = tuple(sorted(set(ref_bounds_s) & set(w.bounds_s)))
     if len(shared) < 2:
-        return None
+        return log_shift(w.bounds_s, cdf_at(ref_bounds_s, ref_cdf, w.bounds_s), w)
     cdf = tuple(ref_cdf[ref_bounds_s.index(b)] for b in shared)
     return log_shift(shared, cdf, rebucket(w, shared))
+
+
+def cdf_at(bounds_s: tuple[float, ...], cdf: tuple[float, ...], at_s: tuple[float, ...]) -> tuple[float, ...]:
+    """The CDF given at ``bounds_s`` read at the bounds ``at_s``: exact at a shared bound, between
+    two bounds interpolated linearly in probit units over log latency (exact for a lognormal);
+    NaN (no estimate there: :func:`log_shift` skips it) outside ``bounds_s`` or next to a
+    bound where the CDF is 0 or 1 (no probit)."""
+    out = []
+    for b in at_s:
+        k = bisect.bisect_left(bounds_s, b)
+        if k < len(bounds_s) and bounds_s[k] == b:
+            out.append(cdf[k])
+        elif 0 < k < len(bounds_s) and cdf[k - 1] > 0.0 and cdf[k] < 1.0:
+            lo, hi = math.log(bounds_s[k - 1]), math.log(bounds_s[k])
+            z_lo, z_hi = _N.inv_cdf(cdf[k - 1]), _N.inv_cdf(cdf[k])
+            out.append(_N.cdf(z_lo + (z_hi - z_lo) * (math.log(b) - lo) / (hi - lo)))
+        else:
+            out.append(math.nan)
+    return tuple(out)
 
 
 def _common_bounds(rows: list[tuple[str, HistWindow, int]]) -> tuple[float, ...]:
