@@ -34,8 +34,8 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,7 +43,6 @@ from typing import Any
 import numpy as np
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from prometheus_client.parser import text_string_to_metric_families
 
 from bench.bench_streaming import ROOT, free_port, worker_env
 from bench.timing import best
@@ -51,6 +50,7 @@ from tailguard.core.contract.config import DetectorSettings
 from tailguard.core.contract.events import SampleBatch
 from tailguard.core.judge.evaluate import FleetEvaluator
 from tailguard.core.window.window import WindowStore
+from tailguard.sim import worker_metrics
 from tailguard.sim.series_feed import feed_messages, fleet_pairs, series_batches
 from tailguard.streaming.service import stage2_offset_s
 
@@ -68,17 +68,9 @@ def say(msg: str) -> None:
 
 
 def scrape(port: int) -> dict[str, float]:
-    """The worker's metrics (labelled ones summed), ``{}`` while it starts."""
-    try:
-        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    except OSError:
-        return {}
-    out: dict[str, float] = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            key = s.name + "".join(f"|{v}" for k, v in sorted(s.labels.items()) if k == "reason")
-            out[key] = out.get(key, 0.0) + float(s.value)
-    return out
+    """The worker's metrics by name and reason (:func:`tailguard.sim.worker_metrics.read`),
+    ``{}`` while it starts."""
+    return worker_metrics.read(port, labels=("reason",))
 
 
 def rss_mb(pid: int) -> float:
@@ -102,17 +94,24 @@ async def send(bootstrap: str, topic: str, msgs: list[tuple[bytes, bytes]],
     p = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, max_batch_size=1 << 20)
     await p.start()
     try:
-        futs = []
-        for i, (key, value) in enumerate(msgs):
-            futs.append(await p.send(topic, value, key=key))
-            if len(futs) >= 20_000:
-                await asyncio.gather(*futs)
-                futs = []
-                if progress:
-                    say(f"{progress}: {i + 1:,} of {len(msgs):,} messages sent")
-        await asyncio.gather(*futs)
+        await send_all(p, topic, msgs, 20_000, progress and f"{progress}: {{}} messages sent")
     finally:
         await p.stop()
+
+
+async def send_all(producer: AIOKafkaProducer, topic: str, msgs: list[tuple[bytes, bytes]],
+                   every: int, progress: str = "", tell: Callable[[str], None] = say) -> None:
+    """Send ``msgs`` (key, value) pipelined, waiting for the acknowledgements every ``every``
+    messages; ``progress`` (with ``{}`` for "i of n"): told at each wait."""
+    futs = []
+    for i, (key, value) in enumerate(msgs):
+        futs.append(await producer.send(topic, value, key=key))
+        if len(futs) >= every:
+            await asyncio.gather(*futs)
+            futs = []
+            if progress:
+                tell(progress.format(f"{i + 1:,} of {len(msgs):,}"))
+    await asyncio.gather(*futs)
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ import numpy as np
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 
-from bench.bench_cost_curve import PARTITIONS, create_topic, scrape, start_worker, stop
+from bench.bench_cost_curve import PARTITIONS, create_topic, scrape, send_all, start_worker, stop
 from bench.bench_streaming import free_port, worker_env
 from tailguard.core.contract import binary
 
@@ -152,18 +152,6 @@ class Run:
 
 # ------------------------------------------------------------------ one run
 
-async def _send_uncommitted(producer: AIOKafkaProducer, topic: str,
-                            msgs: list[tuple[bytes, bytes]]) -> None:
-    futs = []
-    for i, (key, value) in enumerate(msgs):
-        futs.append(await producer.send(topic, value, key=key))
-        if len(futs) >= 5000:
-            await asyncio.gather(*futs)
-            futs = []
-            say(f"  {i + 1:,} of {len(msgs):,} messages acknowledged (not committed)")
-    await asyncio.gather(*futs)
-
-
 def _shares(logs: list[Any], topic: str) -> list[set[int]]:
     owns = re.compile(r"stage 1 owns " + re.escape(topic) + r" partitions \[([0-9, ]*)\]")
     out = []
@@ -228,7 +216,7 @@ async def one_run(bootstrap: str, msgs: list[tuple[bytes, bytes]], samples: int,
     try:
         say(f"{n_workers} worker(s): the backlog ({len(msgs):,} messages) in an open transaction")
         await producer.begin_transaction()
-        await _send_uncommitted(producer, topic, msgs)
+        await send_all(producer, topic, msgs, 5000, "  {} messages acknowledged (not committed)", say)
         ports = [free_port() for _ in range(n_workers)]
         started = [start_worker(worker_env(bootstrap, topic, name, port, TAILGUARD_LOG_LEVEL="info"),
                                 f"w{i}") for i, port in enumerate(ports)]

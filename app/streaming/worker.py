@@ -35,9 +35,9 @@ from tailguard.streaming.topics import ensure_topics
 log = logging.getLogger("tailguard.worker")
 
 # The collector's own full passes: one per this many passes over its middle generation
-# (Python's default 10). At 100,000 series each full pass took 0.5-1.3 s, three times a tick,
-# wherever it fell (a stage-1 tick too); the worker makes the pass when it is due after each
-# stage-2 tick instead (service.py, collect_if_due), and this is the backstop.
+# (Python's default 10). The worker makes the pass when it is due after each stage-2 tick
+# (service.py, collect_if_due), so that it never falls inside a stage-1 tick; this is the
+# backstop. Measured: docs/performance.md (100,000 series on one worker).
 FULL_COLLECTION_EVERY = 100
 
 

@@ -1,11 +1,14 @@
-"""Running a second copy of a stack script (scripts/kafka, scripts/redis-sentinel) beside the
-shared stack: a free port range, and the script run with its own environment."""
+"""Running a second copy of a stack script (scripts/kafka, scripts/redis-sentinel,
+scripts/redis-cluster) beside the shared stack: a free port range, and the script run with its
+own environment."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 
 from worker_harness import ROOT
 
@@ -29,3 +32,26 @@ def run_script(name: str, env: Mapping[str, str], *args: str, timeout_s: float =
                           capture_output=True, text=True, timeout=timeout_s, check=False)
     assert done.returncode == 0, f"scripts/{name} {' '.join(args)}: {done.stderr[-2000:]}"
     return done.stdout
+
+
+class ScriptCluster:
+    """``scripts/redis-cluster`` beside the shared stack: 3 primaries (and one replica each with
+    ``replicas=1``) on the first free port range of ``bases``, its state under ``run_dir``."""
+
+    def __init__(self, run_dir: Path, bases: Iterable[int], replicas: int = 0) -> None:
+        nodes = 3 * (1 + replicas)
+        base = free_base(bases, lambda b: [p for i in range(nodes) for p in (b + i, b + 10000 + i)],
+                         "a Redis Cluster of 3 primaries" + (f" and {nodes - 3} replicas" if replicas else ""))
+        self.port = base
+        self.ports = [base + i for i in range(nodes)]
+        self.url = f"redis://127.0.0.1:{base}/0"
+        self.run_dir = run_dir
+        self.env = {**os.environ, "TAILGUARD_RUN": str(run_dir), "TAILGUARD_REDIS_CLUSTER_PORT": str(base)}
+        if replicas:
+            self.env["TAILGUARD_REDIS_CLUSTER_REPLICAS"] = str(replicas)
+
+    def run(self, *args: str) -> str:
+        return run_script("redis-cluster", self.env, *args, timeout_s=60)
+
+    def pid(self, port: int) -> int:
+        return int((self.run_dir / "redis-cluster" / f"node-{port}.pid").read_text().strip())

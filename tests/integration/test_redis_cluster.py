@@ -33,7 +33,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from stack_scripts import free_base, run_script
+from stack_scripts import ScriptCluster
 from test_haproxy import BACKEND, start_haproxy, start_sync
 from worker_harness import (
     HEALTHY,
@@ -68,18 +68,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(420), pytest.mark.xdi
 MODEL = "llama-3-70b"
 
 
-class Cluster:
+class Cluster(ScriptCluster):
     def __init__(self, run_dir: Path) -> None:
-        base = free_base((17000, 17100, 17200, 17300),
-                         lambda b: (b, b + 1, b + 2, b + 10000, b + 10001, b + 10002),
-                         "a Redis Cluster of 3 primaries")
-        self.port = base
-        self.url = f"redis://127.0.0.1:{base}/0"
-        self.env = {**os.environ, "TAILGUARD_RUN": str(run_dir),
-                    "TAILGUARD_REDIS_CLUSTER_PORT": str(base)}
-
-    def run(self, *args: str) -> str:
-        return run_script("redis-cluster", self.env, *args, timeout_s=60)
+        super().__init__(run_dir, (17000, 17100, 17200, 17300))
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
-from stack_scripts import free_base, run_script
+from stack_scripts import ScriptCluster
 from worker_harness import (
     HEALTHY,
     NODES,
@@ -52,23 +52,9 @@ TICK_S = 1.0
 NODE_COUNT = 6      # 3 primaries, 3 replicas
 
 
-class ReplicatedCluster:
+class ReplicatedCluster(ScriptCluster):
     def __init__(self, run_dir: Path) -> None:
-        base = free_base((17400, 17500, 17600, 17700),
-                         lambda b: [p for i in range(NODE_COUNT) for p in (b + i, b + 10000 + i)],
-                         "a Redis Cluster of 3 primaries and 3 replicas")
-        self.port = base
-        self.ports = [base + i for i in range(NODE_COUNT)]
-        self.run_dir = run_dir
-        self.env = {**os.environ, "TAILGUARD_RUN": str(run_dir),
-                    "TAILGUARD_REDIS_CLUSTER_PORT": str(base),
-                    "TAILGUARD_REDIS_CLUSTER_REPLICAS": "1"}
-
-    def run(self, *args: str) -> str:
-        return run_script("redis-cluster", self.env, *args, timeout_s=60)
-
-    def pid(self, port: int) -> int:
-        return int((self.run_dir / "redis-cluster" / f"node-{port}.pid").read_text().strip())
+        super().__init__(run_dir, (17400, 17500, 17600, 17700), replicas=1)
 
     async def primary_of(self, slot: int, ask: int) -> int:
         """The port of the primary serving ``slot``, as node ``ask`` sees the cluster now."""

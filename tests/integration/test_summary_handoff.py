@@ -15,17 +15,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 from aiokafka import AIOKafkaProducer
-from prometheus_client.parser import text_string_to_metric_families
 from worker_harness import free_port, read_topic, running_worker, wait_for
 
 from tailguard.core.contract.types import WindowSummary
+from tailguard.sim import worker_metrics
 from tailguard.sim.series_feed import feed_messages, fleet_pairs, series_batches
 from tailguard.streaming.summary_batch import SummaryBatch
 from tailguard.streaming.wire import decode_stage2
@@ -38,17 +37,8 @@ PAIRS = fleet_pairs(MODELS, NODES)
 
 
 def metrics(port: int) -> dict[str, float]:
-    """The worker's metrics (labelled ones summed over their labels), ``{}`` while it starts."""
-    try:
-        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    except OSError:
-        return {}
-    out: dict[str, float] = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            key = s.name + "".join(f"|{v}" for v in s.labels.values())
-            out[key] = out.get(key, 0.0) + float(s.value)
-    return out
+    """The worker's metrics (:func:`tailguard.sim.worker_metrics.read`), ``{}`` while it starts."""
+    return worker_metrics.read(port)
 
 
 async def feed(kafka: str, topic: str) -> None:
