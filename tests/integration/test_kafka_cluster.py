@@ -132,10 +132,15 @@ async def test_a_killed_leader_loses_no_acknowledged_event_and_the_slow_node_sti
             desc = await wait_for(described, 30, "the worker's health topic in the cluster's metadata",
                                   worker.tail)
             assert {len(p["replicas"]) for p in desc["partitions"]} == {3}
-            (cfg,) = await admin.describe_configs(
-                [ConfigResource(ConfigResourceType.TOPIC, env.topic("health_changes"))])
-            isr = {e[0]: e[1] for e in cfg.resources[0][4]}["min.insync.replicas"]
-            assert isr == "2", isr
+
+            async def topic_config() -> dict[str, Any] | None:
+                # Likewise its configs: a broker that does not know the topic yet answers none.
+                (cfg,) = await admin.describe_configs(
+                    [ConfigResource(ConfigResourceType.TOPIC, env.topic("health_changes"))])
+                entries = {e[0]: e[1] for e in cfg.resources[0][4]}
+                return entries if "min.insync.replicas" in entries else None
+            cfg = await wait_for(topic_config, 30, "the worker's health topic's configs", worker.tail)
+            assert cfg["min.insync.replicas"] == "2", cfg
         finally:
             await admin.close()
         assert set((await _leaders(cluster.bootstrap, led_by_1)).values()) == {1}
