@@ -213,6 +213,7 @@ class Replay:
         """One line, the reference path: decode, hold or count it, run the ticks it crosses.
         ``pre``: its typed decoding, when the caller has it."""
         settings, early, held, stats = self.settings, self.early, self.held, self.stats
+        at = None
         if self.k is not None:
             if pre is _UNDECODED:
                 typed = self.acc.decode_lines([raw])
@@ -248,6 +249,10 @@ class Replay:
             self.flush_held()
         if ts <= self.seen_max and self.k is not None and ts < self.k * self.interval:
             stats.events += 1          # accepted(ts) of an event inside the current tick
+        elif at is None and self.k is not None and ts >= self.k * self.interval \
+                and self.early_other(raw, ts):
+            stats.events += 1          # in the windows as settled early lines are; no tick
+            self.advance(ts)
         else:
             self.accepted(ts)
         if self.progress is not None and lineno % PROGRESS_EVERY_LINES == 0:
@@ -387,6 +392,13 @@ class Replay:
             return False
         ahead.add(node)
         return True
+
+    def early_other(self, raw: bytes | str, ts: float) -> bool:
+        """A heartbeat, batch or histogram line at ``ts`` (added already) that would run a
+        tick is from a node ahead of the fleet (:meth:`is_early`): decoded once more for its
+        node, only at a boundary. Without this an early node's heartbeats ran the ticks."""
+        head = _event_at(raw, self.seen_max, self.settings)
+        return head is not None and self.is_early(head[0], ts)
 
     def settle_early(self, *, jump: bool) -> None:
         """The early lines join the windows: as they are while the fleet has not caught up,
