@@ -22,6 +22,7 @@ from tailguard.core.contract.types import HealthState, ModelTick, NodeStatus
 from tailguard.core.judge.evaluate import FleetEvaluator
 from tailguard.routing.apply_script import NO_EXTRAS, Extras
 from tailguard.routing.operators import OperatorState, Override
+from tailguard.settings import Settings
 from tailguard.streaming.edge import OperatorEdge
 from tailguard.streaming.metrics import WorkerMetrics
 from tailguard.streaming.publisher import Publisher
@@ -320,3 +321,18 @@ async def test_a_new_owner_from_the_tables_the_ticker_wrote_judges_as_the_old_on
         assert [o.tick.transitions for o in a] == [o.tick.transitions for o in b]
     assert "slow" not in new.routing.applied[-1].routing
     assert new.routing.applied[-1].routing == old.routing.applied[-1].routing
+
+
+async def test_the_default_backlog_holds_the_first_tick_of_100000_new_nodes_unpublished() -> None:
+    r = rig()
+    r.ticker.publisher = Publisher(r.publisher.send, max_bytes=Settings().publish_backlog_bytes)
+    r.publisher.fail = True     # nothing leaves: the whole tick waits in the backlog
+    model, nodes = "meta-llama/Llama-3.1-70B-Instruct", [f"gpu-node-{i:05d}" for i in range(1_000)]
+    for n in nodes:
+        r.stage2.on_summary(summary(n, model, r.clock.now_s, 1000.0, 1500.0))
+    r.clock.now_s += 0.5
+    await r.ticker.tick()
+    changes = len(r.ticker.publisher)
+    assert changes >= len(nodes) and not r.ticker.publisher.dropped    # a change each, at least
+    # What 100 such models (100,000 new nodes) queue in one tick fits the default.
+    assert 100 * r.ticker.publisher.nbytes <= Settings().publish_backlog_bytes
