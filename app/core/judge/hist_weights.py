@@ -75,8 +75,9 @@ def targets(peers: PeerSet, st: DetectorSettings, want: Set[str] = frozenset()) 
     """The target weight and evidence of every histogram peer slower than its class's noise
     band floor, and of the peers in ``want`` (those with a weight state) that have an estimate.
     Per signal and class, on the signal's metric, or, when its buckets give fewer than
-    ``min_peers`` estimates (a narrow ITL inside one wide bucket), on the next metric of
-    ``PREFERENCE`` that gives them (the evidence's ``signal`` names the metric used)."""
+    ``min_peers`` estimates (a narrow ITL inside one wide bucket), on every other metric that
+    gives them, each node's lowest target (a node slower in decode only shows it in e2e, not in
+    ttft); the evidence's ``signal`` names the metric used."""
     groups: dict[tuple[str, str], list[tuple[str, dict[str, HistWindow], int]]] = {}
     for node, s in zip(peers.nodes, peers.summaries, strict=True):
         wins = windows_of(s)
@@ -85,20 +86,24 @@ def targets(peers: PeerSet, st: DetectorSettings, want: Set[str] = frozenset()) 
     out: dict[str, WeightEvidence] = {}
     for (signal, _cls), members in groups.items():
         first = signal.removesuffix(HIST_SIGNAL)
-        for metric in (first, *(m for m in PREFERENCE if m != first)):
-            rows = [(node, w, samples) for node, wins, samples in members
-                    if (w := wins.get(metric)) is not None and w.bounds_s and w.requests >= st.min_samples]
-            got = _class_targets(metric + HIST_SIGNAL, rows, st, want)
-            if got is not None:
-                out.update(got)
-                break
+        got = _class_targets(first, members, st, want)
+        if got is None:
+            got = {}
+            for metric in (m for m in PREFERENCE if m != first):
+                for node, ev in (_class_targets(metric, members, st, want) or {}).items():
+                    if node not in got or ev.target < got[node].target:
+                        got[node] = ev
+        out.update(got)
     return out
 
 
-def _class_targets(signal: str, rows: list[tuple[str, HistWindow, int]], st: DetectorSettings,
-                   want: Set[str]) -> dict[str, WeightEvidence] | None:
+def _class_targets(metric: str, members: list[tuple[str, dict[str, HistWindow], int]],
+                   st: DetectorSettings, want: Set[str]) -> dict[str, WeightEvidence] | None:
     """:func:`targets` of one class on one metric's windows; None when the buckets give fewer
     than ``min_peers`` estimates (no reference, or a reference inside too few bounds)."""
+    signal = metric + HIST_SIGNAL
+    rows = [(node, w, samples) for node, wins, samples in members
+            if (w := wins.get(metric)) is not None and w.bounds_s and w.requests >= st.min_samples]
     bounds = _common_bounds(rows) if rows else ()
     others = [r for r in rows if r[1].bounds_s != bounds]
     rows = [r for r in rows if r[1].bounds_s == bounds]
