@@ -22,6 +22,7 @@ Guarantees, at tick ``now_s``:
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
@@ -67,7 +68,8 @@ _NONE2: Final[tuple[None, None]] = (None, None)
 
 
 _summary_order: Final = operator.attrgetter("model", "node_id")
-_make_summary: Final = WindowSummary._make
+# tuple.__new__ of the fields in order, with no Python frame per series (WindowSummary._make has one).
+_make_summary: Final = functools.partial(tuple.__new__, WindowSummary)
 _node_id_of: Final = operator.attrgetter("node_id")
 _model_of: Final = operator.attrgetter("model")
 _hardware_of: Final = operator.attrgetter("hardware")
@@ -163,6 +165,8 @@ def _probe_quantiles(parts: Sequence[tuple[Slab, Pass1, Stats]], used: list[npt.
 
 def _optional(values: npt.NDArray[Any], none: Bools) -> list[Any]:
     """``values`` as Python numbers, ``None`` where ``none``."""
+    if not none.any():
+        return list(values.tolist())
     out = values.astype(object)
     out[none] = None
     return list(out.tolist())
