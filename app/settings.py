@@ -154,9 +154,11 @@ class Settings:
     allowlist_file: str = ""          # a file of node ids, one a line, # comments
     allowlist_pattern: str = ""       # node ids matching this regular expression (whole)
     allowlist_refresh_s: float = 30.0  # how often the set and the file are read again
-    # Stage 2's messages that Kafka did not take yet (a topic refusing writes), kept for retry
-    # at most this many bytes; the oldest are dropped (counted) beyond.
-    publish_backlog_bytes: int = 64 * 1024 * 1024
+    # Stage 2's messages that Kafka did not take yet (a topic refusing writes, or a tick of more
+    # than a budget's worth), kept for retry at most this many bytes; the oldest are dropped
+    # (counted) beyond. The default holds a first tick of 100,000 new nodes (two health
+    # changes each, ~1.3 KB; docs/performance.md).
+    publish_backlog_bytes: int = 256 * 1024 * 1024
     # Allowlist of model names: off while both are empty; on, events of other models are
     # dead-lettered (not_allowlisted) — a flood of model names never reaches a window.
     allowlist_models: str = ""         # model names, comma-separated
@@ -243,7 +245,7 @@ class Settings:
                 raise SettingError(PREFIX + name.upper(), v, "a number of seconds > 0")
         if not 1024 <= self.publish_backlog_bytes <= 1 << 40:
             raise SettingError("TAILGUARD_PUBLISH_BACKLOG_BYTES", self.publish_backlog_bytes,
-                               "a number of bytes in [1024, 2^40] (default 64 MiB)")
+                               "a number of bytes in [1024, 2^40] (default 256 MiB)")
         if not 1 <= self.replace_attempts <= 100:
             raise SettingError("TAILGUARD_REPLACE_ATTEMPTS", self.replace_attempts, "1..100")
         for f in dataclasses.fields(Topics):

@@ -2,30 +2,18 @@
 
 Run: ``python -m bench.bench_scale_out [--quick] [--workers 1,2,4] [--messages N] [--rounds R]``
 (``scripts/bench bench_scale_out`` runs it after ``scripts/up``; ``bench_cost_curve --workers``
-runs it too). Real Kafka, the real worker processes.
+runs it too). Real Kafka, the real worker processes, each in a session of its own
+(:func:`bench.bench_cost_curve.start_worker`), as separate machines would run them.
 
-Made to measure fairly on a small machine that others load too:
-
-1. **The producer does not compete.** Each run's backlog (``--messages`` binary batches of 1,000
-   samples, 600 nodes x 3 models) is produced and acknowledged *before* its workers start, inside
-   one Kafka transaction left open: stage 1 reads ``read_committed``, so the workers see nothing.
-2. **Every worker starts with its final share.** Once every worker owns its share of the 16
-   partitions (their logs) and none has read a sample, the transaction is committed: the whole
-   backlog appears at once, and no worker reads a head start alone.
-3. **Counted on the consumer side only**: the workers' ``tailguard_samples_in_total``, from the
-   commit until they hold every sample.
-4. **The machine beside every figure**: the CPU seconds each worker got in that span
-   (``/proc/<pid>/stat``), the broker's (when it runs here), what every other process used
-   (``/proc/stat``), the load average and the CPU pressure (``/proc/pressure/cpu``). Samples per
-   worker CPU-second is the cost of a sample whatever share of the cores the workers got: if it
-   holds from 1 to N workers, the workers scale with the cores they are given, and the samples/s
-   ratio says how many cores this machine gave them.
-5. **Each worker in a session of its own** (:func:`bench.bench_cost_curve.start_worker`): the
-   kernel's autogroup scheduling gives each session one share of the CPU, as a machine of its
-   own would give each worker its cores; in the benchmark's session, N workers shared one share.
-6. ``--rounds`` alternates the worker counts (1, 2, 4, 1, 2, 4 …) and prints the ratios round
-   by round (each against the 1-worker run of its round, minutes apart at most), with their
-   median: the load of others moves between rounds.
+- Each run's backlog (``--messages`` binary batches of 1,000 samples, 600 nodes x 3 models) is
+  produced inside one open Kafka transaction and committed once every worker owns its share of
+  the partitions: the producer does not compete and no worker reads a head start alone.
+- Samples are counted on the workers' side only (``tailguard_samples_in_total``).
+- Beside every figure: each worker's CPU seconds, the broker's, everything else's, the load
+  average and the CPU pressure. Samples per worker CPU-second is the cost of a sample whatever
+  share of the cores the workers got.
+- ``--rounds`` alternates the worker counts and prints each ratio against the 1-worker run of
+  its round, with their median. Why it is built so: docs/performance.md, "Scale-out".
 """
 
 from __future__ import annotations

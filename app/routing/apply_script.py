@@ -17,6 +17,7 @@ edge's :class:`Extras`) becomes its keys and arguments (:func:`script_call`) and
   ``-1``, nothing written); a model with no node admitted yet gets no routing key.
 * **ACL.** Under Redis 7+ ACLs every command is checked first: ``NOPERM`` before any write.
 * **Forgetting.** :data:`FORGET_LUA` (:func:`forget_call`) removes a forgotten model in one run.
+  **History apart**: :data:`HISTORY_LUA` (:func:`history_call`), after an ``Extras.history`` None.
 """
 
 from __future__ import annotations
@@ -240,6 +241,25 @@ FORGET_LUA = r"""
 redis.call('SREM', KEYS[1], ARGV[1])
 return redis.call('DEL', unpack(KEYS, 2))
 """
+
+
+HISTORY_LUA = r"""
+-- tailguard: replace one model's explain history, written after its routing (APPLY_LUA
+-- leaves the history alone then). KEYS: 1 history HASH; ARGV: (node, json) pairs.
+-- Reply: the nodes written.
+redis.call('DEL', KEYS[1])
+local CHUNK = 512  -- even: a (field, value) pair never splits
+for i = 1, #ARGV, CHUNK do
+  redis.call('HSET', KEYS[1], unpack(ARGV, i, math.min(i + CHUNK - 1, #ARGV)))
+end
+return #ARGV / 2
+"""
+
+
+def history_call(keys: Keys, model: str,
+                 history: Mapping[str, str]) -> tuple[list[str], list[str]]:
+    """The KEYS and ARGV of :data:`HISTORY_LUA` for ``model``'s ``history`` (node → JSON)."""
+    return [keys.history(model)], _flat(sorted(history.items()))
 
 
 def forget_call(keys: Keys, model: str) -> tuple[list[str], list[str | int]]:

@@ -15,6 +15,7 @@ model and tick) and owns what happens around it:
   events of a verdict superseded unwritten go with the next. A model stage 2 forgot
   (``ModelTick.forgotten``) has its keys deleted in one script run (:data:`FORGET_LUA`),
   retried like any verdict until done or superseded.
+* **History after routing** (:meth:`RoutingWriter.write_history`): best effort, never ahead of it.
 * **Hash-tagged keys** (Cluster): ``P:models`` by its own ``SADD``/``SREM`` first. ``EVALSHA``
   with redis-py's reload on ``NOSCRIPT``. Metrics: the :class:`WriterMetrics` protocol.
 """
@@ -24,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from types import TracebackType
 from typing import Any, Protocol, Self
@@ -38,10 +39,12 @@ from tailguard.core.contract.types import ModelTick
 from tailguard.routing.apply_script import (
     APPLY_LUA,
     FORGET_LUA,
+    HISTORY_LUA,
     NO_EXTRAS,
     Extras,
     WriteResult,
     forget_call,
+    history_call,
     parse_reply,
     script_call,
     validate,
@@ -137,6 +140,7 @@ class RoutingWriter:
         self._where = f" at {where}" if where else ""   # named in the connection warnings
         self._script = redis.register_script(APPLY_LUA)
         self._forget_script: Any = None      # registered when a model is first forgotten
+        self._history_script: Any = None     # registered at the first history write
         self._pending: dict[str, tuple[ModelTick, Extras]] = {}
         self._lock = asyncio.Lock()
         self._failures = 0          # consecutive failed attempts (connection errors)
@@ -190,6 +194,27 @@ class RoutingWriter:
             return False
         last = self.last_results.get(tick.model)
         return last is None or not last.refused_empty
+
+    async def write_history(self, model: str, history: Mapping[str, str]) -> bool:
+        """Replace the model's explain history (``P:history:<m>``), after its routing write.
+
+        Best effort: never while the model's verdict waits unwritten (history never runs
+        ahead of routing) or the writer backs off, and not retried (each tick writes it
+        whole). True when written; a failure is logged at debug level and counted nowhere
+        else: the routing writes report Redis's health."""
+        if model in self._pending or self._in_backoff():
+            return False
+        keys, args = history_call(self.keys, model, history)
+        if self._history_script is None:
+            self._history_script = self._redis.register_script(HISTORY_LUA)
+        try:
+            async with asyncio.timeout(self._write_timeout_s):
+                await self._history_script(keys=keys, args=args)
+        except (*_CONNECTION, *_MODEL) as e:
+            log.debug("writing the history of model %r failed (%s: %s); the next tick writes it",
+                      model, type(e).__name__, e)
+            return False
+        return True
 
     async def flush(self) -> bool:
         """Try now to write every pending verdict, ignoring every back-off.

@@ -1,7 +1,6 @@
 """Stage 2's operator edge: the mode, operator overrides and the explain history.
 
-:class:`OperatorEdge` sits between the core's verdict (one model's
-:class:`~tailguard.core.contract.types.ModelTick`, in an :class:`EdgeInput`) and what is
+:class:`OperatorEdge` sits between the core's verdict (a :class:`EdgeInput`) and what is
 written and published (:class:`EdgeOutput`). The core never sees the mode or the overrides:
 its state, streaks, ejection cap and probe rounds are as without them (docs/operating.md).
 
@@ -15,18 +14,20 @@ Guarantees, per model and tick:
   routing set, pinned ones stay; the drain that would empty it (the one set last) is refused
   (``drain_refused``). The held-out set is the core's plus the drained nodes. A new, changed
   or ended override publishes one health change; expired ones go to :attr:`EdgeOutput.expired`.
-* **Weights** are written only with ``TAILGUARD_WEIGHTS=enforce`` in ``enforce`` mode (pinned:
-  full weight, drained: none), else emptied; changes are published as rate-limited ``weight``
-  events either way. **History**: each node's last ``history_len`` ticks, ``P:history:<m>``.
+* **Weights** only with ``TAILGUARD_WEIGHTS=enforce`` in ``enforce`` mode (pinned: full, drained:
+  none), else emptied; changes published as rate-limited ``weight`` events either way.
+* **History**: each node's last ``history_len`` ticks, ``P:history:<m>`` (``defer_history``:
+  made after the routing write, :meth:`OperatorEdge.deferred_history`).
 """
 
 from __future__ import annotations
 
 import collections
+import functools
 import hashlib
 import json
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -113,15 +114,21 @@ class OperatorEdge:
         self._counts: dict[str, Counts] = {}
         self._holding: dict[str, set[str]] = {}
         self._weights = WeightAnnouncer()
+        # model -> its history rows still to make (apply(defer_history=True))
+        self._deferred: dict[str, Callable[[], Mapping[str, Iterable[tuple[tuple[Any, ...], str]]]]] = {}
 
     def forget_model(self, model: str) -> None:
         """Another worker owns the model now."""
-        for d in (self._announced, self._history, self._counts, self._holding):
+        for d in (self._announced, self._history, self._counts, self._holding, self._deferred):
             d.pop(model, None)
         self._weights.forget_model(model)
 
-    def apply(self, inp: EdgeInput, ops: OperatorState, now_s: float) -> EdgeOutput:
-        """One model's verdict through the mode and the overrides: what to write and publish."""
+    def apply(self, inp: EdgeInput, ops: OperatorState, now_s: float, *,
+              defer_history: bool = False) -> EdgeOutput:
+        """One model's verdict through the mode and the overrides: what to write and publish.
+
+        ``defer_history``: the history is left out of the extras (``None``: the routing write
+        leaves the key alone) and made by :meth:`deferred_history`, after the routing write."""
         tick = inp.tick
         model = tick.model
         mode = ops.mode_of(model, self.default_mode)
@@ -138,7 +145,12 @@ class OperatorEdge:
         events += self._weights.events(tick, frozenset(routing), written,
                                        enforced and self.settings.weights == "enforce", now_s)
         self._follow_holding(model, tick.fleet_events)
-        history = self._history_of(inp, model, now_s, mode, statuses, routing, active, refused)
+        history: dict[str, collections.deque[tuple[tuple[Any, ...], str]]] | None = None
+        if defer_history:
+            self._deferred[model] = functools.partial(self._history_of, inp, model, now_s, mode,
+                                                      statuses, routing, active, refused)
+        else:
+            history = self._history_of(inp, model, now_s, mode, statuses, routing, active, refused)
         drained = {n for n, o in active.items() if o.action == "drain"}
         return EdgeOutput(
             # A node in the written routing set is not quarantined for probers and LBs.
@@ -148,6 +160,13 @@ class OperatorEdge:
             extras=self._page(tick, mode, statuses, routing, shadow, active, refused, drained, events,
                               history, written, _local_signal(inp.summaries)),
             health_events=tuple(events), mode=mode, expired=expired, overrides=active)
+
+    def deferred_history(self, model: str) -> dict[str, str] | None:
+        """The history of the model's last :meth:`apply` with ``defer_history`` (each node's
+        rows as one JSON array, as the routing write would have carried them); ``None`` when
+        there is none to write. The same rows as without deferring, made later."""
+        rows = self._deferred.pop(model, None)
+        return None if rows is None else _history_json(rows())
 
     # --- the steps of apply --------------------------------------------------
     @staticmethod
@@ -213,7 +232,7 @@ class OperatorEdge:
     def _page(tick: ModelTick, mode: str, statuses: Mapping[str, NodeStatus], routing: frozenset[str] | set[str],
               shadow: frozenset[str] | set[str], active: Mapping[str, Override], refused: set[str],
               drained: set[str], events: list[dict[str, Any]],
-              history: Mapping[str, collections.deque[tuple[tuple[Any, ...], str]]],
+              history: Mapping[str, collections.deque[tuple[tuple[Any, ...], str]]] | None,
               written: dict[str, float], local: frozenset[str] = frozenset()) -> Extras:
         """What the routing write carries for the page and ``tailguard status``, as JSON
         (``signal_local``: the node's signal was chosen by its worker's share alone)."""
@@ -224,7 +243,7 @@ class OperatorEdge:
         page_events = [_dumps(e) for e in events]
         page_events += [_dumps(f.to_event()) for f in tick.fleet_events]
         return Extras(shadow=frozenset(shadow), annotations=annotations,
-                      history={n: "[" + ",".join(j for _, j in h) + "]" for n, h in history.items()},
+                      history=None if history is None else _history_json(history),
                       events=tuple(page_events),
                       held_out=held_out(tick.statuses, routing) | (drained - routing),
                       weights=written)
@@ -316,6 +335,11 @@ class OperatorEdge:
             else:                                 # the ticks that decided (before a
                 q.append((marker, _dumps(entry)))  # quarantine) stay in the capped history
         return hist
+
+
+def _history_json(history: Mapping[str, Iterable[tuple[tuple[Any, ...], str]]]) -> dict[str, str]:
+    """Each node's rows as the JSON array the history hash holds."""
+    return {n: "[" + ",".join(j for _, j in h) + "]" for n, h in history.items()}
 
 
 def _idle(entry: Mapping[str, Any]) -> bool:

@@ -216,11 +216,16 @@ class Stage2:
         return list(self.tick_models(now_s, owns, hints_for_s))
 
     def tick_models(self, now_s: float, owns: Callable[[str], bool],
-                    hints_for_s: float | None = None) -> Generator[ModelOutput, None, None]:
+                    hints_for_s: float | None = None, *,
+                    defer_writes: bool = False) -> Generator[ModelOutput, None, None]:
         """:meth:`tick`, one model at a time: each judged model's output as soon as it is
         made, so that a caller on an event loop lets other work run between models. The
         models are those known when it starts; input that arrives meanwhile is kept for
-        the models not yet judged (as it would be before the tick)."""
+        the models not yet judged (as it would be before the tick).
+
+        ``defer_writes``: the model's state and hints are not written here; the caller
+        passes each output to :meth:`persist` before the model's next evaluation (the
+        stage-2 ticker does so after every model's routing write)."""
         for model in sorted(self.known_models()):
             if not owns(model):
                 self.dropped["not_owned"] += len(self._pending.pop(model, {}))
@@ -248,8 +253,25 @@ class Stage2:
                                statuses=(), fleet_events=(), diagnostics=(), forgotten=True)
                 yield ModelOutput(gone)
                 continue
-            self._write_hints(model, now_s if hints_for_s is None else hints_for_s, o.summaries)
+            if not defer_writes:
+                self.persist(o, now_s if hints_for_s is None else hints_for_s)
             yield o
+
+    def persist(self, out: ModelOutput, hints_for_s: float) -> None:
+        """The table writes of one judged model: its state snapshot (when changed) and its
+        stage-1 hints for ``hints_for_s``; the same whenever they are made before the
+        model's next evaluation (nothing of the model changes in between)."""
+        model = out.tick.model
+        if out.tick.forgotten or model not in self._held:
+            return
+        ev = self.evaluator
+        snap = ev.snapshot_model(model)
+        self._compact(model, len(out.tick.statuses), snap)
+        raw = value_json(snap)
+        if self._written.get(model) != raw and self._write(self.state, state_key(model), snap,
+                                                           model, "state", raw):
+            self._written[model] = raw
+        self._write_hints(model, hints_for_s, out.summaries)
 
     def _forget(self, model: str) -> None:
         """Drop everything of ``model``: the evaluator's state, its table entries."""
@@ -389,12 +411,6 @@ class Stage2:
         forgotten = sum(1 for s in summaries if ev.pair(model, s.node_id) is None)
         if forgotten:
             self.dropped["forgotten"] += forgotten
-        snap = ev.snapshot_model(model)
-        self._compact(model, len(tick.statuses), snap)
-        raw = value_json(snap)
-        if self._written.get(model) != raw and self._write(self.state, key, snap, model,
-                                                           "state", raw):
-            self._written[model] = raw
         streaks = {}
         for st in tick.statuses:
             p = ev.pair(model, st.node_id)

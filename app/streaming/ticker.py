@@ -1,17 +1,19 @@
-"""One tick of stage 2, as a plain object: judge, apply operators, write routing, publish.
+"""One tick of stage 2, as a plain object: judge, apply operators, write routing, keep books, publish.
 
 :class:`Stage2Ticker` owns what happens each tick after the stage-2 agent has filled
 :class:`~tailguard.streaming.stage2.Stage2` with summaries: it asks :class:`Ownership` which
 partitions this worker owns (``None`` while faust rebalances), lets ``Stage2.tick`` judge the
 owned models, applies the mode and the operator overrides (:class:`~tailguard.streaming.edge.OperatorEdge`,
 read each tick from an :class:`OperatorSource`), writes each model's routing through a
-:class:`RoutingSink`, hands the health changes, fleet events and diagnostics requests to the
-publish backlog (:class:`~tailguard.streaming.publisher.Publisher`) for at most a budget of the
-tick, and offers retired nodes to the replace hook. Every one of these is injected, so unit
-tests drive a tick without faust, Kafka or Redis (tests/service/test_stage2_ticker.py);
+:class:`RoutingSink`, then each model's state, hints and explain history, hands the health
+changes, fleet events and diagnostics requests to the publish backlog
+(:class:`~tailguard.streaming.publisher.Publisher`) for at most a budget of the tick, and
+offers retired nodes to the replace hook. Every one of these is injected, so unit tests drive
+a tick without faust, Kafka or Redis (tests/service/test_stage2_ticker.py);
 :func:`tailguard.streaming.service.create_app` wires the faust side.
 
-Guarantees: routing never waits on Kafka — the routing write comes first, every tick; the
+Guarantees: routing never waits on Kafka or on bookkeeping — every model's routing write
+comes right after the verdicts, before any state, hints or history write, every tick; the
 Kafka output is at least once and bounded in bytes (the publisher's guarantees); a failing
 operator read keeps the last overrides in force; one model's failing routing write never
 stops the others.
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -48,6 +50,8 @@ class RoutingSink(Protocol):
     """Where verdicts go: ``tailguard.routing.writer.RoutingWriter`` or a test fake."""
 
     async def apply(self, tick: ModelTick, extras: Extras = ...) -> bool: ...
+
+    async def write_history(self, model: str, history: Mapping[str, str]) -> bool: ...
 
 
 class OperatorSource(Protocol):
@@ -122,10 +126,12 @@ class Stage2Ticker:
         now_s = self.clock()
         outputs = await self.judge(current, now_s)
         edged = await self.at_the_edge(outputs, now_s)
-        # Redis first, every tick: routing never waits on Kafka. The tick's messages then go
-        # to a backlog bounded in bytes, published within a budget and retried (publisher).
+        # Redis first, every tick: routing never waits on Kafka nor on the bookkeeping (the
+        # state and hints tables, the explain history), made after every model's routing.
+        # The tick's messages then go to a backlog bounded in bytes, published within a
+        # budget and retried (publisher).
         await self.write_routing(edged)
-        await self.publish(edged)
+        await self.publish(await self.keep_books(outputs, edged, next_boundary(now_s, self.tick_s)))
         if self.hook is not None:   # level-triggered: every retired status, every tick (replace.py)
             # Observe mode acts on nothing: its models' retired nodes are not replaced.
             self.hook.offer(s for d in edged if d.mode == "enforce" for s in d.tick.statuses)
@@ -148,7 +154,7 @@ class Stage2Ticker:
         cut = False
         steps = stage2.tick_models(
             now_s, lambda model: partition_for(state_key(model), current.partitions) in current.owned,
-            hints_for_s=next_boundary(now_s, self.tick_s))
+            hints_for_s=next_boundary(now_s, self.tick_s), defer_writes=True)
         while True:
             t0 = time.perf_counter()
             with collector_paused():    # one pass of the collector per model, not many
@@ -199,7 +205,8 @@ class Stage2Ticker:
         for out in outputs:
             with collector_paused():
                 edged.append(self.edge.apply(
-                    EdgeInput(out.tick, out.transitions, out.summaries, out.streaks), ops, now_s))
+                    EdgeInput(out.tick, out.transitions, out.summaries, out.streaks), ops, now_s,
+                    defer_history=True))
             await self.turns.stage2_step()
         for done in edged:
             self.metrics.set_operator_view(done.tick.model, done.mode, done.overrides.values(),
@@ -212,15 +219,33 @@ class Stage2Ticker:
                         log.exception("deleting an expired override of %r failed", o.node_id)
         return edged
 
-    async def publish(self, outputs: list[EdgeOutput]) -> None:
-        """The tick's health changes, fleet events and diagnostics requests into the backlog,
-        then publishing for at most ``PUBLISH_BUDGET_FRACTION`` of the tick."""
+    async def keep_books(self, outputs: list[ModelOutput], edged: list[EdgeOutput],
+                         hints_for_s: float) -> list[Outgoing]:
+        """After every model's routing write, one model at a time: its state and stage-1
+        hints to the tables (:meth:`Stage2.persist`), its explain history to Redis
+        (:meth:`OperatorEdge.deferred_history`) and its Kafka messages built; the tick's
+        messages. The tables before any message is queued, as before: a restart that
+        loses this tick's messages (the backlog is in memory) loses its state too."""
         t = self.topics
         messages: list[Outgoing] = []
-        for out in outputs:     # a first tick of many new nodes: a health change each
+        for out, done in zip(outputs, edged, strict=True):
+            model = out.tick.model
             with collector_paused():
-                messages += tick_messages((out,), t.health, t.fleet, t.diagnostics, self.metrics)
+                self.stage2.persist(out, hints_for_s)
+                history = self.edge.deferred_history(model)
+            if history is not None and not out.tick.forgotten:
+                try:
+                    await self.routing.write_history(model, history)
+                except Exception:  # never stop the other models
+                    log.exception("history write of model %r failed", model)
+            with collector_paused():    # a first tick of many new nodes: a health change each
+                messages += tick_messages((done,), t.health, t.fleet, t.diagnostics, self.metrics)
             await self.turns.stage2_step()
+        return messages
+
+    async def publish(self, messages: list[Outgoing]) -> None:
+        """The tick's health changes, fleet events and diagnostics requests into the backlog,
+        then publishing for at most ``PUBLISH_BUDGET_FRACTION`` of the tick."""
         self.publisher.add(messages)
         await self.publisher.publish(PUBLISH_BUDGET_FRACTION * self.tick_s)
         self.metrics.publish_backlog_bytes.set(self.publisher.nbytes)

@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry
 
 from tailguard.core.contract.types import HealthState, ModelTick, NodeStatus
 from tailguard.routing import status
+from tailguard.routing.apply_script import NO_EXTRAS, Extras
 from tailguard.routing.client import connect
 from tailguard.routing.errors import RoutingUnavailable
 from tailguard.routing.keys import Keys
@@ -156,6 +157,27 @@ async def test_apply_writes_every_key(client: aioredis.Redis, prefix: str) -> No
     async with RoutingWriter(client, prefix) as w:
         assert await w.apply(tick({"a"}, model="plain-model"))
     assert await client.smembers(f"{prefix}:routing:plain-model") == {b"a"}
+
+
+async def test_history_is_written_apart_after_routing_and_never_ahead_of_it(
+        client: aioredis.Redis, prefix: str) -> None:
+    k = Keys(prefix)
+    async with RoutingWriter(client, prefix) as w:
+        assert await w.apply(tick({"gpu-1", "gpu-2"}), Extras(history={"gpu-1": "[1]"}))
+        version = await client.get(k.version(MODEL))
+        # A routing write without history (None) leaves the history alone ...
+        assert await w.apply(tick({"gpu-1", "gpu-2"}, ts=130.0))
+        assert await client.hgetall(k.history(MODEL)) == {b"gpu-1": b"[1]"}
+        # ... and write_history replaces it whole, without touching the routing version.
+        history = {f"gpu-{i}": f"[{i}]" for i in range(1, 1200)}    # past one HSET chunk
+        assert await w.write_history(MODEL, history)
+        got = await client.hgetall(k.history(MODEL))
+        assert {n.decode(): v.decode() for n, v in got.items()} == history
+        assert await client.get(k.version(MODEL)) == version
+        # While the model's verdict waits unwritten, its history is not written.
+        w._pending[MODEL] = (tick({"gpu-1"}), NO_EXTRAS)
+        assert not await w.write_history(MODEL, {"gpu-1": "[2]"})
+        assert await client.hget(k.history(MODEL), "gpu-1") == b"[1]"
 
 
 async def test_same_tick_twice_changes_nothing_and_publishes_once(

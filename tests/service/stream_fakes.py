@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,8 +62,15 @@ class FakeRouting:
     applied: list[ModelTick] = field(default_factory=list)
     extras: list[Extras] = field(default_factory=list)
 
+    histories: list[tuple[str, Mapping[str, str]]] = field(default_factory=list)
+
     async def apply(self, tick: ModelTick, extras: Extras = NO_EXTRAS) -> bool:
         if self.up:
             self.applied.append(tick)
             self.extras.append(extras)
+        return self.up
+
+    async def write_history(self, model: str, history: Mapping[str, str]) -> bool:
+        if self.up:
+            self.histories.append((model, history))
         return self.up

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +22,7 @@ from tailguard.core.contract.types import HealthState, ModelTick, NodeStatus
 from tailguard.core.judge.evaluate import FleetEvaluator
 from tailguard.routing.apply_script import NO_EXTRAS, Extras
 from tailguard.routing.operators import OperatorState, Override
+from tailguard.settings import Settings
 from tailguard.streaming.edge import OperatorEdge
 from tailguard.streaming.metrics import WorkerMetrics
 from tailguard.streaming.publisher import Publisher
@@ -65,6 +66,7 @@ class Sender:
 @dataclass
 class Routing(FakeRouting):
     log: list[str] = field(default_factory=list)
+    books: list[str] = field(default_factory=list)     # the history writes
     broken_model: str | None = None
 
     async def apply(self, tick: ModelTick, extras: Extras = NO_EXTRAS) -> bool:
@@ -72,6 +74,22 @@ class Routing(FakeRouting):
             raise ValueError("malformed verdict")
         self.log.append(f"route {tick.model}")
         return await super().apply(tick, extras)
+
+    async def write_history(self, model: str, history: Mapping[str, str]) -> bool:
+        self.books.append(f"history {model}")
+        return await super().write_history(model, history)
+
+
+class LoggedTable(dict[bytes, Any]):
+    """A stage-2 table (state or hints) that logs each write as ``"<name> <model>"``."""
+
+    def __init__(self, name: str, log: list[str]) -> None:
+        super().__init__()
+        self.name, self.log = name, log
+
+    def __setitem__(self, key: bytes, value: Any) -> None:
+        self.log.append(f"{self.name} {key.decode()}")
+        super().__setitem__(key, value)
 
 
 @dataclass
@@ -141,12 +159,20 @@ class Rig:
         return self.metrics.registry.get_sample_value(name, labels) or 0.0
 
 
-def rig(mode: str = "enforce") -> Rig:
+def rig(mode: str = "enforce", tables: tuple[dict[bytes, Any], dict[bytes, Any]] | None = None, *,
+        log_books: bool = False) -> Rig:
+    """A ticker on fakes; ``tables``: the (state, hints) tables' contents to start from;
+    ``log_books``: the table and history writes go to the log beside routing and sends."""
     log: list[str] = []
-    clock, publisher, routing = Clock(), Sender(log), Routing(log=log)
+    books: list[str] = log if log_books else []
+    clock, publisher, routing = Clock(), Sender(log), Routing(log=log, books=books)
     operators, hook, ownership = Operators(), Hook(), Ownership()
     metrics = WorkerMetrics(CollectorRegistry())
-    stage2 = Stage2(FleetEvaluator(SETTINGS), {}, stale_after_s=1.5 * T, hints={})
+    state, hints = LoggedTable("state", books), LoggedTable("hints", books)
+    if tables is not None:
+        dict.update(state, tables[0])
+        dict.update(hints, tables[1])
+    stage2 = Stage2(FleetEvaluator(SETTINGS), state, stale_after_s=1.5 * T, hints=hints)
     ticker = Stage2Ticker(stage2=stage2, edge=OperatorEdge(SETTINGS, mode), routing=routing,
                           publisher=Publisher(publisher.send, max_bytes=1 << 20),
                           topics=OutputTopics(HEALTH, FLEET, "diagnostics"),
@@ -258,3 +284,55 @@ async def test_models_no_longer_owned_drop_out_of_the_gauges() -> None:
     assert r.ticker.gauged_models == {"m"}
     assert r.metric("tailguard_owned_models") == 1.0
     assert r.ticker.last_assignment == (2, r.ownership.owned)
+
+
+async def test_every_models_routing_is_written_before_its_state_hints_and_history() -> None:
+    r = rig(log_books=True)
+    models = ("m", "other", "third")
+    for _ in range(3):
+        r.log.clear()
+        await r.tick(models)
+        kinds = [entry.split()[0] for entry in r.log]
+        routes = [i for i, k in enumerate(kinds) if k == "route"]
+        books = [i for i, k in enumerate(kinds) if k in ("state", "hints", "history")]
+        sends = [i for i, k in enumerate(kinds) if k == "send"]
+        assert len(routes) == len(models) and books and sends, r.log
+        # The routing of every model first, then the bookkeeping, then Kafka.
+        assert max(routes) < min(books) and max(books) < min(sends), r.log
+        assert {e.split()[1] for e in r.log if e.startswith("history")} == set(models)
+        assert {e.split()[1] for e in r.log if e.startswith("state")} == set(models)
+    # The routing write leaves the history alone; it is written apart, the same rows.
+    assert all(x.history is None for x in r.routing.extras)
+    model, history = r.routing.histories[-1]
+    assert model == "third" and set(history) == set(NODES)
+    rows = json.loads(history["slow"])
+    assert len(rows) == 3 and rows[-1]["state"] == str(r.routing.applied[-1].statuses[-1].state)
+
+
+async def test_a_new_owner_from_the_tables_the_ticker_wrote_judges_as_the_old_one_would() -> None:
+    old = rig()
+    for _ in range(3):
+        await old.tick()
+    new = rig(tables=(dict(old.stage2.state), dict(old.stage2.hints or {})))
+    new.clock.now_s = old.clock.now_s
+    for _ in range(3):
+        a, b = await old.tick(), await new.tick()
+        assert [o.tick.statuses for o in a] == [o.tick.statuses for o in b]
+        assert [o.tick.transitions for o in a] == [o.tick.transitions for o in b]
+    assert "slow" not in new.routing.applied[-1].routing
+    assert new.routing.applied[-1].routing == old.routing.applied[-1].routing
+
+
+async def test_the_default_backlog_holds_the_first_tick_of_100000_new_nodes_unpublished() -> None:
+    r = rig()
+    r.ticker.publisher = Publisher(r.publisher.send, max_bytes=Settings().publish_backlog_bytes)
+    r.publisher.fail = True     # nothing leaves: the whole tick waits in the backlog
+    model, nodes = "meta-llama/Llama-3.1-70B-Instruct", [f"gpu-node-{i:05d}" for i in range(1_000)]
+    for n in nodes:
+        r.stage2.on_summary(summary(n, model, r.clock.now_s, 1000.0, 1500.0))
+    r.clock.now_s += 0.5
+    await r.ticker.tick()
+    changes = len(r.ticker.publisher)
+    assert changes >= len(nodes) and not r.ticker.publisher.dropped    # a change each, at least
+    # What 100 such models (100,000 new nodes) queue in one tick fits the default.
+    assert 100 * r.ticker.publisher.nbytes <= Settings().publish_backlog_bytes

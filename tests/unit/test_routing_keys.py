@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -120,6 +121,19 @@ def test_status_json_fields_and_no_nan() -> None:
         "signal_p50": 2.0, "signal_p99": None, "signal_ratio": None, "hardware": "A100",
         "probe_after": 160.0, "updated": 123.0,
     }
+
+
+def test_status_json_takes_numpy_numbers_and_writes_no_non_finite_number_anywhere() -> None:
+    s = NodeStatus(
+        node_id="gpu-1", model="m", state=HealthState.HEALTHY, routed=True, since_ts=100.0,
+        reason="normal", p50=np.float64(2.5), p99=np.float32(4.0), ratio=1.6, samples=1000,
+        latency_p50_us=np.float64(180000.0), weight=math.nan,
+    )
+    text = status_json(s, updated_ts=math.inf, extra={"note": np.float64(math.nan)})
+    obj = json.loads(text)
+    assert "NaN" not in text and "Infinity" not in text
+    assert obj["signal_p50"] == 2.5 and obj["signal_p99"] == 4.0 and obj["p50_us"] == 180000.0
+    assert obj["updated"] is None and obj["weight"] is None and obj["note"] is None
 
 
 def test_status_json_ratio_is_raw_and_signal_ratio_is_the_signals() -> None:
