@@ -39,7 +39,7 @@ from tailguard.core.window.signals import ModelChoice
 from tailguard.streaming.hints import encode_hints, hints_changed
 from tailguard.streaming.memory import GIVE_BACK_MIN, give_back
 from tailguard.streaming.summary_batch import SummaryBatch
-from tailguard.streaming.table_values import MAX_VALUE_BYTES, PLAIN_MAX_BYTES, pack_value, unpack_value
+from tailguard.streaming.table_values import MAX_VALUE_BYTES, PLAIN_MAX_BYTES, pack_value, unpack_value, value_json
 from tailguard.streaming.wire import ClusterDigest, DiagnosticsResult, Stage2Message
 
 SeriesKey: TypeAlias = tuple[str, str]
@@ -129,7 +129,9 @@ class Stage2:
         self._pending: dict[str, dict[str, WindowSummary]] = {}
         self._diagnostics: dict[str, collections.deque[DiagnosticsResult]] = {}
         self._restored: set[str] = set()
-        self._written: dict[str, Any] = {}
+        # model -> the JSON of its last state written: bytes, not the snapshot's dicts, which
+        # would keep ~700 B of small objects a pair between ticks (docs/operating.md#floods).
+        self._written: dict[str, bytes] = {}
         self.write_failures = 0
         self.max_value_bytes = max_value_bytes
         self.plain_max_bytes = plain_max_bytes
@@ -265,9 +267,10 @@ class Stage2:
         ev = self.evaluator
         snap = ev.snapshot_model(model)
         self._compact(model, len(out.tick.statuses), snap)
-        if self._written.get(model) != snap and self._write(self.state, state_key(model), snap,
-                                                            model, "state"):
-            self._written[model] = snap
+        raw = value_json(snap)
+        if self._written.get(model) != raw and self._write(self.state, state_key(model), snap,
+                                                           model, "state", raw):
+            self._written[model] = raw
         self._write_hints(model, hints_for_s, out.summaries)
 
     def _forget(self, model: str) -> None:
@@ -309,8 +312,8 @@ class Stage2:
             self._hints_written[model] = value
 
     def _write(self, table: MutableMapping[Any, Any], key: bytes, value: Any, model: str,
-               what: str) -> bool:
-        stored, size = pack_value(value, self.plain_max_bytes)
+               what: str, raw: bytes | None = None) -> bool:
+        stored, size = pack_value(value, self.plain_max_bytes, raw)
         if size > self.max_value_bytes:
             self.write_failures += 1
             self.oversized += 1
@@ -383,7 +386,7 @@ class Stage2:
                     log.warning("the stored state of model %r cannot be restored (%s); "
                                 "the model starts fresh", model, e)
                 else:
-                    self._written[model] = snap
+                    self._written[model] = value_json(snap)
             self._restored.add(model)
         diag: list[Transition] = []
         for d in self._diagnostics.pop(model, ()):

@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ["MAX_VALUE_BYTES", "PLAIN_MAX_BYTES", "pack_value", "unpack_value"]
+__all__ = ["MAX_VALUE_BYTES", "PLAIN_MAX_BYTES", "pack_value", "unpack_value", "value_json"]
 
 #: The largest table value written (JSON bytes): under the 1 MB ``max_request_size`` of the
 #: producer, with room for the key and the record's framing.
@@ -36,11 +36,18 @@ PLAIN_MAX_BYTES = 64_000
 _PACKED = "zlib_b64"
 
 
-def pack_value(value: Any, plain_max_bytes: int = PLAIN_MAX_BYTES) -> tuple[Any, int]:
+def value_json(value: Any) -> bytes:
+    """``value``'s JSON as :func:`pack_value` stores it (equal values, built in the same order,
+    give equal bytes)."""
+    return orjson.dumps(value, default=str)
+
+
+def pack_value(value: Any, plain_max_bytes: int = PLAIN_MAX_BYTES,
+               raw: bytes | None = None) -> tuple[Any, int]:
     """A table value as stored, and its size in bytes of JSON: ``value`` itself when its
     JSON is at most ``plain_max_bytes``, else ``{"zlib_b64": base64 of its zlib-compressed
-    JSON}``."""
-    raw = orjson.dumps(value, default=str)
+    JSON}``. ``raw``: ``value_json(value)`` when the caller has it already."""
+    raw = value_json(value) if raw is None else raw
     if len(raw) <= plain_max_bytes:
         return value, len(raw)
     packed = base64.b64encode(zlib.compress(raw, 1)).decode("ascii")

@@ -3,7 +3,7 @@
 Stage 1 (:class:`~tailguard.streaming.ingest.IngestService`) and stage 2
 (:class:`~tailguard.streaming.ticker.Stage2Ticker`) share one event loop. A stage-2 tick of many
 models is long (at 100,000 series, seconds of evaluation); it steps one model at a time
-(judging, the operator edge, the Redis write, its Kafka messages) and between two steps calls
+(judging, the operator edge, the Redis write, its bookkeeping and messages) and between two steps calls
 :meth:`Turns.stage2_step`, which returns at once unless a stage-1 tick
 runs: then it waits until that tick has sent its summaries, or ``hold_s`` after it began
 (a stage-1 tick stuck on a slow broker never stops routing writes). A stage-1 tick marks

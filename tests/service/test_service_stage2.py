@@ -16,7 +16,7 @@ from tailguard.core.judge.evaluate import FleetEvaluator
 from tailguard.core.window.quantiles import digest_dict_of_sorted
 from tailguard.streaming.hints import decode_hints, encode_hints
 from tailguard.streaming.stage2 import Stage2, state_key
-from tailguard.streaming.table_values import pack_value, unpack_value
+from tailguard.streaming.table_values import pack_value, unpack_value, value_json
 from tailguard.streaming.wire import ClusterDigest, DiagnosticsResult
 
 SETTINGS = DetectorSettings(min_samples=10, window_size=100, warmup_s=0.0, confirm_windows=2,
@@ -156,6 +156,9 @@ def test_pack_value_keeps_small_values_readable_and_round_trips_large_ones() -> 
     stored, size = pack_value(big)
     assert set(stored) == {"zlib_b64"} and size < len(repr(big)) / 5
     assert unpack_value(stored) == big and unpack_value(small) is small
+    # The JSON a caller made already (stage 2 keeps it to tell a changed state) packs the same.
+    assert pack_value(big, raw=value_json(big)) == (stored, size)
+    assert value_json(small) == b'{"judge_since":{"a":1.0},"out_of_fit":[],"tail_ref":null}'
     with pytest.raises(ValueError, match="does not decode"):
         unpack_value({"zlib_b64": "!!"})
 

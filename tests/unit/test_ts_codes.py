@@ -61,6 +61,29 @@ def test_code_thresholds_compare_as_the_decoded_times(ts: list[float], bound: fl
         assert codes[k] > tc.since(b, np.array([t[k]]))[0]
 
 
+@settings(max_examples=300, deadline=None)
+@given(base=st.integers(0, 2 * 10**15), rel=st.integers(-2_100_000_000, tc.MAX_CODE + 2_100_000_000),
+       frac=st.floats(0.0, 0.999), seed=st.integers(0, 2**32 - 1))
+def test_the_flag_of_codes_near_a_bound_is_the_comparison(base: int, rel: int, frac: float,
+                                                          seed: int) -> None:
+    """flag_at_most sets bit 31 exactly where codes <= after(base, t), for codes whose times lie
+    within FLAG_SPAN_S of t: also where t is before the ring's base or past its last code (the
+    threshold clipped to 0 or MAX_CODE)."""
+    t = (base + rel) / 1e6 + frac * 1e-6
+    span = int(tc.FLAG_SPAN_S * 1e6) - 2
+    lo, hi = max(1, rel - span), min(tc.MAX_CODE, rel + span)
+    if lo > hi:
+        return                              # no code within the span of t
+    rng = np.random.default_rng(seed)
+    codes = rng.integers(lo, hi, size=(3, 40), endpoint=True).astype(np.uint32)
+    codes[:, :3] = [lo, hi, min(max(rel, lo), hi)]
+    bases = np.full(3, base, dtype=np.int64)
+    out = np.empty_like(codes)
+    tc.flag_at_most(codes, bases, t, out)
+    at_most = codes <= tc.after(bases, t)[:, None]
+    assert (out == np.where(at_most, np.uint32(1 << 31), np.uint32(0))).all()
+
+
 def test_a_cut_off_at_a_samples_own_7_decimal_time_counts_it() -> None:
     """Python producers send ``time.time()`` with 7 decimals; such a time is stored up to
     0.5 µs earlier. A cut-off at a first sample's time (warm-up 0) judged none of them."""

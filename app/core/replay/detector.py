@@ -47,8 +47,11 @@ class Detector:
 
     def __init__(self, settings: DetectorSettings | None = None, *,
                  pause_collector: Callable[[], AbstractContextManager[object]] = nullcontext) -> None:
-        """``pause_collector``: :class:`~tailguard.core.window.window.WindowStore`'s."""
+        """``pause_collector``: entered around stage 1's summary pass (the
+        :class:`~tailguard.core.window.window.WindowStore`'s) and around each model's stage-2
+        evaluation, where the worker pauses the collector."""
         self.settings = settings or DetectorSettings()
+        self.pause_collector = pause_collector
         self.store = WindowStore(self.settings, pause_collector=pause_collector)
         self.evaluator = FleetEvaluator(self.settings)
         self._last: dict[str, ModelTick] = {}
@@ -83,12 +86,14 @@ class Detector:
                  if per_series > 0 else {})
         self._pools_of = (now_s, per_series, tuple(groups)) if per_series > 0 else None
         self._digests = None
-        ticks = tuple(_with_fleet_quantiles(
-            ev.evaluate(m, groups.get(m, ()), now_s, with_statuses=with_statuses), pools)
-            for m in models)
+        ticks = []
+        for m in models:
+            with self.pause_collector():
+                ticks.append(_with_fleet_quantiles(
+                    ev.evaluate(m, groups.get(m, ()), now_s, with_statuses=with_statuses), pools))
         for t in ticks:
             self._last[t.model] = t
-        return TickResult(ts=now_s, models=ticks)
+        return TickResult(ts=now_s, models=tuple(ticks))
 
     @property
     def fleet_digests(self) -> dict[str, dict[str, Any]]:

@@ -45,7 +45,7 @@ _QS: Final = (0.5, 0.99)
 FRESH_TAIL_MAX_SAMPLES: Final = 600
 _Q50: Final = (0.5,)
 # Sort keys of a tier's fast rows are built and sorted in blocks of at most this many bytes.
-_FAST_BLOCK_BYTES: Final = 4 << 20
+_FAST_BLOCK_BYTES: Final = 8 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,19 +157,26 @@ class Stats:
 
 
 def _fast_block(items: Sequence[tuple[Slab, Stats]], n: int, cap: int, fresh_lo: float,
-                refs: F64, min_fresh: int) -> None:
+                refs: F64, min_fresh: int, buf: U32) -> None:
     """:func:`fast_stats` for the fast rows of ``items`` (``n`` rows of ``cap`` slots,
-    every slot judged) as one matrix of sort keys."""
-    keys: U32 = np.empty((n, cap), dtype=np.uint32)
+    every slot judged) as one matrix of sort keys, in the first ``n`` rows of ``buf``."""
+    keys: U32 = buf[:n]
     o = 0
     for ch, cs in items:
         f = cs.fast
         part = keys[o:o + f.size]
-        if (ch.ts_lo[f] > fresh_lo).all():      # the kept bound proves every sample fresh
-            part[...] = 0
+        lat = _rows(ch.lat, f)
+        ts_lo, ts_hi = ch.ts_lo[f], ch.ts_hi[f]
+        if (ts_lo > fresh_lo).all():            # the kept bounds prove every sample fresh
+            np.copyto(part, lat.view(np.uint32))
+        elif (ts_hi <= fresh_lo).all():         # ... or none
+            np.bitwise_or(lat.view(np.uint32), RUN_FLAG, out=part)
+        elif (ts_lo >= fresh_lo - tc.FLAG_SPAN_S).all() and (ts_hi <= fresh_lo + tc.FLAG_SPAN_S).all():
+            tc.flag_at_most(_rows(ch.ts_code, f), ch.base_us[f], fresh_lo, part)     # RUN_FLAG: not fresh
+            np.bitwise_or(part, lat.view(np.uint32), out=part)
         else:
             np.less_equal(_rows(ch.ts_code, f), tc.after(ch.base_us[f], fresh_lo)[:, None], out=part)  # 1: not fresh
-        to_run_keys(part, _rows(ch.lat, f))
+            to_run_keys(part, lat)
         o += f.size
     keys.sort(axis=1)
     nf = count_at_most(keys, np.full(n, cap, dtype=np.int64), np.uint32(RUN_FLAG - 1))
@@ -281,13 +288,16 @@ def fast_stats(work: Sequence[tuple[Slab, Stats]], fresh_lo: float, refs: F64,
             by_cap.setdefault(ch.cap, []).append((ch, cs))
     for cap, items in by_cap.items():
         block_rows = max(MIN_SLAB_ROWS, _FAST_BLOCK_BYTES // (4 * cap))
+        # One buffer for every block of the tier: its pages are touched once, not per block.
+        sizes = [cs.fast.size for _, cs in items]
+        buf: U32 = np.empty((max(min(block_rows, sum(sizes)), max(sizes)), cap), dtype=np.uint32)
         while items:
             n = 0
             take = 0
             while take < len(items) and (take == 0 or n + items[take][1].fast.size <= block_rows):
                 n += items[take][1].fast.size
                 take += 1
-            _fast_block(items[:take], n, cap, fresh_lo, refs, min_fresh)
+            _fast_block(items[:take], n, cap, fresh_lo, refs, min_fresh, buf)
             items = items[take:]
 
 

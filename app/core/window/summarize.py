@@ -22,12 +22,13 @@ Guarantees, at tick ``now_s``:
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from itertools import repeat
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -67,7 +68,8 @@ _NONE2: Final[tuple[None, None]] = (None, None)
 
 
 _summary_order: Final = operator.attrgetter("model", "node_id")
-_make_summary: Final = WindowSummary._make
+# tuple.__new__ of the fields in order, with no Python frame per series (WindowSummary._make has one).
+_make_summary: Final = functools.partial(tuple.__new__, WindowSummary)
 _node_id_of: Final = operator.attrgetter("node_id")
 _model_of: Final = operator.attrgetter("model")
 _hardware_of: Final = operator.attrgetter("hardware")
@@ -163,6 +165,8 @@ def _probe_quantiles(parts: Sequence[tuple[Slab, Pass1, Stats]], used: list[npt.
 
 def _optional(values: npt.NDArray[Any], none: Bools) -> list[Any]:
     """``values`` as Python numbers, ``None`` where ``none``."""
+    if not none.any():
+        return list(values.tolist())
     out = values.astype(object)
     out[none] = None
     return list(out.tolist())
@@ -350,12 +354,14 @@ def _build(parts: Sequence[tuple[Slab, Pass1, Stats]], plans: list[ModelPlan],
     at = np.cumsum([0] + [u.size for u in used]).tolist()     # each chunk's first index
 
     def cat(arrs: Iterable[npt.NDArray[Any]]) -> npt.NDArray[Any]:
-        return np.concatenate([x[u] for x, u in zip(arrs, used, strict=True)])
+        return np.concatenate([x if u.size == x.shape[0] else x[u] for x, u in zip(arrs, used, strict=True)])
 
-    ser: list[SeriesRecord] = []
+    rows_ser: list[SeriesRecord | None] = []
     for (ch, _, _), u in zip(parts, used, strict=True):
-        ser.extend(sr for r in u.tolist() if (sr := ch.series[r]) is not None)
-    assert len(ser) == at[-1]
+        series = ch.series      # a used row's (midx >= 0) series, None on a free row
+        rows_ser.extend(series if u.size == len(series) else [series[r] for r in u.tolist()])
+    assert len(rows_ser) == at[-1] and None not in rows_ser
+    ser = cast(list[SeriesRecord], rows_ser)
     n_sig = cat(cs.n_sig for _, _, cs in parts)
     n_judged = cat(st.n_judged for _, st, _ in parts)
     q_sig = cat(cs.q_sig for _, _, cs in parts)

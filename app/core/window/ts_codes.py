@@ -4,7 +4,8 @@ Owns how :class:`~tailguard.core.window.rings.Slab` stores a sample's event time
 code, the whole µs after its ring's ``base`` (int64 µs), 0 for an empty slot or a sample
 stored as too old. :func:`encode_into` codes new samples and moves a ring to a new base when
 they need one; :func:`decode` gives the times back; :func:`after` and :func:`since` turn a
-tick's bounds into per-ring code thresholds.
+tick's bounds into per-ring code thresholds; :func:`flag_at_most` marks the codes at or
+below one (stage 1's sort keys) in two passes where a comparison takes three.
 
 Guarantees:
 
@@ -60,6 +61,25 @@ def after(base: I64, t: float) -> U32:
     if math.isinf(t):
         return np.full(base.shape, 0 if t < 0 else MAX_CODE, dtype=np.uint32)
     return np.clip(floor_us(t) - base, 0, MAX_CODE).astype(np.uint32)
+
+
+#: How near ``t`` (s) every decoded time must be for :func:`flag_at_most`: a code's
+#: difference from ``after(base, t) + 1`` then fits in 31 bits and a sign (2³¹ µs ≈ 2147 s).
+FLAG_SPAN_S: Final = 2000.0
+_FLAG: Final = np.uint32(1 << 31)
+
+
+def flag_at_most(codes: U32, base: I64, t: float, out: U32) -> None:
+    """Into ``out`` (shaped as ``codes``, one row per ring of ``base``): bit 31 set exactly
+    where ``codes <= after(base, t)`` (a decoded time ``<= t``), every other bit 0.
+
+    For codes above 0 whose decoded times all lie within :data:`FLAG_SPAN_S` of ``t``
+    (finite) — the caller proves it, e.g. by the rings' kept bounds. Then ``code − thr − 1``
+    lies in [−2³¹, 2³¹) also where ``after`` clips ``thr`` to 0 or ``MAX_CODE``, and its sign
+    bit in uint32 arithmetic (mod 2³²) is the comparison."""
+    thr1 = ((after(base, t).astype(np.int64) + 1) & MAX_CODE).astype(np.uint32)
+    np.subtract(codes, thr1[:, None], out=out)
+    np.bitwise_and(out, _FLAG, out=out)
 
 
 def since(base: I64, t: F64) -> U32:

@@ -263,7 +263,7 @@ class WindowStore:
                         judge_since=judge_since, out_of_fit=out_of_fit, digests=digests, tail_refs=tail_refs,
                         choices=choices, evidence=evidence, pause=self.pause_collector)
         hists = self._hists
-        for i, sm in enumerate(out):
+        for i, sm in enumerate(out if hists.keys() else ()):     # no look per series without them
             key = (sm.node_id, sm.model)
             if key in hists:
                 fields = hists.summary_fields(key, now_s, (judge_since or {}).get(key))
