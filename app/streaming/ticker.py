@@ -4,16 +4,17 @@
 :class:`~tailguard.streaming.stage2.Stage2` with summaries: it asks :class:`Ownership` which
 partitions this worker owns (``None`` while faust rebalances), lets ``Stage2.tick`` judge the
 owned models, applies the mode and the operator overrides (:class:`~tailguard.streaming.edge.OperatorEdge`,
-read each tick from an :class:`OperatorSource`), writes each model's routing through a
-:class:`RoutingSink`, then each model's state, hints and explain history, hands the health
+read each tick from an :class:`OperatorSource`) and sends each model's routing write to a
+:class:`RoutingSink` as soon as the model is judged (:class:`RoutingWrites`: Redis runs it while
+the next model is judged), then each model's state, hints and explain history, hands the health
 changes, fleet events and diagnostics requests to the publish backlog
 (:class:`~tailguard.streaming.publisher.Publisher`) for at most a budget of the tick, and
 offers retired nodes to the replace hook. Every one of these is injected, so unit tests drive
 a tick without faust, Kafka or Redis (tests/service/test_stage2_ticker.py);
 :func:`tailguard.streaming.service.create_app` wires the faust side.
 
-Guarantees: routing never waits on Kafka or on bookkeeping — every model's routing write
-comes right after the verdicts, before any state, hints or history write, every tick; the
+Guarantees: routing never waits on Kafka or on bookkeeping — every model's routing write is
+done before any state, hints or history write and any message of the tick, every tick; the
 Kafka output is at least once and bounded in bytes (the publisher's guarantees); a failing
 operator read keeps the last overrides in force; one model's failing routing write never
 stops the others.
@@ -21,6 +22,7 @@ stops the others.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -33,6 +35,7 @@ from tailguard.collector import collector_paused
 from tailguard.core.contract.types import ModelTick, NodeStatus
 from tailguard.routing.apply_script import Extras
 from tailguard.routing.operators import OperatorState, Override
+from tailguard.routing.tasks import cancel_and_wait
 from tailguard.streaming.edge import EdgeInput, EdgeOutput, OperatorEdge
 from tailguard.streaming.ingest import next_boundary
 from tailguard.streaming.metrics import WorkerMetrics
@@ -124,22 +127,29 @@ class Stage2Ticker:
             log.info("stage-2 tick skipped: rebalancing")
             return []
         now_s = self.clock()
-        outputs = await self.judge(current, now_s)
-        edged = await self.at_the_edge(outputs, now_s)
-        # Redis first, every tick: routing never waits on Kafka nor on the bookkeeping (the
-        # state and hints tables, the explain history), made after every model's routing.
-        # The tick's messages then go to a backlog bounded in bytes, published within a
+        # Redis first, every tick: each model's routing write is sent as soon as the model is
+        # judged and edged, and Redis runs it while the next model is judged; every write is
+        # done before any bookkeeping (the state and hints tables, the explain history) and
+        # before the tick's messages go to a backlog bounded in bytes, published within a
         # budget and retried (publisher).
-        await self.write_routing(edged)
+        writes = RoutingWrites(self.routing, self.turns)
+        try:
+            outputs, edged = await self.judge(current, now_s, writes)
+            await writes.finish()
+        finally:
+            await writes.close()
+        await self.after_the_edge(edged)
         await self.publish(await self.keep_books(outputs, edged, next_boundary(now_s, self.tick_s)))
         if self.hook is not None:   # level-triggered: every retired status, every tick (replace.py)
             # Observe mode acts on nothing: its models' retired nodes are not replaced.
             self.hook.offer(s for d in edged if d.mode == "enforce" for s in d.tick.statuses)
         return outputs
 
-    async def judge(self, current: Assignment, now_s: float) -> list[ModelOutput]:
-        """Stage 2's evaluation of the models whose partitions ``current`` owns, with its metrics;
-        the loop runs other work between two models, a stage-1 tick first (:mod:`.turns`)."""
+    async def judge(self, current: Assignment, now_s: float,
+                    writes: RoutingWrites) -> tuple[list[ModelOutput], list[EdgeOutput]]:
+        """Stage 2's evaluation of the models whose partitions ``current`` owns, with its metrics,
+        each model through the operator edge and its routing write handed to ``writes`` as soon as
+        it is judged; the loop runs other work between two models, a stage-1 tick first (:mod:`.turns`)."""
         metrics, stage2 = self.metrics, self.stage2
         assignment = (current.generation, current.owned)
         if self.last_assignment != assignment:
@@ -150,6 +160,7 @@ class Stage2Ticker:
             metrics.owned_models.set(0)
         failures_before = stage2.write_failures
         outputs: list[ModelOutput] = []
+        edged: list[EdgeOutput] = []
         busy_s = 0.0    # the evaluation's own time, not the other work's between models
         cut = False
         steps = stage2.tick_models(
@@ -162,7 +173,11 @@ class Stage2Ticker:
             busy_s += time.perf_counter() - t0
             if o is None:
                 break
+            if not outputs:
+                await self.read_operators()
             outputs.append(o)
+            edged.append(self.at_the_edge(o, now_s))
+            writes.send(edged[-1])
             await self.turns.stage2_step()
             if await self.ownership.assignment() != current:
                 # A rebalance began between two models: the rest wait for the next tick (and
@@ -178,7 +193,7 @@ class Stage2Ticker:
                 metrics.summaries_dropped.labels(reason=reason).inc(count - self.dropped_reported.get(reason, 0))
                 self.dropped_reported[reason] = count
         if cut:     # the models not judged are not gone: the next tick tells
-            return outputs
+            return outputs, edged
         metrics.owned_models.set(len(outputs))
         now_owned = {o.tick.model for o in outputs}
         for gone in self.gauged_models - now_owned:
@@ -186,28 +201,30 @@ class Stage2Ticker:
             self.edge.forget_model(gone)
         self.gauged_models = now_owned
         metrics.last_tick_ts.set(now_s)
-        return outputs
+        return outputs, edged
 
-    async def at_the_edge(self, outputs: list[ModelOutput], now_s: float) -> list[EdgeOutput]:
-        """Mode and operator overrides on each verdict (tailguard.streaming.edge)."""
+    async def read_operators(self) -> None:
+        """The operator overrides and modes of this tick (at its first judged model)."""
         operators = self.operators
-        if operators is not None and outputs:
+        if operators is not None:
             try:
                 self.operator_state = await operators.read()
             except Exception as e:  # Redis down: the last overrides read stay in force
                 self.metrics.operator_read_failures.inc()
                 log.warning("reading operator overrides failed (%s: %s); keeping the last ones",
                             type(e).__name__, e)
-        ops = self.operator_state
-        for bad in ops.bad:
+        for bad in self.operator_state.bad:
             log.warning("ignoring an operator setting in Redis: %s", bad)
-        edged = []
-        for out in outputs:
-            with collector_paused():
-                edged.append(self.edge.apply(
-                    EdgeInput(out.tick, out.transitions, out.summaries, out.streaks), ops, now_s,
-                    defer_history=True))
-            await self.turns.stage2_step()
+
+    def at_the_edge(self, out: ModelOutput, now_s: float) -> EdgeOutput:
+        """Mode and operator overrides on one model's verdict (tailguard.streaming.edge)."""
+        with collector_paused():
+            return self.edge.apply(EdgeInput(out.tick, out.transitions, out.summaries, out.streaks),
+                                   self.operator_state, now_s, defer_history=True)
+
+    async def after_the_edge(self, edged: list[EdgeOutput]) -> None:
+        """The operator gauges of each model, and its expired overrides deleted."""
+        operators = self.operators
         for done in edged:
             self.metrics.set_operator_view(done.tick.model, done.mode, done.overrides.values(),
                                            done.tick, max_ejected_fraction=self.max_ejected_fraction)
@@ -217,7 +234,6 @@ class Stage2Ticker:
                         await operators.delete_expired(o)
                     except Exception:
                         log.exception("deleting an expired override of %r failed", o.node_id)
-        return edged
 
     async def keep_books(self, outputs: list[ModelOutput], edged: list[EdgeOutput],
                          hints_for_s: float) -> list[Outgoing]:
@@ -250,9 +266,32 @@ class Stage2Ticker:
         await self.publisher.publish(PUBLISH_BUDGET_FRACTION * self.tick_s)
         self.metrics.publish_backlog_bytes.set(self.publisher.nbytes)
 
-    async def write_routing(self, outputs: list[EdgeOutput]) -> None:
-        """Each model's routing set (and its extras) to the routing sink, one model at a time."""
-        for out in outputs:
+
+class RoutingWrites:
+    """One tick's routing writes, in flight while the tick judges on: :meth:`send` queues a
+    model's write without waiting, one task awaits them through the sink in the order sent
+    (one model at a time, as the writer's lock has them anyway), and :meth:`finish` returns
+    once every write sent is done. A write that raises is logged and never stops the others
+    (the sink's own retries and back-off are the sink's); :meth:`close` ends the task if the
+    tick failed before :meth:`finish`."""
+
+    def __init__(self, routing: RoutingSink, turns: Turns) -> None:
+        self.routing, self.turns = routing, turns
+        self._queue: asyncio.Queue[EdgeOutput | None] = asyncio.Queue()
+        self._task = asyncio.create_task(self._run(), name="tailguard-stage2-routing-writes")
+
+    def send(self, out: EdgeOutput) -> None:
+        self._queue.put_nowait(out)
+
+    async def finish(self) -> None:
+        self._queue.put_nowait(None)
+        await self._task
+
+    async def close(self) -> None:
+        await cancel_and_wait([self._task])
+
+    async def _run(self) -> None:
+        while (out := await self._queue.get()) is not None:
             try:
                 await self.routing.apply(out.tick, out.extras)
             except Exception:  # a malformed verdict: never stop the other models

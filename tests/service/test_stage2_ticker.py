@@ -9,6 +9,7 @@ assignment.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -336,3 +337,49 @@ async def test_the_default_backlog_holds_the_first_tick_of_100000_new_nodes_unpu
     assert changes >= len(nodes) and not r.ticker.publisher.dropped    # a change each, at least
     # What 100 such models (100,000 new nodes) queue in one tick fits the default.
     assert 100 * r.ticker.publisher.nbytes <= Settings().publish_backlog_bytes
+
+
+@dataclass
+class SlowRouting(Routing):
+    """A routing sink whose writes take a few loop turns, like a Redis round trip: logs
+    ``route <m>`` when a write is sent and ``routed <m>`` when it is done."""
+
+    turns: int = 3
+
+    async def apply(self, tick: ModelTick, extras: Extras = NO_EXTRAS) -> bool:
+        self.log.append(f"route {tick.model}")
+        for _ in range(self.turns):
+            await asyncio.sleep(0)
+        self.log.append(f"routed {tick.model}")
+        return await FakeRouting.apply(self, tick, extras)
+
+
+async def test_the_next_model_is_judged_while_a_routing_write_is_in_flight() -> None:
+    r = rig(log_books=True)
+    r.routing = SlowRouting(log=r.log, books=r.log)
+    r.ticker.routing = r.routing
+    judge = r.stage2._evaluate
+
+    def judged(model: str, now_s: float) -> Any:
+        r.log.append(f"judge {model}")
+        return judge(model, now_s)
+
+    r.stage2._evaluate = judged   # type: ignore[method-assign]
+    models = ("m", "other", "third")
+    for _ in range(3):
+        r.log.clear()
+        await r.tick(models)
+        at = {e: i for i, e in enumerate(r.log)}
+        order = [e.split()[1] for e in r.log if e.startswith("judge")]
+        assert order == sorted(models), r.log
+        # The first model's write is sent before the next model is judged; every model's
+        # write is done only after the next model was judged (Redis works meanwhile).
+        assert at[f"route {order[0]}"] < at[f"judge {order[1]}"], r.log
+        for k, nxt in itertools.pairwise(order):
+            assert at[f"judge {nxt}"] < at[f"routed {k}"], r.log
+        kinds = [e.split()[0] for e in r.log]
+        books = [i for i, k in enumerate(kinds) if k in ("state", "hints", "history", "send")]
+        # every write done, in the order judged, before any bookkeeping or message
+        assert [e.split()[1] for e in r.log if e.startswith("routed")] == order, r.log
+        assert max(at[f"routed {m}"] for m in models) < min(books), r.log
+    assert "slow" not in r.routing.applied[-1].routing
