@@ -38,6 +38,8 @@ from tailguard.scrape.convert import ScrapeError, events_from_capture
 from tailguard.settings import parse_set
 from tailguard.text import printable
 
+UTF8_BOM = b"\xef\xbb\xbf"
+
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -190,8 +192,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _maybe_gunzip(stream: IO[bytes]) -> IO[bytes]:
-    """A gzip-compressed trace (magic bytes 1f 8b) is decompressed on the fly."""
+    """A gzip-compressed trace (magic bytes 1f 8b) is decompressed on the fly; a UTF-8
+    byte-order mark at the start (Windows tools write one) is skipped."""
     buffered: Any = stream if isinstance(stream, io.BufferedReader) else io.BufferedReader(stream)
     if buffered.peek(2)[:2] == b"\x1f\x8b":
-        return cast(IO[bytes], gzip.GzipFile(fileobj=buffered, mode="rb"))
+        buffered = gzip.GzipFile(fileobj=buffered, mode="rb")
+    if buffered.peek(3)[:3] == UTF8_BOM:
+        buffered.read(3)
     return cast(IO[bytes], buffered)

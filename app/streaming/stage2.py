@@ -6,9 +6,9 @@ results, and at each tick turns every model this worker owns into a :class:`Mode
 the core's ``FleetEvaluator`` (the verdict, plus the summaries and streaks it was made from).
 Guarantees (in full: docs/operations.md, "Stage 2's state"):
 
-* **Durable state.** A model's changed state goes to ``state``, its hints for stage 1
-  (:mod:`tailguard.streaming.hints`) to ``hints``; a model is restored from ``state`` before its first
-  evaluation after an (re)assignment. A failed table write is logged, counted
+* **Durable state.** A model's changed state goes to ``state``, its stage-1 hints to ``hints``
+  (at its tick, or by :meth:`Stage2.persist` before its next one); a model is restored from ``state``
+  before its first evaluation after an (re)assignment. A failed table write is logged, counted
   (``write_failures``) and retried next tick; the verdict is still returned. Large values are
   packed (:mod:`tailguard.streaming.table_values`); one still above ``max_value_bytes`` is counted, not written.
 * **Cluster-wide P50/P99** of the workers' fresh digests, in ``ModelTick``.

@@ -66,3 +66,21 @@ speed = 1.5
     low = res.lowest_weight.get(("gpu-node-10", "m"))
     assert low is not None and low[0] <= 0.75, res.lowest_weight
     assert set(res.lowest_weight) == {("gpu-node-10", "m")}, res.lowest_weight     # nobody else
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_an_llm_pod_slower_per_token_is_weighted_from_its_e2e_buckets(seed: int) -> None:
+    """LLM traffic (conversation sizes, TTFT and tokens, 22 ms a token) on vLLM's buckets: the
+    ITL lies inside one ITL bucket, so the summaries' signal (itl) gives no estimate, and TTFT
+    does not show a per-token slow-down. A pod 1.5x slower per token kept full weight (a backtest
+    of captured fleets, 2026-12-05); its e2e buckets show it, and it is weighted from them now.
+    Nobody else is weighted or ejected; the same fleet without the fault writes no weight."""
+    llm = {"p50_ms": 22.0, "llm": "conv", "rate": 5.0, "duration_s": 1300.0}
+    res, records = run(fleet(8, faults=slowdown('"gpu-node-01"', 1.5), **llm), seed)
+    assert res.ejected_at_s == {}, moves(records)
+    low = res.lowest_weight.get(("gpu-node-01", "m"))
+    assert low is not None and low[0] <= 0.7 and low[1] - ONSET_S <= 300.0, res.lowest_weight
+    assert set(res.lowest_weight) == {("gpu-node-01", "m")}, res.lowest_weight
+    assert {r["weight"] for r in records if r.get("type") == "weight"} <= {w / 20 for w in range(2, 20)}
+    res, records = run(fleet(8, **llm), seed)
+    assert [r for r in records if r.get("type") == "weight"] == [] and res.ejected_at_s == {}, moves(records)

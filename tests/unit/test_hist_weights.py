@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 from test_hist_rules import NEW_B, OLD_B, ST, _lognormal_win, summary
 
+from tailguard.core.contract.types import WindowSummary
 from tailguard.core.judge.hist_weights import cdf_at, log_shift, targets
 from tailguard.core.judge.peers import PeerSet
 from tailguard.core.window.hist_window import HistWindow
-from tailguard.sim.exposition import VLLM_E2E, tgi_buckets
+from tailguard.sim.exposition import VLLM_E2E, VLLM_ITL, tgi_buckets
 
 N = NormalDist()
 
@@ -105,3 +106,35 @@ def test_the_reference_is_read_at_other_bounds_exactly_for_a_lognormal() -> None
         assert f == pytest.approx(N.cdf(math.log(b / 1.2) / 0.35), abs=1e-9)
     assert math.isnan(got[5])                             # past the last bound: nothing to read
     assert math.isnan(cdf_at((0.3, 0.5), (0.0, 0.5), (0.4,))[0])   # next to a CDF of 0: no probit
+
+
+def _itl_e2e_peer_set(rng: np.random.Generator, slow: dict[str, float]) -> PeerSet:
+    """8 vLLM pods with ITL (narrow, 22 ms: inside one of vLLM's ITL buckets) and e2e windows
+    (LLM-wide, median 2.4 s); ``slow``: node -> factor on both."""
+
+    def lognormal(median_s: float, sigma: float, n: int, bounds: tuple[float, ...]) -> HistWindow:
+        lat = median_s * np.exp(rng.normal(0, sigma, n))
+        counts = np.bincount(np.searchsorted(bounds, lat), minlength=len(bounds) + 1).tolist()
+        return HistWindow(bounds, tuple(counts), n, None, 30.0)
+
+    nodes = [f"vllm-{i}" for i in range(8)]
+    sums = [WindowSummary(n, "m", 0.0, "itl_hist", 1000, 1.0, 2.0, None, None, hardware="H100",
+                          extra={"hist": {"itl": lognormal(0.022 * slow.get(n, 1.0), 0.12, 1000, VLLM_ITL).to_dict(),
+                                          "e2e": lognormal(2.4 * slow.get(n, 1.0), 0.8, 1000, VLLM_E2E).to_dict()}})
+            for n in nodes]
+    return PeerSet(nodes, sums, [1.0] * 8, [2.0] * 8, [], [])
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_a_signal_the_buckets_cannot_resolve_falls_back_to_the_next_metric(seed: int) -> None:
+    """vLLM pods on the ITL signal: 22 ms with sigma 0.12 lies inside vLLM's 0.025-0.05 ITL
+    bucket (one bound inside the peers' 5-95 %), so no pod got an estimate and a pod 1.5x slower
+    kept full weight, though its e2e buckets show it (a backtest of captured vLLM, TGI and Dynamo
+    fleets, 2026-12-05). The weight now comes from the next metric whose buckets resolve it;
+    healthy pods get none."""
+    rng = np.random.default_rng(seed)
+    got = targets(_itl_e2e_peer_set(rng, {"vllm-3": 1.5}), ST)
+    assert set(got) == {"vllm-3"}, got
+    assert got["vllm-3"].signal == "e2e_hist"
+    assert 0.35 <= got["vllm-3"].target <= 0.75, got["vllm-3"]
+    assert targets(_itl_e2e_peer_set(rng, {}), ST) == {}

@@ -598,25 +598,35 @@ def test_clocks_an_hour_ahead_do_not_move_event_time(skewed: tuple[str, ...]) ->
 
 
 def _fleet(nodes: int, seconds: float, *, ahead: dict[str, float], slow: str, onset: float,
-           rate: float = 4.0, seed: int = 3) -> list[bytes]:
+           rate: float = 4.0, seed: int = 3, heartbeat_s: float = 0.0) -> list[bytes]:
     """Nodes in random order at ``rate`` events/s each; ``ahead``: node -> seconds its clock
-    runs ahead; ``slow`` 3x slower from ``onset``."""
+    runs ahead; ``slow`` 3x slower from ``onset``; ``heartbeat_s``: each node's heartbeat
+    every so often (as the emitter sends them), 0: none."""
     rng = np.random.default_rng(seed)
     out = []
+    every = int(heartbeat_s * rate * nodes)
     for k in range(int(seconds * rate * nodes)):
-        node = f"n{int(rng.integers(0, nodes)):02d}"
         ts = T0 + k / (rate * nodes)
+        if every and k % every == 0:
+            out.extend(json.dumps({"type": "heartbeat", "node_id": f"n{i:02d}", "model": "m",
+                                   "ts": ts + ahead.get(f"n{i:02d}", 0.0)}).encode() for i in range(nodes))
+        node = f"n{int(rng.integers(0, nodes)):02d}"
         lat = 1e6 * float(np.exp(rng.normal(0, 0.3))) * (3.0 if node == slow and ts > T0 + onset else 1.0)
         out.append(json.dumps({"node_id": node, "model": "m", "latency_us": lat,
                                "ts": ts + ahead.get(node, 0.0) + float(rng.uniform(0, 0.5))}).encode())
     return out
 
 
+@pytest.mark.parametrize("heartbeat_s", [0.0, 5.0], ids=["events", "heartbeats"])
 @pytest.mark.parametrize("ahead_s", [100.0, 200.0, 290.0])
-def test_a_node_whose_clock_runs_ahead_does_not_move_the_ticks(ahead_s: float) -> None:
+def test_a_node_whose_clock_runs_ahead_does_not_move_the_ticks(ahead_s: float, heartbeat_s: float) -> None:
     # One node of 12 with its clock minutes ahead (within max_future_skew_s): the ticks follow
     # the fleet, so nobody else looks silent and a slow node is caught as on a clean trace.
-    kw: dict[str, Any] = {"nodes": 12, "seconds": 1500.0, "slow": "n07", "onset": 900.0}
+    # With heartbeats (every 5 s per node, as the emitter sends them), the skewed node's
+    # heartbeats ran the ticks (2026-12-05 backtest: every other node flapped gone/returned at
+    # every tick and the slow node stayed routed).
+    kw: dict[str, Any] = {"nodes": 12, "seconds": 1500.0, "slow": "n07", "onset": 900.0,
+                          "heartbeat_s": heartbeat_s}
     skewed, _ = run(_fleet(ahead={"n03": ahead_s}, **kw))
     clean, _ = run(_fleet(ahead={}, **kw))
 
@@ -658,3 +668,23 @@ def test_a_trace_not_in_time_order_is_counted_and_named_in_the_summary() -> None
     assert per_node < late.late_samples < 2 * per_node
     assert f"{late.late_samples} samples read after the ticks" in late.summary()
     assert "Is the trace sorted by time?" in late.summary()
+
+
+@pytest.mark.parametrize("gz", [False, True], ids=["plain", "gzip"])
+def test_main_reads_a_trace_that_starts_with_a_utf8_bom(gz: bool, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    # Windows tools (PowerShell's Out-File -Encoding utf8, Notepad) write a byte-order mark;
+    # it made --format auto read the trace as a capture and stop (exit 1, "not valid
+    # Prometheus text format"; 2026-12-05 backtest), and cost line 1 with --format events.
+    import gzip
+    data = b"\n".join(lines(slow="n4")) + b"\n"
+    (tmp_path / "t.jsonl").write_bytes(data)
+    bom = b"\xef\xbb\xbf" + data
+    (tmp_path / "bom.jsonl").write_bytes(gzip.compress(bom) if gz else bom)
+    assert main([str(tmp_path / "t.jsonl")]) == 0
+    plain = capsys.readouterr()
+    for fmt in ("auto", "events"):
+        assert main([str(tmp_path / "bom.jsonl"), "--format", fmt]) == 0
+        got = capsys.readouterr()
+        assert got.out == plain.out and '"routed": false' in got.out
+        assert got.err == plain.err

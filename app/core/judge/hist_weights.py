@@ -32,7 +32,7 @@ from tailguard.core.contract.types import WeightEvidence
 from tailguard.core.judge.hist_rules import HIST_SIGNAL, rebucket, reference, windows_of
 from tailguard.core.judge.peers import PeerSet, hw_class, median
 from tailguard.core.judge.weights import BAND_FLOOR, NOISE_K, log_spread, target_weight
-from tailguard.core.window.hist_window import US_PER_S, HistWindow
+from tailguard.core.window.hist_window import PREFERENCE, US_PER_S, HistWindow
 
 # Bounds where the reference CDF is within [EDGE, 1 - EDGE] carry the estimate.
 EDGE: Final = 0.05
@@ -73,43 +73,66 @@ def log_shift(bounds_s: tuple[float, ...], ref_cdf: tuple[float, ...], w: HistWi
 
 def targets(peers: PeerSet, st: DetectorSettings, want: Set[str] = frozenset()) -> dict[str, WeightEvidence]:
     """The target weight and evidence of every histogram peer slower than its class's noise
-    band floor, and of the peers in ``want`` (those with a weight state) that have an estimate."""
-    groups: dict[tuple[str, str], list[tuple[str, HistWindow, int]]] = {}
+    band floor, and of the peers in ``want`` (those with a weight state) that have an estimate.
+    Per signal and class, on the signal's metric, or, when its buckets give fewer than
+    ``min_peers`` estimates (a narrow ITL inside one wide bucket), on every other metric that
+    gives them, each node's lowest target (a node slower in decode only shows it in e2e, not in
+    ttft); the evidence's ``signal`` names the metric used."""
+    groups: dict[tuple[str, str], list[tuple[str, dict[str, HistWindow], int]]] = {}
     for node, s in zip(peers.nodes, peers.summaries, strict=True):
-        metric = s.signal.removesuffix(HIST_SIGNAL)
-        w = (windows_of(s) or {}).get(metric)
-        if w is not None and w.bounds_s and w.requests >= st.min_samples:
-            groups.setdefault((s.signal, hw_class(s.hardware)), []).append((node, w, s.samples))
+        wins = windows_of(s)
+        if wins is not None and s.signal.endswith(HIST_SIGNAL):
+            groups.setdefault((s.signal, hw_class(s.hardware)), []).append((node, wins, s.samples))
     out: dict[str, WeightEvidence] = {}
-    for (signal, _cls), rows in groups.items():
-        bounds = _common_bounds(rows)
-        others = [r for r in rows if r[1].bounds_s != bounds]
-        rows = [r for r in rows if r[1].bounds_s == bounds]
-        ref = reference([w for _, w, _ in rows]) if len(rows) >= st.min_peers else None
-        if ref is None:
+    for (signal, _cls), members in groups.items():
+        first = signal.removesuffix(HIST_SIGNAL)
+        got = _class_targets(first, members, st, want)
+        if got is None:
+            got = {}
+            for metric in (m for m in PREFERENCE if m != first):
+                for node, ev in (_class_targets(metric, members, st, want) or {}).items():
+                    if node not in got or ev.target < got[node].target:
+                        got[node] = ev
+        out.update(got)
+    return out
+
+
+def _class_targets(metric: str, members: list[tuple[str, dict[str, HistWindow], int]],
+                   st: DetectorSettings, want: Set[str]) -> dict[str, WeightEvidence] | None:
+    """:func:`targets` of one class on one metric's windows; None when the buckets give fewer
+    than ``min_peers`` estimates (no reference, or a reference inside too few bounds)."""
+    signal = metric + HIST_SIGNAL
+    rows = [(node, w, samples) for node, wins, samples in members
+            if (w := wins.get(metric)) is not None and w.bounds_s and w.requests >= st.min_samples]
+    bounds = _common_bounds(rows) if rows else ()
+    others = [r for r in rows if r[1].bounds_s != bounds]
+    rows = [r for r in rows if r[1].bounds_s == bounds]
+    ref = reference([w for _, w, _ in rows]) if len(rows) >= st.min_peers else None
+    if ref is None:
+        return None
+    est = {node: (e, samples) for node, w, samples in rows
+           if (e := log_shift(bounds, ref.cdf, w)) is not None}
+    if len(est) < st.min_peers:
+        return None
+    centre = median([lf for (lf, _), _ in est.values()])
+    spread = log_spread([math.exp(lf - centre) for (lf, _), _ in est.values()])
+    floor = max(BAND_FLOOR, NOISE_K * spread)
+    ref_us = _ref_p50_us(ref.bounds_s, ref.cdf)
+    # Nodes with other buckets (another server version): on the bounds they share with the
+    # reference, against the same centre and band.
+    for node, w, samples in others:
+        if (e := _shift_on_shared(ref.bounds_s, ref.cdf, w)) is not None:
+            est[node] = (e, samples)
+    out: dict[str, WeightEvidence] = {}
+    for node, ((lf, se), samples) in sorted(est.items()):
+        rel = lf - centre
+        if rel <= floor and node not in want:
             continue
-        est = {node: (e, samples) for node, w, samples in rows
-               if (e := log_shift(bounds, ref.cdf, w)) is not None}
-        if len(est) < st.min_peers:
-            continue
-        centre = median([lf for (lf, _), _ in est.values()])
-        spread = log_spread([math.exp(lf - centre) for (lf, _), _ in est.values()])
-        floor = max(BAND_FLOOR, NOISE_K * spread)
-        ref_us = _ref_p50_us(ref.bounds_s, ref.cdf)
-        # Nodes with other buckets (another server version): on the bounds they share with the
-        # reference, against the same centre and band.
-        for node, w, samples in others:
-            if (e := _shift_on_shared(ref.bounds_s, ref.cdf, w)) is not None:
-                est[node] = (e, samples)
-        for node, ((lf, se), samples) in sorted(est.items()):
-            rel = lf - centre
-            if rel <= floor and node not in want:
-                continue
-            band = math.exp(max(floor, NOISE_K * se))
-            value = ref_us * math.exp(rel)
-            out[node] = WeightEvidence(signal=signal, value=value, ref=ref_us, band=band,
-                                       target=target_weight(value, ref_us, band, st.min_weight),
-                                       samples=samples, peers=len(est))
+        band = math.exp(max(floor, NOISE_K * se))
+        value = ref_us * math.exp(rel)
+        out[node] = WeightEvidence(signal=signal, value=value, ref=ref_us, band=band,
+                                   target=target_weight(value, ref_us, band, st.min_weight),
+                                   samples=samples, peers=len(est))
     return out
 
 

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
 
+from tailguard.core.contract import events
+from tailguard.core.contract.binary import MAGIC
 from tailguard.core.contract.config import DetectorSettings
 from tailguard.core.contract.errors import BadEvent
 from tailguard.core.contract.events import Event, SampleBatch, decode, loads
@@ -117,8 +119,16 @@ def _single_at(e: Any) -> tuple[str, float] | None:
 
 
 def _event_at(raw: bytes | str, now_s: float, settings: DetectorSettings) -> tuple[str, float] | None:
-    """``(node, latest ts)`` of a batch or heartbeat by the general decoding, without adding
-    it anywhere; None for a bad line."""
+    """``(node, latest ts)`` of a batch or heartbeat, without adding it anywhere (a JSON batch
+    by the typed decoding, about 3x cheaper: every line of a batch trace comes here); None for
+    a bad line."""
+    fast = events.FAST_DECODER
+    if fast is not None and type(raw) is bytes and raw[:3] != MAGIC:
+        got = fast.batch(raw)
+        if got is not None and got[1].shape[1]:
+            latest = float(got[1][0].max())
+            if math.isfinite(latest):
+                return got[0].node_id, latest
     try:
         ev = decode(raw, now_s=now_s, settings=settings)
     except BadEvent:
@@ -218,7 +228,7 @@ class Replay:
                 typed = self.acc.decode_lines([raw])
                 pre = None if typed is None else typed[0]
             at = _single_at(pre)
-            if at is None and early and raw.strip():   # only while early lines wait
+            if at is None and raw.strip():   # a heartbeat, batch or histogram line: early too
                 at = _event_at(raw, self.seen_max, settings)
             if at is not None and self.is_early(*at):
                 early.append((lineno, raw))
@@ -381,6 +391,11 @@ class Replay:
             recent = (k - 1) * interval - self.ahead_s
             clocks = [t for n, t in self.drained_ts.items() if t >= recent and n != node and n not in ahead]
         if not clocks:
+            # Every other recent node is ahead too: the fleet jumped (a gap in the trace), so
+            # this line is early against the clock before the jump (early lines do not move it).
+            if ahead and ts - self.seen_max > self.ahead_s:
+                ahead.add(node)
+                return True
             return False
         clocks.sort()
         if ts - clocks[(len(clocks) - 1) // 2] <= self.ahead_s:
