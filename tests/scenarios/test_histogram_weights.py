@@ -9,14 +9,19 @@ other nodes, and every node of a healthy fleet, keep full weight at every tick.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
+from test_histogram_scenarios import run as run_scraped
 from test_histogram_small_fleets import ONSET_S, fleet, moves, run, slowdown
 
 from tailguard.core.contract.config import DetectorSettings
 from tailguard.core.replay.replay import replay
 from tailguard.sim import histtrace, outcome, tracegen
+from tailguard.sim import scenario as sc
 from tailguard.sim.exposition import SGLANG_E2E, tgi_buckets
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("seed", [1, 2])
@@ -84,3 +89,18 @@ def test_an_llm_pod_slower_per_token_is_weighted_from_its_e2e_buckets(seed: int)
     assert {r["weight"] for r in records if r.get("type") == "weight"} <= {w / 20 for w in range(2, 20)}
     res, records = run(fleet(8, **llm), seed)
     assert [r for r in records if r.get("type") == "weight"] == [] and res.ejected_at_s == {}, moves(records)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_shipped_1_5x_per_token_scenario_is_weighted_on_both_paths(seed: int) -> None:
+    """scenarios/llm_tpot_1_5x_weighted.toml: weighted down and kept on the event path (tpot)
+    and scraped at vLLM's buckets (from e2e: the ITL lies inside one bucket; before ef4b929 the
+    scraped pod kept full weight)."""
+    s = sc.load(ROOT / "scenarios" / "llm_tpot_1_5x_weighted.toml")
+    out: list[str] = []
+    replay(tracegen.lines(tracegen.generate(s, seed)), DetectorSettings(), out.append)
+    for res in (outcome.check(s, [json.loads(line) for line in out]), run_scraped(s.name, seed)[0]):
+        assert res.ok and res.ejected_at_s == {}, res.problems
+        assert set(res.lowest_weight) == {("gpu-node-05", "llama-3.1-8b-chat")}, res.lowest_weight
+        weight, at_s = res.lowest_weight[("gpu-node-05", "llama-3.1-8b-chat")]
+        assert weight <= 0.8 and at_s <= 317.0 + 600.0, res.lowest_weight

@@ -5,9 +5,7 @@ code, the whole µs after its ring's ``base`` (int64 µs), 0 for an empty slot o
 stored as too old. :func:`encode_into` codes new samples and moves a ring to a new base when
 they need one; :func:`decode` gives the times back; :func:`after` and :func:`since` turn a
 tick's bounds into per-ring code thresholds; :func:`flag_at_most` marks the codes at or
-below one (stage 1's sort keys) in two passes where a comparison takes three.
-
-Guarantees:
+below one (stage 1's sort keys) in two passes where a comparison takes three. Guarantees:
 
 * A time is stored as its nearest whole µs: one with at most 6 decimals before 2106 decodes
   (``v / 1e6``, float64) to exactly the same float64; others move by at most 0.5 µs.
