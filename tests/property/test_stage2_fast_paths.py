@@ -182,7 +182,7 @@ def test_error_judgements_pools_as_a_scan_of_every_tick(case: tuple[list[list[tu
                                                                     dict[str, float]]) -> None:
     hists, cuts = case
     st_ = DetectorSettings(min_peers=2, min_samples=100, probe_min_samples=20, tick_interval_s=30.0)
-    counts: dict[str, tuple[int, ...]] = {}
+    counts: dict[str, list[int]] = {}
     pairs = {f"n{i}": PairState(f"n{i}", "m", HealthState.HEALTHY, 0.0, 0.0, "normal", True)
              for i in range(len(hists))}
     report = None

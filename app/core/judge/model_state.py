@@ -191,8 +191,8 @@ class ModelState:
     # Retired pairs: their last sign of life (sample or heartbeat; at least the retirement).
     retired_seen: dict[str, float] = field(default_factory=dict)
     # Per pair: stage 1's cumulative (requests, failed) at the last few ticks, oldest first,
-    # flat (request_rules.error_judgements).
-    counts: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    # flat, updated in place (request_rules.error_judgements).
+    counts: dict[str, list[int]] = field(default_factory=dict)
     # Last signs of life, gone pairs, restarts handled, telemetry loss (tailguard.core.judge.liveness).
     live: Liveness = field(default_factory=Liveness)
     # Per-pair P50 baselines: the reference below min_peers (tailguard.core.judge.own_history).
@@ -274,9 +274,9 @@ class ModelState:
                              f"({e}); cannot restore") from None
 
 
-def _counts(v: Any) -> tuple[int, ...]:
+def _counts(v: Any) -> list[int]:
     """A pair's stored counters: (requests, failed) pairs, flat (older versions kept one)."""
-    out = tuple(int(x) for x in v)
+    out = [int(x) for x in v]
     if not out or len(out) % 2:
         raise TypeError(f"counts {v!r} are not (requests, failed) pairs")
     return out

@@ -62,7 +62,7 @@ def pool_ticks(st: DetectorSettings) -> int:
     return max(1, math.ceil(st.max_sample_age_s / st.tick_interval_s))
 
 
-def error_judgements(counts: MutableMapping[str, tuple[int, ...]],
+def error_judgements(counts: MutableMapping[str, list[int]],
                      by_node: Mapping[str, WindowSummary], pairs: Mapping[str, PairState],
                      st: DetectorSettings, since: Mapping[str, float],
                      now_s: float) -> ErrorReport:
@@ -93,7 +93,7 @@ def error_judgements(counts: MutableMapping[str, tuple[int, ...]],
         fail = s.failed_total
         prev = get(node)
         if prev is None or req < prev[-2]:      # new, or counters that went back (a new stage 1)
-            counts[node] = (req, fail)
+            counts[node] = [req, fail]
             continue
         size = len(prev)
         if size > back and req == prev[-back]:
@@ -119,7 +119,12 @@ def error_judgements(counts: MutableMapping[str, tuple[int, ...]],
                 share = shares[node] = failed / n
                 if share > limit:
                     over.append((node, share, n, failed, (size - i) // 2))
-        counts[node] = prev[2 - keep:] + (req, fail)  # noqa: RUF005 (0.2 µs a pair less than unpacking)
+        # In place: a tuple's copy touched every kept counter (its reference count), each its
+        # own int object, cold after stage 1's pass; the list drops its oldest tick in front.
+        prev.append(req)
+        prev.append(fail)
+        if size + 2 > keep:
+            del prev[:size + 2 - keep]
     stalled = (stall_judgements(idle, counts, by_node, pairs, st, now_s)
                if idle and st.stall_peer_requests > 0 else {})
     if limit <= 0:
@@ -152,7 +157,7 @@ def error_judgements(counts: MutableMapping[str, tuple[int, ...]],
     return report
 
 
-def stall_judgements(idle: Sequence[str], counts: Mapping[str, tuple[int, ...]],
+def stall_judgements(idle: Sequence[str], counts: Mapping[str, list[int]],
                      by_node: Mapping[str, WindowSummary], pairs: Mapping[str, PairState],
                      st: DetectorSettings, now_s: float) -> dict[str, Judgement]:
     """Routed, warmed-up pairs of ``idle`` (no request in the last :func:`stall_ticks`
