@@ -176,6 +176,7 @@ class Stage2Ticker:
             if not outputs:
                 await self.read_operators()
             outputs.append(o)
+            await self.turns.stage2_step()      # a stage-1 tick goes first after each phase
             edged.append(self.at_the_edge(o, now_s))
             writes.send(edged[-1])
             await self.turns.stage2_step()
