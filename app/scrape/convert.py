@@ -12,11 +12,11 @@ same events, in time order, for ``tailguard replay``.
 
 Guarantees: pure (no I/O, no clock: time is the scrape's ``ts``); the first scrape of a target
 returns ``[]`` (no interval yet); series of one model that differ only in other labels (vLLM's
-``engine``, Triton's ``version``) are summed; a cumulative value that goes down, or buckets that
-change, is a restart: the interval's counts are then the new process's totals and the events
-carry a new ``instance``: ``<node>@<start>`` when the server exports
-``process_start_time_seconds`` (stable across bridge restarts), else the node id until a restart
-is seen and ``<node>#<ts>`` after it. Unparsable text or a model that cannot be named raises
+``engine``, Triton's ``version``) are summed; a cumulative value that goes down, or buckets
+that change, is a restart (a missing series keeps its last value): the interval's counts are
+then the new process's totals and the events carry a new ``instance``: ``<node>@<start>``
+when the server exports ``process_start_time_seconds`` (stable across bridge restarts), else
+the node id until a restart is seen and ``<node>#<ts>`` after it. Unparsable text or a model that cannot be named raises
 :class:`ScrapeError` with the target and what to change; the bridge counts it per target.
 """
 
@@ -135,8 +135,10 @@ class TargetConverter:
         if _went_down(prev, snap) or snap.start_time != prev.start_time:
             if snap.start_time is None:
                 self._instance = f"{self.target.node_id}#{ts:.0f}"
-            prev = _Snapshot()
-        return self._events(prev, snap, ts, ts - prev_ts)
+            return self._events(_Snapshot(), snap, ts, ts - prev_ts)
+        events = self._events(prev, snap, ts, ts - prev_ts)
+        _carry_vanished(prev, snap)
+        return events
 
     def _model_of(self, labels: Mapping[str, str], profile: ServerProfile) -> str:
         model = labels.get(profile.model_label) if profile.model_label else None
@@ -293,6 +295,17 @@ def _bucket_deltas(prev: _Hist | None, now: _Hist) -> list[float]:
         out.append(max(0.0, c - below))
         below = max(below, c)
     return out
+
+
+def _carry_vanished(prev: _Snapshot, now: _Snapshot) -> None:
+    """Keep in ``now`` the last value of each series ``prev`` had and ``now`` lacks: a server
+    restarted with no request finished yet exports none, and its series come back lower."""
+    for key, h in prev.hists.items():
+        now.hists.setdefault(key, h)
+    for model, v in prev.requests.items():
+        now.requests.setdefault(model, v)
+    for model, v in prev.failed.items():
+        now.failed.setdefault(model, v)
 
 
 def _went_down(prev: _Snapshot, now: _Snapshot) -> bool:

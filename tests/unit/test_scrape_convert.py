@@ -119,6 +119,29 @@ def test_counter_down_is_a_restart_with_a_new_instance() -> None:
     assert evs[0]["instance"] == "vllm-1#20" and sum(evs[0]["counts"]) == 3
 
 
+def test_a_restart_scraped_before_its_first_request_is_still_a_restart() -> None:
+    """A new process exports no series until a request finishes: the scrape in between must
+    not hide the counters starting over (they come back lower than the last ones seen)."""
+    conv = TargetConverter(Target("vllm-1", profile="vllm", model="m"))
+    conv.observe(vllm_text([0.2] * 50, [0.01] * 50, [0.02] * 50, ok=50, start=None), 0.0)
+    conv.observe(vllm_text([0.2] * 60, [0.01] * 60, [0.02] * 60, ok=60, start=None), 10.0)
+    assert not [e for e in conv.observe("", 20.0) if e.get("counts")]     # restarted, nothing yet
+    evs = conv.observe(vllm_text([0.2] * 4, [0.01] * 4, [0.02] * 4, ok=4, start=None), 30.0)
+    e2e = next(e for e in evs if e["metric"] == "e2e")
+    assert e2e["instance"] == "vllm-1#30" and sum(e2e["counts"]) == 4
+    evs = conv.observe(vllm_text([0.2] * 7, [0.01] * 7, [0.02] * 7, ok=7, start=None), 40.0)
+    assert next(e for e in evs if e["metric"] == "e2e")["instance"] == "vllm-1#30"
+
+
+def test_a_series_missing_from_one_scrape_is_no_restart_and_loses_nothing() -> None:
+    conv = TargetConverter(Target("vllm-1", profile="vllm", model="m"))
+    conv.observe(vllm_text([0.2] * 50, [], [], ok=50, start=None), 0.0)
+    conv.observe("", 10.0)
+    evs = conv.observe(vllm_text([0.2] * 55, [], [], ok=55, start=None), 20.0)
+    e2e = next(e for e in evs if e["metric"] == "e2e")
+    assert e2e["instance"] == "vllm-1" and sum(e2e["counts"]) == 5
+
+
 def test_new_process_start_time_is_a_restart_even_if_counts_grew() -> None:
     conv = TargetConverter(Target("v"))
     conv.observe(vllm_text([0.2] * 2, [], [], ok=2, start=100.0), 0.0)
