@@ -205,8 +205,8 @@ def status_json(status: NodeStatus, *, updated_ts: float,
         d["weight_detail"] = status.weight_detail
     if extra:
         d.update(extra)
-    # orjson: a quarter of the time with json.dumps (1,000 statuses a model and tick, 1.7
-    # against 6.7 ms); a non-finite number anywhere is null.
+    # orjson, for its speed on 1,000 statuses a model and tick (docs/performance.md, "Every
+    # verdict in Redis before the bookkeeping"); a non-finite number anywhere is null.
     return orjson.dumps(d, option=orjson.OPT_SERIALIZE_NUMPY).decode()
 
 

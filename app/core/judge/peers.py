@@ -461,6 +461,6 @@ def tail_limit_sorted(ratios: Sequence[float], median_ratio: float, st: Detector
     logs.sort()                     # sorted already unless log is not monotonic: a linear check
     mid = median_sorted(logs)
     # |log - mid| over sorted logs falls, then rises: two runs, which sort merges in one pass.
-    mad = median_sorted(sorted([abs(x - mid) for x in logs]))   # (a list: 2x faster than maps)
+    mad = median_sorted(sorted([abs(x - mid) for x in logs]))
     noise = math.exp(mid + TAIL_NOISE_K * 1.4826 * mad)
     return max(st.ratio_threshold, st.fleet_ratio_factor * median_ratio, noise)
