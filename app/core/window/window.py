@@ -38,7 +38,7 @@ from tailguard.core.window.passes import FRESH_TAIL_MAX_SAMPLES
 from tailguard.core.window.pools import ModelPool, build_pools
 from tailguard.core.window.rings import F64, RESTART_CONFIRM_SIGNS, SeriesKey, SeriesRecord
 from tailguard.core.window.signals import ModelChoice
-from tailguard.core.window.summarize import summarize
+from tailguard.core.window.summarize import SummaryOrder, summarize
 from tailguard.core.window.tiers import RingTiers
 
 __all__ = ["FRESH_TAIL_MAX_SAMPLES", "POOL_SAMPLES_PER_SERIES", "RESTART_CONFIRM_SIGNS", "SNAPSHOT_VERSION",
@@ -62,6 +62,7 @@ class WindowStore:
         self._models: dict[str, int] = {}
         self._model_names: list[str] = []
         self._hists = HistWindows(settings)     # histogram pairs' intervals (tailguard.core.window.hist_window)
+        self._order = SummaryOrder()            # the rows' (model, node_id) order, kept by layout
 
     # ------------------------------------------------------------ bookkeeping
 
@@ -261,7 +262,8 @@ class WindowStore:
         """
         out = summarize(self.tiers.used_slabs(), self._series, self._model_names, self.settings, now_s,
                         judge_since=judge_since, out_of_fit=out_of_fit, digests=digests, tail_refs=tail_refs,
-                        choices=choices, evidence=evidence, pause=self.pause_collector)
+                        choices=choices, evidence=evidence, pause=self.pause_collector,
+                        order=(self._order, self.tiers.layout))
         hists = self._hists
         for i, sm in enumerate(out if hists.keys() else ()):     # no look per series without them
             key = (sm.node_id, sm.model)
