@@ -688,3 +688,47 @@ def test_main_reads_a_trace_that_starts_with_a_utf8_bom(gz: bool, tmp_path: Path
         got = capsys.readouterr()
         assert got.out == plain.out and '"routed": false' in got.out
         assert got.err == plain.err
+
+
+def test_each_batch_and_heartbeat_line_is_decoded_once() -> None:
+    # Past the first tick every batch and heartbeat line goes line by line (its time is read
+    # to tell an early line); it was decoded twice there: once for its time, once to add it.
+    from tailguard.core.contract import events
+    from tailguard.core.contract.events_fast import FastDecoder
+    from tailguard.core.window import accumulate
+    ls = []
+    for k in range(300):
+        ts = T0 + k / 5.0
+        for n in ("n0", "n1", "n2"):
+            if k % 10 == 0:
+                ls.append(json.dumps({"type": "heartbeat", "node_id": n, "model": "m", "ts": ts}).encode())
+            ls.append(json.dumps({"node_id": n, "model": "m",
+                                  "samples": [[ts, 1e5], [ts + 0.1, 1.1e5]]}).encode())
+    calls = {"batch": 0, "parse_event": 0}
+
+    def counted(name: str, fn: Any) -> Any:
+        def wrapper(*args: Any, **kw: Any) -> Any:
+            calls[name] += 1
+            return fn(*args, **kw)
+        return wrapper
+
+    with mock.patch.object(FastDecoder, "batch", counted("batch", FastDecoder.batch)), \
+            mock.patch.object(events, "parse_event", counted("parse_event", events.parse_event)), \
+            mock.patch.object(accumulate, "parse_event", counted("parse_event", accumulate.parse_event)):
+        _recs, stats = run(ls)
+    assert stats.events == len(ls) and stats.ticks > 1 and not stats.bad
+    heartbeats = sum(1 for raw in ls if b"heartbeat" in raw)
+    assert calls == {"batch": len(ls) - heartbeats, "parse_event": heartbeats}
+
+
+def test_a_bad_line_of_a_node_ahead_is_counted_where_it_is_read() -> None:
+    # A bad batch line of a node ahead of the fleet waited among its early lines and was
+    # counted after the bad lines read behind it; it is no event, so it is counted at once.
+    ls = _fleet(12, 300.0, ahead={"n03": 100.0}, slow="n07", onset=900.0)
+    at = next(i for i in range(len(ls) // 2, len(ls)) if b'"n03"' in ls[i])
+    ts = json.loads(ls[at])["ts"]
+    ls[at + 1:at + 1] = [json.dumps({"node_id": "n03", "model": "m", "samples": [[ts, -1.0]]}).encode(),
+                         b"{not json"]
+    _recs, stats = run(ls)
+    assert stats.bad == {"bad_latency": 1, "bad_json": 1}
+    assert [(ln, r) for ln, r, _ in stats.first_bad] == [(at + 2, "bad_latency"), (at + 3, "bad_json")]

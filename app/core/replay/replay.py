@@ -29,14 +29,12 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
 
-from tailguard.core.contract import events
-from tailguard.core.contract.binary import MAGIC
 from tailguard.core.contract.config import DetectorSettings
 from tailguard.core.contract.errors import BadEvent
-from tailguard.core.contract.events import Event, SampleBatch, decode, loads
+from tailguard.core.contract.events import Event, SampleBatch, loads
 from tailguard.core.contract.types import TickResult
 from tailguard.core.replay.detector import Detector
-from tailguard.core.window.accumulate import Accumulator
+from tailguard.core.window.accumulate import Accumulator, Parsed
 
 PROGRESS_EVERY_LINES = 100_000
 JUMP_CONFIRM_LINES = 20
@@ -118,24 +116,13 @@ def _single_at(e: Any) -> tuple[str, float] | None:
     return e.node_id, e.ts
 
 
-def _event_at(raw: bytes | str, now_s: float, settings: DetectorSettings) -> tuple[str, float] | None:
-    """``(node, latest ts)`` of a batch or heartbeat, without adding it anywhere (a JSON batch
-    by the typed decoding, about 3x cheaper: every line of a batch trace comes here); None for
-    a bad line."""
-    fast = events.FAST_DECODER
-    if fast is not None and type(raw) is bytes and raw[:3] != MAGIC:
-        got = fast.batch(raw)
-        if got is not None and got[1].shape[1]:
-            latest = float(got[1][0].max())
-            if math.isfinite(latest):
-                return got[0].node_id, latest
-    try:
-        ev = decode(raw, now_s=now_s, settings=settings)
-    except BadEvent:
-        return None
-    if not isinstance(ev, SampleBatch):
-        return ev.node_id, ev.ts
-    return (ev.node_id, float(ev.ts.max())) if ev.ts.size else None
+def _parsed_at(parsed: Parsed) -> tuple[str, float]:
+    """``(node, latest ts)`` of what :meth:`Accumulator.parse` returned."""
+    if type(parsed) is tuple:
+        return parsed[0][0], parsed[1][0]
+    if isinstance(parsed, SampleBatch):
+        return parsed.node_id, float(parsed.ts.max())     # a parsed batch keeps >= 1 sample
+    return parsed.node_id, parsed.ts      # type: ignore[union-attr]
 
 
 def _node_of(raw: bytes | str) -> str | None:
@@ -223,13 +210,19 @@ class Replay:
         """One line, the reference path: decode, hold or count it, run the ticks it crosses.
         ``pre``: its typed decoding, when the caller has it."""
         settings, early, held, stats = self.settings, self.early, self.held, self.stats
+        parsed: Parsed | BadEvent | None = None     # decoded once, here, when its time is read
         if self.k is not None:
             if pre is _UNDECODED:
                 typed = self.acc.decode_lines([raw])
                 pre = None if typed is None else typed[0]
             at = _single_at(pre)
             if at is None and raw.strip():   # a heartbeat, batch or histogram line: early too
-                at = _event_at(raw, self.seen_max, settings)
+                try:
+                    parsed = self.acc.parse(raw)
+                except BadEvent as e:
+                    parsed = e
+                else:
+                    at = _parsed_at(parsed)
             if at is not None and self.is_early(*at):
                 early.append((lineno, raw))
                 self.early_nodes.add(at[0])
@@ -240,7 +233,12 @@ class Replay:
             if early and at is not None and at[1] <= self.seen_max + settings.max_future_skew_s:
                 self.settle_early(jump=False)           # the fleet is behind, or has caught up
         try:
-            ts = self.acc.add(raw)
+            if parsed is None:
+                ts = self.acc.add(raw)
+            elif isinstance(parsed, BadEvent):
+                raise parsed
+            else:
+                ts = self.acc.add_parsed(parsed)
         except BadEvent as e:
             if not raw.strip():        # a blank line is no event (and never decodes)
                 return
