@@ -643,6 +643,30 @@ def test_a_node_whose_clock_runs_ahead_does_not_move_the_ticks(ahead_s: float, h
         {r[1] for r in story(clean) if r[3] == "admitted"} - {"n03"}
 
 
+@pytest.mark.parametrize(("ahead", "heartbeat_s"), [
+    ({"n03": 35.0}, 0.0), ({"n03": 45.0}, 5.0), ({"n03": 59.0}, 0.0), ({"n03": 40.0, "n05": 55.0}, 5.0),
+], ids=["35s", "45s_heartbeats", "59s", "two_pods_heartbeats"])
+def test_a_node_a_tick_or_more_ahead_does_not_move_the_ticks(ahead: dict[str, float],
+                                                             heartbeat_s: float) -> None:
+    # One or two nodes 31-60 s ahead (more than a tick, within the 2 ticks the median rule
+    # allows) ran the ticks while the fleet was that far behind: its newest samples reached
+    # each tick late, and the slow node left 150 s later than on the clean trace (2026-12-05
+    # backtest). A boundary needs the fleet's word: a node more than a tick past all but one
+    # of the others waits. The others' story is the clean trace's, tick for tick.
+    kw: dict[str, Any] = {"nodes": 12, "seconds": 1500.0, "slow": "n07", "onset": 900.0,
+                          "heartbeat_s": heartbeat_s}
+    skewed, skewed_stats = run(_fleet(ahead=ahead, **kw))
+    clean, clean_stats = run(_fleet(ahead={}, **kw))
+
+    def story(recs: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+        return [(r["ts"], r["node_id"], r["to"], r["reason"]) for r in recs
+                if r.get("type") == "transition" and r["node_id"] not in ahead]
+
+    assert story(skewed) == story(clean)
+    assert skewed_stats.ticks == clean_stats.ticks
+    assert any(r[1] == "n07" and r[2] == "unhealthy" for r in story(skewed))
+
+
 def test_the_summary_names_routed_pairs_too_thin_to_be_judged() -> None:
     # 0.2 requests/s per node: admitted once 100 samples came in since warm-up, then never
     # 100 within the 300 s age bound again: the summary says so and what to change.

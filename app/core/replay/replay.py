@@ -12,8 +12,8 @@ Guarantees:
 * A line more than ``max_future_skew_s`` past the latest event time is held back: a real jump
   once ``JUMP_CONFIRM_LINES`` come in a row from ``JUMP_CONFIRM_NODES`` nodes (or
   ``JUMP_ALONE_LINES`` from one), or at the end unless other nodes sent events; else bad
-  input (``future_ts``). A node ``AHEAD_TICKS`` intervals ahead of the fleet runs no tick:
-  its early lines wait for the fleet (docs/replay.md).
+  input (``future_ts``). A node ``AHEAD_TICKS`` intervals past the fleet's median, or one past
+  all but ``QUORUM_NODES - 1`` other nodes, runs no tick: its early lines wait (docs/replay.md).
 * Bad lines, and samples read too late for any tick to judge them, are skipped and counted
   in :class:`ReplayStats` (by reason, first line numbers).
 * The same trace and settings give the same output, for any ``chunk_lines``.
@@ -21,6 +21,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import heapq
 import json
 import math
 from collections import Counter
@@ -41,6 +42,7 @@ JUMP_CONFIRM_LINES = 20
 JUMP_CONFIRM_NODES = 2
 JUMP_ALONE_LINES = 1000
 AHEAD_TICKS = 2      # a node this many tick intervals ahead of the fleet's clock does not move it
+QUORUM_NODES = 2     # ... nor one more than a tick ahead of all but one of the other nodes
 FIRST_BAD_LINES = 5
 _UNDECODED: Any = object()
 CHUNK_LINES = 2_000
@@ -377,14 +379,16 @@ class Replay:
     def is_early(self, node: str, ts: float) -> bool:
         """An event at or past the next boundary (within the future bound) from a node
         more than ``ahead_s`` past the fleet: the median latest event time of the other
-        nodes that sent since the last tick (or, none yet, within ``ahead_s`` before it)."""
+        nodes that sent since the last tick (or, none yet, within ``ahead_s`` before it);
+        or more than a tick past the quorum (:meth:`quorum_ts`)."""
         k, ahead, interval = self.k, self.ahead, self.interval
         assert k is not None
         if ts < k * interval or ts > self.seen_max + self.settings.max_future_skew_s:
             return False
         if node in ahead:
             return True
-        clocks = [t for n, t in self.acc.latest_by_node().items() if n != node and n not in ahead]
+        pending = self.acc.latest_by_node()
+        clocks = [t for n, t in pending.items() if n != node and n not in ahead]
         if not clocks:
             recent = (k - 1) * interval - self.ahead_s
             clocks = [t for n, t in self.drained_ts.items() if t >= recent and n != node and n not in ahead]
@@ -396,10 +400,23 @@ class Replay:
                 return True
             return False
         clocks.sort()
-        if ts - clocks[(len(clocks) - 1) // 2] <= self.ahead_s:
+        if (ts - clocks[(len(clocks) - 1) // 2] <= self.ahead_s
+                and ts - self.quorum_ts(node, pending) <= interval):
             return False
         ahead.add(node)
         return True
+
+    def quorum_ts(self, node: str, pending: dict[str, float]) -> float:
+        """The latest event time that ``QUORUM_NODES`` other nodes (fewer if there are not as
+        many) have reached, whoever they are: each recent node's latest, fed or pending;
+        -inf without one. One node ahead never vouches for another alone."""
+        recent = (self.k or 0) * self.interval - self.interval - self.ahead_s
+        latest = {n: t for n, t in self.drained_ts.items() if t >= recent}
+        for n, t in pending.items():
+            if t > latest.get(n, -math.inf):
+                latest[n] = t
+        latest.pop(node, None)
+        return heapq.nlargest(QUORUM_NODES, latest.values())[-1] if latest else -math.inf
 
     def settle_early(self, *, jump: bool) -> None:
         """The early lines join the windows: as they are while the fleet has not caught up,
