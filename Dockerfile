@@ -9,6 +9,10 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 WORKDIR /opt/tailguard
+# jemalloc: `tailguard worker` re-executes itself on it (TAILGUARD_ALLOCATOR=auto), so memory a
+# flood of node ids took goes back to the system once they are forgotten (docs/operating.md#floods).
+RUN apt-get update && apt-get install -y --no-install-recommends libjemalloc2 \
+    && rm -rf /var/lib/apt/lists/*
 # Dependencies first, so that a code change does not re-download them.
 # (the base and `worker` requirements, read from pyproject.toml; the package itself comes later)
 COPY pyproject.toml ./

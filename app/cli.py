@@ -6,6 +6,8 @@ Each subcommand lives in the module that owns it and exposes
 imports numpy. A :class:`~tailguard.core.contract.config.SettingError` anywhere becomes a
 one-line message naming the setting, and exit code 2. A reader that closes the
 pipe (``tailguard settings | head -2``) ends the command quietly, exit code 1.
+``tailguard worker`` started as a program may first re-execute itself on another allocator
+(:mod:`tailguard.streaming.allocator`).
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     module_name, _, function = COMMANDS[name][0].partition(":")
     try:
+        if argv is None and name == "worker":   # the program's own start, not a call from Python
+            importlib.import_module("tailguard.streaming.allocator").reexec_if_asked()
         entry = getattr(importlib.import_module(module_name), function or "main")
         code: int = entry(rest)
         sys.stdout.flush()   # a closed pipe shows here, not in the interpreter's exit

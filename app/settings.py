@@ -101,6 +101,8 @@ class Settings:
     web_port: int = 6066              # faust's own web server
     data_dir: str = ""                # faust table data; "" = a per-user temp dir
     log_level: str = "info"
+    # auto | jemalloc | pymalloc: the worker's allocator (tailguard.streaming.allocator)
+    allocator: str = "auto"
     # Listen addresses: loopback unless told otherwise (0.0.0.0 = every interface).
     metrics_host: str = "127.0.0.1"   # the Prometheus endpoint
     web_host: str = "127.0.0.1"       # faust's web server
@@ -239,6 +241,8 @@ class Settings:
         if self.log_level.lower() not in ("debug", "info", "warning", "error"):
             raise SettingError("TAILGUARD_LOG_LEVEL", self.log_level, "debug, info, warning or error")
         _check_replace(self)
+        if self.allocator not in ("auto", "jemalloc", "pymalloc"):
+            raise SettingError("TAILGUARD_ALLOCATOR", self.allocator, "auto, jemalloc or pymalloc")
         for name in ("replace_timeout_s", "replace_max_age_s"):
             v = getattr(self, name)
             if not (v > 0 and v < float("inf")):
@@ -348,6 +352,18 @@ def secret_values(s: Settings) -> list[str]:
         out += [p for p in (u.password, u.query) if p]
     out += [seg for seg in urlparse(s.replace_webhook_url.reveal()).path.split("/") if len(seg) >= 16]
     return out
+
+
+def allocator_environ(library: str, malloc_conf: str,
+                      environ: Mapping[str, str] | None = None) -> dict[str, str] | None:
+    """The environment to re-execute the worker in so that ``library`` (jemalloc) serves
+    Python's objects: ``PYTHONMALLOC=malloc``, the library first in ``LD_PRELOAD``,
+    ``MALLOC_CONF`` unless set; None when the environment asks for that already."""
+    env = dict(os.environ if environ is None else environ)
+    preload = env.get("LD_PRELOAD", "").replace(":", " ").split()
+    if env.get("PYTHONMALLOC") == "malloc" and library in {os.path.basename(p) for p in preload}:
+        return None
+    return {"MALLOC_CONF": malloc_conf} | env | {"PYTHONMALLOC": "malloc", "LD_PRELOAD": " ".join([library, *preload])}
 
 
 def replace_command_env(s: Settings, environ: Mapping[str, str] | None = None) -> dict[str, str]:

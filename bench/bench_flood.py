@@ -1,9 +1,11 @@
 """Benchmark of a cardinality flood: memory given back, and the tick's cost during it.
 
-Run: ``python -m bench.bench_flood [--quick] [--ids N] [--limit N]``. In one fresh
-process, stage 1 (:class:`~tailguard.streaming.stage1.Stage1` on the real ``WindowStore``)
-and stage 2 (:class:`~tailguard.streaming.stage2.Stage2` on the real ``FleetEvaluator``)
-run on simulated time (tick 2 s): 6 real nodes report 50 samples per tick each; then
+Run: ``python -m bench.bench_flood [--quick] [--ids N] [--limit N] [--pymalloc]``. In one
+fresh process, on the worker's allocator (jemalloc when installed: the bench re-executes itself
+as ``tailguard worker`` does, :mod:`tailguard.streaming.allocator`; ``--pymalloc``: CPython's),
+stage 1 (:class:`~tailguard.streaming.stage1.Stage1` on the real ``WindowStore``) and
+stage 2 (:class:`~tailguard.streaming.stage2.Stage2` on the real ``FleetEvaluator``) run on
+simulated time (tick 2 s): 6 real nodes report 50 samples per tick each; then
 ``--ids`` distinct node ids (200,000; 20,000 with ``--quick``) send one single-event
 JSON record each, for one model, read in polls of 5,000 beside the real traffic;
 then the real nodes go on until the flood's ids are past ``forget_after_s`` and every
@@ -28,6 +30,7 @@ from bench.timing import row
 from tailguard.core.contract.config import DetectorSettings
 from tailguard.core.judge.evaluate import FleetEvaluator
 from tailguard.core.window.window import WindowStore
+from tailguard.streaming import allocator
 from tailguard.streaming.stage1 import Stage1
 from tailguard.streaming.stage2 import Stage2
 
@@ -92,7 +95,10 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--ids", type=int, default=None)
     ap.add_argument("--limit", type=int, default=DetectorSettings().max_new_pairs_per_tick)
+    ap.add_argument("--pymalloc", action="store_true", help="CPython's allocator, not the worker's")
     a = ap.parse_args()
+    if not a.pymalloc:
+        allocator.reexec_if_asked()
     logging.getLogger("tailguard.streaming.stage1").setLevel(logging.ERROR)   # one line per tick
     n_ids = a.ids or (20_000 if a.quick else 200_000)
     f = Fleet(a.limit)
@@ -114,7 +120,8 @@ def main() -> None:
         f.tick()
     after = rss_mb()
     print(f"flood of {n_ids:,} one-event ids beside 6 real nodes, tick {TICK_S:g} s,"
-          f" max_new_pairs_per_tick {a.limit or 'off'} (measured {time.strftime('%Y-%m-%d')})")
+          f" max_new_pairs_per_tick {a.limit or 'off'}, allocator "
+          f"{'jemalloc' if allocator.jemalloc_active() else 'pymalloc'} (measured {time.strftime('%Y-%m-%d')})")
     row("RSS before the flood", f"{before:.1f} MB", f"{held_before} series")
     row("RSS at the peak", f"{peak:.1f} MB",
         f"{peak_series:,} series in stage 1, {peak_pairs:,} pairs in stage 2")

@@ -6,7 +6,7 @@ edge's :class:`Extras`) becomes its keys and arguments (:func:`script_call`) and
 :mod:`tailguard.routing.keys`.
 
 * **Atomic.** A reader sees the whole previous state of the model (routing set, version,
-  quarantine, statuses, held-out and shadow sets, history, events) or the whole new one. The
+  quarantine, statuses, held-out and shadow sets, weights, events) or the whole new one. The
   routing set is replaced in place (``DEL`` + ``SADD``), never by ``RENAME``.
 * **Idempotent.** Only a routing, quarantine or held-out set that differs is rewritten, bumps
   the version and publishes ``{"model", "version"}``; statuses are always refreshed. A new
@@ -17,7 +17,7 @@ edge's :class:`Extras`) becomes its keys and arguments (:func:`script_call`) and
   ``-1``, nothing written); a model with no node admitted yet gets no routing key.
 * **ACL.** Under Redis 7+ ACLs every command is checked first: ``NOPERM`` before any write.
 * **Forgetting.** :data:`FORGET_LUA` (:func:`forget_call`) removes a forgotten model in one run.
-  **History apart**: :data:`HISTORY_LUA` (:func:`history_call`), after an ``Extras.history`` None.
+  **History apart**: :data:`HISTORY_LUA` (:func:`history_call`), after the routing write.
 """
 
 from __future__ import annotations
@@ -33,15 +33,15 @@ from tailguard.routing.keys import Keys, held_out, status_json, weight_fields
 APPLY_LUA = r"""
 -- tailguard: write one model's routing verdict atomically.
 -- KEYS: 1 routing SET, 2 version, 3 quarantine ZSET, 4 nodes HASH, 5 models SET,
---       6 shadow routing SET, 7 history HASH, 8 events LIST, 9 held-out SET, 10 weights HASH;
---       in the hash-tagged layout (Redis Cluster) 9 keys, without 5: the models SET is in
+--       6 shadow routing SET, 7 events LIST, 8 held-out SET, 9 weights HASH;
+--       in the hash-tagged layout (Redis Cluster) 8 keys, without 5: the models SET is in
 --       another slot and the writer adds the model to it in its own command, before this run.
+--       (The explain history is HISTORY_LUA's, written after this run.)
 -- ARGV: 1 channel, 2 model, 3 #routing, 4 #quarantine, 5 #statuses,
---       6 #shadow (-1: leave the shadow set alone), 7 #history (-1: leave it alone),
---       8 #events, 9 events cap, 10 #held-out, 11 #weights, 12 version floor (the last
---       version this writer wrote for the model, 0 if none), then the routing members,
---       then (score, node) pairs, then (node, json) pairs, then the shadow members,
---       then (node, json) history pairs, then event jsons, then the held-out members,
+--       6 #shadow (-1: leave the shadow set alone), 7 #events, 8 events cap, 9 #held-out,
+--       10 #weights, 11 version floor (the last version this writer wrote for the model,
+--       0 if none), then the routing members, then (score, node) pairs, then (node, json)
+--       pairs, then the shadow members, then event jsons, then the held-out members,
 --       then (node, weight) pairs.
 -- An empty routing set is written only for a model that has none yet (no node admitted:
 -- the key stays absent); one that would empty an existing set is refused, nothing written.
@@ -51,32 +51,30 @@ APPLY_LUA = r"""
 --          weights_changed 0|1}.
 local routing_key, version_key, quarantine_key, nodes_key =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local o = (#KEYS == 10) and 1 or 0   -- 1: KEYS[5] is the models SET
+local o = (#KEYS == 9) and 1 or 0   -- 1: KEYS[5] is the models SET
 local models_key = (o == 1) and KEYS[5] or nil
-local shadow_key, history_key, events_key, held_key = KEYS[5 + o], KEYS[6 + o], KEYS[7 + o], KEYS[8 + o]
-local weights_key = KEYS[9 + o]
+local shadow_key, events_key, held_key = KEYS[5 + o], KEYS[6 + o], KEYS[7 + o]
+local weights_key = KEYS[8 + o]
 local channel, model = ARGV[1], ARGV[2]
 local n_routing = tonumber(ARGV[3])
 local n_quarantine = tonumber(ARGV[4])
 local n_status = tonumber(ARGV[5])
 local n_shadow = tonumber(ARGV[6])
-local n_history = tonumber(ARGV[7])
-local n_events = tonumber(ARGV[8])
-local events_cap = tonumber(ARGV[9])
-local n_held = tonumber(ARGV[10])
-local n_weights = tonumber(ARGV[11])
-local version_floor = tonumber(ARGV[12])
+local n_events = tonumber(ARGV[7])
+local events_cap = tonumber(ARGV[8])
+local n_held = tonumber(ARGV[9])
+local n_weights = tonumber(ARGV[10])
+local version_floor = tonumber(ARGV[11])
 if n_routing == nil or n_quarantine == nil or n_status == nil or n_shadow == nil
-    or n_history == nil or n_events == nil or events_cap == nil or n_held == nil
+    or n_events == nil or events_cap == nil or n_held == nil
     or n_weights == nil or version_floor == nil then
   return redis.error_reply('ERR tailguard: malformed counts')
 end
-local first_r = 13
+local first_r = 12
 local first_q = first_r + n_routing
 local first_s = first_q + 2 * n_quarantine
 local first_w = first_s + 2 * n_status
-local first_h = first_w + math.max(n_shadow, 0)
-local first_e = first_h + 2 * math.max(n_history, 0)
+local first_e = first_w + math.max(n_shadow, 0)
 local first_o = first_e + n_events
 local first_g = first_o + n_held
 if #ARGV ~= first_g - 1 + 2 * n_weights then
@@ -92,7 +90,7 @@ if redis.acl_check_cmd then
     {'SADD', routing_key, 'n'}, {'ZCARD', quarantine_key}, {'ZSCORE', quarantine_key, 'n'},
     {'DEL', quarantine_key}, {'ZADD', quarantine_key, '0', 'n'}, {'DEL', nodes_key},
     {'HSET', nodes_key, 'n', 'v'}, {'TIME'}, {'PUBLISH', channel, 'm'},
-    {'DEL', shadow_key}, {'SADD', shadow_key, 'n'}, {'DEL', history_key}, {'HSET', history_key, 'n', 'v'},
+    {'DEL', shadow_key}, {'SADD', shadow_key, 'n'},
     {'LPUSH', events_key, 'e'}, {'LTRIM', events_key, '0', '0'}, {'EXISTS', routing_key},
     {'SCARD', held_key}, {'SISMEMBER', held_key, 'n'}, {'DEL', held_key}, {'SADD', held_key, 'n'},
     {'HGETALL', weights_key}, {'DEL', weights_key},
@@ -190,11 +188,7 @@ if models_key then
 end
 if n_shadow >= 0 then
   redis.call('DEL', shadow_key)
-  put('SADD', shadow_key, first_w, first_h - 1)
-end
-if n_history >= 0 then
-  redis.call('DEL', history_key)
-  put('HSET', history_key, first_h, first_e - 1)
+  put('SADD', shadow_key, first_w, first_e - 1)
 end
 if n_events > 0 then
   put('LPUSH', events_key, first_e, first_o - 1)
@@ -245,7 +239,7 @@ return redis.call('DEL', unpack(KEYS, 2))
 
 HISTORY_LUA = r"""
 -- tailguard: replace one model's explain history, written after its routing (APPLY_LUA
--- leaves the history alone then). KEYS: 1 history HASH; ARGV: (node, json) pairs.
+-- never touches it). KEYS: 1 history HASH; ARGV: (node, json) pairs.
 -- Reply: the nodes written.
 redis.call('DEL', KEYS[1])
 local CHUNK = 512  -- even: a (field, value) pair never splits
@@ -274,7 +268,6 @@ class Extras:
 
     ``shadow``: the would-be routing set (None: leave the key alone);
     ``annotations``: extra fields merged into a node's status JSON;
-    ``history``: node → JSON of its tick history (None: leave the key alone);
     ``events``: JSON documents pushed onto the model's event list, oldest first;
     ``held_out``: the nodes to hold out (None: :func:`tailguard.routing.keys.held_out` of the tick);
     ``weights``: the routed nodes' weights below 1.0 to write (None: the tick's ``weights``;
@@ -283,7 +276,6 @@ class Extras:
 
     shadow: frozenset[str] | None = None
     annotations: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    history: Mapping[str, str] | None = None
     events: tuple[str, ...] = ()
     held_out: frozenset[str] | None = None     # None: derived from the tick (keys.held_out)
     weights: Mapping[str, float] | None = None  # None: the tick's
@@ -345,21 +337,20 @@ def script_call(keys: Keys, tick: ModelTick, extras: Extras, now_ts: float,
     statuses = {s.node_id: status_json(s, updated_ts=now_ts, extra=notes.get(s.node_id))
                 for s in tick.statuses}
     shadow = None if extras.shadow is None else sorted(extras.shadow)
-    history = None if extras.history is None else sorted(extras.history.items())
     held = sorted(held_out(tick.statuses, tick.routing) if extras.held_out is None
                   else extras.held_out)
     weights = weight_fields(tick.weights if extras.weights is None else extras.weights,
                             tick.routing)
     args: list[str | int] = [
         k.channel, m, len(routing), len(quarantine), len(statuses),
-        -1 if shadow is None else len(shadow), -1 if history is None else len(history),
+        -1 if shadow is None else len(shadow),
         len(extras.events), EVENTS_CAP, len(held), len(weights), version_floor,
         *routing, *_flat(quarantine), *_flat(sorted(statuses.items())),
-        *(shadow or ()), *_flat(history or ()), *extras.events, *held, *_flat(weights),
+        *(shadow or ()), *extras.events, *held, *_flat(weights),
     ]
     models = [] if k.tagged else [k.models]     # tagged: not in the model's slot (see APPLY_LUA)
     return ([k.routing(m), k.version(m), k.quarantine(m), k.nodes(m), *models,
-             k.shadow(m), k.history(m), k.events(m), k.held_out(m), k.weights(m)], args)
+             k.shadow(m), k.events(m), k.held_out(m), k.weights(m)], args)
 
 
 def parse_reply(tick: ModelTick, raw: Sequence[Any]) -> WriteResult:

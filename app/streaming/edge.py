@@ -16,8 +16,8 @@ Guarantees, per model and tick:
   or ended override publishes one health change; expired ones go to :attr:`EdgeOutput.expired`.
 * **Weights** only with ``TAILGUARD_WEIGHTS=enforce`` in ``enforce`` mode (pinned: full, drained:
   none), else emptied; changes published as rate-limited ``weight`` events either way.
-* **History**: each node's last ``history_len`` ticks, ``P:history:<m>`` (``defer_history``:
-  made after the routing write, :meth:`OperatorEdge.deferred_history`).
+* **History**: each node's last ``history_len`` ticks, ``P:history:<m>``, made after the
+  routing write (:meth:`OperatorEdge.deferred_history`; the routing write never carries it).
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ class OperatorEdge:
         self._counts: dict[str, Counts] = {}
         self._holding: dict[str, set[str]] = {}
         self._weights = WeightAnnouncer()
-        # model -> its history rows still to make (apply(defer_history=True))
+        # model -> its history rows still to make (by deferred_history, after the routing write)
         self._deferred: dict[str, Callable[[], Mapping[str, Iterable[tuple[tuple[Any, ...], str]]]]] = {}
 
     def forget_model(self, model: str) -> None:
@@ -123,12 +123,10 @@ class OperatorEdge:
             d.pop(model, None)
         self._weights.forget_model(model)
 
-    def apply(self, inp: EdgeInput, ops: OperatorState, now_s: float, *,
-              defer_history: bool = False) -> EdgeOutput:
+    def apply(self, inp: EdgeInput, ops: OperatorState, now_s: float) -> EdgeOutput:
         """One model's verdict through the mode and the overrides: what to write and publish.
-
-        ``defer_history``: the history is left out of the extras (``None``: the routing write
-        leaves the key alone) and made by :meth:`deferred_history`, after the routing write."""
+        Its history rows are made by :meth:`deferred_history`, after the routing write (call
+        it before the model's next :meth:`apply`, or that tick's rows are never made)."""
         tick = inp.tick
         model = tick.model
         mode = ops.mode_of(model, self.default_mode)
@@ -145,12 +143,8 @@ class OperatorEdge:
         events += self._weights.events(tick, frozenset(routing), written,
                                        enforced and self.settings.weights == "enforce", now_s)
         self._follow_holding(model, tick.fleet_events)
-        history: dict[str, collections.deque[tuple[tuple[Any, ...], str]]] | None = None
-        if defer_history:
-            self._deferred[model] = functools.partial(self._history_of, inp, model, now_s, mode,
-                                                      statuses, routing, active, refused)
-        else:
-            history = self._history_of(inp, model, now_s, mode, statuses, routing, active, refused)
+        self._deferred[model] = functools.partial(self._history_of, inp, model, now_s, mode,
+                                                  statuses, routing, active, refused)
         drained = {n for n, o in active.items() if o.action == "drain"}
         return EdgeOutput(
             # A node in the written routing set is not quarantined for probers and LBs.
@@ -158,13 +152,12 @@ class OperatorEdge:
                 n: ts for n, ts in tick.quarantine.items() if n not in routing},
                 diagnostics=tick.diagnostics if enforced or self.diagnose_in_observe else ()),
             extras=self._page(tick, mode, statuses, routing, shadow, active, refused, drained, events,
-                              history, written, _local_signal(inp.summaries)),
+                              written, _local_signal(inp.summaries)),
             health_events=tuple(events), mode=mode, expired=expired, overrides=active)
 
     def deferred_history(self, model: str) -> dict[str, str] | None:
-        """The history of the model's last :meth:`apply` with ``defer_history`` (each node's
-        rows as one JSON array, as the routing write would have carried them); ``None`` when
-        there is none to write. The same rows as without deferring, made later."""
+        """The history of the model's last :meth:`apply` (each node's rows as one JSON array,
+        what ``P:history:<m>`` holds); ``None`` when there is none to write (called twice)."""
         rows = self._deferred.pop(model, None)
         return None if rows is None else _history_json(rows())
 
@@ -232,7 +225,6 @@ class OperatorEdge:
     def _page(tick: ModelTick, mode: str, statuses: Mapping[str, NodeStatus], routing: frozenset[str] | set[str],
               shadow: frozenset[str] | set[str], active: Mapping[str, Override], refused: set[str],
               drained: set[str], events: list[dict[str, Any]],
-              history: Mapping[str, collections.deque[tuple[tuple[Any, ...], str]]] | None,
               written: dict[str, float], local: frozenset[str] = frozenset()) -> Extras:
         """What the routing write carries for the page and ``tailguard status``, as JSON
         (``signal_local``: the node's signal was chosen by its worker's share alone)."""
@@ -243,7 +235,6 @@ class OperatorEdge:
         page_events = [_dumps(e) for e in events]
         page_events += [_dumps(f.to_event()) for f in tick.fleet_events]
         return Extras(shadow=frozenset(shadow), annotations=annotations,
-                      history=None if history is None else _history_json(history),
                       events=tuple(page_events),
                       held_out=held_out(tick.statuses, routing) | (drained - routing),
                       weights=written)

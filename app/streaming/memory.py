@@ -8,7 +8,8 @@ reuse (also those of large numpy arrays, once its mmap threshold has grown).
 pre-flood level (docs/operating.md, "Floods"). Stage 1 and stage 2 call it after
 they dropped at least :data:`GIVE_BACK_MIN` series or pairs at once and compacted
 their own maps, and stage 1 once a flood it refused (at least as many messages a tick) is
-over (:func:`give_back_soon`); elsewhere than glibc the trim is skipped. What still refers to the
+over (:func:`give_back_soon`); elsewhere than glibc the trim is skipped; on jemalloc
+(:mod:`tailguard.streaming.allocator`) its freed pages are purged too. What still refers to the
 dropped data then (the last tick's summaries, the operator edge's history) lets go
 within a few ticks, so the next :data:`GIVE_BACK_TICKS` ticks (:func:`after_tick`,
 called by stage 1's tick) give back again. The heap is the process's: the state
@@ -21,6 +22,8 @@ import ctypes
 import ctypes.util
 import gc
 from typing import Any, Final
+
+from tailguard.streaming import allocator
 
 #: Fewer series or pairs dropped at once are not worth a full collection.
 GIVE_BACK_MIN: Final = 1000
@@ -66,3 +69,4 @@ def _collect_and_trim() -> None:
             _LIBC = False
     if _LIBC:
         _LIBC.malloc_trim(0)
+    allocator.purge()

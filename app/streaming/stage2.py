@@ -7,7 +7,7 @@ the core's ``FleetEvaluator`` (the verdict, plus the summaries and streaks it wa
 Guarantees (in full: docs/operations.md, "Stage 2's state"):
 
 * **Durable state.** A model's changed state goes to ``state``, its stage-1 hints to ``hints``
-  (at its tick, or by :meth:`Stage2.persist` before its next one); a model is restored from ``state``
+  (by :meth:`Stage2.persist`, before its next evaluation); a model is restored from ``state``
   before its first evaluation after an (re)assignment. A failed table write is logged, counted
   (``write_failures``) and retried next tick; the verdict is still returned. Large values are
   packed (:mod:`tailguard.streaming.table_values`); one still above ``max_value_bytes`` is counted, not written.
@@ -208,24 +208,24 @@ class Stage2:
 
     def tick(self, now_s: float, owns: Callable[[str], bool],
              hints_for_s: float | None = None) -> list[ModelOutput]:
-        """Evaluate every known model this worker owns; drop input of models it does not.
+        """Every known model this worker owns judged (:meth:`tick_models`), then each one's
+        table writes (:meth:`persist`): the stage-2 ticker's order, without the edge and Redis.
 
-        ``hints_for_s``: the stage-1 tick the ``judge_since`` hints are for
-        (default ``now_s``).
+        ``hints_for_s``: the stage-1 tick the ``judge_since`` hints are for (default ``now_s``).
         """
-        return list(self.tick_models(now_s, owns, hints_for_s))
+        outs = list(self.tick_models(now_s, owns))
+        for o in outs:
+            self.persist(o, now_s if hints_for_s is None else hints_for_s)
+        return outs
 
-    def tick_models(self, now_s: float, owns: Callable[[str], bool],
-                    hints_for_s: float | None = None, *,
-                    defer_writes: bool = False) -> Generator[ModelOutput, None, None]:
-        """:meth:`tick`, one model at a time: each judged model's output as soon as it is
-        made, so that a caller on an event loop lets other work run between models. The
-        models are those known when it starts; input that arrives meanwhile is kept for
-        the models not yet judged (as it would be before the tick).
-
-        ``defer_writes``: the model's state and hints are not written here; the caller
-        passes each output to :meth:`persist` before the model's next evaluation (the
-        stage-2 ticker does so after every model's routing write)."""
+    def tick_models(self, now_s: float, owns: Callable[[str], bool]) -> Generator[ModelOutput, None, None]:
+        """Each owned model judged, its output as soon as it is made, so that a caller on an
+        event loop lets other work run between models; input of models it does not own is
+        dropped. The models are those known when it starts; input that arrives meanwhile is
+        kept for the models not yet judged (as it would be before the tick). The model's
+        state and hints are not written here: the caller passes each output to
+        :meth:`persist` before the model's next evaluation (the ticker does so after every
+        model's routing write)."""
         for model in sorted(self.known_models()):
             if not owns(model):
                 self.dropped["not_owned"] += len(self._pending.pop(model, {}))
@@ -253,8 +253,6 @@ class Stage2:
                                statuses=(), fleet_events=(), diagnostics=(), forgotten=True)
                 yield ModelOutput(gone)
                 continue
-            if not defer_writes:
-                self.persist(o, now_s if hints_for_s is None else hints_for_s)
             yield o
 
     def persist(self, out: ModelOutput, hints_for_s: float) -> None:

@@ -132,6 +132,7 @@ class Stage2Ticker:
         # done before any bookkeeping (the state and hints tables, the explain history) and
         # before the tick's messages go to a backlog bounded in bytes, published within a
         # budget and retried (publisher).
+        failures_before = self.stage2.write_failures
         writes = RoutingWrites(self.routing, self.turns)
         try:
             outputs, edged = await self.judge(current, now_s, writes)
@@ -139,7 +140,9 @@ class Stage2Ticker:
         finally:
             await writes.close()
         await self.after_the_edge(edged)
-        await self.publish(await self.keep_books(outputs, edged, next_boundary(now_s, self.tick_s)))
+        messages = await self.keep_books(outputs, edged, next_boundary(now_s, self.tick_s))
+        self.metrics.table_write_failures.inc(self.stage2.write_failures - failures_before)
+        await self.publish(messages)
         if self.hook is not None:   # level-triggered: every retired status, every tick (replace.py)
             # Observe mode acts on nothing: its models' retired nodes are not replaced.
             self.hook.offer(s for d in edged if d.mode == "enforce" for s in d.tick.statuses)
@@ -158,14 +161,12 @@ class Stage2Ticker:
             stage2.on_assignment_changed()
             self.last_assignment = assignment
             metrics.owned_models.set(0)
-        failures_before = stage2.write_failures
         outputs: list[ModelOutput] = []
         edged: list[EdgeOutput] = []
         busy_s = 0.0    # the evaluation's own time, not the other work's between models
         cut = False
         steps = stage2.tick_models(
-            now_s, lambda model: partition_for(state_key(model), current.partitions) in current.owned,
-            hints_for_s=next_boundary(now_s, self.tick_s), defer_writes=True)
+            now_s, lambda model: partition_for(state_key(model), current.partitions) in current.owned)
         while True:
             t0 = time.perf_counter()
             with collector_paused():    # one pass of the collector per model, not many
@@ -188,7 +189,6 @@ class Stage2Ticker:
                 cut = True
                 break
         metrics.tick_seconds.observe(busy_s)
-        metrics.table_write_failures.inc(stage2.write_failures - failures_before)
         for reason, count in stage2.dropped.items():
             if count > self.dropped_reported.get(reason, 0):
                 metrics.summaries_dropped.labels(reason=reason).inc(count - self.dropped_reported.get(reason, 0))
@@ -221,7 +221,7 @@ class Stage2Ticker:
         """Mode and operator overrides on one model's verdict (tailguard.streaming.edge)."""
         with collector_paused():
             return self.edge.apply(EdgeInput(out.tick, out.transitions, out.summaries, out.streaks),
-                                   self.operator_state, now_s, defer_history=True)
+                                   self.operator_state, now_s)
 
     async def after_the_edge(self, edged: list[EdgeOutput]) -> None:
         """The operator gauges of each model, and its expired overrides deleted."""

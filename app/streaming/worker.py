@@ -10,7 +10,8 @@ create or write too) or a login or certificate that
 Redis or Kafka refuses (one line naming the setting), 1 when the broker cannot be reached,
 the metrics or web port is taken (:func:`listen_problem`),
 an allowlist source cannot be read, or a Kafka compression codec cannot be decoded here
-(``cramjam`` missing). It logs once which Kafka, Redis (password masked) and key prefix it uses.
+(``cramjam`` missing). It logs once which Kafka, Redis (password masked) and key prefix it uses,
+and which memory allocator it runs on (:mod:`tailguard.streaming.allocator`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from tailguard import text
 from tailguard.core.contract.config import SettingError
 from tailguard.routing.client import check_redis
 from tailguard.security import check_kafka
-from tailguard.streaming import allowlist
+from tailguard.streaming import allocator, allowlist
 from tailguard.streaming.errors import StreamingError
 from tailguard.streaming.topics import ensure_topics
 
@@ -118,6 +119,7 @@ def main(argv: list[str]) -> int:
     finally:
         loop.close()
     # After the checks: a refused start stays one line (stderr), as documented.
+    log.log(*allocator.describe(settings.allocator))
     log.info("Kafka at %s (TAILGUARD_KAFKA_BOOTSTRAP), Redis at %s (TAILGUARD_REDIS_URL), "
              "key prefix %r, app id %r", settings.kafka_bootstrap,
              settings_mod.redact_url(settings.redis_url), settings.key_prefix, settings.app_id)

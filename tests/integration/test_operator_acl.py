@@ -2,7 +2,7 @@
 
 Each test makes its own ACL users (exactly ``acl_rules(prefix, role)``, less the commands
 ``without``) for its own key prefix on the plain local Redis and deletes them afterwards.
-Shown: the writer's extras (shadow set, history, events) are written by a worker user; the
+Shown: the writer's extras (shadow set, events) and the history are written by a worker user; the
 operator commands (``tailguard drain``/``mode``/``release``, through their CLI, so with the
 ``TAILGUARD_REDIS_USERNAME``/``_PASSWORD`` settings) work as that user; ``tailguard explain`` and
 the status page's data work as a reader user; and a worker user that lacks a command the
@@ -61,8 +61,8 @@ def a_tick(model: str) -> ModelTick:
 
 
 EXTRAS = Extras(shadow=frozenset({"a"}), annotations={"a": {"mode": "observe"}},
-                history={"a": json.dumps([{"ts": 1.0, "state": "healthy"}])},
                 events=(json.dumps({"kind": "load_event", "model": "m", "ts": 1.0}),))
+HISTORY = {"a": json.dumps([{"ts": 1.0, "state": "healthy"}])}
 
 
 async def test_worker_and_reader_acl_cover_extras_operators_explain_and_page(
@@ -75,10 +75,12 @@ async def test_worker_and_reader_acl_cover_extras_operators_explain_and_page(
     try:
         w = RoutingWriter(worker, prefix, retry_initial_s=0.05, retry_max_s=0.1)
         assert await w.apply(a_tick("m"), EXTRAS), w.rejected
+        assert await w.write_history("m", HISTORY)      # after the routing write, as the worker
     finally:
         await worker.aclose()
     assert await admin.smembers(keys.shadow("m")) == {b"a"}
     assert await admin.llen(keys.events("m")) == 1
+    assert await admin.hgetall(keys.history("m")) == {b"a": HISTORY["a"].encode()}
 
     # The operator commands, with the credentials from the settings (call_redis → connect_for).
     pw_file = tmp_path / "worker.password"

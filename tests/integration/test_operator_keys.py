@@ -83,7 +83,8 @@ async def test_writer_writes_extras_with_the_verdict(client: aioredis.Redis, key
     w = RoutingWriter(client, keys.prefix)
     events = tuple(json.dumps({"n": i}) for i in range(EVENTS_CAP + 5))
     assert await w.apply(tick, Extras(shadow=frozenset({"a"}), annotations={"a": {"mode": "observe"}},
-                                      history={"a": "[1]"}, events=events))
+                                      events=events))
+    assert await w.write_history("m", {"a": "[1]"})     # after the routing write, as the worker
     assert await client.smembers(keys.shadow("m")) == {b"a"}
     assert await client.hgetall(keys.history("m")) == {b"a": b"[1]"}
     newest = await client.lrange(keys.events("m"), 0, -1)

@@ -45,8 +45,9 @@ async def test_a_forgotten_model_leaves_the_models_set_and_its_keys_are_deleted(
     r, prefix = client
     k = Keys(prefix)
     w = RoutingWriter(r, prefix)
-    extras = Extras(shadow=frozenset({"a"}), history={"a": "[]"}, events=('{"x":1}',))
+    extras = Extras(shadow=frozenset({"a"}), events=('{"x":1}',))
     assert await w.apply(_tick("flood model", {"a"}), extras)
+    assert await w.write_history("flood model", {"a": "[]"})
     assert await w.apply(_tick("llm", {"b"}), extras)
     flood_keys = [k.routing("flood model"), k.version("flood model"), k.quarantine("flood model"),
                   k.nodes("flood model"), k.shadow("flood model"), k.history("flood model"),

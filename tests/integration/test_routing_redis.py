@@ -163,11 +163,14 @@ async def test_history_is_written_apart_after_routing_and_never_ahead_of_it(
         client: aioredis.Redis, prefix: str) -> None:
     k = Keys(prefix)
     async with RoutingWriter(client, prefix) as w:
-        assert await w.apply(tick({"gpu-1", "gpu-2"}), Extras(history={"gpu-1": "[1]"}))
+        assert await w.apply(tick({"gpu-1", "gpu-2"}))
+        assert await w.write_history(MODEL, {"gpu-1": "[1]"})
         version = await client.get(k.version(MODEL))
-        # A routing write without history (None) leaves the history alone ...
-        assert await w.apply(tick({"gpu-1", "gpu-2"}, ts=130.0))
+        # A routing write leaves the history alone, extras and all ...
+        assert await w.apply(tick({"gpu-1", "gpu-2"}, ts=130.0),
+                             Extras(shadow=frozenset({"gpu-1"}), events=('{"x":1}',)))
         assert await client.hgetall(k.history(MODEL)) == {b"gpu-1": b"[1]"}
+        version = await client.get(k.version(MODEL))
         # ... and write_history replaces it whole, without touching the routing version.
         history = {f"gpu-{i}": f"[{i}]" for i in range(1, 1200)}    # past one HSET chunk
         assert await w.write_history(MODEL, history)
@@ -285,9 +288,9 @@ async def test_empty_routing_is_refused_and_the_last_set_stays(
     # The script refuses to empty an existing set on its own too (a second guard, against what
     # Redis holds: another writer's set), writing nothing.
     got = await w._script(keys=[k.routing(MODEL), k.version(MODEL), k.quarantine(MODEL),
-                                k.nodes(MODEL), k.models, k.shadow(MODEL), k.history(MODEL),
+                                k.nodes(MODEL), k.models, k.shadow(MODEL),
                                 k.events(MODEL), k.held_out(MODEL), k.weights(MODEL)],
-                          args=[k.channel, MODEL, 0, 0, 0, -1, -1, 0, 50, 0, 0, 0])
+                          args=[k.channel, MODEL, 0, 0, 0, -1, 0, 50, 0, 0, 0])
     assert [int(x) for x in got][:2] == [0, -1]
     assert _text_set(await client.smembers(k.routing(MODEL))) == {"a", "b"}
     assert await client.get(k.version(MODEL)) == v1

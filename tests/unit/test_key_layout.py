@@ -91,10 +91,10 @@ def tick(model: str, routing: set[str]) -> ModelTick:
 
 def test_the_apply_script_gets_one_slot_of_keys_in_the_tagged_layout() -> None:
     tagged, _ = script_call(Keys("tg", tagged=True), tick("m", {"a"}), NO_EXTRAS, 1.0)
-    assert len(tagged) == 9 and "tg:models" not in tagged
+    assert len(tagged) == 8 and "tg:models" not in tagged
     assert len({slot(key) for key in tagged}) == 1
     plain, _ = script_call(Keys("tg"), tick("m", {"a"}), NO_EXTRAS, 1.0)
-    assert len(plain) == 10 and plain[4] == "tg:models"       # the plain layout: unchanged
+    assert len(plain) == 9 and plain[4] == "tg:models"        # the plain layout: the models SET too
     keys, args = forget_call(Keys("tg"), "m")
     assert keys[0] == "tg:models" and args == ["m"]
 

@@ -167,16 +167,24 @@ def test_a_new_owner_announcing_the_same_override_repeats_its_event_id() -> None
     assert reset.health_events[0]["event_id"] != first[0]["event_id"]
 
 
+def history(edge: OperatorEdge, model: str = "m") -> dict[str, str]:
+    """The model's history as the worker writes it after the routing write (once a tick)."""
+    rows = edge.deferred_history(model)
+    assert rows is not None and edge.deferred_history(model) is None    # made once
+    return rows
+
+
 def test_drains_never_empty_the_routing_set() -> None:
     # Only the drain that would empty the set is refused (the one set last; by node id on
     # a tie); the earlier drains stay applied.
     t = tick([status("a"), status("b")])
-    out = run(OperatorEdge(SETTINGS), t, OperatorState((drain("a"), drain("b"))))
+    edge = OperatorEdge(SETTINGS)
+    out = run(edge, t, OperatorState((drain("a"), drain("b"))))
     assert out.tick.routing == {"b"}
     assert out.extras.annotations["b"]["drain_refused"] is True
     assert out.extras.annotations["a"]["drain_refused"] is False
     assert out.extras.held_out == {"a"}
-    hist = json.loads(out.extras.history["b"])  # type: ignore[index]
+    hist = json.loads(history(edge)["b"])
     assert "drain_refused" in hist[-1]["guards"]
 
 
@@ -209,12 +217,11 @@ def test_history_is_capped_and_carries_stats_limits_guards() -> None:
                 status("d", U, routed=True, reason="ejection_cap", p50=5000.0)]
     summaries = (*(summ(n) for n in "abc"), summ("d", 5000.0))
     load = FleetEvent(ts=10.0, model="m", kind="load_event", abnormal_nodes=3, judged_nodes=4)
-    out = None
     for i in range(5):
-        out = edge.apply(EdgeInput(tick(statuses, fleet=(load,) if i == 0 else ()), (),
-                                   summaries, {"d": 3}), OperatorState(), 10.0 + i)
-    assert out is not None and out.extras.history is not None
-    hist = json.loads(out.extras.history["d"])
+        edge.apply(EdgeInput(tick(statuses, fleet=(load,) if i == 0 else ()), (),
+                             summaries, {"d": 3}), OperatorState(), 10.0 + i)
+        rows = history(edge)
+    hist = json.loads(rows["d"])
     assert [h["ts"] for h in hist] == [12.0, 13.0, 14.0]
     last = hist[-1]
     assert last["streak"] == 3 and last["state"] == "unhealthy" and last["routed"] is True
@@ -277,18 +284,19 @@ def test_ticks_with_nothing_judged_share_one_row() -> None:
     judged = tuple(summ(n) for n in "abc")
     for i in range(2):
         edge.apply(EdgeInput(tick(statuses), (), judged), NO_OPS, 10.0 + i)
-    out = None
+        history(edge)
     for i in range(5):   # c is not judged any more (no summary): one rolling row
-        out = edge.apply(EdgeInput(tick(statuses), (), judged[:2]), NO_OPS, 20.0 + i)
-    assert out is not None and out.extras.history is not None
-    hist = json.loads(out.extras.history["c"])
+        edge.apply(EdgeInput(tick(statuses), (), judged[:2]), NO_OPS, 20.0 + i)
+        rows = history(edge)
+    hist = json.loads(rows["c"])
     assert [h["ts"] for h in hist] == [10.0, 11.0, 24.0]
     assert hist[0]["stats"]["p50"][0] == 1000.0 and hist[-1]["stats"] == {}
 
 
 def test_history_turned_off_writes_an_empty_history() -> None:
-    out = run(OperatorEdge(SETTINGS, history_len=0), fleet_with_slow())
-    assert out.extras.history == {} and out.tick.routing == {"a", "b", "c"}
+    edge = OperatorEdge(SETTINGS, history_len=0)
+    out = run(edge, fleet_with_slow())
+    assert history(edge) == {} and out.tick.routing == {"a", "b", "c"}
     with pytest.raises(ValueError, match="history_len"):
         OperatorEdge(SETTINGS, history_len=-1)
     with pytest.raises(ValueError, match="default_mode"):

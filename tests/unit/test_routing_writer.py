@@ -47,7 +47,7 @@ class FakeScript:
         if n == 0 and any(m == model and r for m, r in self.written):
             return [0, -1, self.version, 0]       # as the script: never empty an existing set
         self.version += 1
-        self.written.append((model, [str(a) for a in args[12:12 + n]]))
+        self.written.append((model, [str(a) for a in args[11:11 + n]]))
         return [1, 0, self.version, 0]
 
 
@@ -117,21 +117,20 @@ async def test_apply_sends_one_script_call_with_keys_and_sorted_args() -> None:
     keys, args = script.calls[0]
     assert keys == ["tg:routing:m%3A1", "tg:routing:m%3A1:version", "tg:quarantine:m%3A1",
                     "tg:nodes:m%3A1", "tg:models", "tg:routing-shadow:m%3A1",
-                    "tg:history:m%3A1", "tg:events:m%3A1", "tg:held-out:m%3A1",
-                    "tg:weights:m%3A1"]
-    # Without extras the shadow set and the history are left alone (-1), no event is pushed;
-    # the held-out set is derived from the statuses (nobody here), no node has a weight;
-    # the version floor is 0 before the writer wrote the model.
-    assert args[:12] == ["tg:routing:changes", "m:1", 2, 1, 2, -1, -1, 0, 50, 0, 0, 0]
-    assert args[12:16] == ["a", "b", "1.5", "c"]
-    assert args[16] == "a" and json.loads(args[17])["updated"] == 5.0
-    assert args[18] == "b" and len(args) == 20
+                    "tg:events:m%3A1", "tg:held-out:m%3A1", "tg:weights:m%3A1"]
+    # Without extras the shadow set is left alone (-1), no event is pushed; the held-out set
+    # is derived from the statuses (nobody here), no node has a weight; the version floor is
+    # 0 before the writer wrote the model. (The history is never this script's: write_history.)
+    assert args[:11] == ["tg:routing:changes", "m:1", 2, 1, 2, -1, 0, 50, 0, 0, 0]
+    assert args[11:15] == ["a", "b", "1.5", "c"]
+    assert args[15] == "a" and json.loads(args[16])["updated"] == 5.0
+    assert args[17] == "b" and len(args) == 19
     assert w.pending == frozenset() and rec.ok == [("m:1", True, 1)]
     assert w.last_results["m:1"].version == 1
     # The next call carries the version just written as its floor (after a Redis failover that
     # lost writes, the script moves the version past it).
     assert await w.apply(tick("m:1", {"a"}, {}))
-    assert script.calls[1][1][11] == 1
+    assert script.calls[1][1][10] == 1
 
 
 async def test_empty_routing_is_refused_and_counted() -> None:
@@ -160,7 +159,7 @@ async def test_a_model_with_no_admitted_node_is_written_without_a_routing_set() 
                                    statuses=(new, gone)))
     (_keys, args), = script.calls
     assert args[2] == 0 and args[4] == 2 and rec.refused == []
-    assert args[9] == 1 and args[-1] == "old"      # held out: the gone node, not the new one
+    assert args[8] == 1 and args[-1] == "old"      # held out: the gone node, not the new one
     assert script.written == [("m", [])]
 
 
@@ -381,11 +380,11 @@ def test_latest_non_empty_verdict_always_wins(steps: list[tuple[str, Any, frozen
 async def test_events_of_a_superseded_verdict_are_written_with_the_next_one() -> None:
     w, script, clock, _ = make()
     script.down = True
-    assert not await w.apply(tick("m", {"a"}), Extras(events=("e1",), history={"a": "[1]"}))
-    assert not await w.apply(tick("m", {"a", "b"}), Extras(events=("e2",), history={"a": "[2]"}))
+    assert not await w.apply(tick("m", {"a"}), Extras(events=("e1",)))
+    assert not await w.apply(tick("m", {"a", "b"}), Extras(events=("e2",)))
     script.down = False
     clock.t += 60
     assert await w.flush()
     _keys, args = script.calls[-1]
-    assert args[5:9] == [-1, 1, 2, 50]            # no shadow, one history field, two events
-    assert args[-4:] == ["a", "[2]", "e1", "e2"]  # the newer history; both ticks' events
+    assert args[5:8] == [-1, 2, 50]               # no shadow, two events
+    assert args[-2:] == ["e1", "e2"]              # both ticks' events
