@@ -8,7 +8,9 @@ alternative, the ratio against it in the same run:
   (100 nodes, 2 models, 1 % of lines bad, slightly out of order), against the
   seed's algorithm transcribed to plain Python on the same lines
   (:func:`seed_transcription`, the baseline of issue 14: replay >= 2x it) and
-  a naive loop that decodes and observes one event at a time;
+  a naive loop that decodes and observes one event at a time; and of a 200,000-line
+  trace of batches and heartbeats (every line on the replay's per-line path) against
+  that naive loop;
 * one tick at 10,000 (node, model) series: stage 2 alone
   (``FleetEvaluator.evaluate`` on ready summaries, with and without statuses, and with
   routing weights against ``weights=off``)
@@ -79,6 +81,52 @@ def trace_lines(n: int, nodes: int = 100, seed: int = 0) -> list[bytes]:
         out.append(f'{{"node_id": "gpu-{nd:03d}", "model": "{models[m]}", "latency_us": {v:.1f}, '
                    f'"ts": {t:.6f}, "hardware": "A100"}}'.encode())
     return out
+
+
+def batch_trace_lines(n: int, nodes: int = 100, per_batch: int = 5, seed: int = 0) -> list[bytes]:
+    """``n`` JSON lines, each (node, model) of ``nodes`` nodes × 2 models sending a batch of
+    ``per_batch`` samples a second and a heartbeat every 10 s (one line in 11), one slow node,
+    in time order: every line takes ``Replay.take_line``, the per-line path."""
+    rng = np.random.default_rng(seed)
+    models = ("llama-3-70b", "embed")
+    out: list[bytes] = []
+    second = 0
+    while len(out) < n:
+        t = T0 + second
+        for nd in range(nodes):
+            for m, name in enumerate(models):
+                node = f"gpu-{nd:03d}"
+                if second % 10 == 0:
+                    out.append(f'{{"type": "heartbeat", "node_id": "{node}", "model": "{name}", '
+                               f'"hardware": "A100", "ts": {t:.6f}}}'.encode())
+                lat = (1.5e6 if m == 0 else 5e3) * np.exp(rng.normal(0, 0.3, per_batch))
+                if nd == 7 and second > n // (2 * nodes * 2):
+                    lat *= 3.0
+                tss = t + np.sort(rng.uniform(0, 1, per_batch))
+                samples = ", ".join(f"[{a:.6f}, {b:.1f}]" for a, b in zip(tss.tolist(), lat.tolist(), strict=True))
+                out.append(f'{{"node_id": "{node}", "model": "{name}", "hardware": "A100", '
+                           f'"samples": [{samples}]}}'.encode())
+        second += 1
+    return out[:n]
+
+
+def bench_replay_batches(quick: bool) -> None:
+    """Replay of a batch-and-heartbeat trace (the per-line path), against decoding and
+    observing one line at a time (:func:`naive_replay`) on the same lines."""
+    n = 40_000 if quick else 200_000
+    lines = batch_trace_lines(n)
+    settings = DetectorSettings()
+    samples = sum(line.count(b"], [") + 1 for line in lines if b'"samples"' in line)
+
+    def run() -> None:
+        replay(lines, settings, lambda _line: None,
+               detector=Detector(settings, pause_collector=collector_paused))
+
+    both = best_alternating({"replay": run, "naive": lambda: naive_replay(lines, settings)}, 3)
+    t, t_naive = both["replay"], both["naive"]
+    print(f"tailguard replay of {n:,} batch and heartbeat lines ({samples:,} samples, 200 series)")
+    row("replay (per-line path)", f"{n / t:,.0f} lines/s",
+        f"{samples / t:,.0f} samples/s; {t_naive / t:4.2f}x naive decode + observe per line")
 
 
 def naive_replay(lines: list[bytes], settings: DetectorSettings) -> int:
@@ -446,6 +494,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="smaller sizes (seconds, not minutes)")
     args = ap.parse_args(argv)
     bench_replay(args.quick)
+    bench_replay_batches(args.quick)
     bench_stage2(args.quick)
     bench_facade(args.quick)
     bench_series_memory(args.quick)

@@ -13,7 +13,8 @@ as either side. The traces:
 
 Each trace is replayed in a fresh interpreter once under each build (a ``tailguard`` and an
 ``app`` symlink to ``PATH/app`` first on ``PYTHONPATH``); every output line and the final
-stats line must be identical. Exit status 1 and the first difference when they differ.
+stats line must be identical. Exit status 1 and every difference when they differ (``--keep DIR``:
+the traces and both builds' results stay in ``DIR``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import hashlib
 import importlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -162,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--base", required=True, help="checkout of the build to compare against")
     ap.add_argument("--here", default=str(ROOT), help="checkout of the build compared (default: this one)")
     ap.add_argument("--tests", action="store_true", help="also every trace the replay tests feed to replay()")
+    ap.add_argument("--keep", metavar="DIR", help="keep the traces and both builds' results in DIR")
     ap.add_argument("pytest_args", nargs="*", help="more pytest arguments for --tests (after --), e.g. -k")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="compare-replay-") as tmp_s:
@@ -171,12 +174,16 @@ def main(argv: list[str] | None = None) -> int:
         record(args, Path(args.here), trace_dir, tmp)
         base = replay_under(Path(args.base), "base", trace_dir, tmp / "base.txt", tmp)
         here = replay_under(Path(args.here), "here", trace_dir, tmp / "here.txt", tmp)
-    for a, b in zip(base, here, strict=False):
-        if a != b:
-            print(f"DIFFERENT: base {a}\n           here {b}")
-            return 1
+        if args.keep:
+            shutil.copytree(tmp, args.keep, symlinks=True, dirs_exist_ok=True)
+    differ = [(a, b) for a, b in zip(base, here, strict=False) if a != b]
+    for a, b in differ:
+        print(f"DIFFERENT: base {a}\n           here {b}")
     if len(base) != len(here):
         print(f"DIFFERENT: base replayed {len(base)} traces, here {len(here)}")
+        return 1
+    if differ:
+        print(f"{len(differ)} of {len(here)} traces differ")
         return 1
     print(f"identical: {len(here)} traces, {sum(int(x.split()[1]) for x in here)} output lines")
     return 0

@@ -643,6 +643,30 @@ def test_a_node_whose_clock_runs_ahead_does_not_move_the_ticks(ahead_s: float, h
         {r[1] for r in story(clean) if r[3] == "admitted"} - {"n03"}
 
 
+@pytest.mark.parametrize(("ahead", "heartbeat_s"), [
+    ({"n03": 35.0}, 0.0), ({"n03": 45.0}, 5.0), ({"n03": 59.0}, 0.0), ({"n03": 40.0, "n05": 55.0}, 5.0),
+], ids=["35s", "45s_heartbeats", "59s", "two_pods_heartbeats"])
+def test_a_node_a_tick_or_more_ahead_does_not_move_the_ticks(ahead: dict[str, float],
+                                                             heartbeat_s: float) -> None:
+    # One or two nodes 31-60 s ahead (more than a tick, within the 2 ticks the median rule
+    # allows) ran the ticks while the fleet was that far behind: its newest samples reached
+    # each tick late, and the slow node left 150 s later than on the clean trace (2026-12-05
+    # backtest). A boundary needs the fleet's word: a node more than a tick past all but one
+    # of the others waits. The others' story is the clean trace's, tick for tick.
+    kw: dict[str, Any] = {"nodes": 12, "seconds": 1500.0, "slow": "n07", "onset": 900.0,
+                          "heartbeat_s": heartbeat_s}
+    skewed, skewed_stats = run(_fleet(ahead=ahead, **kw))
+    clean, clean_stats = run(_fleet(ahead={}, **kw))
+
+    def story(recs: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+        return [(r["ts"], r["node_id"], r["to"], r["reason"]) for r in recs
+                if r.get("type") == "transition" and r["node_id"] not in ahead]
+
+    assert story(skewed) == story(clean)
+    assert skewed_stats.ticks == clean_stats.ticks
+    assert any(r[1] == "n07" and r[2] == "unhealthy" for r in story(skewed))
+
+
 def test_the_summary_names_routed_pairs_too_thin_to_be_judged() -> None:
     # 0.2 requests/s per node: admitted once 100 samples came in since warm-up, then never
     # 100 within the 300 s age bound again: the summary says so and what to change.
@@ -688,3 +712,47 @@ def test_main_reads_a_trace_that_starts_with_a_utf8_bom(gz: bool, tmp_path: Path
         got = capsys.readouterr()
         assert got.out == plain.out and '"routed": false' in got.out
         assert got.err == plain.err
+
+
+def test_each_batch_and_heartbeat_line_is_decoded_once() -> None:
+    # Past the first tick every batch and heartbeat line goes line by line (its time is read
+    # to tell an early line); it was decoded twice there: once for its time, once to add it.
+    from tailguard.core.contract import events
+    from tailguard.core.contract.events_fast import FastDecoder
+    from tailguard.core.window import accumulate
+    ls = []
+    for k in range(300):
+        ts = T0 + k / 5.0
+        for n in ("n0", "n1", "n2"):
+            if k % 10 == 0:
+                ls.append(json.dumps({"type": "heartbeat", "node_id": n, "model": "m", "ts": ts}).encode())
+            ls.append(json.dumps({"node_id": n, "model": "m",
+                                  "samples": [[ts, 1e5], [ts + 0.1, 1.1e5]]}).encode())
+    calls = {"batch": 0, "parse_event": 0}
+
+    def counted(name: str, fn: Any) -> Any:
+        def wrapper(*args: Any, **kw: Any) -> Any:
+            calls[name] += 1
+            return fn(*args, **kw)
+        return wrapper
+
+    with mock.patch.object(FastDecoder, "batch", counted("batch", FastDecoder.batch)), \
+            mock.patch.object(events, "parse_event", counted("parse_event", events.parse_event)), \
+            mock.patch.object(accumulate, "parse_event", counted("parse_event", accumulate.parse_event)):
+        _recs, stats = run(ls)
+    assert stats.events == len(ls) and stats.ticks > 1 and not stats.bad
+    heartbeats = sum(1 for raw in ls if b"heartbeat" in raw)
+    assert calls == {"batch": len(ls) - heartbeats, "parse_event": heartbeats}
+
+
+def test_a_bad_line_of_a_node_ahead_is_counted_where_it_is_read() -> None:
+    # A bad batch line of a node ahead of the fleet waited among its early lines and was
+    # counted after the bad lines read behind it; it is no event, so it is counted at once.
+    ls = _fleet(12, 300.0, ahead={"n03": 100.0}, slow="n07", onset=900.0)
+    at = next(i for i in range(len(ls) // 2, len(ls)) if b'"n03"' in ls[i])
+    ts = json.loads(ls[at])["ts"]
+    ls[at + 1:at + 1] = [json.dumps({"node_id": "n03", "model": "m", "samples": [[ts, -1.0]]}).encode(),
+                         b"{not json"]
+    _recs, stats = run(ls)
+    assert stats.bad == {"bad_latency": 1, "bad_json": 1}
+    assert [(ln, r) for ln, r, _ in stats.first_bad] == [(at + 2, "bad_latency"), (at + 3, "bad_json")]

@@ -12,8 +12,8 @@ Guarantees:
 * A line more than ``max_future_skew_s`` past the latest event time is held back: a real jump
   once ``JUMP_CONFIRM_LINES`` come in a row from ``JUMP_CONFIRM_NODES`` nodes (or
   ``JUMP_ALONE_LINES`` from one), or at the end unless other nodes sent events; else bad
-  input (``future_ts``). A node ``AHEAD_TICKS`` intervals ahead of the fleet runs no tick:
-  its early lines wait for the fleet (docs/replay.md).
+  input (``future_ts``). A node ``AHEAD_TICKS`` intervals past the fleet's median, or one past
+  all but ``QUORUM_NODES - 1`` other nodes, runs no tick: its early lines wait (docs/replay.md).
 * Bad lines, and samples read too late for any tick to judge them, are skipped and counted
   in :class:`ReplayStats` (by reason, first line numbers).
 * The same trace and settings give the same output, for any ``chunk_lines``.
@@ -21,6 +21,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import heapq
 import json
 import math
 from collections import Counter
@@ -29,20 +30,19 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
 
-from tailguard.core.contract import events
-from tailguard.core.contract.binary import MAGIC
 from tailguard.core.contract.config import DetectorSettings
 from tailguard.core.contract.errors import BadEvent
-from tailguard.core.contract.events import Event, SampleBatch, decode, loads
+from tailguard.core.contract.events import Event, SampleBatch, loads
 from tailguard.core.contract.types import TickResult
 from tailguard.core.replay.detector import Detector
-from tailguard.core.window.accumulate import Accumulator
+from tailguard.core.window.accumulate import Accumulator, Parsed
 
 PROGRESS_EVERY_LINES = 100_000
 JUMP_CONFIRM_LINES = 20
 JUMP_CONFIRM_NODES = 2
 JUMP_ALONE_LINES = 1000
 AHEAD_TICKS = 2      # a node this many tick intervals ahead of the fleet's clock does not move it
+QUORUM_NODES = 2     # ... nor one more than a tick ahead of all but one of the other nodes
 FIRST_BAD_LINES = 5
 _UNDECODED: Any = object()
 CHUNK_LINES = 2_000
@@ -118,24 +118,13 @@ def _single_at(e: Any) -> tuple[str, float] | None:
     return e.node_id, e.ts
 
 
-def _event_at(raw: bytes | str, now_s: float, settings: DetectorSettings) -> tuple[str, float] | None:
-    """``(node, latest ts)`` of a batch or heartbeat, without adding it anywhere (a JSON batch
-    by the typed decoding, about 3x cheaper: every line of a batch trace comes here); None for
-    a bad line."""
-    fast = events.FAST_DECODER
-    if fast is not None and type(raw) is bytes and raw[:3] != MAGIC:
-        got = fast.batch(raw)
-        if got is not None and got[1].shape[1]:
-            latest = float(got[1][0].max())
-            if math.isfinite(latest):
-                return got[0].node_id, latest
-    try:
-        ev = decode(raw, now_s=now_s, settings=settings)
-    except BadEvent:
-        return None
-    if not isinstance(ev, SampleBatch):
-        return ev.node_id, ev.ts
-    return (ev.node_id, float(ev.ts.max())) if ev.ts.size else None
+def _parsed_at(parsed: Parsed) -> tuple[str, float]:
+    """``(node, latest ts)`` of what :meth:`Accumulator.parse` returned."""
+    if type(parsed) is tuple:
+        return parsed[0][0], parsed[1][0]
+    if isinstance(parsed, SampleBatch):
+        return parsed.node_id, float(parsed.ts.max())     # a parsed batch keeps >= 1 sample
+    return parsed.node_id, parsed.ts      # type: ignore[union-attr]
 
 
 def _node_of(raw: bytes | str) -> str | None:
@@ -223,13 +212,19 @@ class Replay:
         """One line, the reference path: decode, hold or count it, run the ticks it crosses.
         ``pre``: its typed decoding, when the caller has it."""
         settings, early, held, stats = self.settings, self.early, self.held, self.stats
+        parsed: Parsed | BadEvent | None = None     # decoded once, here, when its time is read
         if self.k is not None:
             if pre is _UNDECODED:
                 typed = self.acc.decode_lines([raw])
                 pre = None if typed is None else typed[0]
             at = _single_at(pre)
             if at is None and raw.strip():   # a heartbeat, batch or histogram line: early too
-                at = _event_at(raw, self.seen_max, settings)
+                try:
+                    parsed = self.acc.parse(raw)
+                except BadEvent as e:
+                    parsed = e
+                else:
+                    at = _parsed_at(parsed)
             if at is not None and self.is_early(*at):
                 early.append((lineno, raw))
                 self.early_nodes.add(at[0])
@@ -240,7 +235,12 @@ class Replay:
             if early and at is not None and at[1] <= self.seen_max + settings.max_future_skew_s:
                 self.settle_early(jump=False)           # the fleet is behind, or has caught up
         try:
-            ts = self.acc.add(raw)
+            if parsed is None:
+                ts = self.acc.add(raw)
+            elif isinstance(parsed, BadEvent):
+                raise parsed
+            else:
+                ts = self.acc.add_parsed(parsed)
         except BadEvent as e:
             if not raw.strip():        # a blank line is no event (and never decodes)
                 return
@@ -379,14 +379,16 @@ class Replay:
     def is_early(self, node: str, ts: float) -> bool:
         """An event at or past the next boundary (within the future bound) from a node
         more than ``ahead_s`` past the fleet: the median latest event time of the other
-        nodes that sent since the last tick (or, none yet, within ``ahead_s`` before it)."""
+        nodes that sent since the last tick (or, none yet, within ``ahead_s`` before it);
+        or more than a tick past the quorum (:meth:`quorum_ts`)."""
         k, ahead, interval = self.k, self.ahead, self.interval
         assert k is not None
         if ts < k * interval or ts > self.seen_max + self.settings.max_future_skew_s:
             return False
         if node in ahead:
             return True
-        clocks = [t for n, t in self.acc.latest_by_node().items() if n != node and n not in ahead]
+        pending = self.acc.latest_by_node()
+        clocks = [t for n, t in pending.items() if n != node and n not in ahead]
         if not clocks:
             recent = (k - 1) * interval - self.ahead_s
             clocks = [t for n, t in self.drained_ts.items() if t >= recent and n != node and n not in ahead]
@@ -398,10 +400,23 @@ class Replay:
                 return True
             return False
         clocks.sort()
-        if ts - clocks[(len(clocks) - 1) // 2] <= self.ahead_s:
+        if (ts - clocks[(len(clocks) - 1) // 2] <= self.ahead_s
+                and ts - self.quorum_ts(node, pending) <= interval):
             return False
         ahead.add(node)
         return True
+
+    def quorum_ts(self, node: str, pending: dict[str, float]) -> float:
+        """The latest event time that ``QUORUM_NODES`` other nodes (fewer if there are not as
+        many) have reached, whoever they are: each recent node's latest, fed or pending;
+        -inf without one. One node ahead never vouches for another alone."""
+        recent = (self.k or 0) * self.interval - self.interval - self.ahead_s
+        latest = {n: t for n, t in self.drained_ts.items() if t >= recent}
+        for n, t in pending.items():
+            if t > latest.get(n, -math.inf):
+                latest[n] = t
+        latest.pop(node, None)
+        return heapq.nlargest(QUORUM_NODES, latest.values())[-1] if latest else -math.inf
 
     def settle_early(self, *, jump: bool) -> None:
         """The early lines join the windows: as they are while the fleet has not caught up,

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Final
+from typing import Any, Final, TypeAlias
 
 import numpy as np
 
@@ -51,6 +51,7 @@ from tailguard.core.contract.ids import Allowlist
 
 _INF: Final = math.inf
 _NAN: Final = math.nan
+Parsed: TypeAlias = Event | tuple[Group, Row]     # Accumulator.parse: an event or a single's row
 
 
 class Accumulator:
@@ -121,21 +122,36 @@ class Accumulator:
                         return e.ts  # type: ignore[no-any-return]
                     if plain is not None or key in self._groups or self._new_series(key):
                         return self._add_single(key, e)
-            ev = bytes_batch(raw, self._fut_limit, self._max_lat, self._now_s, self._ids)
-            if ev is not None:
-                return self._add_event(ev)
+        return self.add_parsed(self.parse(raw))
+
+    def parse(self, raw: bytes | str) -> Parsed:
+        """What :meth:`add` would add for ``raw`` past its typed single-event path, decoded
+        and checked (raises :class:`BadEvent`) but not added: an event, or a single event's
+        series and row. :meth:`add_parsed` adds it (the replay reads its time in between)."""
+        if type(raw) is bytes:
+            batch = bytes_batch(raw, self._fut_limit, self._max_lat, self._now_s, self._ids)
+            if batch is not None:
+                self._check_allowed(batch.node_id, batch.model)
+                return batch
         try:
             obj = json_loads(raw)
         except (ValueError, RecursionError, TypeError) as e:
             raise BadEvent("bad_json", f"not valid JSON: {e}"[:200]) from None
-        # add_obj's single-event path, inlined: this is the replay hot loop.
-        if type(obj) is dict and "samples" not in obj and "type" not in obj:
+        if type(obj) is dict and "samples" not in obj and obj.get("type", "single") == "single":
             key, row = single_row(obj, self._fut_limit, self._max_lat, self._now_s, self._ids)
-            if self._allow is not None:
-                self._check_allowed(key[0], key[1])
+            self._check_allowed(key[0], key[1])
+            return key, row
+        ev = parse_event(obj, now_s=self._now_s, settings=self._settings)
+        self._check_allowed(ev.node_id, ev.model)
+        return ev
+
+    def add_parsed(self, parsed: Parsed) -> float:
+        """Add what :meth:`parse` returned (never raises); its latest event time."""
+        if type(parsed) is tuple:
+            key, row = parsed
             self._append_row(key, row)
             return row[0]
-        return self.add_obj(obj)
+        return self._add_event(parsed)  # type: ignore[arg-type]
 
     def decode_lines(self, raws: Sequence[bytes | str]) -> list[Any] | None:
         """The typed decoding of many lines at once, for :meth:`add_decoded`; None (use
@@ -225,18 +241,7 @@ class Accumulator:
                 (t, v, True, False, _NAN, _NAN, _NAN) for t, v in zip(*plain, strict=True)]
         return group
 
-    def add_obj(self, obj: Any) -> float:
-        if type(obj) is dict and "samples" not in obj and obj.get("type", "single") == "single":
-            key, row = single_row(obj, self._fut_limit, self._max_lat, self._now_s, self._ids)
-            if self._allow is not None:
-                self._check_allowed(key[0], key[1])
-            self._append_row(key, row)
-            return row[0]
-        return self._add_event(parse_event(obj, now_s=self._now_s, settings=self._settings))
-
     def _add_event(self, ev: Event) -> float:
-        if self._allow is not None:
-            self._check_allowed(ev.node_id, ev.model)
         key = (ev.node_id, ev.model, ev.hardware, ev.instance)
         pending = self._groups.pop(key, None)
         plain = self._plain.pop(key, None)
