@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import operator
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,10 +32,6 @@ from tailguard.core.contract.config import DetectorSettings
 from tailguard.core.contract.types import FleetEvent, HealthState, Reason, Transition, WindowSummary
 from tailguard.core.judge import health
 from tailguard.core.judge.health import PairState
-
-_LAST_SEEN = operator.attrgetter("last_seen_ts")
-_INSTANCE_TS = operator.attrgetter("instance_ts")
-_RESUMED_TS = operator.attrgetter("resumed_ts")
 
 _AWAY = (HealthState.GONE, HealthState.RETIRED)
 # A crashloop: this many restarts acted on within CRASHLOOP_WINDOW_S; later ones are not.
@@ -94,9 +89,10 @@ def _signs_of_life(pairs: Mapping[str, PairState], live: Liveness, by_node: Mapp
     get = seen.get
     horizon = now_s - st.silent_after_s if st.silent_after_s > 0 else -math.inf
     quiet: list[str] = []
-    sums = by_node.values()
-    for node, last in zip(by_node, map(_LAST_SEEN, sums), strict=True):
+    restarted: list[str] = []
+    for node, s in by_node.items():
         # A summary that does not say when its series was last seen is itself the sign of life.
+        last = s.last_seen_ts
         if last is None:
             last = now_s
         prev = get(node)
@@ -104,10 +100,8 @@ def _signs_of_life(pairs: Mapping[str, PairState], live: Liveness, by_node: Mapp
             seen[node] = prev = last
         if prev < horizon:
             quiet.append(node)
-    # Few summaries, every tick, say a restart: the others are passed over by columns.
-    inst, resumed = list(map(_INSTANCE_TS, sums)), list(map(_RESUMED_TS, sums))
-    restarted = ([n for n, a, b in zip(by_node, inst, resumed, strict=True) if a is not None or b is not None]
-                 if inst.count(None) < len(inst) or resumed.count(None) < len(resumed) else [])
+        if s.instance_ts is not None or s.resumed_ts is not None:
+            restarted.append(node)         # few summaries, every tick: never restarted
     if len(pairs) > len(by_node):          # pairs whose series stage 1 no longer reports
         quiet += [n for n in pairs.keys() - by_node.keys() if get(n, pairs[n].since_ts) < horizon]
     return quiet, restarted

@@ -16,7 +16,6 @@ Rationale: docs/rules.md (error rate, stall).
 from __future__ import annotations
 
 import math
-import operator
 from bisect import bisect_right
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
@@ -27,9 +26,6 @@ from tailguard.core.judge.health import Evidence, Judgement, PairState, Verdict
 from tailguard.core.judge.model_state import PairTable
 from tailguard.core.judge.peers import median
 from tailguard.core.window.hist_window import LAST_REQUEST_TS
-
-_REQUESTS = operator.attrgetter("requests_total")
-_FAILED = operator.attrgetter("failed_total")
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,8 +88,9 @@ def error_judgements(counts: MutableMapping[str, list[int]],
     tick_s = st.tick_interval_s
     idle: list[str] = []                    # no request at all in the stall rule's span
     reach, back = 2 * pool, 2 * span
-    sums = by_node.values()
-    for node, req, fail in zip(by_node, map(_REQUESTS, sums), map(_FAILED, sums), strict=True):
+    for node, s in by_node.items():
+        req = s.requests_total
+        fail = s.failed_total
         prev = get(node)
         if prev is None or req < prev[-2]:      # new, or counters that went back (a new stage 1)
             counts[node] = [req, fail]
@@ -124,7 +121,8 @@ def error_judgements(counts: MutableMapping[str, list[int]],
                     over.append((node, share, n, failed, (size - i) // 2))
         # In place: a tuple's copy touched every kept counter (its reference count), each its
         # own int object, cold after stage 1's pass; the list drops its oldest tick in front.
-        prev += (req, fail)
+        prev.append(req)
+        prev.append(fail)
         if size + 2 > keep:
             del prev[:size + 2 - keep]
     stalled = (stall_judgements(idle, counts, by_node, pairs, st, now_s)
