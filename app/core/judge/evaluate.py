@@ -235,7 +235,8 @@ class FleetEvaluator:
             # Histogram pairs: slow-downs estimated from the buckets, not from interpolated P50s.
             wt = weigh_model(model, ms.weights, peers, norms, ms.pairs.routing(), now_s, st,
                              hold=load or live.telemetry_lost,
-                             evidence_of=None if hist is None else partial(hist_targets, peers, st))
+                             evidence_of=None if hist is None else partial(hist_targets, peers, st,
+                                                                          trend=ms.hist_trend, now_s=now_s))
         ms.weights = NO_WEIGHTS if wt is None else wt.state
         return self._report(model, ms, by_node, now_s, transitions, fleet_events, diagnostics,
                             with_statuses, wt, fleet_latency_us)
