@@ -99,8 +99,13 @@ def test_the_shipped_1_5x_per_token_scenario_is_weighted_on_both_paths(seed: int
     s = sc.load(ROOT / "scenarios" / "llm_tpot_1_5x_weighted.toml")
     out: list[str] = []
     replay(tracegen.lines(tracegen.generate(s, seed)), DetectorSettings(), out.append)
-    for res in (outcome.check(s, [json.loads(line) for line in out]), run_scraped(s.name, seed)[0]):
+    event_records = [json.loads(line) for line in out]
+    scraped, scraped_records = run_scraped(s.name, seed)
+    for res, records in ((outcome.check(s, event_records), event_records), (scraped, scraped_records)):
         assert res.ok and res.ejected_at_s == {}, res.problems
         assert set(res.lowest_weight) == {("gpu-node-05", "llama-3.1-8b-chat")}, res.lowest_weight
-        weight, at_s = res.lowest_weight[("gpu-node-05", "llama-3.1-8b-chat")]
-        assert weight <= 0.8 and at_s <= 317.0 + 600.0, res.lowest_weight
+        # At 0.8 or below within 600 s of the onset (the lowest may come later: since the windows'
+        # mean slow-down is judged too, the scraped pod goes on down to 0.55-0.65 at 1.5x).
+        at_s = next((float(r["ts"]) - s.epoch_s for r in records
+                     if r.get("type") == "weight" and float(r["weight"]) <= 0.8), None)
+        assert at_s is not None and at_s <= 317.0 + 600.0, res.lowest_weight

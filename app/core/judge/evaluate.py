@@ -21,6 +21,7 @@ Rationale: docs/rules.md.
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections.abc import Iterable, Mapping
 from functools import partial
 from typing import Any
@@ -58,6 +59,7 @@ from tailguard.core.judge.rules import FRESH_TAIL_MARGIN
 from tailguard.core.judge.verdicts import Verdicts, judge_peers, judge_probes, judge_thin_failing
 from tailguard.core.judge.weights import NO_WEIGHTS, WeightTick, weigh_model, weigh_statuses
 
+_NODE_ID = operator.attrgetter("node_id")
 # Per-pair own baselines are kept for models with at most this many peers (a model may shrink
 # below min_peers); larger models skip the cost.
 OWN_HISTORY_MAX_PEERS = 16
@@ -156,12 +158,17 @@ class FleetEvaluator:
 
     # ---- the tick ------------------------------------------------------------------------
     def evaluate(self, model: str, summaries: Iterable[WindowSummary], now_s: float,
-                 *, with_statuses: bool = True) -> ModelTick:
+                 *, with_statuses: bool = True,
+                 fleet_latency_us: tuple[float | None, float | None] = (None, None)) -> ModelTick:
+        """One tick of ``model`` (the module docstring); ``fleet_latency_us``: the model's
+        cluster-wide raw-latency P50/P99 the caller computed, carried in the tick."""
         st = self.settings
         ms = self._models.get(model)
         if ms is None:
             ms = self._models[model] = ModelState()
-        by_node: dict[str, WindowSummary] = {s.node_id: s for s in summaries}
+        if not isinstance(summaries, list | tuple):
+            summaries = list(summaries)
+        by_node: dict[str, WindowSummary] = dict(zip(map(_NODE_ID, summaries), summaries, strict=True))
         transitions: list[Transition] = []
         if st.forget_after_s > 0:
             self._forget_retired(model, ms, by_node, now_s, transitions)
@@ -232,10 +239,11 @@ class FleetEvaluator:
             # Histogram pairs: slow-downs estimated from the buckets, not from interpolated P50s.
             wt = weigh_model(model, ms.weights, peers, norms, ms.pairs.routing(), now_s, st,
                              hold=load or live.telemetry_lost,
-                             evidence_of=None if hist is None else partial(hist_targets, peers, st))
+                             evidence_of=None if hist is None else partial(hist_targets, peers, st,
+                                                                          trend=ms.hist_trend, now_s=now_s))
         ms.weights = NO_WEIGHTS if wt is None else wt.state
         return self._report(model, ms, by_node, now_s, transitions, fleet_events, diagnostics,
-                            with_statuses, wt)
+                            with_statuses, wt, fleet_latency_us)
 
     # ---- steps of the tick ---------------------------------------------------------------
     def _admit_new(self, model: str, ms: ModelState, by_node: dict[str, WindowSummary],
@@ -301,7 +309,8 @@ class FleetEvaluator:
     def _report(self, model: str, ms: ModelState, by_node: dict[str, WindowSummary],
                 now_s: float, transitions: list[Transition], fleet_events: list[FleetEvent],
                 diagnostics: list[DiagnosticsRequest], with_statuses: bool,
-                wt: WeightTick | None = None) -> ModelTick:
+                wt: WeightTick | None = None,
+                fleet_latency_us: tuple[float | None, float | None] = (None, None)) -> ModelTick:
         pairs = ms.pairs
         routing = pairs.routing()
         # The contract: ``routed`` is membership of the routing set after the tick, also for
@@ -324,7 +333,9 @@ class FleetEvaluator:
                          quarantine=quarantine, statuses=statuses,
                          fleet_events=tuple(fleet_events), diagnostics=tuple(diagnostics),
                          weights=wt.weights if wt is not None else {},
-                         weight_changes=wt.changes if wt is not None else ())
+                         weight_changes=wt.changes if wt is not None else (),
+                         fleet_latency_p50_us=fleet_latency_us[0],
+                         fleet_latency_p99_us=fleet_latency_us[1])
 
     # ---- diagnostics ---------------------------------------------------------------------
     def apply_diagnostics(self, model: str, node_id: str, recoverable: bool,

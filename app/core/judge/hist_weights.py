@@ -2,34 +2,36 @@
 
 Owns the target weights of a histogram model's peers at one tick (:func:`targets`, the
 :class:`~tailguard.core.contract.types.WeightEvidence` that :func:`tailguard.core.judge.weights.weigh_model`
-confirms and guards as for sample pairs). An interpolated P50 is no measure here: inside a
-bucket 2.5x wide a node 1.05x slower can read 1.3x. Instead, per metric and hardware class,
-each node's slow-down against the peers' median CDF is estimated from the bounds where that
-CDF is inside [``EDGE``, 1 - ``EDGE``] (at least two: :func:`log_shift`): at each bound the
-gap between the two CDFs in probit units, weighted by its binomial information on the node's
-requests, divided by the reference's probit slope in log latency. Exact for a lognormal at
-any bucket widths, within 6 % for Weibull shapes; its standard error comes from the counts.
+confirms and guards as for sample pairs). No interpolated P50 (in a bucket 2.5x wide a node
+1.05x slower can read 1.3x): per metric and hardware class, each node's slow-down against the
+peers' median CDF from the bounds where that CDF is inside [``EDGE``, 1 - ``EDGE``] (at least
+two: :func:`log_shift`): the CDFs' gaps in probit units, weighted by their binomial information,
+over the reference's probit slope in log latency. Exact for a lognormal at any bucket widths,
+within 6 % for Weibull shapes; standard error from the counts. Bucketless windows (Triton's
+counters): their log mean against the peers'. With a :class:`~tailguard.core.judge.hist_trend.HistTrend`
+a node's median over recent windows is judged too (buckets and means agreeing), the lower kept.
 
-Guarantees: pure; no estimate (so no weight: held at 1.0) for a node whose class has fewer
-than ``min_peers`` windows of the same bounds, or whose reference spans fewer than two bounds
-(a narrow distribution inside one wide bucket: the buckets cannot tell) of those the node has
-(a node with other buckets is estimated on the bounds it shares, or, sharing fewer than two,
-against the reference read at its own bounds: :func:`cdf_at`); the noise band is at
-least ``NOISE_K`` times the peers' robust spread of estimates and the node's own standard
-error, as for sample pairs. Rationale and resolution: docs/rules.md (Routing weights).
+Guarantees: pure; no estimate (no weight: held at 1.0) below ``min_peers`` windows of the same
+bounds in the class, or with a reference inside fewer than two bounds (the buckets cannot tell);
+other buckets are estimated on shared bounds or against the reference read at their own
+(:func:`cdf_at`); the band is at least ``NOISE_K`` times the peers' robust spread and the node's
+own standard error; a single window's mean gives no target. Rationale, resolution and
+measurements: docs/rules.md (Routing weights, Histogram models).
 """
 
 from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Set
+from collections.abc import Mapping, Set
+from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Final
 
 from tailguard.core.contract.config import DetectorSettings
 from tailguard.core.contract.types import WeightEvidence
 from tailguard.core.judge.hist_rules import HIST_SIGNAL, rebucket, reference, windows_of
+from tailguard.core.judge.hist_trend import HistTrend, peer_spread, trend_noise
 from tailguard.core.judge.peers import PeerSet, hw_class, median
 from tailguard.core.judge.weights import BAND_FLOOR, NOISE_K, log_spread, target_weight
 from tailguard.core.window.hist_window import PREFERENCE, US_PER_S, HistWindow
@@ -71,40 +73,100 @@ def log_shift(bounds_s: tuple[float, ...], ref_cdf: tuple[float, ...], w: HistWi
     return num / den / slope, 1.0 / math.sqrt(den) / slope
 
 
-def targets(peers: PeerSet, st: DetectorSettings, want: Set[str] = frozenset()) -> dict[str, WeightEvidence]:
+@dataclass(frozen=True, slots=True)
+class _Estimates:
+    """One class's slow-downs on one metric at one window."""
+
+    signal: str
+    rel: dict[str, tuple[float, float, int]]   # node -> (log slow-down against the centre, SE, samples)
+    spread: float                               # the peers' robust spread of log slow-downs
+    ref_us: float                               # the reference's median (bucketless: mean), µs
+    kind: str = "buckets"                       # or "mean": of sums over requests
+
+    @property
+    def peers(self) -> int:
+        return len(self.rel)
+
+
+def targets(peers: PeerSet, st: DetectorSettings, want: Set[str] = frozenset(),
+            trend: HistTrend | None = None, now_s: float | None = None) -> dict[str, WeightEvidence]:
     """The target weight and evidence of every histogram peer slower than its class's noise
     band floor, and of the peers in ``want`` (those with a weight state) that have an estimate.
     Per signal and class, on the signal's metric, or, when its buckets give fewer than
     ``min_peers`` estimates (a narrow ITL inside one wide bucket), on every other metric that
     gives them, each node's lowest target (a node slower in decode only shows it in e2e, not in
-    ttft); the evidence's ``signal`` names the metric used."""
+    ttft); the evidence's ``signal`` names the metric used. With ``trend`` (and ``now_s``), each
+    window's estimates are recorded in it and a node's mean over its recent windows is judged
+    too (:mod:`tailguard.core.judge.hist_trend`), the lower target kept."""
     groups: dict[tuple[str, str], list[tuple[str, dict[str, HistWindow], int]]] = {}
     for node, s in zip(peers.nodes, peers.summaries, strict=True):
         wins = windows_of(s)
         if wins is not None and s.signal.endswith(HIST_SIGNAL):
             groups.setdefault((s.signal, hw_class(s.hardware)), []).append((node, wins, s.samples))
     out: dict[str, WeightEvidence] = {}
-    for (signal, _cls), members in groups.items():
+    for (signal, cls), members in groups.items():
         first = signal.removesuffix(HIST_SIGNAL)
-        got = _class_targets(first, members, st, want)
-        if got is None:
-            got = {}
-            for metric in (m for m in PREFERENCE if m != first):
-                for node, ev in (_class_targets(metric, members, st, want) or {}).items():
-                    if node not in got or ev.target < got[node].target:
-                        got[node] = ev
+        est = _estimates(first, members, st)
+        found = ([est] if est is not None else
+                 [e for m in PREFERENCE if m != first if (e := _estimates(m, members, st)) is not None])
+        got: dict[str, WeightEvidence] = {}
+        for e in found:
+            # A window's mean alone is no evidence: a few long requests move it (the trend's median).
+            evs = _window_targets(e, st, want) if e.kind == "buckets" else {}
+            if trend is not None and now_s is not None:
+                evs = _lower(evs, _trend_of(e, members, cls, trend, now_s, st, want))
+            got = _lower(got, evs)
         out.update(got)
     return out
 
 
-def _class_targets(metric: str, members: list[tuple[str, dict[str, HistWindow], int]],
-                   st: DetectorSettings, want: Set[str]) -> dict[str, WeightEvidence] | None:
-    """:func:`targets` of one class on one metric's windows; None when the buckets give fewer
-    than ``min_peers`` estimates (no reference, or a reference inside too few bounds)."""
+def _trend_of(e: _Estimates, members: list[tuple[str, dict[str, HistWindow], int]], cls: str,
+              trend: HistTrend, now_s: float, st: DetectorSettings, want: Set[str]) -> dict[str, WeightEvidence]:
+    """The trend targets of ``e``'s metric: on bucket windows with sums, those of the buckets'
+    estimates and of the means must agree (each node's higher target of the two: the buckets'
+    estimate is no exact measure on a distribution that is no lognormal, and a mean is moved by
+    a few long requests); bucketless windows have only the means."""
+    metric = e.signal.removesuffix(HIST_SIGNAL)
+    got = _trend_targets(e, f"{e.signal}|{cls}", trend, now_s, st, want)
+    if e.kind == "mean":
+        return got
+    rows = [(node, w, samples) for node, wins, samples in members
+            if node in e.rel and (w := wins.get(metric)) is not None]
+    means = _mean_estimates(e.signal, rows, st) if all(w.sum_s is not None for _, w, _ in rows) else None
+    if means is None:
+        return got
+    by_mean = _trend_targets(means, f"{e.signal}~mean|{cls}", trend, now_s, st, want)
+    out = {}
+    for node in got.keys() | by_mean.keys():
+        a, b = got.get(node), by_mean.get(node)
+        if a is not None and b is not None:
+            out[node] = a if a.target >= b.target else b
+        elif node in want and (ev := a if a is not None else b) is not None:
+            out[node] = ev       # the other has no estimate of it this window
+    return out
+
+
+def _lower(a: dict[str, WeightEvidence], b: Mapping[str, WeightEvidence]) -> dict[str, WeightEvidence]:
+    """Per node the evidence with the lower target (``a``'s on a tie)."""
+    out = dict(a)
+    for node, ev in b.items():
+        if node not in out or ev.target < out[node].target:
+            out[node] = ev
+    return out
+
+
+def _estimates(metric: str, members: list[tuple[str, dict[str, HistWindow], int]],
+               st: DetectorSettings) -> _Estimates | None:
+    """Each node's log slow-down against its class on ``metric`` (module docstring); None when
+    the buckets give fewer than ``min_peers`` estimates (no reference, or a reference inside
+    too few bounds). Bucketless windows (Triton's counters): :func:`_mean_estimates`."""
     signal = metric + HIST_SIGNAL
     rows = [(node, w, samples) for node, wins, samples in members
-            if (w := wins.get(metric)) is not None and w.bounds_s and w.requests >= st.min_samples]
+            if (w := wins.get(metric)) is not None and w.requests >= st.min_samples]
     bounds = _common_bounds(rows) if rows else ()
+    if rows and not bounds:
+        return _mean_estimates(signal, [r for r in rows if not r[1].bounds_s], st)
+    rows = [r for r in rows if r[1].bounds_s]
     others = [r for r in rows if r[1].bounds_s != bounds]
     rows = [r for r in rows if r[1].bounds_s == bounds]
     ref = reference([w for _, w, _ in rows]) if len(rows) >= st.min_peers else None
@@ -116,23 +178,64 @@ def _class_targets(metric: str, members: list[tuple[str, dict[str, HistWindow], 
         return None
     centre = median([lf for (lf, _), _ in est.values()])
     spread = log_spread([math.exp(lf - centre) for (lf, _), _ in est.values()])
-    floor = max(BAND_FLOOR, NOISE_K * spread)
-    ref_us = _ref_p50_us(ref.bounds_s, ref.cdf)
     # Nodes with other buckets (another server version): on the bounds they share with the
     # reference, against the same centre and band.
     for node, w, samples in others:
         if (e := _shift_on_shared(ref.bounds_s, ref.cdf, w)) is not None:
             est[node] = (e, samples)
+    return _Estimates(signal, {node: (lf - centre, se, samples) for node, ((lf, se), samples) in est.items()},
+                      spread, _ref_p50_us(ref.bounds_s, ref.cdf))
+
+
+def _mean_estimates(signal: str, rows: list[tuple[str, HistWindow, int]],
+                    st: DetectorSettings) -> _Estimates | None:
+    """Bucketless windows: each node's log mean against the peers' median log mean; a node's
+    standard error is the peers' robust spread of log means (windows of the class's median
+    request count), scaled by ``sqrt(median count / its count)`` (a mean of n requests)."""
+    logs = {node: (math.log(w.sum_s / w.observations), w.observations, samples)
+            for node, w, samples in rows if w.sum_s is not None and w.sum_s > 0}
+    if len(logs) < st.min_peers:
+        return None
+    centre = median([lm for lm, _, _ in logs.values()])
+    spread = log_spread([math.exp(lm - centre) for lm, _, _ in logs.values()])
+    n_mid = median([float(n) for _, n, _ in logs.values()])
+    return _Estimates(signal, {node: (lm - centre, spread * math.sqrt(n_mid / n), samples)
+                               for node, (lm, n, samples) in logs.items()},
+                      spread, math.exp(centre) * US_PER_S, "mean")
+
+
+def _window_targets(e: _Estimates, st: DetectorSettings, want: Set[str]) -> dict[str, WeightEvidence]:
+    """The targets of one window's estimates: a node is noise within ``NOISE_K`` times the
+    peers' spread and its own SE (and :data:`BAND_FLOOR`)."""
+    floor = max(BAND_FLOOR, NOISE_K * e.spread)
     out: dict[str, WeightEvidence] = {}
-    for node, ((lf, se), samples) in sorted(est.items()):
-        rel = lf - centre
+    for node, (rel, se, samples) in sorted(e.rel.items()):
         if rel <= floor and node not in want:
             continue
         band = math.exp(max(floor, NOISE_K * se))
-        value = ref_us * math.exp(rel)
-        out[node] = WeightEvidence(signal=signal, value=value, ref=ref_us, band=band,
-                                   target=target_weight(value, ref_us, band, st.min_weight),
-                                   samples=samples, peers=len(est))
+        value = e.ref_us * math.exp(rel)
+        out[node] = WeightEvidence(signal=e.signal, value=value, ref=e.ref_us, band=band,
+                                   target=target_weight(value, e.ref_us, band, st.min_weight),
+                                   samples=samples, peers=e.peers)
+    return out
+
+
+def _trend_targets(e: _Estimates, key: str, trend: HistTrend, now_s: float, st: DetectorSettings,
+                   want: Set[str]) -> dict[str, WeightEvidence]:
+    """``e`` recorded in ``trend``; the targets of the nodes' means over their windows of the
+    last ``max_sample_age_s`` (:func:`tailguard.core.judge.hist_trend.trend_noise`)."""
+    trend.record(key, now_s, st.max_sample_age_s, {n: (rel, se) for n, (rel, se, _) in e.rel.items()}, e.spread)
+    avgs = trend.averages(key, e.rel)
+    spread, window = peer_spread(avgs), trend.window_noise(key)
+    out: dict[str, WeightEvidence] = {}
+    for node, a in sorted(avgs.items()):
+        band = max(BAND_FLOOR, NOISE_K * trend_noise(a, spread, window))
+        if a.rel <= band and node not in want:
+            continue
+        value = e.ref_us * math.exp(a.rel)
+        out[node] = WeightEvidence(signal=e.signal, value=value, ref=e.ref_us, band=math.exp(band),
+                                   target=target_weight(value, e.ref_us, math.exp(band), st.min_weight),
+                                   samples=e.rel[node][2], peers=e.peers)
     return out
 
 

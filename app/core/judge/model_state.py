@@ -30,6 +30,7 @@ from typing import Any, Final
 from tailguard.core.contract.types import HealthState
 from tailguard.core.judge.health import PairState
 from tailguard.core.judge.hist_baselines import HistBaselines
+from tailguard.core.judge.hist_trend import HistTrend
 from tailguard.core.judge.liveness import Liveness
 from tailguard.core.judge.own_history import OwnBaselines
 from tailguard.core.judge.weights import WeightState
@@ -199,6 +200,8 @@ class ModelState:
     own: OwnBaselines = field(default_factory=OwnBaselines)
     # The same for histogram pairs: per metric, their CDFs at the bounds (tailguard.core.judge.hist_own).
     hist_own: HistBaselines = field(default_factory=HistBaselines)
+    # Histogram pairs' recent slow-down estimates, for their weights (tailguard.core.judge.hist_trend).
+    hist_trend: HistTrend = field(default_factory=HistTrend)
     # The threshold stage 1 counts fresh samples above (rules.judge_fresh_tail): the peers'
     # P99 with a margin, in the signal's units; None without one (few peers, several classes).
     tail_ref: float | None = None
@@ -222,6 +225,7 @@ class ModelState:
         self.live.drop(node)
         self.own.drop(node)
         self.hist_own.drop(node)
+        self.hist_trend.drop(node)
 
     def to_dict(self) -> dict[str, Any]:
         return {"version": SNAPSHOT_VERSION,
@@ -241,7 +245,8 @@ class ModelState:
                 "weights": self.weights.to_dict(),
                 "fleet_slow": dict(sorted(self.fleet_slow.items())),
                 "fleet_slow_signal": self.fleet_slow_signal,
-                **({"hist_own": self.hist_own.to_dict()} if self.hist_own.nodes else {})}
+                **({"hist_own": self.hist_own.to_dict()} if self.hist_own.nodes else {}),
+                **({"hist_trend": self.hist_trend.to_dict()} if self.hist_trend.spread else {})}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelState:
@@ -265,7 +270,8 @@ class ModelState:
                 weights=WeightState.from_dict(d["weights"]),
                 fleet_slow={str(k): float(v) for k, v in d["fleet_slow"].items()},
                 fleet_slow_signal=d["fleet_slow_signal"],
-                hist_own=HistBaselines.from_dict(d.get("hist_own", {})))
+                hist_own=HistBaselines.from_dict(d.get("hist_own", {})),
+                hist_trend=HistTrend.from_dict(d.get("hist_trend", {})))
         except KeyError as e:
             raise ValueError(f"model state snapshot (version {SNAPSHOT_VERSION}) lacks the "
                              f"field {e.args[0]!r}; cannot restore") from None

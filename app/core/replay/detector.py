@@ -21,7 +21,6 @@ restored from it produces the same future as the original.
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import operator
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager, nullcontext
@@ -32,7 +31,6 @@ from tailguard.core.contract.events import Event, Heartbeat
 from tailguard.core.contract.hist_event import HistogramBatch
 from tailguard.core.contract.types import ModelTick, NodeStatus, TickResult, Transition, WindowSummary
 from tailguard.core.judge.evaluate import FleetEvaluator
-from tailguard.core.window.pools import ModelPool
 from tailguard.core.window.window import POOL_SAMPLES_PER_SERIES, WindowStore
 
 SNAPSHOT_VERSION = 1
@@ -88,9 +86,11 @@ class Detector:
         self._digests = None
         ticks = []
         for m in models:
+            pool = pools.get(m)
+            fleet = pool.quantiles(FLEET_QUANTILES) if pool is not None else (None, None)
             with self.pause_collector():
-                ticks.append(_with_fleet_quantiles(
-                    ev.evaluate(m, groups.get(m, ()), now_s, with_statuses=with_statuses), pools))
+                ticks.append(ev.evaluate(m, groups.get(m, ()), now_s, with_statuses=with_statuses,
+                                         fleet_latency_us=(fleet[0], fleet[1])))
         for t in ticks:
             self._last[t.model] = t
         return TickResult(ts=now_s, models=tuple(ticks))
@@ -133,14 +133,6 @@ class Detector:
         self.store.restore(data["store"])
         self.evaluator.restore(dict(data["evaluator"]))
         self._last = {}
-
-
-def _with_fleet_quantiles(tick: ModelTick, pools: Mapping[str, ModelPool]) -> ModelTick:
-    pool = pools.get(tick.model)
-    if pool is None:
-        return tick
-    p50, p99 = pool.quantiles(FLEET_QUANTILES)
-    return dataclasses.replace(tick, fleet_latency_p50_us=p50, fleet_latency_p99_us=p99)
 
 
 def _by_model(summaries: list[WindowSummary]) -> dict[str, list[WindowSummary]]:

@@ -116,6 +116,9 @@ def pass1(ch: Slab, now_s: float, age_lo: float,
             ch.lat_lo[unproven] = _rows(lat, unproven).min(axis=1)
         clean = full & (ch.ts_lo > age_lo) & (ch.ts_hi <= now_s) & (ch.lat_lo > 0)
         dirty = np.flatnonzero(used & ~clean)
+        if dirty.size == 0:                 # every used row clean (most slabs, most ticks)
+            none = np.zeros((0, ch.cap), dtype=bool)
+            return Pass1(ch, clean, dirty, none, none, np.where(clean, ch.cap, 0), since_row, bool(since))
         sub_ts, sub_lat = _rows(ts, dirty), _rows(lat, dirty)
         base_d = ch.base_us[dirty]
         to_now = tc.after(base_d, now_s)[:, None]

@@ -39,9 +39,13 @@ class RingTiers:
         self.caps: tuple[int, ...] = tuple(caps)
         #: ``{(cap, sized): slabs}`` — read-only outside this class.
         self.slabs_by_tier: dict[tuple[int, bool], list[Slab]] = {}
+        #: Bumped whenever a row is taken or freed (rings placed, moved, released, repacked):
+        #: while it stands, every used row holds the same series as before.
+        self.layout = 0
 
     def clear(self) -> None:
         self.slabs_by_tier.clear()
+        self.layout += 1
 
     def nbytes(self) -> int:
         """Bytes held by the slabs (every row, used or free)."""
@@ -82,6 +86,7 @@ class RingTiers:
                     at, left, rows = at + k, left - k, rows[k:]
             freed += sum(ch.rows for ch in chunks) - sum(ch.rows for ch in new)
             self.slabs_by_tier[key] = new
+            self.layout += 1
         return freed
 
     @staticmethod
@@ -92,6 +97,7 @@ class RingTiers:
     def release(self, ch: Slab, row: int) -> None:
         """Free ``row`` of ``ch``; drop ``ch`` from its tier once it holds no ring."""
         ch.release(row)
+        self.layout += 1
         if ch.used == 0:  # series outgrow small tiers: give their slabs back
             self.slabs_by_tier[(ch.cap, ch.sized)].remove(ch)
 
@@ -106,6 +112,7 @@ class RingTiers:
             ch = Slab(cap, rows, sized)
             chunks.append(ch)
         row = ch.free.pop()
+        self.layout += 1
         ch.series[row] = s
         ch.midx[row] = s.midx
         ch.used += 1

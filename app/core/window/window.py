@@ -22,6 +22,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Final
@@ -38,7 +39,7 @@ from tailguard.core.window.passes import FRESH_TAIL_MAX_SAMPLES
 from tailguard.core.window.pools import ModelPool, build_pools
 from tailguard.core.window.rings import F64, RESTART_CONFIRM_SIGNS, SeriesKey, SeriesRecord
 from tailguard.core.window.signals import ModelChoice
-from tailguard.core.window.summarize import summarize
+from tailguard.core.window.summarize import SummaryOrder, summarize
 from tailguard.core.window.tiers import RingTiers
 
 __all__ = ["FRESH_TAIL_MAX_SAMPLES", "POOL_SAMPLES_PER_SERIES", "RESTART_CONFIRM_SIGNS", "SNAPSHOT_VERSION",
@@ -62,6 +63,9 @@ class WindowStore:
         self._models: dict[str, int] = {}
         self._model_names: list[str] = []
         self._hists = HistWindows(settings)     # histogram pairs' intervals (tailguard.core.window.hist_window)
+        self._order = SummaryOrder()            # the rows' (model, node_id) order, kept by layout
+        # At most every series' last_seen_ts (which only grows); -inf when not known.
+        self._seen_floor = -math.inf
 
     # ------------------------------------------------------------ bookkeeping
 
@@ -89,6 +93,7 @@ class WindowStore:
                 midx = self._models[model] = len(self._model_names)
                 self._model_names.append(model)
             s = self._series[(node_id, model)] = SeriesRecord(node_id, model, midx)
+            self._seen_floor = -math.inf
         return s
 
     def forget(self, node_id: str, model: str) -> bool:
@@ -109,8 +114,20 @@ class WindowStore:
         as are left (a flood's ids forgotten), the store is compacted (:meth:`compact`).
         Returns the forgotten keys (sorted).
         """
-        gone = sorted(k for k, s in self._series.items()
-                      if s.last_seen_ts is not None and s.last_seen_ts < before_s)
+        if before_s <= self._seen_floor:        # no series last seen before it (most ticks)
+            return []
+        gone: list[SeriesKey] = []
+        floor = math.inf
+        for k, s in self._series.items():
+            t = s.last_seen_ts
+            if t is None:
+                floor = -math.inf
+            elif t < before_s:
+                gone.append(k)
+            elif t < floor:
+                floor = t
+        self._seen_floor = floor
+        gone.sort()
         for node, model in gone:
             self.forget(node, model)
         if gone and len(gone) >= len(self._series):
@@ -261,7 +278,8 @@ class WindowStore:
         """
         out = summarize(self.tiers.used_slabs(), self._series, self._model_names, self.settings, now_s,
                         judge_since=judge_since, out_of_fit=out_of_fit, digests=digests, tail_refs=tail_refs,
-                        choices=choices, evidence=evidence, pause=self.pause_collector)
+                        choices=choices, evidence=evidence, pause=self.pause_collector,
+                        order=(self._order, self.tiers.layout))
         hists = self._hists
         for i, sm in enumerate(out if hists.keys() else ()):     # no look per series without them
             key = (sm.node_id, sm.model)
@@ -394,6 +412,7 @@ class WindowStore:
             s.first_seen_ts, s.last_seen_ts = first, last
             s.requests, s.failures = counts
             s.instance, s.instance_ts, s.resumed_ts, s.signs, s.gap_s = life
+        self._seen_floor = -math.inf
 
 
 def _column(item: Mapping[str, Any], key: str) -> F64 | None:
