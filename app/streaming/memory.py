@@ -12,7 +12,8 @@ over (:func:`give_back_soon`); elsewhere than glibc the trim is skipped; on jema
 (:mod:`tailguard.streaming.allocator`) its freed pages are purged too. What still refers to the
 dropped data then (the last tick's summaries, the operator edge's history) lets go
 within a few ticks, so the next :data:`GIVE_BACK_TICKS` ticks (:func:`after_tick`,
-called by stage 1's tick) give back again. The heap is the process's: the state
+called by stage 1's tick) give back again; on jemalloc every :data:`PURGE_EVERY_TICKS`-th
+tick purges its freed pages, which it otherwise keeps mapped. The heap is the process's: the state
 here is too.
 """
 
@@ -30,7 +31,12 @@ GIVE_BACK_MIN: Final = 1000
 #: Ticks after a give-back that give back again.
 GIVE_BACK_TICKS: Final = 5
 
+#: On jemalloc, freed pages go back every this many ticks too: the worker keeps them
+#: mapped between give-backs (:data:`tailguard.streaming.allocator.MALLOC_CONF`).
+PURGE_EVERY_TICKS: Final = 10
+
 _again = 0          # ticks left that give back again
+_ticks = 0
 
 _LIBC: Any = None
 
@@ -51,11 +57,15 @@ def give_back_soon() -> None:
 
 
 def after_tick() -> None:
-    """Give back again if a give-back was asked for within the last ticks."""
-    global _again
+    """Give back again if a give-back was asked for within the last ticks; on jemalloc,
+    purge its freed pages every :data:`PURGE_EVERY_TICKS` ticks."""
+    global _again, _ticks
+    _ticks += 1
     if _again > 0:
         _again -= 1
         _collect_and_trim()
+    elif _ticks % PURGE_EVERY_TICKS == 0:
+        allocator.purge()
 
 
 def _collect_and_trim() -> None:

@@ -116,9 +116,10 @@ async def produce(kafka: str, topic: str, paths: list[Path], port: int,
             await next_tick(port, poll)
         t0 = time.monotonic()
         with path.open("rb") as f:
-            await asyncio.to_thread(subprocess.run, [
+            out = await asyncio.to_thread(subprocess.run, [
                 "kcat", "-P", "-b", kafka, "-t", topic, "-K", "\t", "-z", "lz4"],
-                stdin=f, check=True, timeout=120)
+                stdin=f, capture_output=True, timeout=120)
+        assert out.returncode == 0, f"kcat, wave {k + 1}: {out.stderr.decode(errors='replace')[-2000:]}"
         produced_s += time.monotonic() - t0
     return produced_s
 

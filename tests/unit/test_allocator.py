@@ -106,3 +106,19 @@ def test_the_program_reexecutes_itself_on_jemalloc_with_the_same_pid_and_purges(
     assert first.split()[1] == second.split()[1] == third.split()[1], out.stdout   # exec: same pid
     peak, after = map(int, third.split()[3:5])
     assert after < peak / 3, out.stdout          # freed small objects went back to the system
+
+
+def test_jemalloc_pages_are_purged_every_few_ticks_and_at_each_give_back(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from tailguard.streaming import memory
+
+    purges: list[int] = []
+    monkeypatch.setattr(allocator, "purge", lambda: purges.append(1))
+    monkeypatch.setattr(memory, "_again", 0)
+    for _ in range(2 * memory.PURGE_EVERY_TICKS):
+        memory.after_tick()
+    assert len(purges) == 2
+    memory.give_back()                  # now, and at each of the next GIVE_BACK_TICKS ticks
+    for _ in range(memory.GIVE_BACK_TICKS):
+        memory.after_tick()
+    assert len(purges) == 3 + memory.GIVE_BACK_TICKS

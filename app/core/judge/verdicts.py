@@ -52,7 +52,6 @@ from tailguard.core.judge.rules import (
     p50_over,
     quiet_below,
     record_rates,
-    record_rates_of,
     tail_support_samples,
 )
 
@@ -143,10 +142,12 @@ def _judge_quiet_class(st: DetectorSettings, ms: ModelState, ps: PeerSet, pn: Pe
         for peer in itertools.compress(ps.rows(), map(operator.not_, quiet)):
             out.abnormal += _judge_peer(st, ms, peer, pn.window, pn.fresh, lim, errs,
                                         now_s, None, base_p50, base_ratio, out)
-        record_rates_of(ms.rate_per_s, list(itertools.compress(ps.nodes, quiet)),
-                        list(itertools.compress(ps.summaries, quiet)), now_s, st)
+        record_rates(ms.rate_per_s, zip(itertools.compress(ps.nodes, quiet),
+                                        itertools.compress(ps.summaries, quiet), strict=True),
+                     now_s, st)
     else:
-        record_rates_of(ms.rate_per_s, ps.nodes, ps.summaries, now_s, st)
+        record_rates(ms.rate_per_s, zip(ps.nodes, ps.summaries, strict=True), now_s,
+                     st)
     normal = health.NORMAL
     for node in ps.unsettled:
         if node not in more:
