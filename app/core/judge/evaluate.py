@@ -223,7 +223,7 @@ class FleetEvaluator:
 
         adm = admission_norms(ms, peers, by_node, norms, signal, now_s, st)
         judge_probes(st, ms, by_node, norms, errors, now_s, verdicts.judgements, own_p50, signal,
-                           adm)
+                     adm, pn.fresh)
         if hist is not None:
             hist.judge_rounds(ms.pairs, by_node, errors.judgements, now_s, verdicts.judgements)
         candidates = self._step_pairs(ms, verdicts.judgements, now_s, transitions)

@@ -195,12 +195,16 @@ def judge_fresh_tail(s: WindowSummary, st: DetectorSettings,
                      f"peers' P99 ({k / n:.1%}; p = {p_value:.1e} for a healthy node)")
 
 
-def judge_probe(s: WindowSummary, norms: Norms, st: DetectorSettings) -> Judgement:
+def judge_probe(s: WindowSummary, norms: Norms, st: DetectorSettings,
+                fresh: Norms | None = None) -> Judgement:
     """A quarantined pair's probe round: its samples since the round began, by the same
     rules against the current peers, the fresh-tail rule included (no verdict below
-    ``probe_min_samples``)."""
+    ``probe_min_samples``), and the fresh P50 rule when ``fresh`` (the peers' fresh P50
+    references) is given: when the fleet has just got faster together (a peak over), the
+    peers' window P50s still hold the slow samples, and a node still 3x slower than its
+    peers passed against them (docs/rules.md, probes)."""
     need = st.probe_min_samples
-    lim = limits(norms, None, s.hardware, st)
+    lim = limits(norms, fresh, s.hardware, st)
     if s.samples >= need and s.p50 is not None and s.p99 is not None and s.p50 > 0:
         p50, p99, n = s.p50, s.p99, s.samples
         j = judge(s, p50, p99 / p50, n, norms, st, p99, lim=lim)
