@@ -4,8 +4,7 @@
   and the slow baseline's medians (``update_baseline``), bit for bit;
 * :func:`tailguard.core.judge.rules.quiet_below` clears a class only when ``judge`` finds every one of
   its peers normal with no onset severity, and clears one pair only when ``judge`` does;
-* :func:`tailguard.core.judge.rules.record_rates` records the rates ``new_fraction`` records, and
-  ``record_rates_of`` (by columns) those ``record_rates`` records, in the same order;
+* :func:`tailguard.core.judge.rules.record_rates` records the rates ``new_fraction`` records;
 * :func:`tailguard.core.judge.request_rules.error_judgements` pools each pair's requests from
   the newest past tick with enough of them, as a scan of every tick in reach finds it.
 """
@@ -33,7 +32,7 @@ from tailguard.core.judge.peers import (
     window_norms,
 )
 from tailguard.core.judge.request_rules import error_judgements, pool_ticks
-from tailguard.core.judge.rules import judge, new_fraction, quiet_below, record_rates, record_rates_of
+from tailguard.core.judge.rules import judge, new_fraction, quiet_below, record_rates
 
 NOW = 1_000_000.0
 
@@ -124,23 +123,6 @@ def test_record_rates_records_what_new_fraction_records(ws: list[WindowSummary],
         new_fraction(a, {}, s.node_id, s, NOW, st_)
     record_rates(b, ((s.node_id, s) for s in ws), NOW, st_)
     assert repr(sorted(a.items())) == repr(sorted(b.items()))
-
-
-@settings(max_examples=200, deadline=None)
-@given(windows(), st.sampled_from([{}, {"n00": 50.0, "n01": 0.5, "n02": 1e9}]), st.booleans())
-def test_record_rates_of_records_what_record_rates_records(ws: list[WindowSummary],
-                                                          before: dict[str, float],
-                                                          plain: bool) -> None:
-    """``plain``: no extras, first seen before the age bound or unknown, some windows empty
-    (the columns' path); otherwise mostly the pair-by-pair fallback."""
-    st_ = DetectorSettings()
-    if plain:
-        ws = [s._replace(extra={}, first_seen_ts=None if i % 3 == 0 else 0.0,
-                         samples=0 if i % 7 == 3 else s.samples) for i, s in enumerate(ws)]
-    a, b = dict(before), dict(before)
-    record_rates(a, ((s.node_id, s) for s in ws), NOW, st_)
-    record_rates_of(b, [s.node_id for s in ws], ws, NOW, st_)
-    assert repr(list(a.items())) == repr(list(b.items()))
 
 
 def test_peer_set_is_the_peers() -> None:

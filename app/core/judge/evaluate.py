@@ -21,7 +21,6 @@ Rationale: docs/rules.md.
 from __future__ import annotations
 
 import dataclasses
-import operator
 from collections.abc import Iterable, Mapping
 from functools import partial
 from typing import Any
@@ -59,7 +58,6 @@ from tailguard.core.judge.rules import FRESH_TAIL_MARGIN
 from tailguard.core.judge.verdicts import Verdicts, judge_peers, judge_probes, judge_thin_failing
 from tailguard.core.judge.weights import NO_WEIGHTS, WeightTick, weigh_model, weigh_statuses
 
-_NODE_ID = operator.attrgetter("node_id")
 # Per-pair own baselines are kept for models with at most this many peers (a model may shrink
 # below min_peers); larger models skip the cost.
 OWN_HISTORY_MAX_PEERS = 16
@@ -166,9 +164,7 @@ class FleetEvaluator:
         ms = self._models.get(model)
         if ms is None:
             ms = self._models[model] = ModelState()
-        if not isinstance(summaries, list | tuple):
-            summaries = list(summaries)
-        by_node: dict[str, WindowSummary] = dict(zip(map(_NODE_ID, summaries), summaries, strict=True))
+        by_node: dict[str, WindowSummary] = {s.node_id: s for s in summaries}
         transitions: list[Transition] = []
         if st.forget_after_s > 0:
             self._forget_retired(model, ms, by_node, now_s, transitions)
@@ -227,7 +223,7 @@ class FleetEvaluator:
 
         adm = admission_norms(ms, peers, by_node, norms, signal, now_s, st)
         judge_probes(st, ms, by_node, norms, errors, now_s, verdicts.judgements, own_p50, signal,
-                           adm)
+                     adm, pn.fresh)
         if hist is not None:
             hist.judge_rounds(ms.pairs, by_node, errors.judgements, now_s, verdicts.judgements)
         candidates = self._step_pairs(ms, verdicts.judgements, now_s, transitions)

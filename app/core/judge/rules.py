@@ -21,8 +21,7 @@ Rationale: docs/rules.md.
 from __future__ import annotations
 
 import math
-import operator
-from collections.abc import Iterable, Mapping, MutableMapping, Sequence
+from collections.abc import Iterable, Mapping, MutableMapping
 
 from tailguard.core.contract.config import DetectorSettings
 from tailguard.core.contract.types import Reason, WindowSummary
@@ -196,12 +195,16 @@ def judge_fresh_tail(s: WindowSummary, st: DetectorSettings,
                      f"peers' P99 ({k / n:.1%}; p = {p_value:.1e} for a healthy node)")
 
 
-def judge_probe(s: WindowSummary, norms: Norms, st: DetectorSettings) -> Judgement:
+def judge_probe(s: WindowSummary, norms: Norms, st: DetectorSettings,
+                fresh: Norms | None = None) -> Judgement:
     """A quarantined pair's probe round: its samples since the round began, by the same
     rules against the current peers, the fresh-tail rule included (no verdict below
-    ``probe_min_samples``)."""
+    ``probe_min_samples``), and the fresh P50 rule when ``fresh`` (the peers' fresh P50
+    references) is given: when the fleet has just got faster together (a peak over), the
+    peers' window P50s still hold the slow samples, and a node still 3x slower than its
+    peers passed against them (docs/rules.md, probes)."""
     need = st.probe_min_samples
-    lim = limits(norms, None, s.hardware, st)
+    lim = limits(norms, fresh, s.hardware, st)
     if s.samples >= need and s.p50 is not None and s.p99 is not None and s.p50 > 0:
         p50, p99, n = s.p50, s.p99, s.samples
         j = judge(s, p50, p99 / p50, n, norms, st, p99, lim=lim)
@@ -307,33 +310,4 @@ def record_rates(rate_per_s: MutableMapping[str, float],
         rate = samples / bound_s
         if samples > half and get(node, 0.0) >= rate:
             continue                       # the rate kept is the one recorded (or equal)
-        rate_per_s[node] = rate
-
-
-_EXTRA = operator.attrgetter("extra")
-_FIRST_SEEN = operator.attrgetter("first_seen_ts")
-_SAMPLES = operator.attrgetter("samples")
-
-
-def record_rates_of(rate_per_s: MutableMapping[str, float], nodes: Sequence[str],
-                    sums: Sequence[WindowSummary], now_s: float, st: DetectorSettings) -> None:
-    """:func:`record_rates` of ``zip(nodes, sums)``, the same rates: when every window is
-    bounded by the age bound alone (no extras, first seen before it: most ticks of a model),
-    found by columns, the loop left with the sample counts and the rates kept."""
-    lo0 = now_s - st.max_sample_age_s
-    firsts = [f for f in map(_FIRST_SEEN, sums) if f is not None]
-    if any(map(_EXTRA, sums)) or not all(map(lo0.__ge__, firsts)):
-        record_rates(rate_per_s, zip(nodes, sums, strict=True), now_s, st)
-        return
-    bound0_s = now_s - lo0
-    if bound0_s <= 0:
-        return
-    half = st.window_size / 2
-    get = rate_per_s.get
-    for node, samples in zip(nodes, map(_SAMPLES, sums), strict=True):
-        if samples <= 0:
-            continue
-        rate = samples / bound0_s
-        if samples > half and get(node, 0.0) >= rate:
-            continue
         rate_per_s[node] = rate

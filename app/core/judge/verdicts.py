@@ -52,7 +52,6 @@ from tailguard.core.judge.rules import (
     p50_over,
     quiet_below,
     record_rates,
-    record_rates_of,
     tail_support_samples,
 )
 
@@ -143,10 +142,12 @@ def _judge_quiet_class(st: DetectorSettings, ms: ModelState, ps: PeerSet, pn: Pe
         for peer in itertools.compress(ps.rows(), map(operator.not_, quiet)):
             out.abnormal += _judge_peer(st, ms, peer, pn.window, pn.fresh, lim, errs,
                                         now_s, None, base_p50, base_ratio, out)
-        record_rates_of(ms.rate_per_s, list(itertools.compress(ps.nodes, quiet)),
-                        list(itertools.compress(ps.summaries, quiet)), now_s, st)
+        record_rates(ms.rate_per_s, zip(itertools.compress(ps.nodes, quiet),
+                                        itertools.compress(ps.summaries, quiet), strict=True),
+                     now_s, st)
     else:
-        record_rates_of(ms.rate_per_s, ps.nodes, ps.summaries, now_s, st)
+        record_rates(ms.rate_per_s, zip(ps.nodes, ps.summaries, strict=True), now_s,
+                     st)
     normal = health.NORMAL
     for node in ps.unsettled:
         if node not in more:
@@ -233,9 +234,10 @@ def judge_thin_failing(ms: ModelState, peers: PeerSet, errors: ErrorReport,
 def judge_probes(st: DetectorSettings, ms: ModelState, by_node: dict[str, WindowSummary], norms: Norms,
                   errors: ErrorReport, now_s: float, judgements: dict[str, Judgement],
                   own_p50: Mapping[str, float] | None, signal: str | None,
-                  adm_norms: AdmissionNorms) -> None:
+                  adm_norms: AdmissionNorms, fresh: Norms | None = None) -> None:
     """Quarantined pairs whose back-off has passed: judge the probe round (below
-    min_peers, also against the pair's own history; in the peers' units only). New
+    min_peers, also against the pair's own history; in the peers' units only; ``fresh``:
+    the peers' fresh P50 references, for the fresh P50 rule). New
     pairs past warm-up: judge their admission (:mod:`tailguard.core.judge.admission`)."""
     pairs = ms.pairs
     for node in pairs.in_order(pairs.rare):   # healthy routed pairs are neither
@@ -253,7 +255,8 @@ def judge_probes(st: DetectorSettings, ms: ModelState, by_node: dict[str, Window
             cold = not norms.enough_peers and adm_norms.signal in (None, qs.signal)
             j = errors.judgements.get(node) or (
                 judge_admission(p, qs, adm_norms, now_s, st) if new
-                else judge_probe(qs, adm_norms.norms if cold else norms, st))
+                else judge_probe(qs, adm_norms.norms if cold else norms, st,
+                                 None if cold else fresh))
             ev = j.evidence
             if (own_p50 is not None and j.verdict is Verdict.NORMAL and ev is not None
                     and ev.p50 is not None and ev.ratio is not None):

@@ -70,16 +70,6 @@ _NONE2: Final[tuple[None, None]] = (None, None)
 _summary_order: Final = operator.attrgetter("model", "node_id")
 # tuple.__new__ of the fields in order, with no Python frame per series (WindowSummary._make has one).
 _make_summary: Final = functools.partial(tuple.__new__, WindowSummary)
-_node_id_of: Final = operator.attrgetter("node_id")
-_model_of: Final = operator.attrgetter("model")
-_hardware_of: Final = operator.attrgetter("hardware")
-_first_seen_of: Final = operator.attrgetter("first_seen_ts")
-_last_seen_of: Final = operator.attrgetter("last_seen_ts")
-_requests_of: Final = operator.attrgetter("requests")
-_failures_of: Final = operator.attrgetter("failures")
-_instance_ts_of: Final = operator.attrgetter("instance_ts")
-_resumed_ts_of: Final = operator.attrgetter("resumed_ts")
-_failed_of: Final = operator.attrgetter("failed")
 
 
 class SummaryOrder:
@@ -430,8 +420,8 @@ def _build(parts: Sequence[tuple[Slab, Pass1, Stats]], plans: list[ModelPlan],
     signals = signal_of[midx]
     signals[raw_fb] = sig.LATENCY
     cols: dict[str, Iterable[Any]] = {
-        "node_id": list(map(_node_id_of, ser)),
-        "model": list(map(_model_of, ser)),
+        "node_id": [sr.node_id for sr in ser],
+        "model": [sr.model for sr in ser],
         "tick_ts": repeat(now_s),
         "signal": signals.tolist(),
         "samples": n_sig.tolist(),
@@ -439,20 +429,20 @@ def _build(parts: Sequence[tuple[Slab, Pass1, Stats]], plans: list[ModelPlan],
         "p99": _optional(q_sig[:, 1], no_sig),
         "latency_p50_us": _optional(q_lat[:, 0], no_lat),
         "latency_p99_us": _optional(q_lat[:, 1], no_lat),
-        "failed": _failed_column(ser, age_lo, now_s),
-        "hardware": list(map(_hardware_of, ser)),
-        "first_seen_ts": list(map(_first_seen_of, ser)),
-        "last_seen_ts": list(map(_last_seen_of, ser)),
+        "failed": [_failed_in(sr.failed, age_lo, now_s) if sr.failed else 0 for sr in ser],
+        "hardware": [sr.hardware for sr in ser],
+        "first_seen_ts": [sr.first_seen_ts for sr in ser],
+        "last_seen_ts": [sr.last_seen_ts for sr in ser],
         "probe_samples": cat(cs.n_probe for _, _, cs in parts).tolist(),
         "probe_p50": probe_p50,
         "probe_p99": probe_p99,
         "extra": extras,
         "fresh_samples": n_fresh.tolist(),
         "fresh_p50": _optional(q_fresh, np.isnan(q_fresh)),
-        "requests_total": list(map(_requests_of, ser)),
-        "failed_total": list(map(_failures_of, ser)),
-        "instance_ts": list(map(_instance_ts_of, ser)),
-        "resumed_ts": list(map(_resumed_ts_of, ser)),
+        "requests_total": [sr.requests for sr in ser],
+        "failed_total": [sr.failures for sr in ser],
+        "instance_ts": [sr.instance_ts for sr in ser],
+        "resumed_ts": [sr.resumed_ts for sr in ser],
         "fresh_over": _optional(n_over, n_over < 0),
     }
     # repeat() columns are endless; every list column has one entry per series.
@@ -462,14 +452,6 @@ def _build(parts: Sequence[tuple[Slab, Pass1, Stats]], plans: list[ModelPlan],
 
 
 
-
-
-def _failed_column(ser: list[SeriesRecord], age_lo: float, now_s: float) -> Iterable[int]:
-    """Each series' failed requests in the age bound (endless zeros when none has any)."""
-    failed = list(map(_failed_of, ser))
-    if not any(failed):
-        return repeat(0)
-    return [_failed_in(f, age_lo, now_s) if f else 0 for f in failed]
 
 
 def _failed_in(failed: dict[int, int], age_lo: float, now_s: float) -> int:
