@@ -109,4 +109,4 @@ def judge_admission(p: PairState, s: WindowSummary, ref: AdmissionNorms, now_s: 
              else Norms(False, None, {}, False, st.ratio_threshold))
     # Tail rules only on a window whose P99 rests on enough samples, as for the peers.
     j = judge(s, p50, p99 / p50, n, norms, st, p99, tail=n >= tail_support_samples(st))
-    return normal_with_evidence(j, s, p50, p99, n, norms, str(Reason.ADMITTED))
+    return normal_with_evidence(j, s, p50, p99, n, norms, Reason.ADMITTED.value)

@@ -377,7 +377,7 @@ class FleetEvaluator:
             by_node.pop(node, None)
             transitions.append(Transition(
                 ts=now_s, node_id=node, model=model, from_state=HealthState.RETIRED,
-                to_state=HealthState.UNKNOWN, routed=False, reason=str(Reason.FORGOTTEN),
+                to_state=HealthState.UNKNOWN, routed=False, reason=Reason.FORGOTTEN.value,
                 hardware=p.hardware, from_since_ts=p.since_ts, detail=(
                     f"retired at {utc_text(p.since_ts)}, no sample or heartbeat for {now_s - last:.0f} s "
                     f"(forget_after_s={self.settings.forget_after_s:g})")))

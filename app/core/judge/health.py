@@ -179,7 +179,7 @@ def first_seen(node_id: str, model: str, first_seen_ts: float, now_s: float,
     """unknown → warming, out of routing until admitted (see :func:`step`)."""
     first = min(first_seen_ts, now_s)
     new = PairState(node_id=node_id, model=model, state=HealthState.WARMING, since_ts=now_s,
-                    first_seen_ts=first, reason=str(Reason.FIRST_SEEN), routed=False,
+                    first_seen_ts=first, reason=Reason.FIRST_SEEN.value, routed=False,
                     hardware=hardware, admitted=False)
     unknown = dataclasses.replace(new, state=HealthState.UNKNOWN, since_ts=first)
     return new, _transition(unknown, new, now_s, None, detail=(
@@ -202,7 +202,7 @@ def step(state: PairState, j: Judgement, now_s: float,
             return _step_admitting(state, j, now_s, settings)
         if now_s >= warmup_end(state, settings):
             new = dataclasses.replace(state, state=HealthState.HEALTHY, since_ts=now_s,
-                                      reason=str(Reason.WARMUP_DONE), abnormal_streak=0,
+                                      reason=Reason.WARMUP_DONE.value, abnormal_streak=0,
                                       judge_since_ts=warmup_end(state, settings))
             return new, _transition(state, new, now_s, j.evidence)
         return state, None
@@ -210,11 +210,11 @@ def step(state: PairState, j: Judgement, now_s: float,
         if not state.routed:
             probe_after = (state.quarantined_at or now_s) + backoff_s(state.ejections, 0, settings)
             new = dataclasses.replace(state, state=HealthState.QUARANTINED, since_ts=now_s,
-                                      reason=str(Reason.QUARANTINE), probe_after_ts=probe_after)
+                                      reason=Reason.QUARANTINE.value, probe_after_ts=probe_after)
             return new, _transition(state, new, now_s, state.evidence,
                                     detail=f"probe after {utc_text(probe_after)}")
         if j.verdict is Verdict.NORMAL:
-            return _recover(state, j, now_s, str(Reason.NORMAL))
+            return _recover(state, j, now_s, Reason.NORMAL.value)
         if j.verdict is Verdict.ABNORMAL:
             return _abnormal(state, j, state.abnormal_streak + 1), None
         return state, None
@@ -233,7 +233,7 @@ def _step_admitting(state: PairState, j: Judgement, now_s: float,
         return _abnormal(state, j, state.abnormal_streak + j.windows), None
     samples = j.evidence.samples if j.evidence is not None else 0
     new = dataclasses.replace(state, state=HealthState.HEALTHY, since_ts=now_s,
-                              reason=str(Reason.ADMITTED), routed=True, admitted=True,
+                              reason=Reason.ADMITTED.value, routed=True, admitted=True,
                               abnormal_streak=0, judge_since_ts=warmup_end(state, settings),
                               fault=None, severity=0.0, evidence=j.evidence or state.evidence)
     return new, _transition(state, new, now_s, j.evidence, detail=(
@@ -251,7 +251,7 @@ def _step_routed(state: PairState, j: Judgement, now_s: float,
             if state.abnormal_streak == 0:
                 return state, None
             return dataclasses.replace(state, abnormal_streak=0), None
-        return _recover(state, j, now_s, str(Reason.NORMAL))
+        return _recover(state, j, now_s, Reason.NORMAL.value)
     streak = state.abnormal_streak + j.windows
     if state.state is HealthState.HEALTHY and streak < settings.confirm_windows:
         new = _abnormal(state, j, streak)
@@ -279,7 +279,7 @@ def _step_quarantined(state: PairState, j: Judgement, now_s: float,
         return state, None
     if j.verdict is Verdict.NORMAL:
         new = dataclasses.replace(state, state=HealthState.HEALTHY, since_ts=now_s,
-                                  reason=str(Reason.PROBE_PASSED), routed=True, admitted=True,
+                                  reason=Reason.PROBE_PASSED.value, routed=True, admitted=True,
                                   abnormal_streak=0,
                                   failed_probe_rounds=0, quarantined_at=None, probe_after_ts=None,
                                   fault=None, severity=0.0, evidence=j.evidence)
@@ -288,14 +288,14 @@ def _step_quarantined(state: PairState, j: Judgement, now_s: float,
     failed = state.failed_probe_rounds + 1
     if failed >= settings.retire_after_failed_probes:
         new = dataclasses.replace(state, state=HealthState.RETIRED, since_ts=now_s,
-                                  reason=str(Reason.TOO_MANY_PROBE_FAILURES),
+                                  reason=Reason.TOO_MANY_PROBE_FAILURES.value,
                                   failed_probe_rounds=failed, probe_after_ts=None,
                                   evidence=j.evidence or state.evidence)
         return new, _transition(state, new, now_s, j.evidence,
                                 detail=f"{failed} failed probe rounds ({j.reason})")
     probe_after = now_s + backoff_s(state.ejections, failed, settings)
     # The next round starts when its back-off has passed: it is judged on its own samples only.
-    new = dataclasses.replace(state, since_ts=now_s, reason=str(Reason.PROBE_FAILED),
+    new = dataclasses.replace(state, since_ts=now_s, reason=Reason.PROBE_FAILED.value,
                               failed_probe_rounds=failed, judge_since_ts=probe_after,
                               probe_after_ts=probe_after, fault=j.reason,
                               evidence=j.evidence or state.evidence)
@@ -323,7 +323,7 @@ def eject(state: PairState, now_s: float, settings: DetectorSettings) -> tuple[P
     """
     probe_after = now_s + backoff_s(state.ejections + 1, 0, settings)
     new = dataclasses.replace(state, state=HealthState.UNHEALTHY, since_ts=now_s,
-                              reason=state.fault or str(Reason.CONFIRMED), routed=False,
+                              reason=state.fault or Reason.CONFIRMED.value, routed=False,
                               ejections=state.ejections + 1, failed_probe_rounds=0,
                               quarantined_at=now_s, judge_since_ts=probe_after, abnormal_streak=0,
                               probe_after_ts=probe_after)
@@ -337,7 +337,7 @@ def keep_in(state: PairState, now_s: float, detail: str) -> tuple[PairState, Tra
     if state.state is HealthState.UNHEALTHY and state.routed:
         return state, None
     new = dataclasses.replace(state, state=HealthState.UNHEALTHY, since_ts=now_s,
-                              reason=str(Reason.EJECTION_CAP), routed=True)
+                              reason=Reason.EJECTION_CAP.value, routed=True)
     return new, _transition(state, new, now_s, state.evidence, detail=detail)
 
 
@@ -384,11 +384,11 @@ def diagnostics(state: PairState, recoverable: bool,
         return state, None
     if not recoverable:
         new = dataclasses.replace(state, state=HealthState.RETIRED, since_ts=now_s,
-                                  reason=str(Reason.DIAGNOSTICS_UNRECOVERABLE), probe_after_ts=None)
+                                  reason=Reason.DIAGNOSTICS_UNRECOVERABLE.value, probe_after_ts=None)
         return new, _transition(state, new, now_s, state.evidence)
     if state.state is HealthState.UNHEALTHY:
         new = dataclasses.replace(state, state=HealthState.QUARANTINED, since_ts=now_s,
-                                  reason=str(Reason.DIAGNOSTICS_RECOVERABLE))
+                                  reason=Reason.DIAGNOSTICS_RECOVERABLE.value)
         return new, _transition(state, new, now_s, state.evidence,
                                 detail=f"probe after {utc_text(new.probe_after_ts)}")
     return state, None
@@ -401,7 +401,7 @@ def go_silent(state: PairState, now_s: float, last_seen_ts: float) -> tuple[Pair
     node that was out before it fell silent comes back to be probed (see :func:`come_back`).
     """
     new = dataclasses.replace(state, state=HealthState.GONE, since_ts=now_s, routed=False,
-                              reason=str(Reason.SILENT), abnormal_streak=0)
+                              reason=Reason.SILENT.value, abnormal_streak=0)
     return new, _transition(state, new, now_s, None,
                             detail=f"no sample or heartbeat for {now_s - last_seen_ts:.0f} s "
                                    f"(last at {utc_text(last_seen_ts)})")
@@ -418,15 +418,15 @@ def come_back(state: PairState, seen_ts: float, now_s: float,
     """
     if state.quarantined_at is not None:
         new = dataclasses.replace(state, state=HealthState.QUARANTINED, since_ts=now_s,
-                                  reason=str(Reason.RETURNED), routed=False,
+                                  reason=Reason.RETURNED.value, routed=False,
                                   judge_since_ts=now_s, probe_after_ts=now_s)
         return new, _transition(state, new, now_s, None, detail="out of routing before it fell "
                                 "silent: probed from now on")
-    return restart(state, seen_ts, now_s, settings, reason=str(Reason.RETURNED))
+    return restart(state, seen_ts, now_s, settings, reason=Reason.RETURNED.value)
 
 
 def restart(state: PairState, restart_ts: float, now_s: float, settings: DetectorSettings,
-            reason: str = str(Reason.RESTARTED)) -> tuple[PairState, Transition]:
+            reason: str = Reason.RESTARTED.value) -> tuple[PairState, Transition]:
     """The node's process started anew at ``restart_ts``: warming again, its warm-up samples
     never judged; its abnormal streak and fault are dropped. An admitted pair stays routed
     through it (a rolling restart never empties a fleet); one not admitted yet starts its

@@ -176,11 +176,11 @@ def judge_metric(metric: str, w: HistWindow, ref: Reference, s: WindowSummary,
         mean = w.sum_s / w.observations
         lim = st.relative_p50_factor * ref.mean_s
         if mean > lim:
-            return Judgement(Verdict.ABNORMAL, str(Reason.RELATIVE_P50), ev, mean / lim,
+            return Judgement(Verdict.ABNORMAL, Reason.RELATIVE_P50.value, ev, mean / lim,
                              f"{metric} mean {mean:.3g} s > {st.relative_p50_factor:g} x "
                              + ("its own baseline mean" if own else "the peers' median mean")
                              + f" ({ref.mean_s:.3g} s; no buckets exported)")
-        return Judgement(Verdict.NORMAL, str(Reason.NORMAL), ev, mean / lim)
+        return Judgement(Verdict.NORMAL, Reason.NORMAL.value, ev, mean / lim)
     sev = 0.0
     # The node's own bounds from the peers' b50 (b99) up: the same bounds when the buckets are
     # the peers', any others exactly too (shifted_share_at).
@@ -192,7 +192,7 @@ def judge_metric(metric: str, w: HistWindow, ref: Reference, s: WindowSummary,
             margin = Z * math.sqrt(lim * (1.0 - lim) / n) if lim < 1.0 else 0.0
             sev = max(sev, x / (lim + margin))
             if x > lim + margin:
-                return Judgement(Verdict.ABNORMAL, str(Reason.RELATIVE_P50), ev, x / (lim + margin),
+                return Judgement(Verdict.ABNORMAL, Reason.RELATIVE_P50.value, ev, x / (lim + margin),
                                  f"{x:.1%} of its {metric} above {bounds[j]:g} s, where "
                                  + slower.format(u, 1)
                                  + f" ({whose} P50 is at most {ref.bounds_s[ref.k50]:g} s; limit"
@@ -208,7 +208,7 @@ def judge_metric(metric: str, w: HistWindow, ref: Reference, s: WindowSummary,
                     held = (f"{x99:.1%} of its {metric} above {bounds[j]:g} s, past its limit"
                             f" ({lim99:.1%}) but not yet significant on {n} requests (p = {p_value:.1e})")
                 if p_value < ALPHA:
-                    return Judgement(Verdict.ABNORMAL, str(Reason.RELATIVE_P99), ev, x99 / lim99,
+                    return Judgement(Verdict.ABNORMAL, Reason.RELATIVE_P99.value, ev, x99 / lim99,
                                      f"{x99:.1%} of its {metric} above {bounds[j]:g} s, where "
                                      + slower.format(u, 2)
                                      + f" ({whose} P99 is at most {ref.bounds_s[ref.k99]:g} s;"
@@ -216,8 +216,8 @@ def judge_metric(metric: str, w: HistWindow, ref: Reference, s: WindowSummary,
             sev = max(sev, x99 / lim99)
     if held is not None:
         # Too few requests to tell, not a healthy window: a low-rate tail's streak is held, not reset.
-        return Judgement(Verdict.NONE, str(Reason.RELATIVE_P99), ev, sev, held)
-    return Judgement(Verdict.NORMAL, str(Reason.NORMAL), ev, sev)
+        return Judgement(Verdict.NONE, Reason.RELATIVE_P99.value, ev, sev, held)
+    return Judgement(Verdict.NORMAL, Reason.NORMAL.value, ev, sev)
 
 
 def _evidence(metric: str, w: HistWindow, ref: Reference | None, s: WindowSummary) -> Evidence:
@@ -296,7 +296,7 @@ class HistJudge:
     def applies(summaries: Mapping[str, WindowSummary]) -> bool:
         return any(windows_of(s) is not None for s in summaries.values())
 
-    def judge(self, s: WindowSummary, *, normal_reason: str = str(Reason.NORMAL),
+    def judge(self, s: WindowSummary, *, normal_reason: str = Reason.NORMAL.value,
               min_requests: int | None = None) -> Judgement:
         """A node's verdict: abnormal on any metric (per-token first), else normal on at least
         one judged metric, else no verdict."""
@@ -375,7 +375,7 @@ class HistJudge:
                 continue
             new = p.state is HealthState.WARMING
             need = st.min_samples if new else st.probe_min_samples
-            reason = str(Reason.ADMITTED if new else Reason.NORMAL)
+            reason = (Reason.ADMITTED if new else Reason.NORMAL).value
             j = errs.get(node) or self.judge(s, normal_reason=reason, min_requests=need)
             ev = self.unreferenced(s, need) if j.verdict is Verdict.NONE else None
             if ev is not None:

@@ -189,7 +189,7 @@ def step(model: str, pairs: MutableMapping[str, PairState], live: Liveness,
                 forgotten.append(node)
                 transitions.append(Transition(
                     ts=now_s, node_id=node, model=model, from_state=HealthState.GONE,
-                    to_state=HealthState.UNKNOWN, routed=False, reason=str(Reason.FORGOTTEN),
+                    to_state=HealthState.UNKNOWN, routed=False, reason=Reason.FORGOTTEN.value,
                     hardware=p.hardware, from_since_ts=p.since_ts,
                     detail=f"no sample or heartbeat for {now_s - last:.0f} s "
                                                 f"(forget_after_s={forget:g})"))

@@ -94,7 +94,7 @@ def judge_own(base: OwnBaselines, s: WindowSummary, p50: float, ratio: float,
     ev = Evidence(signal=s.signal, p50=p50, p99=p50 * ratio, ratio=ratio, samples=s.samples,
                   peers_p50=r, latency_p50_us=s.latency_p50_us, latency_p99_us=s.latency_p99_us,
                   hardware=s.hardware)
-    return Judgement(Verdict.ABNORMAL, str(Reason.RELATIVE_P50), ev, p50 / limit,
+    return Judgement(Verdict.ABNORMAL, Reason.RELATIVE_P50.value, ev, p50 / limit,
                      f"p50 {p50:.1f} > {factor:g} x its own baseline moved as the other nodes "
                      f"moved (x{moved:.2f}): {r:.1f}")
 

@@ -149,7 +149,7 @@ def error_judgements(counts: MutableMapping[str, list[int]],
         if ref is not None and share <= factor * ref:
             continue
         peers_part = "" if ref is None else f" and > {factor:g} x peers' {ref:.1%}"
-        out[node] = Judgement(Verdict.ABNORMAL, str(Reason.ERROR_RATE),
+        out[node] = Judgement(Verdict.ABNORMAL, Reason.ERROR_RATE.value,
                               _window_evidence(by_node[node]), share / limit,
                               f"{failed} of {n} requests since the last "
                               f"{'tick' if ticks == 1 else f'{ticks} ticks'} failed "
@@ -195,7 +195,7 @@ def stall_judgements(idle: Sequence[str], counts: Mapping[str, list[int]],
             and now_s - last <= st.tick_interval_s and _alive_after_requests(by_node[n], last)]
     out: dict[str, Judgement] = {}
     for node in idle:
-        out[node] = Judgement(Verdict.ABNORMAL, str(Reason.STALLED), _window_evidence(by_node[node]),
+        out[node] = Judgement(Verdict.ABNORMAL, Reason.STALLED.value, _window_evidence(by_node[node]),
                               ref / st.stall_peer_requests,
                               f"no request completed in the last {span * st.tick_interval_s:g} s, "
                               f"while its {len(served)} peers completed {ref:g} each (median; "

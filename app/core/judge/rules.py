@@ -92,7 +92,7 @@ def judge(s: WindowSummary, p50: float, ratio: float, samples: int, norms: Norms
         rel = max(sev_p50, sev_p99, sev_fresh, sev_shift)
         if rel < ONSET_CREDIT_FRACTION:
             return health.NORMAL
-        return Judgement(Verdict.NORMAL, str(Reason.NORMAL), severity=rel)
+        return Judgement(Verdict.NORMAL, Reason.NORMAL.value, severity=rel)
     ref = lim.ref
     ev = Evidence(signal=s.signal, p50=p50, p99=p99 if p99 is not None else s.p99, ratio=ratio,
                   samples=samples, peers_p50=ref, latency_p50_us=s.latency_p50_us,
@@ -103,22 +103,22 @@ def judge(s: WindowSummary, p50: float, ratio: float, samples: int, norms: Norms
     # though its P99 moved as much); the severity that orders ejections is the largest.
     sev = max(sev_tail, sev_p50, sev_p99, sev_fresh, sev_shift)
     if sev_tail > 1.0 and sev_tail >= max(sev_p50, sev_fresh):
-        return Judgement(Verdict.ABNORMAL, str(Reason.P99_P50_RATIO), ev, sev,
+        return Judgement(Verdict.ABNORMAL, Reason.P99_P50_RATIO.value, ev, sev,
                          f"p99/p50 {ratio:.2f} > limit {norms.tail_limit:.2f}")
     if sev_p50 > 1.0:
-        return Judgement(Verdict.ABNORMAL, str(Reason.RELATIVE_P50), ev, sev,
+        return Judgement(Verdict.ABNORMAL, Reason.RELATIVE_P50.value, ev, sev,
                          f"p50 {p50:.1f} > {f50:g} x peers' {ref:.1f}")
     if sev_fresh > 1.0:
-        return Judgement(Verdict.ABNORMAL, str(Reason.RELATIVE_P50), ev, sev,
+        return Judgement(Verdict.ABNORMAL, Reason.RELATIVE_P50.value, ev, sev,
                          f"p50 of the last {st.tick_interval_s:g} s {fresh_p50:.1f} "
                          f"({s.fresh_samples} samples) > {f50:g} x peers' "
                          f"{lim.fresh_ref:.1f}")
     if sev_p99 > 1.0:
-        return Judgement(Verdict.ABNORMAL, str(Reason.RELATIVE_P99), ev, sev,
+        return Judgement(Verdict.ABNORMAL, Reason.RELATIVE_P99.value, ev, sev,
                          f"p99 {p50 * ratio:.1f} > {f99:g} x peers' {lim.ref99:.1f}")
     fresh_part = (f", p50 of the last {st.tick_interval_s:g} s {fresh_p50:.1f}"
                   if sev_fresh and fresh_p50 is not None else "")
-    return Judgement(Verdict.ABNORMAL, str(Reason.RELATIVE_P50), ev, sev,
+    return Judgement(Verdict.ABNORMAL, Reason.RELATIVE_P50.value, ev, sev,
                      f"p50 {p50:.1f}, p99 {p50 * ratio:.1f}{fresh_part} all > "
                      f"{st.shift_factor:g} x peers' on a heavy-tailed model (peers' "
                      f"p99/p50 {norms.fleet_ratio:.1f} > {st.ratio_threshold:g})")
@@ -190,7 +190,7 @@ def judge_fresh_tail(s: WindowSummary, st: DetectorSettings,
     ev = Evidence(signal=s.signal, p50=s.p50, p99=s.p99, ratio=ratio, samples=s.samples,
                   latency_p50_us=s.latency_p50_us, latency_p99_us=s.latency_p99_us,
                   hardware=s.hardware)
-    return Judgement(Verdict.ABNORMAL, str(Reason.RELATIVE_P99), ev, (k / n) / FRESH_TAIL_SHARE,
+    return Judgement(Verdict.ABNORMAL, Reason.RELATIVE_P99.value, ev, (k / n) / FRESH_TAIL_SHARE,
                      f"{k} of {n} requests since the last tick above {FRESH_TAIL_MARGIN:g} x the "
                      f"peers' P99 ({k / n:.1%}; p = {p_value:.1e} for a healthy node)")
 
@@ -214,7 +214,7 @@ def judge_probe(s: WindowSummary, norms: Norms, st: DetectorSettings,
         hold = (probe_shift_hold(s, p50, p99, n, norms, lim, st, ONSET_CREDIT_FRACTION,
                                  tail_support_samples(st))
                 if j.verdict is Verdict.NORMAL else None)
-        return tail or hold or normal_with_evidence(j, s, p50, p99, n, norms, str(Reason.NORMAL))
+        return tail or hold or normal_with_evidence(j, s, p50, p99, n, norms, Reason.NORMAL.value)
     elif (judged_since(s) is None and s.probe_samples >= need
           and s.probe_p50 is not None and s.probe_p99 is not None and s.probe_p50 > 0):
         # Only for a window cut by no one (stage 1 did not know the round yet): a cut
@@ -228,7 +228,7 @@ def judge_probe(s: WindowSummary, norms: Norms, st: DetectorSettings,
     hold = (probe_shift_hold(s, p50, p99, n, norms, lim, st, ONSET_CREDIT_FRACTION,
                              tail_support_samples(st))
             if j.verdict is Verdict.NORMAL else None)
-    return hold or normal_with_evidence(j, s, p50, p99, n, norms, str(Reason.NORMAL))
+    return hold or normal_with_evidence(j, s, p50, p99, n, norms, Reason.NORMAL.value)
 
 
 def normal_with_evidence(j: Judgement, s: WindowSummary, p50: float, p99: float, n: int,

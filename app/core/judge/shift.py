@@ -62,7 +62,7 @@ def probe_shift_hold(s: WindowSummary, p50: float, p99: float, n: int, norms: No
     ev = Evidence(signal=s.signal, p50=p50, p99=p99, ratio=p99 / p50, samples=n,
                   peers_p50=lim.ref, latency_p50_us=s.latency_p50_us,
                   latency_p99_us=s.latency_p99_us, hardware=s.hardware)
-    return Judgement(Verdict.ABNORMAL, str(Reason.RELATIVE_P50), ev, sev,
+    return Judgement(Verdict.ABNORMAL, Reason.RELATIVE_P50.value, ev, sev,
                      f"p50 {p50:.1f}, p99 {p99:.1f} still {sev * st.shift_factor:.2f} x peers' "
                      f"(at least {onset:g} of the shift limit "
                      f"{st.shift_factor:g} x) on a heavy-tailed model: not re-admitted")

@@ -56,7 +56,7 @@ from tailguard.core.judge.rules import (
 )
 
 # Verdicts against the peers' reference: without min_peers peers they cannot be judged.
-PEER_REASONS = frozenset({str(Reason.RELATIVE_P50), str(Reason.RELATIVE_P99)})
+PEER_REASONS = frozenset({Reason.RELATIVE_P50.value, Reason.RELATIVE_P99.value})
 
 
 @dataclasses.dataclass(slots=True)
