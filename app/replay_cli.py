@@ -31,6 +31,7 @@ from typing import IO, Any, cast
 
 from tailguard.collector import collector_paused
 from tailguard.core.contract.config import SettingError, field_names
+from tailguard.core.judge.hist_resolution import summary_text
 from tailguard.core.replay.detector import Detector
 from tailguard.core.replay.replay import ReplayStats, replay
 from tailguard.core.window.quantiles import digest_from_dict, digest_quantiles
@@ -183,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tailguard replay: {name} is not a capture tailguard can read: {e}", file=sys.stderr)
         return 1
     out.flush()
-    print(stats.summary(), file=sys.stderr)
+    print(stats.summary() + summary_text(det.unresolved), file=sys.stderr)
     if args.summary:
         print(_status_table(det), file=sys.stderr)
         for line in fleet_lines(det):

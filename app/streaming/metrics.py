@@ -23,6 +23,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from tailguard.core.contract.types import HealthState, ModelTick
+from tailguard.core.window.hist_window import PREFERENCE as HIST_METRICS
 
 _TICK_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 _STAGE1_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 15.0)
@@ -122,6 +123,8 @@ class WorkerMetrics:
         self.held_by_cap = Gauge("tailguard_held_by_cap_nodes", "confirmed abnormal nodes "
                                  "kept in routing because the model is at its ejection cap "
                                  "(or it is the last routed node)", ["model"], registry=r)
+        self.unresolved = Gauge("tailguard_unresolved_first_bound_seconds", "first bucket bound below which most "
+                                "peers' P50 lie: unresolved (docs/scrape.md)", ["model", "metric"], registry=r)
         self.operator_read_failures = Counter("tailguard_operator_read_failures", "failed "
                                               "reads of operator overrides/modes from Redis "
                                               "(the last ones read stay in force)", registry=r)
@@ -197,6 +200,16 @@ class WorkerMetrics:
         self.rules_out.labels(model=model).set(sum(1 for s in known if not s.routed))
         self.held_by_cap.labels(model=model).set(
             sum(1 for s in known if s.reason == "ejection_cap" and s.routed))
+        self.set_unresolved(model, dict(tick.unresolved))
+
+    def set_unresolved(self, model: str, bounds_s: Mapping[str, float]) -> None:
+        """``metric -> first bound`` of the model's unresolved metrics; the others' series removed."""
+        for metric in HIST_METRICS:
+            if metric in bounds_s:
+                self.unresolved.labels(model=model, metric=metric).set(bounds_s[metric])
+            else:
+                with contextlib.suppress(KeyError):
+                    self.unresolved.remove(model, metric)
 
     def set_weights(self, model: str, weights: Mapping[str, float],
                     routing: AbstractSet[str]) -> None:
@@ -231,6 +244,7 @@ class WorkerMetrics:
             with contextlib.suppress(KeyError):
                 self.nodes.remove(model, str(state))
         self.set_cluster_latency(model, None, None)
+        self.set_unresolved(model, {})
 
     def serve(self, port: int, addr: str = "127.0.0.1") -> None:
         """Start the HTTP endpoint on ``addr:port`` (no-op for port 0 or when already serving).

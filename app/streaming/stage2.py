@@ -11,7 +11,7 @@ Guarantees (in full: docs/operations.md, "Stage 2's state"):
   before its first evaluation after an (re)assignment. A failed table write is logged, counted
   (``write_failures``) and retried next tick; the verdict is still returned. Large values are
   packed (:mod:`tailguard.streaming.table_values`); one still above ``max_value_bytes`` is counted, not written.
-* **Cluster-wide P50/P99** of the workers' fresh digests, in ``ModelTick``.
+* **Cluster-wide P50/P99** of the workers' fresh digests, in ``ModelTick``; unresolvable buckets warned once.
 * **Diagnostics of the current episode only** (its ``request_id``, arrived after it); others
   are dropped, counted by reason (``diagnostics_dropped``), logged once.
 * **Only owned models, bounded**: one pending summary per pair, stale ones ignored, at most
@@ -32,6 +32,7 @@ from typing import Any, Protocol, TypeAlias
 from tailguard.core.contract.config import DetectorSettings
 from tailguard.core.contract.types import ModelTick, Transition, WindowSummary
 from tailguard.core.judge.health import diagnostics_refusal
+from tailguard.core.judge.hist_resolution import advice
 from tailguard.core.judge.signal_choice import choose_for_model
 from tailguard.core.replay.detector import FLEET_QUANTILES
 from tailguard.core.window.quantiles import digest_quantiles, merge_digests
@@ -137,6 +138,7 @@ class Stage2:
         self.plain_max_bytes = plain_max_bytes
         self.oversized = 0          # writes refused for size (in write_failures too)
         self._oversized_logged: set[tuple[str, str]] = set()
+        self._unresolved_logged: dict[str, frozenset[str]] = {}   # model -> metrics warned of
         self.refused_states = 0     # stored model states that could not be restored
         # Summaries never evaluated, by reason: "superseded" (a newer one of the same pair came
         # first), "stale" (older than stale_after_s at the tick), "not_owned" (another worker's),
@@ -243,6 +245,7 @@ class Stage2:
                 continue
             self._held.add(model)
             o = self._evaluate(model, now_s)
+            self._warn_unresolved(o.tick)
             # Only a model with no pair left: liveness forgets a pair silent for forget_after_s
             # but keeps the last routed ones, so a lagging stage 1 or a lost telemetry never
             # makes a model with a routing set vanish.
@@ -271,9 +274,22 @@ class Stage2:
             self._written[model] = raw
         self._write_hints(model, hints_for_s, out.summaries)
 
+    def _warn_unresolved(self, tick: ModelTick) -> None:
+        """A warning for each metric the model's buckets cannot resolve (hist_resolution): once,
+        and again only after a tick that found it resolved."""
+        warned = self._unresolved_logged.get(tick.model, frozenset())
+        for metric, bound_s in tick.unresolved:
+            if metric not in warned:
+                log.warning("%s", advice(tick.model, metric, bound_s))
+        if tick.unresolved:
+            self._unresolved_logged[tick.model] = frozenset(m for m, _b in tick.unresolved)
+        else:
+            self._unresolved_logged.pop(tick.model, None)
+
     def _forget(self, model: str) -> None:
         """Drop everything of ``model``: the evaluator's state, its table entries."""
         self.evaluator.forget_model(model)
+        self._unresolved_logged.pop(model, None)
         key = state_key(model)
         for table in (self.state, self.hints):
             if table is None:

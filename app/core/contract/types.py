@@ -386,6 +386,9 @@ class ModelTick:
     # Stage 2 forgot the model (no pair left, no summary for forget_after_s): its routing
     # state is removed (no statuses, no routing; the writer deletes its keys).
     forgotten: bool = False
+    # Histogram models: (metric, first bound in s) of each metric whose P50 the buckets cannot
+    # resolve (most peers' P50 below the first bound; tailguard.core.judge.hist_resolution).
+    unresolved: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

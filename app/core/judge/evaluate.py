@@ -44,6 +44,7 @@ from tailguard.core.judge.fleet_slow import fleet_slow
 from tailguard.core.judge.guards import eject_within_cap, error_storm, load_event
 from tailguard.core.judge.health import Judgement, PairState, Verdict
 from tailguard.core.judge.hist_own import OwnHist, fold
+from tailguard.core.judge.hist_resolution import unresolved
 from tailguard.core.judge.hist_rules import HIST_SIGNAL, HistJudge
 from tailguard.core.judge.hist_weights import targets as hist_targets
 from tailguard.core.judge.model_state import SNAPSHOT_VERSION, ModelState, check_version
@@ -238,8 +239,10 @@ class FleetEvaluator:
                              evidence_of=None if hist is None else partial(hist_targets, peers, st,
                                                                           trend=ms.hist_trend, now_s=now_s))
         ms.weights = NO_WEIGHTS if wt is None else wt.state
-        return self._report(model, ms, by_node, now_s, transitions, fleet_events, diagnostics,
+        tick = self._report(model, ms, by_node, now_s, transitions, fleet_events, diagnostics,
                             with_statuses, wt, fleet_latency_us)
+        # Histogram models: the metrics whose P50 their buckets cannot resolve (no verdict rests on it).
+        return tick if hist is None else dataclasses.replace(tick, unresolved=unresolved(peers.summaries))
 
     # ---- steps of the tick ---------------------------------------------------------------
     def _admit_new(self, model: str, ms: ModelState, by_node: dict[str, WindowSummary],

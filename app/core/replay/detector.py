@@ -11,7 +11,8 @@ tick also carries the cluster-wide raw-latency P50/P99
 model's pool (``WindowStore.model_pools``: an even thinning of every node's
 judged samples, ``fleet_digest_per_series`` per series at most; 0 turns them
 off and leaves the fields None). ``fleet_digests`` gives the same pools as
-mergeable t-digest dicts, built on first access and kept until the next tick.
+mergeable t-digest dicts, built on first access and kept until the next tick. ``unresolved``:
+every (model, metric) a tick found its buckets cannot resolve (hist_resolution), for reports.
 
 Guarantees: pure and deterministic (time is ``now_s``; models are evaluated
 in sorted order); ``snapshot()`` is plain JSON-able data and a detector
@@ -57,6 +58,8 @@ class Detector:
         # models), and their digests once asked for.
         self._pools_of: tuple[float, int, tuple[str, ...]] | None = None
         self._digests: dict[str, dict[str, Any]] | None = None
+        # (model, metric) -> the first bucket bound (s) at the latest tick that marked it.
+        self.unresolved: dict[tuple[str, str], float] = {}
 
     def observe(self, events: Iterable[Event]) -> None:
         store = self.store
@@ -93,6 +96,7 @@ class Detector:
                                          fleet_latency_us=(fleet[0], fleet[1])))
         for t in ticks:
             self._last[t.model] = t
+            self.unresolved.update(((t.model, metric), b) for metric, b in t.unresolved)
         return TickResult(ts=now_s, models=tuple(ticks))
 
     @property
