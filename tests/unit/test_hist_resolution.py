@@ -38,11 +38,16 @@ def test_a_fleet_whose_median_lies_past_the_first_bound_is_resolved() -> None:
     assert unresolved(fleet) == ()
 
 
-def test_most_peers_or_the_pooled_median_in_the_first_bucket_mark_only_that_metric() -> None:
+def test_most_peers_or_the_pooled_median_in_the_first_bucket_mark_the_model() -> None:
     fast, slow = (VLLM, [90, 10, 0, 0, 0]), (VLLM, [10, 80, 10, 0, 0])
-    itl = ((0.01, 0.025, 0.05), [5, 40, 5, 0])
-    # 3 of 5 peers' P50 below 0.3 s: e2e marked; itl (P50 past its first bound) not.
+    itl, itl_fast = ((0.01, 0.025, 0.05), [5, 40, 5, 0]), ((0.01, 0.025, 0.05), [45, 5, 0, 0])
+    # 3 of 5 peers' P50 below 0.3 s: e2e unresolved, and with itl unresolved too both are named.
+    fleet = [peer(f"n{i}", {"e2e": fast if i < 3 else slow, "itl": itl_fast}) for i in range(5)]
+    assert unresolved(fleet) == (("e2e", 0.3), ("itl", 0.01))
+    # itl resolves the model (P50 past its first bound): it is judged there, nothing is named.
     fleet = [peer(f"n{i}", {"e2e": fast if i < 3 else slow, "itl": itl}) for i in range(5)]
+    assert unresolved(fleet) == ()
+    fleet = [peer(f"n{i}", {"e2e": fast if i < 3 else slow}) for i in range(5)]
     assert unresolved(fleet) == (("e2e", 0.3),)
     # 2 of 5 peers, but they carry most of the requests: the pooled median is below 0.3 s.
     busy = (VLLM, [900, 100, 0, 0, 0])

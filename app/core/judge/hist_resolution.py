@@ -2,12 +2,13 @@
 
 Owns :func:`unresolved`: for one model's histogram peers (summaries carrying ``extra["hist"]``,
 :mod:`tailguard.core.judge.hist_rules`), each metric on which most peers' P50 — or the P50 of
-all peers' counts pooled — lies in the first bucket (below ``bounds_s[0]``). There the buckets
-say only "faster than the first bound": a slower node whose requests stay below it looks like
-its peers, and one a few times slower is seen only once it crosses the bound (docs/scrape.md,
-"Resolution limits"). :func:`advice` is the sentence the replay summary (:func:`summary_text`) and the worker's
-log give the operator for one such metric (the worker's gauge:
-``tailguard_unresolved_first_bound_seconds``).
+all peers' counts pooled — lies in the first bucket (below ``bounds_s[0]``), when no metric of
+the model resolves it (one that does is judged: any metric abnormal is). There the buckets say
+only "faster than the first bound": a slower node whose requests stay below it looks like its
+peers, one a few times slower is seen only once it crosses the bound (docs/scrape.md,
+"Resolution"). :func:`advice` is what the replay summary (:func:`summary_text`) and the
+worker's log tell the operator of one such metric; the worker's gauge is
+``tailguard_unresolved_first_bound_seconds``.
 
 Guarantees: pure, no verdict rests on it (it marks a model, it judges no node); a metric whose
 pairs carry no finite bounds (counters only) is never marked; metrics in sorted order, each
@@ -44,7 +45,7 @@ def unresolved(peers: Iterable[WindowSummary]) -> tuple[tuple[str, float], ...]:
         if 2 * below[metric] > seen[metric] or 2 * first[metric] > total[metric]:
             common = bounds[metric].most_common()
             out.append((metric, min(b for b, n in common if n == common[0][1])))
-    return tuple(out)
+    return tuple(out) if len(out) == len(seen) else ()    # another metric resolves it: judged there
 
 
 def advice(model: str, metric: str, bound_s: float) -> str:
