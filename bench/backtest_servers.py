@@ -27,25 +27,8 @@ SLOW = "gpu-node-01"
 
 def fleet(pods: int, factor: float, *, rate: float, llm: str | None, p50_ms: float, sigma: float,
           duration_s: float = 1500.0) -> sc.Scenario:
-    model = (f'kind = "llm"\ntrace = "{llm}"\ntpot_ms = {p50_ms}' if llm
-             else f"p50_ms = {p50_ms}\nsigma = {sigma}")
-    tokens = "emit_tokens = true\nemit_ttft = true\n" if llm else ""
-    fault = (f'[[faults]]\nnodes = ["{SLOW}"]\nkind = "slowdown"\nonset_s = {ONSET_S:g}\nfactor = {factor}\n'
-             if factor != 1.0 else "")
-    return sc.loads(f'''duration_s = {duration_s}
-rate_per_s = {rate}
-{tokens}
-[[models]]
-name = "m"
-{model}
-
-[nodes]
-count = {pods}
-hardware = "A100"
-{fault}
-[expect]
-others_stay = true
-''')
+    return sc.one_model_fleet(pods, p50_ms=p50_ms, sigma=sigma, rate_per_s=rate, llm=llm,
+                              faults=sc.slowdown_fault([SLOW], factor, ONSET_S), duration_s=duration_s)
 
 
 def run(server: str, s: sc.Scenario, seed: int) -> tuple[outcome.Outcome, float | None]:

@@ -8,6 +8,8 @@ Entry points:
 
 * :func:`load` (a file) and :func:`loads` (TOML text) parse and validate into a frozen
   :class:`Scenario`, using the stdlib ``tomllib``.
+* :func:`one_model_fleet` and :func:`slowdown_fault` write the TOML of the plainest fleet (one
+  model on identical nodes, slowdowns from one onset) for backtests and tests.
 * :meth:`Scenario.latency` builds the pure :class:`~tailguard.sim.latency.NodeLatency` of one
   (node, model).
 
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import math
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -165,6 +167,38 @@ def load(path: str | Path) -> Scenario:
     except OSError as e:
         raise ScenarioError(str(p), "(file)", f"cannot read it ({e.strerror})", "a scenario file (TOML)") from None
     return loads(text, source=str(p), default_name=p.stem)
+
+
+def one_model_fleet(nodes: int, *, p50_ms: float, rate_per_s: float, sigma: float = 0.3,
+                    llm: str | None = None, faults: str = "", duration_s: float = 1500.0) -> Scenario:
+    """One model ``m`` on ``nodes`` A100 nodes, every node not in ``faults`` expected to stay routed:
+    lognormal latencies (``p50_ms``, ``sigma``), or with ``llm`` (a trace name) LLM requests of
+    ``p50_ms`` a token that carry token counts and TTFT; ``faults`` is ``[[faults]]`` TOML."""
+    model = (f'kind = "llm"\ntrace = "{llm}"\ntpot_ms = {p50_ms}' if llm
+             else f"p50_ms = {p50_ms}\nsigma = {sigma}")
+    tokens = "emit_tokens = true\nemit_ttft = true\n" if llm else ""
+    return loads(f'''duration_s = {duration_s}
+rate_per_s = {rate_per_s}
+{tokens}
+[[models]]
+name = "m"
+{model}
+
+[nodes]
+count = {nodes}
+hardware = "A100"
+{faults}
+[expect]
+others_stay = true
+''')
+
+
+def slowdown_fault(nodes: Sequence[str], factor: float, onset_s: float) -> str:
+    """The ``[[faults]]`` TOML of ``nodes`` serving ``factor`` x slower from ``onset_s`` ("" at 1x)."""
+    if factor == 1.0:
+        return ""
+    names = ", ".join(f'"{n}"' for n in nodes)
+    return f'[[faults]]\nnodes = [{names}]\nkind = "slowdown"\nonset_s = {onset_s:g}\nfactor = {factor}\n'
 
 
 def loads(text: str, *, source: str = "<scenario>", default_name: str = "scenario") -> Scenario:

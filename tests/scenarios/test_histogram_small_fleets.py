@@ -25,27 +25,12 @@ DEADLINE_S = 180.0      # scenarios/two_node_models.toml's, the event path's own
 
 def fleet(nodes: int, *, p50_ms: float = 450.0, sigma: float = 0.3, rate: float = 20.0,
           llm: str | None = None, faults: str = "", duration_s: float = 1500.0) -> sc.Scenario:
-    model = (f'kind = "llm"\ntrace = "{llm}"\ntpot_ms = {p50_ms}' if llm
-             else f"p50_ms = {p50_ms}\nsigma = {sigma}")
-    tokens = "emit_tokens = true\nemit_ttft = true\n" if llm else ""
-    return sc.loads(f'''duration_s = {duration_s}
-rate_per_s = {rate}
-{tokens}
-[[models]]
-name = "m"
-{model}
-
-[nodes]
-count = {nodes}
-hardware = "A100"
-{faults}
-[expect]
-others_stay = true
-''')
+    return sc.one_model_fleet(nodes, p50_ms=p50_ms, sigma=sigma, rate_per_s=rate, llm=llm,
+                              faults=faults, duration_s=duration_s)
 
 
-def slowdown(nodes: str, factor: float) -> str:
-    return f'[[faults]]\nnodes = [{nodes}]\nkind = "slowdown"\nonset_s = {ONSET_S:g}\nfactor = {factor}\n'
+def slowdown(nodes: list[str], factor: float) -> str:
+    return sc.slowdown_fault(nodes, factor, ONSET_S)
 
 
 def run(s: sc.Scenario, seed: int = 1) -> tuple[outcome.Outcome, list[dict[str, object]]]:
@@ -87,7 +72,7 @@ def test_a_healthy_two_node_llm_model_keeps_both_nodes(trace: str, seed: int) ->
 @pytest.mark.parametrize("seed", [1, 2, 3])
 @pytest.mark.parametrize("p50_ms", [250.0, 450.0, 900.0, 2200.0])
 def test_a_node_3x_slower_than_its_own_history_leaves(p50_ms: float, seed: int) -> None:
-    s = fleet(2, p50_ms=p50_ms, faults=slowdown('"gpu-node-01"', 3.0), duration_s=1100.0)
+    s = fleet(2, p50_ms=p50_ms, faults=slowdown(["gpu-node-01"], 3.0), duration_s=1100.0)
     res, records = run(s, seed)
     at = res.ejected_at_s.get(("gpu-node-01", "m"))
     assert at is not None and at - ONSET_S <= DEADLINE_S, moves(records)
@@ -98,12 +83,12 @@ def test_a_node_3x_slower_than_its_own_history_leaves(p50_ms: float, seed: int) 
 @pytest.mark.parametrize("p50_ms", [450.0, 900.0])
 def test_two_nodes_slower_together_stay(p50_ms: float, seed: int) -> None:
     """A shared change (a new model version, load): each node moved as the other did."""
-    res, records = run(fleet(2, p50_ms=p50_ms, faults=slowdown('"gpu-node-01", "gpu-node-02"', 3.0)), seed)
+    res, records = run(fleet(2, p50_ms=p50_ms, faults=slowdown(["gpu-node-01", "gpu-node-02"], 3.0)), seed)
     assert res.ejected_at_s == {}, moves(records)
 
 
 @pytest.mark.parametrize("p50_ms", [250.0, 900.0])
 def test_a_node_1_4x_slower_is_not_removed(p50_ms: float) -> None:
     """Below what the buckets can prove (1.5x): never a removal (the weights grade it, elsewhere)."""
-    res, records = run(fleet(2, p50_ms=p50_ms, faults=slowdown('"gpu-node-01"', 1.4)))
+    res, records = run(fleet(2, p50_ms=p50_ms, faults=slowdown(["gpu-node-01"], 1.4)))
     assert res.ejected_at_s == {}, moves(records)

@@ -23,26 +23,8 @@ ONSET_S = 600.0
 
 
 def fleet(pods: int, factor: float, *, rate: float = 5.0, duration_s: float = 1500.0) -> sc.Scenario:
-    fault = (f'[[faults]]\nnodes = ["gpu-node-01"]\nkind = "slowdown"\nonset_s = {ONSET_S:g}\nfactor = {factor}\n'
-             if factor != 1.0 else "")
-    return sc.loads(f'''duration_s = {duration_s}
-rate_per_s = {rate}
-emit_tokens = true
-emit_ttft = true
-
-[[models]]
-name = "m"
-kind = "llm"
-trace = "conv"
-tpot_ms = 22.0
-
-[nodes]
-count = {pods}
-hardware = "A100"
-{fault}
-[expect]
-others_stay = true
-''')
+    return sc.one_model_fleet(pods, p50_ms=22.0, llm="conv", rate_per_s=rate, duration_s=duration_s,
+                              faults=sc.slowdown_fault(["gpu-node-01"], factor, ONSET_S))
 
 
 def run(server: str, s: sc.Scenario, seed: int) -> tuple[outcome.Outcome, list[dict[str, object]]]:
