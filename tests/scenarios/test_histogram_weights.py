@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize("p50_ms", [450.0, 900.0, 2200.0])
 def test_a_slower_node_is_weighted_down_not_ejected(p50_ms: float, factor: float, at_most: float,
                                                      seed: int) -> None:
-    res, records = run(fleet(8, p50_ms=p50_ms, faults=slowdown('"gpu-node-01"', factor), duration_s=1300.0), seed)
+    res, records = run(fleet(8, p50_ms=p50_ms, faults=slowdown(["gpu-node-01"], factor), duration_s=1300.0), seed)
     assert res.ejected_at_s == {}, moves(records)
     low = res.lowest_weight.get(("gpu-node-01", "m"))
     assert low is not None and low[0] <= at_most, res.lowest_weight
@@ -81,7 +81,7 @@ def test_an_llm_pod_slower_per_token_is_weighted_from_its_e2e_buckets(seed: int)
     of captured fleets, 2026-12-05); its e2e buckets show it, and it is weighted from them now.
     Nobody else is weighted or ejected; the same fleet without the fault writes no weight."""
     llm = {"p50_ms": 22.0, "llm": "conv", "rate": 5.0, "duration_s": 1300.0}
-    res, records = run(fleet(8, faults=slowdown('"gpu-node-01"', 1.5), **llm), seed)
+    res, records = run(fleet(8, faults=slowdown(["gpu-node-01"], 1.5), **llm), seed)
     assert res.ejected_at_s == {}, moves(records)
     low = res.lowest_weight.get(("gpu-node-01", "m"))
     assert low is not None and low[0] <= 0.7 and low[1] - ONSET_S <= 300.0, res.lowest_weight
