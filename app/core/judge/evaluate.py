@@ -187,10 +187,12 @@ class FleetEvaluator:
         signal = signal_of(peers)
         # Histogram pairs: bucket exceedance tests (hist_rules) instead of the sample rules.
         hist = peer_map = None
+        unres: tuple[tuple[str, float], ...] = ()     # metrics the buckets cannot resolve: means judged
         if _hist_model(signal, by_node):
             peer_map = dict(zip(peers.nodes, peers.summaries, strict=True))
+            unres = unresolved(peers.summaries)
             hist = HistJudge.for_model(peers, by_node, ms.pairs, now_s, st,
-                                       OwnHist(ms.hist_own, peer_map, st))
+                                       OwnHist(ms.hist_own, peer_map, st), [m for m, _b in unres])
         # Too few peers for a median: each pair's P50 against its own history (own_history).
         own_p50 = (dict(zip(peers.nodes, peers.p50s, strict=True))
                    if not norms.enough_peers and hist is None else None)
@@ -236,13 +238,14 @@ class FleetEvaluator:
             # Histogram pairs: slow-downs estimated from the buckets, not from interpolated P50s.
             wt = weigh_model(model, ms.weights, peers, norms, ms.pairs.routing(), now_s, st,
                              hold=load or live.telemetry_lost,
-                             evidence_of=None if hist is None else partial(hist_targets, peers, st,
-                                                                          trend=ms.hist_trend, now_s=now_s))
+                             evidence_of=None if hist is None else partial(
+                                 hist_targets, peers, st, trend=ms.hist_trend, now_s=now_s,
+                                 unresolved=frozenset(m for m, _b in unres)))
         ms.weights = NO_WEIGHTS if wt is None else wt.state
         tick = self._report(model, ms, by_node, now_s, transitions, fleet_events, diagnostics,
                             with_statuses, wt, fleet_latency_us)
-        # Histogram models: the metrics whose P50 their buckets cannot resolve (no verdict rests on it).
-        return tick if hist is None else dataclasses.replace(tick, unresolved=unresolved(peers.summaries))
+        # Histogram models: the metrics whose P50 their buckets cannot resolve (judged on means).
+        return tick if hist is None else dataclasses.replace(tick, unresolved=unres)
 
     # ---- steps of the tick ---------------------------------------------------------------
     def _admit_new(self, model: str, ms: ModelState, by_node: dict[str, WindowSummary],
