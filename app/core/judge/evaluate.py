@@ -41,7 +41,7 @@ from tailguard.core.judge import health, liveness
 from tailguard.core.judge.admission import admission_norms
 from tailguard.core.judge.baseline import baseline_shift, fold_baseline, follow_signal
 from tailguard.core.judge.fleet_slow import fleet_slow
-from tailguard.core.judge.guards import eject_within_cap, error_storm, load_event
+from tailguard.core.judge.guards import eject_within_cap, error_storm, load_event, through_load
 from tailguard.core.judge.health import Judgement, PairState, Verdict
 from tailguard.core.judge.hist_own import OwnHist, fold
 from tailguard.core.judge.hist_resolution import unresolved
@@ -205,8 +205,9 @@ class FleetEvaluator:
                              len(peers) <= OWN_HISTORY_MAX_PEERS)
         load, load_ev = load_event(model, ms, verdicts.abnormal, len(peers), now_s,
                                    norms.fleet_p50, signal, st)
-        if load:   # nobody is ejected and no streak moves while it lasts
-            verdicts.judgements, verdicts.elevated = {}, {}
+        if load:   # no streak moves while it lasts, but a node slower than its slowed peers'
+            verdicts.judgements, verdicts.elevated = through_load(verdicts.judgements, st), {}
+            kept = set(verdicts.judgements)
         elif len(peers) <= OWN_HISTORY_MAX_PEERS:
             self._update_own(ms, peers, verdicts.judgements, now_s)
             if peer_map is not None:
@@ -231,7 +232,9 @@ class FleetEvaluator:
             hist.judge_rounds(ms.pairs, by_node, errors.judgements, now_s, verdicts.judgements)
         candidates = self._step_pairs(ms, verdicts.judgements, now_s, transitions)
         diagnostics: list[DiagnosticsRequest] = []
-        if not load and not live.telemetry_lost and candidates:
+        if load:     # only those judged through it (a streak from before it waits)
+            candidates = [p for p in candidates if p.node_id in kept]
+        if not live.telemetry_lost and candidates:
             eject_within_cap(model, ms.pairs, candidates, now_s, st, transitions, diagnostics)
         wt = None
         if st.weights != "off":     # after the ejections: only the routed nodes have a weight

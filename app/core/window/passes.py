@@ -46,6 +46,8 @@ FRESH_TAIL_MAX_SAMPLES: Final = 600
 _Q50: Final = (0.5,)
 # Sort keys of a tier's fast rows are built and sorted in blocks of at most this many bytes.
 _FAST_BLOCK_BYTES: Final = 8 << 20
+# ... each built and sorted this many bytes at a time (a core's L2 cache holds them).
+_SORT_BLOCK_BYTES: Final = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +136,14 @@ def pass1(ch: Slab, now_s: float, age_lo: float,
     return Pass1(ch, clean, dirty, judged_d, probe_d, n_judged, since_row, bool(since))
 
 
+def _ring_rows(arr: npt.NDArray[Any], rows: I64) -> npt.NDArray[Any]:
+    """``arr[rows]`` for ascending unique ``rows``; a view (no copy) when they are
+    consecutive. Callers only read the result."""
+    if rows.size and int(rows[-1]) - int(rows[0]) == rows.size - 1:
+        return arr[int(rows[0]):int(rows[-1]) + 1]
+    return arr[rows]
+
+
 def _rows(arr: npt.NDArray[Any], rows: I64) -> npt.NDArray[Any]:
     """``arr[rows]`` for sorted unique ``rows``; the array itself (no copy) when
     they are all of its rows. Callers only read the result."""
@@ -164,24 +174,36 @@ def _fast_block(items: Sequence[tuple[Slab, Stats]], n: int, cap: int, fresh_lo:
     """:func:`fast_stats` for the fast rows of ``items`` (``n`` rows of ``cap`` slots,
     every slot judged) as one matrix of sort keys, in the first ``n`` rows of ``buf``."""
     keys: U32 = buf[:n]
+    step = max(1, _SORT_BLOCK_BYTES // (4 * cap))
     o = 0
     for ch, cs in items:
         f = cs.fast
-        part = keys[o:o + f.size]
-        lat = _rows(ch.lat, f)
         ts_lo, ts_hi = ch.ts_lo[f], ch.ts_hi[f]
         if (ts_lo > fresh_lo).all():            # the kept bounds prove every sample fresh
-            np.copyto(part, lat.view(np.uint32))
+            how = 0
         elif (ts_hi <= fresh_lo).all():         # ... or none
-            np.bitwise_or(lat.view(np.uint32), RUN_FLAG, out=part)
-        elif (ts_lo >= fresh_lo - tc.FLAG_SPAN_S).all() and (ts_hi <= fresh_lo + tc.FLAG_SPAN_S).all():
-            tc.flag_at_most(_rows(ch.ts_code, f), ch.base_us[f], fresh_lo, part)     # RUN_FLAG: not fresh
-            np.bitwise_or(part, lat.view(np.uint32), out=part)
+            how = 1
         else:
-            np.less_equal(_rows(ch.ts_code, f), tc.after(ch.base_us[f], fresh_lo)[:, None], out=part)  # 1: not fresh
-            to_run_keys(part, lat)
+            how = 2 if ((ts_lo >= fresh_lo - tc.FLAG_SPAN_S).all()
+                        and (ts_hi <= fresh_lo + tc.FLAG_SPAN_S).all()) else 3
+        # Built and sorted a few rings at a time: the keys are sorted while still in cache.
+        for a in range(0, f.size, step):
+            r = f[a:a + step]
+            part = keys[o + a:o + a + r.size]
+            lat = _ring_rows(ch.lat, r)
+            if how == 0:
+                np.copyto(part, lat.view(np.uint32))
+            elif how == 1:
+                np.bitwise_or(lat.view(np.uint32), RUN_FLAG, out=part)
+            elif how == 2:
+                tc.flag_at_most(_ring_rows(ch.ts_code, r), ch.base_us[r], fresh_lo, part)  # RUN_FLAG: not fresh
+                np.bitwise_or(part, lat.view(np.uint32), out=part)
+            else:
+                np.less_equal(_ring_rows(ch.ts_code, r), tc.after(ch.base_us[r], fresh_lo)[:, None],
+                              out=part)         # 1: not fresh
+                to_run_keys(part, lat)
+            part.sort(axis=1)
         o += f.size
-    keys.sort(axis=1)
     nf = count_at_most(keys, np.full(n, cap, dtype=np.int64), np.uint32(RUN_FLAG - 1))
     q = two_run_quantiles(keys, nf, _QS)
     q_f = prefix_quantiles(keys.view(np.float32), nf, 0.5)
