@@ -334,7 +334,10 @@ def script_call(keys: Keys, tick: ModelTick, extras: Extras, now_ts: float,
     routing = sorted(tick.routing)
     quarantine = [(repr(float(ts)), node) for node, ts in sorted(tick.quarantine.items())]
     notes = extras.annotations
-    statuses = {s.node_id: status_json(s, updated_ts=now_ts, extra=notes.get(s.node_id))
+    # A histogram model its buckets cannot resolve: said on each status, for the status page.
+    flag = {"unresolved": dict(tick.unresolved)} if tick.unresolved else None
+    statuses = {s.node_id: status_json(s, updated_ts=now_ts, extra=notes.get(s.node_id) if flag is None
+                                       else {**notes.get(s.node_id, {}), **flag})
                 for s in tick.statuses}
     shadow = None if extras.shadow is None else sorted(extras.shadow)
     held = sorted(held_out(tick.statuses, tick.routing) if extras.held_out is None

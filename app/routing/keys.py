@@ -178,7 +178,8 @@ def status_json(status: NodeStatus, *, updated_ts: float,
     ``hardware``, ``probe_after`` (Unix s, quarantined nodes), ``updated``
     (Unix s of the write). Missing and non-finite numbers are ``null``, never 0. ``extra`` (from the
     stage-2 edge) adds ``mode``, ``routed_by_rules`` and ``override``
-    (:mod:`tailguard.streaming.edge`).
+    (:mod:`tailguard.streaming.edge`), and on a histogram model whose buckets cannot resolve it
+    ``unresolved`` (metric → first bucket bound in s, :mod:`tailguard.core.judge.hist_resolution`).
     """
     def num(x: float | None) -> float | None:
         return x if x is not None and math.isfinite(x) else None

@@ -9,7 +9,8 @@ Routes (bound to 127.0.0.1 like the rest of faust's web server):
   model's newest health changes and fleet events.
 * ``/tailguard/status.json`` — :func:`page_data`: what Redis holds for every model
   (:mod:`tailguard.routing.keys`), so any worker shows the whole fleet; ``fleet_slow`` is the
-  open fleet-slowdown episode's event, shown above the model's table.
+  open fleet-slowdown episode's event, shown above the model's table; ``unresolved`` the
+  metrics its buckets cannot resolve (judged on each node's mean: docs/scrape.md).
 
 Guarantees: every node id, model name and text goes into the page with
 ``textContent``/``setAttribute``, never parsed as HTML, so ids holding markup or control
@@ -99,6 +100,13 @@ async def page_data(redis: aioredis.Redis, key_prefix: str | Keys, now_s: float,
                 continue
             if isinstance(ev, dict):
                 events.append(ev)
+        # The metrics the model's buckets cannot resolve, as its newest status says (a node gone
+        # long ago keeps its last one): [{metric, first_bound_s}], sorted.
+        newest = max((ms.nodes[n] for n in ms.all_nodes() if isinstance(ms.nodes.get(n), dict)),
+                     key=lambda st: _num(st.get("updated")) or 0.0, default={})
+        flag = newest.get("unresolved")
+        unresolved = ([{"metric": str(k), "first_bound_s": _num(v)} for k, v in sorted(flag.items())]
+                      if isinstance(flag, dict) else [])
         # The newest fleet_slow episode event of the kept ones, if it is an opening.
         slow = next((e for e in events if e.get("type") == "fleet"
                      and e.get("kind") in ("fleet_slow", "fleet_slow_end")), None)
@@ -109,6 +117,7 @@ async def page_data(redis: aioredis.Redis, key_prefix: str | Keys, now_s: float,
                        "peers": peers, "nodes": nodes, "events": events[:EVENTS_SHOWN],
                        "fleet_slow": slow if slow is not None and slow["kind"] == "fleet_slow"
                        else None,
+                       "unresolved": unresolved,
                        "errors": [p.to_dict() for p in (*ms.errors, *problems)]})
     return {"ts": now_s, "key_prefix": keys.prefix, "models": models}
 

@@ -6,6 +6,11 @@ window, the fresh P50 rule included: when the swing ends, the peers' window P50s
 the peak's samples for up to ``max_sample_age_s`` while the node's probe samples are new, so
 against the window alone a node still 3x slower than its peers looked normal and was routed
 again (for 180 s, until its window confirmed it once more).
+
+A peak past the P50 limit (2.5x and more) is a load event: every node is off the model's slow
+baseline, and nobody is ejected while it lasts, but a node whose P50 of the last tick is past
+the limit against its peers' (which move with the fleet). Before that rule (2026-12-06) a node 3x
+slower inside a 2.5x peak left 233 s after its onset, 383-413 s inside a 3x peak.
 """
 
 from __future__ import annotations
@@ -22,7 +27,12 @@ from tailguard.sim import scenario as sc
 T0 = 1764680000.0
 
 
-def _swing(slow: str, swing_factor: float = 2.5) -> sc.Scenario:
+def _swing(slow: str, swing_factor: float = 2.5, within_s: float = 300) -> sc.Scenario:
+    """The peak, and gpu-node-04 slower as ``slow`` says (its fault's TOML keys; "": healthy)."""
+    fault = expect = ""
+    if slow:
+        fault = f'[[faults]]\nnode = "gpu-node-04"\nkind = "slowdown"\n{slow}\n'
+        expect = f'[[expect.eject]]\nnode = "gpu-node-04"\nwithin_s = {within_s}\n'
     return sc.loads(f"""
 duration_s = 1300
 rate_per_s = 5
@@ -40,16 +50,10 @@ onset_s = 400
 end_s = 900
 rate_factor = 2
 factor = {swing_factor}
-[[faults]]
-node = "gpu-node-04"
-kind = "slowdown"
-{slow}
+{fault}
 [expect]
 others_stay = true
-[[expect.eject]]
-node = "gpu-node-04"
-within_s = 300
-""", source="test_fleet_swings")
+{expect}""", source="test_fleet_swings")
 
 
 def _records(s: sc.Scenario, seed: int) -> list[dict[str, object]]:
@@ -91,3 +95,28 @@ def test_a_node_that_recovers_inside_the_peak_is_routed_again(seed: int) -> None
     assert res.ok, res.problems
     back = _routed_after_out(records, "gpu-node-04")
     assert back and back[0][0] <= 557 + 300, back
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("peak", [2.5, 3.0])
+def test_a_node_3x_slower_inside_a_peak_past_the_limit_leaves_within_120_s(peak: float,
+                                                                            seed: int) -> None:
+    """83 s after onset at every seed (before: 233 s at 2.5x, 383-413 s at 3x)."""
+    s = _swing("onset_s = 557\nfactor = 3", peak, within_s=120)
+    records = _records(s, seed)
+    kinds = [r["kind"] for r in records if r["type"] == "fleet"]
+    assert "load_event" in kinds                      # the peak is a load event all the same
+    res = outcome.check(s, records)
+    assert res.ok, res.problems
+    assert set(res.ejected_at_s) == {("gpu-node-04", "m")}
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("peak", [2.5, 3.0])
+def test_a_healthy_fleet_through_a_peak_past_the_limit_keeps_every_node(peak: float,
+                                                                        seed: int) -> None:
+    s = _swing("", peak)
+    records = _records(s, seed)
+    assert "load_event" in [r["kind"] for r in records if r["type"] == "fleet"]
+    res = outcome.check(s, records)
+    assert res.ok and not res.ejected_at_s, res.problems

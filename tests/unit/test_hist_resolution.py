@@ -91,9 +91,9 @@ def test_replay_summary_names_an_unresolved_model(counts: list[int], bounds: tup
     f.write_bytes(hist_trace(counts, bounds))
     assert main([str(f)]) == 0
     err = capsys.readouterr().err
-    line = ("buckets cannot resolve model m's e2e: most requests below the first bound 2 s, so a node "
-            "slower than its peers but still under it is not seen; judge it on another metric (ttft/itl) "
-            "or give the server finer buckets")
+    line = ("buckets cannot resolve model m's e2e: most requests below the first bound 2 s, so its "
+            "nodes are judged on their mean per window only (a slower tail under the bound is not seen); "
+            "judge it on another metric (ttft/itl) or give the server finer buckets")
     assert (line in err) is named
     assert ("buckets cannot resolve" in err) is named
 

@@ -41,7 +41,7 @@ from tailguard.core.judge import health, liveness
 from tailguard.core.judge.admission import admission_norms
 from tailguard.core.judge.baseline import baseline_shift, fold_baseline, follow_signal
 from tailguard.core.judge.fleet_slow import fleet_slow
-from tailguard.core.judge.guards import eject_within_cap, error_storm, load_event
+from tailguard.core.judge.guards import eject_within_cap, error_storm, load_event, through_load
 from tailguard.core.judge.health import Judgement, PairState, Verdict
 from tailguard.core.judge.hist_own import OwnHist, fold
 from tailguard.core.judge.hist_resolution import unresolved
@@ -187,10 +187,12 @@ class FleetEvaluator:
         signal = signal_of(peers)
         # Histogram pairs: bucket exceedance tests (hist_rules) instead of the sample rules.
         hist = peer_map = None
+        unres: tuple[tuple[str, float], ...] = ()     # metrics the buckets cannot resolve: means judged
         if _hist_model(signal, by_node):
             peer_map = dict(zip(peers.nodes, peers.summaries, strict=True))
+            unres = unresolved(peers.summaries)
             hist = HistJudge.for_model(peers, by_node, ms.pairs, now_s, st,
-                                       OwnHist(ms.hist_own, peer_map, st))
+                                       OwnHist(ms.hist_own, peer_map, st), [m for m, _b in unres])
         # Too few peers for a median: each pair's P50 against its own history (own_history).
         own_p50 = (dict(zip(peers.nodes, peers.p50s, strict=True))
                    if not norms.enough_peers and hist is None else None)
@@ -203,8 +205,9 @@ class FleetEvaluator:
                              len(peers) <= OWN_HISTORY_MAX_PEERS)
         load, load_ev = load_event(model, ms, verdicts.abnormal, len(peers), now_s,
                                    norms.fleet_p50, signal, st)
-        if load:   # nobody is ejected and no streak moves while it lasts
-            verdicts.judgements, verdicts.elevated = {}, {}
+        if load:   # no streak moves while it lasts, but a node slower than its slowed peers'
+            verdicts.judgements, verdicts.elevated = through_load(verdicts.judgements, st), {}
+            kept = set(verdicts.judgements)
         elif len(peers) <= OWN_HISTORY_MAX_PEERS:
             self._update_own(ms, peers, verdicts.judgements, now_s)
             if peer_map is not None:
@@ -229,20 +232,23 @@ class FleetEvaluator:
             hist.judge_rounds(ms.pairs, by_node, errors.judgements, now_s, verdicts.judgements)
         candidates = self._step_pairs(ms, verdicts.judgements, now_s, transitions)
         diagnostics: list[DiagnosticsRequest] = []
-        if not load and not live.telemetry_lost and candidates:
+        if load:     # only those judged through it (a streak from before it waits)
+            candidates = [p for p in candidates if p.node_id in kept]
+        if not live.telemetry_lost and candidates:
             eject_within_cap(model, ms.pairs, candidates, now_s, st, transitions, diagnostics)
         wt = None
         if st.weights != "off":     # after the ejections: only the routed nodes have a weight
             # Histogram pairs: slow-downs estimated from the buckets, not from interpolated P50s.
             wt = weigh_model(model, ms.weights, peers, norms, ms.pairs.routing(), now_s, st,
                              hold=load or live.telemetry_lost,
-                             evidence_of=None if hist is None else partial(hist_targets, peers, st,
-                                                                          trend=ms.hist_trend, now_s=now_s))
+                             evidence_of=None if hist is None else partial(
+                                 hist_targets, peers, st, trend=ms.hist_trend, now_s=now_s,
+                                 unresolved=frozenset(m for m, _b in unres)))
         ms.weights = NO_WEIGHTS if wt is None else wt.state
         tick = self._report(model, ms, by_node, now_s, transitions, fleet_events, diagnostics,
                             with_statuses, wt, fleet_latency_us)
-        # Histogram models: the metrics whose P50 their buckets cannot resolve (no verdict rests on it).
-        return tick if hist is None else dataclasses.replace(tick, unresolved=unresolved(peers.summaries))
+        # Histogram models: the metrics whose P50 their buckets cannot resolve (judged on means).
+        return tick if hist is None else dataclasses.replace(tick, unresolved=unres)
 
     # ---- steps of the tick ---------------------------------------------------------------
     def _admit_new(self, model: str, ms: ModelState, by_node: dict[str, WindowSummary],

@@ -7,9 +7,10 @@ Owns three decisions taken per model and tick after the per-pair rules:
   node; the rest stay unhealthy *and routed* (reason ``ejection_cap``) until room appears.
   Only admitted pairs count (:mod:`tailguard.core.judge.admission`): a new pair confirmed
   abnormal before it was ever routed is refused whatever the cap, and counts in neither;
-* the load event — at least ``load_event_fraction`` of the peers (and at least
-  ``min_peers``) abnormal in one tick: nobody is ejected, no streak moves, one
-  ``load_event`` opens the episode (``load_event_end`` closes it);
+* the load event — at least ``load_event_fraction`` of the peers (and at least ``min_peers``)
+  abnormal in one tick: ``load_event`` opens the episode (``load_event_end`` closes it); no
+  streak moves, nobody is ejected but a node whose fresh P50 is past the limit against its
+  peers' fresh P50s, which move with the fleet (:func:`through_load`);
 * the error storm — at least ``load_event_fraction`` of the routed pairs past
   ``max_error_share`` at once: ``error_storm`` opens the episode (``error_storm_end``
   closes it); nobody is ejected for it.
@@ -21,13 +22,21 @@ Rationale: docs/rules.md.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Mapping
 
 from tailguard.core.contract.config import DetectorSettings
-from tailguard.core.contract.types import DiagnosticsRequest, FleetEvent, HealthState, Transition
+from tailguard.core.contract.types import (
+    DiagnosticsRequest,
+    FleetEvent,
+    HealthState,
+    Reason,
+    Transition,
+)
 from tailguard.core.judge import health
 from tailguard.core.judge.baseline import baseline_fleet_p50
-from tailguard.core.judge.health import PairState
+from tailguard.core.judge.health import Judgement, PairState, Verdict
 from tailguard.core.judge.model_state import ModelState
 from tailguard.core.judge.request_rules import ErrorReport
 
@@ -84,6 +93,26 @@ def load_event(model: str, ms: ModelState, abnormal: int, n_peers: int, now_s: f
         baseline_p50=baseline_fleet_p50(ms), signal=signal,
         detail=(f"{abnormal} of {n_peers} judged nodes abnormal in one tick: "
                 "nobody is ejected while it lasts") if load else None)
+
+
+def through_load(judgements: Mapping[str, Judgement],
+                 st: DetectorSettings) -> dict[str, Judgement]:
+    """Of a load event's verdicts, those that stand: abnormal with a fresh P50 (the last
+    tick's samples) past ``relative_p50_factor ×`` the peers' fresh P50 (same class), as a
+    ``relative_p50`` verdict. The rest are dropped (no streak moves)."""
+    f50 = st.relative_p50_factor
+    out: dict[str, Judgement] = {}
+    for node, j in judgements.items():
+        ev = j.evidence
+        if (j.verdict is not Verdict.ABNORMAL or ev is None or ev.fresh_p50 is None
+                or ev.peers_fresh_p50 is None or not ev.fresh_p50 > f50 * ev.peers_fresh_p50):
+            continue
+        out[node] = dataclasses.replace(
+            j, reason=Reason.RELATIVE_P50.value, detail=(
+                f"p50 of the last {st.tick_interval_s:g} s {ev.fresh_p50:.1f} > {f50:g} x "
+                f"peers' {ev.peers_fresh_p50:.1f}, during a load event (the peers' fresh "
+                f"P50s move with the fleet); {j.detail}"))
+    return out
 
 
 def error_storm(model: str, ms: ModelState, errors: ErrorReport, now_s: float,

@@ -10,7 +10,8 @@ peers, one a few times slower is seen only once it crosses the bound (docs/scrap
 worker's log tell the operator of one such metric; the worker's gauge is
 ``tailguard_unresolved_first_bound_seconds``.
 
-Guarantees: pure, no verdict rests on it (it marks a model, it judges no node); a metric whose
+Guarantees: pure; it marks a model, it judges no node (the marked metrics' means are judged:
+:mod:`tailguard.core.judge.hist_mean`, :mod:`tailguard.core.judge.hist_weights`); a metric whose
 pairs carry no finite bounds (counters only) is never marked; metrics in sorted order, each
 with the first bound most of its peers share (the smallest on a tie).
 """
@@ -52,8 +53,9 @@ def advice(model: str, metric: str, bound_s: float) -> str:
     """What to tell the operator about one unresolved metric of ``model``."""
     others = "/".join(m for m in ("e2e", "ttft", "itl") if m != metric)
     return (f"buckets cannot resolve model {model}'s {metric}: most requests below the first "
-            f"bound {bound_s:g} s, so a node slower than its peers but still under it is not "
-            f"seen; judge it on another metric ({others}) or give the server finer buckets")
+            f"bound {bound_s:g} s, so its nodes are judged on their mean per window only (a slower "
+            f"tail under the bound is not seen); judge it on another metric ({others}) or give the "
+            "server finer buckets")
 
 
 def summary_text(found: Mapping[tuple[str, str], float]) -> str:

@@ -13,11 +13,11 @@ with binomial p < ``ALPHA`` (that share, not significant: no verdict, a streak h
 windows (Triton's counters): their mean. A node whose bounds differ from the class's (a server
 version with other buckets) is tested at its own bounds against the peers' CDF at their largest
 bound below (exact, monotone); fewer than ``min_peers`` peers: own history (:class:`OwnFallback`).
-Any metric abnormal makes the node abnormal (per-token first).
+Any metric abnormal makes the node abnormal (per-token first); where the buckets cannot resolve
+the model (below the first bound), its window mean too (:mod:`~tailguard.core.judge.hist_mean`).
 
-Guarantees: pure; verdicts depend on counts only (relabelling nodes changes nothing); a shift
-the buckets cannot prove above ``MIN_FACTOR`` is never a fault. Rationale and each server's
-resolution limits: docs/rules.md (Histogram pairs), docs/scrape.md.
+Guarantees: pure; verdicts depend on counts (and sums) only, not on labels; a shift the buckets
+cannot prove above ``MIN_FACTOR`` is a fault only by the mean. Why: docs/rules.md, docs/scrape.md.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import bisect
 import dataclasses
 import math
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol
 
@@ -35,6 +35,7 @@ from tailguard.core.contract.types import HealthState, Reason, WindowSummary
 from tailguard.core.judge import health
 from tailguard.core.judge.admission import admitting
 from tailguard.core.judge.health import Evidence, Judgement, PairState, Verdict
+from tailguard.core.judge.hist_mean import MeanRef
 from tailguard.core.judge.model_state import PairTable
 from tailguard.core.judge.peers import PeerSet, hw_class, median
 from tailguard.core.judge.rules import binomial_sf
@@ -247,15 +248,18 @@ class HistJudge:
 
     def __init__(self, peers: Mapping[str, WindowSummary], st: DetectorSettings,
                  newcomers: Mapping[str, WindowSummary] | None = None,
-                 own: OwnFallback | None = None) -> None:
+                 own: OwnFallback | None = None, unresolved: Collection[str] = ()) -> None:
         """``peers``: the model's peers; ``newcomers``: the pairs awaiting admission or in a
         probe round, which join a class's reference only while it has fewer than
         ``min_peers`` peers (a cold start: new pairs are judged against each other);
-        ``own``: judges a metric of a class with no reference against the node's own history."""
+        ``own``: judges a metric of a class with no reference against the node's own history;
+        ``unresolved``: the metrics the model's buckets cannot resolve (hist_resolution), on
+        which each node's window mean is judged too (:mod:`tailguard.core.judge.hist_mean`)."""
         self.st = st
         self.own = own
         # (metric, class) -> (bounds the class uses, reference)
         self._refs: dict[tuple[str, str], tuple[tuple[float, ...], Reference]] = {}
+        self._means: dict[tuple[str, str], MeanRef] = {}     # (metric, class) -> unresolved: means
         by = _windows_by_class(peers)
         extra = _windows_by_class(newcomers or {})
         for key in by.keys() | extra.keys():
@@ -273,13 +277,16 @@ class HistJudge:
                 ref = reference(same)
                 if ref is not None:
                     self._refs[key] = (bounds, ref)
+                if key[0] in unresolved and (m := MeanRef.of(same, st.min_peers)) is not None:
+                    self._means[key] = m
 
     @classmethod
     def for_model(cls, peers: PeerSet, by_node: Mapping[str, WindowSummary], pairs: PairTable,
-                  now_s: float, st: DetectorSettings, own: OwnFallback | None = None) -> HistJudge:
+                  now_s: float, st: DetectorSettings, own: OwnFallback | None = None,
+                  unresolved: Collection[str] = ()) -> HistJudge:
         newcomers = {node: s for node in pairs.in_order(pairs.rare)
                      if (s := by_node.get(node)) is not None and _in_round(pairs[node], now_s, st)}
-        return cls(dict(zip(peers.nodes, peers.summaries, strict=True)), st, newcomers, own)
+        return cls(dict(zip(peers.nodes, peers.summaries, strict=True)), st, newcomers, own, unresolved)
 
     def unreferenced(self, s: WindowSummary, need: int) -> Evidence | None:
         """The evidence of ``s``'s first window (per-token first) of ``need`` requests on a
@@ -321,6 +328,11 @@ class HistJudge:
                 continue
             else:
                 j = judge_metric(metric, w, got[1], s, self.st)
+                mref = self._means.get((metric, cls)) if j.verdict is not Verdict.ABNORMAL else None
+                if mref is not None and j.evidence is not None:
+                    by_mean = mref.judge(metric, w, self.st, j.evidence)
+                    if by_mean is not None and by_mean.verdict is Verdict.ABNORMAL:
+                        j = by_mean
             if j.verdict is Verdict.ABNORMAL:
                 return j
             if j.verdict is Verdict.NORMAL and normal is None:

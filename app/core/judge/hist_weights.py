@@ -89,7 +89,8 @@ class _Estimates:
 
 
 def targets(peers: PeerSet, st: DetectorSettings, want: Set[str] = frozenset(),
-            trend: HistTrend | None = None, now_s: float | None = None) -> dict[str, WeightEvidence]:
+            trend: HistTrend | None = None, now_s: float | None = None,
+            unresolved: Set[str] = frozenset()) -> dict[str, WeightEvidence]:
     """The target weight and evidence of every histogram peer slower than its class's noise
     band floor, and of the peers in ``want`` (those with a weight state) that have an estimate.
     Per signal and class, on the signal's metric, or, when its buckets give fewer than
@@ -97,7 +98,8 @@ def targets(peers: PeerSet, st: DetectorSettings, want: Set[str] = frozenset(),
     gives them, each node's lowest target (a node slower in decode only shows it in e2e, not in
     ttft); the evidence's ``signal`` names the metric used. With ``trend`` (and ``now_s``), each
     window's estimates are recorded in it and a node's mean over its recent windows is judged
-    too (:mod:`tailguard.core.judge.hist_trend`), the lower target kept."""
+    too (:mod:`tailguard.core.judge.hist_trend`), the lower target kept. On a metric in
+    ``unresolved`` (hist_resolution) whose buckets give no estimate, the windows' means do."""
     groups: dict[tuple[str, str], list[tuple[str, dict[str, HistWindow], int]]] = {}
     for node, s in zip(peers.nodes, peers.summaries, strict=True):
         wins = windows_of(s)
@@ -106,9 +108,9 @@ def targets(peers: PeerSet, st: DetectorSettings, want: Set[str] = frozenset(),
     out: dict[str, WeightEvidence] = {}
     for (signal, cls), members in groups.items():
         first = signal.removesuffix(HIST_SIGNAL)
-        est = _estimates(first, members, st)
+        est = _estimates(first, members, st, unresolved)
         found = ([est] if est is not None else
-                 [e for m in PREFERENCE if m != first if (e := _estimates(m, members, st)) is not None])
+                 [e for m in PREFERENCE if m != first if (e := _estimates(m, members, st, unresolved)) is not None])
         got: dict[str, WeightEvidence] = {}
         for e in found:
             # A window's mean alone is no evidence: a few long requests move it (the trend's median).
@@ -156,10 +158,11 @@ def _lower(a: dict[str, WeightEvidence], b: Mapping[str, WeightEvidence]) -> dic
 
 
 def _estimates(metric: str, members: list[tuple[str, dict[str, HistWindow], int]],
-               st: DetectorSettings) -> _Estimates | None:
+               st: DetectorSettings, unresolved: Set[str] = frozenset()) -> _Estimates | None:
     """Each node's log slow-down against its class on ``metric`` (module docstring); None when
     the buckets give fewer than ``min_peers`` estimates (no reference, or a reference inside
-    too few bounds). Bucketless windows (Triton's counters): :func:`_mean_estimates`."""
+    too few bounds) unless ``metric`` is in ``unresolved``. Bucketless windows (Triton's
+    counters) and those of an unresolved metric without estimates: :func:`_mean_estimates`."""
     signal = metric + HIST_SIGNAL
     rows = [(node, w, samples) for node, wins, samples in members
             if (w := wins.get(metric)) is not None and w.requests >= st.min_samples]
@@ -175,7 +178,8 @@ def _estimates(metric: str, members: list[tuple[str, dict[str, HistWindow], int]
     est = {node: (e, samples) for node, w, samples in rows
            if (e := log_shift(bounds, ref.cdf, w)) is not None}
     if len(est) < st.min_peers:
-        return None
+        # Most requests below the first bound: only the means tell the nodes apart (hist_mean).
+        return _mean_estimates(signal, rows + others, st) if metric in unresolved else None
     centre = median([lf for (lf, _), _ in est.values()])
     spread = log_spread([math.exp(lf - centre) for (lf, _), _ in est.values()])
     # Nodes with other buckets (another server version): on the bounds they share with the

@@ -1,0 +1,48 @@
+"""Scraped fleets whose buckets cannot resolve the model, end to end: judged on their means.
+
+A model of ~0.1-s requests (lognormal, σ 0.4, no tokens) puts every healthy request in the
+first e2e bucket of vLLM (0.3 s), SGLang (0.1 s: half of them) and Dynamo (2 s). Each pod's
+requests are played into its simulated server's ``/metrics``, scraped every 10 s through the
+scraper's converter (:func:`tailguard.sim.servertrace.server_lines`) and replayed on the default
+settings. Until 2026-12-06 such a model was named only: on Dynamo a pod 3x slower was never
+removed, and a pod 1.3x slower got no weight on vLLM or Dynamo. Now each window's mean is judged
+against the peers' (hist_mean) and weights come from the recent windows' means (hist_weights).
+"""
+
+from __future__ import annotations
+
+import pytest
+from test_server_weights import ONSET_S, run, weights
+
+from tailguard.sim import scenario as sc
+
+SLOW = ("gpu-node-01", "m")
+
+
+def fleet(factor: float, *, pods: int = 10, rate: float = 4.0) -> sc.Scenario:
+    return sc.one_model_fleet(pods, p50_ms=100.0, sigma=0.4, rate_per_s=rate, llm=None, duration_s=1500.0,
+                              faults=sc.slowdown_fault([SLOW[0]], factor, ONSET_S))
+
+
+@pytest.mark.parametrize("server", ["vllm", "sglang", "dynamo"])
+def test_a_pod_3x_slower_leaves_and_stays_out(server: str) -> None:
+    res, _records = run(server, fleet(3.0), 1)
+    assert set(res.ejected_at_s) == {SLOW} and res.gone_at_s == {}, (res.problems, res.ejected_at_s)
+    assert res.ejected_at_s[SLOW] - ONSET_S <= 150.0, res.ejected_at_s
+    assert res.readmitted_at_s == {}, res.readmitted_at_s
+
+
+@pytest.mark.parametrize("server", ["vllm", "dynamo"])
+def test_a_pod_1_3x_slower_is_weighted_and_kept(server: str) -> None:
+    res, records = run(server, fleet(1.3), 1)
+    assert res.ok and res.ejected_at_s == {}, (res.problems, res.ejected_at_s)
+    assert set(res.lowest_weight) == {SLOW}, weights(records)
+    assert 0.6 <= res.lowest_weight[SLOW][0] <= 0.9, weights(records)
+
+
+@pytest.mark.parametrize(("server", "pods", "rate", "seed"), [
+    ("vllm", 10, 4.0, 2), ("sglang", 5, 2.0, 3), ("dynamo", 20, 8.0, 1), ("dynamo", 3, 2.0, 2)])
+def test_a_healthy_unresolved_fleet_gets_no_weight_and_no_removal(server: str, pods: int, rate: float,
+                                                                   seed: int) -> None:
+    res, records = run(server, fleet(1.0, pods=pods, rate=rate), seed)
+    assert res.ok and weights(records) == [] and res.ejected_at_s == {}, (res.problems, weights(records))
