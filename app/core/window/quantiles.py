@@ -251,13 +251,16 @@ def select_two_runs(keys: U32, split: I64, k: I64) -> tuple[F64, F64]:
 
 def two_run_quantiles(keys: U32, split: I64, qs: Sequence[float]) -> F64:
     """``numpy.quantile`` at ``qs`` of every whole row of ``keys`` (two runs split at
-    ``split``, see :func:`select_two_runs`); ``[rows, len(qs)]``."""
+    ``split``, see :func:`select_two_runs`); ``[rows, len(qs)]``. Each rank is searched
+    on its own: one near either end of a row (a P99) takes fewer steps than a P50."""
     rows, n = int(keys.shape[0]), int(keys.shape[1])
     lo, hi, f = _fixed_ranks(n, qs)
-    vlo, vnext = select_two_runs(keys, split, np.broadcast_to(lo, (rows, lo.size)))
-    vhi = np.where(hi > lo, vnext, vlo)
-    with np.errstate(invalid="ignore"):             # +inf - +inf: NaN, as in numpy
-        out: F64 = vlo + (vhi - vlo) * f
+    out: F64 = np.empty((rows, lo.size))
+    for c in range(lo.size):
+        vlo, vnext = select_two_runs(keys, split, np.full((rows, 1), lo[c], dtype=np.int64))
+        vhi = vnext if hi[c] > lo[c] else vlo
+        with np.errstate(invalid="ignore"):         # +inf - +inf: NaN, as in numpy
+            out[:, c:c + 1] = vlo + (vhi - vlo) * f[c]
     return out
 
 
