@@ -72,3 +72,13 @@ def test_a_2x_diurnal_swing_on_dynamo_reports_a_baseline_shift() -> None:
     shifts = [float(r["ts"]) - s.epoch_s for r in records
               if r.get("type") == "fleet" and r["kind"] == "baseline_shift"]
     assert shifts and 400.0 <= shifts[0] <= 520.0, shifts
+
+
+@pytest.mark.parametrize("name", ["two_node_models", "scale_down_then_fault"])
+def test_below_min_peers_dynamo_judges_each_node_on_its_own_mean(name: str) -> None:
+    """The shipped fleets of fewer than ``min_peers`` nodes through Dynamo's /metrics (a 180-ms
+    model under its 2-s bound): the slow node leaves as the scenario expects (its mean against its
+    own baseline's), the mistral pair slowing together stays (a shared change)."""
+    s = sc.load(ROOT / "scenarios" / f"{name}.toml")
+    res, _records = run("dynamo", s, 1)
+    assert res.ok, res.problems

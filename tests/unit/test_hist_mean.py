@@ -12,10 +12,13 @@ from test_hist_rules import ST, summary
 from tailguard.core.contract.types import Reason
 from tailguard.core.judge.evaluate import FleetEvaluator
 from tailguard.core.judge.health import Verdict
+from tailguard.core.judge.hist_baselines import HistBaselines
 from tailguard.core.judge.hist_mean import MeanRef, Z, as_means
+from tailguard.core.judge.hist_own import OwnHist
 from tailguard.core.judge.hist_rules import HIST_SIGNAL, HistJudge
 from tailguard.core.judge.hist_trend import HistTrend
 from tailguard.core.judge.hist_weights import targets
+from tailguard.core.judge.own_history import MIN_TICKS
 from tailguard.core.judge.peers import PeerSet
 from tailguard.core.judge.weights import MAD_SIGMA
 from tailguard.core.window.hist_window import HistWindow
@@ -120,3 +123,26 @@ def test_a_fleet_wide_swing_under_the_first_bound_moves_the_unresolved_model_s_b
         kinds += [f"{k}:{e.kind}" for e in tick.fleet_events]
     assert tick.unresolved == (("e2e", 2.0),)
     assert [x for x in kinds if x.endswith("baseline_shift")] == ["25:baseline_shift"], kinds
+
+
+def _own(means: dict[str, float], unresolved: list[str]) -> OwnHist:
+    """Two nodes' baselines of MIN_TICKS windows of 0.1 s under Dynamo's bound, then this tick's
+    windows of ``means``."""
+    base = HistBaselines()
+    for k in range(MIN_TICKS):
+        for node in means:
+            base.update(node, "e2e", first_bucket(0.1), 30.0 * k)
+    peers = {n: summary(n, {"e2e": first_bucket(m)}) for n, m in means.items()}
+    return OwnHist(base, peers, ST, unresolved)
+
+
+def test_below_min_peers_an_unresolved_node_is_judged_on_its_own_baseline_mean() -> None:
+    slow = summary("a", {"e2e": first_bucket(0.3)})
+    j = _own({"a": 0.3, "b": 0.1}, ["e2e"]).judge("e2e", first_bucket(0.3), slow)
+    assert j is not None and j.verdict is Verdict.ABNORMAL and "its own baseline mean" in (j.detail or "")
+    # 1.5x: under relative_p50_factor; without the mark every request is in one bucket.
+    mild = summary("a", {"e2e": first_bucket(0.15)})
+    assert _own({"a": 0.15, "b": 0.1}, ["e2e"]).judge("e2e", first_bucket(0.15), mild).verdict is Verdict.NORMAL
+    assert _own({"a": 0.3, "b": 0.1}, []).judge("e2e", first_bucket(0.3), slow).verdict is Verdict.NORMAL
+    # Both nodes 3x together: a shared change (the other moved by its mean), no verdict.
+    assert _own({"a": 0.3, "b": 0.3}, ["e2e"]).judge("e2e", first_bucket(0.3), slow) is None

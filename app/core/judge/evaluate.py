@@ -197,7 +197,8 @@ class FleetEvaluator:
         if _hist_model(signal, by_node):
             peer_map = dict(zip(peers.nodes, peers.summaries, strict=True))
             hist = HistJudge.for_model(peers, by_node, ms.pairs, now_s, st,
-                                       OwnHist(ms.hist_own, peer_map, st), [m for m, _b in unres])
+                                       OwnHist(ms.hist_own, peer_map, st, [m for m, _b in unres]),
+                                       [m for m, _b in unres])
         # Too few peers for a median: each pair's P50 against its own history (own_history).
         own_p50 = (dict(zip(peers.nodes, peers.p50s, strict=True))
                    if not norms.enough_peers and hist is None else None)

@@ -67,9 +67,11 @@ class MeanRef:
         noise = self.spread * math.sqrt(max(1.0, self.requests / n))
         return max(st.relative_p50_factor, math.exp(Z * noise))
 
-    def judge(self, metric: str, w: HistWindow, st: DetectorSettings, ev: Evidence) -> Judgement | None:
+    def judge(self, metric: str, w: HistWindow, st: DetectorSettings, ev: Evidence,
+              *, own: bool = False) -> Judgement | None:
         """``w``'s mean against the peers' (``ev``: the bucket verdict's evidence, given the
-        means); None when ``w`` has no sum."""
+        means; ``own``: the reference is the node's own baseline mean, said so); None when
+        ``w`` has no sum."""
         mean = window_mean_s(w)
         if mean is None:
             return None
@@ -78,8 +80,9 @@ class MeanRef:
         ev = dataclasses.replace(ev, p50=mean * US_PER_S, p99=None, ratio=None, peers_p50=self.mean_s * US_PER_S)
         if sev > 1.0:
             return Judgement(Verdict.ABNORMAL, Reason.RELATIVE_P50.value, ev, sev,
-                             f"{metric} mean {mean:.3g} s > {lim:.3g} x the peers' median mean"
-                             f" ({self.mean_s:.3g} s, {self.peers} peers): its buckets cannot resolve"
+                             f"{metric} mean {mean:.3g} s > {lim:.3g} x "
+                             + ("its own baseline mean" if own else "the peers' median mean")
+                             + f" ({self.mean_s:.3g} s, {self.peers} peers): its buckets cannot resolve"
                              " the model (most requests below the first bound), its mean can")
         return Judgement(Verdict.NORMAL, Reason.NORMAL.value, ev, sev)
 
