@@ -11,12 +11,15 @@ against the peers' (hist_mean) and weights come from the recent windows' means (
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from test_server_weights import ONSET_S, run, weights
 
 from tailguard.sim import scenario as sc
 
 SLOW = ("gpu-node-01", "m")
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def fleet(factor: float, *, pods: int = 10, rate: float = 4.0) -> sc.Scenario:
@@ -46,3 +49,26 @@ def test_a_healthy_unresolved_fleet_gets_no_weight_and_no_removal(server: str, p
                                                                    seed: int) -> None:
     res, records = run(server, fleet(1.0, pods=pods, rate=rate), seed)
     assert res.ok and weights(records) == [] and res.ejected_at_s == {}, (res.problems, weights(records))
+
+
+@pytest.mark.parametrize("server", ["vllm", "dynamo"])
+def test_a_fleet_wide_peak_under_the_first_bound_raises_the_fleet_event(server: str) -> None:
+    """The shipped ``traffic_peak`` (every node 2.5x slower together, a 180-ms model under both
+    first bounds): the fleet event it expects, as on the event path; before 2026-12-06 the
+    interpolated P50s inside the first bucket stayed flat and none came."""
+    s = sc.load(ROOT / "scenarios" / "traffic_peak.toml")
+    res, records = run(server, s, 1)
+    assert res.ok, res.problems
+    kinds = {r["kind"] for r in records if r.get("type") == "fleet"}
+    assert {"fleet_slow", "baseline_shift"} <= kinds, kinds
+
+
+def test_a_2x_diurnal_swing_on_dynamo_reports_a_baseline_shift() -> None:
+    """The shipped ``diurnal_swing_slow_node`` (the fleet 2x slower for 500 s) through Dynamo's
+    /metrics: a ``baseline_shift``, as on the event path and on Triton's counters."""
+    s = sc.load(ROOT / "scenarios" / "diurnal_swing_slow_node.toml")
+    res, records = run("dynamo", s, 1)
+    assert res.ok, res.problems
+    shifts = [float(r["ts"]) - s.epoch_s for r in records
+              if r.get("type") == "fleet" and r["kind"] == "baseline_shift"]
+    assert shifts and 400.0 <= shifts[0] <= 520.0, shifts

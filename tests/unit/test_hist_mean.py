@@ -10,9 +10,10 @@ import pytest
 from test_hist_rules import ST, summary
 
 from tailguard.core.contract.types import Reason
+from tailguard.core.judge.evaluate import FleetEvaluator
 from tailguard.core.judge.health import Verdict
-from tailguard.core.judge.hist_mean import MeanRef, Z
-from tailguard.core.judge.hist_rules import HistJudge
+from tailguard.core.judge.hist_mean import MeanRef, Z, as_means
+from tailguard.core.judge.hist_rules import HIST_SIGNAL, HistJudge
 from tailguard.core.judge.hist_trend import HistTrend
 from tailguard.core.judge.hist_weights import targets
 from tailguard.core.judge.peers import PeerSet
@@ -91,3 +92,31 @@ def test_unresolved_a_node_slower_by_its_recent_means_is_weighted() -> None:
     assert set(got) == {"n0"}
     assert got["n0"].value / got["n0"].ref == pytest.approx(1.3, rel=0.03)
     assert got["n0"].target < 1.0
+
+
+def test_as_means_makes_an_unresolved_metric_s_p50_and_p99_the_window_mean() -> None:
+    wins = {"a": first_bucket(0.1), "b": first_bucket(0.25, 50)}
+    by_node = {n: summary(n, {"e2e": w}) for n, w in wins.items()}
+    got = as_means(by_node, ["e2e"], HIST_SIGNAL)
+    assert got["a"].p50 == got["a"].p99 == pytest.approx(0.1e6)
+    assert got["b"].p50 == got["b"].p99 == pytest.approx(0.25e6)
+    assert got["a"].extra == by_node["a"].extra and got["a"].samples == by_node["a"].samples
+    # Another metric unresolved, or no sum: unchanged.
+    assert as_means(by_node, ["itl"], HIST_SIGNAL) == by_node
+    no_sum = {"c": summary("c", {"e2e": HistWindow(DYNAMO, (200, 0, 0, 0), 200, None, 30.0)})}
+    assert as_means(no_sum, ["e2e"], HIST_SIGNAL) == no_sum
+
+
+def test_a_fleet_wide_swing_under_the_first_bound_moves_the_unresolved_model_s_baseline() -> None:
+    """A fleet 2x slower together, every request still below Dynamo's 2-s bound: the fleet's
+    P50s (window means now, flat interpolations before) report a baseline shift."""
+    ev = FleetEvaluator(ST)
+    kinds: list[str] = []
+    for k in range(40):
+        mean = 0.1 if k < 25 else 0.2
+        fleet = [summary(f"n{i}", {"e2e": first_bucket(mean * (1 + 0.01 * i), 200)})._replace(tick_ts=30.0 * k)
+                 for i in range(6)]
+        tick = ev.evaluate("m", fleet, 30.0 * k + 200.0)
+        kinds += [f"{k}:{e.kind}" for e in tick.fleet_events]
+    assert tick.unresolved == (("e2e", 2.0),)
+    assert [x for x in kinds if x.endswith("baseline_shift")] == ["25:baseline_shift"], kinds

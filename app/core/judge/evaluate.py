@@ -43,6 +43,7 @@ from tailguard.core.judge.baseline import baseline_shift, fold_baseline, follow_
 from tailguard.core.judge.fleet_slow import fleet_slow
 from tailguard.core.judge.guards import eject_within_cap, error_storm, load_event, through_load
 from tailguard.core.judge.health import Judgement, PairState, Verdict
+from tailguard.core.judge.hist_mean import as_means
 from tailguard.core.judge.hist_own import OwnHist, fold
 from tailguard.core.judge.hist_resolution import unresolved
 from tailguard.core.judge.hist_rules import HIST_SIGNAL, HistJudge
@@ -177,6 +178,12 @@ class FleetEvaluator:
             ms.forget_pair(node)
 
         peers = gather_peers(by_node, ms.pairs, st.min_samples, ms.pairs.rare)
+        # Histogram models whose buckets cannot resolve them: judged on means (hist_mean), and
+        # their P50s are the window means too (the baselines and fleet events read them).
+        unres: tuple[tuple[str, float], ...] = ()
+        if _hist_model(signal_of(peers), by_node) and (unres := unresolved(peers.summaries)):
+            by_node = as_means(by_node, [m for m, _b in unres], HIST_SIGNAL)
+            peers = gather_peers(by_node, ms.pairs, st.min_samples, ms.pairs.rare)
         # Out of routing, failures from before the ejection are not pooled (rules).
         cut = {n: ts for n in ms.pairs.unrouted
                if (ts := ms.pairs[n].quarantined_at) is not None}
@@ -187,10 +194,8 @@ class FleetEvaluator:
         signal = signal_of(peers)
         # Histogram pairs: bucket exceedance tests (hist_rules) instead of the sample rules.
         hist = peer_map = None
-        unres: tuple[tuple[str, float], ...] = ()     # metrics the buckets cannot resolve: means judged
         if _hist_model(signal, by_node):
             peer_map = dict(zip(peers.nodes, peers.summaries, strict=True))
-            unres = unresolved(peers.summaries)
             hist = HistJudge.for_model(peers, by_node, ms.pairs, now_s, st,
                                        OwnHist(ms.hist_own, peer_map, st), [m for m, _b in unres])
         # Too few peers for a median: each pair's P50 against its own history (own_history).

@@ -9,7 +9,9 @@ their log means. :meth:`MeanRef.judge` makes a node abnormal (``relative_p50``) 
 more than ``relative_p50_factor`` times the median and past ``Z`` times a window's noise (the
 peers' spread, times ``sqrt(median requests / its requests)``: a mean of fewer requests is
 noisier); a smaller slow-down is the routing weights' (the median of recent windows' means,
-:mod:`tailguard.core.judge.hist_weights`).
+:mod:`tailguard.core.judge.hist_weights`). :func:`as_means` makes such a model's summary P50s
+their window means (an interpolation inside the first bucket is flat: a fleet-wide swing under
+it moved no baseline and raised no fleet event).
 
 Guarantees: pure; no reference from fewer than ``min_peers`` windows with sums; relabelling
 nodes changes nothing; a node within ``Z`` times the peers' noise is never abnormal. Rationale
@@ -20,12 +22,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
 from tailguard.core.contract.config import DetectorSettings
-from tailguard.core.contract.types import Reason
+from tailguard.core.contract.types import Reason, WindowSummary
 from tailguard.core.judge.health import Evidence, Judgement, Verdict
 from tailguard.core.judge.peers import median
 from tailguard.core.judge.weights import log_spread
@@ -80,3 +82,20 @@ class MeanRef:
                              f" ({self.mean_s:.3g} s, {self.peers} peers): its buckets cannot resolve"
                              " the model (most requests below the first bound), its mean can")
         return Judgement(Verdict.NORMAL, Reason.NORMAL.value, ev, sev)
+
+
+def as_means(by_node: Mapping[str, WindowSummary], unresolved: Collection[str],
+             suffix: str) -> dict[str, WindowSummary]:
+    """``by_node`` with each histogram summary's ``p50``/``p99`` (of its signal's metric: the
+    signal less ``suffix``) replaced by its window mean (µs) when that metric is in
+    ``unresolved``, as Triton's counters give theirs (the baselines, fleet events and statuses
+    read them); a summary without a window sum there is unchanged."""
+    out = {}
+    for node, s in by_node.items():
+        metric = s.signal.removesuffix(suffix)
+        raw = s.extra.get("hist") if s.extra and metric in unresolved else None
+        d = raw.get(metric) if isinstance(raw, Mapping) else None
+        w = HistWindow.from_dict(d) if isinstance(d, Mapping) else None
+        m = None if w is None else window_mean_s(w)
+        out[node] = s if m is None else s._replace(p50=m * US_PER_S, p99=m * US_PER_S)
+    return out
