@@ -12,8 +12,11 @@ from 557 s (1: a healthy fleet, every removal false). Families:
 * ``llm``: the swing at 2, 2.5 and 3x on raw LLM latency (conversation and code sizes, no
   token counts: P99/P50 4-9);
 * ``busy``: the swing at 2, 2.5 and 3x at 20 req/s a node;
+* ``quiet``: gpu-node-01..05 at 1, 2 or 3 req/s among peers at 5 (lognormal σ 0.3 and 1.0, raw
+  LLM code sizes), alone and inside the 2.5x swing;
 * ``lag``: a node's events delivered ``--lag`` s after the others' (gpu-node-04, the slow one,
-  and gpu-node-02, a healthy one), 8 nodes at 4 req/s, alone and inside the 2.5x swing.
+  or gpu-node-02, a healthy one), 8 nodes at 4 req/s (lognormal, raw LLM conversation sizes),
+  alone and inside the 2.5x swing.
 
 Printed per run: the slow node's removal (s after onset), every other node taken out of
 routing, and a routing set left empty. Exit status 1 when a healthy node was removed or a set
@@ -74,48 +77,50 @@ others_stay = true
 {expect}""", source="backtest_swings")
 
 
-def lagged(lines: Iterator[str], lags: dict[str, float]) -> list[str]:
-    """``lines`` re-ordered as if each node in ``lags`` reached the detector that late."""
-    rows = []
-    for i, line in enumerate(lines):
-        d = json.loads(line)
-        ts = float(d.get("ts", 0.0))
-        rows.append((ts + lags.get(str(d.get("node_id")), 0.0), i, line))
-    rows.sort()
-    return [r[2] for r in rows]
-
-
-def cases(families: list[str], slow: float, lag: float) -> Iterator[tuple[str, sc.Scenario, dict[str, float]]]:
+def cases(families: list[str], slow: float,
+          lags: list[float]) -> Iterator[tuple[str, sc.Scenario]]:
     if "swing" in families:
         for f in (1.5, 2.0, 2.5, 3.0):
             for ramp in (False, True):
-                yield f"swing {f:g}x {'ramp' if ramp else 'step'}", scenario(slow, _swing(f, ramp)), {}
+                yield f"swing {f:g}x {'ramp' if ramp else 'step'}", scenario(slow, _swing(f, ramp))
     if "uneven" in families:
         yield "uneven 2.5x", scenario(slow, _swing(2.5, False), overrides=(
-            "[nodes.override.gpu-node-01]\nrate_per_s = 50\n")), {}
+            "[nodes.override.gpu-node-01]\nrate_per_s = 50\n"))
     if "mixed" in families:
         yield "mixed 2.5x", scenario(slow, _swing(2.5, False), overrides="".join(
-            f'[nodes.override.gpu-node-{n:02d}]\nhardware = "A10G"\n' for n in (7, 8, 9))), {}
+            f'[nodes.override.gpu-node-{n:02d}]\nhardware = "A10G"\n' for n in (7, 8, 9)))
     if "llm" in families:     # raw LLM latency without token counts: heavy tails
         for trace in ("conv", "code"):
             for f in (2.0, 2.5, 3.0):
                 yield (f"llm {trace} {f:g}x", scenario(slow, _swing(f, False), rate=5,
-                                                      model=LLM_MODEL.format(trace=trace)), {})
+                                                      model=LLM_MODEL.format(trace=trace)))
     if "busy" in families:
         for f in (2.0, 2.5, 3.0):
-            yield f"busy 20/s {f:g}x", scenario(slow, _swing(f, False), rate=20), {}
-    if "lag" in families:
+            yield f"busy 20/s {f:g}x", scenario(slow, _swing(f, False), rate=20)
+    if "quiet" in families:   # half the nodes (gpu-node-01..05) at 1-3 req/s among 5 req/s peers
+        models = {"lognormal": "p50_ms = 180\nsigma = 0.3", "heavy": "p50_ms = 180\nsigma = 1.0",
+                  "llm code": LLM_MODEL.format(trace="code")}
+        for name, model in models.items():
+            for rate in (1.0, 2.0, 3.0):
+                quiet = "".join(f"[nodes.override.gpu-node-{n:02d}]\nrate_per_s = {rate:g}\n"
+                                for n in range(1, 6))
+                for swing in ("", _swing(2.5, False)):
+                    yield (f"quiet {rate:g}/s {name}{' in 2.5x' if swing else ''}",
+                           scenario(slow, swing, overrides=quiet, model=model))
+    for lag in lags if "lag" in families else []:
         for swing in ("", _swing(2.5, False)):
             for who in (SLOW, LAGGED_HEALTHY):
-                yield (f"lag {lag:g}s {who}{' in 2.5x' if swing else ''}",
-                       scenario(slow, swing, nodes=8, rate=4), {who: lag})
+                for model in ("p50_ms = 180\nsigma = 0.3", LLM_MODEL.format(trace="conv")):
+                    kind = " llm" if "llm" in model else ""
+                    late = f"[nodes.override.{who}]\ndelivery_lag_s = {lag:g}\n"
+                    yield (f"lag {lag:g}s {who}{kind}{' in 2.5x' if swing else ''}",
+                           scenario(slow, swing, nodes=8, rate=4, model=model, overrides=late))
 
 
-def run(s: sc.Scenario, seed: int, lags: dict[str, float]) -> tuple[outcome.Outcome, bool]:
+def run(s: sc.Scenario, seed: int) -> tuple[outcome.Outcome, bool]:
     """The run's outcome, and whether a routing set once written went empty."""
-    lines = tracegen.lines(tracegen.generate(s, seed))
     out: list[str] = []
-    replay(lagged(lines, lags) if lags else lines, DetectorSettings(), out.append)
+    replay(tracegen.lines(tracegen.generate(s, seed)), DetectorSettings(), out.append)
     records = [json.loads(line) for line in out]
     routed: set[str] = set()
     empty = False
@@ -128,16 +133,16 @@ def run(s: sc.Scenario, seed: int, lags: dict[str, float]) -> tuple[outcome.Outc
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--family", default="swing,uneven,mixed,llm,busy,lag")
+    p.add_argument("--family", default="swing,uneven,mixed,llm,busy,quiet,lag")
     p.add_argument("--seeds", default="1,2,3,4,5")
     p.add_argument("--slow", default="1,3", help="gpu-node-04's factors (1: healthy)")
-    p.add_argument("--lag", type=float, default=20.0)
+    p.add_argument("--lag", default="20", help="delivery lags of the lag family, comma-separated")
     a = p.parse_args(argv)
     bad = 0
     for slow in (float(x) for x in a.slow.split(",")):
-        for name, s, lags in cases(a.family.split(","), slow, a.lag):
+        for name, s in cases(a.family.split(","), slow, [float(x) for x in a.lag.split(",")]):
             for seed in (int(x) for x in a.seeds.split(",")):
-                res, empty = run(s, seed, lags)
+                res, empty = run(s, seed)
                 key = (SLOW, "m")
                 took = (f"out {res.ejected_at_s[key] - ONSET_S:.0f} s after onset"
                         if slow != 1 and key in res.ejected_at_s else "")

@@ -282,7 +282,7 @@ def _models(r: _Reader) -> tuple[ModelSpec, ...]:
 
 
 _NODE_KEYS = ("hardware", "models", "rate_per_s", "join_s", "speed", "ttft_factor", "tpot_factor",
-              "warmup_s", "warmup_factor", "leave_s")
+              "warmup_s", "warmup_factor", "leave_s", "delivery_lag_s")
 
 
 def _node_fields(t: _Reader, base: dict[str, Any], model_names: tuple[str, ...],
@@ -302,7 +302,8 @@ def _node_fields(t: _Reader, base: dict[str, Any], model_names: tuple[str, ...],
     num: dict[str, tuple[float | None, float | None, bool]] = {
         "rate_per_s": (0, 100_000, True), "join_s": (0, None, False), "speed": (0, 1000, True),
         "ttft_factor": (0, 1000, True), "tpot_factor": (0, 1000, True), "warmup_s": (0, 86_400, False),
-        "warmup_factor": (1, 1000, False), "leave_s": (0, None, True)}
+        "warmup_factor": (1, 1000, False), "leave_s": (0, None, True),
+        "delivery_lag_s": (0, 3600, False)}
     for k, (lo, hi, lo_open) in num.items():
         if t.has(k):
             out[k] = t.number(k, lo=lo, hi=hi, lo_open=lo_open)

@@ -73,6 +73,7 @@ class NodeSpec:
     warmup_s: float = 0.0
     warmup_factor: float = 1.0
     leave_s: float | None = None      # stops serving and reporting for good (scale-down)
+    delivery_lag_s: float = 0.0       # its event lines reach the detector this much later
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,8 @@ latency sample per request from :meth:`Scenario.latency`) into a
 event JSON lines (ARCHITECTURE.md), either one event per request
 (``single``) or one batch event per stream per ``batch_s`` (``batch``), plus
 heartbeats. Event time is ``scenario.epoch_s`` + seconds since the start,
-``ts`` is the request's completion; lines are in event-time order.
+``ts`` is the request's completion; lines are in event-time order, a node's placed
+``delivery_lag_s`` later (events that reach the detector late, their ``ts`` unchanged).
 
 Guarantees: the same scenario and seed give byte-identical output; each
 stream has its own generator (:func:`~tailguard.sim.latency.node_rng`), so
@@ -134,8 +135,9 @@ def _heartbeats(trace: Trace, every_s: float) -> tuple[list[float], list[str]]:
     for s in trace.streams:
         beats = np.arange(s.start_s, sc.duration_s, every_s)
         beats = beats[sc.reporting(s.node_id, s.model, beats)].tolist()
+        lag = sc.node(s.node_id).delivery_lag_s
         for t, head in zip(beats, _heads(s, sc, beats), strict=True):
-            ts.append(t)
+            ts.append(t + lag)
             lines.append(f'{{"type": "heartbeat", {head}, "ts": {sc.epoch_s + t:.6f}}}')
     return ts, lines
 
@@ -223,12 +225,13 @@ def lines(trace: Trace, *, fmt: Format = "single", batch_s: float = 1.0,
     all_ts += hb_ts
     all_lines += hb_lines
     for s in trace.streams:
+        lag = sc.node(s.node_id).delivery_lag_s    # its lines placed that much later, ts unchanged
         if fmt == "single":
-            all_ts += s.t_s.tolist()
+            all_ts += (s.t_s + lag).tolist() if lag else s.t_s.tolist()
             all_lines += _single_lines(s, sc)
         else:
             t, ls = _batch_lines(s, sc, batch_s)
-            all_ts += t
+            all_ts += [x + lag for x in t] if lag else t
             all_lines += ls
     for k in np.argsort(np.asarray(all_ts), kind="stable").tolist():
         yield all_lines[k]

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from tailguard.core.contract.config import DetectorSettings
 from tailguard.core.contract.events import SampleBatch
 from tailguard.core.window import passes
+from tailguard.core.window.summarize import fresh_min_samples
 from tailguard.core.window.window import WindowStore
 
 WINDOW = 64
@@ -87,6 +88,6 @@ def test_fast_blocks_equal_a_plain_sort_of_each_window(seed: int, rings: int, ti
         assert (s.samples, s.p50, s.p99) == (lat.size, _plain(lat, 0.5), _plain(lat, 0.99))
         assert (s.latency_p50_us, s.latency_p99_us) == (s.p50, s.p99)
         assert s.fresh_samples == fresh.size
-        assert s.fresh_p50 == (_plain(fresh, 0.5) if fresh.size >= CFG.min_samples else None)
+        assert s.fresh_p50 == (_plain(fresh, 0.5) if fresh.size >= fresh_min_samples(CFG) else None)
         assert s.fresh_over == (int(np.count_nonzero(fresh.astype(np.float64) > ref))
                                 if fresh.size else None)

@@ -56,7 +56,9 @@ def windows(draw: st.DrawFn) -> list[WindowSummary]:
             p99=p50 * draw(ratio_values), latency_p50_us=p50, latency_p99_us=p50,
             hardware=draw(hardware_values),
             first_seen_ts=draw(st.sampled_from([None, 0.0, NOW - 100.0, NOW - 299.0, NOW])),
-            extra=extra, fresh_p50=draw(fresh_values)))
+            extra=extra, fresh_p50=draw(fresh_values),
+            # a fresh P50 of fewer than min_samples samples is judged, never a reference
+            fresh_samples=draw(st.sampled_from([100, 150, 150, 25, 99]))))
     return out
 
 

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from tailguard.core.contract.config import DetectorSettings
 from tailguard.core.contract.events import Heartbeat, SampleBatch
 from tailguard.core.contract.types import WindowSummary
+from tailguard.core.window.summarize import fresh_min_samples
 from tailguard.core.window.window import WindowStore
 
 S = DetectorSettings(window_size=100, min_samples=10, max_sample_age_s=60.0)
@@ -157,12 +158,13 @@ def test_clean_fast_path_equals_general_path() -> None:
 
 def _fresh_reference(w: dict[str, Any], now: float, values: Any = None) -> tuple[int, float | None]:
     """(count, P50) of a window's judged, non-probe samples (of ``values``, default the
-    latency) in (now - tick_interval_s, now]; the P50 is None below min_samples of them."""
+    latency) in (now - tick_interval_s, now]; the P50 is None below fresh_min_samples of them
+    (a quarter of min_samples)."""
     v = w["latency_us"] if values is None else values
     judged = (w["ts"] <= now) & (w["ts"] > now - S.max_sample_age_s) & (w["probe"] == 0)
     fresh = judged & (w["ts"] > now - S.tick_interval_s) & ~np.isnan(v)
     n = int(fresh.sum())
-    return n, (float(np.quantile(v[fresh], 0.5)) if n >= S.min_samples else None)
+    return n, (float(np.quantile(v[fresh], 0.5)) if n >= fresh_min_samples(S) else None)
 
 
 def _assert_fresh_matches_reference(s: WindowSummary, w: dict[str, Any], now: float) -> None:
@@ -288,16 +290,21 @@ def test_fresh_p50_is_over_the_samples_since_the_previous_tick() -> None:
     store = WindowStore(S)
     store.observe(mk("slowed", ts, lat))
     store.observe(mk("steady", ts, rng.lognormal(np.log(1000), 0.2, 100)))
-    store.observe(mk("few", np.linspace(95, 100, 9), 1000.0))   # below min_samples (10)
+    store.observe(mk("some", np.linspace(95, 100, 9), 1000.0))  # below min_samples (10)
+    store.observe(mk("few", np.array([100.0]), 1000.0))   # below a quarter of it (2)
     got = by_node(store.summaries(100.0))
     slowed = got["slowed"]
     fresh_lat = lat[ts > 70].astype(np.float32).astype(np.float64)
     assert slowed.fresh_samples == fresh_lat.size == 50
     assert slowed.fresh_p50 == pytest.approx(np.quantile(fresh_lat, 0.5), rel=1e-6)
     assert slowed.p50 is not None and slowed.p50 < 1.5 * 1000 < 2.0 * 1000 < slowed.fresh_p50
+    # fewer fresh samples than min_samples but a quarter of it (a quieter node, or one whose
+    # events arrive late): a fresh P50, which stage 2 judges but takes as no reference
+    some = got["some"]
+    assert (some.fresh_samples, some.fresh_p50, some.samples) == (9, 1000.0, 9)
     few = got["few"]
-    # all its samples are fresh but fewer than min_samples: counted, no P50
-    assert (few.fresh_samples, few.fresh_p50, few.samples) == (9, None, 9)
+    # fewer than a quarter of min_samples: counted, no P50
+    assert (few.fresh_samples, few.fresh_p50, few.samples) == (1, None, 1)
     assert few.p50 == 1000.0
 
 

@@ -80,8 +80,9 @@ class WindowSummary(NamedTuple):
     within the age bound) samples; ``probe_*`` the probe samples since
     ``probe_since_ts`` (see WindowStore). ``fresh_samples`` counts the judged
     samples (with a value of ``signal``) from the last ``tick_interval_s`` of
-    event time, ``fresh_p50`` is their P50 of ``signal`` — ``None`` below
-    ``min_samples`` of them. After an onset the fresh P50 moves a tick before
+    event time, ``fresh_p50`` is their P50 of ``signal`` — ``None`` below a
+    quarter of ``min_samples`` of them (stage 2 takes only those of ``min_samples``
+    as a reference; fewer are judged). After an onset the fresh P50 moves a tick before
     the window's, which still holds older samples (see tailguard.core.judge.evaluate).
     ``requests_total``/``failed_total`` count every request stage 1 has taken
     for the series (ok or failed, probes included) and the failed ones, since

@@ -307,10 +307,12 @@ def classes_of(peers: Sequence[Peer]) -> set[str]:
 def fresh_norms(peers: Sequence[Peer], base_p50: Mapping[str, float],
                 base_ticks: Mapping[str, int], st: DetectorSettings) -> Norms | None:
     """The reference for fresh P50s: the same choice as for window P50s (fleet median,
-    class median, small class's moved baseline), made over the peers' fresh P50s.
+    class median, small class's moved baseline), made over the peers' fresh P50s of at least
+    ``min_samples`` samples (a fresh P50 of fewer is judged, never a reference).
     ``None`` when fewer than ``min_peers`` peers have one. P50 references only."""
-    min_peers = st.min_peers
-    fresh = [(s, f) for p in peers if (f := (s := p.summary).fresh_p50) is not None and f > 0]
+    min_peers, full = st.min_peers, st.min_samples
+    fresh = [(s, f) for p in peers if (f := (s := p.summary).fresh_p50) is not None and f > 0
+             and s.fresh_samples >= full]
     if len(fresh) < min_peers:
         return None
     multi = len({hw_class(h) for h in {s.hardware for s, _ in fresh}}) > 1
@@ -343,6 +345,7 @@ class PeerNorms:
 _SUMMARY = operator.itemgetter(1)
 _HARDWARE = operator.attrgetter("hardware")
 _FRESH_P50 = operator.attrgetter("fresh_p50")
+_FRESH_SAMPLES = operator.attrgetter("fresh_samples")
 
 
 def norms_of(ps: PeerSet, base_p50: Mapping[str, float], base_ticks: Mapping[str, int],
@@ -371,6 +374,11 @@ def norms_of(ps: PeerSet, base_p50: Mapping[str, float], base_ticks: Mapping[str
         finite_fresh = math.isfinite(sum(fp))
         if not (finite_fresh and min(fp) > 0.0):     # (a NaN is neither finite nor kept)
             fp = [f for f in fp if f > 0]
+        if min(map(_FRESH_SAMPLES, sums)) < st.min_samples:
+            # A fresh P50 of fewer samples (a lagging or quieter node) is judged, never a reference.
+            full = st.min_samples
+            fp = [f for s in sums if (f := s.fresh_p50) is not None and f > 0
+                  and s.fresh_samples >= full]
         if len(fp) >= min_peers:
             fresh = Norms(True, median(fp), {}, False, math.inf)
     if len(peers) < min_peers:

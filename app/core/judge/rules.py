@@ -47,6 +47,23 @@ FRESH_TAIL_MIN_SAMPLES = 60
 FRESH_TAIL_SHARE = 0.04
 FRESH_TAIL_P0 = 0.01
 FRESH_TAIL_P = 1e-4
+# A fresh P50 of fewer than min_samples samples (a quieter node, or one whose events arrive late)
+# is past its limit only by FRESH_FEW_Z standard errors of its log median more: sqrt(pi/2) x
+# sigma / sqrt(n), sigma from the window's P99/P50 as if lognormal (Z_99: its 99th percentile).
+FRESH_FEW_Z = 2.0
+_Z_99 = 2.3263478740408408
+_MEDIAN_SE = math.sqrt(math.pi / 2)
+
+
+def fresh_margin(s: WindowSummary, st: DetectorSettings) -> float:
+    """1.0, or for a fresh P50 of fewer than ``min_samples`` samples the factor its limit is
+    raised by (:data:`FRESH_FEW_Z`)."""
+    n = s.fresh_samples
+    if n >= st.min_samples:
+        return 1.0
+    ratio = s.ratio
+    sigma = math.log(ratio) / _Z_99 if ratio is not None and ratio > 1.0 else 0.0
+    return math.exp(FRESH_FEW_Z * _MEDIAN_SE * sigma / math.sqrt(max(n, 1)))
 
 
 def tail_support_samples(st: DetectorSettings) -> int:
@@ -81,6 +98,8 @@ def judge(s: WindowSummary, p50: float, ratio: float, samples: int, norms: Norms
     # hold it back).
     fresh_p50 = s.fresh_p50
     sev_fresh = fresh_p50 / lim.dfresh if fresh_p50 is not None and lim.dfresh > 0 else 0.0
+    margin = fresh_margin(s, st) if sev_fresh else 1.0
+    sev_fresh /= margin
     # Relative tail: catches a degrading node while its window still mixes old and new
     # samples, on signals whose healthy spread is far below ratio_threshold (TPOT).
     sev_p99 = p50 * ratio / lim.d99 if tail and lim.d99 > 0 else 0.0
@@ -109,10 +128,11 @@ def judge(s: WindowSummary, p50: float, ratio: float, samples: int, norms: Norms
         return Judgement(Verdict.ABNORMAL, Reason.RELATIVE_P50.value, ev, sev,
                          f"p50 {p50:.1f} > {f50:g} x peers' {ref:.1f}")
     if sev_fresh > 1.0:
+        few = f" x {margin:.2f} (few samples)" if margin > 1.0 else ""
         return Judgement(Verdict.ABNORMAL, Reason.RELATIVE_P50.value, ev, sev,
                          f"p50 of the last {st.tick_interval_s:g} s {fresh_p50:.1f} "
                          f"({s.fresh_samples} samples) > {f50:g} x peers' "
-                         f"{lim.fresh_ref:.1f}")
+                         f"{lim.fresh_ref:.1f}{few}")
     if sev_p99 > 1.0:
         return Judgement(Verdict.ABNORMAL, Reason.RELATIVE_P99.value, ev, sev,
                          f"p99 {p50 * ratio:.1f} > {f99:g} x peers' {lim.ref99:.1f}")

@@ -14,8 +14,8 @@ Guarantees, at tick ``now_s``:
   samples with a value of it, ``latency_p50_us``/``latency_p99_us`` over their raw latency;
   exact quantiles (as ``numpy.quantile``). A series with fewer than ``min_samples`` values of
   its model's signal but as many judged samples is summarised in ``latency`` (no fresh figures).
-* ``fresh_samples``/``fresh_p50``: the judged samples of the last tick and their exact P50
-  (``None`` below ``min_samples``); ``fresh_over`` is counted against ``tail_refs`` for at
+* ``fresh_samples``/``fresh_p50``: the last tick's judged samples, their exact P50 (``None``
+  below :func:`fresh_min_samples`); ``fresh_over`` is counted against ``tail_refs`` for at
   most ``FRESH_TAIL_MAX_SAMPLES`` of them; ``failed``, ``probe_*``: in the age bound.
 * Pure: the slabs only get their kept bounds tightened. Output sorted by (model, node_id).
 """
@@ -54,6 +54,15 @@ from tailguard.core.window.rings import F64, SeriesKey, SeriesRecord, Slab
 _SIG_CODE: Final = {sig.LATENCY: 0, sig.TPOT: 1, sig.NORMALIZED: 2}
 _FIT_SLOTS: Final = 256
 _NONE2: Final[tuple[None, None]] = (None, None)
+# A fresh P50 needs this share of min_samples fresh samples: a node whose events reach stage 1
+# ~20 s after its peers' has a third of a tick's samples in the last tick (docs/rules.md).
+FRESH_MIN_SHARE: Final = 0.25
+
+
+def fresh_min_samples(settings: DetectorSettings) -> int:
+    """Fresh samples a series needs for a fresh P50 (stage 2 takes its peers' reference only
+    from fresh P50s of ``min_samples``)."""
+    return max(1, int(settings.min_samples * FRESH_MIN_SHARE))
 
 
 
@@ -210,7 +219,7 @@ def summarize(slabs: Sequence[Slab], records: Mapping[SeriesKey, SeriesRecord], 
     store's kept order of its rows and the rings' layout now (:class:`SummaryOrder`).
     """
     age_lo = now_s - settings.max_sample_age_s
-    fresh_lo = now_s - settings.tick_interval_s
+    fresh_lo, min_fresh = now_s - settings.tick_interval_s, fresh_min_samples(settings)
     since_by_chunk: dict[int, list[tuple[int, float]]] = {}
     for key, since in (judge_since or {}).items():
         s = records.get(key)
@@ -270,12 +279,12 @@ def summarize(slabs: Sequence[Slab], records: Mapping[SeriesKey, SeriesRecord], 
         i = index.get(name)
         if i is not None:
             refs[i] = ref
-    stats = [chunk_stats(ch, st, plans, fresh_lo, refs, settings.min_samples)
+    stats = [chunk_stats(ch, st, plans, fresh_lo, refs, min_fresh)
              for ch, st in zip(chunks, states, strict=True)]
-    fast_stats(list(zip(chunks, stats, strict=True)), fresh_lo, refs, settings.min_samples)
+    fast_stats(list(zip(chunks, stats, strict=True)), fresh_lo, refs, min_fresh)
     with pause():
         results.extend(_build(list(zip(chunks, states, stats, strict=True)), plans,
-                              now_s, age_lo, digests, settings.min_samples, ev))
+                              now_s, age_lo, digests, settings.min_samples, min_fresh, ev))
         if order is not None and len(results) == len(records):     # every series has a ring
             return order[0].sorted(results, order[1])
         for s in records.values():
@@ -364,7 +373,7 @@ def _plans(settings: DetectorSettings, model_names: Sequence[str], chunks: list[
 
 
 def _build(parts: Sequence[tuple[Slab, Pass1, Stats]], plans: list[ModelPlan],
-           now_s: float, age_lo: float, digests: bool, min_fresh: int,
+           now_s: float, age_lo: float, digests: bool, min_samples: int, min_fresh: int,
            ev: _Evidence | None = None) -> list[WindowSummary]:
     """The summaries of every used row of ``parts``' chunks, in chunk order.
 
@@ -401,7 +410,7 @@ def _build(parts: Sequence[tuple[Slab, Pass1, Stats]], plans: list[ModelPlan],
     # whose events carry no token counts on a model judged per token) is summarised in raw
     # latency, as a stage-1 worker holding only such series would: stage 2 never compares
     # it with peers in other units, and it is not left unjudged (never admitted).
-    raw_fb = (codes[midx] != 0) & (n_sig < min_fresh) & (n_judged >= min_fresh)
+    raw_fb = (codes[midx] != 0) & (n_sig < min_samples) & (n_judged >= min_samples)
     if raw_fb.any():
         n_sig, q_sig = n_sig.copy(), q_sig.copy()
         n_sig[raw_fb] = n_judged[raw_fb]
