@@ -11,11 +11,15 @@ against the peers' (hist_mean) and weights come from the recent windows' means (
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 from test_server_weights import ONSET_S, run, weights
 
+from tailguard.core.contract.config import DetectorSettings
+from tailguard.core.replay.replay import replay
+from tailguard.sim import outcome, servertrace, tracegen
 from tailguard.sim import scenario as sc
 
 SLOW = ("gpu-node-01", "m")
@@ -82,3 +86,22 @@ def test_below_min_peers_dynamo_judges_each_node_on_its_own_mean(name: str) -> N
     s = sc.load(ROOT / "scenarios" / f"{name}.toml")
     res, _records = run("dynamo", s, 1)
     assert res.ok, res.problems
+
+
+@pytest.mark.parametrize("server", ["vllm", "sglang", "dynamo"])
+def test_mixed_hardware_a_1_3x_h100_is_weighted_and_a_3x_a10g_leaves(server: str) -> None:
+    """backtest3's mixed fleet (7 H100 + 3 A10G 2.2x slower, ~110-ms requests, 15-s scrapes): the
+    A10G 3x slower than its class leaves, the H100 1.3x slower is weighted (before 2026-12-06 it
+    got a weight only on TGI and Triton, and on Dynamo the A10G never left)."""
+    text = (ROOT / "scenarios" / "minority_class_slow.toml").read_text(encoding="utf-8")
+    text = text.replace("p50_ms = 180", "p50_ms = 110").replace("duration_s = 1200", "duration_s = 1500")
+    s = sc.loads(text.replace("[expect]", '[[faults]]\nnode = "gpu-node-03"\nkind = "slowdown"\n'
+                                          'onset_s = 617\nfactor = 1.3\n\n[expect]'))
+    out: list[str] = []
+    replay(servertrace.server_lines(tracegen.generate(s, 1), server, interval_s=15.0), DetectorSettings(),
+           out.append)
+    records = [json.loads(line) for line in out]
+    res = outcome.check(s, records)
+    assert res.ok and set(res.ejected_at_s) == {("gpu-node-09", "llama-3-70b")}, res.problems
+    assert set(res.lowest_weight) == {("gpu-node-03", "llama-3-70b")}, weights(records)
+    assert 0.6 <= res.lowest_weight[("gpu-node-03", "llama-3-70b")][0] <= 0.85, weights(records)
