@@ -136,18 +136,14 @@ def pass1(ch: Slab, now_s: float, age_lo: float,
     return Pass1(ch, clean, dirty, judged_d, probe_d, n_judged, since_row, bool(since))
 
 
-def _ring_rows(arr: npt.NDArray[Any], rows: I64) -> npt.NDArray[Any]:
+def _rows(arr: npt.NDArray[Any], rows: I64) -> npt.NDArray[Any]:
     """``arr[rows]`` for ascending unique ``rows``; a view (no copy) when they are
-    consecutive. Callers only read the result."""
+    consecutive (all of its rows: the array itself). Callers only read the result."""
+    if rows.size == arr.shape[0]:
+        return arr
     if rows.size and int(rows[-1]) - int(rows[0]) == rows.size - 1:
         return arr[int(rows[0]):int(rows[-1]) + 1]
     return arr[rows]
-
-
-def _rows(arr: npt.NDArray[Any], rows: I64) -> npt.NDArray[Any]:
-    """``arr[rows]`` for sorted unique ``rows``; the array itself (no copy) when
-    they are all of its rows. Callers only read the result."""
-    return arr if rows.size == arr.shape[0] else arr[rows]
 
 
 class Stats:
@@ -190,16 +186,16 @@ def _fast_block(items: Sequence[tuple[Slab, Stats]], n: int, cap: int, fresh_lo:
         for a in range(0, f.size, step):
             r = f[a:a + step]
             part = keys[o + a:o + a + r.size]
-            lat = _ring_rows(ch.lat, r)
+            lat = _rows(ch.lat, r)
             if how == 0:
                 np.copyto(part, lat.view(np.uint32))
             elif how == 1:
                 np.bitwise_or(lat.view(np.uint32), RUN_FLAG, out=part)
             elif how == 2:
-                tc.flag_at_most(_ring_rows(ch.ts_code, r), ch.base_us[r], fresh_lo, part)  # RUN_FLAG: not fresh
+                tc.flag_at_most(_rows(ch.ts_code, r), ch.base_us[r], fresh_lo, part)  # RUN_FLAG: not fresh
                 np.bitwise_or(part, lat.view(np.uint32), out=part)
             else:
-                np.less_equal(_ring_rows(ch.ts_code, r), tc.after(ch.base_us[r], fresh_lo)[:, None],
+                np.less_equal(_rows(ch.ts_code, r), tc.after(ch.base_us[r], fresh_lo)[:, None],
                               out=part)         # 1: not fresh
                 to_run_keys(part, lat)
             part.sort(axis=1)
