@@ -182,8 +182,9 @@ class FleetEvaluator:
         # their P50s are the window means too (the baselines and fleet events read them).
         unres: tuple[tuple[str, float], ...] = ()
         if _hist_model(signal_of(peers), by_node) and (unres := unresolved(peers.summaries)):
-            by_node = as_means(by_node, [m for m, _b in unres], HIST_SIGNAL)
+            by_node = as_means(by_node, {m for m, _b in unres}, HIST_SIGNAL)
             peers = gather_peers(by_node, ms.pairs, st.min_samples, ms.pairs.rare)
+        unres_metrics = frozenset(m for m, _b in unres)
         # Out of routing, failures from before the ejection are not pooled (rules).
         cut = {n: ts for n in ms.pairs.unrouted
                if (ts := ms.pairs[n].quarantined_at) is not None}
@@ -197,8 +198,8 @@ class FleetEvaluator:
         if _hist_model(signal, by_node):
             peer_map = dict(zip(peers.nodes, peers.summaries, strict=True))
             hist = HistJudge.for_model(peers, by_node, ms.pairs, now_s, st,
-                                       OwnHist(ms.hist_own, peer_map, st, [m for m, _b in unres]),
-                                       [m for m, _b in unres])
+                                       OwnHist(ms.hist_own, peer_map, st, unres_metrics),
+                                       unres_metrics)
         # Too few peers for a median: each pair's P50 against its own history (own_history).
         own_p50 = (dict(zip(peers.nodes, peers.p50s, strict=True))
                    if not norms.enough_peers and hist is None else None)
@@ -249,7 +250,7 @@ class FleetEvaluator:
                              hold=load or live.telemetry_lost,
                              evidence_of=None if hist is None else partial(
                                  hist_targets, peers, st, trend=ms.hist_trend, now_s=now_s,
-                                 unresolved=frozenset(m for m, _b in unres)))
+                                 unresolved=unres_metrics))
         ms.weights = NO_WEIGHTS if wt is None else wt.state
         tick = self._report(model, ms, by_node, now_s, transitions, fleet_events, diagnostics,
                             with_statuses, wt, fleet_latency_us)
