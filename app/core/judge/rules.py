@@ -220,9 +220,8 @@ def judge_probe(s: WindowSummary, norms: Norms, st: DetectorSettings,
     """A quarantined pair's probe round: its samples since the round began, by the same
     rules against the current peers, the fresh-tail rule included (no verdict below
     ``probe_min_samples``), and the fresh P50 rule when ``fresh`` (the peers' fresh P50
-    references) is given: when the fleet has just got faster together (a peak over), the
-    peers' window P50s still hold the slow samples, and a node still 3x slower than its
-    peers passed against them (docs/rules.md, probes)."""
+    references) is given, so a round is not passed against window P50s that still hold a
+    fleet-wide peak's samples (why: docs/rules.md, probes)."""
     need = st.probe_min_samples
     lim = limits(norms, fresh, s.hardware, st)
     if s.samples >= need and s.p50 is not None and s.p99 is not None and s.p50 > 0:

@@ -54,8 +54,7 @@ from tailguard.core.window.rings import F64, SeriesKey, SeriesRecord, Slab
 _SIG_CODE: Final = {sig.LATENCY: 0, sig.TPOT: 1, sig.NORMALIZED: 2}
 _FIT_SLOTS: Final = 256
 _NONE2: Final[tuple[None, None]] = (None, None)
-# A fresh P50 needs this share of min_samples fresh samples: a node whose events reach stage 1
-# ~20 s after its peers' has a third of a tick's samples in the last tick (docs/rules.md).
+# A fresh P50 needs this share of min_samples fresh samples (why: docs/rules.md, few fresh samples).
 FRESH_MIN_SHARE: Final = 0.25
 
 
