@@ -2,7 +2,9 @@
 
 * :func:`tailguard.core.judge.verdicts.judge_peers` leaves a peer whose fresh-tail count the rule
   cannot judge (:func:`tailguard.core.judge.rules.fresh_tail_judged`) on the quiet path: the same
-  verdicts, onset credits, load-event count and recorded rates as judging it by every rule.
+  verdicts, onset credits, load-event count and recorded rates as judging it by every rule;
+* :func:`tailguard.core.judge.peers.gather_peers` gives the positions of the peers with a
+  fresh-tail count (``PeerSet.fresh_over_at``), whichever way it gathers them.
 """
 
 from __future__ import annotations
@@ -82,3 +84,19 @@ def test_unjudged_fresh_tail_counts_stay_quiet(case: tuple[list[WindowSummary], 
     assert repr(sorted(got.judgements.items())) == repr(sorted(want.judgements.items()))
     assert repr((got.elevated, got.abnormal)) == repr((want.elevated, want.abnormal))
     assert repr(fast.to_dict()) == repr(general.to_dict())
+
+
+@settings(max_examples=150, deadline=None)
+@given(model_tick(), st.lists(st.sampled_from(["latency", "latency", "tpot"]), min_size=30,
+                              max_size=30), st.booleans())
+def test_fresh_over_positions_are_the_counted_peers(case: tuple[list[WindowSummary], ModelState],
+                                                    signals: list[str], settled: bool) -> None:
+    """Column by column (all settled) or pair by pair (some signal apart: the majority's)."""
+    ws, ms = case
+    if not settled:
+        ws = [s._replace(signal=signals[i]) for i, s in enumerate(ws)]
+    ps = gather_peers({s.node_id: s for s in ws}, ms.pairs, 100, ms.pairs.rare)
+    assert [ps.nodes[i] for i in ps.fresh_over_at] == [
+        n for n, s in zip(ps.nodes, ps.summaries, strict=True) if s.fresh_over]
+    assert len(ps.nodes) == len(ps.summaries) and all(
+        s.node_id == n for n, s in zip(ps.nodes, ps.summaries, strict=True))

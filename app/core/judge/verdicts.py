@@ -136,24 +136,17 @@ def _judge_quiet_class(st: DetectorSettings, ms: ModelState, ps: PeerSet, pn: Pe
     """:meth:`_judge_peers` for one class whose largest values are quiet: every peer is
     normal by the latency rules; only those with a fresh-tail count the rule can judge or
     failed requests have more to judge. ``top``: the class's largest P50 and P99/P50."""
-    more = set(ps.fresh_over)
+    nodes, sums = ps.nodes, ps.summaries
+    # A fresh-tail count the rule cannot judge (most counts) leaves the pair quiet.
+    more = ({nodes[i] for i in ps.fresh_over_at if fresh_tail_judged(sums[i])}
+            if pn.window.enough_peers else {nodes[i] for i in ps.fresh_over_at})
     if errs:
-        more.update(n for n in ps.nodes if n in errs)
-    judged: list[bool] = []
-    if more:
-        judged = list(map(more.__contains__, ps.nodes))
-        if pn.window.enough_peers:
-            # A fresh-tail count the rule cannot judge (most counts) leaves the pair quiet.
-            for i in itertools.compress(range(len(judged)), judged):
-                node = ps.nodes[i]
-                if node not in errs and not fresh_tail_judged(ps.summaries[i]):
-                    judged[i] = False
-                    more.discard(node)
+        more.update(n for n in nodes if n in errs)
     quiet: list[bool] = []
     if more:
         # The few with more to judge, in peer order; the rest by a mask (no row made).
-        quiet = list(map(operator.not_, judged))
-        for peer in itertools.compress(ps.rows(), judged):
+        quiet = [n not in more for n in nodes]
+        for peer in itertools.compress(ps.rows(), map(operator.not_, quiet)):
             out.abnormal += _judge_peer(st, ms, peer, pn.window, pn.fresh, lim, errs,
                                         now_s, None, base_p50, base_ratio, out)
         record_rates(ms.rate_per_s, zip(itertools.compress(ps.nodes, quiet),
