@@ -21,6 +21,7 @@ Rationale: docs/rules.md.
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections.abc import Iterable, Mapping
 from functools import partial
 from typing import Any
@@ -59,6 +60,8 @@ from tailguard.core.judge.request_rules import error_judgements
 from tailguard.core.judge.rules import FRESH_TAIL_MARGIN
 from tailguard.core.judge.verdicts import Verdicts, judge_peers, judge_probes, judge_thin_failing
 from tailguard.core.judge.weights import NO_WEIGHTS, WeightTick, weigh_model, weigh_statuses
+
+_NODE_ID = operator.attrgetter("node_id")
 
 # Per-pair own baselines are kept for models with at most this many peers (a model may shrink
 # below min_peers); larger models skip the cost.
@@ -166,7 +169,8 @@ class FleetEvaluator:
         ms = self._models.get(model)
         if ms is None:
             ms = self._models[model] = ModelState()
-        by_node: dict[str, WindowSummary] = {s.node_id: s for s in summaries}
+        sums = summaries if isinstance(summaries, list) else list(summaries)
+        by_node: dict[str, WindowSummary] = dict(zip(map(_NODE_ID, sums), sums, strict=True))
         transitions: list[Transition] = []
         if st.forget_after_s > 0:
             self._forget_retired(model, ms, by_node, now_s, transitions)

@@ -79,19 +79,20 @@ class PeerSet(Sequence[Peer]):
     :class:`Peer` made on first use (most ticks need only the columns; a ``Peer`` per
     pair per tick costs more than all the rules of a quiet one). Also the peers whose pair
     is not healthy or has an abnormal streak (``unsettled``: a normal verdict moves them)
-    and those with a fresh-tail count (``fresh_over``: ``WindowSummary.fresh_over``).
+    and the positions of those with a fresh-tail count (``fresh_over_at``:
+    ``WindowSummary.fresh_over``).
     Read-only once built."""
 
-    __slots__ = ("_peers", "fresh_over", "nodes", "p50s", "ratios", "summaries", "unsettled")
+    __slots__ = ("_peers", "fresh_over_at", "nodes", "p50s", "ratios", "summaries", "unsettled")
 
     def __init__(self, nodes: list[str], summaries: list[WindowSummary], p50s: list[float],
-                 ratios: list[float], unsettled: list[str], fresh_over: list[str]) -> None:
+                 ratios: list[float], unsettled: list[str], fresh_over_at: list[int]) -> None:
         self.nodes = nodes
         self.summaries = summaries
         self.p50s = p50s
         self.ratios = ratios
         self.unsettled = unsettled
-        self.fresh_over = fresh_over
+        self.fresh_over_at = fresh_over_at
         self._peers: list[Peer] | None = None
 
     @property
@@ -143,7 +144,7 @@ def gather_peers(by_node: Mapping[str, WindowSummary], pairs: Mapping[str, PairS
     p50s: list[float] = []
     ratios: list[float] = []
     unsettled: list[str] = []
-    over: list[str] = []
+    over: list[int] = []
     first: str | None = None
     mixed = False
     warming, healthy = HealthState.WARMING, HealthState.HEALTHY
@@ -162,7 +163,7 @@ def gather_peers(by_node: Mapping[str, WindowSummary], pairs: Mapping[str, PairS
             if state is not healthy or p.abnormal_streak:
                 unsettled.append(node)
             if s.fresh_over:
-                over.append(node)
+                over.append(len(nodes) - 1)
             if first is None:
                 first = s.signal
             elif s.signal != first:
@@ -176,9 +177,10 @@ def gather_peers(by_node: Mapping[str, WindowSummary], pairs: Mapping[str, PairS
         chosen = max(sorted(tally), key=lambda k: (tally[k][0], tally[k][1]))
         keep = [s.signal == chosen for s in sums]
         kept = set(itertools.compress(nodes, keep))
+        at = list(itertools.accumulate(keep, initial=-1))   # at[i + 1]: i's kept position
         return PeerSet(list(itertools.compress(nodes, keep)), list(itertools.compress(sums, keep)),
                        list(itertools.compress(p50s, keep)), list(itertools.compress(ratios, keep)),
-                       [n for n in unsettled if n in kept], [n for n in over if n in kept])
+                       [n for n in unsettled if n in kept], [at[i + 1] for i in over if keep[i]])
     return PeerSet(nodes, sums, p50s, ratios, unsettled, over)
 
 
@@ -209,7 +211,7 @@ def _settled_peers(by_node: Mapping[str, WindowSummary], pairs: Mapping[str, Pai
     streaks = map(_STREAK, map(pairs.__getitem__, nodes))
     return PeerSet(nodes, sums, p50s, list(map(operator.truediv, p99s, p50s)),
                    list(itertools.compress(nodes, streaks)),
-                   list(itertools.compress(nodes, map(_FRESH_OVER, sums))))
+                   list(itertools.compress(range(len(nodes)), map(_FRESH_OVER, sums))))
 
 
 def signal_of(peers: Sequence[Peer]) -> str | None:
@@ -370,17 +372,25 @@ def norms_of(ps: PeerSet, base_p50: Mapping[str, float], base_ticks: Mapping[str
     fresh = None
     finite_fresh = True
     if fp:                                # some peer has a fresh P50
-        top_fresh = max(fp)
         finite_fresh = math.isfinite(sum(fp))
-        if not (finite_fresh and min(fp) > 0.0):     # (a NaN is neither finite nor kept)
+        # Finite: sorted once, for the smallest, the largest (all positive: equal floats are
+        # the same bits) and the median.
+        fs = sorted(fp) if finite_fresh else None
+        if fs is not None and fs[0] > 0.0:
+            top_fresh = fs[-1]
+        else:                                          # (a NaN is neither finite nor kept)
+            top_fresh = max(fp)
             fp = [f for f in fp if f > 0]
+            fs = None
         if min(map(_FRESH_SAMPLES, sums)) < st.min_samples:
             # A fresh P50 of fewer samples (a lagging or quieter node) is judged, never a reference.
             full = st.min_samples
             fp = [f for s in sums if (f := s.fresh_p50) is not None and f > 0
                   and s.fresh_samples >= full]
+            fs = None
         if len(fp) >= min_peers:
-            fresh = Norms(True, median(fp), {}, False, math.inf)
+            fresh = Norms(True, median(fp) if fs is None else median_sorted(fs), {}, False,
+                          math.inf)
     if len(peers) < min_peers:
         top = max(map(operator.mul, p50s, ratios))
         return PeerNorms(Norms(False, fleet_p50, {}, False, st.ratio_threshold), fresh,
@@ -469,6 +479,6 @@ def tail_limit_sorted(ratios: Sequence[float], median_ratio: float, st: Detector
     logs.sort()                     # sorted already unless log is not monotonic: a linear check
     mid = median_sorted(logs)
     # |log - mid| over sorted logs falls, then rises: two runs, which sort merges in one pass.
-    mad = median_sorted(sorted([abs(x - mid) for x in logs]))
+    mad = median_sorted(sorted(map(abs, map(operator.sub, logs, itertools.repeat(mid)))))
     noise = math.exp(mid + TAIL_NOISE_K * 1.4826 * mad)
     return max(st.ratio_threshold, st.fleet_ratio_factor * median_ratio, noise)

@@ -186,6 +186,14 @@ def binomial_sf(k: int, n: int, p: float) -> float:
     return min(1.0, total)
 
 
+def fresh_tail_judged(s: WindowSummary) -> bool:
+    """False when :func:`judge_fresh_tail` gives no verdict on ``s`` whatever the peers: no
+    fresh-tail count, fewer than FRESH_TAIL_MIN_SAMPLES fresh samples, or a count below
+    FRESH_TAIL_SHARE of them (most counts: a few fresh samples above the threshold)."""
+    k, n = s.fresh_over, s.fresh_samples
+    return not (k is None or n < FRESH_TAIL_MIN_SAMPLES or k < FRESH_TAIL_SHARE * n)
+
+
 def judge_fresh_tail(s: WindowSummary, st: DetectorSettings,
                      peers_p50: float | None = None) -> Judgement | None:
     """A low-rate node's tail, judged on each tick's fresh samples (disjoint evidence).
@@ -198,7 +206,7 @@ def judge_fresh_tail(s: WindowSummary, st: DetectorSettings,
     body that much slower puts that share above the threshold by itself (a node 1.8x
     slower throughout), and the P50 rules own it."""
     k, n = s.fresh_over, s.fresh_samples
-    if k is None or n < FRESH_TAIL_MIN_SAMPLES or k < FRESH_TAIL_SHARE * n:
+    if k is None or not fresh_tail_judged(s):
         return None
     f50 = s.fresh_p50
     if peers_p50 is not None and f50 is not None and f50 >= FRESH_TAIL_MARGIN * peers_p50:

@@ -45,6 +45,7 @@ from tailguard.core.judge.peers import (
 from tailguard.core.judge.request_rules import ErrorReport
 from tailguard.core.judge.rules import (
     NEW_EVIDENCE_FRACTION,
+    fresh_tail_judged,
     judge,
     judge_fresh_tail,
     judge_probe,
@@ -76,7 +77,9 @@ def judge_peers(st: DetectorSettings, ms: ModelState, ps: PeerSet, pn: PeerNorms
     latency rules find nothing), with the new-evidence hold and onset credit applied.
 
     A peer that :func:`~tailguard.core.judge.rules.quiet_below` clears (its class's largest values,
-    else its own) with no fresh-tail count and no failed requests to judge is normal
+    else its own) with no fresh-tail count the rule can judge
+    (:func:`~tailguard.core.judge.rules.fresh_tail_judged`; with ``min_peers`` peers) and no
+    failed requests to judge is normal
     with no severity, whatever ``judge`` would add: only its sample rate is recorded;
     the others go through every rule (:func:`_judge_peer`)."""
     norms, fresh = pn.window, pn.fresh
@@ -109,7 +112,8 @@ def judge_peers(st: DetectorSettings, ms: ModelState, ps: PeerSet, pn: PeerNorms
                                       and quiet_below(*c_top, norms, lim, st),
                                       base_p50.get(c, math.inf))
         lim, all_quiet, base_p50_c = hw
-        if (own_p50 is not None or s.fresh_over or node in errs
+        if (own_p50 is not None or node in errs
+                or (s.fresh_over and (not norms.enough_peers or fresh_tail_judged(s)))
                 or not (all_quiet or quiet_below(p50, ratio, p50 * ratio, s.fresh_p50, norms,
                                                  lim, st))):
             abnormal += _judge_peer(st, ms, peer, norms, fresh, lim, errs, now_s, own_p50,
@@ -130,15 +134,18 @@ def _judge_quiet_class(st: DetectorSettings, ms: ModelState, ps: PeerSet, pn: Pe
                        top: tuple[float, float], errs: Mapping[str, Judgement], now_s: float,
                        base_p50: float, base_ratio: float, out: Verdicts) -> None:
     """:meth:`_judge_peers` for one class whose largest values are quiet: every peer is
-    normal by the latency rules; only those with a fresh-tail count or failed requests
-    have more to judge. ``top``: the class's largest P50 and P99/P50."""
-    more = set(ps.fresh_over)
+    normal by the latency rules; only those with a fresh-tail count the rule can judge or
+    failed requests have more to judge. ``top``: the class's largest P50 and P99/P50."""
+    nodes, sums = ps.nodes, ps.summaries
+    # A fresh-tail count the rule cannot judge (most counts) leaves the pair quiet.
+    more = ({nodes[i] for i in ps.fresh_over_at if fresh_tail_judged(sums[i])}
+            if pn.window.enough_peers else {nodes[i] for i in ps.fresh_over_at})
     if errs:
-        more.update(n for n in ps.nodes if n in errs)
+        more.update(n for n in nodes if n in errs)
     quiet: list[bool] = []
     if more:
         # The few with more to judge, in peer order; the rest by a mask (no row made).
-        quiet = [n not in more for n in ps.nodes]
+        quiet = [n not in more for n in nodes]
         for peer in itertools.compress(ps.rows(), map(operator.not_, quiet)):
             out.abnormal += _judge_peer(st, ms, peer, pn.window, pn.fresh, lim, errs,
                                         now_s, None, base_p50, base_ratio, out)

@@ -244,6 +244,9 @@ def weigh_model(model: str, state: WeightState, peers: PeerSet, norms: Norms,
     routed_set = routed if isinstance(routed, frozenset | set) else frozenset(routed)
     evidence = ({} if hold else targets(peers, norms, st, state.nodes.keys()) if evidence_of is None
                 else evidence_of(state.nodes.keys()))
+    if not evidence and not state.nodes and not state.out:
+        # Nothing to weigh or step (most models, most ticks): the guard's check alone.
+        return WeightTick(NO_WEIGHTS, guard({}, len(routed_set), st.min_total_weight_share))
     nodes: dict[str, NodeWeight] = {}
     for node, nw in state.nodes.items():
         if node in routed_set:
