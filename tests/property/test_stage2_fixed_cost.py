@@ -4,12 +4,14 @@
   cannot judge (:func:`tailguard.core.judge.rules.fresh_tail_judged`) on the quiet path: the same
   verdicts, onset credits, load-event count and recorded rates as judging it by every rule;
 * :func:`tailguard.core.judge.peers.gather_peers` gives the positions of the peers with a
-  fresh-tail count (``PeerSet.fresh_over_at``), whichever way it gathers them.
+  fresh-tail count (``PeerSet.fresh_over_at``), whichever way it gathers them, and the same
+  peers from the pairs' streak index (``PairTable.streaked``) as from reading every pair.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 from unittest import mock
 
 from hypothesis import given, settings
@@ -100,3 +102,21 @@ def test_fresh_over_positions_are_the_counted_peers(case: tuple[list[WindowSumma
         n for n, s in zip(ps.nodes, ps.summaries, strict=True) if s.fresh_over]
     assert len(ps.nodes) == len(ps.summaries) and all(
         s.node_id == n for n, s in zip(ps.nodes, ps.summaries, strict=True))
+
+
+@settings(max_examples=150, deadline=None)
+@given(model_tick(), st.sampled_from([1, 3]))
+def test_streak_index_gathers_the_same_peers(case: tuple[list[WindowSummary], ModelState],
+                                             every: int) -> None:
+    """``PairTable.streaked`` in place of reading every pair: the same peers, unsettled ones
+    included (a healthy pair may have a streak too)."""
+    ws, ms = case
+    for node in list(ms.pairs)[::every]:      # healthy pairs with a streak (all: column by column)
+        ms.pairs[node] = dataclasses.replace(ms.pairs[node], state=HealthState.HEALTHY)
+    by_node = {s.node_id: s for s in ws}
+    if by_node.keys().isdisjoint(ms.pairs.rare):
+        assert ms.pairs.streaked == {n for n, p in ms.pairs.items() if p.abnormal_streak}
+    got = gather_peers(by_node, ms.pairs, 100, ms.pairs.rare, ms.pairs.streaked)
+    want = gather_peers(by_node, dict(ms.pairs), 100)
+    assert (got.nodes, got.summaries, got.p50s, got.ratios, got.unsettled, got.fresh_over_at) == (
+        want.nodes, want.summaries, want.p50s, want.ratios, want.unsettled, want.fresh_over_at)

@@ -22,12 +22,14 @@ STATES = [HealthState.WARMING, HealthState.HEALTHY, HealthState.SUSPECT, HealthS
 def _pair(rng: random.Random, node: str) -> PairState:
     return PairState(node_id=node, model="m", state=rng.choice(STATES), since_ts=0.0,
                      first_seen_ts=rng.choice([0.0, 900.0]), reason="r", routed=rng.random() < 0.6,
-                     judge_since_ts=rng.choice([None, 100.0, 500.0, 800.0]))
+                     judge_since_ts=rng.choice([None, 100.0, 500.0, 800.0]),
+                     abnormal_streak=rng.choice([0, 0, 1, 3]))
 
 
 def _check(t: PairTable, now_s: float) -> None:
     assert t.rare == {n for n, p in t.items() if not (p.routed and p.state is HealthState.HEALTHY)}
     assert t.unrouted == {n for n, p in t.items() if not p.routed}
+    assert t.streaked == {n for n, p in t.items() if p.abnormal_streak}
     assert t.routing() == frozenset(n for n, p in t.items() if p.routed)
     assert t.in_order(set(t.rare)) == [n for n in t if n in t.rare]
     assert t.in_order(set(list(t)[:2])) == list(t)[:2]

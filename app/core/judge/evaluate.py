@@ -181,13 +181,15 @@ class FleetEvaluator:
             by_node.pop(node, None)
             ms.forget_pair(node)
 
-        peers = gather_peers(by_node, ms.pairs, st.min_samples, ms.pairs.rare)
+        peers = gather_peers(by_node, ms.pairs, st.min_samples, ms.pairs.rare,
+                             ms.pairs.streaked)
         # Histogram models whose buckets cannot resolve them: judged on means (hist_mean), and
         # their P50s are the window means too (the baselines and fleet events read them).
         unres: tuple[tuple[str, float], ...] = ()
         if _hist_model(signal_of(peers), by_node) and (unres := unresolved(peers.summaries)):
             by_node = as_means(by_node, {m for m, _b in unres}, HIST_SIGNAL)
-            peers = gather_peers(by_node, ms.pairs, st.min_samples, ms.pairs.rare)
+            peers = gather_peers(by_node, ms.pairs, st.min_samples, ms.pairs.rare,
+                                 ms.pairs.streaked)
         unres_metrics = frozenset(m for m, _b in unres)
         # Out of routing, failures from before the ejection are not pooled (rules).
         cut = {n: ts for n in ms.pairs.unrouted

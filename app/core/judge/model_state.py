@@ -52,17 +52,19 @@ class PairTable(dict[str, PairState]):
     * :attr:`rare` — nodes whose pair is not healthy-and-routed (warming, suspect, out of
       routing, ...): the only pairs a quiet tick must step, probe or report;
     * :attr:`unrouted` — nodes out of routing (a subset of ``rare``);
+    * :attr:`streaked` — nodes whose pair has an abnormal streak (a healthy one may have one);
     * the routed pairs with a cut-off (``judge_since_ts``), for :meth:`cut_candidates`;
     * the insertion order of each node (:meth:`in_order`: the dict's own order);
     * the routing set (:meth:`routing`), rebuilt only after a change of membership.
     """
 
-    __slots__ = ("_cut", "_cut_floor", "_next", "_routing", "_seq", "rare", "unrouted")
+    __slots__ = ("_cut", "_cut_floor", "_next", "_routing", "_seq", "rare", "streaked", "unrouted")
 
     def __init__(self, pairs: Mapping[str, PairState] | Iterable[tuple[str, PairState]] = ()) -> None:
         super().__init__()
         self.rare: set[str] = set()
         self.unrouted: set[str] = set()
+        self.streaked: set[str] = set()
         self._cut: dict[str, float] = {}       # routed, not warming: node -> judge_since_ts
         self._cut_floor = -math.inf             # _cut is exact for any now_s at or past this
         self._seq: dict[str, int] = {}
@@ -81,6 +83,10 @@ class PairTable(dict[str, PairState]):
             self._routing = None
         elif old.routed != p.routed:
             self._routing = None
+        if p.abnormal_streak:
+            self.streaked.add(node)
+        elif old is not None and old.abnormal_streak:
+            self.streaked.discard(node)
         if p.routed:
             self.unrouted.discard(node)
             if p.state is _HEALTHY:
@@ -134,13 +140,14 @@ class PairTable(dict[str, PairState]):
 
     def clear(self) -> None:
         dict.clear(self)
-        for d in (self.rare, self.unrouted, self._cut, self._seq):
+        for d in (self.rare, self.unrouted, self.streaked, self._cut, self._seq):
             d.clear()
         self._routing = None
 
     def _drop(self, node: str) -> None:
         self.rare.discard(node)
         self.unrouted.discard(node)
+        self.streaked.discard(node)
         self._cut.pop(node, None)
         del self._seq[node]
         self._routing = None

@@ -123,7 +123,8 @@ class PeerSet(Sequence[Peer]):
 
 
 def gather_peers(by_node: Mapping[str, WindowSummary], pairs: Mapping[str, PairState],
-                 min_samples: int, rare: AbstractSet[str] | None = None) -> PeerSet:
+                 min_samples: int, rare: AbstractSet[str] | None = None,
+                 streaked: AbstractSet[str] | None = None) -> PeerSet:
     """The peers among ``by_node`` (in its order), as a :class:`PeerSet`: routed pairs past
     warm-up with at least ``min_samples`` judged samples and a positive P50, all in one
     signal's units.
@@ -134,9 +135,10 @@ def gather_peers(by_node: Mapping[str, WindowSummary], pairs: Mapping[str, PairS
     then the name): a node is never compared with peers in other units, and one in a
     minority signal is not judged by the relative rules that tick.
 
-    ``rare``: the nodes whose pair is not healthy and routed (``PairTable.rare``), if known."""
+    ``rare``: the nodes whose pair is not healthy and routed (``PairTable.rare``), if known;
+    ``streaked``: those whose pair has an abnormal streak (``PairTable.streaked``), if known."""
     if rare is not None and by_node and by_node.keys().isdisjoint(rare):
-        settled = _settled_peers(by_node, pairs, min_samples)
+        settled = _settled_peers(by_node, pairs, min_samples, streaked)
         if settled is not None:
             return settled
     nodes: list[str] = []
@@ -193,7 +195,7 @@ _STREAK = operator.attrgetter("abnormal_streak")
 
 
 def _settled_peers(by_node: Mapping[str, WindowSummary], pairs: Mapping[str, PairState],
-                   min_samples: int) -> PeerSet | None:
+                   min_samples: int, streaked: AbstractSet[str] | None) -> PeerSet | None:
     """:func:`gather_peers` of pairs all healthy and routed, column by column: the same
     peers when every window qualifies (enough samples, positive P50, a P99) in one signal;
     None otherwise (the pair-by-pair look decides)."""
@@ -208,9 +210,11 @@ def _settled_peers(by_node: Mapping[str, WindowSummary], pairs: Mapping[str, Pai
             or len(set(map(_SIGNAL, sums))) > 1):
         return None
     nodes = list(by_node)
-    streaks = map(_STREAK, map(pairs.__getitem__, nodes))
-    return PeerSet(nodes, sums, p50s, list(map(operator.truediv, p99s, p50s)),
-                   list(itertools.compress(nodes, streaks)),
+    # The pairs with a streak: from the index when given (most ticks none: no pair read).
+    unsettled = ([] if streaked is not None and not streaked else list(itertools.compress(
+        nodes, map(_STREAK, map(pairs.__getitem__, nodes)) if streaked is None
+        else map(streaked.__contains__, nodes))))
+    return PeerSet(nodes, sums, p50s, list(map(operator.truediv, p99s, p50s)), unsettled,
                    list(itertools.compress(range(len(nodes)), map(_FRESH_OVER, sums))))
 
 

@@ -325,13 +325,21 @@ def record_rates(rate_per_s: MutableMapping[str, float],
     bound0_s = now_s - lo0                 # a window bounded by the age bound alone (most)
     half = st.window_size / 2              # 2 x samples > window_size, for an int window_size
     get = rate_per_s.get
+    common = bound0_s > 0 and half >= 0
     for node, s in windows:
         first = s.first_seen_ts
+        samples = s.samples
         # Most windows are bounded by the age bound alone: no extras (judged_since), first seen
         # before it.
-        slow = s.extra or (first is not None and first > lo0)
-        bound_s = window_bound_s(s, now_s, st) if slow else bound0_s
-        samples = s.samples
+        if s.extra or (first is not None and first > lo0):
+            bound_s = window_bound_s(s, now_s, st)
+        elif common and samples > half:     # (most: over half full, so samples > 0)
+            rate = samples / bound0_s
+            if not get(node, 0.0) >= rate:
+                rate_per_s[node] = rate
+            continue
+        else:
+            bound_s = bound0_s
         if bound_s <= 0 or samples <= 0:
             continue
         rate = samples / bound_s
