@@ -238,12 +238,15 @@ class FleetEvaluator:
         fleet_events = live.fleet_events + [e for e in (load_ev, storm_ev, shift_ev, slow_ev)
                                             if e is not None]
 
-        adm = admission_norms(ms, peers, by_node, norms, signal, now_s, st)
-        judge_probes(st, ms, by_node, norms, errors, now_s, verdicts.judgements, own_p50, signal,
-                     adm, pn.fresh)
+        if ms.pairs.rare:     # new pairs and quarantined ones are among them (most ticks: none)
+            adm = admission_norms(ms, peers, by_node, norms, signal, now_s, st)
+            judge_probes(st, ms, by_node, norms, errors, now_s, verdicts.judgements, own_p50,
+                         signal, adm, pn.fresh)
         if hist is not None:
             hist.judge_rounds(ms.pairs, by_node, errors.judgements, now_s, verdicts.judgements)
-        candidates = self._step_pairs(ms, verdicts.judgements, now_s, transitions)
+        # Only pairs not healthy-and-routed or with a verdict can move (most ticks: none).
+        candidates = (self._step_pairs(ms, verdicts.judgements, now_s, transitions)
+                      if ms.pairs.rare or verdicts.judgements else [])
         diagnostics: list[DiagnosticsRequest] = []
         if load:     # only those judged through it (a streak from before it waits)
             candidates = [p for p in candidates if p.node_id in kept]
