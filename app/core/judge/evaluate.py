@@ -169,8 +169,7 @@ class FleetEvaluator:
         ms = self._models.get(model)
         if ms is None:
             ms = self._models[model] = ModelState()
-        sums = summaries if isinstance(summaries, list) else list(summaries)
-        by_node: dict[str, WindowSummary] = dict(zip(map(_NODE_ID, sums), sums, strict=True))
+        by_node = _by_node(summaries)
         transitions: list[Transition] = []
         if st.forget_after_s > 0:
             self._forget_retired(model, ms, by_node, now_s, transitions)
@@ -181,15 +180,13 @@ class FleetEvaluator:
             by_node.pop(node, None)
             ms.forget_pair(node)
 
-        peers = gather_peers(by_node, ms.pairs, st.min_samples, ms.pairs.rare,
-                             ms.pairs.streaked)
+        peers = _gather(by_node, ms, st)
         # Histogram models whose buckets cannot resolve them: judged on means (hist_mean), and
         # their P50s are the window means too (the baselines and fleet events read them).
         unres: tuple[tuple[str, float], ...] = ()
         if _hist_model(signal_of(peers), by_node) and (unres := unresolved(peers.summaries)):
             by_node = as_means(by_node, {m for m, _b in unres}, HIST_SIGNAL)
-            peers = gather_peers(by_node, ms.pairs, st.min_samples, ms.pairs.rare,
-                                 ms.pairs.streaked)
+            peers = _gather(by_node, ms, st)
         unres_metrics = frozenset(m for m, _b in unres)
         # Out of routing, failures from before the ejection are not pooled (rules).
         cut = {n: ts for n in ms.pairs.unrouted
@@ -238,9 +235,10 @@ class FleetEvaluator:
         fleet_events = live.fleet_events + [e for e in (load_ev, storm_ev, shift_ev, slow_ev)
                                             if e is not None]
 
-        adm = admission_norms(ms, peers, by_node, norms, signal, now_s, st)
-        judge_probes(st, ms, by_node, norms, errors, now_s, verdicts.judgements, own_p50, signal,
-                     adm, pn.fresh)
+        if ms.pairs.rare:     # new pairs and quarantined ones are among them (most ticks: none)
+            adm = admission_norms(ms, peers, by_node, norms, signal, now_s, st)
+            judge_probes(st, ms, by_node, norms, errors, now_s, verdicts.judgements, own_p50,
+                         signal, adm, pn.fresh)
         if hist is not None:
             hist.judge_rounds(ms.pairs, by_node, errors.judgements, now_s, verdicts.judgements)
         candidates = self._step_pairs(ms, verdicts.judgements, now_s, transitions)
@@ -300,6 +298,8 @@ class FleetEvaluator:
         st = self.settings
         pairs = ms.pairs
         candidates: list[PairState] = []
+        if not pairs.rare and not judgements:
+            return candidates           # every pair healthy and routed, no verdict (most ticks)
         healthy, retired = HealthState.HEALTHY, HealthState.RETIRED
         confirm = st.confirm_windows
         # Not healthy (all in ``pairs.rare``), or healthy with a verdict; never retired.
@@ -451,6 +451,15 @@ class FleetEvaluator:
             raise ValueError(f"evaluator snapshot has no 'models' mapping ({models!r}); "
                              "cannot restore")
         self._models = {str(m): ModelState.from_dict(d) for m, d in models.items()}
+
+
+def _by_node(summaries: Iterable[WindowSummary]) -> dict[str, WindowSummary]:
+    sums = summaries if isinstance(summaries, list) else list(summaries)
+    return dict(zip(map(_NODE_ID, sums), sums, strict=True))
+
+
+def _gather(by_node: Mapping[str, WindowSummary], ms: ModelState, st: DetectorSettings) -> PeerSet:
+    return gather_peers(by_node, ms.pairs, st.min_samples, ms.pairs.rare, ms.pairs.streaked)
 
 
 def _hist_model(signal: str | None, by_node: Mapping[str, WindowSummary]) -> bool:

@@ -122,13 +122,14 @@ def step(model: str, pairs: MutableMapping[str, PairState], live: Liveness,
             del live.gone_seen[node]
             pairs[node], t = health.come_back(p, seen[node], now_s, st)
             transitions.append(t)
-    transitions += _restarts(pairs, live, by_node, restarted, now_s, st)
+    if restarted:                           # (most ticks: nobody restarted)
+        transitions += _restarts(pairs, live, by_node, restarted, now_s, st)
 
     events: list[FleetEvent] = []
     forgotten: list[str] = []
     if st.silent_after_s <= 0:
         return Step(transitions, events, forgotten, False)
-    silent = sorted(n for n in quiet if pairs[n].state not in _AWAY)
+    silent = sorted(n for n in quiet if pairs[n].state not in _AWAY) if quiet else []
     forget = st.forget_after_s
     lost = False
     if silent or live.telemetry_lost:
