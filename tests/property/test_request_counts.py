@@ -223,6 +223,10 @@ def _step(kind: str, req: int, fail: int, k: int) -> tuple[int, int]:
 # Most pairs idle, but the warming ones are no peers: the rest may still stall.
 @example(([DetectorSettings(min_peers=2)] * 2, 5, [("tick", ["idle"] * 3 + ["busy"] * 2)] * 6,
           ["warming", "warming", "healthy", "healthy", "healthy"], {}, True))
+# The same nodes in another order, holding different numbers of ticks.
+@example(([DetectorSettings(min_peers=2)] * 2, 3,
+          [("tick", ["busy"] * 3), ("tick", ["busy", "reset", "busy"]), ("shuffle", ["busy"] * 3),
+           ("tick", ["trickle"] * 3)], ["healthy"] * 3, {}, True))
 def test_the_arrays_decide_and_keep_what_the_per_pair_lists_did(
         case: tuple[list[DetectorSettings], int, list[tuple[str, list[str]]], list[str],
                     dict[int, float], bool]) -> None:
