@@ -223,6 +223,11 @@ def _step(kind: str, req: int, fail: int, k: int) -> tuple[int, int]:
 # Most pairs idle, but the warming ones are no peers: the rest may still stall.
 @example(([DetectorSettings(min_peers=2)] * 2, 5, [("tick", ["idle"] * 3 + ["busy"] * 2)] * 6,
           ["warming", "warming", "healthy", "healthy", "healthy"], {}, True))
+# Fewer ticks kept from a tick on (other settings), one pair absent meanwhile.
+@example(([DetectorSettings(min_peers=2), DetectorSettings(min_peers=2, max_sample_age_s=30.0)],
+          2, [("tick", ["trickle"] * 2)] * 4 + [("settings", ["trickle", "gone"]),
+                                                 ("tick", ["trickle"] * 2)],
+          ["healthy"] * 2, {}, True))
 # The same nodes in another order, holding different numbers of ticks.
 @example(([DetectorSettings(min_peers=2)] * 2, 3,
           [("tick", ["busy"] * 3), ("tick", ["busy", "reset", "busy"]), ("shuffle", ["busy"] * 3),

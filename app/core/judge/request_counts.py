@@ -20,7 +20,7 @@ Rationale: docs/performance.md (the request counters as arrays, 2026-12-06).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from itertools import compress
+from itertools import compress, repeat
 from typing import Final
 
 import numpy as np
@@ -111,39 +111,35 @@ class RequestCounts:
         """Rows for ``keys`` in that order, room for at least ``cap`` ticks (and for what they
         hold, up to ``cols``: the newest kept); the other pairs wait in the snapshot form.
         The rows of new nodes."""
-        old, held_old, rows = self._ticks(), self._held, self._row_of()
-        came = {node: self._away.pop(node) for node in keys
-                if node not in rows and node in self._away}
+        old, held_old, nodes = self._ticks(), self._held, self._nodes
+        n, width = len(keys), len(old)
+        src = np.fromiter(map(self._row_of().get, keys, repeat(-1, n)), np.intp, n)
+        stay = (src >= 0).nonzero()[0]
+        came = {int(row): v for row in (src < 0).nonzero()[0]
+                if (v := self._away.pop(keys[row], None))}
         longest = max([int(held_old.max()) if len(held_old) else 0,
                        *(len(v) // 2 for v in came.values())])
         cap = max(1, min(cols, max(cap, longest + 1)))
-        ring = _blank(cap + 1, len(keys))
-        held = np.zeros(len(keys), np.int64)
-        src = [rows.get(node, -1) for node in keys]
-        stay = [row for row, at in enumerate(src) if at >= 0]
-        if stay:        # columns before a row's ticks hold the pad: copied as they are
-            k, width = min(cap, len(old)), len(old)
-            at = [src[row] for row in stay]
+        ring = _blank(cap + 1, n)
+        held = np.zeros(n, np.int64)
+        if len(stay):   # columns before a row's ticks hold the pad: copied as they are
+            k, at = min(cap, width), src[stay]
             ring[cap - k:cap, stay] = old[width - k:][:, at]
             held[stay] = np.minimum(held_old[at], cap)
-        new: list[int] = []
-        for row, node in enumerate(keys):
-            if src[row] >= 0:
-                continue
-            if not (v := came.get(node)):
-                new.append(row)
-                continue
+        for row, v in came.items():
             k = held[row] = min(cap, len(v) // 2)
             ring[cap - k:cap, row] = np.asarray(v[len(v) - 2 * k:], np.int64).reshape(k, 2)
-        there = set(keys)
-        for node, at_row in rows.items():
-            if node not in there and (k := int(held_old[at_row])):
-                self._away[node] = old[len(old) - k:, at_row].ravel().tolist()
+        if len(stay) < len(nodes):          # pairs not in this tick wait
+            kept = np.zeros(len(nodes), bool)
+            kept[src[stay]] = True
+            for at_row in (~kept).nonzero()[0].tolist():
+                if k := int(held_old[at_row]):
+                    self._away[nodes[at_row]] = old[width - k:, at_row].ravel().tolist()
         self._nodes, self._rows = keys, None
         self._ring, self._head, self._held = ring, cap - 1, held
         self._full = False
         self.checked = None
-        return new
+        return [row for row in (src < 0).nonzero()[0].tolist() if row not in came]
 
     def begin(self, keys: list[str], cols: int) -> tuple[I64, I64, I64, list[int]]:
         """Rows for the pairs of ``keys`` (distinct nodes) in that order, with room for this
