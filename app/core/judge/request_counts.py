@@ -30,6 +30,7 @@ I64 = npt.NDArray[np.int64]
 Bools = npt.NDArray[np.bool_]
 
 PAD: Final = int(np.iinfo(np.int64).min)     # before a row's ticks: at most any counter
+_NO_TICKS: Final[I64] = np.zeros((0, 2), np.int64)
 
 
 class RequestCounts:
@@ -44,7 +45,7 @@ class RequestCounts:
         self._head = 0                                     # the newest column
         self._held: I64 = np.zeros(0, np.int64)            # ticks held by each row
         self._full = False                                 # every row holds a tick in each column
-        self._away: dict[str, list[int]] = {}              # absent pairs, in the snapshot form
+        self._away: dict[str, I64] = {}    # pairs not in the last tick: ticks x 2, oldest first
         # For the rules: a token of the pair table every row's node was last found in (None
         # after the rows change).
         self.checked: object = None
@@ -53,12 +54,12 @@ class RequestCounts:
     def from_lists(cls, lists: Mapping[str, Sequence[int]]) -> RequestCounts:
         """The counters of the snapshot form (each list non-empty, even, of int64 values)."""
         out = cls()
-        out._away = {node: list(v) for node, v in lists.items()}
+        out._away = {node: np.array(v, np.int64).reshape(-1, 2) for node, v in lists.items()}
         return out
 
     def to_lists(self) -> dict[str, list[int]]:
         """The snapshot form (module docstring)."""
-        out = {node: list(v) for node, v in self._away.items()}
+        out = {node: v.ravel().tolist() for node, v in self._away.items()}
         ticks = self._ticks()
         for row, (node, held) in enumerate(zip(self._nodes, self._held.tolist(), strict=True)):
             if held:
@@ -116,25 +117,29 @@ class RequestCounts:
         src = np.fromiter(map(self._row_of().get, keys, repeat(-1, n)), np.intp, n)
         stay = (src >= 0).nonzero()[0]
         came = {int(row): v for row in (src < 0).nonzero()[0]
-                if (v := self._away.pop(keys[row], None))}
+                if len(v := self._away.pop(keys[row], _NO_TICKS))}
         longest = max([int(held_old.max()) if len(held_old) else 0,
-                       *(len(v) // 2 for v in came.values())])
+                       *(len(v) for v in came.values())])
         cap = max(1, min(cols, max(cap, longest + 1)))
         ring = _blank(cap + 1, n)
         held = np.zeros(n, np.int64)
         if len(stay):   # columns before a row's ticks hold the pad: copied as they are
-            k, at = min(cap, width), src[stay]
-            ring[cap - k:cap, stay] = old[width - k:][:, at]
-            held[stay] = np.minimum(held_old[at], cap)
+            k, at = min(cap, width), np.maximum(src, 0)
+            ring[cap - k:cap] = old[width - k:].take(at, axis=1)
+            held = np.minimum(held_old[at], cap)
+            if len(stay) < n:               # rows not in the ring before: no tick yet
+                fresh = (src < 0).nonzero()[0]
+                ring[:, fresh] = (PAD, 0)
+                held[fresh] = 0
         for row, v in came.items():
-            k = held[row] = min(cap, len(v) // 2)
-            ring[cap - k:cap, row] = np.asarray(v[len(v) - 2 * k:], np.int64).reshape(k, 2)
+            k = held[row] = min(cap, len(v))
+            ring[cap - k:cap, row] = v[len(v) - k:]
         if len(stay) < len(nodes):          # pairs not in this tick wait
             kept = np.zeros(len(nodes), bool)
             kept[src[stay]] = True
             for at_row in (~kept).nonzero()[0].tolist():
                 if k := int(held_old[at_row]):
-                    self._away[nodes[at_row]] = old[width - k:, at_row].ravel().tolist()
+                    self._away[nodes[at_row]] = old[width - k:, at_row].copy()
         self._nodes, self._rows = keys, None
         self._ring, self._head, self._held = ring, cap - 1, held
         self._full = False
