@@ -4,9 +4,9 @@ Owns :class:`RequestCounts`: per pair, stage 1's cumulative (requests, failed) a
 last few ticks it was in (a pair absent from a tick's summaries records nothing that tick).
 The pairs of the last tick, in its order, are the rows of a ring of columns (ticks x rows x
 2, int64): a tick writes its counters into the column after the newest and makes it the
-newest, so that a tick naming the same nodes in the same order moves no counter; a row's
-columns older than its ticks hold :data:`PAD` (below any counter). A pair absent from the
-last tick waits in the snapshot form until it is back.
+newest, so that a tick naming the same nodes in the same order moves no counter (in another
+order: the rows permuted at once); a row's columns older than its ticks hold :data:`PAD`
+(below any counter). A pair absent from the last tick waits in the snapshot form.
 
 Guarantees: :meth:`RequestCounts.to_lists` is the snapshot form (per node, the counters flat,
 oldest first: requests, failed, requests, failed, ...; nodes sorted) and
@@ -39,7 +39,7 @@ class RequestCounts:
 
     def __init__(self) -> None:
         self._nodes: list[str] = []                        # ring row -> node
-        self._rows: dict[str, int] = {}                    # node -> ring row
+        self._rows: dict[str, int] | None = {}             # node -> ring row (None: not made)
         self._ring: I64 = _blank(2, 0)                     # column x row x (requests, failed)
         self._head = 0                                     # the newest column
         self._held: I64 = np.zeros(0, np.int64)            # ticks held by each row
@@ -58,7 +58,7 @@ class RequestCounts:
 
     def to_lists(self) -> dict[str, list[int]]:
         """The snapshot form (module docstring)."""
-        out = dict(self._away)
+        out = {node: list(v) for node, v in self._away.items()}
         ticks = self._ticks()
         for row, (node, held) in enumerate(zip(self._nodes, self._held.tolist(), strict=True)):
             if held:
@@ -79,19 +79,25 @@ class RequestCounts:
         return len(self._nodes) + len(self._away)
 
     def __contains__(self, node: object) -> bool:
-        return node in self._rows or node in self._away
+        return node in self._row_of() or node in self._away
 
     def row(self, node: str) -> int | None:
         """The row of ``node`` in the ring (a node of the last tick)."""
-        return self._rows.get(node)
+        return self._row_of().get(node)
+
+    def _row_of(self) -> dict[str, int]:
+        rows = self._rows
+        if rows is None:
+            rows = self._rows = dict(zip(self._nodes, range(len(self._nodes)), strict=True))
+        return rows
 
     def drop(self, node: str) -> None:
         """Forget ``node``'s counters."""
         self._away.pop(node, None)
-        row = self._rows.pop(node, None)
+        row = self._row_of().get(node)
         if row is not None:
             self._nodes = [v for v in self._nodes if v != node]
-            self._rows = {v: i for i, v in enumerate(self._nodes)}
+            self._rows = None
             self._ring = np.delete(self._ring, row, axis=1)
             self._held = np.delete(self._held, row)
             self.checked = None
@@ -105,7 +111,7 @@ class RequestCounts:
         """Rows for ``keys`` in that order, room for at least ``cap`` ticks (and for what they
         hold, up to ``cols``: the newest kept); the other pairs wait in the snapshot form.
         The rows of new nodes."""
-        old, held_old, rows = self._ticks(), self._held, self._rows
+        old, held_old, rows = self._ticks(), self._held, self._row_of()
         came = {node: self._away.pop(node) for node in keys
                 if node not in rows and node in self._away}
         longest = max([int(held_old.max()) if len(held_old) else 0,
@@ -133,7 +139,7 @@ class RequestCounts:
         for node, at_row in rows.items():
             if node not in there and (k := int(held_old[at_row])):
                 self._away[node] = old[len(old) - k:, at_row].ravel().tolist()
-        self._nodes, self._rows = keys, {v: i for i, v in enumerate(keys)}
+        self._nodes, self._rows = keys, None
         self._ring, self._head, self._held = ring, cap - 1, held
         self._full = False
         self.checked = None
@@ -146,13 +152,27 @@ class RequestCounts:
         :meth:`advance`. A new node's row holds no tick."""
         cap = len(self._ring) - 1
         new: list[int] = []
-        if keys != self._nodes or cap > cols:
+        if cap > cols or (keys != self._nodes and not self._reorder(keys)):
             new = self._reshape(keys, cols)
             cap = len(self._ring) - 1
         if cap < cols and (self._full or (len(keys) and int(np.maximum.reduce(self._held)) >= cap)):
             self._widen(min(cols, 2 * cap))           # no row may lose a tick below cols
         ring, head = self._ring, self._head
         return ring[(head + 1) % len(ring)], ring[head], self._held, new
+
+    def _reorder(self, keys: list[str]) -> bool:
+        """The same nodes as the rows, in the order of ``keys``, if they are (summaries from
+        several stage-1 workers can come in another order each tick)."""
+        rows = self._row_of()
+        if len(keys) != len(rows):
+            return False
+        try:
+            at = np.fromiter(map(rows.__getitem__, keys), np.intp, len(keys))
+        except KeyError:
+            return False
+        self._ring, self._held = self._ring[:, at], self._held[at]
+        self._nodes, self._rows = keys, None
+        return True
 
     def _widen(self, cap: int) -> None:
         """The same rows, room for ``cap`` ticks (more than now)."""
