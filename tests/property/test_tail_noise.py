@@ -20,17 +20,15 @@ from tailguard.core.judge.tail_noise import noise_below
 
 
 def reference(ratios: list[float], median_ratio: float, s: DetectorSettings) -> float:
-    logs = sorted(math.log(r) for r in ratios)
-    mid = median_sorted(logs)
-    mad = median_sorted(sorted(abs(x - mid) for x in logs))
-    noise = math.exp(mid + TAIL_NOISE_K * 1.4826 * mad)
-    return max(s.ratio_threshold, s.fleet_ratio_factor * median_ratio, noise)
+    return max(s.ratio_threshold, s.fleet_ratio_factor * median_ratio, noise_of(ratios))
 
 
 def noise_of(ratios: list[float]) -> float:
-    """The exact noise limit alone (the bound made irrelevant)."""
-    return reference(ratios, 0.0, DetectorSettings(ratio_threshold=1.0 + 1e-12,
-                                                   fleet_ratio_factor=1.0))
+    """The exact noise limit alone."""
+    logs = sorted(math.log(r) for r in ratios)
+    mid = median_sorted(logs)
+    mad = median_sorted(sorted(abs(x - mid) for x in logs))
+    return math.exp(mid + TAIL_NOISE_K * 1.4826 * mad)
 
 
 spreads = st.sampled_from([0.001, 0.02, 0.1, 0.3, 1.0, 2.5])
