@@ -31,6 +31,7 @@ from typing import NamedTuple, overload
 from tailguard.core.contract.config import DetectorSettings
 from tailguard.core.contract.types import HealthState, WindowSummary
 from tailguard.core.judge.health import PairState
+from tailguard.core.judge.tail_noise import noise_below
 
 # A hardware class with fewer than min_peers peers is judged by P50 against its own baseline
 # (moved with the fleet) once that baseline has this many ticks behind it.
@@ -479,6 +480,9 @@ def tail_limit(ratios: Sequence[float], st: DetectorSettings) -> float:
 
 def tail_limit_sorted(ratios: Sequence[float], median_ratio: float, st: DetectorSettings) -> float:
     """:func:`tail_limit` of ratios already sorted, ``median_ratio`` their median."""
+    bound = max(st.ratio_threshold, st.fleet_ratio_factor * median_ratio)
+    if noise_below(ratios, TAIL_NOISE_K * 1.4826, bound):     # most ticks: no log per ratio
+        return bound
     logs = list(map(math.log, ratios))
     logs.sort()                     # sorted already unless log is not monotonic: a linear check
     mid = median_sorted(logs)
