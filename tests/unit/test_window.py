@@ -620,7 +620,7 @@ def test_request_and_failure_counters_are_cumulative_and_survive_a_snapshot() ->
     assert again.summaries(1020.0) == store.summaries(1020.0)
 
 
-@pytest.mark.parametrize("counts", [(-1, 0), (5, 6), (5.0, 1), (True, 0), ("7", 1), (2**63, 0)])
+@pytest.mark.parametrize("counts", [(-1, 0), (5, 6), (5.0, 1), (True, 0), ("7", 1)])
 def test_a_summary_with_bad_counters_decodes_without_them(counts: tuple[Any, Any]) -> None:
     s = WindowSummary(node_id="n", model="m", tick_ts=0.0, signal="latency", samples=1, p50=1.0,
                       p99=1.0, latency_p50_us=1.0, latency_p99_us=1.0, requests_total=7,

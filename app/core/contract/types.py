@@ -156,7 +156,7 @@ class WindowSummary(NamedTuple):
         if over is not None and (type(over) is not int or not 0 <= over <= s.fresh_samples):
             s = s._replace(fresh_over=None)
         req, fail = s.requests_total, s.failed_total
-        if not (type(req) is int and type(fail) is int and 0 <= fail <= req < 2**63):
+        if not (type(req) is int and type(fail) is int and 0 <= fail <= req):
             s = s._replace(requests_total=0, failed_total=0)
         return s
 

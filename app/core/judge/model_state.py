@@ -33,13 +33,11 @@ from tailguard.core.judge.hist_baselines import HistBaselines
 from tailguard.core.judge.hist_trend import HistTrend
 from tailguard.core.judge.liveness import Liveness
 from tailguard.core.judge.own_history import OwnBaselines
-from tailguard.core.judge.request_counts import RequestCounts
 from tailguard.core.judge.weights import WeightState
 
 SNAPSHOT_VERSION: Final = 4
 
 _HEALTHY, _WARMING = HealthState.HEALTHY, HealthState.WARMING
-_I64: Final = 2**63
 
 
 class PairTable(dict[str, PairState]):
@@ -200,9 +198,9 @@ class ModelState:
     rate_per_s: dict[str, float] = field(default_factory=dict)
     # Retired pairs: their last sign of life (sample or heartbeat; at least the retirement).
     retired_seen: dict[str, float] = field(default_factory=dict)
-    # Per pair: stage 1's cumulative (requests, failed) at the last few ticks, as arrays; in a
-    # snapshot per node flat, oldest first (tailguard.core.judge.request_counts).
-    counts: RequestCounts = field(default_factory=RequestCounts)
+    # Per pair: stage 1's cumulative (requests, failed) at the last few ticks, oldest first,
+    # flat, updated in place (request_rules.error_judgements).
+    counts: dict[str, list[int]] = field(default_factory=dict)
     # Last signs of life, gone pairs, restarts handled, telemetry loss (tailguard.core.judge.liveness).
     live: Liveness = field(default_factory=Liveness)
     # Per-pair P50 baselines: the reference below min_peers (tailguard.core.judge.own_history).
@@ -228,9 +226,9 @@ class ModelState:
     def forget_pair(self, node: str) -> None:
         """Drop everything kept about ``node``."""
         self.pairs.pop(node, None)
-        for d in (self.retired_seen, self.advanced_ts, self.rate_per_s, self.elevated):
+        for d in (self.retired_seen, self.advanced_ts, self.rate_per_s, self.elevated,
+                  self.counts):
             d.pop(node, None)
-        self.counts.drop(node)
         self.live.drop(node)
         self.own.drop(node)
         self.hist_own.drop(node)
@@ -249,7 +247,7 @@ class ModelState:
                 "advanced_ts": dict(sorted(self.advanced_ts.items())),
                 "rate_per_s": dict(sorted(self.rate_per_s.items())),
                 "retired_seen": dict(sorted(self.retired_seen.items())),
-                "counts": self.counts.to_lists(),
+                "counts": {n: list(c) for n, c in sorted(self.counts.items())},
                 "live": self.live.to_dict(), "own": self.own.to_dict(), "tail_ref": self.tail_ref,
                 "weights": self.weights.to_dict(),
                 "fleet_slow": dict(sorted(self.fleet_slow.items())),
@@ -273,7 +271,7 @@ class ModelState:
                 advanced_ts={str(k): float(v) for k, v in d["advanced_ts"].items()},
                 rate_per_s={str(k): float(v) for k, v in d["rate_per_s"].items()},
                 retired_seen={str(k): float(v) for k, v in d["retired_seen"].items()},
-                counts=RequestCounts.from_lists({str(k): _counts(v) for k, v in d["counts"].items()}),
+                counts={str(k): _counts(v) for k, v in d["counts"].items()},
                 live=Liveness.from_dict(d["live"]), own=OwnBaselines.from_dict(d["own"]),
                 tail_ref=None if d["tail_ref"] is None else float(d["tail_ref"]),
                 weights=WeightState.from_dict(d["weights"]),
@@ -294,8 +292,6 @@ def _counts(v: Any) -> list[int]:
     out = [int(x) for x in v]
     if not out or len(out) % 2:
         raise TypeError(f"counts {v!r} are not (requests, failed) pairs")
-    if not all(-_I64 <= x < _I64 for x in out):
-        raise ValueError(f"counts {v!r} are not 64-bit integers")
     return out
 
 
