@@ -6,8 +6,8 @@ tailguard.core.judge.evaluate:FleetEvaluator.evaluate``. Each function is wrappe
 ``time.perf_counter`` wherever a ``tailguard`` module holds it; the tick is
 :func:`bench.bench_core_stage2.bench_facade`'s (10,000 series x 1000 samples, ``N`` nodes per
 model, the worker's collector policy). Prints the best of three rounds of ten ticks (after
-three warm-up ticks): the whole tick and each function, wall-clock ms per tick (a wrapper
-adds ~0.3 µs a call). To compare builds, alternate runs of each in the same minutes
+three warm-up ticks): the whole tick and each function, wall-clock ms per tick (each wrapper
+adds a little to every call). To compare builds, alternate runs of each in the same minutes
 (``PYTHONPATH=<link to the other build>:.``, see bench.compare_tick) and compare ratios.
 """
 

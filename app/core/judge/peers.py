@@ -488,5 +488,4 @@ def tail_limit_sorted(ratios: Sequence[float], median_ratio: float, st: Detector
     mid = median_sorted(logs)
     # |log - mid| over sorted logs falls, then rises: two runs, which sort merges in one pass.
     mad = median_sorted(sorted(map(abs, map(operator.sub, logs, itertools.repeat(mid)))))
-    noise = math.exp(mid + TAIL_NOISE_K * 1.4826 * mad)
-    return max(st.ratio_threshold, st.fleet_ratio_factor * median_ratio, noise)
+    return max(bound, math.exp(mid + TAIL_NOISE_K * 1.4826 * mad))
