@@ -8,7 +8,8 @@ sample counts and exact quantiles of the signal, of the raw latency, of the fres
 of the probes, the rows that need masks one by one (:func:`chunk_stats`) and a tier's
 steady-state rows together (:func:`fast_stats`: one sort per ring for both the window and its
 fresh samples); fresh samples over the model's tail threshold are counted for the series with
-at most ``FRESH_TAIL_MAX_SAMPLES`` of them.
+at most ``FRESH_TAIL_MAX_SAMPLES`` of them. The fast pass hands each few rings' latency, while
+in cache, to the cluster pools' capture (:class:`~tailguard.core.window.pools.PoolCapture`).
 
 Guarantees: pure; the quantiles are exact (linear, as ``numpy.quantile``) and the same for a
 row whichever path computed it; the slabs are only read.
@@ -25,6 +26,7 @@ import numpy.typing as npt
 
 from tailguard.core.window import signals as sig
 from tailguard.core.window import ts_codes as tc
+from tailguard.core.window.pools import PoolCapture
 from tailguard.core.window.quantiles import (
     RUN_FLAG,
     U32,
@@ -166,9 +168,10 @@ class Stats:
 
 
 def _fast_block(items: Sequence[tuple[Slab, Stats]], n: int, cap: int, fresh_lo: float,
-                refs: F64, min_fresh: int, buf: U32) -> None:
+                refs: F64, min_fresh: int, buf: U32, capture: PoolCapture | None = None) -> None:
     """:func:`fast_stats` for the fast rows of ``items`` (``n`` rows of ``cap`` slots,
-    every slot judged) as one matrix of sort keys, in the first ``n`` rows of ``buf``."""
+    every slot judged) as one matrix of sort keys, in the first ``n`` rows of ``buf``;
+    ``capture`` takes the pool's slots of each few rings while they are in cache."""
     keys: U32 = buf[:n]
     step = max(1, _SORT_BLOCK_BYTES // (4 * cap))
     o = 0
@@ -198,6 +201,8 @@ def _fast_block(items: Sequence[tuple[Slab, Stats]], n: int, cap: int, fresh_lo:
                 np.less_equal(_rows(ch.ts_code, r), tc.after(ch.base_us[r], fresh_lo)[:, None],
                               out=part)         # 1: not fresh
                 to_run_keys(part, lat)
+            if capture is not None:
+                capture.put(ch, r, lat)
             part.sort(axis=1)
         o += f.size
     nf = count_at_most(keys, np.full(n, cap, dtype=np.int64), np.uint32(RUN_FLAG - 1))
@@ -291,7 +296,7 @@ def chunk_stats(ch: Slab, st: Pass1, plans: list[ModelPlan], fresh_lo: float, re
 
 
 def fast_stats(work: Sequence[tuple[Slab, Stats]], fresh_lo: float, refs: F64,
-                min_fresh: int) -> None:
+                min_fresh: int, capture: PoolCapture | None = None) -> None:
     """Fill in the fast rows (clean: every slot judged, raw latency, no probe) of every
     chunk, a tier's rows together in blocks of up to ``_FAST_BLOCK_BYTES`` of keys.
 
@@ -301,8 +306,11 @@ def fast_stats(work: Sequence[tuple[Slab, Stats]], fresh_lo: float, refs: F64,
     older ascending]``. The fresh count is where the runs meet, the
     window's P50/P99 selected across both runs
     (:func:`~tailguard.core.window.quantiles.select_two_runs`), the fresh P50 read by index and
-    ``fresh_over`` counted by a binary search of the fresh run.
+    ``fresh_over`` counted by a binary search of the fresh run. ``capture`` gets every fast
+    row's cluster-pool slots (:class:`~tailguard.core.window.pools.PoolCapture`).
     """
+    if capture is not None:
+        capture.start(sum(cs.fast.size * capture.width(ch.cap) for ch, cs in work))
     by_cap: dict[int, list[tuple[Slab, Stats]]] = {}
     for ch, cs in work:
         if cs.fast.size:
@@ -318,7 +326,7 @@ def fast_stats(work: Sequence[tuple[Slab, Stats]], fresh_lo: float, refs: F64,
             while take < len(items) and (take == 0 or n + items[take][1].fast.size <= block_rows):
                 n += items[take][1].fast.size
                 take += 1
-            _fast_block(items[:take], n, cap, fresh_lo, refs, min_fresh, buf)
+            _fast_block(items[:take], n, cap, fresh_lo, refs, min_fresh, buf, capture)
             items = items[take:]
 
 

@@ -1,14 +1,16 @@
 """Cluster-wide latency pools: an even thinning of every ring of the window store, per model.
 
-Owns :class:`ModelPool` and :func:`build_pools`, which ``WindowStore.model_pools`` calls
-with the store's slabs (:mod:`tailguard.core.window.rings` owns the ring layout and says what a
-slab's kept bounds prove).
+Owns :class:`ModelPool`, :func:`build_pools` (``WindowStore.model_pools`` calls it with the
+store's slabs; :mod:`tailguard.core.window.rings` says what a slab's kept bounds prove) and
+:class:`PoolCapture`: the pool slots of stage 1's fast rings, taken while its pass has them in
+cache, which ``build_pools`` uses instead of reading those rings again.
 
 Guarantees:
 
 * A model's pool holds every series' judged samples (``ok``, non-probe, event time in
   ``(now_s - max_sample_age_s, now_s]``) at one slot stride in every ring, so each
   judged sample is kept at the same rate; models without a kept sample are left out.
+  With a capture, the same multiset per model (only the order of ``values`` may differ).
 * Every pool is a view into one buffer filled in one pass over the slabs; with ``qs``
   every pool's exact quantiles (``numpy.quantile``, linear) are selected at once
   (:func:`tailguard.core.window.quantiles.segment_quantiles`) and :meth:`ModelPool.quantiles`
@@ -69,13 +71,74 @@ class ModelPool:
 
 # A piece of a pool: (model index, number of values, the values: a view or a small copy).
 _Piece: TypeAlias = tuple[int, int, F32]
+# The rings a capture holds (slab, rows) and its slots: per run of rings of one width, their
+# slots ``[rings, width]`` and their model indices.
+Taken: TypeAlias = tuple[list[tuple["Slab", I64]], list[tuple[F32, I64]]]
+_NOTHING: Taken = ([], [])
+
+
+class PoolCapture:
+    """The pool slots (``lat[ring, ::stride]``) of the rings stage 1's fast pass reads
+    (:func:`tailguard.core.window.passes.fast_stats`: full rings, every slot judged, so the
+    pool keeps every one of those slots), copied while they are in cache.
+
+    The store clears it before its summary pass and stamps it after (``seal``: the tick and
+    the store's write version); :meth:`taken` gives the rings only for that tick, stride and
+    version. One buffer, reused from tick to tick (1/stride of the fast rings' latency).
+    """
+
+    __slots__ = ("_at", "_buf", "_runs", "rings", "stamp", "stride")
+
+    def __init__(self, stride: int) -> None:
+        self.stride = stride
+        self._buf: F32 = np.empty(0, dtype=np.float32)
+        self._at = 0
+        self.rings: list[tuple[Slab, I64]] = []
+        self._runs: list[tuple[int, int, list[I64]]] = []     # (width, first value, model indices)
+        self.stamp: tuple[float, object] | None = None
+
+    def width(self, cap: int) -> int:
+        """Pool slots of a ring of ``cap`` slots."""
+        return -(-cap // self.stride)
+
+    def clear(self) -> None:
+        self.stamp, self.rings, self._runs, self._at = None, [], [], 0
+
+    def start(self, n: int) -> None:
+        """Cleared, with room for ``n`` values (the buffer kept unless too small or 2x too big)."""
+        self.clear()
+        if n > self._buf.size or self._buf.size > 2 * n:
+            self._buf = np.empty(n + n // 8, dtype=np.float32)
+
+    def put(self, ch: Slab, rows: I64, lat: F32) -> None:
+        """Take the pool slots of ``ch``'s rings ``rows`` (``lat``: their latency rows)."""
+        w = self.width(ch.cap)
+        n = rows.size * w
+        np.copyto(self._buf[self._at:self._at + n].reshape(rows.size, w), lat[:, ::self.stride])
+        if not self._runs or self._runs[-1][0] != w:
+            self._runs.append((w, self._at, []))
+        self._runs[-1][2].append(ch.midx[rows])
+        self.rings.append((ch, rows))
+        self._at += n
+
+    def seal(self, now_s: float, version: object) -> None:
+        self.stamp = (now_s, version)
+
+    def taken(self, now_s: float, stride: int, version: object) -> Taken:
+        """The captured rings and their slots if taken at tick ``now_s`` and ``stride`` with
+        the store at ``version`` still, else none."""
+        if not self.rings or self.stamp != (now_s, version) or stride != self.stride:
+            return _NOTHING
+        ends = [at for _, at, _ in self._runs[1:]] + [self._at]
+        return self.rings, [(self._buf[at:end].reshape(-1, w), np.concatenate(m))
+                            for (w, at, m), end in zip(self._runs, ends, strict=True)]
 
 
 def _pool_pieces(chunks: list[Slab], want: Bools, stride: int, age_lo: float,
-                 now_s: float) -> tuple[list[_Piece], I64]:
+                 now_s: float, taken: Taken) -> tuple[list[_Piece], I64]:
     """The kept pool samples of ``chunks`` (:func:`build_pools`) as pieces
     (``_Piece``), not yet in the pool, and the model index of every series that gave
-    samples.
+    samples. The rings in ``taken`` give their captured slots; only the others are read.
 
     The rings of all slabs are checked in one pass. A ring whose kept bounds prove every
     slot judged (see ``Slab``) needs no mask, and a run of such rings of one model side
@@ -90,12 +153,17 @@ def _pool_pieces(chunks: list[Slab], want: Bools, stride: int, age_lo: float,
     local = np.arange(slab.size) - np.repeat(np.cumsum(sizes) - sizes, sizes)
     midx = cat([ch.midx for ch in chunks])
     sel = want[midx]
+    pieces: list[_Piece] = []
+    gave: list[I64] = []
+    if taken[0]:
+        first = dict(zip(map(id, chunks), (np.cumsum(sizes) - sizes).tolist(), strict=True))
+        for ch, rows in taken[0]:
+            sel[first[id(ch)] + rows] = False
+        _taken_pieces(taken[1], want, pieces, gave)
     proven = (sel & (cat([ch.fill for ch in chunks]) == np.repeat([ch.cap for ch in chunks], sizes))
               & (cat([ch.ts_lo for ch in chunks]) > age_lo)
               & (cat([ch.ts_hi for ch in chunks]) <= now_s) & (cat([ch.lat_lo for ch in chunks]) > 0))
     lats = [ch.lat[:, ::stride] for ch in chunks]     # stride first: copy 1/stride
-    pieces: list[_Piece] = []
-    gave: list[I64] = []
     for rows, masked in ((np.flatnonzero(proven), False), (np.flatnonzero(sel & ~proven), True)):
         if rows.size == 0:
             continue
@@ -151,24 +219,50 @@ def _slab_pieces(ch: Slab, lat: F32, stride: int, rows: I64, midx: I64, age_lo: 
         n_kept = kept.sum(axis=1)
     else:
         n_kept = np.full(rows.size, sub.shape[1])
-    ends = np.cumsum(n_kept).tolist()
     flat = sub.reshape(-1) if kept is None else np.compress(kept.reshape(-1), sub.reshape(-1))
+    _split_by_model(midx, n_kept, flat, pieces)
+    given: I64 = midx[n_kept > 0]
+    return given
+
+
+def _split_by_model(midx: I64, n_kept: I64, flat: F32, pieces: list[_Piece]) -> None:
+    """Append ``flat`` (``n_kept[i]`` values of row ``i`` after another) as one piece per
+    run of rows of one model ``midx`` (per model when they are sorted by it)."""
+    ends = np.cumsum(n_kept).tolist()
     lo = 0
     for i in [*np.flatnonzero(midx[1:] != midx[:-1]).tolist(), midx.size - 1]:
         hi = ends[i]
         if hi > lo:
             pieces.append((int(midx[i]), hi - lo, flat[lo:hi]))
         lo = hi
-    given: I64 = midx[n_kept > 0]
-    return given
+
+
+def _taken_pieces(runs: list[tuple[F32, I64]], want: Bools, pieces: list[_Piece],
+                  gave: list[I64]) -> None:
+    """Append the captured slots (``runs``: rings' slots and model indices) of the wanted
+    models, one piece per run of rings of one model (regrouped by model when the runs are
+    short: < 16 rings on average), and their model indices to ``gave``."""
+    for vals, m in runs:
+        keep = want[m]
+        if not keep.all():
+            m, vals = m[keep], vals[keep]
+        if m.size == 0:
+            continue
+        if np.count_nonzero(m[1:] != m[:-1]) * 16 > m.size:
+            by_model = np.argsort(m, kind="stable")
+            m, vals = m[by_model], vals[by_model]
+        _split_by_model(m, np.full(m.size, vals.shape[1]), vals.reshape(-1), pieces)
+        gave.append(m)
 
 
 def build_pools(chunks: list[Slab], model_names: Sequence[str], want: Bools, stride: int,
-                age_lo: float, now_s: float, qs: tuple[float, ...]) -> dict[str, ModelPool]:
+                age_lo: float, now_s: float, qs: tuple[float, ...],
+                taken: Taken | None = None) -> dict[str, ModelPool]:
     """Per model (by index into ``model_names``, kept where ``want``), the pool of the
-    ``stride``-th slots of ``chunks``' judged samples; with ``qs``, their quantiles."""
+    ``stride``-th slots of ``chunks``' judged samples; with ``qs``, their quantiles.
+    ``taken``: rings of ``chunks`` whose slots were captured (:meth:`PoolCapture.taken`)."""
     nm = len(model_names)
-    pieces, gave = (_pool_pieces(chunks, want, stride, age_lo, now_s) if chunks
+    pieces, gave = (_pool_pieces(chunks, want, stride, age_lo, now_s, taken or _NOTHING) if chunks
                     else ([], np.zeros(0, dtype=np.int64)))
     nodes = np.bincount(gave, minlength=nm)
     sizes = [0] * nm

@@ -45,6 +45,7 @@ from tailguard.core.window.passes import (
     fast_stats,
     pass1,
 )
+from tailguard.core.window.pools import PoolCapture
 from tailguard.core.window.quantiles import (
     digest_of,
     digest_to_dict,
@@ -208,15 +209,15 @@ def summarize(slabs: Sequence[Slab], records: Mapping[SeriesKey, SeriesRecord], 
               choices: Mapping[str, sig.ModelChoice] | None = None,
               evidence: bool = False,
               pause: Callable[[], AbstractContextManager[object]] = nullcontext,
-              order: tuple[SummaryOrder, int] | None = None) -> list[WindowSummary]:
+              order: tuple[SummaryOrder, int] | None = None, capture: PoolCapture | None = None) -> list[WindowSummary]:
     """One summary per series of ``records`` at event time ``now_s`` (module docstring).
 
     ``slabs``: every slab holding a used ring; ``model_names``: by model index (``midx``). The
     keyword arguments are :meth:`~tailguard.core.window.window.WindowStore.summaries`' (its docstring);
     ``pause``: entered while one tuple per series is made (the caller's choice, e.g.
-    :func:`tailguard.collector.collector_paused`; the core calls no ``gc``); ``order``: the
-    store's kept order of its rows and the rings' layout now (:class:`SummaryOrder`).
-    """
+    :func:`tailguard.collector.collector_paused`; the core calls no ``gc``); ``order``: the store's
+    kept order of its rows and the rings' layout now (:class:`SummaryOrder`); ``capture``: takes
+    the fast rings' cluster-pool slots (:func:`~tailguard.core.window.passes.fast_stats`)."""
     age_lo = now_s - settings.max_sample_age_s
     fresh_lo, min_fresh = now_s - settings.tick_interval_s, fresh_min_samples(settings)
     since_by_chunk: dict[int, list[tuple[int, float]]] = {}
@@ -280,7 +281,7 @@ def summarize(slabs: Sequence[Slab], records: Mapping[SeriesKey, SeriesRecord], 
             refs[i] = ref
     stats = [chunk_stats(ch, st, plans, fresh_lo, refs, min_fresh)
              for ch, st in zip(chunks, states, strict=True)]
-    fast_stats(list(zip(chunks, stats, strict=True)), fresh_lo, refs, min_fresh)
+    fast_stats(list(zip(chunks, stats, strict=True)), fresh_lo, refs, min_fresh, capture)
     with pause():
         results.extend(_build(list(zip(chunks, states, stats, strict=True)), plans,
                               now_s, age_lo, digests, settings.min_samples, min_fresh, ev))

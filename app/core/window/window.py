@@ -1,12 +1,12 @@
 """Stage 1: per-(node, model) sliding windows and their per-tick summaries.
 
 :class:`WindowStore` owns, for every (node_id, model) it has seen, a ring of the most recent
-``window_size`` successful samples (probe samples included, flagged), with event time,
-latency and — when the series carries them — the request-size fields, in the slabs of
-:mod:`tailguard.core.window.rings`. :meth:`WindowStore.summaries` turns them into one
-:class:`~tailguard.core.contract.types.WindowSummary` per series per tick (:mod:`tailguard.core.window.summarize` says
-which samples each field is over); :meth:`WindowStore.model_pools` gives the cluster-wide
-pools and mergeable digests per model (:mod:`tailguard.core.window.pools`).
+``window_size`` successful samples (probes included, flagged) with event time, latency and,
+when the series carries them, the request-size fields (slabs of :mod:`tailguard.core.window.rings`).
+:meth:`WindowStore.summaries` turns them into one ``WindowSummary`` per series per tick
+(:mod:`tailguard.core.window.summarize` says which samples each field is over);
+:meth:`WindowStore.model_pools` gives the cluster-wide pools per model (:mod:`tailguard.core.window.pools`),
+from the slots the tick's summary pass captured while no ring was written since, else the rings.
 
 Guarantees:
 
@@ -16,8 +16,8 @@ Guarantees:
 * ``requests_total``/``failed_total``: every request the store has taken for the series (ok
   or failed, probes included) and the failed ones — cumulative counters, kept by snapshots.
 * ``restore(snapshot())`` gives identical future summaries; snapshots are plain JSON-able data.
-* A series moves up a tier when it outgrows its ring (:mod:`tailguard.core.window.tiers`); after
-  a flood of forgotten series, sparse tiers are repacked (:meth:`WindowStore.compact`).
+* A series moves up a tier when it outgrows its ring (:mod:`tailguard.core.window.tiers`); sparse
+  tiers left by a flood of forgotten series are repacked (:meth:`WindowStore.compact`).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from tailguard.core.contract.hist_event import HistogramBatch
 from tailguard.core.contract.types import WindowSummary
 from tailguard.core.window.hist_window import HistWindows
 from tailguard.core.window.passes import FRESH_TAIL_MAX_SAMPLES
-from tailguard.core.window.pools import ModelPool, build_pools
+from tailguard.core.window.pools import ModelPool, PoolCapture, build_pools
 from tailguard.core.window.rings import F64, RESTART_CONFIRM_SIGNS, SeriesKey, SeriesRecord
 from tailguard.core.window.signals import ModelChoice
 from tailguard.core.window.summarize import SummaryOrder, summarize
@@ -66,6 +66,11 @@ class WindowStore:
         self._order = SummaryOrder()            # the rows' (model, node_id) order, kept by layout
         # At most every series' last_seen_ts (which only grows); -inf when not known.
         self._seen_floor = -math.inf
+        # Ring writes (observe); with tiers.layout (rows taken, freed, moved) the version of
+        # the slabs' content: while it stands, no ring changed.
+        self._writes = 0
+        # The pool slots of the fast rings, taken by the last summary pass (model_pools).
+        self._capture = PoolCapture(-(-self._window // POOL_SAMPLES_PER_SERIES))
 
     # ------------------------------------------------------------ bookkeeping
 
@@ -177,6 +182,7 @@ class WindowStore:
 
     def observe(self, batch: SampleBatch) -> None:
         """Add a batch's samples (vectorized; arrival order = array order)."""
+        self._writes += 1
         s = self._get(batch.node_id, batch.model)
         if batch.hardware is not None:
             s.hardware = batch.hardware
@@ -276,10 +282,13 @@ class WindowStore:
         ``FRESH_TAIL_MAX_SAMPLES`` fresh samples get ``fresh_over`` counted against it. ``choices``,
         ``evidence``: stage 2's signal per model and what it makes them from (``summarize``).
         """
+        capture = self._capture
+        capture.clear()
         out = summarize(self.tiers.used_slabs(), self._series, self._model_names, self.settings, now_s,
                         judge_since=judge_since, out_of_fit=out_of_fit, digests=digests, tail_refs=tail_refs,
                         choices=choices, evidence=evidence, pause=self.pause_collector,
-                        order=(self._order, self.tiers.layout))
+                        order=(self._order, self.tiers.layout), capture=capture)
+        capture.seal(now_s, self._version())
         hists = self._hists
         for i, sm in enumerate(out if hists.keys() else ()):     # no look per series without them
             key = (sm.node_id, sm.model)
@@ -303,7 +312,9 @@ class WindowStore:
         left out; ``models`` restricts the answer. ``qs``: also compute every pool's exact
         quantiles there (``ModelPool.at_qs``, all pools at once).
         Cost: one strided copy of every ring, straight into one buffer holding every pool
-        (:func:`tailguard.core.window.pools.build_pools`).
+        (:func:`tailguard.core.window.pools.build_pools`); the rings whose slots the last
+        :meth:`summaries` captured (at this ``now_s``, with no ring written since, at the
+        default ``per_series``) are not read again.
         """
         if per_series < 1:
             raise ValueError(f"per_series must be >= 1, got {per_series}")
@@ -315,7 +326,13 @@ class WindowStore:
             want[:] = False
             want[[self._models[m] for m in models if m in self._models]] = True
         want[nm] = False                        # free rows have midx -1: they read want[-1]
-        return build_pools(self.tiers.used_slabs(), self._model_names, want, stride, age_lo, now_s, tuple(qs))
+        return build_pools(self.tiers.used_slabs(), self._model_names, want, stride, age_lo, now_s, tuple(qs),
+                           self._capture.taken(now_s, stride, self._version()))
+
+    def _version(self) -> tuple[int, int]:
+        """Changes whenever a ring's content or place may have (heartbeats and histogram
+        intervals write no ring)."""
+        return self._writes, self.tiers.layout
 
     def model_digests(self, now_s: float, *, per_series: int = POOL_SAMPLES_PER_SERIES,
                       models: Collection[str] | None = None) -> dict[str, dict[str, Any]]:
