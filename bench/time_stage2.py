@@ -1,13 +1,16 @@
 """Milliseconds per tick of named functions inside the façade's tick at 10,000 series.
 
-Run: ``python -m bench.time_stage2 [--nodes N] MODULE:NAME ...`` (``NAME`` a function, or
+Run: ``python -m bench.time_stage2 [--nodes N] [--feed K] MODULE:NAME ...`` (``NAME`` a function, or
 ``Class.method``), e.g. ``tailguard.core.judge.peers:norms_of
 tailguard.core.judge.evaluate:FleetEvaluator.evaluate``. Each function is wrapped with
 ``time.perf_counter`` wherever a ``tailguard`` module holds it; the tick is
 :func:`bench.bench_core_stage2.bench_facade`'s (10,000 series x 1000 samples, ``N`` nodes per
 model, the worker's collector policy). Prints the best of three rounds of ten ticks (after
 three warm-up ticks): the whole tick and each function, wall-clock ms per tick (each wrapper
-adds a little to every call). To compare builds, alternate runs of each in the same minutes
+adds a little to every call). ``--feed K``: before every tick each series gets ``K`` new
+samples over the 30 s before it (a worker's load at ``K / 30`` req/s a series: ``K`` of every
+ring's 1000 slots written a tick), fed outside the timed tick. To compare builds, alternate
+runs of each in the same minutes
 (``PYTHONPATH=<link to the other build>:.``, see bench.compare_tick) and compare ratios.
 """
 
@@ -20,7 +23,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from bench.bench_core_stage2 import steady_detector, worker_collector
+from tailguard.core.contract.events import SampleBatch
 
 
 def _timed(fn: Callable[..., Any], key: str, acc: dict[str, float]) -> Callable[..., Any]:
@@ -53,6 +59,8 @@ def _wrap(spec: str, acc: dict[str, float]) -> None:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=100, help="nodes per model (default 100)")
+    ap.add_argument("--feed", type=int, default=0,
+                    help="new samples per series before every tick, over 30 s (default 0)")
     ap.add_argument("functions", nargs="*", help="MODULE:NAME or MODULE:Class.method")
     args = ap.parse_args(argv)
     acc: dict[str, float] = {}
@@ -60,21 +68,33 @@ def main(argv: list[str] | None = None) -> None:
         _wrap(spec, acc)
     det, t_full, _raw = steady_detector(10_000, 1000, args.nodes)
     now = [t_full]
+    rng = np.random.default_rng(5)
+    keys = list(det.store.keys())
+    feed = args.feed
+    ok, probe = np.ones(feed, bool), np.zeros(feed, bool)
 
-    def tick() -> None:
-        now[0] += 0.001
+    def tick() -> float:
+        """One tick (after feeding, if asked); its wall-clock seconds."""
+        if feed:
+            ts = now[0] + np.sort(rng.uniform(0.0, 30.0, feed))
+            lat = 1e5 * np.exp(rng.normal(0, 0.3, (len(keys), feed)))
+            det.observe([SampleBatch(node, model, "A100", ts, lat[i], ok, probe)
+                         for i, (node, model) in enumerate(keys)])
+            now[0] += 30.0
+        else:
+            now[0] += 0.001
+        t0 = time.perf_counter()
         with worker_collector(det):
             det.evaluate(now[0], with_statuses=False)
+        return time.perf_counter() - t0
 
     for _ in range(3):
         tick()
     best: dict[str, float] = {}
     for _ in range(3):
         acc.clear()
-        t0 = time.perf_counter()
-        for _ in range(10):
-            tick()
-        best["tick"] = min(best.get("tick", float("inf")), (time.perf_counter() - t0) / 10)
+        spent = sum(tick() for _ in range(10))
+        best["tick"] = min(best.get("tick", float("inf")), spent / 10)
         for k, v in acc.items():
             best[k] = min(best.get(k, float("inf")), v / 10)
     for k, v in best.items():
