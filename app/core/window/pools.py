@@ -11,7 +11,7 @@ Guarantees:
   ``(now_s - max_sample_age_s, now_s]``) at one slot stride in every ring, so each
   judged sample is kept at the same rate; models without a kept sample are left out.
   With a capture, the same multiset per model (only the order of ``values`` may differ).
-* Every pool is a view into one buffer filled in one pass over the slabs; with ``qs``
+* Every pool is a view into one buffer (filled in one pass, or the capture's); with ``qs``
   every pool's exact quantiles (``numpy.quantile``, linear) are selected at once
   (:func:`tailguard.core.window.quantiles.segment_quantiles`) and :meth:`ModelPool.quantiles`
   answers them without selecting again.
@@ -84,7 +84,8 @@ class PoolCapture:
 
     The store clears it before its summary pass and stamps it after (``seal``: the tick and
     the store's write version); :meth:`taken` gives the rings only for that tick, stride and
-    version. One buffer, reused from tick to tick (1/stride of the fast rings' latency).
+    version. One buffer (1/stride of the fast rings' latency), reused from tick to tick
+    unless the pools became a view of it (:meth:`handed`).
     """
 
     __slots__ = ("_at", "_buf", "_runs", "rings", "stamp", "stride")
@@ -123,6 +124,14 @@ class PoolCapture:
 
     def seal(self, now_s: float, version: object) -> None:
         self.stamp = (now_s, version)
+
+    def handed(self, pools: dict[str, ModelPool]) -> None:
+        """After ``build_pools`` took :meth:`taken`: when its pools are a view of the buffer
+        (:func:`_whole_capture`), the buffer is theirs; the capture lets it go and is spent."""
+        first = next(iter(pools.values()), None)
+        if first is not None and np.may_share_memory(first.values, self._buf):
+            self.clear()
+            self._buf = np.empty(0, dtype=np.float32)
 
     def taken(self, now_s: float, stride: int, version: object) -> Taken:
         """The captured rings and their slots if taken at tick ``now_s`` and ``stride`` with
@@ -255,6 +264,25 @@ def _taken_pieces(runs: list[tuple[F32, I64]], want: Bools, pieces: list[_Piece]
         gave.append(m)
 
 
+def _whole_capture(chunks: list[Slab], want: Bools, taken: Taken) -> tuple[F32, I64] | None:
+    """When every wanted ring of ``chunks`` was captured in one run (one ring width): its
+    slots as one pool buffer grouped by model (a view of the capture's buffer when its rings
+    already are), and the model index of each ring; else None."""
+    if len(taken[1]) != 1:
+        return None
+    vals, m = taken[1][0]
+    keep = want[m]
+    n = int(np.count_nonzero(keep))
+    if n != int(np.count_nonzero(want[np.concatenate([ch.midx for ch in chunks])])):
+        return None                         # other rings give samples too
+    if n < m.size:
+        m, vals = m[keep], vals[keep]
+    if m.size > 1 and bool((m[1:] < m[:-1]).any()):
+        by_model = np.argsort(m, kind="stable")
+        m, vals = m[by_model], vals[by_model]
+    return vals.reshape(-1), m
+
+
 def build_pools(chunks: list[Slab], model_names: Sequence[str], want: Bools, stride: int,
                 age_lo: float, now_s: float, qs: tuple[float, ...],
                 taken: Taken | None = None) -> dict[str, ModelPool]:
@@ -262,20 +290,26 @@ def build_pools(chunks: list[Slab], model_names: Sequence[str], want: Bools, str
     ``stride``-th slots of ``chunks``' judged samples; with ``qs``, their quantiles.
     ``taken``: rings of ``chunks`` whose slots were captured (:meth:`PoolCapture.taken`)."""
     nm = len(model_names)
-    pieces, gave = (_pool_pieces(chunks, want, stride, age_lo, now_s, taken or _NOTHING) if chunks
-                    else ([], np.zeros(0, dtype=np.int64)))
+    whole = _whole_capture(chunks, want, taken) if taken and taken[0] else None
+    if whole is not None:                   # the pool is the captured slots, grouped by model
+        pool, gave = whole
+        totals = np.bincount(gave, minlength=nm) * (pool.size // max(1, gave.size))
+        sizes = totals.tolist()
+    else:
+        pieces, gave = (_pool_pieces(chunks, want, stride, age_lo, now_s, taken or _NOTHING) if chunks
+                        else ([], np.zeros(0, dtype=np.int64)))
+        sizes = [0] * nm
+        for m, n, _ in pieces:
+            sizes[m] += n
+        totals = np.array(sizes, dtype=np.int64)
+        pool = np.empty(int(totals.sum()), dtype=np.float32)
+        at = (np.cumsum(totals) - totals).tolist()
+        for m, n, values in pieces:
+            lo = at[m]
+            at[m] = lo + n
+            pool[lo:lo + n].reshape(values.shape)[...] = values
     nodes = np.bincount(gave, minlength=nm)
-    sizes = [0] * nm
-    for m, n, _ in pieces:
-        sizes[m] += n
-    totals = np.array(sizes, dtype=np.int64)
-    pool = np.empty(int(totals.sum()), dtype=np.float32)
     starts = np.cumsum(totals) - totals
-    at = starts.tolist()
-    for m, n, values in pieces:
-        lo = at[m]
-        at[m] = lo + n
-        pool[lo:lo + n].reshape(values.shape)[...] = values
     at_qs = segment_quantiles(pool, totals, qs).tolist() if qs else [()] * nm
     return {model_names[i]: ModelPool(pool[lo:lo + n], int(nodes[i]), qs, tuple(at_qs[i]))
             for i, (lo, n) in enumerate(zip(starts.tolist(), sizes, strict=True)) if n}

@@ -149,6 +149,7 @@ class WindowStore:
         """
         freed = self.tiers.compact()
         self._series = dict(self._series)
+        self._capture.clear()                   # it holds the old slabs (taken() refuses them anyway)
         return freed
 
     # ------------------------------------------------------------ observe
@@ -326,8 +327,12 @@ class WindowStore:
             want[:] = False
             want[[self._models[m] for m in models if m in self._models]] = True
         want[nm] = False                        # free rows have midx -1: they read want[-1]
-        return build_pools(self.tiers.used_slabs(), self._model_names, want, stride, age_lo, now_s, tuple(qs),
-                           self._capture.taken(now_s, stride, self._version()))
+        taken = self._capture.taken(now_s, stride, self._version())
+        pools = build_pools(self.tiers.used_slabs(), self._model_names, want, stride, age_lo, now_s, tuple(qs),
+                            taken)
+        if taken[0]:
+            self._capture.handed(pools)
+        return pools
 
     def _version(self) -> tuple[int, int]:
         """Changes whenever a ring's content or place may have (heartbeats and histogram
