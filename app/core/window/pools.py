@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
@@ -71,10 +71,15 @@ class ModelPool:
 
 # A piece of a pool: (model index, number of values, the values: a view or a small copy).
 _Piece: TypeAlias = tuple[int, int, F32]
-# The rings a capture holds (slab, rows) and its slots: per run of rings of one width, their
-# slots ``[rings, width]`` and their model indices.
-Taken: TypeAlias = tuple[list[tuple["Slab", I64]], list[tuple[F32, I64]]]
-_NOTHING: Taken = ([], [])
+class Taken(NamedTuple):
+    """What a capture holds for a tick (:meth:`PoolCapture.taken`): its rings (slab, rows) and,
+    per run of rings of one width, their slots ``[rings, width]`` and model indices."""
+
+    rings: list[tuple[Slab, I64]]
+    runs: list[tuple[F32, I64]]
+
+
+_NOTHING = Taken([], [])
 
 
 class PoolCapture:
@@ -139,8 +144,8 @@ class PoolCapture:
         if not self.rings or self.stamp != (now_s, version) or stride != self.stride:
             return _NOTHING
         ends = [at for _, at, _ in self._runs[1:]] + [self._at]
-        return self.rings, [(self._buf[at:end].reshape(-1, w), np.concatenate(m))
-                            for (w, at, m), end in zip(self._runs, ends, strict=True)]
+        return Taken(self.rings, [(self._buf[at:end].reshape(-1, w), np.concatenate(m))
+                                  for (w, at, m), end in zip(self._runs, ends, strict=True)])
 
 
 def _pool_pieces(chunks: list[Slab], want: Bools, stride: int, age_lo: float,
@@ -164,11 +169,11 @@ def _pool_pieces(chunks: list[Slab], want: Bools, stride: int, age_lo: float,
     sel = want[midx]
     pieces: list[_Piece] = []
     gave: list[I64] = []
-    if taken[0]:
+    if taken.rings:
         first = dict(zip(map(id, chunks), (np.cumsum(sizes) - sizes).tolist(), strict=True))
-        for ch, rows in taken[0]:
+        for ch, rows in taken.rings:
             sel[first[id(ch)] + rows] = False
-        _taken_pieces(taken[1], want, pieces, gave)
+        _taken_pieces(taken.runs, want, pieces, gave)
     proven = (sel & (cat([ch.fill for ch in chunks]) == np.repeat([ch.cap for ch in chunks], sizes))
               & (cat([ch.ts_lo for ch in chunks]) > age_lo)
               & (cat([ch.ts_hi for ch in chunks]) <= now_s) & (cat([ch.lat_lo for ch in chunks]) > 0))
@@ -268,9 +273,9 @@ def _whole_capture(chunks: list[Slab], want: Bools, taken: Taken) -> tuple[F32, 
     """When every wanted ring of ``chunks`` was captured in one run (one ring width): its
     slots as one pool buffer grouped by model (a view of the capture's buffer when its rings
     already are), and the model index of each ring; else None."""
-    if len(taken[1]) != 1:
+    if len(taken.runs) != 1:
         return None
-    vals, m = taken[1][0]
+    vals, m = taken.runs[0]
     keep = want[m]
     n = int(np.count_nonzero(keep))
     if n != int(np.count_nonzero(want[np.concatenate([ch.midx for ch in chunks])])):
@@ -290,7 +295,7 @@ def build_pools(chunks: list[Slab], model_names: Sequence[str], want: Bools, str
     ``stride``-th slots of ``chunks``' judged samples; with ``qs``, their quantiles.
     ``taken``: rings of ``chunks`` whose slots were captured (:meth:`PoolCapture.taken`)."""
     nm = len(model_names)
-    whole = _whole_capture(chunks, want, taken) if taken and taken[0] else None
+    whole = _whole_capture(chunks, want, taken) if taken is not None and taken.rings else None
     if whole is not None:                   # the pool is the captured slots, grouped by model
         pool, gave = whole
         totals = np.bincount(gave, minlength=nm) * (pool.size // max(1, gave.size))

@@ -330,7 +330,7 @@ class WindowStore:
         taken = self._capture.taken(now_s, stride, self._version())
         pools = build_pools(self.tiers.used_slabs(), self._model_names, want, stride, age_lo, now_s, tuple(qs),
                             taken)
-        if taken[0]:
+        if taken.rings:
             self._capture.handed(pools)
         return pools
 
