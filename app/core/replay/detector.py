@@ -46,9 +46,10 @@ class Detector:
 
     def __init__(self, settings: DetectorSettings | None = None, *,
                  pause_collector: Callable[[], AbstractContextManager[object]] = nullcontext) -> None:
-        """``pause_collector``: entered around stage 1's summary pass (the
-        :class:`~tailguard.core.window.window.WindowStore`'s) and around each model's stage-2
-        evaluation, where the worker pauses the collector."""
+        """``pause_collector``: entered around each whole tick (:meth:`evaluate`) and, by the
+        :class:`~tailguard.core.window.window.WindowStore`, around stage 1's summary pass
+        (nested in the tick's) — the collector then never walks the tick's summaries, which
+        are freed before it runs again."""
         self.settings = settings or DetectorSettings()
         self.pause_collector = pause_collector
         self.store = WindowStore(self.settings, pause_collector=pause_collector)
@@ -72,7 +73,12 @@ class Detector:
                 store.observe(ev)
 
     def evaluate(self, now_s: float, *, with_statuses: bool = True) -> TickResult:
-        """One tick at event time ``now_s`` over every model known to either stage."""
+        """One tick at event time ``now_s`` over every model known to either stage, with the
+        collector paused (``pause_collector``) until the tick's summaries are freed."""
+        with self.pause_collector():
+            return self._evaluate(now_s, with_statuses)
+
+    def _evaluate(self, now_s: float, with_statuses: bool) -> TickResult:
         ev = self.evaluator
         forget_s = self.settings.forget_after_s
         if forget_s > 0:
@@ -91,9 +97,8 @@ class Detector:
         for m in models:
             pool = pools.get(m)
             fleet = pool.quantiles(FLEET_QUANTILES) if pool is not None else (None, None)
-            with self.pause_collector():
-                ticks.append(ev.evaluate(m, groups.get(m, ()), now_s, with_statuses=with_statuses,
-                                         fleet_latency_us=(fleet[0], fleet[1])))
+            ticks.append(ev.evaluate(m, groups.get(m, ()), now_s, with_statuses=with_statuses,
+                                     fleet_latency_us=(fleet[0], fleet[1])))
         for t in ticks:
             self._last[t.model] = t
             self.unresolved.update(((t.model, metric), b) for metric, b in t.unresolved)

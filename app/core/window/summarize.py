@@ -22,7 +22,6 @@ Guarantees, at tick ``now_s``:
 
 from __future__ import annotations
 
-import functools
 import operator
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
@@ -77,8 +76,6 @@ def fresh_min_samples(settings: DetectorSettings) -> int:
 
 
 _summary_order: Final = operator.attrgetter("model", "node_id")
-# tuple.__new__ of the fields in order, with no Python frame per series (WindowSummary._make has one).
-_make_summary: Final = functools.partial(tuple.__new__, WindowSummary)
 
 
 class SummaryOrder:
@@ -195,6 +192,8 @@ def _optional(values: npt.NDArray[Any], none: Bools) -> list[Any]:
     if not none.any():
         plain: list[Any] = values.tolist()
         return plain
+    if none.all():
+        return [None] * none.size
     out = values.astype(object)
     out[none] = None
     return list(out.tolist())
@@ -392,7 +391,7 @@ def _build(parts: Sequence[tuple[Slab, Pass1, Stats]], plans: list[ModelPlan],
     for (ch, _, _), u in zip(parts, used, strict=True):
         series = ch.series      # a used row's (midx >= 0) series, None on a free row
         rows_ser.extend(series if u.size == len(series) else [series[r] for r in u.tolist()])
-    assert len(rows_ser) == at[-1] and None not in rows_ser
+    assert len(rows_ser) == at[-1]
     ser = cast(list[SeriesRecord], rows_ser)
     n_sig = cat(cs.n_sig for _, _, cs in parts)
     n_judged = cat(st.n_judged for _, st, _ in parts)
@@ -457,8 +456,9 @@ def _build(parts: Sequence[tuple[Slab, Pass1, Stats]], plans: list[ModelPlan],
         "resumed_ts": [sr.resumed_ts for sr in ser],
         "fresh_over": _optional(n_over, n_over < 0),
     }
-    # repeat() columns are endless; every list column has one entry per series.
-    return list(map(_make_summary,
+    # repeat() columns are endless; every list column has one entry per series. tuple.__new__
+    # of each row makes a WindowSummary with no Python frame (WindowSummary._make has one).
+    return list(map(tuple.__new__, repeat(WindowSummary),
                     zip(*(cols[f] for f in WindowSummary._fields), strict=False)))
 
 
