@@ -62,6 +62,7 @@ from tailguard.core.judge.verdicts import Verdicts, judge_peers, judge_probes, j
 from tailguard.core.judge.weights import NO_WEIGHTS, WeightTick, weigh_model, weigh_statuses
 
 _NODE_ID = operator.attrgetter("node_id")
+_NO_METRICS: frozenset[str] = frozenset()
 
 # Per-pair own baselines are kept for models with at most this many peers (a model may shrink
 # below min_peers); larger models skip the cost.
@@ -181,24 +182,27 @@ class FleetEvaluator:
             ms.forget_pair(node)
 
         peers = _gather(by_node, ms, st)
+        signal = signal_of(peers)
+        hist_model = _hist_model(signal, by_node)
         # Histogram models whose buckets cannot resolve them: judged on means (hist_mean), and
         # their P50s are the window means too (the baselines and fleet events read them).
         unres: tuple[tuple[str, float], ...] = ()
-        if _hist_model(signal_of(peers), by_node) and (unres := unresolved(peers.summaries)):
+        if hist_model and (unres := unresolved(peers.summaries)):
             by_node = as_means(by_node, {m for m, _b in unres}, HIST_SIGNAL)
             peers = _gather(by_node, ms, st)
-        unres_metrics = frozenset(m for m, _b in unres)
+            signal = signal_of(peers)
+            hist_model = _hist_model(signal, by_node)
+        unres_metrics = frozenset(m for m, _b in unres) if unres else _NO_METRICS
         # Out of routing, failures from before the ejection are not pooled (rules).
-        cut = {n: ts for n in ms.pairs.unrouted
-               if (ts := ms.pairs[n].quarantined_at) is not None}
+        cut = ({n: ts for n in ms.pairs.unrouted
+                if (ts := ms.pairs[n].quarantined_at) is not None} if ms.pairs.unrouted else {})
         errors = error_judgements(ms.counts, by_node, ms.pairs, st, cut, now_s)
         follow_signal(ms, peers)   # a baseline is in the units of its signal
         pn = norms_of(peers, ms.baseline_p50, ms.baseline_ticks, st)
         norms = pn.window
-        signal = signal_of(peers)
         # Histogram pairs: bucket exceedance tests (hist_rules) instead of the sample rules.
         hist = peer_map = None
-        if _hist_model(signal, by_node):
+        if hist_model:
             peer_map = dict(zip(peers.nodes, peers.summaries, strict=True))
             hist = HistJudge.for_model(peers, by_node, ms.pairs, now_s, st,
                                        OwnHist(ms.hist_own, peer_map, st, unres_metrics),
@@ -338,9 +342,9 @@ class FleetEvaluator:
                        for t in transitions]
         # Out of routing and present, not a new pair awaiting admission (warming): probe-able.
         away = (HealthState.RETIRED, HealthState.GONE, HealthState.WARMING)
-        quarantine = {n: (p.probe_after_ts if p.probe_after_ts is not None else now_s)
-                      for n in pairs.in_order(pairs.unrouted)
-                      if (p := pairs[n]).state not in away}
+        quarantine = ({n: (p.probe_after_ts if p.probe_after_ts is not None else now_s)
+                       for n in pairs.in_order(pairs.unrouted)
+                       if (p := pairs[n]).state not in away} if pairs.unrouted else {})
         for t in transitions:
             if t.to_state is HealthState.RETIRED:
                 ms.retired_seen[t.node_id] = now_s
