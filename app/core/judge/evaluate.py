@@ -182,27 +182,24 @@ class FleetEvaluator:
             ms.forget_pair(node)
 
         peers = _gather(by_node, ms, st)
-        signal = signal_of(peers)
-        hist_model = _hist_model(signal, by_node)
         # Histogram models whose buckets cannot resolve them: judged on means (hist_mean), and
         # their P50s are the window means too (the baselines and fleet events read them).
         unres: tuple[tuple[str, float], ...] = ()
-        if hist_model and (unres := unresolved(peers.summaries)):
+        if _hist_model(signal_of(peers), by_node) and (unres := unresolved(peers.summaries)):
             by_node = as_means(by_node, {m for m, _b in unres}, HIST_SIGNAL)
             peers = _gather(by_node, ms, st)
-            signal = signal_of(peers)
-            hist_model = _hist_model(signal, by_node)
         unres_metrics = frozenset(m for m, _b in unres) if unres else _NO_METRICS
         # Out of routing, failures from before the ejection are not pooled (rules).
-        cut = ({n: ts for n in ms.pairs.unrouted
-                if (ts := ms.pairs[n].quarantined_at) is not None} if ms.pairs.unrouted else {})
+        cut = {n: ts for n in ms.pairs.unrouted
+               if (ts := ms.pairs[n].quarantined_at) is not None}
         errors = error_judgements(ms.counts, by_node, ms.pairs, st, cut, now_s)
         follow_signal(ms, peers)   # a baseline is in the units of its signal
         pn = norms_of(peers, ms.baseline_p50, ms.baseline_ticks, st)
         norms = pn.window
+        signal = signal_of(peers)
         # Histogram pairs: bucket exceedance tests (hist_rules) instead of the sample rules.
         hist = peer_map = None
-        if hist_model:
+        if _hist_model(signal, by_node):
             peer_map = dict(zip(peers.nodes, peers.summaries, strict=True))
             hist = HistJudge.for_model(peers, by_node, ms.pairs, now_s, st,
                                        OwnHist(ms.hist_own, peer_map, st, unres_metrics),

@@ -225,15 +225,10 @@ def signal_of(peers: Sequence[Peer]) -> str | None:
     return peers[0].summary.signal if peers else None
 
 
-# An empty mapping no one can write to: the default of the per-class references.
-_NONE: Mapping[str, float] = MappingProxyType({})
-
-
 class Norms(NamedTuple):
-    """The model's reference numbers at one tick.
-
-    Immutable; a ``NamedTuple`` rather than a frozen dataclass (as :class:`Peer`): two per
-    model per tick, and a frozen dataclass's ``__init__`` costs three times as much."""
+    """The model's reference numbers at one tick. Immutable; a ``NamedTuple`` rather than a
+    frozen dataclass (as :class:`Peer`): two per model per tick, and a frozen dataclass's
+    ``__init__`` costs three times as much."""
 
     enough_peers: bool
     fleet_p50: float | None
@@ -241,7 +236,7 @@ class Norms(NamedTuple):
     multi_class: bool
     tail_limit: float                 # max(ratio_threshold, fleet_ratio_factor × median ratio)
     fleet_p99: float | None = None
-    class_p99: Mapping[str, float] = _NONE
+    class_p99: Mapping[str, float] = MappingProxyType({})   # (read-only)
     movement: float | None = None     # median of P50 / own class baseline over the peers
     fleet_ratio: float | None = None  # the peers' median P99/P50 (with enough peers)
 
