@@ -62,6 +62,7 @@ from tailguard.core.judge.verdicts import Verdicts, judge_peers, judge_probes, j
 from tailguard.core.judge.weights import NO_WEIGHTS, WeightTick, weigh_model, weigh_statuses
 
 _NODE_ID = operator.attrgetter("node_id")
+_NO_METRICS: frozenset[str] = frozenset()
 
 # Per-pair own baselines are kept for models with at most this many peers (a model may shrink
 # below min_peers); larger models skip the cost.
@@ -187,7 +188,7 @@ class FleetEvaluator:
         if _hist_model(signal_of(peers), by_node) and (unres := unresolved(peers.summaries)):
             by_node = as_means(by_node, {m for m, _b in unres}, HIST_SIGNAL)
             peers = _gather(by_node, ms, st)
-        unres_metrics = frozenset(m for m, _b in unres)
+        unres_metrics = frozenset(m for m, _b in unres) if unres else _NO_METRICS
         # Out of routing, failures from before the ejection are not pooled (rules).
         cut = {n: ts for n in ms.pairs.unrouted
                if (ts := ms.pairs[n].quarantined_at) is not None}
@@ -338,9 +339,9 @@ class FleetEvaluator:
                        for t in transitions]
         # Out of routing and present, not a new pair awaiting admission (warming): probe-able.
         away = (HealthState.RETIRED, HealthState.GONE, HealthState.WARMING)
-        quarantine = {n: (p.probe_after_ts if p.probe_after_ts is not None else now_s)
-                      for n in pairs.in_order(pairs.unrouted)
-                      if (p := pairs[n]).state not in away}
+        quarantine = ({n: (p.probe_after_ts if p.probe_after_ts is not None else now_s)
+                       for n in pairs.in_order(pairs.unrouted)
+                       if (p := pairs[n]).state not in away} if pairs.unrouted else {})
         for t in transitions:
             if t.to_state is HealthState.RETIRED:
                 ms.retired_seen[t.node_id] = now_s

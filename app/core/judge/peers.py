@@ -25,7 +25,7 @@ import math
 import operator
 from collections.abc import Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import NamedTuple, overload
 
 from tailguard.core.contract.config import DetectorSettings
@@ -225,17 +225,18 @@ def signal_of(peers: Sequence[Peer]) -> str | None:
     return peers[0].summary.signal if peers else None
 
 
-@dataclass(frozen=True, slots=True)
-class Norms:
-    """The model's reference numbers at one tick."""
+class Norms(NamedTuple):
+    """The model's reference numbers at one tick. Immutable; a ``NamedTuple`` rather than a
+    frozen dataclass (as :class:`Peer`): two per model per tick, and a frozen dataclass's
+    ``__init__`` costs three times as much."""
 
     enough_peers: bool
     fleet_p50: float | None
-    class_p50: dict[str, float]       # classes whose median is trusted
+    class_p50: Mapping[str, float]    # classes whose median is trusted
     multi_class: bool
     tail_limit: float                 # max(ratio_threshold, fleet_ratio_factor × median ratio)
     fleet_p99: float | None = None
-    class_p99: dict[str, float] = field(default_factory=dict)
+    class_p99: Mapping[str, float] = MappingProxyType({})   # (read-only)
     movement: float | None = None     # median of P50 / own class baseline over the peers
     fleet_ratio: float | None = None  # the peers' median P99/P50 (with enough peers)
 
@@ -254,10 +255,10 @@ class Norms:
         return self.fleet_p99
 
 
-@dataclass(frozen=True, slots=True)
-class Limits:
+class Limits(NamedTuple):
     """One hardware class's references at one tick and the relative rules' denominators
-    (the factor × the reference; 0 when there is none: the rule does not apply)."""
+    (the factor × the reference; 0 when there is none: the rule does not apply). Immutable
+    (a ``NamedTuple``, as :class:`Norms`)."""
 
     ref: float | None
     d50: float
@@ -334,11 +335,11 @@ def fresh_norms(peers: Sequence[Peer], base_p50: Mapping[str, float],
     return Norms(True, median([p50 for _, p50 in fresh]), class_p50, multi, math.inf)
 
 
-@dataclass(frozen=True, slots=True)
-class PeerNorms:
+class PeerNorms(NamedTuple):
     """Everything one tick takes from the peers' numbers, computed together
     (:func:`norms_of`): each list sorted once, shared by the norms, the slow baseline and
-    the quiet check of the rules (:func:`tailguard.core.judge.rules.quiet_below`)."""
+    the quiet check of the rules (:func:`tailguard.core.judge.rules.quiet_below`). Immutable
+    (a ``NamedTuple``, as :class:`Norms`)."""
 
     window: Norms                    # as window_norms
     fresh: Norms | None              # as fresh_norms
@@ -346,7 +347,7 @@ class PeerNorms:
     ratio: float | None              # the peers' median P99/P50 (None without peers)
     # The largest P50, P99/P50, P50 x P99/P50 and fresh P50 (None: none is fresh) of one
     # class's peers; no entry when some value is not finite (the rules judge those one by one).
-    top: dict[str, tuple[float, float, float, float | None]] = field(default_factory=dict)
+    top: Mapping[str, tuple[float, float, float, float | None]] = MappingProxyType({})
 
 
 _SUMMARY = operator.itemgetter(1)
@@ -360,9 +361,9 @@ def norms_of(ps: PeerSet, base_p50: Mapping[str, float], base_ticks: Mapping[str
     """:func:`window_norms` and :func:`fresh_norms` over ``peers``, the medians the slow
     baseline folds in (:func:`tailguard.core.judge.baseline.fold_baseline`) and each class's largest
     values; the same numbers as those functions, with each list sorted once."""
-    peers, sums, p50s, ratios = ps, ps.summaries, ps.p50s, ps.ratios
-    if not peers:
-        return PeerNorms(window_norms(peers, base_p50, base_ticks, st), None, {}, None)
+    sums, p50s, ratios = ps.summaries, ps.p50s, ps.ratios
+    if not p50s:
+        return PeerNorms(window_norms(ps, base_p50, base_ticks, st), None, {}, None)
     hardware = set(map(_HARDWARE, sums))
     total = sum(p50s) + sum(ratios)
     if (len(hardware) > 1 and len({hw_class(h) for h in hardware}) > 1) or not math.isfinite(total):
@@ -372,12 +373,17 @@ def norms_of(ps: PeerSet, base_p50: Mapping[str, float], base_ticks: Mapping[str
     sp = sorted(p50s)
     sr = sorted(ratios)
     fleet_p50, median_ratio = median_sorted(sp), median_sorted(sr)
-    fp = [f for f in map(_FRESH_P50, sums) if f is not None]
+    fp = list(map(_FRESH_P50, sums))
+    try:
+        fresh_total = sum(fp)
+    except TypeError:                     # some peer without a fresh P50
+        fp = [f for f in fp if f is not None]
+        fresh_total = sum(fp)
     top_fresh = None
     fresh = None
     finite_fresh = True
     if fp:                                # some peer has a fresh P50
-        finite_fresh = math.isfinite(sum(fp))
+        finite_fresh = math.isfinite(fresh_total)
         # Finite: sorted once, for the smallest, the largest (all positive: equal floats are
         # the same bits) and the median.
         fs = sorted(fp) if finite_fresh else None
@@ -396,7 +402,7 @@ def norms_of(ps: PeerSet, base_p50: Mapping[str, float], base_ticks: Mapping[str
         if len(fp) >= min_peers:
             fresh = Norms(True, median(fp) if fs is None else median_sorted(fs), {}, False,
                           math.inf)
-    if len(peers) < min_peers:
+    if len(p50s) < min_peers:
         top = max(map(operator.mul, p50s, ratios))
         return PeerNorms(Norms(False, fleet_p50, {}, False, st.ratio_threshold), fresh,
                          {c: fleet_p50}, median_ratio,

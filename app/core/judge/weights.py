@@ -25,7 +25,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field, replace
-from typing import Any
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -94,16 +95,15 @@ class WeightState:
                    {str(n): float(w) for n, w in d["out"].items()})
 
 
-@dataclass(frozen=True, slots=True)
-class WeightTick:
+class WeightTick(NamedTuple):
     """One model's weights at one tick: the new state, the weights to publish (routed nodes
     below 1.0), the changes against the last tick's, and the evidence of every node judged
-    below the band."""
+    below the band. Immutable (a ``NamedTuple``: one per model per tick)."""
 
     state: WeightState
     weights: Mapping[str, float]
     changes: tuple[WeightChange, ...] = ()
-    evidence: Mapping[str, WeightEvidence] = field(default_factory=dict)
+    evidence: Mapping[str, WeightEvidence] = MappingProxyType({})
 
 
 NO_WEIGHTS = WeightState()
@@ -245,8 +245,9 @@ def weigh_model(model: str, state: WeightState, peers: PeerSet, norms: Norms,
     evidence = ({} if hold else targets(peers, norms, st, state.nodes.keys()) if evidence_of is None
                 else evidence_of(state.nodes.keys()))
     if not evidence and not state.nodes and not state.out:
-        # Nothing to weigh or step (most models, most ticks): the guard's check alone.
-        return WeightTick(NO_WEIGHTS, guard({}, len(routed_set), st.min_total_weight_share))
+        # Nothing to weigh or step (most models, most ticks), and no weight below 1.0 for the
+        # guard to raise (``min_total_weight_share`` is at most 1).
+        return WeightTick(NO_WEIGHTS, {})
     nodes: dict[str, NodeWeight] = {}
     for node, nw in state.nodes.items():
         if node in routed_set:
