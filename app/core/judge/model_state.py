@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any, Final
 
 from tailguard.core.contract.types import HealthState
@@ -199,7 +200,7 @@ class ModelState:
     # Retired pairs: their last sign of life (sample or heartbeat; at least the retirement).
     retired_seen: dict[str, float] = field(default_factory=dict)
     # Per pair: stage 1's cumulative (requests, failed) at the last few ticks, oldest first,
-    # flat, updated in place (request_rules.error_judgements).
+    # flat, updated in place (request_rules.error_judgements); a list, or an IrregularCounts.
     counts: dict[str, list[int]] = field(default_factory=dict)
     # Last signs of life, gone pairs, restarts handled, telemetry loss (tailguard.core.judge.liveness).
     live: Liveness = field(default_factory=Liveness)
@@ -287,11 +288,24 @@ class ModelState:
                              f"({e}); cannot restore") from None
 
 
+class IrregularCounts(list[int]):
+    """A pair's counters (``ModelState.counts``, a plain list otherwise) with a tick whose failed
+    count moved while its requests did not (a new stage 1 with as many requests), or, restored,
+    requests that go back: a history whose first and last ticks do not tell that every tick
+    between holds the same counters (``request_rules.error_judgements``). Equal to the list of
+    the same counters; a restart of the counters makes a plain list again."""
+
+    __slots__ = ()
+
+
 def _counts(v: Any) -> list[int]:
     """A pair's stored counters: (requests, failed) pairs, flat (older versions kept one)."""
     out = [int(x) for x in v]
     if not out or len(out) % 2:
         raise TypeError(f"counts {v!r} are not (requests, failed) pairs")
+    ticks = zip(out[::2], out[1::2], strict=True)
+    if any(r > r2 or (r == r2 and f != f2) for (r, f), (r2, f2) in pairwise(ticks)):
+        return IrregularCounts(out)
     return out
 
 

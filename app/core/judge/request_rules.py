@@ -7,8 +7,10 @@ that completes no request for a tick while it shows signs of life and its peers 
 the :class:`ErrorReport` both hand to the evaluator and the guards.
 
 Guarantees: a pair's counters are only read and appended to (``counts``, per pair, oldest
-first); counters that go back (a new stage 1) restart the pair's history, never a verdict; a
-probe round is judged only on requests since its ejection. Pure: no clock, no I/O.
+first; a history with the same counters at every kept tick is left as it is, which is what
+the append would make of it); counters that go back (a new stage 1) restart the pair's
+history, never a verdict; a probe round is judged only on requests since its ejection.
+Pure: no clock, no I/O.
 
 Rationale: docs/rules.md (error rate, stall).
 """
@@ -23,7 +25,7 @@ from dataclasses import dataclass, field
 from tailguard.core.contract.config import DetectorSettings
 from tailguard.core.contract.types import HealthState, Reason, WindowSummary
 from tailguard.core.judge.health import Evidence, Judgement, PairState, Verdict
-from tailguard.core.judge.model_state import PairTable
+from tailguard.core.judge.model_state import IrregularCounts, PairTable
 from tailguard.core.judge.peers import median
 from tailguard.core.window.hist_window import LAST_REQUEST_TS
 
@@ -71,7 +73,8 @@ def error_judgements(counts: MutableMapping[str, list[int]],
     rule on the same counters.
 
     ``counts``: per pair, stage 1's cumulative (requests, failed) at the last
-    ``max(pool_ticks, stall_ticks + 1)`` ticks, oldest first, flat; updated for the next tick. ``since``: node
+    ``max(pool_ticks, stall_ticks + 1)`` ticks, oldest first, flat (a list, or an
+    :class:`~tailguard.core.judge.model_state.IrregularCounts`); updated for the next tick. ``since``: node
     → a cut-off (the ejection of a pair out of routing): its requests are pooled only over
     ticks at or after it, so a probe round is never judged on failures from before the
     ejection (probes in quarantine before the round still count), and ``probe_min_samples``
@@ -92,27 +95,42 @@ def error_judgements(counts: MutableMapping[str, list[int]],
         req = s.requests_total
         fail = s.failed_total
         prev = get(node)
-        if prev is None or req < prev[-2]:      # new, or counters that went back (a new stage 1)
-            counts[node] = [req, fail]
+        if prev is None or req < (last := prev[-2]):    # new, or counters that went back
+            counts[node] = [req, fail]                  # (a new stage 1)
             continue
+        if req == last:                                 # no request since the last tick
+            if fail != prev[-1]:
+                if type(prev) is list:                  # failed alone: see IrregularCounts
+                    counts[node] = prev = IrregularCounts(prev)
+            elif (prev[0] == req and prev[1] == fail and len(prev) == keep
+                  and type(prev) is list):
+                # The same counters at every kept tick (requests never go back, a plain
+                # list's failed count never moves alone): idle, no share, and the same
+                # history after this tick (oldest tick dropped, this one added): left as is.
+                idle.append(node)
+                continue
         size = len(prev)
-        if size > back and req == prev[-back]:
-            idle.append(node)
-        # The newest past tick with min_samples requests since (the last tick at any rate
-        # above min_samples per tick); with a cut-off, only ticks since it (the k-th newest
-        # entry was recorded k ticks ago).
-        first = size - reach if size > reach else 0
-        need = min_n
-        if since and (cut := since.get(node)) is not None:
-            first = max(first, size - 2 * math.floor((now_s - cut) / tick_s + 1e-9))
-            need = probe_n
-        # A pair's requests never go back within its history (the even entries are sorted):
-        # the newest tick with ``need`` requests since is found by bisection, and when even
-        # the oldest in reach has fewer, none has (a quiet or idle pair).
-        top = req - need
-        if first <= size - 2 and prev[first] <= top:
-            i = (size - 2 if prev[-2] <= top       # the last tick alone (a busy pair)
-                 else first + 2 * (bisect_right(prev[first::2], top) - 1))
+        if req - last >= min_n and type(prev) is list and (not since or since.get(node) is None):
+            i = size - 2            # a busy pair: the last tick alone (and so not idle)
+        else:
+            if size > back and req == prev[-back]:
+                idle.append(node)
+            # The newest past tick with min_samples requests since, -1 if none; with a cut-off,
+            # only ticks since it (the k-th newest entry was recorded k ticks ago), and
+            # probe_min_samples suffice. Requests never go back within a pair's history (the
+            # even entries are sorted; but see IrregularCounts): the tick is found by
+            # bisection, and when even the oldest in reach has fewer since, none has.
+            first = size - reach if size > reach else 0
+            top = req - min_n
+            if since and (cut := since.get(node)) is not None:
+                first = max(first, size - 2 * math.floor((now_s - cut) / tick_s + 1e-9))
+                top = req - probe_n
+            if first <= size - 2 and prev[first] <= top:
+                i = (size - 2 if last <= top
+                     else first + 2 * (bisect_right(prev[first::2], top) - 1))
+            else:
+                i = -1
+        if i >= 0:
             n = req - prev[i]
             failed = fail - prev[i + 1]
             if 0 <= failed <= n:
@@ -129,6 +147,15 @@ def error_judgements(counts: MutableMapping[str, list[int]],
                if idle and st.stall_peer_requests > 0 else {})
     if limit <= 0:
         return ErrorReport(stalled)
+    return _error_report(stalled, shares, over, by_node, pairs, st)
+
+
+def _error_report(stalled: dict[str, Judgement], shares: dict[str, float],
+                  over: list[tuple[str, float, int, int, int]], by_node: Mapping[str, WindowSummary],
+                  pairs: Mapping[str, PairState], st: DetectorSettings) -> ErrorReport:
+    """The report of :func:`error_judgements`: its ``shares`` by node and those ``over``
+    ``max_error_share`` (node, share, requests, failed, ticks) judged against the peers'."""
+    limit = st.max_error_share
     # The peers: pairs routed and past warm-up. Of a PairTable only its rare pairs can be
     # neither; another mapping is asked about each pair.
     if isinstance(pairs, PairTable) and shares.keys() <= pairs.keys():
@@ -155,7 +182,6 @@ def error_judgements(counts: MutableMapping[str, list[int]],
                               f"{'tick' if ticks == 1 else f'{ticks} ticks'} failed "
                               f"({share:.1%} > {limit:.0%}{peers_part})")
     return report
-
 
 def stall_judgements(idle: Sequence[str], counts: Mapping[str, list[int]],
                      by_node: Mapping[str, WindowSummary], pairs: Mapping[str, PairState],
