@@ -145,7 +145,7 @@ def error_judgements(counts: MutableMapping[str, list[int]],
             del prev[:size + 2 - keep]
     stalled = (stall_judgements(idle, counts, by_node, pairs, st, now_s)
                if idle and st.stall_peer_requests > 0 else {})
-    if limit <= 0:
+    if limit <= 0 or (not shares and st.min_peers > 0):     # (no share: no peer)
         return ErrorReport(stalled)
     return _error_report(stalled, shares, over, by_node, pairs, st)
 
@@ -200,8 +200,11 @@ def stall_judgements(idle: Sequence[str], counts: Mapping[str, list[int]],
         p = pairs.get(node)
         return p is not None and p.routed and p.state is not HealthState.WARMING
 
-    idle = [n for n in idle if (n in pairs if rare is not None and n not in rare
-                                else serving(n))]
+    if rare is not None and not rare:          # every pair healthy and routed
+        idle = [n for n in idle if n in pairs]
+    else:
+        idle = [n for n in idle if (n in pairs if rare is not None and n not in rare
+                                    else serving(n))]
     # Each of them is a peer that served 0 requests (never fewer): when they are more than
     # half of all pairs, the peers' median is 0.
     if not idle or (2 * len(idle) > len(by_node) and st.stall_peer_requests > 0):
