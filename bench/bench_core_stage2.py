@@ -319,11 +319,13 @@ def steady_detector(series: int, window: int = 1000, nodes: int = 100,
 
 @contextlib.contextmanager
 def worker_collector(det: Detector) -> Iterator[None]:
-    """What the worker does with Python's collector around its ticks, for ``det``'s: the
-    collector paused for stage 1's summary pass and each model's stage-2 evaluation
-    (``collector_paused``, as :mod:`tailguard.streaming.ingest` and ``ticker`` do), its own
-    full passes only after ``FULL_COLLECTION_EVERY`` middle ones (``fewer_full_collections``,
-    as ``tailguard.streaming.worker`` sets); the worker's full pass after each stage-2 tick
+    """The worker's collector policy around ``det``'s ticks: ``collector_paused`` as the
+    façade's ``pause_collector`` (the façade enters it around its whole tick, stage 1's
+    summary pass nested; the worker, :mod:`tailguard.streaming.ingest` and ``ticker``, around
+    stage 1's summary pass and around each model's stage-2 evaluation: between them its
+    collector may walk the summaries once), its own full passes only after
+    ``FULL_COLLECTION_EVERY`` middle ones (``fewer_full_collections``, as
+    ``tailguard.streaming.worker`` sets); the worker's full pass after each stage-2 tick
     (``collect_if_due(FULL_PASS_AFTER)``) is the caller's to time."""
     from tailguard.streaming.worker import FULL_COLLECTION_EVERY
 
