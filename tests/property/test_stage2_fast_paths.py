@@ -6,7 +6,8 @@
   its peers normal with no onset severity, and clears one pair only when ``judge`` does;
 * :func:`tailguard.core.judge.rules.record_rates` records the rates ``new_fraction`` records;
 * :func:`tailguard.core.judge.request_rules.error_judgements` pools each pair's requests from
-  the newest past tick with enough of them, as a scan of every tick in reach finds it.
+  the newest past tick with enough of them, as a scan of every tick in reach finds it, and its
+  shortcuts for idle and busy pairs decide as its general path.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from tailguard.core.contract.types import HealthState, WindowSummary
 from tailguard.core.judge import health
 from tailguard.core.judge.baseline import fold_baseline, update_baseline
 from tailguard.core.judge.health import PairState
-from tailguard.core.judge.model_state import ModelState
+from tailguard.core.judge.model_state import IrregularCounts, ModelState
 from tailguard.core.judge.peers import (
     Peer,
     fresh_norms,
@@ -199,3 +200,60 @@ def test_error_judgements_pools_as_a_scan_of_every_tick(case: tuple[list[list[tu
     assert report is not None
     expected = _scanned_shares(hists, cuts, st_, NOW + 30.0 * (len(hists[0]) - 1))
     assert report.peer_shares == (expected if len(expected) >= 2 else None)
+
+
+@st.composite
+def irregular_histories(draw: st.DrawFn) -> list[list[tuple[int, int]]]:
+    """Per node, (requests, failed) at each tick: idle, busy and low-rate spells, counters
+    that restart (a new stage 1) and failed counts that move either way while requests do not."""
+    nodes, ticks = draw(st.integers(2, 6)), draw(st.integers(2, 20))
+    out = []
+    for _ in range(nodes):
+        req, fail, hist = 0, 0, []
+        for _ in range(ticks):
+            if draw(st.integers(0, 15)) == 0:
+                req = fail = 0                                  # a new stage 1
+            n = draw(st.sampled_from([0, 0, 0, 1, 20, 100, 150]))
+            # failed moving alone, either way (down: a new stage 1 with as many requests)
+            moved = draw(st.sampled_from([0, 0, 0, 1, -1])) if n == 0 else draw(st.integers(0, n))
+            req, fail = req + n, max(0, fail + moved)
+            hist.append((req, fail))
+        out.append(hist)
+    return out
+
+
+def _as_general(counts: dict[str, list[int]]) -> dict[str, list[int]]:
+    """The same counters, each an IrregularCounts: every pair takes the general path."""
+    return {n: IrregularCounts(c) for n, c in counts.items()}
+
+
+@settings(max_examples=200, deadline=None)
+@given(irregular_histories(), st.sampled_from([60.0, 90.0, 300.0]), st.sampled_from([0, 1, 20]),
+       st.sampled_from([0.0, 0.1]))
+def test_error_judgements_shortcuts_decide_as_the_general_path(
+        hists: list[list[tuple[int, int]]], max_age_s: float, stall_peer_requests: int,
+        max_share: float) -> None:
+    """The idle and busy shortcuts (plain lists) give the reports and counters that the general
+    path gives on the same histories (every list an IrregularCounts, as a restored history
+    whose counters the shortcuts cannot vouch for)."""
+    st_ = DetectorSettings(min_peers=2, min_samples=100, probe_min_samples=20, tick_interval_s=30.0,
+                           max_sample_age_s=max_age_s, stall_peer_requests=stall_peer_requests,
+                           max_error_share=max_share)
+    pairs = {f"n{i}": PairState(f"n{i}", "m", HealthState.HEALTHY, 0.0, 0.0, "normal", True)
+             for i in range(len(hists))}
+    fast: dict[str, list[int]] = {}
+    general: dict[str, list[int]] = {}
+    for k in range(len(hists[0])):
+        now_s = NOW + 30.0 * k
+        by_node = {f"n{i}": WindowSummary(
+            node_id=f"n{i}", model="m", tick_ts=now_s, signal="latency", samples=0, p50=None,
+            p99=None, latency_p50_us=None, latency_p99_us=None, requests_total=h[k][0],
+            failed_total=h[k][1], last_seen_ts=now_s) for i, h in enumerate(hists)}
+        general = _as_general(general)
+        got = error_judgements(fast, by_node, pairs, st_, {}, now_s)
+        want = error_judgements(general, by_node, pairs, st_, {}, now_s)
+        assert {n: list(c) for n, c in fast.items()} == {n: list(c) for n, c in general.items()}
+        assert (got.failing, got.counted, got.peer_shares) == (want.failing, want.counted,
+                                                               want.peer_shares)
+        assert {n: (j.verdict, j.reason) for n, j in got.judgements.items()} == {
+            n: (j.verdict, j.reason) for n, j in want.judgements.items()}
