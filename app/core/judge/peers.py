@@ -226,9 +226,8 @@ def signal_of(peers: Sequence[Peer]) -> str | None:
 
 
 class Norms(NamedTuple):
-    """The model's reference numbers at one tick. Immutable; a ``NamedTuple`` rather than a
-    frozen dataclass (as :class:`Peer`): two per model per tick, and a frozen dataclass's
-    ``__init__`` costs three times as much."""
+    """The model's reference numbers at one tick. Immutable; a ``NamedTuple`` (as
+    :class:`Peer`): two are made per model per tick (docs/performance.md, session 9)."""
 
     enough_peers: bool
     fleet_p50: float | None

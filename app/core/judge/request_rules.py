@@ -183,6 +183,7 @@ def _error_report(stalled: dict[str, Judgement], shares: dict[str, float],
                               f"({share:.1%} > {limit:.0%}{peers_part})")
     return report
 
+
 def stall_judgements(idle: Sequence[str], counts: Mapping[str, list[int]],
                      by_node: Mapping[str, WindowSummary], pairs: Mapping[str, PairState],
                      st: DetectorSettings, now_s: float) -> dict[str, Judgement]:

@@ -271,7 +271,7 @@ def _taken_pieces(runs: list[tuple[F32, I64]], want: Bools, pieces: list[_Piece]
 
 def _whole_capture(chunks: list[Slab], want: Bools, taken: Taken) -> tuple[F32, I64] | None:
     """When every wanted ring of ``chunks`` was captured in one run (one ring width): its
-    slots as one pool buffer grouped by model (a view of the capture's buffer when its rings
+    slots ``[rings, width]`` grouped by model (a view of the capture's buffer when its rings
     already are), and the model index of each ring; else None."""
     if len(taken.runs) != 1:
         return None
@@ -285,7 +285,7 @@ def _whole_capture(chunks: list[Slab], want: Bools, taken: Taken) -> tuple[F32, 
     if m.size > 1 and bool((m[1:] < m[:-1]).any()):
         by_model = np.argsort(m, kind="stable")
         m, vals = m[by_model], vals[by_model]
-    return vals.reshape(-1), m
+    return vals, m
 
 
 def build_pools(chunks: list[Slab], model_names: Sequence[str], want: Bools, stride: int,
@@ -297,8 +297,9 @@ def build_pools(chunks: list[Slab], model_names: Sequence[str], want: Bools, str
     nm = len(model_names)
     whole = _whole_capture(chunks, want, taken) if taken is not None and taken.rings else None
     if whole is not None:                   # the pool is the captured slots, grouped by model
-        pool, gave = whole
-        totals = np.bincount(gave, minlength=nm) * (pool.size // max(1, gave.size))
+        slots, gave = whole
+        totals = np.bincount(gave, minlength=nm) * slots.shape[1]
+        pool = slots.reshape(-1)
         sizes = totals.tolist()
     else:
         pieces, gave = (_pool_pieces(chunks, want, stride, age_lo, now_s, taken or _NOTHING) if chunks
