@@ -38,7 +38,9 @@ I64: TypeAlias = npt.NDArray[np.int64]
 RESTART_CONFIRM_SIGNS: Final = 10
 TIER_BASE: Final = 16
 TIER_GROWTH: Final = 8
-SLAB_BYTES: Final = 4 << 20
+# A full slab of latency rings (8 B a slot) holds one block of fast sort keys (4 B a slot,
+# passes._FAST_BLOCK_BYTES); why 16 MB: docs/performance.md, 2026-12-06 (session 10): slabs.
+SLAB_BYTES: Final = 16 << 20
 MIN_SLAB_ROWS: Final = 4
 #: The failures of every series that has had none (never written: ``failures_by_s``).
 NO_FAILURES: Final[dict[int, int]] = {}
