@@ -105,20 +105,23 @@ def pass1(ch: Slab, now_s: float, age_lo: float,
     ts, lat = ch.ts_code, ch.lat
     used = ch.midx >= 0
     since_row = np.full(ch.rows, np.nan)
+    full = used & (ch.fill == ch.cap)
     if since:
         since_row[[r for r, _ in since]] = [v for _, v in since]
+        full &= np.isnan(since_row)
     with np.errstate(invalid="ignore"):
-        full = used & (ch.fill == ch.cap) & np.isnan(since_row)
         # A full ring is clean when every sample is judged: all in the age bound, no probe.
         # The kept bounds prove it for most rings; the others get exact bounds first.
-        unproven = np.flatnonzero(full & ~((ch.ts_lo > age_lo) & (ch.ts_hi <= now_s) & (ch.lat_lo > 0)))
+        clean = full & (ch.ts_lo > age_lo) & (ch.ts_hi <= now_s) & (ch.lat_lo > 0)
+        unproven = np.flatnonzero(full & ~clean)
         if unproven.size:
             sub = _rows(ts, unproven)
             base = ch.base_us[unproven]
             ch.ts_lo[unproven] = tc.decode(sub.min(axis=1), base)
             ch.ts_hi[unproven] = tc.decode(sub.max(axis=1), base)
             ch.lat_lo[unproven] = _rows(lat, unproven).min(axis=1)
-        clean = full & (ch.ts_lo > age_lo) & (ch.ts_hi <= now_s) & (ch.lat_lo > 0)
+            clean[unproven] = ((ch.ts_lo[unproven] > age_lo) & (ch.ts_hi[unproven] <= now_s)
+                               & (ch.lat_lo[unproven] > 0))
         dirty = np.flatnonzero(used & ~clean)
         if dirty.size == 0:                 # every used row clean (most slabs, most ticks)
             none = np.zeros((0, ch.cap), dtype=bool)
@@ -250,14 +253,14 @@ def _values(ch: Slab, rows: I64, codes: I64, plans: list[ModelPlan]) -> F32:
     return vals
 
 
-def chunk_stats(ch: Slab, st: Pass1, plans: list[ModelPlan], fresh_lo: float, refs: F64,
-                 min_fresh: int) -> Stats:
+def chunk_stats(ch: Slab, st: Pass1, plans: list[ModelPlan], codes: I64, fresh_lo: float,
+                 refs: F64, min_fresh: int) -> Stats:
     """Quantiles and counts of ``ch``'s rows that need masks (the slow path); the fast
-    rows (clean, raw latency, not sized) are only listed, for :func:`fast_stats`."""
+    rows (clean, raw latency, not sized) are only listed, for :func:`fast_stats`.
+    ``codes``: each plan's signal code, by model index."""
     cs = Stats(ch.rows)
     used_mask = ch.midx >= 0
-    codes = np.array([p.code for p in plans], dtype=np.int64)
-    rows_code = np.where(used_mask, codes[np.maximum(ch.midx, 0)], 0)
+    rows_code = codes[np.maximum(ch.midx, 0)]      # read for used rows only
     fast_mask = st.clean & (rows_code == 0) & (not ch.sized)
     cs.fast = np.flatnonzero(fast_mask)
     slow = np.flatnonzero(used_mask & ~fast_mask)

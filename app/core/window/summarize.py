@@ -271,19 +271,19 @@ def summarize(slabs: Sequence[Slab], records: Mapping[SeriesKey, SeriesRecord], 
                           unfit_by_chunk, choices or {}, evidence)
     ev = _Evidence(counts, votes, {i for i, m in enumerate(model_names)
                                    if m not in (choices or {})}) if evidence else None
-    results: list[WindowSummary] = []
     refs = np.full(max(1, nm), np.nan)
     index = {m: i for i, m in enumerate(model_names)} if tail_refs else {}
     for name, ref in (tail_refs or {}).items():
         i = index.get(name)
         if i is not None:
             refs[i] = ref
-    stats = [chunk_stats(ch, st, plans, fresh_lo, refs, min_fresh)
+    codes = np.array([p.code for p in plans], dtype=np.int64)
+    stats = [chunk_stats(ch, st, plans, codes, fresh_lo, refs, min_fresh)
              for ch, st in zip(chunks, states, strict=True)]
     fast_stats(list(zip(chunks, stats, strict=True)), fresh_lo, refs, min_fresh, capture)
     with pause():
-        results.extend(_build(list(zip(chunks, states, stats, strict=True)), plans,
-                              now_s, age_lo, digests, settings.min_samples, min_fresh, ev))
+        results = _build(list(zip(chunks, states, stats, strict=True)), plans,
+                         now_s, age_lo, digests, settings.min_samples, min_fresh, ev)
         if order is not None and len(results) == len(records):     # every series has a ring
             return order[0].sorted(results, order[1])
         for s in records.values():
