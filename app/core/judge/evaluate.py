@@ -21,7 +21,6 @@ Rationale: docs/rules.md.
 from __future__ import annotations
 
 import dataclasses
-import operator
 from collections.abc import Iterable, Mapping
 from functools import partial
 from typing import Any
@@ -55,13 +54,14 @@ from tailguard.core.judge.peers import (
     gather_peers,
     norms_of,
     signal_of,
+    summary_field,
 )
 from tailguard.core.judge.request_rules import error_judgements
 from tailguard.core.judge.rules import FRESH_TAIL_MARGIN
 from tailguard.core.judge.verdicts import Verdicts, judge_peers, judge_probes, judge_thin_failing
 from tailguard.core.judge.weights import NO_WEIGHTS, WeightTick, weigh_model, weigh_statuses
 
-_NODE_ID = operator.attrgetter("node_id")
+_NODE_ID = summary_field("node_id")
 _NO_METRICS: frozenset[str] = frozenset()
 
 # Per-pair own baselines are kept for models with at most this many peers (a model may shrink
