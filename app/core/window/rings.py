@@ -182,19 +182,22 @@ class SeriesRecord:
         return self.failed
 
     def seen(self, lo: float, hi: float, instance: str | None = None, gap_s: float = 0.0,
-             n: int = 1, ts: F64 | None = None) -> None:
+             n: int = 1, ts: F64 | None = None) -> bool:
         """``n`` signs of life from ``lo`` to ``hi`` (event time; ``ts`` each, or None for one)
         of process ``instance``.
 
         A new instance marks a restart at once (``instance_ts``). Signs that resume after a gap
         longer than ``gap_s`` and than 20 of the series' recent gaps (an EWMA) mark one
         (``resumed_ts``) once ``RESTART_CONFIRM_SIGNS`` signs follow within ``gap_s``: a node
-        back at work, not a trickle after a traffic drop.
+        back at work, not a trickle after a traffic drop. Returns whether it wrote
+        ``first_seen_ts``, ``instance_ts`` or ``resumed_ts``.
         """
+        wrote = False
         last = self.last_seen_ts
         if instance is not None:
             if self.instance is not None and instance != self.instance:
                 self.instance_ts = lo
+                wrote = True
             self.instance = instance
         if last is not None and hi >= last:
             gap = lo - last
@@ -209,11 +212,14 @@ class SeriesRecord:
                                   else int(lo <= until))
             if self.resume_signs >= RESTART_CONFIRM_SIGNS:
                 self.resumed_ts, self.resume_ts = pending, None
+                wrote = True
             elif lo > until:
                 self.resume_ts = None
         self.signs += n
         if self.first_seen_ts is None or lo < self.first_seen_ts:
             self.first_seen_ts = lo
+            wrote = True
         if last is None or hi > last:
             self.last_seen_ts = hi
+        return wrote
 

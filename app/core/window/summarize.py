@@ -27,7 +27,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from itertools import repeat
-from typing import Any, Final, cast
+from typing import Any, Final, NamedTuple, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -78,18 +78,51 @@ def fresh_min_samples(settings: DetectorSettings) -> int:
 _summary_order: Final = operator.attrgetter("model", "node_id")
 
 
-class SummaryOrder:
-    """The (model, node_id) order of one store's rows, kept from one summary pass to the next
-    while the rings' layout stands (``layout``: :attr:`RingTiers.layout
-    <tailguard.core.window.tiers.RingTiers.layout>`): the rows then hold the same series in the
-    same order, and the pass takes them in the kept order instead of sorting its summaries
-    (a sort of 10,000 summaries in row order costs ~5x more; the order takes 2 B a series)."""
+class KeptFields(NamedTuple):
+    """The summary fields a series' record holds and seldom changes: ``node_id`` and ``model``
+    never, the others only where the store calls :meth:`SummaryOrder.stale`."""
 
-    __slots__ = ("layout", "perm")
+    node_id: list[str]
+    model: list[str]
+    hardware: list[str | None]
+    first_seen_ts: list[float | None]
+    instance_ts: list[float | None]
+    resumed_ts: list[float | None]
+
+
+def kept_fields(ser: list[SeriesRecord]) -> KeptFields:
+    return KeptFields([sr.node_id for sr in ser], [sr.model for sr in ser], [sr.hardware for sr in ser],
+                      [sr.first_seen_ts for sr in ser], [sr.instance_ts for sr in ser],
+                      [sr.resumed_ts for sr in ser])
+
+
+class SummaryOrder:
+    """What one store's rows are, kept from one summary pass to the next while the rings'
+    layout stands (``layout``: :attr:`RingTiers.layout
+    <tailguard.core.window.tiers.RingTiers.layout>`): the rows then hold the same series in the
+    same order. Kept: their (model, node_id) order, which the pass takes instead of sorting its
+    summaries (a sort of 10,000 summaries in row order costs ~5x more; 2 B a series), and the
+    fields their records seldom change (:class:`KeptFields`, 48 B a series) until the store
+    calls :meth:`stale`."""
+
+    __slots__ = ("fields", "fields_layout", "layout", "perm")
 
     def __init__(self) -> None:
         self.layout = -1
         self.perm: npt.NDArray[np.signedinteger[Any]] | None = None
+        self.fields_layout = -1
+        self.fields = KeptFields([], [], [], [], [], [])
+
+    def stale(self) -> None:
+        """A record's kept field changed (the store calls it where it writes one)."""
+        self.fields_layout = -1
+
+    def fields_of(self, ser: list[SeriesRecord], layout: int) -> KeptFields:
+        """The kept fields of ``ser`` (the used rows' records, in row order)."""
+        if self.fields_layout != layout or len(self.fields.node_id) != len(ser):
+            self.fields = kept_fields(ser)
+            self.fields_layout = layout
+        return self.fields
 
     def sorted(self, built: list[WindowSummary], layout: int) -> list[WindowSummary]:
         """``built`` (one summary per used row, in row order) sorted by (model, node_id)."""
@@ -283,7 +316,7 @@ def summarize(slabs: Sequence[Slab], records: Mapping[SeriesKey, SeriesRecord], 
     fast_stats(list(zip(chunks, stats, strict=True)), fresh_lo, refs, min_fresh, capture)
     with pause():
         results = _build(list(zip(chunks, states, stats, strict=True)), plans,
-                         now_s, age_lo, digests, settings.min_samples, min_fresh, ev)
+                         now_s, age_lo, digests, settings.min_samples, min_fresh, ev, order)
         if order is not None and len(results) == len(records):     # every series has a ring
             return order[0].sorted(results, order[1])
         for s in records.values():
@@ -369,12 +402,11 @@ def _plans(settings: DetectorSettings, model_names: Sequence[str], chunks: list[
 
 
 
-
-
 def _build(parts: Sequence[tuple[Slab, Pass1, Stats]], plans: list[ModelPlan],
            now_s: float, age_lo: float, digests: bool, min_samples: int, min_fresh: int,
-           ev: _Evidence | None = None) -> list[WindowSummary]:
-    """The summaries of every used row of ``parts``' chunks, in chunk order.
+           ev: _Evidence | None = None, order: tuple[SummaryOrder, int] | None = None) -> list[WindowSummary]:
+    """The summaries of every used row of ``parts``' chunks, in chunk order (``order``: the
+    store's kept rows, :class:`SummaryOrder`, and the rings' layout now).
 
     Built by field name, one column per field for all chunks at once, then one tuple per
     series: cheaper than a keyword call of WindowSummary's fields, and the numeric
@@ -430,9 +462,10 @@ def _build(parts: Sequence[tuple[Slab, Pass1, Stats]], plans: list[ModelPlan],
     p50, p99 = _optional(q_sig[:, 0], no_sig), _optional(q_sig[:, 1], no_sig)
     # Windows judged on raw latency (most) have the same numbers twice: the same objects then.
     same = np.array_equal(no_sig, no_lat) and np.array_equal(q_sig, q_lat, equal_nan=True)
+    kept = order[0].fields_of(ser, order[1]) if order is not None else kept_fields(ser)
     cols: dict[str, Iterable[Any]] = {
-        "node_id": [sr.node_id for sr in ser],
-        "model": [sr.model for sr in ser],
+        "node_id": kept.node_id,
+        "model": kept.model,
         "tick_ts": repeat(now_s),
         "signal": signals.tolist(),
         "samples": n_sig.tolist(),
@@ -441,8 +474,8 @@ def _build(parts: Sequence[tuple[Slab, Pass1, Stats]], plans: list[ModelPlan],
         "latency_p50_us": p50 if same else _optional(q_lat[:, 0], no_lat),
         "latency_p99_us": p99 if same else _optional(q_lat[:, 1], no_lat),
         "failed": [_failed_in(sr.failed, age_lo, now_s) if sr.failed else 0 for sr in ser],
-        "hardware": [sr.hardware for sr in ser],
-        "first_seen_ts": [sr.first_seen_ts for sr in ser],
+        "hardware": kept.hardware,
+        "first_seen_ts": kept.first_seen_ts,
         "last_seen_ts": [sr.last_seen_ts for sr in ser],
         "probe_samples": cat(cs.n_probe for _, _, cs in parts).tolist(),
         "probe_p50": probe_p50,
@@ -452,18 +485,14 @@ def _build(parts: Sequence[tuple[Slab, Pass1, Stats]], plans: list[ModelPlan],
         "fresh_p50": _optional(q_fresh, np.isnan(q_fresh)),
         "requests_total": [sr.requests for sr in ser],
         "failed_total": [sr.failures for sr in ser],
-        "instance_ts": [sr.instance_ts for sr in ser],
-        "resumed_ts": [sr.resumed_ts for sr in ser],
+        "instance_ts": kept.instance_ts,
+        "resumed_ts": kept.resumed_ts,
         "fresh_over": _optional(n_over, n_over < 0),
     }
     # repeat() columns are endless; every list column has one entry per series. tuple.__new__
     # of each row makes a WindowSummary with no Python frame (WindowSummary._make has one).
     return list(map(tuple.__new__, repeat(WindowSummary),
                     zip(*(cols[f] for f in WindowSummary._fields), strict=False)))
-
-
-
-
 
 
 def _failed_in(failed: dict[int, int], age_lo: float, now_s: float) -> int:

@@ -63,7 +63,7 @@ class WindowStore:
         self._models: dict[str, int] = {}
         self._model_names: list[str] = []
         self._hists = HistWindows(settings)     # histogram pairs' intervals (tailguard.core.window.hist_window)
-        self._order = SummaryOrder()            # the rows' (model, node_id) order, kept by layout
+        self._order = SummaryOrder()            # the rows' order and seldom-changed fields, kept
         # At most every series' last_seen_ts (which only grows); -inf when not known.
         self._seen_floor = -math.inf
         # Ring writes (observe); with tiers.layout (rows taken, freed, moved) the version of
@@ -157,18 +157,22 @@ class WindowStore:
     def observe_heartbeat(self, hb: Heartbeat) -> None:
         """Make the series known (first/last seen, hardware) without samples."""
         s = self._get(hb.node_id, hb.model)
-        if hb.hardware is not None:
+        if hb.hardware is not None and hb.hardware != s.hardware:
             s.hardware = hb.hardware
-        s.seen(hb.ts, hb.ts, hb.instance, self.settings.restart_gap_s)
+            self._order.stale()                 # a field the summary pass keeps
+        if s.seen(hb.ts, hb.ts, hb.instance, self.settings.restart_gap_s):
+            self._order.stale()
 
     def observe_histogram(self, ev: HistogramBatch) -> None:
         """Add one interval of a histogram pair: a sign of life, its requests (counted from the
         e2e histogram, the one whose observations are requests) and its bucket counts."""
         s = self._get(ev.node_id, ev.model)
-        if ev.hardware is not None:
+        if ev.hardware is not None and ev.hardware != s.hardware:
             s.hardware = ev.hardware
+            self._order.stale()                 # a field the summary pass keeps
         before = s.instance_ts
-        s.seen(ev.ts, ev.ts, ev.instance, self.settings.restart_gap_s)
+        if s.seen(ev.ts, ev.ts, ev.instance, self.settings.restart_gap_s):
+            self._order.stale()
         if s.instance_ts != before and s.instance_ts is not None:
             self._hists.restarted(ev.key, s.instance_ts - ev.interval_s)
         if ev.metric == "e2e":
@@ -185,8 +189,9 @@ class WindowStore:
         """Add a batch's samples (vectorized; arrival order = array order)."""
         self._writes += 1
         s = self._get(batch.node_id, batch.model)
-        if batch.hardware is not None:
+        if batch.hardware is not None and batch.hardware != s.hardware:
             s.hardware = batch.hardware
+            self._order.stale()                 # a field the summary pass keeps
         n = len(batch)
         if n == 0:
             return
@@ -201,10 +206,11 @@ class WindowStore:
                 part = ts[lo:lo + k]
                 p_lo, p_hi = (float(part.min()), float(part.max())) if k > 1 else (
                     float(part[0]), float(part[0]))
-                s.seen(p_lo, p_hi, batch.instance, self.settings.restart_gap_s, k, part)
+                if s.seen(p_lo, p_hi, batch.instance, self.settings.restart_gap_s, k, part):
+                    self._order.stale()
                 lo += k
-        else:
-            s.seen(t_lo, t_hi, batch.instance, self.settings.restart_gap_s, n, ts)
+        elif s.seen(t_lo, t_hi, batch.instance, self.settings.restart_gap_s, n, ts):
+            self._order.stale()
         s.requests += n
         ok = batch.ok
         lat = batch.latency_us
@@ -435,6 +441,7 @@ class WindowStore:
             s.requests, s.failures = counts
             s.instance, s.instance_ts, s.resumed_ts, s.signs, s.gap_s = life
         self._seen_floor = -math.inf
+        self._order.stale()
 
 
 def _column(item: Mapping[str, Any], key: str) -> F64 | None:
