@@ -534,6 +534,33 @@ def test_snapshot_is_json_and_restores_identically() -> None:
     assert other.snapshot() == store.snapshot()
 
 
+def test_samples_stored_as_too_old_are_left_out_of_a_snapshot_and_of_a_restore() -> None:
+    # Samples an hour older than the ring's newest are stored as too old (time -inf): never
+    # judged. A snapshot held them as -inf, which is not JSON and made restore raise.
+    cfg = DetectorSettings(window_size=64, min_samples=5, max_sample_age_s=600.0)
+    store = WindowStore(cfg)
+    store.observe(mk("n", [-40.0, -20.0, -1.0], [1e5] * 3))
+    store.observe(mk("n", 3600.0 + np.arange(12.0), 1e5 + np.arange(12.0)))
+    w = store.window("n", "m")
+    assert w is not None and np.isneginf(w["ts"]).sum() == 3
+    snap = json.loads(json.dumps(store.snapshot(), allow_nan=False))
+    assert len(snap["series"][0]["ts"]) == 12
+    other = WindowStore(cfg)
+    other.restore(snap)
+    assert other.summaries(3612.0) == store.summaries(3612.0)
+    # A snapshot written before they were left out: the -inf samples are dropped on restore.
+    old = store.snapshot()
+    item = old["series"][0]
+    item["ts"] = [-np.inf] * 3 + item["ts"]
+    item["latency_us"] = [1e5] * 3 + item["latency_us"]
+    item["probe"] = [0, 14]
+    again = WindowStore(cfg)
+    again.restore(old)
+    w2 = again.window("n", "m")
+    assert w2 is not None and w2["ts"].tolist() == (3600.0 + np.arange(12.0)).tolist()
+    assert w2["probe"].tolist() == [0.0] * 11 + [1.0]
+
+
 def test_restore_into_smaller_window_keeps_newest() -> None:
     store = WindowStore(S)
     store.observe(mk("a", np.arange(100.0), np.arange(1, 101.0)))

@@ -384,6 +384,7 @@ class WindowStore:
         for (node, model), s in sorted(self._series.items()):
             w = self.window(node, model)
             assert w is not None
+            w = _judgeable(w)
             item: dict[str, Any] = {
                 "node_id": node, "model": model, "hardware": s.hardware,
                 "first_seen_ts": s.first_seen_ts, "last_seen_ts": s.last_seen_ts,
@@ -426,6 +427,10 @@ class WindowStore:
             life = (item.get("instance"), item.get("instance_ts"), item.get("resumed_ts"),
                     int(item.get("signs", 0)), float(item.get("gap_s", 0.0)))
             ts = np.asarray(item["ts"], dtype=np.float64)
+            keep = np.isfinite(ts)          # -inf: stored as too old (older snapshots held them)
+            if not keep.all():
+                item = _kept(item, keep)
+                ts = ts[keep]
             if ts.size == 0:
                 s.requests, s.failures = counts
                 s.instance, s.instance_ts, s.resumed_ts, s.signs, s.gap_s = life
@@ -442,6 +447,23 @@ class WindowStore:
             s.instance, s.instance_ts, s.resumed_ts, s.signs, s.gap_s = life
         self._seen_floor = -math.inf
         self._order.stale()
+
+
+def _judgeable(w: dict[str, F64]) -> dict[str, F64]:
+    """A ring's samples (:meth:`WindowStore.window`) less those stored as too old (time
+    -inf): never judged, and a time no snapshot can hold or a restore replay."""
+    keep = np.isfinite(w["ts"])
+    return w if keep.all() else {k: v[keep] for k, v in w.items()}
+
+
+def _kept(item: Mapping[str, Any], keep: npt.NDArray[np.bool_]) -> dict[str, Any]:
+    """A snapshot's series ``item`` with only the samples ``keep`` marks."""
+    at = np.cumsum(keep) - 1                 # a kept sample's new index
+    probe = [int(at[i]) for i in item.get("probe", []) if keep[i]]
+    cols = {k: [v for v, k_ in zip(item[k], keep.tolist(), strict=True) if k_]
+            for k in ("ts", "latency_us", "input_tokens", "output_tokens", "ttft_us")
+            if item.get(k) is not None}
+    return {**item, **cols, "probe": probe}
 
 
 def _column(item: Mapping[str, Any], key: str) -> F64 | None:
