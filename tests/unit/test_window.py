@@ -534,31 +534,101 @@ def test_snapshot_is_json_and_restores_identically() -> None:
     assert other.snapshot() == store.snapshot()
 
 
-def test_samples_stored_as_too_old_are_left_out_of_a_snapshot_and_of_a_restore() -> None:
+def round_trip(store: WindowStore, cfg: DetectorSettings) -> WindowStore:
+    other = WindowStore(cfg)
+    other.restore(json.loads(json.dumps(store.snapshot(), allow_nan=False)))
+    return other
+
+
+def test_samples_stored_as_too_old_keep_their_slots_through_a_snapshot() -> None:
     # Samples an hour older than the ring's newest are stored as too old (time -inf): never
-    # judged. A snapshot held them as -inf, which is not JSON and made restore raise.
-    cfg = DetectorSettings(window_size=64, min_samples=5, max_sample_age_s=600.0)
+    # judged, but they hold their slots until newer samples push them out. A snapshot holds
+    # them as null times (-inf is not JSON) and a restore stores them as too old again: a
+    # restore that dropped them kept older samples longer than the original did.
+    cfg = DetectorSettings(window_size=16, min_samples=1, max_sample_age_s=600.0)
     store = WindowStore(cfg)
-    store.observe(mk("n", [-40.0, -20.0, -1.0], [1e5] * 3))
-    store.observe(mk("n", 3600.0 + np.arange(12.0), 1e5 + np.arange(12.0)))
+    store.observe(mk("n", [3599.0], 1e5))
+    store.observe(mk("n", [-900.0, -880.0, -861.0], [1e5] * 3))     # 75 min before it
+    store.observe(mk("n", 3600.0 + np.arange(12.0), 1e5 + np.arange(12.0), probe=[True] + [False] * 11))
     w = store.window("n", "m")
     assert w is not None and np.isneginf(w["ts"]).sum() == 3
     snap = json.loads(json.dumps(store.snapshot(), allow_nan=False))
-    assert len(snap["series"][0]["ts"]) == 12
-    other = WindowStore(cfg)
-    other.restore(snap)
-    assert other.summaries(3612.0) == store.summaries(3612.0)
-    # A snapshot written before they were left out: the -inf samples are dropped on restore.
-    old = store.snapshot()
-    item = old["series"][0]
-    item["ts"] = [-np.inf] * 3 + item["ts"]
-    item["latency_us"] = [1e5] * 3 + item["latency_us"]
-    item["probe"] = [0, 14]
+    assert snap["series"][0]["ts"][:5] == [3599.0, None, None, None, 3600.0]
+    other = round_trip(store, cfg)
+    old = store.snapshot()                  # written before: -inf times, no base
+    old["series"][0]["ts"] = [-np.inf if v is None else v for v in old["series"][0]["ts"]]
+    del old["series"][0]["base_us"]
     again = WindowStore(cfg)
     again.restore(old)
-    w2 = again.window("n", "m")
-    assert w2 is not None and w2["ts"].tolist() == (3600.0 + np.arange(12.0)).tolist()
-    assert w2["probe"].tolist() == [0.0] * 11 + [1.0]
+    for s in (store, other, again):
+        s.observe(mk("n", [3700.0], 2e5))    # pushes the sample of 3599 s out
+    for s in (other, again):
+        assert s.summaries(3700.0) == store.summaries(3700.0)
+        got, want = s.window("n", "m"), store.window("n", "m")
+        assert got is not None and want is not None
+        assert {k: v.tolist() for k, v in got.items()} == {k: v.tolist() for k, v in want.items()}
+
+
+def test_a_restored_ring_keeps_samples_over_its_whole_span() -> None:
+    # A ring spans 2^32 µs (71.6 min) below its newest sample. A restore that coded the
+    # samples as a first batch (room kept above the newest) stored the oldest hour of them
+    # as too old: here the whole window at -2400 s.
+    cfg = DetectorSettings(window_size=16, min_samples=1, max_sample_age_s=600.0)
+    store = WindowStore(cfg)
+    store.observe(mk("n", [1000.0], 1e5))
+    store.observe(mk("n", [-2500.0, -2499.0], 2e5))
+    other = round_trip(store, cfg)
+    w = other.window("n", "m")
+    assert w is not None and w["ts"].tolist() == [1000.0, -2500.0, -2499.0]
+    assert other.summaries(-2400.0) == store.summaries(-2400.0)
+    assert other.summaries(-2400.0)[0].samples == 2
+
+
+def test_a_restored_ring_keeps_its_base_so_later_samples_fit_as_in_the_original() -> None:
+    # The ring's base decides which later samples fit and which a rebase stores as too old:
+    # the original's base (first sample at 0 s) holds -3150 s next to 1100 s; a base chosen
+    # anew for the restored times (0 s and 100 s) would not, and the later sample at 1100 s
+    # would have stored -3150 s as too old in the restored ring only.
+    cfg = DetectorSettings(window_size=16, min_samples=1, max_sample_age_s=600.0)
+    store = WindowStore(cfg)
+    store.observe(mk("n", [0.0], 1e5))
+    store.observe(mk("n", [100.0], 1e5))
+    other = round_trip(store, cfg)
+    for s in (store, other):
+        s.observe(mk("n", [-3150.0], 2e5))
+        s.observe(mk("n", [1100.0], 1e5))
+    got, want = other.window("n", "m"), store.window("n", "m")
+    assert got is not None and want is not None
+    assert got["ts"].tolist() == want["ts"].tolist()
+    assert other.summaries(-3100.0) == store.summaries(-3100.0)
+
+
+def test_a_restored_ring_sits_in_the_same_slots_so_the_cluster_pools_are_the_same() -> None:
+    # The pools take every stride-th slot of a ring (window_size 300 at 128 samples a series:
+    # stride 3); a restore that wrote the ring from slot 0 on pooled other samples.
+    cfg = DetectorSettings(window_size=300, min_samples=1, max_sample_age_s=600.0)
+    store = WindowStore(cfg)
+    rng = np.random.default_rng(3)
+    for i in range(0, 451, 11):
+        store.observe(mk("n", 1000.0 + 0.5 * np.arange(i, i + 11), rng.lognormal(7.0, 1.0, 11)))
+    other = round_trip(store, cfg)
+    got, want = other.model_pools(1230.0)["m"], store.model_pools(1230.0)["m"]
+    assert sorted(got.values.tolist()) == sorted(want.values.tolist())
+    assert other.summaries(1230.0) == store.summaries(1230.0)
+
+
+def test_a_restart_awaiting_confirmation_is_confirmed_after_a_restore() -> None:
+    # Signs of life after a gap mark a restart once RESTART_CONFIRM_SIGNS of them follow
+    # within restart_gap_s; those seen before the snapshot count after the restore.
+    cfg = DetectorSettings(window_size=40, min_samples=1, max_sample_age_s=600.0, restart_gap_s=10.0)
+    store = WindowStore(cfg)
+    store.observe(mk("n", np.arange(10.0), 1e5))
+    store.observe(mk("n", 1000.0 + np.arange(5.0), 1e5))      # after a gap: 5 signs of 10
+    other = round_trip(store, cfg)
+    for s in (store, other):
+        s.observe(mk("n", 1005.0 + np.arange(5.0), 1e5))
+    assert store.summaries(1010.0)[0].resumed_ts == 1000.0
+    assert other.summaries(1010.0) == store.summaries(1010.0)
 
 
 def test_restore_into_smaller_window_keeps_newest() -> None:

@@ -15,7 +15,7 @@ Guarantees:
   counted, per second of event time, never part of a quantile.
 * ``requests_total``/``failed_total``: every request the store has taken for the series (ok
   or failed, probes included) and the failed ones — cumulative counters, kept by snapshots.
-* ``restore(snapshot())`` gives identical future summaries; snapshots are plain JSON-able data.
+* ``restore(snapshot())`` gives identical future summaries and pools; snapshots are plain JSON-able data.
 * A series moves up a tier when it outgrows its ring (:mod:`tailguard.core.window.tiers`); sparse
   tiers left by a flood of forgotten series are repacked (:meth:`WindowStore.compact`).
 """
@@ -37,10 +37,11 @@ from tailguard.core.contract.types import WindowSummary
 from tailguard.core.window.hist_window import HistWindows
 from tailguard.core.window.passes import FRESH_TAIL_MAX_SAMPLES
 from tailguard.core.window.pools import ModelPool, PoolCapture, build_pools
-from tailguard.core.window.rings import F64, RESTART_CONFIRM_SIGNS, SeriesKey, SeriesRecord
+from tailguard.core.window.rings import F64, RESTART_CONFIRM_SIGNS, SeriesKey, SeriesRecord, Slab
 from tailguard.core.window.signals import ModelChoice
 from tailguard.core.window.summarize import SummaryOrder, summarize
 from tailguard.core.window.tiers import RingTiers
+from tailguard.core.window.ts_codes import HEADROOM, MAX_CODE
 
 __all__ = ["FRESH_TAIL_MAX_SAMPLES", "POOL_SAMPLES_PER_SERIES", "RESTART_CONFIRM_SIGNS", "SNAPSHOT_VERSION",
            "SeriesKey", "WindowStore"]
@@ -379,22 +380,25 @@ class WindowStore:
         return out
 
     def snapshot(self) -> dict[str, Any]:
-        """Everything the store holds, as JSON-able data (NaN written as null)."""
+        """Everything the store holds, as JSON-able data (NaN written as null, and so the time of
+        a sample stored as too old: -inf)."""
         series = []
         for (node, model), s in sorted(self._series.items()):
             w = self.window(node, model)
             assert w is not None
-            w = _judgeable(w)
             item: dict[str, Any] = {
                 "node_id": node, "model": model, "hardware": s.hardware,
                 "first_seen_ts": s.first_seen_ts, "last_seen_ts": s.last_seen_ts,
                 "failed": sorted([b, c] for b, c in s.failed.items()),
                 "requests": s.requests, "failures": s.failures,
                 "instance": s.instance, "instance_ts": s.instance_ts, "resumed_ts": s.resumed_ts,
-                "signs": s.signs, "gap_s": s.gap_s,
-                "ts": w["ts"].tolist(), "latency_us": w["latency_us"].tolist(),
-                "probe": np.flatnonzero(w["probe"]).tolist(),
+                "signs": s.signs, "gap_s": s.gap_s, "resume_ts": s.resume_ts, "resume_signs": s.resume_signs,
+                "ts": [None if v == -math.inf else v for v in w["ts"].tolist()],   # None: too old
+                "latency_us": w["latency_us"].tolist(), "probe": np.flatnonzero(w["probe"]).tolist(),
             }
+            if s.chunk is not None:             # the codes' base; where the ring sits in its slots
+                ch = s.chunk
+                item.update(base_us=int(ch.base_us[s.row]), head=int(ch.head[s.row]), cap=ch.cap)
             for k in ("input_tokens", "output_tokens", "ttft_us"):
                 if k in w:
                     item[k] = [None if v != v else v for v in w[k].tolist()]
@@ -425,45 +429,55 @@ class WindowStore:
             s.failed = {int(b): int(c) for b, c in item.get("failed", [])}
             counts = int(item.get("requests", 0)), int(item.get("failures", 0))
             life = (item.get("instance"), item.get("instance_ts"), item.get("resumed_ts"),
-                    int(item.get("signs", 0)), float(item.get("gap_s", 0.0)))
-            ts = np.asarray(item["ts"], dtype=np.float64)
-            keep = np.isfinite(ts)          # -inf: stored as too old (older snapshots held them)
-            if not keep.all():
-                item = _kept(item, keep)
-                ts = ts[keep]
+                    int(item.get("signs", 0)), float(item.get("gap_s", 0.0)),
+                    item.get("resume_ts"), int(item.get("resume_signs", 0)))   # a restart not yet confirmed
+            ts = np.array([-math.inf if v is None else v for v in item["ts"]], dtype=np.float64)
             if ts.size == 0:
                 s.requests, s.failures = counts
-                s.instance, s.instance_ts, s.resumed_ts, s.signs, s.gap_s = life
+                s.instance, s.instance_ts, s.resumed_ts, s.signs, s.gap_s, s.resume_ts, s.resume_signs = life
                 continue
             lat = np.asarray(item["latency_us"], dtype=np.float64)
             probe = np.zeros(ts.size, dtype=bool)
             probe[np.asarray(item.get("probe", []), dtype=np.int64)] = True
             first, last = s.first_seen_ts, s.last_seen_ts
-            self.observe(SampleBatch(s.node_id, s.model, s.hardware, ts, lat,
+            self.observe(SampleBatch(s.node_id, s.model, s.hardware, np.where(np.isfinite(ts), ts, 0.0), lat,
                                      np.ones(ts.size, dtype=bool), probe, _column(item, "input_tokens"),
                                      _column(item, "output_tokens"), _column(item, "ttft_us")))
+            assert s.chunk is not None
+            _as_original(s.chunk, s.row, ts, item)      # the times' codes and slots
             s.first_seen_ts, s.last_seen_ts = first, last
             s.requests, s.failures = counts
-            s.instance, s.instance_ts, s.resumed_ts, s.signs, s.gap_s = life
+            s.instance, s.instance_ts, s.resumed_ts, s.signs, s.gap_s, s.resume_ts, s.resume_signs = life
         self._seen_floor = -math.inf
         self._order.stale()
 
 
-def _judgeable(w: dict[str, F64]) -> dict[str, F64]:
-    """A ring's samples (:meth:`WindowStore.window`) less those stored as too old (time
-    -inf): never judged, and a time no snapshot can hold or a restore replay."""
-    keep = np.isfinite(w["ts"])
-    return w if keep.all() else {k: v[keep] for k, v in w.items()}
-
-
-def _kept(item: Mapping[str, Any], keep: npt.NDArray[np.bool_]) -> dict[str, Any]:
-    """A snapshot's series ``item`` with only the samples ``keep`` marks."""
-    at = np.cumsum(keep) - 1                 # a kept sample's new index
-    probe = [int(at[i]) for i in item.get("probe", []) if keep[i]]
-    cols = {k: [v for v, k_ in zip(item[k], keep.tolist(), strict=True) if k_]
-            for k in ("ts", "latency_us", "input_tokens", "output_tokens", "ttft_us")
-            if item.get(k) is not None}
-    return {**item, **cols, "probe": probe}
+def _as_original(ch: Slab, row: int, ts: F64, item: Mapping[str, Any]) -> None:
+    """Make the ring ``row`` of ``ch``, just filled by a restore of the snapshot ``item``
+    (times ``ts``, -inf: stored as too old), the original's: codes against its base (it decides
+    which later samples fit and which a rebase stores as too old; a snapshot without one: a
+    base keeping every time within ``MAX_CODE`` µs of the newest), code 0 where too old, and
+    its place in its slots (the cluster pools take every ``stride``-th slot)."""
+    t = ts[ts.size - int(ch.fill[row]):]    # a smaller window keeps the newest
+    fin = np.isfinite(t)
+    us = np.rint(np.where(fin, t, 0.0) * 1e6).astype(np.int64)
+    lo, hi = (int(us[fin].min()), int(us[fin].max())) if fin.any() else (0, 0)
+    base = item.get("base_us")
+    if base is None or not (lo - base >= 1 and hi - base <= MAX_CODE):   # none, or not this ring's
+        base = hi + HEADROOM - MAX_CODE
+        if base >= lo:
+            base = max(hi - MAX_CODE, lo - 1)
+    codes = np.where(fin & (us - base >= 1), us - base, 0).astype(np.uint32)
+    ch.ts_code[row, ch.order(row)] = codes
+    ch.base_us[row] = base
+    kept = codes[codes > 0]
+    ch.ts_hi[row] = (int(kept.max()) + base) / 1e6 if kept.size else -math.inf     # as ts_codes.decode
+    ch.ts_lo[row] = (int(kept.min()) + base) / 1e6 if kept.size == codes.size else -math.inf
+    shift = (int(item.get("head", 0)) - int(ch.head[row])) % ch.cap
+    if item.get("cap") == ch.cap and shift:
+        for col in ch.columns():
+            col[row] = np.roll(col[row], shift)
+        ch.head[row] = item["head"]
 
 
 def _column(item: Mapping[str, Any], key: str) -> F64 | None:
