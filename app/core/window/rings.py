@@ -27,7 +27,7 @@ from typing import Any, Final, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
-from tailguard.core.window.ts_codes import U32, decode, encode_into
+from tailguard.core.window.ts_codes import MAX_CODE, U32, base_for, decode, encode_into
 
 SeriesKey: TypeAlias = tuple[str, str]
 F64: TypeAlias = npt.NDArray[np.float64]
@@ -118,6 +118,30 @@ class Slab:
             self.ts_lo[row] = -np.inf if lost else min(float(self.ts_lo[row]), t_lo)
             self.ts_hi[row] = max(float(self.ts_hi[row]), t_hi)
         return codes
+
+    def as_original(self, row: int, ts: F64, base_us: int | None, head: int | None) -> None:
+        """Make ring ``row``, just filled with the times ``ts`` (oldest first; -inf: stored as
+        too old) by a restore, the snapshotted ring: codes against its base ``base_us`` (it
+        decides which later samples fit; None or one the times do not fit: a new one, as
+        :func:`~tailguard.core.window.ts_codes.base_for`), code 0 where too old, its kept time
+        bounds, and its place in its slots ``head`` (None: where it is)."""
+        t = ts[ts.size - int(self.fill[row]):]      # a smaller window keeps the newest
+        fin = np.isfinite(t)
+        us = np.rint(np.where(fin, t, 0.0) * 1e6).astype(np.int64)
+        lo, hi = (int(us[fin].min()), int(us[fin].max())) if fin.any() else (0, 0)
+        base = base_us
+        if base is None or not (lo - base >= 1 and hi - base <= MAX_CODE):
+            base = base_for(lo, hi)
+        codes = np.where(fin & (us - base >= 1), us - base, 0).astype(np.uint32)
+        self.ts_code[row, self.order(row)] = codes
+        self.base_us[row] = base
+        kept = codes[codes > 0]
+        self.ts_hi[row] = (int(kept.max()) + base) / 1e6 if kept.size else -np.inf   # as decode
+        self.ts_lo[row] = (int(kept.min()) + base) / 1e6 if kept.size == codes.size else -np.inf
+        if head is not None and (shift := (int(head) - int(self.head[row])) % self.cap):
+            for col in self.columns():
+                col[row] = np.roll(col[row], shift)
+            self.head[row] = head
 
     def release(self, row: int) -> None:
         for col in self.columns():

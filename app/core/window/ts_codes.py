@@ -92,6 +92,13 @@ def since(base: I64, t: F64) -> U32:
     return thr
 
 
+def base_for(lo_us: int, top_us: int) -> int:
+    """A new base for a ring whose times (whole µs) run from ``lo_us`` to ``top_us``:
+    ``HEADROOM`` above the newest, less when the times span more (then the oldest that fit)."""
+    new = top_us + HEADROOM - MAX_CODE
+    return new if new < lo_us else max(top_us - MAX_CODE, lo_us - 1)
+
+
 def encode_into(codes_of: U32, row: int, base: int, ts: F64, lo_s: float, hi_s: float,
                 filled: bool) -> tuple[U32, int, bool, int, int]:
     """The codes of ``ts`` (``lo_s``/``hi_s`` their least and greatest) for the ring
@@ -113,9 +120,7 @@ def encode_into(codes_of: U32, row: int, base: int, ts: F64, lo_s: float, hi_s: 
         old_max = int(ring.max())
         if old_max > 0:
             top = max(top, base + old_max)
-        new = top + HEADROOM - MAX_CODE
-        if new >= lo:
-            new = max(top - MAX_CODE, lo - 1)
+        new = base_for(lo, top)
         shift = new - base
         codes = ring.astype(np.int64)
         if shift > 0:

@@ -37,11 +37,10 @@ from tailguard.core.contract.types import WindowSummary
 from tailguard.core.window.hist_window import HistWindows
 from tailguard.core.window.passes import FRESH_TAIL_MAX_SAMPLES
 from tailguard.core.window.pools import ModelPool, PoolCapture, build_pools
-from tailguard.core.window.rings import F64, RESTART_CONFIRM_SIGNS, SeriesKey, SeriesRecord, Slab
+from tailguard.core.window.rings import F64, RESTART_CONFIRM_SIGNS, SeriesKey, SeriesRecord
 from tailguard.core.window.signals import ModelChoice
 from tailguard.core.window.summarize import SummaryOrder, summarize
 from tailguard.core.window.tiers import RingTiers
-from tailguard.core.window.ts_codes import HEADROOM, MAX_CODE
 
 __all__ = ["FRESH_TAIL_MAX_SAMPLES", "POOL_SAMPLES_PER_SERIES", "RESTART_CONFIRM_SIGNS", "SNAPSHOT_VERSION",
            "SeriesKey", "WindowStore"]
@@ -444,40 +443,13 @@ class WindowStore:
                                      np.ones(ts.size, dtype=bool), probe, _column(item, "input_tokens"),
                                      _column(item, "output_tokens"), _column(item, "ttft_us")))
             assert s.chunk is not None
-            _as_original(s.chunk, s.row, ts, item)      # the times' codes and slots
+            s.chunk.as_original(s.row, ts, item.get("base_us"),     # the times' codes and slots
+                                item.get("head") if item.get("cap") == s.chunk.cap else None)
             s.first_seen_ts, s.last_seen_ts = first, last
             s.requests, s.failures = counts
             s.instance, s.instance_ts, s.resumed_ts, s.signs, s.gap_s, s.resume_ts, s.resume_signs = life
         self._seen_floor = -math.inf
         self._order.stale()
-
-
-def _as_original(ch: Slab, row: int, ts: F64, item: Mapping[str, Any]) -> None:
-    """Make the ring ``row`` of ``ch``, just filled by a restore of the snapshot ``item``
-    (times ``ts``, -inf: stored as too old), the original's: codes against its base (it decides
-    which later samples fit and which a rebase stores as too old; a snapshot without one: a
-    base keeping every time within ``MAX_CODE`` µs of the newest), code 0 where too old, and
-    its place in its slots (the cluster pools take every ``stride``-th slot)."""
-    t = ts[ts.size - int(ch.fill[row]):]    # a smaller window keeps the newest
-    fin = np.isfinite(t)
-    us = np.rint(np.where(fin, t, 0.0) * 1e6).astype(np.int64)
-    lo, hi = (int(us[fin].min()), int(us[fin].max())) if fin.any() else (0, 0)
-    base = item.get("base_us")
-    if base is None or not (lo - base >= 1 and hi - base <= MAX_CODE):   # none, or not this ring's
-        base = hi + HEADROOM - MAX_CODE
-        if base >= lo:
-            base = max(hi - MAX_CODE, lo - 1)
-    codes = np.where(fin & (us - base >= 1), us - base, 0).astype(np.uint32)
-    ch.ts_code[row, ch.order(row)] = codes
-    ch.base_us[row] = base
-    kept = codes[codes > 0]
-    ch.ts_hi[row] = (int(kept.max()) + base) / 1e6 if kept.size else -math.inf     # as ts_codes.decode
-    ch.ts_lo[row] = (int(kept.min()) + base) / 1e6 if kept.size == codes.size else -math.inf
-    shift = (int(item.get("head", 0)) - int(ch.head[row])) % ch.cap
-    if item.get("cap") == ch.cap and shift:
-        for col in ch.columns():
-            col[row] = np.roll(col[row], shift)
-        ch.head[row] = item["head"]
 
 
 def _column(item: Mapping[str, Any], key: str) -> F64 | None:
