@@ -31,7 +31,7 @@ LIBRARY: Final = "libjemalloc.so.2"
 CHOICES: Final = ("auto", "jemalloc", "pymalloc")
 #: Unless ``MALLOC_CONF`` is set: pages freed stay mapped until :func:`purge` (jemalloc's own
 #: decay would purge a tick's large numpy buffers between ticks: each tick would fault them in
-#: again, ~1.3x the CPU of an 8-MB sort; docs/performance.md#floods).
+#: again; docs/performance.md#floods).
 MALLOC_CONF: Final = "muzzy_decay_ms:-1"
 _ARENAS_ALL: Final = 4096        # jemalloc's MALLCTL_ARENAS_ALL: "arena.4096.purge" purges every arena
 _MALLCTL: Any = None

@@ -93,8 +93,8 @@ class WindowSummary(NamedTuple):
 
     Immutable like the dataclasses here, but a ``NamedTuple``: stage 1 makes one
     per series per tick, and a frozen dataclass's ``__init__`` (one
-    ``object.__setattr__`` per field) cost ~3.4 µs against ~0.5 µs — a third of a
-    10,000-series tick (``scripts/bench bench_core_stage2``). Copy with ``_replace``.
+    ``object.__setattr__`` per field) costs several times more (docs/performance.md).
+    Copy with ``_replace``.
     """
 
     node_id: str

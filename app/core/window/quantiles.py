@@ -88,8 +88,8 @@ def order_statistics(v: FloatArray, ranks: Sequence[int]) -> dict[int, float]:
 
     From :data:`BRACKET_MIN` values on, each cluster of nearby ranks is bracketed between
     two values of an evenly strided sample of ~1,000 (with a margin of three binomial
-    standard deviations), and only the values inside the bracket are partitioned — the
-    Floyd–Rivest idea: ~0.02 ms instead of ~0.2 ms for P50/P99 of 12,500 float32. A
+    standard deviations), and only the values inside the bracket are partitioned (the
+    Floyd–Rivest idea; its cost against a whole partition: docs/performance.md). A
     bracket that misses (checked by counting) falls back to partitioning everything.
     """
     n = int(v.size)
@@ -374,8 +374,8 @@ def digest_dict_of_sorted(values: FloatArray,
     ``asin(2q - 1)`` crosses ``max_centroids`` equal steps: narrow runs in the tails
     (single samples at both ends, so ``min``/``max`` are exact), wide ones at the median;
     at most ``max_centroids`` centroids. Only ``max_centroids`` cut points are computed
-    and the runs summed with one ``np.add.reduceat``: ~5x cheaper than
-    :func:`digest_of` on 10,000+ values once they are sorted. Same dict format, so it
+    and the runs summed with one ``np.add.reduceat``: cheaper than :func:`digest_of`
+    once the values are sorted (docs/performance.md). Same dict format, so it
     merges with any other digest (:func:`merge_digests`).
     """
     v = np.asarray(values, dtype=np.float64).ravel()

@@ -101,9 +101,8 @@ class SummaryOrder:
     layout stands (``layout``: :attr:`RingTiers.layout
     <tailguard.core.window.tiers.RingTiers.layout>`): the rows then hold the same series in the
     same order. Kept: their (model, node_id) order, which the pass takes instead of sorting its
-    summaries (a sort of 10,000 summaries in row order costs ~5x more; 2 B a series), and the
-    fields their records seldom change (:class:`KeptFields`, 48 B a series) until the store
-    calls :meth:`stale`."""
+    summaries, and the fields their records seldom change (:class:`KeptFields`) until the
+    store calls :meth:`stale`. Costs and sizes: docs/performance.md."""
 
     __slots__ = ("fields", "fields_layout", "layout", "perm")
 
