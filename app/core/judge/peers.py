@@ -31,6 +31,7 @@ from typing import NamedTuple, overload
 from tailguard.core.contract.config import DetectorSettings
 from tailguard.core.contract.types import HealthState, WindowSummary
 from tailguard.core.judge.health import PairState
+from tailguard.core.judge.peer_sort import sort_columns
 from tailguard.core.judge.tail_noise import noise_below
 
 # A hardware class with fewer than min_peers peers is judged by P50 against its own baseline
@@ -371,25 +372,22 @@ def norms_of(ps: PeerSet, base_p50: Mapping[str, float], base_ticks: Mapping[str
         return _norms_by_class(ps, base_p50, base_ticks, st)
     c = hw_class(next(iter(hardware)))
     min_peers = st.min_peers
-    sp = sorted(p50s)
-    sr = sorted(ratios)
-    fleet_p50, median_ratio = median_sorted(sp), median_sorted(sr)
     fp = list(map(_FRESH_P50, sums))
     try:
         fresh_total = sum(fp)
     except TypeError:                     # some peer without a fresh P50
         fp = [f for f in fp if f is not None]
         fresh_total = sum(fp)
+    finite_fresh = math.isfinite(fresh_total)
+    # Each list sorted once; the fresh P50s when finite, for the smallest, the largest (all
+    # positive: equal floats are the same bits) and the median.
+    sp, sr, p99s, fs = sort_columns(p50s, ratios, fp if finite_fresh else [])
+    fleet_p50, median_ratio = median_sorted(sp.middle), median_sorted(sr)
     top_fresh = None
     fresh = None
-    finite_fresh = True
     if fp:                                # some peer has a fresh P50
-        finite_fresh = math.isfinite(fresh_total)
-        # Finite: sorted once, for the smallest, the largest (all positive: equal floats are
-        # the same bits) and the median.
-        fs = sorted(fp) if finite_fresh else None
-        if fs is not None and fs[0] > 0.0:
-            top_fresh = fs[-1]
+        if fs is not None and fs.low > 0.0:
+            top_fresh = fs.high
         else:                                          # (a NaN is neither finite nor kept)
             top_fresh = max(fp)
             fp = [f for f in fp if f > 0]
@@ -401,26 +399,23 @@ def norms_of(ps: PeerSet, base_p50: Mapping[str, float], base_ticks: Mapping[str
                   and s.fresh_samples >= full]
             fs = None
         if len(fp) >= min_peers:
-            fresh = Norms(True, median(fp) if fs is None else median_sorted(fs), {}, False,
+            fresh = Norms(True, median(fp) if fs is None else median_sorted(fs.middle), {}, False,
                           math.inf)
     if len(p50s) < min_peers:
         top = max(map(operator.mul, p50s, ratios))
         return PeerNorms(Norms(False, fleet_p50, {}, False, st.ratio_threshold), fresh,
                          {c: fleet_p50}, median_ratio,
-                         {c: (sp[-1], sr[-1], top, top_fresh)} if finite_fresh else {})
-    p99s = sorted(map(operator.mul, p50s, ratios))
+                         {c: (sp.high, sr[-1], top, top_fresh)} if finite_fresh else {})
     moved = None
     if c in base_p50:
         # P50 / baseline in P50 order is sorted too (division by a positive number keeps the
         # order): movement's median needs only the middle P50s.
         e = math.exp(base_p50[c])
-        n = len(sp)
-        mid = n // 2
-        moved = sp[mid] / e if n % 2 else (sp[mid - 1] / e + sp[mid] / e) / 2.0
+        moved = median_sorted([p50 / e for p50 in sp.middle])
     return PeerNorms(Norms(True, fleet_p50, {}, False, tail_limit_sorted(sr, median_ratio, st),
-                           median_sorted(p99s), {}, moved, median_ratio),
+                           median_sorted(p99s.middle), {}, moved, median_ratio),
                      fresh, {c: fleet_p50}, median_ratio,
-                     {c: (sp[-1], sr[-1], p99s[-1], top_fresh)} if finite_fresh else {})
+                     {c: (sp.high, sr[-1], p99s.high, top_fresh)} if finite_fresh else {})
 
 
 def _norms_by_class(ps: PeerSet, base_p50: Mapping[str, float],
