@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from tailguard.core.contract.config import DetectorSettings
 from tailguard.core.contract.events import SampleBatch
 from tailguard.core.window import passes
+from tailguard.core.window import ts_codes as tc
 from tailguard.core.window.summarize import fresh_min_samples
 from tailguard.core.window.window import WindowStore
 
@@ -41,18 +42,21 @@ def _plain(values: np.ndarray[Any, Any], q: float) -> float:
 @given(seed=st.integers(0, 2**32 - 1), rings=st.integers(1, 30), ties=st.sampled_from([0, 1, 3]),
        block_rings=st.sampled_from([1, 3, 7, 1000]), fresh=st.sampled_from(["mixed", "none", "all"]),
        age_s=st.sampled_from([120.0, 3000.0]), sort_rings=st.sampled_from([1, 2, 5, 1000]),
-       gap=st.booleans())
+       gap=st.booleans(), grid_us=st.sampled_from([1, 1 << 23, tc.GRID_US]))
 def test_fast_blocks_equal_a_plain_sort_of_each_window(seed: int, rings: int, ties: int, block_rings: int,
                                                        fresh: str, age_s: float, sort_rings: int,
-                                                       gap: bool) -> None:
+                                                       gap: bool, grid_us: int) -> None:
     """``fresh``: how many samples of each ring are fresh (the kept bounds prove all or none
     of a slab's); ``age_s``: 3000 s puts old samples further than ``FLAG_SPAN_S`` from the
     fresh bound (the keys are then made by a comparison); ``sort_rings``: how many rings'
     keys are built and sorted at a time; ``gap``: the second ring is half full (the slow
-    path), so a slab's fast rings are not consecutive."""
+    path), so a slab's fast rings are not consecutive; ``grid_us``: the grid of the rings'
+    bases (1 µs: every ring its own base and threshold; 8.4 s: some share one)."""
     rng = np.random.default_rng(seed)
     store = WindowStore(dataclasses.replace(CFG, max_sample_age_s=age_s))
     half = 1 if gap and rings > 2 else None    # the ring that is not full
+    grid = pytest.MonkeyPatch()
+    grid.setattr(tc, "GRID_US", grid_us)
     for i in range(rings):
         size = WINDOW // 2 if i == half else WINDOW
         nf = {"none": 0, "all": size}.get(fresh) or int(
@@ -64,6 +68,7 @@ def test_fast_blocks_equal_a_plain_sort_of_each_window(seed: int, rings: int, ti
         n = ts.size
         store.observe(SampleBatch(f"n{i:02}", "m", None, rng.permutation(ts), lat,
                                   np.ones(n, bool), np.zeros(n, bool)))
+    grid.undo()
     ref = float(np.exp(10.3))
     blocks: list[int] = []
     real: Callable[..., None] = passes._fast_block

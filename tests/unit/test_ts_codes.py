@@ -78,10 +78,12 @@ def test_the_flag_of_codes_near_a_bound_is_the_comparison(base: int, rel: int, f
     codes = rng.integers(lo, hi, size=(3, 40), endpoint=True).astype(np.uint32)
     codes[:, :3] = [lo, hi, min(max(rel, lo), hi)]
     bases = np.full(3, base, dtype=np.int64)
-    out = np.empty_like(codes)
-    tc.flag_at_most(codes, bases, t, out)
     at_most = codes <= tc.after(bases, t)[:, None]
-    assert (out == np.where(at_most, np.uint32(1 << 31), np.uint32(0))).all()
+    thr1 = tc.flag_thresholds(bases, t)
+    for per_ring in (thr1, thr1[0]):        # one threshold per ring, or one for all (one base)
+        out = np.empty_like(codes)
+        tc.flag_at_most(codes, per_ring, out)
+        assert (out == np.where(at_most, np.uint32(1 << 31), np.uint32(0))).all()
 
 
 def test_a_cut_off_at_a_samples_own_7_decimal_time_counts_it() -> None:
@@ -146,3 +148,34 @@ def test_one_sample_older_than_its_ring_spans_is_stored_as_too_old() -> None:
     assert w is not None and w["ts"].size == 4 and np.isneginf(w["ts"][1:]).all()
     (s,) = store.summaries(T0 + 1.0)
     assert s.samples == 1
+
+
+def test_rings_that_start_or_move_within_the_same_grid_step_share_a_base() -> None:
+    """New bases lie on the GRID_US grid: rings started seconds apart get one base, and keep
+    sharing one when they all move to a new base (their newest samples minutes later), so stage 1
+    compares a block of them to one threshold; every time still decodes as stored."""
+    store = WindowStore(DetectorSettings(window_size=100, max_sample_age_s=86_400.0))
+    ones, zeros = np.ones(5, bool), np.zeros(5, bool)
+    cell = (T0 * 1e6 // tc.GRID_US + 1) * tc.GRID_US / 1e6          # a grid line after T0
+    starts = [cell + 1.0 + 7.3 * i for i in range(6)]               # within 45 s of each other
+    first_ts = [np.round(t + np.arange(5) * 0.1, 6) for t in starts]   # 6 decimals: exact
+    later_ts = []
+    for i, ts in enumerate(first_ts):
+        store.observe(SampleBatch(f"n{i}", "m", None, ts, np.full(5, 1e4), ones, zeros))
+    ch = next(iter(store.tiers.slabs_by_tier.values()))[0]
+
+    def bases() -> set[int]:
+        return {int(b) for b, used in zip(ch.base_us, ch.midx >= 0, strict=True) if used}
+
+    (first,) = bases()
+    assert first % tc.GRID_US == 0
+    later = cell + tc.HEADROOM / 1e6 + 60.0       # past the room above the first base's newest
+    for i in range(6):
+        later_ts.append(np.round(later + i + np.arange(5) * 0.1, 6))
+        store.observe(SampleBatch(f"n{i}", "m", None, later_ts[i], np.full(5, 2e4), ones, zeros))
+    (moved,) = bases()
+    assert moved > first and moved % tc.GRID_US == 0
+    for i in range(6):
+        w = store.window(f"n{i}", "m")
+        assert w is not None
+        assert sorted(w["ts"].tolist()) == sorted(first_ts[i].tolist() + later_ts[i].tolist())

@@ -188,6 +188,14 @@ def _fast_block(items: Sequence[tuple[Slab, Stats]], n: int, cap: int, fresh_lo:
         else:
             how = 2 if ((ts_lo >= fresh_lo - tc.FLAG_SPAN_S).all()
                         and (ts_hi <= fresh_lo + tc.FLAG_SPAN_S).all()) else 3
+        if how == 2:
+            thr1 = tc.flag_thresholds(ch.base_us[f], fresh_lo)
+            # Rings of one base (most: see ts_codes.GRID_US) share their threshold: a scalar
+            # subtract, not one broadcast row by row.
+            starts = np.arange(0, f.size, step)
+            shared = (np.minimum.reduceat(thr1, starts) == np.maximum.reduceat(thr1, starts)).tolist()
+        elif how == 3:
+            thr = tc.after(ch.base_us[f], fresh_lo)[:, None]
         # Built and sorted a few rings at a time: the keys are sorted while still in cache.
         for a in range(0, f.size, step):
             r = f[a:a + step]
@@ -197,12 +205,12 @@ def _fast_block(items: Sequence[tuple[Slab, Stats]], n: int, cap: int, fresh_lo:
                 np.copyto(part, lat.view(np.uint32))
             elif how == 1:
                 np.bitwise_or(lat.view(np.uint32), RUN_FLAG, out=part)
-            elif how == 2:
-                tc.flag_at_most(_rows(ch.ts_code, r), ch.base_us[r], fresh_lo, part)  # RUN_FLAG: not fresh
+            elif how == 2:                      # RUN_FLAG: not fresh
+                tc.flag_at_most(_rows(ch.ts_code, r),
+                                thr1[a] if shared[a // step] else thr1[a:a + step], part)
                 np.bitwise_or(part, lat.view(np.uint32), out=part)
             else:
-                np.less_equal(_rows(ch.ts_code, r), tc.after(ch.base_us[r], fresh_lo)[:, None],
-                              out=part)         # 1: not fresh
+                np.less_equal(_rows(ch.ts_code, r), thr[a:a + step], out=part)   # 1: not fresh
                 to_run_keys(part, lat)
             if capture is not None:
                 capture.put(ch, r, lat)

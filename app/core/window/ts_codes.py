@@ -2,10 +2,11 @@
 
 Owns how :class:`~tailguard.core.window.rings.Slab` stores a sample's event time: a uint32
 code, the whole µs after its ring's ``base`` (int64 µs), 0 for an empty slot or a sample
-stored as too old. :func:`encode_into` codes new samples and moves a ring to a new base when
-they need one; :func:`decode` gives the times back; :func:`after` and :func:`since` turn a
-tick's bounds into per-ring code thresholds; :func:`flag_at_most` marks the codes at or
-below one (stage 1's sort keys) in two passes where a comparison takes three. Guarantees:
+stored as too old. :func:`encode_into` codes new samples and moves a ring to a new base (on
+a 67-s grid: rings that move together share it) when they need one; :func:`decode` gives the
+times back; :func:`after`, :func:`since` and :func:`flag_thresholds` turn a tick's bounds
+into per-ring code thresholds; :func:`flag_at_most` marks the codes at or below one (stage
+1's sort keys) in two passes where a comparison takes three. Guarantees:
 
 * A time is stored as its nearest whole µs: one with at most 6 decimals before 2106 decodes
   (``v / 1e6``, float64) to exactly the same float64; others move by at most 0.5 µs.
@@ -14,9 +15,9 @@ below one (stage 1's sort keys) in two passes where a comparison takes three. Gu
   sample's: ``code > since(S)`` exactly when ``decoded >= S`` stored as a sample would be
   (its nearest whole µs), so a cut-off set at a sample's own time counts that sample.
   Code 0 passes neither.
-* A ring spans up to 2³² − 1 µs (71.6 min) of event time. A sample more than that older
-  than its ring's newest is stored as too old (code 0, decoded -inf): never judged, which
-  it could only have been past ``max_sample_age_s`` + clock skew of 53 minutes or more.
+* A ring spans up to 2³² − 1 µs (71.6 min) of event time. A sample more than ~53.6 min
+  older than its ring's newest may be stored as too old (code 0, decoded -inf): never
+  judged, which it could only have been past ``max_sample_age_s`` + clock skew of that.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ F64: TypeAlias = npt.NDArray[np.float64]
 MAX_CODE: Final = (1 << 32) - 1
 # Room kept above a ring's newest sample when it gets a new base (18 minutes of later times).
 HEADROOM: Final = 1 << 30
+#: A new base is a multiple of this (67 s; HEADROOM is a multiple): rings that get one within
+#: the same 67 s share it, and stage 1 then compares a block of them to one threshold.
+GRID_US: Final = 1 << 26
 _US: Final = 1e6
 
 
@@ -70,16 +74,23 @@ FLAG_SPAN_S: Final = 2000.0
 _FLAG: Final = np.uint32(1 << 31)
 
 
-def flag_at_most(codes: U32, base: I64, t: float, out: U32) -> None:
-    """Into ``out`` (shaped as ``codes``, one row per ring of ``base``): bit 31 set exactly
-    where ``codes <= after(base, t)`` (a decoded time ``<= t``), every other bit 0.
+def flag_thresholds(base: I64, t: float) -> U32:
+    """Per ring of ``base``: the threshold :func:`flag_at_most` subtracts to mark the codes
+    whose decoded time is ``<= t`` (finite)."""
+    thr1: U32 = ((after(base, t).astype(np.int64) + 1) & MAX_CODE).astype(np.uint32)
+    return thr1
+
+
+def flag_at_most(codes: U32, thr1: U32 | np.uint32, out: U32) -> None:
+    """Into ``out`` (shaped as ``codes``, one row per ring): bit 31 set exactly where the
+    code's decoded time is ``<= t``, every other bit 0; ``thr1``: the rings'
+    :func:`flag_thresholds` of ``t``, one per row, or one for every row.
 
     For codes above 0 whose decoded times all lie within :data:`FLAG_SPAN_S` of ``t``
     (finite) — the caller proves it, e.g. by the rings' kept bounds. Then ``code − thr − 1``
     lies in [−2³¹, 2³¹) also where ``after`` clips ``thr`` to 0 or ``MAX_CODE``, and its sign
     bit in uint32 arithmetic (mod 2³²) is the comparison."""
-    thr1 = ((after(base, t).astype(np.int64) + 1) & MAX_CODE).astype(np.uint32)
-    np.subtract(codes, thr1[:, None], out=out)
+    np.subtract(codes, thr1 if isinstance(thr1, np.uint32) else thr1[:, None], out=out)
     np.bitwise_and(out, _FLAG, out=out)
 
 
@@ -93,10 +104,15 @@ def since(base: I64, t: F64) -> U32:
 
 
 def base_for(lo_us: int, top_us: int) -> int:
-    """A new base for a ring whose times (whole µs) run from ``lo_us`` to ``top_us``:
-    ``HEADROOM`` above the newest, less when the times span more (then the oldest that fit)."""
-    new = top_us + HEADROOM - MAX_CODE
+    """A new base for a ring whose times (whole µs) run from ``lo_us`` to ``top_us``: on the
+    :data:`GRID_US` grid with ``HEADROOM`` to ``HEADROOM - GRID_US`` above the newest, or,
+    when the times span more, the oldest that fit them all."""
+    new = _on_grid(top_us + HEADROOM - MAX_CODE)
     return new if new < lo_us else max(top_us - MAX_CODE, lo_us - 1)
+
+
+def _on_grid(base_us: int) -> int:
+    return base_us - base_us % GRID_US
 
 
 def encode_into(codes_of: U32, row: int, base: int, ts: F64, lo_s: float, hi_s: float,
@@ -106,14 +122,14 @@ def encode_into(codes_of: U32, row: int, base: int, ts: F64, lo_s: float, hi_s: 
     ring's base after them, whether a stored sample became too old, and the codes of
     ``lo_s`` and ``hi_s``.
 
-    The ring keeps its base while the new times fit; otherwise it gets one with
-    ``HEADROOM`` above the newest time it must hold (less when the times span more) and its
-    codes are moved in place. A new time below what the base allows is stored as too old.
+    The ring keeps its base while the new times fit; otherwise it gets one on the grid with
+    about ``HEADROOM`` above the newest time it must hold (:func:`base_for`) and its codes
+    are moved in place. A new time below what the base allows is stored as too old.
     """
     lo, hi = round(lo_s * _US), round(hi_s * _US)
     lost = False
     if not filled:
-        base = hi + HEADROOM - MAX_CODE
+        base = _on_grid(hi + HEADROOM - MAX_CODE)
     elif lo - base < 1 or hi - base > MAX_CODE:
         ring = codes_of[row]
         top = hi
