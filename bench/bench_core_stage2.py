@@ -24,7 +24,8 @@ alternative, the ratio against it in the same run:
   (``WindowStore.model_digests``) against one digest per series
   (``summaries(digests=True)``);
 * the façade's memory per series in steady state: the ring slabs per sample slot and
-  everything else per series (tracemalloc), beside the binary wire's 16 B per sample;
+  everything else per series (tracemalloc), beside the binary wire's 16 B per sample, just
+  after a new slab began and at 10,000 series;
 * memory of stage 2 per (node, model) pair (tracemalloc), and one model's state as the
   worker stores it (``table_values.pack_value``) against its plain JSON.
 """
@@ -289,16 +290,17 @@ def bench_stage2(quick: bool) -> None:
 
 def steady_detector(series: int, window: int = 1000, nodes: int = 100,
                     ) -> tuple[Detector, float, list[np.ndarray]]:
-    """A façade in steady state: ``series`` healthy pairs (models of ``nodes``) past warm-up,
-    each with a full window of fresh samples; the detector, its last tick and the latencies."""
-    models = series // nodes
+    """A façade in steady state: ``series`` healthy pairs (models of ``nodes``, the last model
+    fewer when ``series`` is not a multiple) past warm-up, each with a full window of fresh
+    samples; the detector, its last tick and the latencies."""
+    models = -(-series // nodes)
     rng = np.random.default_rng(2)
     settings = DetectorSettings(window_size=window)
     det = Detector(settings)
     # Steady state: every pair first seen (a heartbeat) long enough ago that warm-up and its
     # cut-off are over, then a full window of fresh samples: healthy pairs, clean rings.
     for m in range(models):
-        for i in range(nodes):
+        for i in range(min(nodes, series - m * nodes)):
             det.observe([Heartbeat(f"gpu-{i:03d}", f"model-{m}", "A100", T0)])
     det.evaluate(T0)
     t_full = T0 + settings.warmup_s + settings.max_sample_age_s + 60.0
@@ -307,7 +309,7 @@ def steady_detector(series: int, window: int = 1000, nodes: int = 100,
     probe = np.zeros(window, bool)
     raw: list[np.ndarray] = []
     for m in range(models):
-        for i in range(nodes):
+        for i in range(min(nodes, series - m * nodes)):
             lat = 1e5 * np.exp(rng.normal(0, 0.3, window))
             raw.append(lat)
             det.observe([SampleBatch(f"gpu-{i:03d}", f"model-{m}", "A100", ts, lat, ok, probe)])
@@ -434,12 +436,10 @@ def bench_facade(quick: bool) -> None:
         f"{t_seed / 1.5 / t_floor:.2f}x this sort")
 
 
-def bench_series_memory(quick: bool) -> None:
-    """Stage 1 + 2's memory per series in steady state (tracemalloc, numpy included): the ring
-    slabs per sample slot, and everything else per series, beside the 16 B a sample takes on
-    the binary wire (docs/contracts-binary.md) and the layout before 2026-12-05 (12 B)."""
-    series = 2_000 if quick else 10_000
-    steady_detector(200)                     # imports and caches first: not per series
+def series_memory(series: int) -> tuple[int, int, int]:
+    """A façade's memory in steady state at ``series`` series (tracemalloc, numpy included; call
+    :func:`steady_detector` once before: imports and caches are not per series): bytes in all,
+    in its ring slabs (``WindowStore.nbytes``) and the slabs' sample slots."""
     gc.collect()
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
@@ -450,15 +450,33 @@ def bench_series_memory(quick: bool) -> None:
     gc.collect()
     used = tracemalloc.get_traced_memory()[0] - before
     tracemalloc.stop()
-    ring = det.store.nbytes()
     slots = sum(ch.rows * ch.cap for tier in det.store.tiers.slabs_by_tier.values() for ch in tier)
-    print(f"memory per series, façade in steady state at {series:,} series x 1000 samples")
-    row("ring slabs per sample slot (WindowStore.nbytes)", f"{ring / slots:8.2f} B",
-        f"binary wire 16 B/sample ({16 * slots / ring:.1f}x); float64+float32 layout 12 B "
-        f"({12 * slots / ring:.2f}x); target <= 8 B")
-    row("everything else per series (tracemalloc - slabs)", f"{(used - ring) / series:8,.0f} B",
-        f"target <= 2,048 B; slabs {ring / series:,.0f} B/series "
-        f"({slots / series:,.0f} slots, {slots / series / 1000 - 1:.1%} free)")
+    return used, det.store.nbytes(), slots
+
+
+def bench_series_memory(quick: bool, sizes: tuple[int, ...] = ()) -> None:
+    """Stage 1 + 2's memory per series in steady state (:func:`series_memory`) at each of
+    ``sizes`` (default: 2,000 quick; else 2,045 — a 2,048-ring slab just begun, the worst case
+    of the slabs' empty rows — and 10,000):
+    the ring slabs per sample slot, and everything else per series, beside the 16 B a sample
+    takes on the binary wire (docs/contracts-binary.md) and the layout before 2026-12-05 (12 B);
+    with several sizes, the worst."""
+    sizes = sizes or ((2_000,) if quick else (2_045, 10_000))
+    steady_detector(200)                     # imports and caches first: not per series
+    worst = (0.0, 0)
+    for series in sizes:
+        used, ring, slots = series_memory(series)
+        worst = max(worst, ((used - ring) / series, series))
+        print(f"memory per series, façade in steady state at {series:,} series x 1000 samples")
+        row("ring slabs per sample slot (WindowStore.nbytes)", f"{ring / slots:8.2f} B",
+            f"binary wire 16 B/sample ({16 * slots / ring:.1f}x); float64+float32 layout 12 B "
+            f"({12 * slots / ring:.2f}x); target <= 8 B")
+        row("everything else per series (tracemalloc - slabs)", f"{(used - ring) / series:8,.0f} B",
+            f"target <= 2,048 B; slabs {ring / series:,.0f} B/series "
+            f"({slots / series:,.0f} slots, {slots / series / 1000 - 1:.1%} free)")
+    if len(sizes) > 1:
+        row("everything else per series, the worst of those", f"{worst[0]:8,.0f} B",
+            f"at {worst[1]:,} series; target <= 2,048 B")
 
 
 def bench_memory(quick: bool) -> None:

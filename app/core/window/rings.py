@@ -49,6 +49,9 @@ NO_FAILURES: Final[dict[int, int]] = {}
 class Slab:
     """A slab of ``rows`` rings of ``cap`` slots. Empty slots have ts code 0 and NaN latency.
 
+    Free rows: those released (``free``, the last released taken first), then the rows from
+    ``fresh`` on, never used (:meth:`take`).
+
     ``ts_code`` holds each sample's time code (:mod:`tailguard.core.window.ts_codes`) against
     its ring's ``base_us``; :attr:`ts` decodes them all. Per ring, ``ts_lo <= min(ts)``,
     ``ts_hi >= max(ts)`` and ``lat_lo <= min(lat)`` over the ring's filled slots: bounds kept
@@ -57,8 +60,8 @@ class Slab:
     are proven "clean" without a pass over them.
     """
 
-    __slots__ = ("base_us", "cap", "fill", "free", "head", "inp", "lat", "lat_lo", "midx", "out", "rows",
-                 "series", "sized", "ts_code", "ts_hi", "ts_lo", "ttft", "used")
+    __slots__ = ("base_us", "cap", "fill", "free", "fresh", "head", "inp", "lat", "lat_lo", "midx", "out",
+                 "rows", "series", "sized", "ts_code", "ts_hi", "ts_lo", "ttft", "used")
 
     def __init__(self, cap: int, rows: int, sized: bool) -> None:
         self.cap, self.rows, self.sized = cap, rows, sized
@@ -79,8 +82,19 @@ class Slab:
         self.ts_hi: F64 = np.full(rows, -np.inf)
         self.lat_lo: F64 = np.full(rows, np.inf)
         self.series: list[SeriesRecord | None] = [None] * rows
-        self.free: list[int] = list(range(rows - 1, -1, -1))
+        self.free: list[int] = []
+        self.fresh = 0
         self.used = 0
+
+    def has_room(self) -> bool:
+        return bool(self.free) or self.fresh < self.rows
+
+    def take(self) -> int:
+        """A free row (:meth:`has_room` first): the last released, else the first never used."""
+        if self.free:
+            return self.free.pop()
+        self.fresh += 1
+        return self.fresh - 1
 
     def columns(self) -> list[npt.NDArray[Any]]:
         cols: list[npt.NDArray[Any]] = [self.ts_code, self.lat]
@@ -153,10 +167,12 @@ class Slab:
         self.free.append(row)
         self.used -= 1
 
-    def take_rows(self, src: Slab, rows: I64, at: int) -> None:
-        """Move ``src``'s rings ``rows`` (same tier) to this slab's rows ``at``, ``at + 1``, …,
-        which must be unused; ``src`` is left as it was (the caller drops it)."""
+    def take_rows(self, src: Slab, rows: I64) -> None:
+        """Move ``src``'s rings ``rows`` (same tier) to this slab's next never-used rows (there
+        must be enough); ``src`` is left as it was (the caller drops it)."""
+        at = self.fresh
         to = slice(at, at + rows.size)
+        assert to.stop <= self.rows
         for dst_col, src_col in zip(self.columns(), src.columns(), strict=True):
             dst_col[to] = src_col[rows]
         for name in ("head", "fill", "midx", "base_us", "ts_lo", "ts_hi", "lat_lo"):
@@ -167,7 +183,7 @@ class Slab:
             self.series[i] = s
             s.chunk, s.row = self, i
         self.used += rows.size
-        self.free = [r for r in self.free if not at <= r < at + rows.size]
+        self.fresh = to.stop
 
 
 class SeriesRecord:

@@ -71,19 +71,17 @@ class RingTiers:
             cap, sized = key
             new: list[Slab] = []
             dst: Slab | None = None
-            at = 0
             left = used
             for ch in chunks:
                 rows = np.flatnonzero(ch.midx >= 0)
                 while rows.size:
-                    if dst is None or at == dst.rows:
+                    if dst is None or dst.fresh == dst.rows:
                         dst = Slab(cap, min(self._max_rows(cap, sized),
                                               max(MIN_SLAB_ROWS, left)), sized)
                         new.append(dst)
-                        at = 0
-                    k = min(rows.size, dst.rows - at)
-                    dst.take_rows(ch, rows[:k], at)
-                    at, left, rows = at + k, left - k, rows[k:]
+                    k = min(rows.size, dst.rows - dst.fresh)
+                    dst.take_rows(ch, rows[:k])
+                    left, rows = left - k, rows[k:]
             freed += sum(ch.rows for ch in chunks) - sum(ch.rows for ch in new)
             self.slabs_by_tier[key] = new
             self.layout += 1
@@ -104,14 +102,14 @@ class RingTiers:
     def _alloc(self, cap: int, sized: bool, s: SeriesRecord) -> tuple[Slab, int]:
         chunks = self.slabs_by_tier.setdefault((cap, sized), [])
         for ch in chunks:
-            if ch.free:
+            if ch.has_room():
                 break
         else:
             max_rows = self._max_rows(cap, sized)
             rows = min(max_rows, max(MIN_SLAB_ROWS, 2 * (chunks[-1].rows if chunks else 2)))
             ch = Slab(cap, rows, sized)
             chunks.append(ch)
-        row = ch.free.pop()
+        row = ch.take()
         self.layout += 1
         ch.series[row] = s
         ch.midx[row] = s.midx
