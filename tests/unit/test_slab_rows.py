@@ -28,7 +28,7 @@ def test_take_rows_fills_the_next_never_used_rows() -> None:
     dst = Slab(16, 4, sized=False)
     dst.take_rows(src, rows[:2])
     dst.take_rows(src, rows[2:])
-    assert (dst.fresh, dst.used) == (3, 3)
+    assert (dst.unused_from, dst.used) == (3, 3)
     assert dst.lat[:3, 0].tolist() == [2.0, 5.0, 6.0]
     assert [s.row if s is not None else -1 for s in dst.series] == [0, 1, 2, -1]
     assert dst.take() == 3 and not dst.has_room()

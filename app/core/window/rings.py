@@ -50,7 +50,7 @@ class Slab:
     """A slab of ``rows`` rings of ``cap`` slots. Empty slots have ts code 0 and NaN latency.
 
     Free rows: those released (``free``, the last released taken first), then the rows from
-    ``fresh`` on, never used (:meth:`take`).
+    ``unused_from`` on, never used (:meth:`take`).
 
     ``ts_code`` holds each sample's time code (:mod:`tailguard.core.window.ts_codes`) against
     its ring's ``base_us``; :attr:`ts` decodes them all. Per ring, ``ts_lo <= min(ts)``,
@@ -60,8 +60,8 @@ class Slab:
     are proven "clean" without a pass over them.
     """
 
-    __slots__ = ("base_us", "cap", "fill", "free", "fresh", "head", "inp", "lat", "lat_lo", "midx", "out",
-                 "rows", "series", "sized", "ts_code", "ts_hi", "ts_lo", "ttft", "used")
+    __slots__ = ("base_us", "cap", "fill", "free", "head", "inp", "lat", "lat_lo", "midx", "out",
+                 "rows", "series", "sized", "ts_code", "ts_hi", "ts_lo", "ttft", "unused_from", "used")
 
     def __init__(self, cap: int, rows: int, sized: bool) -> None:
         self.cap, self.rows, self.sized = cap, rows, sized
@@ -83,18 +83,18 @@ class Slab:
         self.lat_lo: F64 = np.full(rows, np.inf)
         self.series: list[SeriesRecord | None] = [None] * rows
         self.free: list[int] = []
-        self.fresh = 0
+        self.unused_from = 0
         self.used = 0
 
     def has_room(self) -> bool:
-        return bool(self.free) or self.fresh < self.rows
+        return bool(self.free) or self.unused_from < self.rows
 
     def take(self) -> int:
         """A free row (:meth:`has_room` first): the last released, else the first never used."""
         if self.free:
             return self.free.pop()
-        self.fresh += 1
-        return self.fresh - 1
+        self.unused_from += 1
+        return self.unused_from - 1
 
     def columns(self) -> list[npt.NDArray[Any]]:
         cols: list[npt.NDArray[Any]] = [self.ts_code, self.lat]
@@ -170,7 +170,7 @@ class Slab:
     def take_rows(self, src: Slab, rows: I64) -> None:
         """Move ``src``'s rings ``rows`` (same tier) to this slab's next never-used rows (there
         must be enough); ``src`` is left as it was (the caller drops it)."""
-        at = self.fresh
+        at = self.unused_from
         to = slice(at, at + rows.size)
         assert to.stop <= self.rows
         for dst_col, src_col in zip(self.columns(), src.columns(), strict=True):
@@ -183,7 +183,7 @@ class Slab:
             self.series[i] = s
             s.chunk, s.row = self, i
         self.used += rows.size
-        self.fresh = to.stop
+        self.unused_from = to.stop
 
 
 class SeriesRecord:

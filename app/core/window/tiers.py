@@ -75,11 +75,11 @@ class RingTiers:
             for ch in chunks:
                 rows = np.flatnonzero(ch.midx >= 0)
                 while rows.size:
-                    if dst is None or dst.fresh == dst.rows:
+                    if dst is None or dst.unused_from == dst.rows:
                         dst = Slab(cap, min(self._max_rows(cap, sized),
                                               max(MIN_SLAB_ROWS, left)), sized)
                         new.append(dst)
-                    k = min(rows.size, dst.rows - dst.fresh)
+                    k = min(rows.size, dst.rows - dst.unused_from)
                     dst.take_rows(ch, rows[:k])
                     left, rows = left - k, rows[k:]
             freed += sum(ch.rows for ch in chunks) - sum(ch.rows for ch in new)
