@@ -27,7 +27,7 @@ from typing import Any, Final, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
-from tailguard.core.window.ts_codes import MAX_CODE, U32, base_for, decode, encode_into
+from tailguard.core.window.ts_codes import MAX_CODE, U32, base_for, codes_against, decode, encode_into
 
 SeriesKey: TypeAlias = tuple[str, str]
 F64: TypeAlias = npt.NDArray[np.float64]
@@ -140,18 +140,16 @@ class Slab:
         :func:`~tailguard.core.window.ts_codes.base_for`), code 0 where too old, its kept time
         bounds, and its place in its slots ``head`` (None: where it is)."""
         t = ts[ts.size - int(self.fill[row]):]      # a smaller window keeps the newest
-        fin = np.isfinite(t)
-        us = np.rint(np.where(fin, t, 0.0) * 1e6).astype(np.int64)
-        lo, hi = (int(us[fin].min()), int(us[fin].max())) if fin.any() else (0, 0)
+        fin = t[np.isfinite(t)]
+        lo, hi = (round(float(fin.min()) * 1e6), round(float(fin.max()) * 1e6)) if fin.size else (0, 0)
         base = base_us
         if base is None or not (lo - base >= 1 and hi - base <= MAX_CODE):
             base = base_for(lo, hi)
-        codes = np.where(fin & (us - base >= 1), us - base, 0).astype(np.uint32)
+        codes = codes_against(t, base)
         self.ts_code[row, self.order(row)] = codes
         self.base_us[row] = base
-        kept = codes[codes > 0]
-        self.ts_hi[row] = (int(kept.max()) + base) / 1e6 if kept.size else -np.inf   # as decode
-        self.ts_lo[row] = (int(kept.min()) + base) / 1e6 if kept.size == codes.size else -np.inf
+        times = decode(codes, base)                 # -inf where too old: the bounds kept
+        self.ts_hi[row], self.ts_lo[row] = times.max(), times.min()
         if head is not None and (shift := (int(head) - int(self.head[row])) % self.cap):
             for col in self.columns():
                 col[row] = np.roll(col[row], shift)

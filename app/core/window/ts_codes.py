@@ -3,10 +3,10 @@
 Owns how :class:`~tailguard.core.window.rings.Slab` stores a sample's event time: a uint32
 code, the whole µs after its ring's ``base`` (int64 µs), 0 for an empty slot or a sample
 stored as too old. :func:`encode_into` codes new samples and moves a ring to a new base (on
-a 67-s grid: rings that move together share it) when they need one; :func:`decode` gives the
-times back; :func:`after`, :func:`since` and :func:`flag_thresholds` turn a tick's bounds
-into per-ring code thresholds; :func:`flag_at_most` marks the codes at or below one (stage
-1's sort keys) in two passes where a comparison takes three. Guarantees:
+a 67-s grid: rings that move together share it) when they need one, :func:`codes_against`
+against a given base; :func:`decode` gives the times back; :func:`after`, :func:`since` and
+:func:`flag_thresholds` turn a tick's bounds into per-ring code thresholds;
+:func:`flag_at_most` marks the codes at or below one (stage 1's sort keys). Guarantees:
 
 * A time is stored as its nearest whole µs: one with at most 6 decimals before 2106 decodes
   (``v / 1e6``, float64) to exactly the same float64; others move by at most 0.5 µs.
@@ -113,6 +113,16 @@ def base_for(lo_us: int, top_us: int) -> int:
 
 def _on_grid(base_us: int) -> int:
     return base_us - base_us % GRID_US
+
+
+def codes_against(ts: F64, base: int) -> U32:
+    """The codes of ``ts`` against ``base``, each its nearest whole µs as :func:`encode_into`
+    stores it; code 0 (too old) for a time that is not finite or not above the base. For
+    times the base can hold otherwise (at most ``MAX_CODE`` µs above it)."""
+    fin = np.isfinite(ts)
+    rel = np.rint(np.where(fin, ts, 0.0) * _US) - base
+    codes: U32 = np.where(fin & (rel >= 1), rel, 0).astype(np.uint32)
+    return codes
 
 
 def encode_into(codes_of: U32, row: int, base: int, ts: F64, lo_s: float, hi_s: float,
